@@ -1,0 +1,231 @@
+"""`dr`: the crossdc command line. Thin: parse options, run one library coroutine, render.
+
+Exit codes: 0 ok, 1 a crossdc error (one red paragraph, no traceback), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from dr.errors import ConfigError, CrossdcError
+from dr.logs import LogFormat, configure_logging
+from dr.stack.paths import REPO_ROOT, StackPaths
+from dr.status import StackStatus
+from dr.topology import Topology, load_topology
+
+__all__ = ["app", "main"]
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="dr", help="crossdc: multi-datacenter replication and disaster recovery for Kafka.",
+    pretty_exceptions_show_locals=False, no_args_is_help=True, add_completion=False)
+topology_app = typer.Typer(help="Topology files: regions and where they answer.",
+                           no_args_is_help=True)
+app.add_typer(topology_app, name="topology")
+
+out = Console()
+err = Console(stderr=True)
+
+DEFAULT_TOPOLOGY = REPO_ROOT / "policies" / "topology.local.yaml"
+
+TopologyOpt = Annotated[Path | None, typer.Option(
+    "--topology", "-t", help="Topology file [default: the running stack's, else "
+    "policies/topology.local.yaml].", show_default=False)]
+StateDirOpt = Annotated[Path | None, typer.Option(
+    "--state-dir", help="Where data, logs and pids live [default: $CROSSDC_STATE_DIR or "
+    ".crossdc/].", show_default=False)]
+
+
+class _Exit(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _paths(state_dir: Path | None) -> StackPaths:
+    base = StackPaths.default()
+    return StackPaths(state=state_dir.resolve(), cache=base.cache) if state_dir else base
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def _topology(path: Path | None, paths: StackPaths | None = None) -> tuple[Topology, Path]:
+    if path is None and paths is not None:
+        from dr.stack.local import read_stack_file
+        saved = read_stack_file(paths)
+        if saved and isinstance(saved.get("topology"), str):
+            path = Path(str(saved["topology"]))
+    path = path or DEFAULT_TOPOLOGY
+    return load_topology(path), path
+
+
+@app.callback()
+def _root(
+    log_format: Annotated[str, typer.Option(
+        "--log-format", help="console (for people) or json (for machines).")] = "console",
+    log_level: Annotated[str, typer.Option("--log-level")] = "warning",
+) -> None:
+    if log_format not in ("console", "json"):
+        raise typer.BadParameter("must be console or json", param_hint="--log-format")
+    fmt: LogFormat = "json" if log_format == "json" else "console"
+    configure_logging(fmt, log_level)
+
+
+@topology_app.command("validate")
+def topology_validate(file: Annotated[Path, typer.Argument(help="The topology YAML file.")],
+                      ) -> None:
+    """Check a topology file; print every problem with file, line and field."""
+    topo = load_topology(file)
+    out.print(f"[green]{file}: valid[/] — {len(topo.regions)} region(s) "
+              f"({', '.join(r.name for r in topo.regions)}), primary {topo.primary}")
+
+
+@app.command()
+def setup() -> None:
+    """Fetch the Kafka jars and build Consul into the cache (what `dr up` does first)."""
+    from dr.stack.toolchain import check_toolchain, ensure_consul, ensure_kafka_libs
+    paths = StackPaths.default()
+    check_toolchain(paths)
+    paths.cache.mkdir(parents=True, exist_ok=True)
+    with err.status("setting up") as status:
+        libs = ensure_kafka_libs(paths, status.update)
+        consul = ensure_consul(paths, status.update)
+    out.print(f"Kafka jars: {libs}\nConsul:     {consul}")
+
+
+@app.command()
+def up(
+    topology: TopologyOpt = None,
+    brokers: Annotated[int, typer.Option("--brokers", "-b", min=1, max=9,
+                                         help="Kafka brokers per region.")] = 1,
+    state_dir: StateDirOpt = None,
+    timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds to wait for readiness.")
+                         ] = 180.0,
+) -> None:
+    """Start every region (Kafka KRaft + Consul) on loopback and wait until all answer."""
+    from dr.stack.local import LocalStack
+    paths = _paths(state_dir)
+    topo, path = _topology(topology, paths)
+    with err.status("starting the local stack") as status:
+        stack = LocalStack(topo, path, brokers=brokers, paths=paths, progress=status.update)
+        _run(stack.up(timeout_s))
+    err.print(f"[green]up[/]: {len(topo.regions)} region(s) from {path}, state in {paths.state}")
+
+
+@app.command()
+def down(
+    state_dir: StateDirOpt = None,
+    purge: Annotated[bool, typer.Option("--purge", help="Also delete data and logs.")] = False,
+) -> None:
+    """Stop every process of the local stack (Kafka first, then Consul)."""
+    from dr.stack.local import LocalStack
+    paths = _paths(state_dir)
+    stopped = _run(LocalStack.down(paths, purge=purge))
+    err.print(f"stopped {len(stopped)} process(es)" + (f" and removed {paths.state}"
+                                                       if purge else ""))
+
+
+@app.command()
+def status(
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    timeout_s: Annotated[float, typer.Option("--timeout")] = 5.0,
+) -> None:
+    """Show each region's Kafka brokers and quorum, Consul leader and WAN pool. Exit 1 if
+    any region is unhealthy."""
+    from dr.stack.local import read_stack_file
+    from dr.status import probe_topology
+    paths = _paths(state_dir)
+    topo, path = _topology(topology, paths)
+    saved = read_stack_file(paths)
+    expected = None
+    if saved and saved.get("topology") == str(path.resolve()):
+        expected = int(str(saved.get("brokers", 1)))
+    st = _run(probe_topology(topo, str(path), expected, timeout_s))
+    if as_json:
+        sys.stdout.write(json.dumps(st.model_dump(mode="json"), indent=2) + "\n")
+    else:
+        render_status(st)
+    if not st.healthy:
+        raise _Exit(1)
+
+
+def render_status(st: StackStatus) -> None:
+    """The `dr status` tables: one per region."""
+    for r in st.regions:
+        mark = "[green]healthy[/]" if r.healthy else "[red]UNHEALTHY[/]"
+        title = f"region {r.region}{' (primary)' if r.primary else ''} — {mark}"
+        t = Table(title=title, title_justify="left", show_header=True, header_style="bold")
+        t.add_column("component")
+        t.add_column("check")
+        t.add_column("value")
+        t.add_column("ok")
+        k, c = r.kafka, r.consul
+
+        def ok(b: bool) -> str:
+            return "[green]✔[/]" if b else "[red]✘[/]"
+
+        exp = k.brokers_expected if k.brokers_expected is not None else len(k.quorum_voters)
+        t.add_row("kafka", "bootstrap", k.bootstrap, "")
+        t.add_row("", "brokers up / expected",
+                  f"{k.brokers_up} / {exp or '?'}  ids {k.broker_ids}",
+                  ok(k.error is None and k.brokers_up >= (exp or 1)))
+        t.add_row("", "controller quorum leader",
+                  f"node {k.quorum_leader} (epoch {k.quorum_epoch}, voters {k.quorum_voters})"
+                  if k.quorum_leader is not None else "none", ok(k.quorum_leader is not None))
+        if k.error:
+            t.add_row("", "error", f"[red]{k.error}[/]", ok(False))
+        t.add_row("consul", "datacenter", f"{c.datacenter} @ {c.http_addr}", "")
+        t.add_row("", "leader", c.leader or "none", ok(bool(c.leader)))
+        t.add_row("", "WAN members alive / regions",
+                  f"{len(c.wan_members)} / {c.wan_expected}  {', '.join(c.wan_members)}",
+                  ok(len(c.wan_members) >= c.wan_expected))
+        if c.error:
+            t.add_row("", "error", f"[red]{c.error}[/]", ok(False))
+        out.print(t)
+    verdict = "[green]all regions healthy[/]" if st.healthy else "[red]some regions unhealthy[/]"
+    out.print(verdict)
+
+
+def main() -> None:
+    """Console-script entry point: map crossdc errors to one readable paragraph."""
+    try:
+        app(standalone_mode=False)
+    except _Exit as exc:
+        sys.exit(exc.code)
+    except ConfigError as exc:
+        err.print("[red]invalid file:[/]")
+        for issue in exc.issues:
+            err.print(f"  {issue}", markup=False, highlight=False)
+        sys.exit(2)
+    except CrossdcError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        sys.exit(1)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("aborted")
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except Exception as exc:  # click usage errors arrive here with standalone_mode=False
+        import click
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

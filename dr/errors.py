@@ -1,0 +1,128 @@
+"""The crossdc error tree.
+
+    CrossdcError                 root of every error crossdc raises on purpose
+    ├── ConfigError              a file or message a user wrote is invalid (file, line, field)
+    └── DrError                  the dr package: controller, CLI, local stack
+        ├── StackError           the local two-region stack could not be brought up or down
+        │   ├── ToolchainMissing Java, Maven or Go is not on PATH
+        │   ├── PortTaken        a port the topology names is already bound by another process
+        │   ├── ProcessDied      a server process exited while starting (carries its log tail)
+        │   ├── StartTimeout     a server did not answer before its deadline
+        │   └── SetupFailed      fetching the Kafka jars or building Consul failed
+        └── ProbeError           a region could not be asked for its status
+
+`proxy.errors.ProxyError` and `mirror.errors.MirrorError` also derive from `CrossdcError`.
+Each class says whether retrying can help (`retriable`), so retry predicates read one attribute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+__all__ = [
+    "ConfigError",
+    "ConfigIssue",
+    "CrossdcError",
+    "DrError",
+    "PortTaken",
+    "ProbeError",
+    "ProcessDied",
+    "SetupFailed",
+    "StackError",
+    "StartTimeout",
+    "ToolchainMissing",
+]
+
+
+class CrossdcError(Exception):
+    """Root of the crossdc error tree."""
+
+    retriable: ClassVar[bool] = False
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem in a user-written file: where it is and what is wrong."""
+
+    file: str
+    line: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        return f"{where} {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+
+class ConfigError(CrossdcError):
+    """A user-written file is invalid; `issues` lists every problem found."""
+
+    def __init__(self, issues: list[ConfigIssue]) -> None:
+        self.issues = issues
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+class DrError(CrossdcError):
+    """Root of the dr package's errors."""
+
+
+class StackError(DrError):
+    """The local stack could not be brought up or down."""
+
+
+class ToolchainMissing(StackError):
+    """A program the local stack needs (java, mvn, go) is not on PATH."""
+
+    def __init__(self, missing: dict[str, str]) -> None:
+        self.missing = missing
+        lines = [f"{tool}: {why}" for tool, why in missing.items()]
+        super().__init__(
+            "The local stack needs programs that are not installed: "
+            + "; ".join(lines)
+            + ". Install them (see README, 'Requirements') and run the command again."
+        )
+
+
+class PortTaken(StackError):
+    """A port named by the topology is already bound by another process."""
+
+    def __init__(self, port: int, owner: str, field: str, holder: str | None) -> None:
+        self.port = port
+        self.owner = owner
+        self.field = field
+        held = f" by {holder}" if holder else " by another process"
+        super().__init__(
+            f"Port 127.0.0.1:{port} ({owner}) is already in use{held}. Stop that process, "
+            f"or change {field} in the topology file, then run `dr up` again."
+        )
+
+
+class ProcessDied(StackError):
+    """A server process exited while it was starting."""
+
+    def __init__(self, name: str, returncode: int | None, log_path: str, log_tail: str) -> None:
+        self.name = name
+        self.returncode = returncode
+        self.log_path = log_path
+        self.log_tail = log_tail
+        super().__init__(
+            f"{name} exited with status {returncode} while starting. "
+            f"Last lines of {log_path}:\n{log_tail}"
+        )
+
+
+class StartTimeout(StackError):
+    """A server did not become ready before its deadline."""
+
+    retriable = True
+
+
+class SetupFailed(StackError):
+    """Fetching the Kafka jars or building the Consul binary failed."""
+
+
+class ProbeError(DrError):
+    """A region's Kafka or Consul could not be asked for its status."""
+
+    retriable = True

@@ -1,0 +1,109 @@
+"""One region's Consul agent on loopback: a one-server datacenter, WAN-joined to the others."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from dr.stack.process import ManagedProcess, check_port_free
+from dr.topology import Region, Topology, split_hostport
+
+__all__ = ["ConsulAgent"]
+
+
+@dataclass
+class ConsulAgent:
+    """The Consul server of `region` (its own datacenter)."""
+
+    topology: Topology
+    region: Region
+    region_index: int
+    workdir: Path
+    binary: Path
+
+    @property
+    def name(self) -> str:
+        return f"{self.region.name} consul agent"
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "agent.json"
+
+    @property
+    def http_port(self) -> int:
+        return split_hostport(self.region.consul.http_addr)[1]
+
+    @property
+    def dns_port(self) -> int:
+        return split_hostport(self.region.consul.dns_addr)[1]
+
+    def wan_peers(self) -> list[str]:
+        peers = []
+        for other in self.topology.regions:
+            if other.name != self.region.name and other.local is not None:
+                peers.append(f"127.0.0.1:{other.local.consul.serf_wan_port}")
+        return peers
+
+    def config(self) -> dict[str, object]:
+        assert self.region.local is not None
+        ports = self.region.local.consul
+        return {
+            "datacenter": self.region.consul.datacenter,
+            "node_name": f"{self.region.name}-consul",
+            "server": True,
+            "bootstrap_expect": 1,
+            "data_dir": str(self.workdir / "data"),
+            "bind_addr": "127.0.0.1",
+            "advertise_addr": "127.0.0.1",
+            "advertise_addr_wan": "127.0.0.1",
+            "client_addr": "127.0.0.1",
+            "ports": {
+                "http": self.http_port,
+                "dns": self.dns_port,
+                "server": ports.server_port,
+                "serf_lan": ports.serf_lan_port,
+                "serf_wan": ports.serf_wan_port,
+                "grpc": -1,
+                "grpc_tls": -1,
+                "https": -1,
+            },
+            "retry_join_wan": self.wan_peers(),
+            "retry_interval_wan": "1s",
+            "disable_update_check": True,
+            "enable_script_checks": False,
+            "log_level": "INFO",
+            "ui_config": {"enabled": False},
+            # One server per datacenter on loopback: elect fast.
+            "performance": {"raft_multiplier": 1},
+            "dns_config": {"allow_stale": True, "node_ttl": "0s", "service_ttl": {"*": "0s"}},
+        }
+
+    def ports(self) -> list[tuple[int, str, str, bool]]:
+        """(port, what, topology field, also UDP) for the port check before start."""
+        assert self.region.local is not None
+        i = self.region_index
+        ports = self.region.local.consul
+        return [
+            (self.http_port, f"{self.name} HTTP API", f"regions[{i}].consul.http_addr", False),
+            (self.dns_port, f"{self.name} DNS", f"regions[{i}].consul.dns_addr", True),
+            (ports.server_port, f"{self.name} server RPC",
+             f"regions[{i}].local.consul.server_port", False),
+            (ports.serf_lan_port, f"{self.name} serf LAN",
+             f"regions[{i}].local.consul.serf_lan_port", True),
+            (ports.serf_wan_port, f"{self.name} serf WAN",
+             f"regions[{i}].local.consul.serf_wan_port", True),
+        ]
+
+    def check_ports(self) -> None:
+        for port, what, field, udp in self.ports():
+            check_port_free(port, what, field, udp=udp)
+
+    def write_config(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(json.dumps(self.config(), indent=2), encoding="utf-8")
+
+    def process(self) -> ManagedProcess:
+        return ManagedProcess(
+            self.name, self.workdir,
+            [str(self.binary), "agent", f"-config-file={self.config_path}"])

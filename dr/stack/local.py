@@ -1,0 +1,250 @@
+"""The local two-region stack: real Kafka (KRaft) and Consul as processes on loopback.
+
+`LocalStack.up()` is idempotent: it starts only what is not running, then waits until every
+region answers (no fixed sleeps). State, data and logs live under one directory:
+
+    <state>/stack.json                   what was started (topology, broker count)
+    <state>/<region>/cluster.json        the region's Kafka cluster id and size
+    <state>/<region>/kafka-<n>/          server.properties, data/, server.log, pid
+    <state>/<region>/consul/             agent.json, data/, server.log, pid
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import structlog
+
+from dr.errors import StackError, StartTimeout
+from dr.stack.consul import ConsulAgent
+from dr.stack.kafka import KafkaNode, cluster_id_for, kafka_nodes
+from dr.stack.paths import StackPaths
+from dr.stack.process import ManagedProcess
+from dr.stack.toolchain import check_toolchain, ensure_consul, ensure_kafka_libs
+from dr.status import probe_consul, probe_kafka
+from dr.topology import Region, Topology
+
+__all__ = ["LocalStack", "read_stack_file", "stack_processes"]
+
+log = structlog.get_logger("crossdc.stack")
+
+Progress = Callable[[str], None]
+
+
+def read_stack_file(paths: StackPaths) -> dict[str, object] | None:
+    """What the last `dr up` recorded, or None."""
+    try:
+        data: dict[str, object] = json.loads(paths.stack_file.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return data
+
+
+def stack_processes(paths: StackPaths) -> list[ManagedProcess]:
+    """Every server process the state directory knows of (running or not), Kafka first."""
+    procs: list[ManagedProcess] = []
+    if not paths.state.exists():
+        return procs
+    for pid_file in sorted(paths.state.glob("*/*/pid")):
+        workdir = pid_file.parent
+        procs.append(ManagedProcess(f"{workdir.parent.name} {workdir.name}", workdir, []))
+    procs.sort(key=lambda p: 0 if p.workdir.name.startswith("kafka") else 1)
+    return procs
+
+
+class LocalStack:
+    """Every region of `topology` run on this machine, `brokers` Kafka nodes each."""
+
+    def __init__(self, topology: Topology, topology_path: Path, *, brokers: int = 1,
+                 paths: StackPaths | None = None, progress: Progress | None = None) -> None:
+        if brokers < 1:
+            raise StackError("--brokers must be at least 1")
+        missing = [r.name for r in topology.regions if r.local is None]
+        if missing:
+            raise StackError(
+                f"{topology_path}: regions {', '.join(missing)} have no `local:` section, so "
+                f"`dr up` does not know which ports to run them on.")
+        self.topology = topology
+        self.topology_path = Path(topology_path).resolve()
+        self.brokers = brokers
+        self.paths = paths or StackPaths.default()
+        self._say = progress or (lambda _m: None)
+        self._procs: dict[str, ManagedProcess] = {}
+
+    # -- parts --------------------------------------------------------------------------
+    def nodes(self, region: Region) -> list[KafkaNode]:
+        from dr.stack.toolchain import kafka_libs_dir
+        idx = self.topology.regions.index(region)
+        return kafka_nodes(region, idx, self.brokers, self.paths.region_dir(region.name),
+                           kafka_libs_dir(self.paths), self.paths.log4j_config)
+
+    def agent(self, region: Region) -> ConsulAgent:
+        from dr.stack.toolchain import consul_binary
+        idx = self.topology.regions.index(region)
+        return ConsulAgent(self.topology, region, idx, self.paths.region_dir(region.name) /
+                           "consul", consul_binary(self.paths))
+
+    def _proc(self, name: str, factory: Callable[[], ManagedProcess]) -> ManagedProcess:
+        # Keep one ManagedProcess per server so a process we started is polled via its Popen.
+        if name not in self._procs:
+            self._procs[name] = factory()
+        return self._procs[name]
+
+    def kafka_process(self, node: KafkaNode) -> ManagedProcess:
+        return self._proc(node.name, node.process)
+
+    def consul_process(self, agent: ConsulAgent) -> ManagedProcess:
+        return self._proc(agent.name, agent.process)
+
+    # -- up -----------------------------------------------------------------------------
+    def _check_not_other_stack(self) -> None:
+        saved = read_stack_file(self.paths)
+        if saved is None:
+            return
+        same = saved.get("topology") == str(self.topology_path) and \
+            saved.get("brokers") == self.brokers
+        if not same and any(p.running() for p in stack_processes(self.paths)):
+            raise StackError(
+                f"A stack started from {saved.get('topology')} with {saved.get('brokers')} "
+                f"broker(s) per region is running in {self.paths.state}. Run `dr down` first, "
+                f"or use another --state-dir.")
+
+    async def up(self, timeout_s: float = 180.0) -> None:
+        """Start whatever is not running, then wait until every region answers."""
+        self._check_not_other_stack()
+        check_toolchain(self.paths)
+        self.paths.cache.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(ensure_kafka_libs, self.paths, self._say)
+        await asyncio.to_thread(ensure_consul, self.paths, self._say)
+
+        to_format: list[tuple[KafkaNode, str]] = []
+        to_start: list[ManagedProcess] = []
+        # Check every port before starting anything, so a conflict leaves nothing half-up.
+        for region in self.topology.regions:
+            cid = cluster_id_for(self.paths.region_dir(region.name), self.brokers)
+            for node in self.nodes(region):
+                proc = self.kafka_process(node)
+                if proc.running():
+                    continue
+                node.check_ports()
+                to_start.append(proc)
+                node.write_config()
+                if not node.formatted():
+                    to_format.append((node, cid))
+            agent = self.agent(region)
+            proc = self.consul_process(agent)
+            if not proc.running():
+                agent.check_ports()
+                agent.write_config()
+                to_start.append(proc)
+
+        if to_format:
+            self._say(f"Formatting KRaft storage of {len(to_format)} Kafka node(s)")
+            await asyncio.gather(*(node.format(cid) for node, cid in to_format))
+        if to_start:
+            self._say(f"Starting {len(to_start)} server process(es)")
+        for proc in to_start:
+            proc.start()
+        self._write_stack_file()
+        self._say("Waiting for every region to answer")
+        await self.wait_ready(timeout_s)
+
+    def _write_stack_file(self) -> None:
+        self.paths.state.mkdir(parents=True, exist_ok=True)
+        self.paths.stack_file.write_text(json.dumps({
+            "topology": str(self.topology_path),
+            "brokers": self.brokers,
+            "started_at": time.time(),
+            "regions": [r.name for r in self.topology.regions],
+        }, indent=2), encoding="utf-8")
+
+    async def wait_ready(self, timeout_s: float = 180.0) -> None:
+        """Wait until every region's brokers, quorum, Consul leader and WAN pool answer."""
+        await asyncio.gather(*(self.wait_region(r, timeout_s) for r in self.topology.regions))
+
+    async def wait_region(self, region: Region, timeout_s: float = 180.0) -> None:
+        kafka_procs = [self.kafka_process(n) for n in self.nodes(region)]
+        consul_proc = self.consul_process(self.agent(region))
+
+        async def kafka_ready() -> bool:
+            st = await probe_kafka(region, self.brokers, timeout_s=3.0)
+            return st.healthy
+
+        async def consul_ready() -> bool:
+            st = await probe_consul(region, len(self.topology.regions), timeout_s=2.0)
+            return st.healthy
+
+        await asyncio.gather(
+            _wait_until(kafka_ready, f"{region.name} Kafka ({self.brokers} broker(s), quorum)",
+                        kafka_procs, timeout_s),
+            _wait_until(consul_ready, f"{region.name} Consul (leader and WAN pool)",
+                        [consul_proc], timeout_s))
+        log.info("region_ready", region=region.name)
+
+    async def wait_kafka_ready(self, region: Region, timeout_s: float = 120.0) -> None:
+        """Wait until every broker of `region` is back in the cluster."""
+        procs = [self.kafka_process(n) for n in self.nodes(region)]
+
+        async def ready() -> bool:
+            return (await probe_kafka(region, self.brokers, timeout_s=3.0)).healthy
+
+        await _wait_until(ready, f"{region.name} Kafka", procs, timeout_s)
+
+    # -- parts on and off (for failure tests and drills) --------------------------------
+    async def stop_kafka(self, region: str, node_ids: list[int] | None = None, *,
+                         kill: bool = False) -> None:
+        """Stop (SIGTERM, or SIGKILL with `kill`) some or all brokers of a region."""
+        nodes = [n for n in self.nodes(self.topology.region(region))
+                 if node_ids is None or n.node_id in node_ids]
+        await asyncio.gather(*(asyncio.to_thread(self.kafka_process(n).stop, 30.0, kill=kill)
+                               for n in nodes))
+
+    async def start_kafka(self, region: str, node_ids: list[int] | None = None,
+                          timeout_s: float = 120.0) -> None:
+        """Start stopped brokers of a region and wait until the cluster is whole."""
+        reg = self.topology.region(region)
+        for n in self.nodes(reg):
+            if (node_ids is None or n.node_id in node_ids) and not self.kafka_process(n).running():
+                n.check_ports()
+                self.kafka_process(n).start()
+        await self.wait_kafka_ready(reg, timeout_s)
+
+    # -- down ---------------------------------------------------------------------------
+    @staticmethod
+    async def down(paths: StackPaths | None = None, *, purge: bool = False) -> list[str]:
+        """Stop every process of the state directory (Kafka, then Consul); names stopped."""
+        paths = paths or StackPaths.default()
+        procs = stack_processes(paths)
+        kafka = [p for p in procs if p.workdir.name.startswith("kafka")]
+        others = [p for p in procs if p not in kafka]
+        stopped: list[str] = []
+        for group in (kafka, others):
+            results = await asyncio.gather(*(asyncio.to_thread(p.stop, 30.0) for p in group))
+            stopped += [p.name for p, ran in zip(group, results, strict=True) if ran]
+        if purge and paths.state.exists():
+            shutil.rmtree(paths.state)
+        return stopped
+
+
+async def _wait_until(cond: Callable[[], Awaitable[bool]], what: str,
+                      procs: list[ManagedProcess], timeout_s: float) -> None:
+    """Poll `cond` until true; ProcessDied as soon as a process exits, StartTimeout at the end."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.2
+    while True:
+        for p in procs:
+            p.check_alive()
+        if await cond():
+            return
+        if time.monotonic() >= deadline:
+            names = ", ".join(p.name for p in procs)
+            raise StartTimeout(
+                f"{what} did not answer within {timeout_s:.0f}s. Its processes ({names}) are "
+                f"running; see their server.log files under {procs[0].workdir.parent}.")
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.5, 1.0)

@@ -1,0 +1,55 @@
+"""Where the local stack keeps its inputs, its cache and its state."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["REPO_ROOT", "StackPaths", "default_cache_dir", "default_state_dir"]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_LOCAL = REPO_ROOT / "compose" / "local"
+
+
+def default_state_dir() -> Path:
+    """`$CROSSDC_STATE_DIR`, else `.crossdc/` at the repository root."""
+    env = os.environ.get("CROSSDC_STATE_DIR")
+    return Path(env) if env else REPO_ROOT / ".crossdc"
+
+
+def default_cache_dir() -> Path:
+    """`$CROSSDC_CACHE_DIR`, else `~/.cache/crossdc` (kept across clones, so CI runs warm)."""
+    env = os.environ.get("CROSSDC_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "crossdc"
+
+
+@dataclass(frozen=True)
+class StackPaths:
+    """The state directory (data, logs, pids) and the cache (jars, consul binary)."""
+
+    state: Path
+    cache: Path
+
+    @classmethod
+    def default(cls) -> StackPaths:
+        return cls(state=default_state_dir(), cache=default_cache_dir())
+
+    @property
+    def pom(self) -> Path:
+        return COMPOSE_LOCAL / "pom.xml"
+
+    @property
+    def log4j_config(self) -> Path:
+        return COMPOSE_LOCAL / "log4j2.yaml"
+
+    @property
+    def stack_file(self) -> Path:
+        """What `dr up` started: topology path, broker count, process ids."""
+        return self.state / "stack.json"
+
+    def region_dir(self, region: str) -> Path:
+        return self.state / region

@@ -1,0 +1,153 @@
+"""Server processes that outlive the CLI: start detached, find again by pid, stop in order."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from dr.errors import PortTaken, ProcessDied
+
+__all__ = ["ManagedProcess", "check_port_free", "log_tail", "port_holder"]
+
+log = structlog.get_logger("crossdc.stack")
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a log file ("(no output)" when empty or missing)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return "(no output)"
+    tail = text.strip().splitlines()[-lines:]
+    return "\n".join("    " + line for line in tail) if tail else "(no output)"
+
+
+def port_holder(port: int) -> str | None:
+    """Which process listens on `port`, as `name (pid N)`, when `ss` can tell."""
+    try:
+        out = subprocess.run(["ss", "-Hlntup", f"sport = :{port}"], capture_output=True,
+                             text=True, timeout=5, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        if 'users:(("' in line:
+            users = line.split('users:(("', 1)[1]
+            name = users.split('"', 1)[0]
+            pid = users.split("pid=", 1)[1].split(",", 1)[0] if "pid=" in users else "?"
+            return f"{name} (pid {pid})"
+    return None
+
+
+def check_port_free(port: int, owner: str, field: str, *, udp: bool = False) -> None:
+    """Raise PortTaken when 127.0.0.1:`port` cannot be bound (TCP, and UDP if asked)."""
+    kinds = [socket.SOCK_STREAM] + ([socket.SOCK_DGRAM] if udp else [])
+    for kind in kinds:
+        with socket.socket(socket.AF_INET, kind) as sock:
+            # Servers bind with SO_REUSEADDR, so a socket lingering in TIME_WAIT is no conflict.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                raise PortTaken(port, owner, field, port_holder(port)) from None
+
+
+@dataclass
+class ManagedProcess:
+    """One server process of the stack; its pid lives in `<workdir>/pid`."""
+
+    name: str
+    workdir: Path
+    argv: list[str]
+    env: dict[str, str] | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "server.log"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.workdir / "pid"
+
+    def pid(self) -> int | None:
+        """The pid of the running process, or None when it is not running."""
+        try:
+            pid = int(self.pid_path.read_text(encoding="utf-8").strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        # A zombie (state Z) is dead; a recycled pid runs another command line.
+        if stat.rsplit(")", 1)[1].split()[0] == "Z" or str(self.workdir) not in cmdline:
+            return None
+        return pid
+
+    def running(self) -> bool:
+        return self.pid() is not None
+
+    def start(self) -> int:
+        """Start detached (own session), output appended to `server.log`; return the pid."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if self.env:
+            env.update(self.env)
+        with self.log_path.open("ab") as out:
+            out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {self.name}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(
+                self.argv, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        self._popen = proc
+        self.pid_path.write_text(str(proc.pid), encoding="utf-8")
+        log.info("process_started", process=self.name, pid=proc.pid)
+        return proc.pid
+
+    def check_alive(self) -> None:
+        """Raise ProcessDied (with the log tail) when the process has exited."""
+        popen: subprocess.Popen[bytes] | None = getattr(self, "_popen", None)
+        code = popen.poll() if popen is not None else None
+        if (popen is not None and code is not None) or (popen is None and not self.running()):
+            raise ProcessDied(self.name, code, str(self.log_path), log_tail(self.log_path))
+
+    def stop(self, timeout_s: float = 20.0, *, kill: bool = False) -> bool:
+        """SIGTERM (SIGKILL if `kill`), wait up to `timeout_s`, then SIGKILL. True if it ran."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_path.unlink(missing_ok=True)
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL if kill else signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while self.pid() is not None and time.monotonic() < deadline:
+            self._reap()
+            time.sleep(0.1)
+        if self.pid() is not None:
+            log.warning("process_kill_after_timeout", process=self.name, pid=pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            while self.pid() is not None:
+                self._reap()
+                time.sleep(0.05)
+        self._reap()
+        self.pid_path.unlink(missing_ok=True)
+        log.info("process_stopped", process=self.name, pid=pid)
+        return True
+
+    def _reap(self) -> None:
+        popen: subprocess.Popen[bytes] | None = getattr(self, "_popen", None)
+        if popen is not None:
+            popen.poll()

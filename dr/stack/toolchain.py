@@ -1,0 +1,166 @@
+"""The machine's toolchain and the two artifacts built from registries, cached once.
+
+- Kafka: `mvn dependency:copy-dependencies` on `compose/local/pom.xml` → `<cache>/kafka-<v>-<h>/libs`.
+- Consul: its Go module, built with the machine's Go → `<cache>/consul-<v>/consul`. Consul's
+  go.mod replaces its nested modules (api, sdk, ...) with local folders that the module zip
+  does not contain, so `go install module@version` refuses; we copy the module source, drop
+  those replace directives (the published nested modules are used) and `go build`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from dr.errors import SetupFailed, ToolchainMissing
+from dr.stack.paths import StackPaths
+
+__all__ = [
+    "CONSUL_MODULE",
+    "CONSUL_VERSION",
+    "check_toolchain",
+    "ensure_consul",
+    "ensure_kafka_libs",
+    "kafka_libs_dir",
+    "consul_binary",
+]
+
+CONSUL_MODULE = "github.com/hashicorp/consul"
+CONSUL_VERSION = "v1.22.0"
+
+log = structlog.get_logger("crossdc.stack")
+
+Progress = Callable[[str], None]
+
+_HOW_TO_GET = {
+    "java": "Java 17 or newer runs the Kafka brokers (Debian: apt-get install openjdk-17-jre-headless)",
+    "mvn": "Maven fetches the Kafka jars from Maven Central (Debian: apt-get install maven)",
+    "go": "Go 1.23 or newer builds Consul from its Go module (https://go.dev/doc/install)",
+}
+
+
+def _kafka_version(pom: Path) -> str:
+    m = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", pom.read_text(encoding="utf-8"))
+    if not m:
+        raise SetupFailed(f"{pom}: no <kafka.version> property")
+    return m.group(1)
+
+
+def kafka_libs_dir(paths: StackPaths) -> Path:
+    """The cached jar folder for the pom as it is now (a pom change gets a new folder)."""
+    digest = hashlib.sha256(paths.pom.read_bytes()).hexdigest()[:10]
+    return paths.cache / f"kafka-{_kafka_version(paths.pom)}-{digest}" / "libs"
+
+
+def consul_binary(paths: StackPaths) -> Path:
+    return paths.cache / f"consul-{CONSUL_VERSION}" / "consul"
+
+
+def check_toolchain(paths: StackPaths, path: str | None = None) -> dict[str, str]:
+    """Programs found on PATH for what the stack needs; ToolchainMissing lists all that lack.
+
+    Maven and Go are needed only while their artifact is not cached yet.
+    """
+    needed = ["java"]
+    if not (kafka_libs_dir(paths).parent / ".complete").exists():
+        needed.append("mvn")
+    if not consul_binary(paths).exists():
+        needed.append("go")
+    found: dict[str, str] = {}
+    missing: dict[str, str] = {}
+    for tool in needed:
+        where = shutil.which(tool, path=path)
+        if where:
+            found[tool] = where
+        else:
+            missing[tool] = f"not found on PATH; {_HOW_TO_GET[tool]}"
+    if missing:
+        raise ToolchainMissing(missing)
+    return found
+
+
+def _run(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None,
+         what: str) -> str:
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise SetupFailed(f"{what}: cannot run {cmd[0]}: {exc}") from exc
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+        raise SetupFailed(f"{what} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
+    return proc.stdout
+
+
+def ensure_kafka_libs(paths: StackPaths, progress: Progress | None = None) -> Path:
+    """Fetch the Kafka runtime jars once; return the folder to put on the classpath."""
+    libs = kafka_libs_dir(paths)
+    marker = libs.parent / ".complete"
+    if marker.exists():
+        return libs
+    say = progress or (lambda _m: None)
+    version = _kafka_version(paths.pom)
+    say(f"Fetching Apache Kafka {version} jars from Maven Central (first run only)")
+    log.info("kafka_jars_fetch", version=version, into=str(libs))
+    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=paths.cache))
+    _run(["mvn", "-B", "-q", "-f", str(paths.pom), "dependency:copy-dependencies",
+          f"-DoutputDirectory={staging}"], what="Fetching the Kafka jars with Maven")
+    if not any(staging.glob("kafka_2.13-*.jar")):
+        raise SetupFailed(f"Maven finished but {staging} holds no kafka_2.13 jar")
+    if libs.exists():
+        shutil.rmtree(libs)
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    staging.rename(libs)
+    marker.write_text(version, encoding="utf-8")
+    return libs
+
+
+def ensure_consul(paths: StackPaths, progress: Progress | None = None) -> Path:
+    """Build the pinned Consul from its Go module once; return the binary's path."""
+    binary = consul_binary(paths)
+    if binary.exists():
+        return binary
+    say = progress or (lambda _m: None)
+    say(f"Building Consul {CONSUL_VERSION} from its Go module (first run only, a few minutes)")
+    log.info("consul_build", version=CONSUL_VERSION, into=str(binary))
+    env = dict(os.environ)
+    env["GOFLAGS"] = "-mod=mod -buildvcs=false"
+    # The checksum database is another host that may not answer here; module zips still come
+    # from the module proxy, and go.sum pins what Consul itself lists.
+    env.setdefault("GOSUMDB", "off")
+    out = _run(["go", "mod", "download", "-json", f"{CONSUL_MODULE}@{CONSUL_VERSION}"],
+               env=env, what="Downloading the Consul Go module")
+    src_dir = Path(json.loads(out)["Dir"])
+    paths.cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="consul-src-", dir=paths.cache) as tmp:
+        work = Path(tmp) / "src"
+        shutil.copytree(src_dir, work)
+        for p in [work, *work.rglob("*")]:
+            if not p.is_symlink():
+                p.chmod(p.stat().st_mode | 0o200)
+        mod = json.loads(_run(["go", "mod", "edit", "-json"], cwd=work, env=env,
+                              what="Reading Consul's go.mod"))
+        local = [r["Old"]["Path"] for r in mod.get("Replace") or []
+                 if r["New"]["Path"].startswith(".")]
+        if local:
+            _run(["go", "mod", "edit", *[f"-dropreplace={p}" for p in local]], cwd=work, env=env,
+                 what="Dropping Consul's local replace directives")
+        say("Compiling Consul (go build)")
+        staged = Path(tmp) / "consul"
+        _run(["go", "build", "-trimpath", "-o", str(staged), "."], cwd=work, env=env,
+             what="Building Consul with go build")
+        version = _run([str(staged), "version"], what="Checking the built Consul")
+        if CONSUL_VERSION.lstrip("v") not in version:
+            raise SetupFailed(f"built Consul reports {version.splitlines()[0]!r}, "
+                              f"expected {CONSUL_VERSION}")
+        binary.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(staged), binary)
+    return binary

@@ -1,0 +1,174 @@
+"""The topology: which regions exist and where their Kafka, Consul and proxy answer.
+
+A topology file (`policies/topology.local.yaml` is the local stack's) is read with
+`load_topology()`; a bad file raises `ConfigError` naming file, line and field.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from dr.yamlfile import load_model
+
+__all__ = [
+    "ConsulSettings",
+    "KafkaSettings",
+    "LocalConsulSettings",
+    "LocalKafkaSettings",
+    "LocalSettings",
+    "ProxySettings",
+    "Region",
+    "Topology",
+    "load_topology",
+    "split_hostport",
+]
+
+RegionName = Annotated[
+    str,
+    Field(pattern=r"^[a-z][a-z0-9-]{0,30}$",
+          description="Lower-case letters, digits and '-', starting with a letter."),
+]
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+_HOSTPORT = re.compile(r"^(?P<host>[A-Za-z0-9.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    """`"127.0.0.1:9092"` → `("127.0.0.1", 9092)`; ValueError naming the value when malformed."""
+    m = _HOSTPORT.match(value)
+    if not m or not 1 <= int(m.group("port")) <= 65535:
+        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:9092)")
+    return m.group("host").strip("[]"), int(m.group("port"))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaSettings(_Model):
+    """How clients reach one region's Kafka cluster."""
+
+    bootstrap_servers: list[str] = Field(
+        min_length=1, description="host:port of one or more brokers of this region's cluster.")
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _hostports(cls, v: list[str]) -> list[str]:
+        for item in v:
+            split_hostport(item)
+        return v
+
+    @property
+    def bootstrap(self) -> str:
+        """The comma-separated form Kafka clients take."""
+        return ",".join(self.bootstrap_servers)
+
+
+class ConsulSettings(_Model):
+    """How to reach the Consul datacenter of one region."""
+
+    http_addr: str = Field(description="host:port of a Consul agent's HTTP API.")
+    datacenter: RegionName = Field(description="The Consul datacenter name of this region.")
+    dns_addr: str = Field(description="host:port of that agent's DNS interface.")
+
+    @field_validator("http_addr", "dns_addr")
+    @classmethod
+    def _hostport(cls, v: str) -> str:
+        split_hostport(v)
+        return v
+
+
+class ProxySettings(_Model):
+    """Where the region's crossdc proxy listens."""
+
+    endpoint: str = Field(description="host:port of the region's gRPC proxy.")
+    metrics_port: Port | None = Field(None, description="Prometheus port of the proxy.")
+
+    @field_validator("endpoint")
+    @classmethod
+    def _hostport(cls, v: str) -> str:
+        split_hostport(v)
+        return v
+
+
+class LocalKafkaSettings(_Model):
+    """Local-stack knobs for a region's Kafka (used by `dr up`, ignored elsewhere)."""
+
+    controller_port: Port = Field(
+        description="KRaft controller listener of broker 1; broker i uses controller_port + i - 1.")
+    heap_mb: int = Field(512, ge=128, le=8192, description="Java heap of each broker, MiB.")
+    extra_properties: dict[str, str] = Field(
+        default_factory=dict, description="Extra server.properties entries for every broker.")
+
+
+class LocalConsulSettings(_Model):
+    """Local-stack ports for a region's Consul agent (the HTTP and DNS ports come from `consul`)."""
+
+    server_port: Port = Field(description="Consul server RPC port.")
+    serf_lan_port: Port = Field(description="Serf LAN gossip port.")
+    serf_wan_port: Port = Field(description="Serf WAN gossip port (how datacenters join).")
+
+
+class LocalSettings(_Model):
+    """How `dr up` runs this region on one machine."""
+
+    kafka: LocalKafkaSettings
+    consul: LocalConsulSettings
+
+
+class Region(_Model):
+    """One region: a Kafka cluster, a Consul datacenter and a proxy."""
+
+    name: RegionName
+    kafka: KafkaSettings
+    consul: ConsulSettings
+    proxy: ProxySettings
+    local: LocalSettings | None = Field(
+        None, description="Ports for the local stack; required by `dr up`.")
+
+    @property
+    def kafka_port(self) -> int:
+        """Port of broker 1: the first bootstrap server's port."""
+        return split_hostport(self.kafka.bootstrap_servers[0])[1]
+
+
+class Topology(_Model):
+    """All regions, the order to prefer them in, and which one starts as primary."""
+
+    regions: list[Region] = Field(min_length=1)
+    preference: list[RegionName] = Field(
+        description="Every region once, most preferred first (failover order).")
+    primary: RegionName = Field(description="The region that starts as primary.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        names = [r.name for r in self.regions]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"region names must be unique; repeated: {', '.join(dupes)}")
+        dcs = [r.consul.datacenter for r in self.regions]
+        if len(set(dcs)) != len(dcs):
+            raise ValueError("each region needs its own consul.datacenter")
+        if self.primary not in names:
+            raise ValueError(f"primary {self.primary!r} is not a region (regions: {', '.join(names)})")
+        if sorted(self.preference) != sorted(names):
+            raise ValueError(
+                f"preference must list every region exactly once: got {self.preference}, "
+                f"regions are {names}")
+        return self
+
+    def region(self, name: str) -> Region:
+        """The region called `name`; KeyError names the known regions."""
+        for r in self.regions:
+            if r.name == name:
+                return r
+        raise KeyError(f"no region {name!r}; regions: {', '.join(r.name for r in self.regions)}")
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate a topology file."""
+    return load_model(Topology, path)
