@@ -80,7 +80,7 @@ def _root(
     if log_format not in ("console", "json"):
         raise typer.BadParameter("must be console or json", param_hint="--log-format")
     fmt: LogFormat = "json" if log_format == "json" else "console"
-    configure_logging(fmt, log_level)
+    configure_logging(fmt, log_level, quiet_kafka_client=True)
 
 
 @topology_app.command("validate")

@@ -86,7 +86,9 @@ class ConsulClient:
     async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(self._retry.attempts) | stop_after_delay(self._retry.total_s),
-            wait=wait_exponential_jitter(self._retry.backoff_initial_s, self._retry.backoff_max_s),
+            wait=wait_exponential_jitter(multiplier=self._retry.backoff_initial_s,
+                                         max=self._retry.backoff_max_s,
+                                         jitter=self._retry.backoff_initial_s),
             retry=retry_if_exception(_retriable),
             before_sleep=lambda rs: log.debug(
                 "consul_retry", call=what, addr=self.http_addr, attempt=rs.attempt_number,

@@ -135,7 +135,12 @@ class KafkaNode:
                 "-cp", f"{self.libs}/*", "kafka.tools.StorageTool", "format",
                 "-t", cluster_id, "-c", str(self.properties_path),
                 stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=self.workdir)
-            code = await proc.wait()
+            try:
+                code = await proc.wait()
+            finally:
+                if proc.returncode is None:  # cancelled: never leave a formatter behind
+                    proc.kill()
+                    await proc.wait()
         if code != 0:
             raise SetupFailed(
                 f"Formatting the storage of {self.name} failed (exit {code}). "

@@ -108,20 +108,28 @@ class ManagedProcess:
         with self.log_path.open("ab") as out:
             out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {self.name}\n".encode())
             out.flush()
-            proc = subprocess.Popen(
-                self.argv, cwd=self.workdir, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        self._popen = proc
-        self.pid_path.write_text(str(proc.pid), encoding="utf-8")
-        log.info("process_started", process=self.name, pid=proc.pid)
-        return proc.pid
+            # posix_spawn, not Popen: the server outlives this object (and the CLI), so no
+            # Popen should warn about a child "still running"; we reap it with waitpid.
+            pid = os.posix_spawnp(
+                self.argv[0], self.argv, env,
+                file_actions=[(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                              (os.POSIX_SPAWN_DUP2, out.fileno(), 1),
+                              (os.POSIX_SPAWN_DUP2, out.fileno(), 2)],
+                setsid=True)
+        self._child = pid
+        self._exit_code: int | None = None
+        self.pid_path.write_text(str(pid), encoding="utf-8")
+        log.info("process_started", process=self.name, pid=pid)
+        return pid
 
     def check_alive(self) -> None:
         """Raise ProcessDied (with the log tail) when the process has exited."""
-        popen: subprocess.Popen[bytes] | None = getattr(self, "_popen", None)
-        code = popen.poll() if popen is not None else None
-        if (popen is not None and code is not None) or (popen is None and not self.running()):
-            raise ProcessDied(self.name, code, str(self.log_path), log_tail(self.log_path))
+        self._reap()
+        child = getattr(self, "_child", None)
+        dead = self._exit_code is not None if child is not None else not self.running()
+        if dead:
+            raise ProcessDied(self.name, getattr(self, "_exit_code", None), str(self.log_path),
+                              log_tail(self.log_path))
 
     def stop(self, timeout_s: float = 20.0, *, kill: bool = False) -> bool:
         """SIGTERM (SIGKILL if `kill`), wait up to `timeout_s`, then SIGKILL. True if it ran."""
@@ -148,6 +156,14 @@ class ManagedProcess:
         return True
 
     def _reap(self) -> None:
-        popen: subprocess.Popen[bytes] | None = getattr(self, "_popen", None)
-        if popen is not None:
-            popen.poll()
+        """Collect our own child's exit status, so it does not linger as a zombie."""
+        child = getattr(self, "_child", None)
+        if child is None or getattr(self, "_exit_code", None) is not None:
+            return
+        try:
+            pid, status = os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:
+            self._exit_code = -1
+            return
+        if pid:
+            self._exit_code = os.waitstatus_to_exitcode(status)

@@ -1,0 +1,59 @@
+"""Topologies with free loopback ports, for tests and extra regions (`dr up` of a third one)."""
+
+from __future__ import annotations
+
+import random
+
+from dr.errors import PortTaken, StackError
+from dr.stack.process import check_port_free
+from dr.topology import Topology
+
+__all__ = ["BLOCK", "free_topology"]
+
+# Ports of one region, as offsets into its block: up to 9 brokers and 9 controllers.
+_KAFKA, _CONTROLLER, _HTTP, _DNS, _SERVER, _LAN, _WAN, _PROXY, _METRICS = 0, 9, 18, 19, 20, 21, \
+    22, 23, 24
+BLOCK = 25
+
+
+def _region(name: str, base: int) -> dict[str, object]:
+    return {
+        "name": name,
+        "kafka": {"bootstrap_servers": [f"127.0.0.1:{base + _KAFKA}"]},
+        "consul": {"http_addr": f"127.0.0.1:{base + _HTTP}", "datacenter": name,
+                   "dns_addr": f"127.0.0.1:{base + _DNS}"},
+        "proxy": {"endpoint": f"127.0.0.1:{base + _PROXY}", "metrics_port": base + _METRICS},
+        "local": {
+            "kafka": {"controller_port": base + _CONTROLLER, "heap_mb": 512},
+            "consul": {"server_port": base + _SERVER, "serf_lan_port": base + _LAN,
+                       "serf_wan_port": base + _WAN},
+        },
+    }
+
+
+def _block_free(base: int) -> bool:
+    try:
+        for off in range(BLOCK):
+            check_port_free(base + off, "probe", "", udp=off in (_DNS, _LAN, _WAN))
+    except PortTaken:
+        return False
+    return True
+
+
+def free_topology(names: list[str], *, primary: str | None = None, seed: int | None = None,
+                  low: int = 20000, high: int = 60000) -> Topology:
+    """A topology for `names` whose every port is free now (blocks of `BLOCK` ports)."""
+    rng = random.Random(seed)
+    regions = []
+    used: set[int] = set()
+    for name in names:
+        for _ in range(200):
+            base = rng.randrange(low, high - BLOCK) // BLOCK * BLOCK
+            if base not in used and _block_free(base):
+                used.add(base)
+                regions.append(_region(name, base))
+                break
+        else:
+            raise StackError(f"no free block of {BLOCK} loopback ports found for region {name}")
+    return Topology.model_validate(
+        {"regions": regions, "preference": list(names), "primary": primary or names[0]})

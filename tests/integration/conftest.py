@@ -1,0 +1,64 @@
+"""The two-region stack, started once per test session.
+
+With a Docker engine that answers `docker.from_env().ping()`, the regions run in containers
+(testcontainers); otherwise as local processes through the same code `dr up` uses. Ports are
+picked free at start, so the suite runs beside a `dr up` demo stack or another suite.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dr.stack.docker import docker_available
+from dr.stack.paths import StackPaths
+from dr.stack.ports import free_topology
+from dr.topology import Topology
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """What tests get: the topology, its file, and the stack object to stop/start parts."""
+
+    topology: Topology
+    topology_path: Path
+    stack: object
+    kind: str
+
+    def bootstrap(self, region: str) -> str:
+        return self.topology.region(region).kafka.bootstrap
+
+
+def write_topology(topology: Topology, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(topology.model_dump(mode="json", exclude_none=True),
+                                   sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+async def two_regions(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StackInfo]:
+    root = tmp_path_factory.mktemp("stack")
+    topo = free_topology(["east", "west"])
+    path = write_topology(topo, root / "topology.yaml")
+    if docker_available() and not os.environ.get("CROSSDC_TEST_LOCAL"):
+        from dr.stack.docker import DockerStack
+        dstack = DockerStack(topo)
+        await dstack.up()
+        try:
+            yield StackInfo(topo, path, dstack, "docker")
+        finally:
+            await dstack.down()
+        return
+    from dr.stack.local import LocalStack
+    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
+    lstack = LocalStack(topo, path, brokers=1, paths=paths)
+    try:
+        await lstack.up(timeout_s=180)
+        yield StackInfo(topo, path, lstack, "local")
+    finally:
+        await LocalStack.down(paths)

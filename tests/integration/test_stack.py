@@ -1,0 +1,117 @@
+"""The two-region stack answers the way the issue's 'done when' says, to real clients."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import StackInfo  # type: ignore[import-not-found]
+
+from dr.stack.local import LocalStack
+from dr.stack.paths import StackPaths
+from dr.stack.toolchain import consul_binary
+from dr.status import probe_topology
+from dr.topology import split_hostport
+
+
+async def test_status_reports_both_regions_healthy(two_regions: StackInfo) -> None:
+    st = await probe_topology(two_regions.topology, str(two_regions.topology_path), 1)
+    assert st.healthy, st.model_dump_json(indent=1)
+    for region in st.regions:
+        assert region.kafka.brokers_up == 1
+        assert region.kafka.quorum_leader == 1
+        assert region.consul.leader
+        assert region.consul.wan_members == ["east-consul.east", "west-consul.west"]
+    assert [r.primary for r in st.regions] == [True, False]
+
+
+def test_dr_status_json_cli(two_regions: StackInfo) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dr.cli", "status", "--json", "--topology",
+         str(two_regions.topology_path)], capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["healthy"] is True
+    assert {r["region"] for r in data["regions"]} == {"east", "west"}
+    assert all(r["consul"]["datacenter"] == r["region"] for r in data["regions"])
+
+
+def test_dr_status_table_cli(two_regions: StackInfo) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "dr.cli", "status", "--topology", str(two_regions.topology_path)],
+        capture_output=True, text=True, timeout=60, check=False, env={"COLUMNS": "120"})
+    assert proc.returncode == 0, proc.stderr
+    assert "region east (primary)" in proc.stdout
+    assert "region west" in proc.stdout
+    assert "all regions healthy" in proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat (Debian package) not installed")
+@pytest.mark.parametrize("region", ["east", "west"])
+def test_kcat_lists_the_regions_broker(two_regions: StackInfo, region: str) -> None:
+    bootstrap = two_regions.bootstrap(region)
+    out = subprocess.run(["kcat", "-b", bootstrap, "-L", "-m", "10"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    assert f"broker 1 at {bootstrap}" in out
+
+
+@pytest.mark.skipif(shutil.which("dig") is None, reason="dig (Debian dnsutils) not installed")
+@pytest.mark.parametrize("region", ["east", "west"])
+def test_consul_dns_answers_for_each_datacenter(two_regions: StackInfo, region: str) -> None:
+    host, port = split_hostport(two_regions.topology.region(region).consul.dns_addr)
+    for dc in ("east", "west"):  # each agent also answers for the other datacenter over WAN
+        out = subprocess.run(
+            ["dig", f"@{host}", "-p", str(port), f"consul.service.{dc}.consul", "+short",
+             "+time=5", "+tries=2"], capture_output=True, text=True, timeout=30, check=True)
+        assert out.stdout.split() == ["127.0.0.1"], (dc, out.stdout, out.stderr)
+
+
+def test_consul_members_wan_lists_both(two_regions: StackInfo) -> None:
+    if two_regions.kind != "local":
+        pytest.skip("the consul binary is inside the containers on the Docker path")
+    binary = consul_binary(StackPaths.default())
+    addr = two_regions.topology.region("west").consul.http_addr
+    out = subprocess.run([str(binary), "members", "-wan", f"-http-addr={addr}"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    lines = [line.split() for line in out.splitlines()[1:]]
+    assert {(cols[0], cols[2]) for cols in lines} == {("east-consul.east", "alive"),
+                                                      ("west-consul.west", "alive")}
+
+
+async def test_up_again_is_idempotent(two_regions: StackInfo) -> None:
+    if two_regions.kind != "local":
+        pytest.skip("local stack only")
+    stack = two_regions.stack
+    assert isinstance(stack, LocalStack)
+    before = sorted(p.pid() or 0 for p in _procs(stack))
+    await stack.up(timeout_s=60)
+    after = sorted(p.pid() or 0 for p in _procs(stack))
+    assert before == after and 0 not in after
+
+
+async def test_broker_stop_and_start_shows_in_status(two_regions: StackInfo) -> None:
+    if two_regions.kind != "local":
+        pytest.skip("local stack only")
+    stack = two_regions.stack
+    assert isinstance(stack, LocalStack)
+    await stack.stop_kafka("west")
+    st = await probe_topology(two_regions.topology, "t", 1, timeout_s=2.0)
+    west = next(r for r in st.regions if r.region == "west")
+    assert not west.healthy and west.kafka.error is not None
+    assert next(r for r in st.regions if r.region == "east").healthy
+    await stack.start_kafka("west", timeout_s=90)
+    st = await probe_topology(two_regions.topology, "t", 1)
+    assert st.healthy
+
+
+def _procs(stack: LocalStack) -> list:  # type: ignore[type-arg]
+    procs = []
+    for region in stack.topology.regions:
+        procs += [stack.kafka_process(n) for n in stack.nodes(region)]
+        procs.append(stack.consul_process(stack.agent(region)))
+    return procs
+
+

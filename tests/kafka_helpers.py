@@ -1,0 +1,92 @@
+"""Helpers for tests against the real clusters: unique names, topics, produce, consume."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+Headers = Sequence[tuple[str, bytes]]
+Record = tuple[bytes | None, bytes | None, Headers]
+
+
+def unique(prefix: str) -> str:
+    """A topic or group name no other test uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def eventually(cond: Callable[[], Awaitable[bool]], timeout_s: float = 30.0,
+                     what: str = "condition") -> None:
+    """Poll `cond` until it is true; fail the test with `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.05
+    while not await cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout_s}s")
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, 0.5)
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int = 1, replication: int = 1,
+                       configs: dict[str, str] | None = None) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, replication,
+                                            topic_configs=configs or {})])
+    finally:
+        await admin.close()
+
+
+async def produce(bootstrap: str, topic: str, records: Sequence[Record], *,
+                  partition: int | None = None, **producer_kw: Any) -> list[Any]:
+    """Send `records` (key, value, headers) and return their RecordMetadata, in order."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **producer_kw)
+    await producer.start()
+    try:
+        futs = [await producer.send(topic, value=v, key=k, headers=list(h), partition=partition)
+                for k, v, h in records]
+        return [await f for f in futs]
+    finally:
+        await producer.stop()
+
+
+async def consume(bootstrap: str, topic: str, count: int, *, timeout_s: float = 30.0,
+                  isolation_level: str = "read_uncommitted",
+                  group_id: str | None = None) -> list[ConsumerRecord[bytes, bytes]]:
+    """Read `topic` from the beginning until `count` records arrived (or fail on timeout)."""
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+        isolation_level=isolation_level, group_id=group_id, enable_auto_commit=False)
+    await consumer.start()
+    out: list[ConsumerRecord[bytes, bytes]] = []
+    try:
+        deadline = time.monotonic() + timeout_s
+        while len(out) < count:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"read {len(out)} of {count} records from {topic}")
+            batch = await consumer.getmany(timeout_ms=int(min(left, 1.0) * 1000))
+            for recs in batch.values():
+                out.extend(recs)
+        if group_id is not None:
+            await consumer.commit()
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def end_offsets(bootstrap: str, topic: str, partitions: int = 1) -> dict[int, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        ends = await consumer.end_offsets(tps)
+        return {tp.partition: off for tp, off in ends.items()}
+    finally:
+        await consumer.stop()
