@@ -101,13 +101,17 @@ class PortTaken(StackError):
 class ProcessDied(StackError):
     """A server process exited while it was starting."""
 
-    def __init__(self, name: str, returncode: int | None, log_path: str, log_tail: str) -> None:
+    def __init__(self, name: str, returncode: int | None, log_path: str, log_tail: str,
+                 cause: str | None = None) -> None:
         self.name = name
         self.returncode = returncode
         self.log_path = log_path
         self.log_tail = log_tail
+        self.cause = cause
+        status = f"status {returncode}" if returncode is not None else "an unknown status"
+        why = f": {cause}" if cause else ""
         super().__init__(
-            f"{name} exited with status {returncode} while starting. "
+            f"{name} exited with {status} while starting{why}. "
             f"Last lines of {log_path}:\n{log_tail}"
         )
 

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from dr.yamlfile import load_model
 
@@ -144,22 +144,36 @@ class Topology(_Model):
         description="Every region once, most preferred first (failover order).")
     primary: RegionName = Field(description="The region that starts as primary.")
 
-    @model_validator(mode="after")
-    def _consistent(self) -> Topology:
-        names = [r.name for r in self.regions]
+    # Field validators (not one model validator) so each error points at its own line.
+    @field_validator("regions")
+    @classmethod
+    def _unique(cls, regions: list[Region]) -> list[Region]:
+        names = [r.name for r in regions]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"region names must be unique; repeated: {', '.join(dupes)}")
-        dcs = [r.consul.datacenter for r in self.regions]
-        if len(set(dcs)) != len(dcs):
-            raise ValueError("each region needs its own consul.datacenter")
-        if self.primary not in names:
-            raise ValueError(f"primary {self.primary!r} is not a region (regions: {', '.join(names)})")
-        if sorted(self.preference) != sorted(names):
-            raise ValueError(
-                f"preference must list every region exactly once: got {self.preference}, "
-                f"regions are {names}")
-        return self
+        dcs = [r.consul.datacenter for r in regions]
+        dupes = sorted({d for d in dcs if dcs.count(d) > 1})
+        if dupes:
+            raise ValueError(f"each region needs its own consul.datacenter; shared: "
+                             f"{', '.join(dupes)}")
+        return regions
+
+    @field_validator("preference")
+    @classmethod
+    def _preference(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        names = [r.name for r in info.data.get("regions", [])]
+        if names and sorted(v) != sorted(names):
+            raise ValueError(f"must list every region exactly once: got {v}, regions are {names}")
+        return v
+
+    @field_validator("primary")
+    @classmethod
+    def _primary(cls, v: str, info: ValidationInfo) -> str:
+        names = [r.name for r in info.data.get("regions", [])]
+        if names and v not in names:
+            raise ValueError(f"{v!r} is not a region (regions: {', '.join(names)})")
+        return v
 
     def region(self, name: str) -> Region:
         """The region called `name`; KeyError names the known regions."""

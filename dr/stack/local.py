@@ -148,11 +148,16 @@ class LocalStack:
             await asyncio.gather(*(node.format(cid) for node, cid in to_format))
         if to_start:
             self._say(f"Starting {len(to_start)} server process(es)")
-        for proc in to_start:
-            proc.start()
-        self._write_stack_file()
-        self._say("Waiting for every region to answer")
-        await self.wait_ready(timeout_s)
+        try:
+            for proc in to_start:
+                proc.start()
+            self._write_stack_file()
+            self._say("Waiting for every region to answer")
+            await self.wait_ready(timeout_s)
+        except BaseException:
+            # A failed `up` leaves nothing half-started behind; what ran before stays.
+            await asyncio.gather(*(asyncio.to_thread(p.stop, 30.0) for p in to_start))
+            raise
 
     def _write_stack_file(self) -> None:
         self.paths.state.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ import structlog
 
 from dr.errors import PortTaken, ProcessDied
 
-__all__ = ["ManagedProcess", "check_port_free", "log_tail", "port_holder"]
+__all__ = ["ManagedProcess", "check_port_free", "first_error", "log_tail", "port_holder"]
 
 log = structlog.get_logger("crossdc.stack")
 
@@ -32,6 +32,26 @@ def log_tail(path: Path, lines: int = 20) -> str:
         return "(no output)"
     tail = text.strip().splitlines()[-lines:]
     return "\n".join("    " + line for line in tail) if tail else "(no output)"
+
+
+_CAUSE_MARKERS = ("Exception:", "Error:", "[ERR]", "ERROR", "FATAL", "error=", "panic:")
+
+
+def first_error(path: Path) -> str | None:
+    """The first line of a log that states an error (what a person wants to read first)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if any(m in line for m in _CAUSE_MARKERS):
+            # Java puts the exception itself on the line after "ERROR ... fatal fault".
+            nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            if "Exception" in nxt and "Exception" not in line:
+                return nxt
+            return line.strip()
+    return None
 
 
 def port_holder(port: int) -> str | None:
@@ -129,7 +149,7 @@ class ManagedProcess:
         dead = self._exit_code is not None if child is not None else not self.running()
         if dead:
             raise ProcessDied(self.name, getattr(self, "_exit_code", None), str(self.log_path),
-                              log_tail(self.log_path))
+                              log_tail(self.log_path), first_error(self.log_path))
 
     def stop(self, timeout_s: float = 20.0, *, kill: bool = False) -> bool:
         """SIGTERM (SIGKILL if `kill`), wait up to `timeout_s`, then SIGKILL. True if it ran."""

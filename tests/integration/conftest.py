@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
+from tests_support import write_topology  # type: ignore[import-not-found]
 
 from dr.stack.docker import docker_available
 from dr.stack.paths import StackPaths
@@ -32,12 +32,6 @@ class StackInfo:
 
     def bootstrap(self, region: str) -> str:
         return self.topology.region(region).kafka.bootstrap
-
-
-def write_topology(topology: Topology, path: Path) -> Path:
-    path.write_text(yaml.safe_dump(topology.model_dump(mode="json", exclude_none=True),
-                                   sort_keys=False), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="session")
