@@ -83,6 +83,15 @@ def check_port_free(port: int, owner: str, field: str, *, udp: bool = False) -> 
                 raise PortTaken(port, owner, field, port_holder(port)) from None
 
 
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks) of a process, from /proc/<pid>/stat."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8").rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return fields[0], fields[19]
+
+
 @dataclass
 class ManagedProcess:
     """One server process of the stack; its pid lives in `<workdir>/pid`."""
@@ -103,16 +112,13 @@ class ManagedProcess:
     def pid(self) -> int | None:
         """The pid of the running process, or None when it is not running."""
         try:
-            pid = int(self.pid_path.read_text(encoding="utf-8").strip())
+            pid_text, started = self.pid_path.read_text(encoding="utf-8").split()
+            pid = int(pid_text)
         except (FileNotFoundError, ValueError):
             return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-            stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8")
-        except (FileNotFoundError, ProcessLookupError):
-            return None
-        # A zombie (state Z) is dead; a recycled pid runs another command line.
-        if stat.rsplit(")", 1)[1].split()[0] == "Z" or str(self.workdir) not in cmdline:
+        stat = _proc_stat(pid)
+        # A zombie (state Z) is dead; a different start time means the pid was reused.
+        if stat is None or stat[0] == "Z" or stat[1] != started:
             return None
         return pid
 
@@ -138,7 +144,8 @@ class ManagedProcess:
                 setsid=True)
         self._child = pid
         self._exit_code: int | None = None
-        self.pid_path.write_text(str(pid), encoding="utf-8")
+        stat = _proc_stat(pid)
+        self.pid_path.write_text(f"{pid} {stat[1] if stat else 0}", encoding="utf-8")
         log.info("process_started", process=self.name, pid=pid)
         return pid
 
