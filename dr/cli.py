@@ -92,6 +92,12 @@ def topology_validate(file: Annotated[Path, typer.Argument(help="The topology YA
               f"({', '.join(r.name for r in topo.regions)}), primary {topo.primary}")
 
 
+@topology_app.command("schema")
+def topology_schema() -> None:
+    """Print the topology file's JSON schema (committed as policies/topology.schema.json)."""
+    sys.stdout.write(json.dumps(Topology.model_json_schema(), indent=2) + "\n")
+
+
 @app.command()
 def setup() -> None:
     """Fetch the Kafka jars and build Consul into the cache (what `dr up` does first)."""
@@ -209,10 +215,10 @@ def main() -> None:
     except ConfigError as exc:
         err.print("[red]invalid file:[/]")
         for issue in exc.issues:
-            err.print(f"  {issue}", markup=False, highlight=False)
+            err.print(f"  {issue}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except CrossdcError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(1)
     except (typer.Abort, KeyboardInterrupt):
         err.print("aborted")

@@ -95,9 +95,9 @@ def _node_at(root: yaml.Node, loc: tuple[int | str, ...]) -> yaml.Node | None:
                 if isinstance(key, yaml.ScalarNode) and key.value == part:
                     child = value
                     break
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            if 0 <= part < len(node.value):
-                child = node.value[part]
+        elif (isinstance(node, yaml.SequenceNode) and isinstance(part, int)
+              and 0 <= part < len(node.value)):
+            child = node.value[part]
         if child is None:
             return node
         node = child

@@ -50,8 +50,8 @@ def docker_available() -> bool:
 
 def kafka_env(node: KafkaNode, cluster_id: str) -> dict[str, str]:
     """server.properties as the apache/kafka image's KAFKA_* variables."""
-    env = {"CLUSTER_ID": cluster_id,
-           "KAFKA_HEAP_OPTS": f"-Xms256m -Xmx{node.region.local.kafka.heap_mb if node.region.local else 512}m"}
+    heap = node.region.local.kafka.heap_mb if node.region.local else 512
+    env = {"CLUSTER_ID": cluster_id, "KAFKA_HEAP_OPTS": f"-Xms256m -Xmx{heap}m"}
     for key, value in node.properties().items():
         if key == "log.dirs":
             continue

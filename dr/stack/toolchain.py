@@ -1,6 +1,7 @@
 """The machine's toolchain and the two artifacts built from registries, cached once.
 
-- Kafka: `mvn dependency:copy-dependencies` on `compose/local/pom.xml` → `<cache>/kafka-<v>-<h>/libs`.
+- Kafka: `mvn dependency:copy-dependencies` on `compose/local/pom.xml`
+  → `<cache>/kafka-<v>-<h>/libs`.
 - Consul: its Go module, built with the machine's Go → `<cache>/consul-<v>/consul`. Consul's
   go.mod replaces its nested modules (api, sdk, ...) with local folders that the module zip
   does not contain, so `go install module@version` refuses; we copy the module source, drop
@@ -28,10 +29,10 @@ __all__ = [
     "CONSUL_MODULE",
     "CONSUL_VERSION",
     "check_toolchain",
+    "consul_binary",
     "ensure_consul",
     "ensure_kafka_libs",
     "kafka_libs_dir",
-    "consul_binary",
 ]
 
 CONSUL_MODULE = "github.com/hashicorp/consul"
@@ -42,7 +43,8 @@ log = structlog.get_logger("crossdc.stack")
 Progress = Callable[[str], None]
 
 _HOW_TO_GET = {
-    "java": "Java 17 or newer runs the Kafka brokers (Debian: apt-get install openjdk-17-jre-headless)",
+    "java": "Java 17 or newer runs the Kafka brokers "
+            "(Debian: apt-get install openjdk-17-jre-headless)",
     "mvn": "Maven fetches the Kafka jars from Maven Central (Debian: apt-get install maven)",
     "go": "Go 1.23 or newer builds Consul from its Go module (https://go.dev/doc/install)",
 }

@@ -89,7 +89,8 @@ async def test_up_again_is_idempotent(two_regions: StackInfo) -> None:
     before = sorted(p.pid() or 0 for p in _procs(stack))
     await stack.up(timeout_s=60)
     after = sorted(p.pid() or 0 for p in _procs(stack))
-    assert before == after and 0 not in after
+    assert before == after
+    assert 0 not in after
 
 
 async def test_broker_stop_and_start_shows_in_status(two_regions: StackInfo) -> None:
@@ -100,7 +101,8 @@ async def test_broker_stop_and_start_shows_in_status(two_regions: StackInfo) -> 
     await stack.stop_kafka("west")
     st = await probe_topology(two_regions.topology, "t", 1, timeout_s=2.0)
     west = next(r for r in st.regions if r.region == "west")
-    assert not west.healthy and west.kafka.error is not None
+    assert not west.healthy
+    assert west.kafka.error is not None
     assert next(r for r in st.regions if r.region == "east").healthy
     await stack.start_kafka("west", timeout_s=90)
     st = await probe_topology(two_regions.topology, "t", 1)

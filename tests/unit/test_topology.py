@@ -72,7 +72,8 @@ def test_duplicate_key_is_refused_with_its_line() -> None:
 
 def test_missing_field_points_at_its_parent() -> None:
     text = GOOD.replace("      dns_addr: 127.0.0.1:18600\n", "")
-    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "http_addr: 127.0.0.1:18500" in ln)
+    line = next(i for i, ln in enumerate(text.splitlines(), 1)
+                if "http_addr: 127.0.0.1:18500" in ln)
     assert issues(text) == [f"topo.yaml:{line} regions[0].consul.dns_addr: Field required"]
 
 
@@ -83,7 +84,7 @@ def test_yaml_syntax_error_has_a_line() -> None:
 
 def test_empty_and_missing_files(tmp_path: Path) -> None:
     assert issues("") == ["topo.yaml:1: the file is empty"]
-    with pytest.raises(ConfigError, match="nope.yaml: file not found"):
+    with pytest.raises(ConfigError, match=r"nope\.yaml: file not found"):
         load_topology(tmp_path / "nope.yaml")
 
 

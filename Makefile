@@ -1,0 +1,46 @@
+# crossdc — the two set-up commands of the README are `make demo` and `make test`.
+# Both build everything they need from the registries: a venv with the Python deps,
+# the Kafka jars (Maven) and the Consul binary (Go), cached under ~/.cache/crossdc.
+
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: demo test setup lint unit integration down clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+	@touch $@
+
+setup: $(STAMP)
+	@bash compose/local/system-deps.sh
+	$(BIN)/dr setup
+
+## The main job: two regions up, then their status.
+demo: setup
+	$(BIN)/dr up
+	$(BIN)/dr status
+
+## The whole suite: lint, types, import contracts, unit and integration tests.
+test: setup lint
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+unit: $(STAMP)
+	$(BIN)/pytest -m unit
+
+integration: setup
+	$(BIN)/pytest -m integration
+
+down:
+	$(BIN)/dr down
+
+clean: down
+	rm -rf .crossdc

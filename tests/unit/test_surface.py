@@ -1,0 +1,56 @@
+"""The public surface: exported names, the committed schema, the import contracts' premise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import dr
+import mirror
+import proxy
+from dr.stack.paths import REPO_ROOT
+from dr.topology import Topology
+
+
+def test_exported_names() -> None:
+    assert sorted(dr.__all__) == sorted(
+        ["ConfigError", "CrossdcError", "DrError", "Region", "Topology", "load_topology"])
+    assert proxy.__all__ == ["ProxyError"]
+    assert mirror.__all__ == ["MirrorError"]
+    assert issubclass(proxy.ProxyError, dr.CrossdcError)
+    assert issubclass(mirror.MirrorError, dr.CrossdcError)
+
+
+def test_committed_schema_matches_the_models() -> None:
+    committed = json.loads((REPO_ROOT / "policies" / "topology.schema.json").read_text())
+    assert committed == Topology.model_json_schema(), \
+        "regenerate: dr topology schema > policies/topology.schema.json"
+
+
+def test_importing_dr_does_not_load_pyspark_or_grpc() -> None:
+    code = ("import sys, dr, dr.cli; "
+            "print(sorted(m for m in ('pyspark', 'grpc') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_topology_validate_cli_bad_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    bad = tmp_path / "t.yaml"
+    text = (REPO_ROOT / "policies" / "topology.local.yaml").read_text()
+    bad.write_text(text.replace("primary: east", "primary: mars"))
+    proc = subprocess.run([sys.executable, "-m", "dr.cli", "topology", "validate", str(bad)],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if ln.startswith("primary:"))
+    assert f"{bad}:{line} primary: 'mars' is not a region (regions: east, west)" in proc.stderr
+
+
+def test_topology_validate_cli_good_file() -> None:
+    proc = subprocess.run([sys.executable, "-m", "dr.cli", "topology", "validate",
+                           str(REPO_ROOT / "policies" / "topology.local.yaml")],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "valid" in proc.stdout
