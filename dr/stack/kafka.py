@@ -17,8 +17,13 @@ __all__ = ["KafkaNode", "kafka_nodes"]
 
 
 def _new_cluster_id() -> str:
-    # Kafka's Uuid text form: URL-safe base64 of 16 random bytes, no padding.
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # Kafka's Uuid text form: URL-safe base64 of 16 random bytes, no padding. Like Kafka's
+    # Uuid.randomUuid(), never one starting with "-": the storage tool would take it for an
+    # option ("argument --cluster-id/-t: expected one argument"; seen once in 64 starts).
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 @dataclass
