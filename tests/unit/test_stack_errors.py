@@ -117,3 +117,10 @@ def test_free_topology_is_valid_and_distinct() -> None:
     ports = [r.kafka_port for r in topo.regions]
     assert len(set(ports)) == 3
     assert topo.preference == ["a", "b", "c"]
+
+
+def test_cluster_ids_never_look_like_an_option() -> None:
+    from dr.stack.kafka import _new_cluster_id
+    ids = {_new_cluster_id() for _ in range(5000)}
+    assert len(ids) == 5000
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids)
