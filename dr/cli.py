@@ -19,9 +19,11 @@ from rich.table import Table
 
 from dr.errors import ConfigError, CrossdcError
 from dr.logs import LogFormat, configure_logging
+from dr.reconcile.cli import reconcile_command
 from dr.stack.paths import REPO_ROOT, StackPaths
 from dr.status import StackStatus
 from dr.topology import Topology, load_topology
+from mirror.cli import mirror_app, offsets_app
 
 __all__ = ["app", "main"]
 
@@ -33,6 +35,9 @@ app = typer.Typer(
 topology_app = typer.Typer(help="Topology files: regions and where they answer.",
                            no_args_is_help=True)
 app.add_typer(topology_app, name="topology")
+app.command("reconcile")(reconcile_command)
+app.add_typer(mirror_app, name="mirror")
+app.add_typer(offsets_app, name="offsets")
 
 out = Console()
 err = Console(stderr=True)
@@ -101,14 +106,20 @@ def topology_schema() -> None:
 @app.command()
 def setup() -> None:
     """Fetch the Kafka jars and build Consul into the cache (what `dr up` does first)."""
-    from dr.stack.toolchain import check_toolchain, ensure_consul, ensure_kafka_libs
+    from dr.stack.toolchain import (
+        check_toolchain,
+        ensure_consul,
+        ensure_kafka_libs,
+        ensure_spark_kafka_jars,
+    )
     paths = StackPaths.default()
     check_toolchain(paths)
     paths.cache.mkdir(parents=True, exist_ok=True)
     with err.status("setting up") as status:
         libs = ensure_kafka_libs(paths, status.update)
+        spark = ensure_spark_kafka_jars(paths, status.update)
         consul = ensure_consul(paths, status.update)
-    out.print(f"Kafka jars: {libs}\nConsul:     {consul}")
+    out.print(f"Kafka jars: {libs}\nSpark Kafka connector: {spark}\nConsul:     {consul}")
 
 
 @app.command()
@@ -209,7 +220,9 @@ def render_status(st: StackStatus) -> None:
 def main() -> None:
     """Console-script entry point: map crossdc errors to one readable paragraph."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and code:  # click returns Exit codes without standalone
+            sys.exit(code)
     except _Exit as exc:
         sys.exit(exc.code)
     except ConfigError as exc:
@@ -219,7 +232,7 @@ def main() -> None:
         sys.exit(2)
     except CrossdcError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        sys.exit(1)
+        sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         err.print("aborted")
         sys.exit(130)

@@ -39,6 +39,8 @@ class CrossdcError(Exception):
     """Root of the crossdc error tree."""
 
     retriable: ClassVar[bool] = False
+    exit_code: ClassVar[int] = 1
+    """What `dr` exits with when this error ends a command."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from dr.yamlfile import load_model
 
 __all__ = [
     "ConsulSettings",
+    "Flow",
     "KafkaSettings",
     "LocalConsulSettings",
     "LocalKafkaSettings",
@@ -136,6 +137,44 @@ class Region(_Model):
         return split_hostport(self.kafka.bootstrap_servers[0])[1]
 
 
+class Flow(_Model):
+    """One direction of replication, source region → target region."""
+
+    source: str
+    target: str
+    topics: str = Field(description="Topic regex, full match; internal topics never match.")
+    group: str | None = Field(None, description="Worker group [default: "
+                              "crossdc-mirror-<source>-<target>]; workers sharing it share "
+                              "the partitions.")
+    exactly_once: bool = False
+    forward: bool = Field(False, description="Also carry records that originated elsewhere "
+                          "(chains A → B → C); by default only the source's own records.")
+    discovery_interval_s: float = Field(10.0, gt=0, description="How often new topics and "
+                                        "partitions are looked for.")
+    max_request_bytes: int = Field(1024 * 1024, gt=0)
+    dead_letter: bool = Field(False, description="A record too large for the target goes, as a "
+                              "reference (key, headers, source position, size), to "
+                              "`_crossdc.dead-letter.<source>` on the target instead of "
+                              "stopping its partition.")
+    worker_id: str | None = None
+
+    @field_validator("topics")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return v
+
+    @field_validator("target")
+    @classmethod
+    def _distinct(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("source") == v:
+            raise ValueError("source and target must be different regions")
+        return v
+
+
 class Topology(_Model):
     """All regions, the order to prefer them in, and which one starts as primary."""
 
@@ -143,6 +182,8 @@ class Topology(_Model):
     preference: list[RegionName] = Field(
         description="Every region once, most preferred first (failover order).")
     primary: RegionName = Field(description="The region that starts as primary.")
+    flows: list[Flow] = Field(default_factory=list, description="Mirror flows "
+                              "(`dr mirror run` with no --from runs them all).")
 
     # Field validators (not one model validator) so each error points at its own line.
     @field_validator("regions")
@@ -173,6 +214,17 @@ class Topology(_Model):
         names = [r.name for r in info.data.get("regions", [])]
         if names and v not in names:
             raise ValueError(f"{v!r} is not a region (regions: {', '.join(names)})")
+        return v
+
+    @field_validator("flows")
+    @classmethod
+    def _flows(cls, v: list[Flow], info: ValidationInfo) -> list[Flow]:
+        names = [r.name for r in info.data.get("regions", [])]
+        for f in v:
+            for end in (f.source, f.target):
+                if names and end not in names:
+                    raise ValueError(f"flow {f.source} -> {f.target}: {end!r} is not a region "
+                                     f"(regions: {', '.join(names)})")
         return v
 
     def region(self, name: str) -> Region:

@@ -1,5 +1,21 @@
-"""crossdc's mirror workers. Built in the mirror issue; only its errors exist yet."""
+"""crossdc's mirror: same-name active-active replication with loop prevention by headers.
 
-from mirror.errors import MirrorError
+`MirrorWorker(flow, source_bootstrap, target_bootstrap)` runs one flow (a `dr.topology.Flow`);
+`dr mirror run` runs flows from the command line or the topology file, and
+`dr offsets translate` moves a consumer group between regions.
+"""
 
-__all__ = ["MirrorError"]
+from mirror.errors import MirrorError, OffsetsError, PartitionMismatch, RecordTooLarge
+from mirror.metrics import MirrorMetrics
+from mirror.offsets import translate_group
+from mirror.worker import MirrorWorker
+
+__all__ = [
+    "MirrorError",
+    "MirrorMetrics",
+    "MirrorWorker",
+    "OffsetsError",
+    "PartitionMismatch",
+    "RecordTooLarge",
+    "translate_group",
+]

@@ -1,13 +1,46 @@
 """The mirror's errors, under the project root `CrossdcError`.
 
     CrossdcError
-    └── MirrorError   anything a mirror worker refuses or fails at
+    └── MirrorError            anything a mirror worker refuses or fails at
+        ├── PartitionMismatch  a target topic's partition count differs from the source's
+        ├── RecordTooLarge     the target refused a record as too large (partition stopped)
+        └── OffsetsError       offsets cannot be translated or applied
 """
 
 from dr.errors import CrossdcError
 
-__all__ = ["MirrorError"]
+__all__ = ["MirrorError", "OffsetsError", "PartitionMismatch", "RecordTooLarge"]
 
 
 class MirrorError(CrossdcError):
     """Root of the mirror's errors."""
+
+
+class PartitionMismatch(MirrorError):
+    """The flow of one topic stops: the target would need re-partitioning."""
+
+    def __init__(self, topic: str, source: str, source_n: int, target: str,
+                 target_n: int) -> None:
+        self.topic = topic
+        super().__init__(
+            f"topic {topic!r} has {source_n} partitions in {source} but {target_n} in "
+            f"{target}; the mirror never re-partitions (keys would land elsewhere). Give the "
+            f"target {source_n} partitions (kafka-topics --alter) or delete it, and restart.")
+
+
+class RecordTooLarge(MirrorError):
+    """The target refused a record as too large; its partition's flow stops."""
+
+    def __init__(self, topic: str, partition: int, offset: int, size: int, *,
+                 exact: bool = True) -> None:
+        self.topic, self.partition, self.offset, self.size = topic, partition, offset, size
+        # False when the broker refused a whole producer batch: the record is not known yet.
+        self.exact = exact
+        super().__init__(
+            f"record {topic}[{partition}]@{offset} ({size} bytes) is too large for the target "
+            f"(max.message.bytes / message.max.bytes); partition {partition} of {topic} is "
+            f"stopped. Raise the target's limit or run with --dead-letter.")
+
+
+class OffsetsError(MirrorError):
+    """Consumer group offsets cannot be translated or applied."""

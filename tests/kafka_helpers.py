@@ -90,3 +90,26 @@ async def end_offsets(bootstrap: str, topic: str, partitions: int = 1) -> dict[i
         return {tp.partition: off for tp, off in ends.items()}
     finally:
         await consumer.stop()
+
+
+async def read_all(bootstrap: str, topic: str, partitions: int,
+               isolation_level: str = "read_uncommitted") -> list:  # type: ignore[type-arg]
+    """Everything in `topic` up to its end offsets now (transaction markers take offsets,
+    so reading stops at positions, not counts)."""
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                         isolation_level=isolation_level)
+    await c.start()
+    out = []
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        deadline = time.monotonic() + 60
+        while any([await c.position(tp) < ends[tp] for tp in tps]):
+            assert time.monotonic() < deadline, f"could not read {topic} to its end"
+            for recs in (await c.getmany(timeout_ms=500)).values():
+                out.extend(recs)
+        return out
+    finally:
+        await c.stop()

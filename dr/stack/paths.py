@@ -43,6 +43,10 @@ class StackPaths:
         return COMPOSE_LOCAL / "pom.xml"
 
     @property
+    def spark_pom(self) -> Path:
+        return REPO_ROOT / "dr" / "reconcile" / "pom.xml"
+
+    @property
     def log4j_config(self) -> Path:
         return COMPOSE_LOCAL / "log4j2.yaml"
 

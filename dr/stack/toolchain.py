@@ -2,6 +2,7 @@
 
 - Kafka: `mvn dependency:copy-dependencies` on `compose/local/pom.xml`
   → `<cache>/kafka-<v>-<h>/libs`.
+- Spark's Kafka connector: the same on `dr/reconcile/pom.xml` → `<cache>/spark-kafka-<v>-<h>/jars`.
 - Consul: its Go module, built with the machine's Go → `<cache>/consul-<v>/consul`. Consul's
   go.mod replaces its nested modules (api, sdk, ...) with local folders that the module zip
   does not contain, so `go install module@version` refuses; we copy the module source, drop
@@ -32,7 +33,9 @@ __all__ = [
     "consul_binary",
     "ensure_consul",
     "ensure_kafka_libs",
+    "ensure_spark_kafka_jars",
     "kafka_libs_dir",
+    "spark_kafka_jars_dir",
 ]
 
 CONSUL_MODULE = "github.com/hashicorp/consul"
@@ -50,17 +53,28 @@ _HOW_TO_GET = {
 }
 
 
-def _kafka_version(pom: Path) -> str:
-    m = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", pom.read_text(encoding="utf-8"))
+def _pom_version(pom: Path, prop: str) -> str:
+    m = re.search(rf"<{re.escape(prop)}>([^<]+)</{re.escape(prop)}>",
+                  pom.read_text(encoding="utf-8"))
     if not m:
-        raise SetupFailed(f"{pom}: no <kafka.version> property")
+        raise SetupFailed(f"{pom}: no <{prop}> property")
     return m.group(1)
 
 
+def _pom_dir(cache: Path, name: str, pom: Path, prop: str, leaf: str) -> Path:
+    """A cache folder keyed by the pom's hash: a pom change gets a new folder."""
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:10]
+    return cache / f"{name}-{_pom_version(pom, prop)}-{digest}" / leaf
+
+
 def kafka_libs_dir(paths: StackPaths) -> Path:
-    """The cached jar folder for the pom as it is now (a pom change gets a new folder)."""
-    digest = hashlib.sha256(paths.pom.read_bytes()).hexdigest()[:10]
-    return paths.cache / f"kafka-{_kafka_version(paths.pom)}-{digest}" / "libs"
+    """The cached Kafka jar folder for `compose/local/pom.xml` as it is now."""
+    return _pom_dir(paths.cache, "kafka", paths.pom, "kafka.version", "libs")
+
+
+def spark_kafka_jars_dir(paths: StackPaths) -> Path:
+    """The cached spark-sql-kafka connector jars for `dr/reconcile/pom.xml` as it is now."""
+    return _pom_dir(paths.cache, "spark-kafka", paths.spark_pom, "spark.version", "jars")
 
 
 def consul_binary(paths: StackPaths) -> Path:
@@ -73,7 +87,8 @@ def check_toolchain(paths: StackPaths, path: str | None = None) -> dict[str, str
     Maven and Go are needed only while their artifact is not cached yet.
     """
     needed = ["java"]
-    if not (kafka_libs_dir(paths).parent / ".complete").exists():
+    if not all((d.parent / ".complete").exists()
+               for d in (kafka_libs_dir(paths), spark_kafka_jars_dir(paths))):
         needed.append("mvn")
     if not consul_binary(paths).exists():
         needed.append("go")
@@ -102,27 +117,40 @@ def _run(cmd: list[str], *, cwd: Path | None = None, env: dict[str, str] | None 
     return proc.stdout
 
 
+def _maven_copy(pom: Path, dest: Path, *, what: str, expect: str,
+                progress: Progress | None) -> Path:
+    """`mvn dependency:copy-dependencies` of `pom` into `dest` once (staged, then renamed)."""
+    marker = dest.parent / ".complete"
+    if marker.exists():
+        return dest
+    (progress or (lambda _m: None))(f"Fetching {what} from Maven Central (first run only)")
+    log.info("maven_fetch", what=what, pom=str(pom), into=str(dest))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="jars-", dir=dest.parent))
+    _run(["mvn", "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
+          f"-DoutputDirectory={staging}"], what=f"Fetching {what} with Maven")
+    if not any(staging.glob(expect)):
+        raise SetupFailed(f"Maven finished but {staging} holds no {expect}")
+    if dest.exists():
+        shutil.rmtree(dest)
+    staging.rename(dest)
+    marker.write_text(pom.name, encoding="utf-8")
+    return dest
+
+
 def ensure_kafka_libs(paths: StackPaths, progress: Progress | None = None) -> Path:
     """Fetch the Kafka runtime jars once; return the folder to put on the classpath."""
-    libs = kafka_libs_dir(paths)
-    marker = libs.parent / ".complete"
-    if marker.exists():
-        return libs
-    say = progress or (lambda _m: None)
-    version = _kafka_version(paths.pom)
-    say(f"Fetching Apache Kafka {version} jars from Maven Central (first run only)")
-    log.info("kafka_jars_fetch", version=version, into=str(libs))
-    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=paths.cache))
-    _run(["mvn", "-B", "-q", "-f", str(paths.pom), "dependency:copy-dependencies",
-          f"-DoutputDirectory={staging}"], what="Fetching the Kafka jars with Maven")
-    if not any(staging.glob("kafka_2.13-*.jar")):
-        raise SetupFailed(f"Maven finished but {staging} holds no kafka_2.13 jar")
-    if libs.exists():
-        shutil.rmtree(libs)
-    libs.parent.mkdir(parents=True, exist_ok=True)
-    staging.rename(libs)
-    marker.write_text(version, encoding="utf-8")
-    return libs
+    version = _pom_version(paths.pom, "kafka.version")
+    return _maven_copy(paths.pom, kafka_libs_dir(paths), what=f"Apache Kafka {version} jars",
+                       expect="kafka_2.13-*.jar", progress=progress)
+
+
+def ensure_spark_kafka_jars(paths: StackPaths, progress: Progress | None = None) -> Path:
+    """Fetch Spark's Kafka connector jars once; return their folder (for `spark.jars`)."""
+    version = _pom_version(paths.spark_pom, "spark.version")
+    return _maven_copy(paths.spark_pom, spark_kafka_jars_dir(paths),
+                       what=f"the spark-sql-kafka {version} connector",
+                       expect="spark-sql-kafka-*.jar", progress=progress)
 
 
 def ensure_consul(paths: StackPaths, progress: Progress | None = None) -> Path:

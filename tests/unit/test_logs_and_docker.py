@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import structlog
@@ -14,13 +15,19 @@ from dr.stack.ports import free_topology
 
 
 def test_json_logs_carry_bound_context(capsys: pytest.CaptureFixture[str]) -> None:
+    # configure_logging binds the current (captured) stderr; restore what was there so
+    # later tests do not log into a closed capture file.
+    before = structlog.get_config()
+    handlers, level = logging.getLogger().handlers[:], logging.getLogger().level
     configure_logging("json", "info")
     try:
         log = structlog.get_logger("t").bind(region="east", topic="orders", partition=3)
         log.info("batch_mirrored", records=12)
         log.debug("not_shown")
     finally:
-        configure_logging("console", "warning")
+        structlog.configure(**before)
+        logging.getLogger().handlers[:] = handlers
+        logging.getLogger().setLevel(level)
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert len(lines) == 1
     assert lines[0]["event"] == "batch_mirrored"

@@ -17,7 +17,9 @@ def test_exported_names() -> None:
     assert sorted(dr.__all__) == sorted(
         ["ConfigError", "CrossdcError", "DrError", "Region", "Topology", "load_topology"])
     assert proxy.__all__ == ["ProxyError"]
-    assert mirror.__all__ == ["MirrorError"]
+    assert sorted(mirror.__all__) == sorted(
+        ["MirrorError", "MirrorMetrics", "MirrorWorker", "OffsetsError", "PartitionMismatch",
+         "RecordTooLarge", "translate_group"])
     assert issubclass(proxy.ProxyError, dr.CrossdcError)
     assert issubclass(mirror.MirrorError, dr.CrossdcError)
 

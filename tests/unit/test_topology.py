@@ -100,3 +100,11 @@ def test_format_loc() -> None:
     assert format_loc(("regions", 1, "kafka", "bootstrap_servers", 0)) == \
         "regions[1].kafka.bootstrap_servers[0]"
     assert format_loc(()) == ""
+
+
+def test_flow_validation_names_the_field() -> None:
+    from dr.topology import Flow
+    with pytest.raises(ValueError, match="source and target must be different"):
+        Flow(source="east", target="east", topics=".*")
+    with pytest.raises(ValueError, match="not a regular expression"):
+        Flow(source="east", target="west", topics="(")

@@ -1,0 +1,44 @@
+"""Errors of the reconciliation job, under `dr.errors.DrError`.
+
+    ReconcileError          the job could not produce a report
+    ├── RegionUnreachable   a region's Kafka did not answer
+    ├── NoTopics            no topic matches the pattern in any region
+    ├── SparkFailed         Spark failed; carries the first line of Spark's own message
+    └── ThresholdsPassed    the report passed a threshold (`dr reconcile` exits 3)
+"""
+
+from __future__ import annotations
+
+from dr.errors import DrError
+
+__all__ = ["NoTopics", "ReconcileError", "RegionUnreachable", "SparkFailed", "ThresholdsPassed"]
+
+
+class ReconcileError(DrError):
+    """Root of the reconciliation job's errors."""
+
+
+class RegionUnreachable(ReconcileError):
+    """A region's Kafka cluster could not be reached."""
+
+    retriable = True
+
+    def __init__(self, region: str, bootstrap: str, cause: str) -> None:
+        self.region = region
+        self.bootstrap = bootstrap
+        super().__init__(f"region {region}: Kafka at {bootstrap} did not answer ({cause}). "
+                         f"Check that the cluster is up (`dr status`) and the topology file.")
+
+
+class NoTopics(ReconcileError):
+    """The topic pattern matches no topic in any region."""
+
+
+class SparkFailed(ReconcileError):
+    """The Spark job failed."""
+
+
+class ThresholdsPassed(ReconcileError):
+    """A count passed its threshold; schedulers alert on exit status 3."""
+
+    exit_code = 3

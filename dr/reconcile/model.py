@@ -1,0 +1,192 @@
+"""The reconciliation report (a stable JSON schema, version 1) and the thresholds file.
+
+Counts are always complete; the lists of individual records are capped by `max_details`
+(`details_truncated` says when a list was cut).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "AlteredRecord",
+    "Breach",
+    "DuplicateRecord",
+    "HeaderlessMismatch",
+    "LatencyStats",
+    "MissingRecord",
+    "OrderViolation",
+    "PartitionSummary",
+    "Report",
+    "Thresholds",
+    "TopicSummary",
+    "Totals",
+    "Window",
+]
+
+SCHEMA_VERSION = 1
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Thresholds(_Model):
+    """Largest count allowed before `dr reconcile` exits 3 (None: not checked).
+
+    A thresholds file is YAML with these keys; command-line options override it.
+    """
+
+    missing: int | None = Field(default=None, ge=0)
+    duplicates: int | None = Field(default=None, ge=0)
+    altered: int | None = Field(default=None, ge=0)
+    order_violations: int | None = Field(default=None, ge=0)
+    headerless_unmatched: int | None = Field(default=None, ge=0)
+    latency_p99_ms: float | None = Field(default=None, ge=0)
+
+
+class Window(_Model):
+    """Which records were compared: event time (dr-ts, else the Kafka timestamp) in
+    [since_ms, until_ms). Records newer than `until_ms` are in flight (not judged yet)."""
+
+    since_ms: int | None
+    until_ms: int
+    grace_s: float
+    incremental: bool
+
+
+class MissingRecord(_Model):
+    topic: str
+    partition: int
+    region: str
+    dr_id: str
+    mode: str | None
+    origin: str | None
+    origin_partition: int | None
+    origin_offset: int | None
+
+
+class DuplicateRecord(_Model):
+    topic: str
+    partition: int
+    region: str
+    dr_id: str
+    count: int
+    offsets: list[int]
+
+
+class AlteredRecord(_Model):
+    topic: str
+    partition: int
+    dr_id: str
+    origin: str | None
+    regions: list[str] = Field(description="regions whose copy differs from the origin's")
+
+
+class OrderViolation(_Model):
+    """Two records of one key (ordered or sync) whose order in `region` differs from the
+    order in their origin region: in the origin `first_id` came before `second_id`."""
+
+    topic: str
+    partition: int
+    region: str
+    origin: str
+    key: str = Field(description="the record key, hex")
+    first_id: str
+    second_id: str
+
+
+class HeaderlessMismatch(_Model):
+    """Records without dr-* headers are matched by content hash across regions."""
+
+    topic: str
+    partition: int
+    content_hash: str
+    counts: dict[str, int] = Field(description="copies per region")
+
+
+class LatencyStats(_Model):
+    """Replication latency origin → region: target append time - dr-ts, in ms.
+
+    Measured only on topics with `message.timestamp.type=LogAppendTime` (a CreateTime
+    topic keeps the producer's time, so it shows no append time); others are counted in
+    `unmeasured`."""
+
+    origin: str
+    region: str
+    count: int
+    unmeasured: int
+    p50_ms: float | None
+    p95_ms: float | None
+    p99_ms: float | None
+    max_ms: float | None
+    histogram: list[tuple[float, int]] = Field(
+        default_factory=list, description="(bucket upper bound ms, count)")
+
+
+class PartitionSummary(_Model):
+    partition: int
+    expected: int = Field(description="distinct dr-ids seen in any region")
+    present: dict[str, int]
+    missing: dict[str, int]
+    duplicates: dict[str, int]
+    altered: int
+    order_violations: int
+    headerless: dict[str, int]
+    headerless_unmatched: int
+
+
+class TopicSummary(_Model):
+    topic: str
+    absent_in: list[str] = Field(default_factory=list,
+                                 description="regions where the topic does not exist")
+    partition_mismatch: dict[str, int] = Field(
+        default_factory=dict, description="partition count per region, when they differ")
+    partitions: list[PartitionSummary]
+
+
+class Totals(_Model):
+    read: dict[str, int] = Field(description="records read per region (window and outside)")
+    compared: int = Field(description="distinct dr-ids judged")
+    missing: int
+    duplicates: int
+    altered: int
+    order_violations: int
+    headerless: int
+    headerless_unmatched: int
+    in_flight: int = Field(description="records newer than the window's end (not judged)")
+    before_window: int = Field(description="records older than the window's start "
+                               "(late arrivals of earlier runs, not judged)")
+
+
+class Breach(_Model):
+    name: str
+    value: float
+    limit: float
+
+
+class Report(_Model):
+    schema_version: Literal[1] = 1
+    generated_at_ms: int
+    regions: list[str]
+    topics_pattern: str
+    window: Window
+    totals: Totals
+    topics: list[TopicSummary]
+    missing: list[MissingRecord]
+    duplicates: list[DuplicateRecord]
+    altered: list[AlteredRecord]
+    order_violations: list[OrderViolation]
+    headerless_unmatched: list[HeaderlessMismatch]
+    latency: list[LatencyStats]
+    details_truncated: bool
+    thresholds: Thresholds
+    breaches: list[Breach]
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.breaches

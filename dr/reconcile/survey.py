@@ -1,0 +1,84 @@
+"""Before Spark runs: which topics and partitions each region holds, and their offsets.
+
+Asking Kafka directly (aiokafka) first gives clear errors for an unreachable region or an
+empty match, finds topics absent from a region, and pins the exact offset range Spark reads
+(`assign` + explicit starting/ending offsets), so every region is read as one snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass, field
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from dr.reconcile.errors import NoTopics, RegionUnreachable
+from dr.topology import Topology
+
+__all__ = ["RegionSurvey", "is_internal", "survey"]
+
+
+def is_internal(topic: str) -> bool:
+    """Kafka's own topics (`__consumer_offsets`, ...) and crossdc's (`_crossdc.*`)."""
+    return topic.startswith("__") or topic.startswith("_crossdc.")
+
+
+@dataclass
+class RegionSurvey:
+    """One region: partition count per matching topic, and [start, end) offsets."""
+
+    region: str
+    bootstrap: str
+    partitions: dict[str, int] = field(default_factory=dict)
+    start: dict[tuple[str, int], int] = field(default_factory=dict)
+    end: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
+                         timeout_s: float) -> RegionSurvey:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap,
+                                request_timeout_ms=int(timeout_s * 1000))
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        topics = sorted(t for t in await asyncio.wait_for(admin.list_topics(), timeout_s)
+                        if pattern.fullmatch(t) and not is_internal(t))
+        out = RegionSurvey(region, bootstrap)
+        tps: list[TopicPartition] = []
+        if topics:
+            described = await asyncio.wait_for(admin.describe_topics(topics), timeout_s)
+            for d in described:
+                parts = sorted(p["partition"] for p in d["partitions"])
+                out.partitions[d["topic"]] = len(parts)
+                tps.extend(TopicPartition(d["topic"], p) for p in parts)
+        if tps:
+            await asyncio.wait_for(consumer.start(), timeout_s)
+            begin = await asyncio.wait_for(consumer.beginning_offsets(tps), timeout_s)
+            end = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
+            out.start = {(tp.topic, tp.partition): off for tp, off in begin.items()}
+            out.end = {(tp.topic, tp.partition): off for tp, off in end.items()}
+        return out
+    except (KafkaError, TimeoutError, OSError) as exc:
+        raise RegionUnreachable(region, bootstrap, type(exc).__name__ + (
+            f": {exc}" if str(exc) else "")) from exc
+    finally:
+        await consumer.stop()
+        await admin.close()
+
+
+async def survey(topology: Topology, regions: list[str], topics: str,
+                 timeout_s: float = 15.0) -> dict[str, RegionSurvey]:
+    """Survey every region at once; raise when one is unreachable or nothing matches."""
+    pattern = re.compile(topics)
+    results = await asyncio.gather(*[
+        _survey_region(r, topology.region(r).kafka.bootstrap, pattern, timeout_s)
+        for r in regions])
+    by_region = {s.region: s for s in results}
+    if not any(s.partitions for s in results):
+        raise NoTopics(f"no topic matches {topics!r} (full match, internal topics excluded) "
+                       f"in any of the regions {', '.join(regions)}")
+    return by_region

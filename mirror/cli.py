@@ -1,0 +1,127 @@
+"""`dr mirror run` and `dr offsets translate`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dr.topology import Flow, Topology, load_topology
+from mirror.errors import MirrorError
+from mirror.metrics import MirrorMetrics
+from mirror.offsets import apply_offsets, translate_group
+from mirror.worker import MirrorWorker
+
+__all__ = ["mirror_app", "offsets_app"]
+
+mirror_app = typer.Typer(help="Mirror workers: replicate topics between regions.",
+                         no_args_is_help=True)
+offsets_app = typer.Typer(help="Consumer group offsets across regions.", no_args_is_help=True)
+
+TopologyOpt = Annotated[Path, typer.Option("--topology", "-t", help="Topology file.")]
+_DEFAULT_TOPOLOGY = Path(__file__).resolve().parents[1] / "policies" / "topology.local.yaml"
+
+
+def _flows(topo: Topology, source: str | None, target: str | None, topics: str | None,
+           group: str | None, exactly_once: bool, forward: bool,
+           discovery_s: float, dead_letter: bool) -> list[Flow]:
+    if source is None and target is None:
+        if not topo.flows:
+            raise typer.BadParameter("give --from/--to/--topics, or declare flows: in the "
+                                     "topology file", param_hint="--from")
+        return list(topo.flows)
+    if not (source and target and topics):
+        raise typer.BadParameter("--from, --to and --topics go together", param_hint="--from")
+    for name, hint in ((source, "--from"), (target, "--to")):
+        try:
+            topo.region(name)
+        except KeyError as exc:
+            raise typer.BadParameter(str(exc.args[0]), param_hint=hint) from None
+    return [Flow(source=source, target=target, topics=topics, group=group,
+                 exactly_once=exactly_once, forward=forward,
+                 discovery_interval_s=discovery_s, dead_letter=dead_letter)]
+
+
+async def _serve(topo: Topology, flows: list[Flow], metrics_port: int | None) -> None:
+    metrics = MirrorMetrics()
+    if metrics_port is not None:
+        from prometheus_client import start_http_server
+        start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    workers = [MirrorWorker(f, topo.region(f.source).kafka.bootstrap,
+                            topo.region(f.target).kafka.bootstrap, metrics) for f in flows]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with contextlib.AsyncExitStack() as stack:
+        for w in workers:
+            await stack.enter_async_context(w)
+        waits = [asyncio.create_task(w.wait()) for w in workers]
+        stopper = asyncio.create_task(stop.wait())
+        try:
+            done, _ = await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stopper and t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+        finally:
+            for t in [*waits, stopper]:
+                t.cancel()
+
+
+@mirror_app.command("run")
+def run(
+    topology: TopologyOpt = _DEFAULT_TOPOLOGY,
+    source: Annotated[str | None, typer.Option("--from", help="Source region.")] = None,
+    target: Annotated[str | None, typer.Option("--to", help="Target region.")] = None,
+    topics: Annotated[str | None, typer.Option(help="Topic regex (full match).")] = None,
+    group: Annotated[str | None, typer.Option(help="Worker group (scale-out).")] = None,
+    exactly_once: Annotated[bool, typer.Option("--exactly-once")] = False,
+    forward: Annotated[bool, typer.Option("--forward", help="Carry records of other "
+                                          "origins too (chains).")] = False,
+    discovery_interval: Annotated[float, typer.Option(help="Seconds between looks for new "
+                                                      "topics.")] = 10.0,
+    dead_letter: Annotated[bool, typer.Option(
+        "--dead-letter", help="Send records too large for the target to "
+        "_crossdc.dead-letter.<source> instead of stopping their partition.")] = False,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics.")] = None,
+) -> None:
+    """Replicate topics source → target (or every flow of the topology) until stopped."""
+    topo = load_topology(topology)
+    flows = _flows(topo, source, target, topics, group, exactly_once, forward,
+                   discovery_interval, dead_letter)
+    asyncio.run(_serve(topo, flows, metrics_port))
+
+
+@offsets_app.command("translate")
+def translate(
+    group: Annotated[str, typer.Option(help="Consumer group to move.")],
+    source: Annotated[str, typer.Option("--from", help="Region the group consumed in.")],
+    target: Annotated[str, typer.Option("--to", help="Region to move it to.")],
+    topology: TopologyOpt = _DEFAULT_TOPOLOGY,
+    apply: Annotated[bool, typer.Option("--apply", help="Commit the translated offsets on "
+                                        "the target (the group must have no members).")] =
+        False,
+) -> None:
+    """Translate a group's committed offsets from one region to another, exactly."""
+    topo = load_topology(topology)
+    src = topo.region(source).kafka.bootstrap
+    dst = topo.region(target).kafka.bootstrap
+    rows = asyncio.run(translate_group(group, source, src, dst))
+    if not rows:
+        raise MirrorError(f"group {group!r} has no committed offsets in {source}")
+    t = Table(title=f"group {group}: {source} → {target}")
+    for col in ("topic", "partition", f"committed in {source}", f"translated for {target}"):
+        t.add_column(col, justify="left" if col == "topic" else "right")
+    for r in rows:
+        t.add_row(r.topic, str(r.partition), str(r.source_offset),
+                  "-" if r.target_offset is None else str(r.target_offset))
+    Console().print(t)
+    if apply:
+        n = asyncio.run(apply_offsets(group, dst, rows))
+        Console().print(f"[green]committed {n} partition offset(s) for {group} in {target}[/]")

@@ -1,0 +1,269 @@
+"""Spark reconciliation against the real two regions and real Spark (local mode).
+
+One dataset is seeded straight into the clusters: a clean topic (records of both origins
+copied to the other region, headerless records in both), a faulty topic (west lacks two
+records, holds one twice, one altered, two of one key swapped, and east holds headerless
+records west lacks) and a topic that exists only in east. One in-process run judges all three;
+the CLI and spark-submit runs check the process-level contract.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from kafka_helpers import create_topic, produce, unique  # type: ignore[import-not-found]
+
+from dr.reconcile import Report, RunSettings, run
+from dr.reconcile.errors import NoTopics
+from dr.stack.paths import StackPaths
+from dr.stack.toolchain import ensure_spark_kafka_jars
+
+APPEND = {"message.timestamp.type": "LogAppendTime"}
+
+
+def _headers(dr_id: str, origin: str, mode: str, ts: int, extra: list[tuple[str, bytes]]
+             ) -> list[tuple[str, bytes]]:
+    return [("dr-id", dr_id.encode()), ("dr-origin", origin.encode()),
+            ("dr-ts", str(ts).encode()), ("dr-mode", mode.encode()),
+            ("dr-epoch", b"1"), ("dr-path", origin.encode()), *extra]
+
+
+@dataclass
+class Seeded:
+    prefix: str
+    clean: str
+    faulty: str
+    absent: str
+    dropped: list[str] = field(default_factory=list)
+    dropped_offsets: dict[str, int] = field(default_factory=dict)
+    duplicated: str = ""
+    altered: str = ""
+    swapped: tuple[str, str] = ("", "")
+    absent_ids: list[str] = field(default_factory=list)
+    clean_count: int = 0
+    lonely_values: list[bytes] = field(default_factory=list)
+
+
+@pytest.fixture(scope="module")
+async def seeded(two_regions) -> Seeded:  # type: ignore[no-untyped-def]
+    east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
+    prefix = unique("rc")
+    s = Seeded(prefix, f"{prefix}-clean", f"{prefix}-faulty", f"{prefix}-absent")
+    for topic in (s.clean, s.faulty):
+        await create_topic(east, topic, partitions=2, configs=APPEND)
+        await create_topic(west, topic, partitions=2, configs=APPEND)
+    await create_topic(east, s.absent, partitions=1, configs=APPEND)
+    now = int(time.time() * 1000)
+
+    # clean: 20 from east and 20 from west, each copied to the other region, same partition
+    for origin, other in (("east", west), ("west", east)):
+        home = east if origin == "east" else west
+        for p in (0, 1):
+            recs = [(f"k{i % 3}".encode(), f"{origin}-{p}-{i}".encode(),
+                     _headers(uuid.uuid4().hex, origin, "ordered", now, [("app", b"x")]))
+                    for i in range(10)]
+            await produce(home, s.clean, recs, partition=p)
+            await produce(other, s.clean, recs, partition=p)
+            s.clean_count += len(recs)
+    plain = [(b"h", f"plain-{i}".encode(), [("app", b"y")]) for i in range(3)]
+    await produce(east, s.clean, plain, partition=0)
+    await produce(west, s.clean, plain, partition=0)
+
+    # faulty, all from east, partition 0, ordered mode; key k for the swapped pair
+    ids = [uuid.uuid4().hex for _ in range(12)]
+    recs = [(b"k" if i in (6, 7) else f"u{i}".encode(), f"v{i}".encode(),
+             _headers(ids[i], "east", "ordered", now, [])) for i in range(12)]
+    metas = await produce(east, s.faulty, recs, partition=0)
+    s.dropped = [ids[1], ids[2]]
+    s.dropped_offsets = {ids[1]: metas[1].offset, ids[2]: metas[2].offset}
+    s.duplicated, s.altered, s.swapped = ids[3], ids[4], (ids[6], ids[7])
+    west_recs = []
+    for i, r in enumerate(recs):
+        if i in (1, 2):
+            continue
+        if i == 4:
+            r = (r[0], b"tampered", r[2])
+        west_recs.append(r)
+        if i == 3:
+            west_recs.append(r)
+    i6 = next(j for j, r in enumerate(west_recs) if r[1] == b"v6")
+    west_recs[i6], west_recs[i6 + 1] = west_recs[i6 + 1], west_recs[i6]
+    await produce(west, s.faulty, west_recs, partition=0)
+    s.lonely_values = [b"lonely-1", b"lonely-2"]
+    await produce(east, s.faulty, [(None, v, []) for v in s.lonely_values], partition=1)
+
+    absent_recs = [(None, f"a{i}".encode(),
+                    _headers(uuid.uuid4().hex, "east", "nearest", now, []))
+                   for i in range(3)]
+    s.absent_ids = [dict(r[2])["dr-id"].decode() for r in absent_recs]
+    await produce(east, s.absent, absent_recs)
+    return s
+
+
+@pytest.fixture(scope="module")
+def jars() -> Path:
+    return ensure_spark_kafka_jars(StackPaths.default())
+
+
+@pytest.fixture(scope="module")
+def spark_cleanup() -> Iterator[None]:
+    yield
+    from pyspark.sql import SparkSession
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+
+
+def _settings(two_regions, topics: str, jars: Path, **kw: object) -> RunSettings:  # type: ignore[no-untyped-def]
+    return RunSettings(topology=two_regions.topology, topology_path=str(two_regions.topology_path),
+                       regions=["east", "west"], topics=topics, grace_s=0.0, jars_dir=jars,
+                       **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def report(two_regions, seeded: Seeded, jars: Path, spark_cleanup: None) -> Report:  # type: ignore[no-untyped-def]
+    return run(_settings(two_regions, f"{seeded.prefix}-.*", jars))
+
+
+def _topic(report: Report, name: str):  # type: ignore[no-untyped-def]
+    return next(t for t in report.topics if t.topic == name)
+
+
+def test_clean_topic_has_no_discrepancy(report: Report, seeded: Seeded) -> None:
+    clean = _topic(report, seeded.clean)
+    assert clean.absent_in == []
+    assert sum(p.expected for p in clean.partitions) == seeded.clean_count
+    for p in clean.partitions:
+        assert p.present == {"east": p.expected, "west": p.expected}
+        assert set(p.missing.values()) == {0}
+        assert set(p.duplicates.values()) == {0}
+        assert (p.altered, p.order_violations, p.headerless_unmatched) == (0, 0, 0)
+    assert clean.partitions[0].headerless == {"east": 3, "west": 3}
+
+
+def test_missing_records_found_with_ids_and_origin_positions(report: Report,
+                                                             seeded: Seeded) -> None:
+    got = [m for m in report.missing if m.topic == seeded.faulty]
+    assert sorted(m.dr_id for m in got) == sorted(seeded.dropped)
+    for m in got:
+        assert (m.region, m.origin, m.mode, m.origin_partition) == ("west", "east",
+                                                                     "ordered", 0)
+        assert m.origin_offset == seeded.dropped_offsets[m.dr_id]
+
+
+def test_duplicate_altered_and_reordered_found_exactly(report: Report, seeded: Seeded) -> None:
+    dups = [d for d in report.duplicates if d.topic == seeded.faulty]
+    assert [(d.dr_id, d.region, d.count) for d in dups] == [(seeded.duplicated, "west", 2)]
+    assert dups[0].offsets[1] == dups[0].offsets[0] + 1
+    alt = [a for a in report.altered if a.topic == seeded.faulty]
+    assert [(a.dr_id, a.regions, a.origin) for a in alt] == [(seeded.altered, ["west"],
+                                                               "east")]
+    order = [o for o in report.order_violations if o.topic == seeded.faulty]
+    assert [(o.first_id, o.second_id, o.region, o.key) for o in order] == [
+        (*seeded.swapped, "west", b"k".hex().upper())]
+
+
+def test_headerless_records_matched_by_content(report: Report, seeded: Seeded) -> None:
+    lonely = [h for h in report.headerless_unmatched if h.topic == seeded.faulty]
+    assert len(lonely) == 2
+    assert all(h.partition == 1 and h.counts == {"east": 1, "west": 0} for h in lonely)
+    assert not [h for h in report.headerless_unmatched if h.topic == seeded.clean]
+
+
+def test_topic_absent_in_a_region_is_reported(report: Report, seeded: Seeded) -> None:
+    absent = _topic(report, seeded.absent)
+    assert absent.absent_in == ["west"]
+    got = sorted(m.dr_id for m in report.missing if m.topic == seeded.absent)
+    assert got == sorted(seeded.absent_ids)
+
+
+def test_totals_and_latency(report: Report, seeded: Seeded) -> None:
+    t = report.totals
+    assert (t.missing, t.duplicates, t.altered, t.order_violations) == (5, 1, 1, 1)
+    assert t.headerless_unmatched == 2
+    assert t.compared == seeded.clean_count + 12 + 3
+    pairs = {(s.origin, s.region): s for s in report.latency}
+    assert set(pairs) == {("east", "west"), ("west", "east")}
+    ew = pairs[("east", "west")]
+    assert ew.count == 20 + 11  # clean copies; faulty: 12 - 2 dropped + 1 duplicate
+    assert ew.unmeasured == 0
+    assert ew.p50_ms is not None
+    assert ew.p99_ms is not None
+    assert ew.max_ms is not None
+    assert 0 <= ew.p50_ms <= ew.p99_ms <= ew.max_ms < 120_000
+    assert sum(c for _, c in ew.histogram) == ew.count
+    assert report.ok  # no thresholds given
+
+
+def test_incremental_run_judges_only_new_records(two_regions, jars: Path,  # type: ignore[no-untyped-def]
+                                                 tmp_path: Path, spark_cleanup: None) -> None:
+    import asyncio
+    topic = unique("rc-inc")
+    now = int(time.time() * 1000)
+    old = [(b"k", f"v{i}".encode(), _headers(uuid.uuid4().hex, "east", "nearest", now, []))
+           for i in range(5)]
+
+    async def seed() -> None:
+        for region in ("east", "west"):
+            await create_topic(two_regions.bootstrap(region), topic, configs=APPEND)
+            await produce(two_regions.bootstrap(region), topic, old)
+    asyncio.run(seed())
+    state = tmp_path / "marks.json"
+    first = run(_settings(two_regions, topic, jars, state_path=state))
+    assert (first.totals.compared, first.totals.missing) == (5, 0)
+    marks = json.loads(state.read_text())
+    assert marks["cutoff_ms"] == first.window.until_ms
+    assert marks["offsets"] == {"east": {topic: {"0": 5}}, "west": {topic: {"0": 5}}}
+    new = [(b"k", b"late", _headers(uuid.uuid4().hex, "east", "nearest",
+                                    int(time.time() * 1000), []))]
+    asyncio.run(produce(two_regions.bootstrap("east"), topic, new))
+    second = run(_settings(two_regions, topic, jars, state_path=state))
+    assert second.window.since_ms == first.window.until_ms
+    assert second.totals.read == {"east": 1, "west": 0}
+    assert (second.totals.compared, second.totals.missing) == (1, 1)
+    assert [m.dr_id for m in second.missing] == [dict(new[0][2])["dr-id"].decode()]
+
+
+def test_no_topic_matches_is_a_clear_error(two_regions, jars: Path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(NoTopics, match=r"no topic matches 'nothing-here-\.\*'"):
+        run(_settings(two_regions, "nothing-here-.*", jars))
+
+
+def test_spark_submit_runs_the_command_and_exits_3_on_a_threshold(  # type: ignore[no-untyped-def]
+        two_regions, seeded: Seeded, jars: Path, tmp_path: Path) -> None:
+    """The same module, unchanged, under spark-submit (as on YARN or Kubernetes)."""
+    import pyspark
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    main = Path(__file__).resolve().parents[2] / "dr" / "reconcile" / "__main__.py"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
+    limits = tmp_path / "limits.yaml"
+    limits.write_text("missing: 0\nduplicates: 5\n")
+    proc = subprocess.run(
+        [str(submit), "--master", "local[1]", "--driver-memory", "512m",
+         "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
+         "--jars", ",".join(str(j) for j in sorted(jars.glob("*.jar"))), str(main),
+         "--topology", str(two_regions.topology_path), "--regions", "east,west",
+         "--topics", seeded.faulty, "--grace", "0", "--thresholds", str(limits),
+         "--max-altered", "0", "--out", str(tmp_path / "o")],
+        capture_output=True, text=True, timeout=240, env=env, check=False)
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "threshold passed: missing = 2 > 0" in proc.stdout
+    assert "threshold passed: altered = 1 > 0" in proc.stdout
+    got = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert got["schema_version"] == 1
+    assert [b["name"] for b in got["breaches"]] == ["missing", "altered"]
+    assert got["totals"]["missing"] == 2
+    assert got["totals"]["duplicates"] == 1
+    html = (tmp_path / "o" / "report.html").read_text()
+    assert "<svg" in html
+    assert seeded.dropped[0] in html

@@ -1,0 +1,115 @@
+"""Loop prevention rules of the mirror (shared/DESIGN.md, "Record headers"), no cluster."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mirror.loop import plan
+from mirror.offsets import OffsetMap
+
+pytestmark = pytest.mark.unit
+
+REGIONS = ["east", "west", "north"]
+
+
+def stamped(origin: str, path: str, mode: str = "nearest") -> list[tuple[str, bytes]]:
+    return [("user", b"u"), ("dr-id", b"id-1"), ("dr-origin", origin.encode()),
+            ("dr-ts", b"1700000000000"), ("dr-mode", mode.encode()),
+            ("dr-path", path.encode())]
+
+
+def test_headerless_records_are_stamped_as_originating_in_the_source() -> None:
+    out = plan([("user", b"u")], source="east", target="west", timestamp_ms=42,
+               id_hint="east:t:0:7")
+    assert out is not None
+    h = dict(out)
+    assert h["user"] == b"u"
+    assert h["dr-id"] == b"east:t:0:7"
+    assert h["dr-origin"] == b"east"
+    assert h["dr-ts"] == b"42"
+    assert h["dr-path"] == b"east,west"
+
+
+def test_sync_records_are_never_mirrored() -> None:
+    assert plan(stamped("east", "east,west", "sync"), source="east", target="west",
+                timestamp_ms=1) is None
+
+
+def test_a_region_already_in_the_path_is_never_written_again() -> None:
+    assert plan(stamped("east", "east,west"), source="west", target="east",
+                timestamp_ms=1, forward=True) is None
+
+
+def test_only_own_records_unless_forward() -> None:
+    rec = stamped("east", "east,west")
+    assert plan(rec, source="west", target="north", timestamp_ms=1) is None
+    out = plan(rec, source="west", target="north", timestamp_ms=1, forward=True)
+    assert out is not None
+    assert dict(out)["dr-path"] == b"east,west,north"
+    # user headers and the id survive, dr-path appears once
+    assert [k for k, _ in out].count("dr-path") == 1
+    assert dict(out)["dr-id"] == b"id-1"
+
+
+def test_proxy_written_record_extends_its_path() -> None:
+    out = plan(stamped("east", "east"), source="east", target="west", timestamp_ms=1)
+    assert out is not None
+    assert dict(out)["dr-path"] == b"east,west"
+
+
+@given(st.lists(st.tuples(st.sampled_from(REGIONS), st.sampled_from(REGIONS)),
+                min_size=1, max_size=12))
+def test_no_flow_sequence_writes_a_region_twice(hops: list[tuple[str, str]]) -> None:
+    """Whatever mesh of flows a record travels, it enters each region at most once.
+    (Each flow carries a region's copy once; re-delivery by one flow is not a loop.)
+    `forward=True` is for chains only: in a mesh, A → C and A → B → C would both deliver.
+    """
+    regions_with_copy = {"east"}
+    copies: dict[str, list[tuple[str, bytes]]] = {"east": [("user", b"x")]}
+    for src, dst in dict.fromkeys(hops):
+        if src == dst or src not in copies:
+            continue
+        out = plan(copies[src], source=src, target=dst, timestamp_ms=1,
+                   id_hint="east:t:0:0")
+        if out is None:
+            continue
+        assert dst not in regions_with_copy, (hops, src, dst)
+        regions_with_copy.add(dst)
+        copies[dst] = out
+
+
+def test_full_mesh_without_forward_delivers_once_everywhere() -> None:
+    copies = {"east": stamped("east", "east")}
+    for src, dst in itertools.permutations(REGIONS, 2):
+        if src in copies:
+            out = plan(copies[src], source=src, target=dst, timestamp_ms=1)
+            if out is not None:
+                assert dst not in copies
+                copies[dst] = out
+    assert set(copies) == set(REGIONS)
+
+
+def test_offset_map_translation_is_exact_between_pairs() -> None:
+    # source offsets 10..14 went to target 100..103 (12 was a skipped sync record)
+    m = OffsetMap(pairs={("t", 0): [(10, 100), (11, 101), (13, 102), (14, 103)]})
+    # committed offset = next record to read
+    assert m.translate("t", 0, 11) == 101
+    assert m.translate("t", 0, 12) == 102  # 12 never copied: resume at 13's copy
+    assert m.translate("t", 0, 13) == 102
+    assert m.translate("t", 0, 15) == 104  # all caught up: one past the last copy
+    assert m.translate("t", 1, 0) is None  # never mirrored
+
+
+def test_forward_carries_a_chain_once() -> None:
+    """A → B → C with B → C forwarding: C gets east's record once, never back to A or B."""
+    at_b = plan([("user", b"x")], source="east", target="west", timestamp_ms=1)
+    assert at_b is not None
+    at_c = plan(at_b, source="west", target="north", timestamp_ms=1, forward=True)
+    assert at_c is not None
+    assert dict(at_c)["dr-path"] == b"east,west,north"
+    for back in ("east", "west"):
+        assert plan(at_c, source="north", target=back, timestamp_ms=1, forward=True) is None
