@@ -7,7 +7,7 @@ pydantic error's `loc` is walked down the node tree to the line it points at, so
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,12 +16,16 @@ import yaml
 
 from dr.errors import ConfigError, ConfigIssue
 
-__all__ = ["format_loc", "load_model", "parse_model"]
+__all__ = ["Checks", "format_loc", "load_model", "parse_model"]
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
+Checks = Callable[[M], Iterable[tuple[Sequence[int | str], str]]]
+"""Checks run on a model that validated: each yields `(loc, message)`, located like pydantic's
+errors. For rules that span siblings (a repeated name in a list) or need outside context."""
 
-def load_model(model: type[M], path: str | Path) -> M:
+
+def load_model(model: type[M], path: str | Path, checks: Checks[M] | None = None) -> M:
     """Read `path` and validate it as `model`; raise ConfigError listing every problem."""
     p = Path(path)
     try:
@@ -30,10 +34,11 @@ def load_model(model: type[M], path: str | Path) -> M:
         raise ConfigError([ConfigIssue(str(p), None, "", "file not found")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigIssue(str(p), None, "", f"cannot read: {exc}")]) from exc
-    return parse_model(model, text, str(p))
+    return parse_model(model, text, str(p), checks)
 
 
-def parse_model(model: type[M], text: str, filename: str) -> M:
+def parse_model(model: type[M], text: str, filename: str,
+                checks: Checks[M] | None = None) -> M:
     """Validate YAML `text` as `model`; `filename` is used in error messages."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -53,15 +58,24 @@ def parse_model(model: type[M], text: str, filename: str) -> M:
         )
     data = yaml.safe_load(text)
     try:
-        return model.model_validate(data)
+        result = model.model_validate(data)
     except pydantic.ValidationError as exc:
-        issues = []
-        for err in exc.errors(include_url=False):
-            loc = tuple(err["loc"])
-            node = _node_at(root, loc)
-            line = node.start_mark.line + 1 if node is not None else None
-            issues.append(ConfigIssue(filename, line, format_loc(loc), _message(err)))
-        raise ConfigError(issues) from None
+        found = [(tuple(err["loc"]), _message(err)) for err in exc.errors(include_url=False)]
+        raise ConfigError(_located(root, filename, found)) from None
+    found = [(tuple(loc), msg) for loc, msg in (checks(result) if checks else ())]
+    if found:
+        raise ConfigError(_located(root, filename, found))
+    return result
+
+
+def _located(root: yaml.Node, filename: str,
+             found: list[tuple[tuple[int | str, ...], str]]) -> list[ConfigIssue]:
+    issues = []
+    for loc, msg in found:
+        node = _node_at(root, loc)
+        line = node.start_mark.line + 1 if node is not None else None
+        issues.append(ConfigIssue(filename, line, format_loc(loc), msg))
+    return issues
 
 
 def format_loc(loc: Sequence[int | str]) -> str:
