@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/python -m proxy.build_protos
 	@touch $@
 
 setup: $(STAMP)
