@@ -1,0 +1,229 @@
+"""Routing policies: which mode each topic is written in (`policies/*.yaml`).
+
+A policy is a list of rules, each naming a topic exactly or by glob (`orders.*`), tried in
+order (first match wins), then a `default` rule for every other topic; without a default,
+unmatched topics are refused, and `strict: true` says so explicitly (a default is then an
+error). Per rule: `mode` (ordered | nearest), `sync: true` (ordered only: write the primary,
+then every other region, before the ack; `quorum` regions suffice), `require_key`,
+`max_record_bytes`, and `prefer` (nearest only: the region order to try).
+
+`load_policy()` reads a file; a bad one raises `ConfigError` naming file, line and field.
+This module imports no grpc: `dr policy validate` uses it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
+
+from dr.topology import Topology
+from dr.yamlfile import load_model, parse_model
+
+__all__ = ["DefaultRule", "Mode", "Policy", "Rule", "load_policy", "parse_policy"]
+
+Mode = Literal["ordered", "nearest"]
+"""What a rule says; "sync" is `mode: ordered` with `sync: true`."""
+
+_GLOB_CHARS = frozenset("*?[")
+_TOPIC_PATTERN = r"^[A-Za-z0-9._\-*?\[\]!]{1,249}$"
+_RULE_CACHE_MAX = 10_000
+
+RegionRef = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")]
+
+
+def _is_glob(pattern: str) -> bool:
+    return any(c in _GLOB_CHARS for c in pattern)
+
+
+class _RuleFields(BaseModel):
+    """What a rule decides about a record (shared by `Rule` and `DefaultRule`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Mode = Field("ordered", description="ordered: the primary region only (add `sync: "
+                       "true` for dual-write). nearest: this proxy's region, failing over "
+                       "to the next healthy one.")
+    sync: bool = Field(False, description="Dual-write (ordered only): the primary, then every "
+                       "other region at the same partition, acked after all (or `quorum`).")
+    quorum: int | None = Field(None, ge=1, description="Sync only: regions that must ack, the "
+                               "primary included [default: all regions].")
+    require_key: bool | None = Field(None, description="Refuse records without a key "
+                                     "[default: true for ordered and sync, false for "
+                                     "nearest].")
+    max_record_bytes: int = Field(1_048_576, gt=0, description="Largest record accepted: "
+                                  "key + value + headers, bytes.")
+    prefer: list[RegionRef] | None = Field(None, min_length=1, description="Nearest only: "
+                                           "regions to try, in order [default: this proxy's "
+                                           "region, then the topology's preference].")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, v: Any) -> Any:
+        if v == "sync":
+            raise ValueError("'sync' is not a mode: write `mode: ordered` and `sync: true`")
+        return v
+
+    @field_validator("sync")
+    @classmethod
+    def _sync(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("mode") == "nearest":
+            raise ValueError("sync: true needs mode: ordered (nearest writes one region)")
+        return v
+
+    @field_validator("quorum")
+    @classmethod
+    def _quorum(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None and not info.data.get("sync", False):
+            raise ValueError("quorum is only for sync: true")
+        return v
+
+    @field_validator("prefer")
+    @classmethod
+    def _prefer(cls, v: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        if v is None:
+            return v
+        mode = info.data.get("mode")
+        if mode is not None and mode != "nearest":
+            raise ValueError("prefer is only for mode: nearest")
+        dupes = sorted({r for r in v if v.count(r) > 1})
+        if dupes:
+            raise ValueError(f"each region at most once; repeated: {', '.join(dupes)}")
+        return v
+
+    @property
+    def dr_mode(self) -> Literal["ordered", "sync", "nearest"]:
+        """The `dr-mode` header value of records written under this rule."""
+        if self.sync:
+            return "sync"
+        return self.mode
+
+    @property
+    def key_required(self) -> bool:
+        """Whether a record without a key is refused (INVALID_ARGUMENT)."""
+        if self.require_key is not None:
+            return self.require_key
+        return self.mode == "ordered"
+
+
+class Rule(_RuleFields):
+    """One rule: a topic name or glob and how its records are written."""
+
+    topic: str = Field(pattern=_TOPIC_PATTERN, description="Exact topic name, or an fnmatch "
+                       "glob (`orders.*`, `clicks-?`, `logs.[ab]*`); case-sensitive.")
+
+    @property
+    def is_glob(self) -> bool:
+        """Whether `topic` is a pattern rather than one topic's name."""
+        return _is_glob(self.topic)
+
+    def matches(self, topic: str) -> bool:
+        """Whether this rule applies to `topic`."""
+        if self.is_glob:
+            return fnmatch.fnmatchcase(topic, self.topic)
+        return topic == self.topic
+
+
+class DefaultRule(_RuleFields):
+    """The rule for topics no rule names."""
+
+    def for_topic(self, topic: str) -> Rule:
+        """This default as a `Rule` for `topic`."""
+        # No re-validation: the fields are valid, and a topic name is the broker's to judge.
+        return Rule.model_construct(topic=topic, **self.model_dump())
+
+
+class Policy(BaseModel):
+    """A routing policy: rules tried in order, then the default (or refusal when strict)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rules: list[Rule] = Field(default_factory=list, description="Tried in order; the first "
+                              "whose topic matches decides.")
+    strict: bool = Field(False, description="Refuse (NOT_FOUND) topics no rule matches, and "
+                         "forbid a default: the file says unknown topics are refused.")
+    default: DefaultRule | None = Field(None, description="How topics no rule matches are "
+                                        "written; without one they are refused (NOT_FOUND).")
+
+    _compiled: list[tuple[Rule, re.Pattern[str] | None]] = PrivateAttr(default_factory=list)
+    _cache: dict[str, Rule | None] = PrivateAttr(default_factory=dict)
+
+    @field_validator("default")
+    @classmethod
+    def _default(cls, v: DefaultRule | None, info: ValidationInfo) -> DefaultRule | None:
+        if v is not None and info.data.get("strict"):
+            raise ValueError("strict: true refuses unmatched topics; remove default or strict")
+        return v
+
+    def model_post_init(self, context: Any, /) -> None:
+        self._compiled = [(r, re.compile(fnmatch.translate(r.topic)) if r.is_glob else None)
+                          for r in self.rules]
+
+    def rule_for(self, topic: str) -> Rule | None:
+        """The rule for `topic`: the first that matches, else the default (as a Rule with
+        `topic=topic`), else None (the topic is refused)."""
+        try:
+            return self._cache[topic]
+        except KeyError:
+            pass
+        found = self._match(topic)
+        if len(self._cache) >= _RULE_CACHE_MAX:
+            self._cache.clear()
+        self._cache[topic] = found
+        return found
+
+    def _match(self, topic: str) -> Rule | None:
+        for rule, rx in self._compiled:
+            if (rx.match(topic) is not None) if rx is not None else rule.topic == topic:
+                return rule
+        if self.default is not None:
+            return self.default.for_topic(topic)
+        return None
+
+    def problems(self, topology: Topology | None = None) -> Iterator[tuple[Sequence[int | str],
+                                                                         str]]:
+        """Rules that are valid alone but not together, or not in `topology`: a repeated or
+        unreachable topic, a `prefer` region that does not exist, a quorum larger than the
+        number of regions. Yields `(loc, message)`; `load_policy` raises them as errors."""
+        for i, rule in enumerate(self.rules):
+            for j, earlier in enumerate(self.rules[:i]):
+                if earlier.topic == rule.topic:
+                    yield ("rules", i, "topic"), (f"{rule.topic!r} repeats rules[{j}]; "
+                                                  "each topic pattern once")
+                    break
+                if not rule.is_glob and earlier.matches(rule.topic):
+                    yield ("rules", i, "topic"), (f"never used: rules[{j}] "
+                                                  f"({earlier.topic!r}) matches "
+                                                  f"{rule.topic!r} first; move this rule "
+                                                  "above it")
+                    break
+        if topology is None:
+            return
+        names = [r.name for r in topology.regions]
+        targets: list[tuple[tuple[str | int, ...], _RuleFields]] = [
+            (("rules", i), r) for i, r in enumerate(self.rules)]
+        if self.default is not None:
+            targets.append((("default",), self.default))
+        for loc, r in targets:
+            for k, region in enumerate(r.prefer or []):
+                if region not in names:
+                    yield (*loc, "prefer", k), (f"{region!r} is not a region (regions: "
+                                                f"{', '.join(names)})")
+            if r.quorum is not None and r.quorum > len(names):
+                yield (*loc, "quorum"), (f"{r.quorum} is more than the {len(names)} "
+                                         "region(s) of the topology")
+
+
+def load_policy(path: str | Path, topology: Topology | None = None) -> Policy:
+    """Read and validate a policy file (against `topology` when given); ConfigError lists
+    every problem with file, line and field."""
+    return load_model(Policy, path, lambda p: p.problems(topology))
+
+
+def parse_policy(text: str, filename: str, topology: Topology | None = None) -> Policy:
+    """`load_policy` for text already read (`filename` is used in errors)."""
+    return parse_model(Policy, text, filename, lambda p: p.problems(topology))
