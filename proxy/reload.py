@@ -1,0 +1,222 @@
+"""The live routing policy, reloaded on file change and on SIGHUP.
+
+`PolicyStore` polls the file (mtime, size and inode first; the content hash decides) and
+reloads when `reload()` is called (the proxy's entry point wires SIGHUP to it). A new file is
+validated in full before it replaces anything: a file that fails, or that is missing, is
+refused; the running policy stays, `policy_refused` is logged with every issue and
+`crossdc_proxy_policy_reloads_total{result="refused"}` counts it. An accepted file bumps
+`version`, runs the `on_change` callbacks and logs `policy_reloaded`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from dr.errors import ConfigError, ConfigIssue
+from dr.topology import Topology
+from proxy.policy import Policy, parse_policy
+
+__all__ = ["PolicyStore"]
+
+log = structlog.get_logger("crossdc.proxy.policy")
+
+_Stat = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+
+
+class PolicyStore:
+    """Holds the live Policy; reloads on file change (poll mtime+size+hash, interval
+    configurable, default 1 s) and on `reload()`. A file that fails validation is refused:
+    the running policy stays, the refusal is logged and counted."""
+
+    def __init__(self, path: Path, topology: Topology | None = None, *,
+                 poll_interval_s: float = 1.0,
+                 registry: CollectorRegistry | None = None) -> None:
+        if poll_interval_s <= 0:
+            raise ValueError("poll_interval_s must be > 0")
+        self.path = Path(path)
+        self.topology = topology
+        self.poll_interval_s = poll_interval_s
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.on_change: list[Callable[[Policy], None]] = []
+        self._reloads = Counter("crossdc_proxy_policy_reloads", "Policy loads by result "
+                                "(accepted, refused)", ["result"], registry=self.registry)
+        self._version_gauge = Gauge("crossdc_proxy_policy_version", "Version of the live "
+                                    "policy (+1 per accepted reload)", registry=self.registry)
+        for result in ("accepted", "refused"):
+            self._reloads.labels(result=result)
+        self._policy: Policy | None = None
+        self._version = 0
+        self._digest: str | None = None     # hash of the live policy's file content
+        self._seen_stat: _Stat | None = None
+        self._seen_digest: str | None = None  # last content looked at (accepted or refused)
+        self._missing = False
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._closed = False
+        self._log = log.bind(policy=str(self.path))
+
+    @property
+    def current(self) -> Policy:
+        """The live policy; RuntimeError before the first successful load."""
+        if self._policy is None:
+            raise RuntimeError("no policy loaded yet: call start() first")
+        return self._policy
+
+    @property
+    def version(self) -> int:
+        """0 before the first load, then +1 per accepted (re)load."""
+        return self._version
+
+    @property
+    def digest(self) -> str | None:
+        """SHA-256 of the live policy file's content."""
+        return self._digest
+
+    def reload(self) -> bool:
+        """Read the file now (SIGHUP). True if a new policy was accepted; False if the
+        content is what is live already, or if the file was refused (the old one stays)."""
+        return self._check(force=True)
+
+    async def start(self) -> None:
+        """Load the file (ConfigError if it is bad: nothing to fall back on) and start
+        watching it. A second call does nothing; after stop() it raises RuntimeError."""
+        if self._closed:
+            raise RuntimeError("PolicyStore is stopped; make a new one")
+        if self._task is not None:
+            return
+        if self._policy is None:
+            self._first_load()
+        self._task = asyncio.create_task(self._watch(), name=f"proxy:policy-watch:{self.path}")
+
+    async def stop(self) -> None:
+        """Stop watching. Idempotent; fine before start()."""
+        self._closed = True
+        self._stop.set()
+        task, self._task = self._task, None
+        if task is not None:
+            await task
+
+    async def __aenter__(self) -> PolicyStore:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _first_load(self) -> None:
+        try:
+            stat = self._stat()
+            text, digest = self._read()
+            policy = parse_policy(text, str(self.path), self.topology)
+        except ConfigError as exc:
+            self._refused(exc.issues)
+            raise
+        self._seen_stat, self._seen_digest = stat, digest
+        self._accept(policy, digest, "policy_loaded")
+
+    async def _watch(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    await asyncio.wait_for(self._stop.wait(), self.poll_interval_s)
+                except TimeoutError:
+                    self._check(force=False)
+        except asyncio.CancelledError:
+            self._log.debug("policy_watch_cancelled")
+            raise
+        except Exception:
+            self._log.exception("policy_watch_failed")
+            raise
+
+    def _check(self, *, force: bool) -> bool:
+        try:
+            stat = self._stat()
+        except ConfigError as exc:
+            if self._missing and not force:
+                return False  # refused once already; say it again only when asked
+            self._missing = True
+            self._seen_stat = self._seen_digest = None
+            self._refused(exc.issues)
+            return False
+        if not force and not self._missing and stat == self._seen_stat:
+            return False
+        self._missing = False
+        self._seen_stat = stat
+        try:
+            text, digest = self._read()
+        except ConfigError as exc:
+            self._seen_stat = None  # try again next round
+            self._refused(exc.issues)
+            return False
+        if digest == self._digest:
+            self._seen_digest = digest
+            if force:
+                self._log.info("policy_unchanged", version=self._version)
+            return False
+        if digest == self._seen_digest and not force:
+            return False  # the same refused content, touched again
+        self._seen_digest = digest
+        try:
+            policy = parse_policy(text, str(self.path), self.topology)
+        except ConfigError as exc:
+            self._refused(exc.issues)
+            return False
+        self._accept(policy, digest, "policy_reloaded")
+        return True
+
+    def _stat(self) -> _Stat:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise ConfigError([ConfigIssue(str(self.path), None, "", "file not found")]
+                              ) from None
+        except OSError as exc:
+            raise ConfigError([ConfigIssue(str(self.path), None, "", f"cannot stat: {exc}")]
+                              ) from exc
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def _read(self) -> tuple[str, str]:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            raise ConfigError([ConfigIssue(str(self.path), None, "", "file not found")]
+                              ) from None
+        except OSError as exc:
+            raise ConfigError([ConfigIssue(str(self.path), None, "", f"cannot read: {exc}")]
+                              ) from exc
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            return data.decode("utf-8"), digest
+        except UnicodeDecodeError as exc:
+            raise ConfigError([ConfigIssue(str(self.path), None, "", f"not UTF-8: {exc}")]
+                              ) from None
+
+    def _accept(self, policy: Policy, digest: str, event: str) -> None:
+        self._policy, self._digest = policy, digest
+        self._version += 1
+        self._reloads.labels(result="accepted").inc()
+        self._version_gauge.set(self._version)
+        self._log.info(event, version=self._version, rules=len(policy.rules),
+                       default=policy.default is not None, strict=policy.strict,
+                       sha256=digest[:12])
+        for callback in list(self.on_change):
+            try:
+                callback(policy)
+            except Exception:
+                # One broken subscriber must not stop the others or the watcher.
+                self._log.exception("policy_callback_failed", version=self._version,
+                                    callback=getattr(callback, "__qualname__", repr(callback)))
+
+    def _refused(self, issues: list[ConfigIssue]) -> None:
+        self._reloads.labels(result="refused").inc()
+        self._log.warning("policy_refused", version=self._version,
+                          issues=[str(i) for i in issues])
