@@ -35,6 +35,9 @@ app = typer.Typer(
 topology_app = typer.Typer(help="Topology files: regions and where they answer.",
                            no_args_is_help=True)
 app.add_typer(topology_app, name="topology")
+policy_app = typer.Typer(help="Routing policy files: how the proxy writes each topic.",
+                         no_args_is_help=True)
+app.add_typer(policy_app, name="policy")
 app.command("reconcile")(reconcile_command)
 app.add_typer(mirror_app, name="mirror")
 app.add_typer(offsets_app, name="offsets")
@@ -101,6 +104,32 @@ def topology_validate(file: Annotated[Path, typer.Argument(help="The topology YA
 def topology_schema() -> None:
     """Print the topology file's JSON schema (committed as policies/topology.schema.json)."""
     sys.stdout.write(json.dumps(Topology.model_json_schema(), indent=2) + "\n")
+
+
+@policy_app.command("validate")
+def policy_validate(
+    file: Annotated[Path, typer.Argument(help="The policy YAML file.")],
+    topology: Annotated[Path | None, typer.Option(
+        "--topology", "-t", help="Also check `prefer` regions and quorums against this "
+        "topology file.", show_default=False)] = None,
+) -> None:
+    """Check a routing policy file; print every problem with file, line and field."""
+    from proxy.policy import load_policy  # lazily: keeps `import dr.cli` light
+    topo = load_topology(topology) if topology is not None else None
+    pol = load_policy(file, topo)
+    fallback = ("strict (unmatched topics refused)" if pol.strict else
+                f"default {pol.default.dr_mode}" if pol.default else
+                "no default (unmatched topics refused)")
+    checked = f", checked against {topology}" if topology is not None else ""
+    out.print(f"[green]{escape(str(file))}: valid[/] — {len(pol.rules)} rule(s), {fallback}"
+              f"{escape(checked)}", highlight=False, soft_wrap=True)
+
+
+@policy_app.command("schema")
+def policy_schema() -> None:
+    """Print the policy file's JSON schema (committed as policies/schema.json)."""
+    from proxy.policy import Policy
+    sys.stdout.write(json.dumps(Policy.model_json_schema(), indent=2) + "\n")
 
 
 @app.command()
