@@ -24,6 +24,7 @@ from dr.stack.paths import REPO_ROOT, StackPaths
 from dr.status import StackStatus
 from dr.topology import Topology, load_topology
 from mirror.cli import mirror_app, offsets_app
+from mirror.status import FlowStatus, flows_status
 
 __all__ = ["app", "main"]
 
@@ -201,10 +202,15 @@ def status(
     if saved and saved.get("topology") == str(path.resolve()):
         expected = int(str(saved.get("brokers", 1)))
     st = _run(probe_topology(topo, str(path), expected, timeout_s))
+    flows = _run(flows_status(topo, timeout_s * 2)) if topo.flows else []
     if as_json:
-        sys.stdout.write(json.dumps(st.model_dump(mode="json"), indent=2) + "\n")
+        doc = st.model_dump(mode="json")
+        doc["flows"] = [f.model_dump(mode="json") for f in flows]
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         render_status(st)
+        if flows:
+            render_flows(flows)
     if not st.healthy:
         raise _Exit(1)
 
@@ -244,6 +250,24 @@ def render_status(st: StackStatus) -> None:
         out.print(t)
     verdict = "[green]all regions healthy[/]" if st.healthy else "[red]some regions unhealthy[/]"
     out.print(verdict)
+
+
+def render_flows(flows: list[FlowStatus]) -> None:
+    """The mirror flows table of `dr status`: lag from the source group offsets, latency
+    from the newest offset-sync records on the target."""
+    t = Table(title="mirror flows", title_justify="left", header_style="bold")
+    for col in ("flow", "topics", "mode", "lag (records)", "partitions lagging",
+                "latency ms", "last batch s ago"):
+        t.add_column(col)
+    for f in flows:
+        lagging = ", ".join(f"{p.topic}[{p.partition}]={p.lag}" for p in f.partitions
+                            if p.lag) or "-"
+        t.add_row(f"{f.source} → {f.target}", f.topics,
+                  "exactly-once" if f.exactly_once else "at-least-once",
+                  f"[red]{f.error}[/]" if f.error else str(f.lag_records),
+                  escape(lagging), "-" if f.latency_ms is None else str(f.latency_ms),
+                  "-" if f.last_append_age_s is None else f"{f.last_append_age_s:.1f}")
+    out.print(t)
 
 
 def main() -> None:

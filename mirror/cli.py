@@ -30,12 +30,13 @@ _DEFAULT_TOPOLOGY = Path(__file__).resolve().parents[1] / "policies" / "topology
 
 def _flows(topo: Topology, source: str | None, target: str | None, topics: str | None,
            group: str | None, exactly_once: bool, forward: bool,
-           discovery_s: float, dead_letter: bool) -> list[Flow]:
+           discovery_s: float, dead_letter: bool, worker_id: str | None) -> list[Flow]:
     if source is None and target is None:
         if not topo.flows:
             raise typer.BadParameter("give --from/--to/--topics, or declare flows: in the "
                                      "topology file", param_hint="--from")
-        return list(topo.flows)
+        return [f.model_copy(update={"worker_id": worker_id or f.worker_id})
+                for f in topo.flows]
     if not (source and target and topics):
         raise typer.BadParameter("--from, --to and --topics go together", param_hint="--from")
     for name, hint in ((source, "--from"), (target, "--to")):
@@ -45,7 +46,8 @@ def _flows(topo: Topology, source: str | None, target: str | None, topics: str |
             raise typer.BadParameter(str(exc.args[0]), param_hint=hint) from None
     return [Flow(source=source, target=target, topics=topics, group=group,
                  exactly_once=exactly_once, forward=forward,
-                 discovery_interval_s=discovery_s, dead_letter=dead_letter)]
+                 discovery_interval_s=discovery_s, dead_letter=dead_letter,
+                 worker_id=worker_id)]
 
 
 async def _serve(topo: Topology, flows: list[Flow], metrics_port: int | None) -> None:
@@ -90,11 +92,14 @@ def run(
         "--dead-letter", help="Send records too large for the target to "
         "_crossdc.dead-letter.<source> instead of stopping their partition.")] = False,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics.")] = None,
+    worker_id: Annotated[str | None, typer.Option(
+        help="This worker's id in its group [default: the host name]. Exactly-once: each "
+        "worker of a group needs its own; a restarted worker keeps it.")] = None,
 ) -> None:
     """Replicate topics source → target (or every flow of the topology) until stopped."""
     topo = load_topology(topology)
     flows = _flows(topo, source, target, topics, group, exactly_once, forward,
-                   discovery_interval, dead_letter)
+                   discovery_interval, dead_letter, worker_id)
     asyncio.run(_serve(topo, flows, metrics_port))
 
 

@@ -4,12 +4,15 @@
     └── MirrorError            anything a mirror worker refuses or fails at
         ├── PartitionMismatch  a target topic's partition count differs from the source's
         ├── RecordTooLarge     the target refused a record as too large (partition stopped)
+        ├── WorkerFenced       another worker took this worker's transactional id
         └── OffsetsError       offsets cannot be translated or applied
+            └── OffsetsUnavailable  the offset-sync topic or the group cannot be read now
 """
 
 from dr.errors import CrossdcError
 
-__all__ = ["MirrorError", "OffsetsError", "PartitionMismatch", "RecordTooLarge"]
+__all__ = ["MirrorError", "OffsetsError", "OffsetsUnavailable", "PartitionMismatch",
+           "RecordTooLarge", "WorkerFenced"]
 
 
 class MirrorError(CrossdcError):
@@ -44,3 +47,20 @@ class RecordTooLarge(MirrorError):
 
 class OffsetsError(MirrorError):
     """Consumer group offsets cannot be translated or applied."""
+
+
+class OffsetsUnavailable(OffsetsError):
+    """The offset-sync topic or the group's offsets cannot be read right now."""
+
+    retriable = True
+
+
+class WorkerFenced(MirrorError):
+    """Exactly-once: a newer worker with the same transactional id fenced this one."""
+
+    def __init__(self, transactional_id: str) -> None:
+        self.transactional_id = transactional_id
+        super().__init__(
+            f"this worker was fenced: another worker started with transactional id "
+            f"{transactional_id!r}. Each worker of a group needs its own --worker-id "
+            f"(a restarted worker keeps its id, which is how it fences its dead predecessor).")

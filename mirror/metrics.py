@@ -26,6 +26,9 @@ class MirrorMetrics:
         self.redelivered = Counter("crossdc_mirror_redelivered", "Records written again "
                                    "after a partial batch failure (at-least-once duplicates)",
                                    _LABELS, registry=r)
+        self.recovered = Counter("crossdc_mirror_recovered", "Records found already on the "
+                                 "target after a worker died before recording them (not "
+                                 "sent again)", _LABELS, registry=r)
         self.dead_lettered = Counter("crossdc_mirror_dead_lettered", "Records sent to the "
                                      "dead-letter topic", _LABELS, registry=r)
         self.stopped_partitions = Gauge("crossdc_mirror_stopped_partitions", "Partitions "

@@ -1,25 +1,32 @@
 """One mirror worker of a flow A → B: consume A, plan headers, produce B, record offsets.
 
-At-least-once (default): an idempotent producer (acks=all) writes a batch, then the source
-offsets are committed; a crash between the two re-sends that batch (duplicates; headerless
-source records get a deterministic dr-id, `<source>:<topic>:<partition>:<offset>`, so the
-reconciliation job finds them).
+At-least-once (default): an idempotent producer (acks=all) writes a batch; once every record
+is acked, the batch's offset-sync records (`map:` and `pos:`) are written, then the source
+offsets are committed. A crash between the records and the `pos:` record would re-send them;
+to avoid that, a worker taking over a partition reads the target partition after the last
+recorded position and skips the source records already there (matched by `dr-id`, in
+order), recording their mapping. What it cannot match is re-sent and counted in
+`crossdc_mirror_redelivered`.
 
 Exactly-once (`exactly_once=True`): the source is read with read_committed; each batch's
-records *and* its position records (`pos:` in `_crossdc.offset-sync.<source>`) are written in
-one transaction on the target. The source group's offsets live on another cluster and cannot
-join that transaction, so on every assignment the worker seeks to the position stored on the
-target; the source group commit is advisory (lag display, offset translation).
+records *and* its offset-sync records are written in one transaction on the target. The
+source group's offsets live on another cluster and cannot join that transaction, so on every
+assignment the worker seeks to the `pos:` record stored on the target (the source group
+commit is advisory: lag display). The transactional id is `crossdc-mirror-<group>-<worker
+id>`: a restarted worker fences its dead predecessor and aborts its open transaction. A
+rebalance waits for the batch in flight to commit (or abort) before giving partitions away,
+and a batch fetched before a rebalance is never written after it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import re
+import socket
 import time
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -30,16 +37,20 @@ from aiokafka.errors import (
     KafkaError,
     MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
+    ProducerFenced,
     RecordTooLargeError,
 )
 
+from dr.headers import DR_ID, DR_PATH, DR_TS
 from dr.topology import Flow
-from mirror.errors import MirrorError, RecordTooLarge
+from mirror.errors import MirrorError, OffsetsUnavailable, RecordTooLarge, WorkerFenced
 from mirror.loop import plan
 from mirror.metrics import MirrorMetrics
 from mirror.offsets import (
+    MAP_PARTITION,
+    POS_PARTITION,
     ensure_sync_topic,
-    load_offset_map,
+    load_positions,
     map_record,
     pos_record,
     sync_topic_name,
@@ -48,13 +59,17 @@ from mirror.topics import TopicPlan, ensure_topic, sync_topics
 
 __all__ = ["MirrorWorker"]
 
+_TXN_TIMEOUT_MS = 20_000
+_MAX_BATCH = 20_000
+_FIRST_SCAN = 4 * _MAX_BATCH  # target records looked at when a partition has no `pos:` yet
 
-class _Seek(ConsumerRebalanceListener):  # type: ignore[misc]
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: MirrorWorker) -> None:
         self.worker = worker
 
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        return None
+        await self.worker._on_revoked(list(revoked))
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
         await self.worker._on_assigned(list(assigned))
@@ -71,14 +86,22 @@ class MirrorWorker:
         self.target_bootstrap = target_bootstrap
         self.metrics = metrics or MirrorMetrics()
         self.group = flow.group or f"crossdc-mirror-{flow.source}-{flow.target}"
+        self.worker_id = flow.worker_id or socket.gethostname()
+        self.transactional_id = f"crossdc-mirror-{self.group}-{self.worker_id}"
+        self._flow_label = f"{flow.source}->{flow.target}"
         self.log = structlog.get_logger("crossdc.mirror").bind(
-            flow=f"{flow.source}->{flow.target}", group=self.group)
+            flow=self._flow_label, group=self.group)
         self._pattern = re.compile(flow.topics)
         self._topics: TopicPlan = TopicPlan({}, {})
         self._stopped_partitions: dict[TopicPartition, MirrorError] = {}
         self._dead: set[tuple[str, int, int]] = set()  # (topic, partition, offset)
         self._one_by_one: set[TopicPartition] = set()
         self._acked: dict[TopicPartition, list[tuple[int, int]]] = {}
+        # at-least-once recovery: records found on the target after the last `pos:`
+        self._found: dict[TopicPartition, collections.deque[tuple[bytes, int]]] = {}
+        self._expect: dict[TopicPartition, int] = {}
+        self._lock = asyncio.Lock()
+        self._generation = 0
         self._producer_kw: dict[str, Any] = {}
         self._task: asyncio.Task[None] | None = None
         self._consumer: AIOKafkaConsumer | None = None
@@ -88,9 +111,12 @@ class MirrorWorker:
         self._sync_topic = sync_topic_name(flow.source)
         self.dead_letter_topic = f"_crossdc.dead-letter.{flow.source}"
         self.errors: list[MirrorError] = []
+        self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
+        if self._closed:
+            raise MirrorError("a stopped MirrorWorker cannot be started again")
         self._src_admin = AIOKafkaAdminClient(bootstrap_servers=self.source_bootstrap)
         self._dst_admin = AIOKafkaAdminClient(bootstrap_servers=self.target_bootstrap)
         await self._src_admin.start()
@@ -99,29 +125,31 @@ class MirrorWorker:
         if self.flow.dead_letter:
             await ensure_topic(self._dst_admin, self.dead_letter_topic, 1)
         self._producer_kw = {"acks": "all", "enable_idempotence": True,
-                             "linger_ms": 5, "max_batch_size": 256 * 1024,
+                             "linger_ms": 5, "max_batch_size": 512 * 1024,
                              "max_request_size": self.flow.max_request_bytes}
         if self.flow.exactly_once:
-            self._producer_kw["transactional_id"] = (
-                f"{self.group}-{self.flow.worker_id or uuid.uuid4().hex[:8]}")
+            self._producer_kw["transactional_id"] = self.transactional_id
+            self._producer_kw["transaction_timeout_ms"] = _TXN_TIMEOUT_MS
         await self._new_producer()
         self._consumer = AIOKafkaConsumer(
             bootstrap_servers=self.source_bootstrap, group_id=self.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed" if self.flow.exactly_once
             else "read_uncommitted", max_partition_fetch_bytes=4 * 1024 * 1024,
-            metadata_max_age_ms=int(self.flow.discovery_interval_s * 1000))
+            fetch_max_bytes=64 * 1024 * 1024,
+            metadata_max_age_ms=int(self.flow.discovery_interval_s * 1000),
+            rebalance_timeout_ms=60_000)
         await self._consumer.start()
         await self._refresh_topics()
-        self._task = asyncio.create_task(self._run(), name=f"mirror {self.group}")
+        self._task = asyncio.create_task(self._run(), name=f"mirror:{self._flow_label}")
         self.log.info("mirror_started", exactly_once=self.flow.exactly_once,
-                      topics=sorted(self._topics.partitions))
+                      worker_id=self.worker_id, topics=sorted(self._topics.partitions))
 
     async def _new_producer(self) -> None:
         """(Re)create the target producer. A batch the broker refused leaves a gap in the
         idempotent producer's sequence numbers that aiokafka does not repair
         (OutOfOrderSequenceNumber on every later batch); a new producer id starts clean, and
-        a transactional id reused fences the old one."""
+        the transactional id reused fences the old one."""
         if self._producer is not None:
             with contextlib.suppress(KafkaError):
                 await self._producer.stop()
@@ -130,6 +158,8 @@ class MirrorWorker:
         await self._producer.start()
 
     async def stop(self) -> None:
+        """Idempotent, safe before start(): cancel the loop, close every client."""
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -137,10 +167,14 @@ class MirrorWorker:
             self._task = None
         for client in (self._consumer, self._producer):
             if client is not None:
-                await client.stop()
+                with contextlib.suppress(KafkaError):
+                    await client.stop()
+        self._consumer = self._producer = None
         for admin in (self._src_admin, self._dst_admin):
             if admin is not None:
-                await admin.close()
+                with contextlib.suppress(KafkaError):
+                    await admin.close()
+        self._src_admin = self._dst_admin = None
         self.log.info("mirror_stopped")
 
     @property
@@ -172,14 +206,30 @@ class MirrorWorker:
                 self.errors.append(err)
                 self.metrics.errors.labels(self.flow.source, self.flow.target, topic,
                                            "partition_mismatch").inc()
+                self.metrics.stopped_partitions.labels(
+                    self.flow.source, self.flow.target, topic).set(-1)
         if set(plan_.partitions) != set(self._topics.partitions) or not \
                 self._consumer.subscription():
             if plan_.partitions:
                 self._consumer.subscribe(topics=sorted(plan_.partitions),
-                                         listener=_Seek(self))
+                                         listener=_Rebalance(self))
+            else:
+                self._consumer.unsubscribe()
             self.log.info("mirror_topics", topics=sorted(plan_.partitions),
                           stopped=sorted(plan_.stopped))
         self._topics = plan_
+
+    async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
+        # Wait for the batch in flight: once this returns the partitions may be written by
+        # another worker, so this one must not write them again (the generation says so).
+        async with self._lock:
+            self._generation += 1
+            for tp in revoked:
+                self._expect.pop(tp, None)
+                self._found.pop(tp, None)
+                self._acked.pop(tp, None)
+        if revoked:
+            self.log.info("mirror_revoked", partitions=len(revoked))
 
     async def _on_assigned(self, assigned: list[TopicPartition]) -> None:
         # The `pos:` record of a partition is written only once everything before it is on
@@ -188,69 +238,157 @@ class MirrorWorker:
         # between the two, which is what saves the re-sends.
         if not assigned:
             return
-        marks = await load_offset_map(self.target_bootstrap, self.flow.source)
-        assert self._consumer is not None
-        for tp in assigned:
-            nxt = marks.next_src.get((tp.topic, tp.partition))
-            if nxt is not None:
-                self._consumer.seek(tp, nxt)
-        self.log.info("mirror_assigned", partitions=len(assigned))
+        async with self._lock:
+            self._generation += 1
+            delay = 0.5
+            while True:
+                try:
+                    marks = await load_positions(self.target_bootstrap, self.flow.source)
+                    break
+                except OffsetsUnavailable as exc:
+                    self.log.warning("positions_unavailable", error=str(exc), retry_in_s=delay)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+            consumer = self._consumer
+            assert consumer is not None
+            for tp in assigned:
+                nxt = marks.get((tp.topic, tp.partition))
+                if nxt is not None:
+                    consumer.seek(tp, nxt.next_src)
+                    self._expect[tp] = nxt.next_src
+                    if not self.flow.exactly_once and nxt.dst_next is not None:
+                        await self._find_unrecorded(tp, nxt.dst_next)
+                elif not self.flow.exactly_once:
+                    # Never recorded: at most the first batch can be there.
+                    await self._find_unrecorded(tp, -_FIRST_SCAN)
+            self.log.info("mirror_assigned", partitions=len(assigned),
+                          resumed=sum(1 for tp in assigned if tp in self._expect))
+
+    async def _find_unrecorded(self, tp: TopicPartition, dst_from: int) -> None:
+        """At-least-once: the records this flow wrote to the target partition after its last
+        `pos:` record (a worker died before recording them), so they are not sent again."""
+        suffix = f",{self.flow.source},{self.flow.target}".encode()
+        start = f"{self.flow.source},{self.flow.target}".encode()
+        c = AIOKafkaConsumer(bootstrap_servers=self.target_bootstrap, enable_auto_commit=False)
+        await c.start()
+        found: collections.deque[tuple[bytes, int]] = collections.deque()
+        try:
+            c.assign([tp])
+            end = (await c.end_offsets([tp]))[tp]
+            begin = (await c.beginning_offsets([tp]))[tp]
+            c.seek(tp, max(dst_from if dst_from >= 0 else end + dst_from, begin))
+            while await c.position(tp) < end:
+                for recs in (await c.getmany(tp, timeout_ms=1000)).values():
+                    for r in recs:
+                        h = dict(r.headers)
+                        path = h.get(DR_PATH, b"")
+                        if (path == start or path.endswith(suffix)) and DR_ID in h:
+                            found.append((h[DR_ID], r.offset))
+        finally:
+            await c.stop()
+        if found:
+            self._found[tp] = found
+            self.log.info("unrecorded_copies_found", topic=tp.topic, partition=tp.partition,
+                          count=len(found))
 
     # -- the loop --------------------------------------------------------------------
     async def _run(self) -> None:
-        assert self._consumer is not None
+        consumer = self._consumer
+        assert consumer is not None
         next_refresh = time.monotonic() + self.flow.discovery_interval_s
-        while True:
-            if time.monotonic() >= next_refresh:
-                await self._refresh_topics()
-                next_refresh = time.monotonic() + self.flow.discovery_interval_s
-            if not self._topics.partitions:
-                await asyncio.sleep(min(1.0, self.flow.discovery_interval_s))
-                continue
-            batch = await self._consumer.getmany(timeout_ms=500, max_records=5000)
-            batch = {tp: recs for tp, recs in batch.items()
-                     if recs and tp not in self._stopped_partitions}
-            if batch:
-                await self._deliver(batch)
+        try:
+            while True:
+                if time.monotonic() >= next_refresh:
+                    await self._refresh_topics()
+                    next_refresh = time.monotonic() + self.flow.discovery_interval_s
+                if not self._topics.partitions:
+                    await asyncio.sleep(min(1.0, self.flow.discovery_interval_s))
+                    continue
+                batch = await consumer.getmany(timeout_ms=200, max_records=_MAX_BATCH)
+                gen = self._generation
+                batch = {tp: recs for tp, recs in batch.items()
+                         if recs and tp not in self._stopped_partitions}
+                if batch:
+                    await self._deliver(batch, gen)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.log.error("mirror_failed", error=repr(exc))
+            raise
 
-    async def _deliver(self, batch: dict[TopicPartition, list[Any]]) -> None:
+    async def _deliver(self, batch: dict[TopicPartition, list[Any]], gen: int) -> None:
         """Write one batch to the target; retry while the target is down."""
         delay = 0.2
         while True:
-            try:
-                await self._write(batch)
-                for tp in batch:
-                    self._one_by_one.discard(tp)
-                return
-            except RecordTooLarge as exc:
-                tp = TopicPartition(exc.topic, exc.partition)
-                await self._new_producer()
-                if not exc.exact:
-                    # The broker refused a whole producer batch: send this partition's
-                    # records one by one to find the record (or learn none is too large).
-                    self._one_by_one.add(tp)
-                    continue
-                if self.flow.dead_letter:
-                    self._dead.add((exc.topic, exc.partition, exc.offset))
-                    self.log.warning("record_dead_lettered", topic=exc.topic,
-                                     partition=exc.partition, offset=exc.offset,
-                                     dead_letter_topic=self.dead_letter_topic)
-                    continue
-                self._stop_partition(tp, exc)
-                # Write and commit what came before the refused record; resume there later.
-                batch = {k: v if k != tp else [r for r in v if r.offset < exc.offset]
-                         for k, v in batch.items()}
-                batch = {k: v for k, v in batch.items() if v}
+            async with self._lock:
+                if gen != self._generation:
+                    self.log.info("batch_dropped_after_rebalance",
+                                  records=sum(len(v) for v in batch.values()))
+                    return
+                batch = self._in_sequence(batch)
                 if not batch:
                     return
-            except KafkaError as exc:
-                self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
-                                           "target_write").inc()
-                if isinstance(exc, OutOfOrderSequenceNumber):
+                try:
+                    await self._write(batch)
+                    for tp in batch:
+                        self._one_by_one.discard(tp)
+                    return
+                except ProducerFenced as exc:
+                    err = WorkerFenced(self.transactional_id)
+                    self.errors.append(err)
+                    raise err from exc
+                except RecordTooLarge as exc:
+                    tp = TopicPartition(exc.topic, exc.partition)
                     await self._new_producer()
-                self.log.warning("target_write_failed", error=repr(exc), retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                    if not exc.exact:
+                        # The broker refused a whole producer batch: send this partition's
+                        # records one by one to find the record (or learn none is too large).
+                        self._one_by_one.add(tp)
+                        continue
+                    if self.flow.dead_letter:
+                        self._dead.add((exc.topic, exc.partition, exc.offset))
+                        self.log.warning("record_dead_lettered", topic=exc.topic,
+                                         partition=exc.partition, offset=exc.offset,
+                                         dead_letter_topic=self.dead_letter_topic)
+                        continue
+                    self._stop_partition(tp, exc)
+                    # Write what came before the refused record; resume there later.
+                    batch = {k: v if k != tp else [r for r in v if r.offset < exc.offset]
+                             for k, v in batch.items()}
+                    batch = {k: v for k, v in batch.items() if v}
+                    if not batch:
+                        return
+                    continue
+                except KafkaError as exc:
+                    self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
+                                               "target_write").inc()
+                    if self.flow.exactly_once or isinstance(exc, OutOfOrderSequenceNumber):
+                        # A transactional producer may be left in an error state: start a
+                        # new one (same transactional id: its open transaction is aborted).
+                        with contextlib.suppress(KafkaError):
+                            await self._new_producer()
+                    self.log.warning("target_write_failed", error=repr(exc), retry_in_s=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _in_sequence(self, batch: dict[TopicPartition, list[Any]],
+                     ) -> dict[TopicPartition, list[Any]]:
+        """Drop records of partitions no longer assigned, and records before where the flow
+        stands (a fetch that raced a seek never writes a record twice). Forward jumps are
+        normal: transaction markers, compacted or expired records."""
+        out = {}
+        consumer = self._consumer
+        assert consumer is not None
+        assigned = consumer.assignment()
+        for tp, recs in batch.items():
+            if tp not in assigned:
+                continue
+            want = self._expect.get(tp)
+            if want is not None and recs[0].offset < want:
+                recs = [r for r in recs if r.offset >= want]
+            if recs:
+                out[tp] = recs
+        return out
 
     def _stop_partition(self, tp: TopicPartition, exc: MirrorError) -> None:
         self._stopped_partitions[tp] = exc
@@ -292,22 +430,38 @@ class MirrorWorker:
         if eos:
             await producer.begin_transaction()
             self._acked.clear()
+        source, target = self.flow.source, self.flow.target
         sent: dict[TopicPartition, list[tuple[int, int, asyncio.Future[Any]]]] = {}
+        pairs: dict[TopicPartition, list[tuple[int, int]]] = {}
+        skipped: dict[TopicPartition, int] = {}
         try:
             for tp, recs in batch.items():
                 done = self._acked.get(tp)
+                pairs[tp] = list(done or [])
                 skip_upto = done[-1][0] if done else -1
+                found = self._found.get(tp)
+                id_prefix = f"{source}:{tp.topic}:{tp.partition}:"
+                one_by_one = tp in self._one_by_one
+                tp_sent: list[tuple[int, int, asyncio.Future[Any]]] = sent.setdefault(tp, [])
                 for r in recs:
                     if r.offset <= skip_upto:
                         continue
-                    headers = plan(r.headers, source=self.flow.source, target=self.flow.target,
+                    headers = plan(r.headers, source=source, target=target,
                                    timestamp_ms=r.timestamp, forward=self.flow.forward,
-                                   id_hint=f"{self.flow.source}:{tp.topic}:{tp.partition}:"
-                                           f"{r.offset}")
+                                   id_hint=f"{id_prefix}{r.offset}")
                     if headers is None:
-                        self.metrics.skipped.labels(self.flow.source, self.flow.target,
-                                                    tp.topic).inc()
+                        skipped[tp] = skipped.get(tp, 0) + 1
                         continue
+                    if found:
+                        rid = next((v for k, v in headers if k == DR_ID), None)
+                        if rid == found[0][0]:
+                            pairs[tp].append((r.offset, found.popleft()[1]))
+                            self.metrics.recovered.labels(source, target, tp.topic).inc()
+                            continue
+                        # The target holds something else: what is left would be duplicates.
+                        self.metrics.redelivered.labels(source, target, tp.topic).inc(
+                            len(found))
+                        found.clear()
                     size = r.serialized_value_size
                     if (tp.topic, tp.partition, r.offset) in self._dead:
                         await self._send_dead_letter(tp, r, headers, size)
@@ -319,16 +473,16 @@ class MirrorWorker:
                     except MessageSizeTooLargeError:
                         raise RecordTooLarge(tp.topic, tp.partition, r.offset, size,
                                              exact=True) from None
-                    sent.setdefault(tp, []).append((r.offset, size, fut))
-                    if tp in self._one_by_one:
+                    tp_sent.append((r.offset, size, fut))
+                    if one_by_one:
                         # Alone in its producer batch, so a refusal names this record.
                         await asyncio.wait([fut])
                         if isinstance(fut.exception(),
                                       (MessageSizeTooLargeError, RecordTooLargeError)):
                             raise RecordTooLarge(tp.topic, tp.partition, r.offset, size,
                                                  exact=True)
-            pairs: dict[TopicPartition, list[tuple[int, int]]] = {
-                tp: list(self._acked.get(tp, [])) for tp in batch}
+                if found is not None and not found:
+                    self._found.pop(tp, None)
             now = time.time() * 1000
             for tp, futs in sent.items():
                 for src, size, fut in futs:
@@ -338,17 +492,25 @@ class MirrorWorker:
                         raise RecordTooLarge(tp.topic, tp.partition, src, size,
                                              exact=False) from None
                     pairs[tp].append((src, md.offset))
+            ack_ms = time.time() * 1000
+            sync_futs = []
             for tp, recs in batch.items():
                 nxt = recs[-1].offset + 1
+                last_ts = _dr_ts(recs[-1]) or recs[-1].timestamp
+                dst_next = None
                 if pairs[tp]:
-                    k, v = map_record(tp.topic, tp.partition, pairs[tp], nxt)
-                    await producer.send(self._sync_topic, key=k, value=v, partition=0)
-                k, v = pos_record(tp.topic, tp.partition, nxt)
-                await producer.send(self._sync_topic, key=k, value=v, partition=0)
+                    k, v = map_record(tp.topic, tp.partition, pairs[tp], nxt, last_ts)
+                    sync_futs.append(await producer.send(self._sync_topic, key=k, value=v,
+                                                         partition=MAP_PARTITION))
+                    dst_next = pairs[tp][-1][1] + 1
+                k, v = pos_record(tp.topic, tp.partition, nxt, dst_next)
+                sync_futs.append(await producer.send(self._sync_topic, key=k, value=v,
+                                                     partition=POS_PARTITION))
             if eos:
                 await producer.commit_transaction()
             else:
-                await producer.flush()
+                for f in sync_futs:
+                    await f
         except asyncio.CancelledError:
             if eos:
                 with contextlib.suppress(KafkaError):
@@ -361,24 +523,29 @@ class MirrorWorker:
             else:
                 await self._settle(sent)
             raise
-        for tp in batch:
-            self._acked.pop(tp, None)
-        await consumer.commit({tp: recs[-1].offset + 1 for tp, recs in batch.items()})
         for tp, recs in batch.items():
-            labels = (self.flow.source, self.flow.target, tp.topic)
-            self.metrics.records.labels(*labels).inc(len(pairs[tp]))
-            self.metrics.bytes.labels(*labels).inc(
+            self._acked.pop(tp, None)
+            self._expect[tp] = recs[-1].offset + 1
+        with contextlib.suppress(KafkaError):
+            # Advisory (lag display): the resume point is the `pos:` record on the target.
+            await consumer.commit({tp: recs[-1].offset + 1 for tp, recs in batch.items()})
+        m = self.metrics
+        for tp, recs in batch.items():
+            labels = (source, target, tp.topic)
+            m.records.labels(*labels).inc(len(sent.get(tp, ())))
+            if skipped.get(tp):
+                m.skipped.labels(*labels).inc(skipped[tp])
+            m.bytes.labels(*labels).inc(
                 sum(r.serialized_value_size + max(r.serialized_key_size, 0) for r in recs))
             last = recs[-1]
             hw = consumer.highwater(tp)
             if hw is not None:
-                self.metrics.lag.labels(*labels, str(tp.partition)).set(
-                    max(0, hw - last.offset - 1))
-            self.metrics.record_age.labels(*labels).set(max(0.0, (now - last.timestamp) / 1000))
-            dr_ts = dict(last.headers).get("dr-ts")
-            if dr_ts is not None and dr_ts.isdigit():
-                self.metrics.latency.labels(*labels).observe(
-                    max(0.0, (now - int(dr_ts)) / 1000))
+                m.lag.labels(*labels, str(tp.partition)).set(max(0, hw - last.offset - 1))
+            m.record_age.labels(*labels).set(max(0.0, (now - last.timestamp) / 1000))
+            dr_ts = _dr_ts(last) or last.timestamp  # headerless: stamped with its timestamp
+            m.latency.labels(*labels).observe(max(0.0, (ack_ms - dr_ts) / 1000))
+        self.log.debug("batch_mirrored", records=sum(len(v) for v in sent.values()),
+                       partitions=len(batch))
 
     async def _settle(self, sent: dict[TopicPartition,
                                        list[tuple[int, int, asyncio.Future[Any]]]]) -> None:
@@ -414,3 +581,13 @@ class MirrorWorker:
                             headers=[*headers, ("dr-dead-letter", b"record-too-large")])
         self._dead.discard((tp.topic, tp.partition, r.offset))
         self.metrics.dead_lettered.labels(self.flow.source, self.flow.target, tp.topic).inc()
+
+
+def _dr_ts(record: Any) -> int | None:
+    for k, v in record.headers:
+        if k == DR_TS:
+            try:
+                return int(v)
+            except ValueError:
+                return None
+    return None

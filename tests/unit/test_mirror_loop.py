@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mirror.loop import plan
-from mirror.offsets import OffsetMap
+from mirror.offsets import OffsetMap, runs_of
 
 pytestmark = pytest.mark.unit
 
@@ -95,7 +95,7 @@ def test_full_mesh_without_forward_delivers_once_everywhere() -> None:
 
 def test_offset_map_translation_is_exact_between_pairs() -> None:
     # source offsets 10..14 went to target 100..103 (12 was a skipped sync record)
-    m = OffsetMap(pairs={("t", 0): [(10, 100), (11, 101), (13, 102), (14, 103)]})
+    m = OffsetMap.from_pairs({("t", 0): [(10, 100), (11, 101), (13, 102), (14, 103)]})
     # committed offset = next record to read
     assert m.translate("t", 0, 11) == 101
     assert m.translate("t", 0, 12) == 102  # 12 never copied: resume at 13's copy
@@ -113,3 +113,15 @@ def test_forward_carries_a_chain_once() -> None:
     assert dict(at_c)["dr-path"] == b"east,west,north"
     for back in ("east", "west"):
         assert plan(at_c, source="north", target=back, timestamp_ms=1, forward=True) is None
+
+
+def test_runs_encode_the_pairs_densely_and_translate_like_them() -> None:
+    pairs = [(0, 5), (1, 6), (2, 7), (4, 8), (5, 10), (6, 11), (9, 12)]
+    assert runs_of(pairs) == [(0, 5, 3), (4, 8, 1), (5, 10, 2), (9, 12, 1)]
+    m = OffsetMap.from_pairs({("t", 0): pairs})
+    for committed in range(12):
+        # the brute-force rule: the first copy at or after the committed offset
+        later = [d for s, d in pairs if s >= committed]
+        expected = later[0] if later else pairs[-1][1] + 1
+        assert m.translate("t", 0, committed) == expected, committed
+    assert m.last_source("t", 0) == 9

@@ -1,0 +1,130 @@
+"""What each declared flow looks like right now (the flows table of `dr status`).
+
+Lag comes from the flow's worker group offsets on the source against the source's end
+offsets (the group commit follows each written batch); latency and record age from the
+newest records of the flow's offset-sync topic on the target (a map record's LogAppendTime
+is when the target appended the batch, `last_dr_ts` the newest record's `dr-ts`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+from pydantic import BaseModel, ConfigDict
+
+from dr.topology import Flow, Topology
+from mirror.offsets import MAP_PARTITION, sync_topic_name
+from mirror.topics import is_internal
+
+__all__ = ["FlowStatus", "PartitionLag", "flow_status", "flows_status"]
+
+_TAIL = 500  # newest map records looked at
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class PartitionLag(_Out):
+    topic: str
+    partition: int
+    end_offset: int
+    committed: int | None
+    lag: int
+
+
+class FlowStatus(_Out):
+    source: str
+    target: str
+    group: str
+    topics: str
+    exactly_once: bool
+    lag_records: int | None
+    partitions: list[PartitionLag]
+    latency_ms: int | None
+    """Target append time of the newest batch - its newest record's dr-ts."""
+    last_append_age_s: float | None
+    """Seconds since the target last appended a batch of this flow."""
+    error: str | None = None
+
+
+async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        await admin.start()
+        await consumer.start()
+        pattern = re.compile(flow.topics)
+        topics = [t for t in await admin.list_topics()
+                  if pattern.fullmatch(t) and not is_internal(t)]
+        tps = [TopicPartition(t, p) for t in sorted(topics)
+               for p in sorted(consumer.partitions_for_topic(t) or ())]
+        ends = await consumer.end_offsets(tps) if tps else {}
+        committed = await admin.list_consumer_group_offsets(group)
+    finally:
+        await consumer.stop()
+        await admin.close()
+    out = []
+    for tp in tps:
+        meta = committed.get(tp)
+        c = meta.offset if meta is not None and meta.offset >= 0 else None
+        out.append(PartitionLag(topic=tp.topic, partition=tp.partition, end_offset=ends[tp],
+                                committed=c, lag=max(0, ends[tp] - (c or 0))))
+    return out
+
+
+async def _newest(flow: Flow, bootstrap: str) -> tuple[int | None, float | None]:
+    tp = TopicPartition(sync_topic_name(flow.source), MAP_PARTITION)
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                         isolation_level="read_committed")
+    await c.start()
+    try:
+        if tp.topic not in await c.topics():
+            return None, None
+        c.assign([tp])
+        end = (await c.end_offsets([tp]))[tp]
+        begin = (await c.beginning_offsets([tp]))[tp]
+        c.seek(tp, max(begin, end - _TAIL))
+        newest: tuple[int, int | None] | None = None
+        deadline = time.monotonic() + 5
+        while await c.position(tp) < end and time.monotonic() < deadline:
+            for recs in (await c.getmany(tp, timeout_ms=500)).values():
+                for r in recs:
+                    if r.value is None:
+                        continue
+                    doc = json.loads(r.value)
+                    if newest is None or r.timestamp >= newest[0]:
+                        newest = (r.timestamp, doc.get("last_dr_ts"))
+    finally:
+        await c.stop()
+    if newest is None:
+        return None, None
+    appended, dr_ts = newest
+    latency = max(0, appended - dr_ts) if dr_ts is not None else None
+    return latency, max(0.0, time.time() - appended / 1000)
+
+
+async def flow_status(topo: Topology, flow: Flow, timeout_s: float = 10.0) -> FlowStatus:
+    group = flow.group or f"crossdc-mirror-{flow.source}-{flow.target}"
+    base = {"source": flow.source, "target": flow.target, "group": group,
+            "topics": flow.topics, "exactly_once": flow.exactly_once}
+    try:
+        async with asyncio.timeout(timeout_s):
+            parts = await _lag(flow, group, topo.region(flow.source).kafka.bootstrap)
+            latency, age = await _newest(flow, topo.region(flow.target).kafka.bootstrap)
+    except (KafkaError, TimeoutError, OSError) as exc:
+        return FlowStatus(**base, lag_records=None, partitions=[], latency_ms=None,
+                          last_append_age_s=None, error=repr(exc))
+    return FlowStatus(**base, lag_records=sum(p.lag for p in parts), partitions=parts,
+                      latency_ms=latency, last_append_age_s=age)
+
+
+async def flows_status(topo: Topology, timeout_s: float = 10.0) -> list[FlowStatus]:
+    """Every flow the topology declares."""
+    return list(await asyncio.gather(*(flow_status(topo, f, timeout_s) for f in topo.flows)))
