@@ -100,8 +100,15 @@ class PolicyStore:
         self._closed = True
         self._stop.set()
         task, self._task = self._task, None
-        if task is not None:
+        if task is None:
+            return
+        try:
             await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancelled() and not (current is not None and current.cancelling()):
+                return  # the watcher was cancelled by someone else; we were not
+            raise
 
     async def __aenter__(self) -> PolicyStore:
         await self.start()
@@ -208,6 +215,8 @@ class PolicyStore:
         self._log.info(event, version=self._version, rules=len(policy.rules),
                        default=policy.default is not None, strict=policy.strict,
                        sha256=digest[:12])
+        if event == "policy_loaded":
+            return  # the first load is no change: callbacks are for reloads
         for callback in list(self.on_change):
             try:
                 callback(policy)
