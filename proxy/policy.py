@@ -163,6 +163,15 @@ class Policy(BaseModel):
         self._compiled = [(r, re.compile(fnmatch.translate(r.topic)) if r.is_glob else None)
                           for r in self.rules]
 
+    def __eq__(self, other: object) -> bool:
+        # Fields only: pydantic would also compare the private lookup cache.
+        if not isinstance(other, Policy):
+            return NotImplemented
+        return (self.rules, self.strict, self.default) == (other.rules, other.strict,
+                                                           other.default)
+
+    __hash__ = None  # type: ignore[assignment]  # lists inside: never hashable
+
     def rule_for(self, topic: str) -> Rule | None:
         """The rule for `topic`: the first that matches, else the default (as a Rule with
         `topic=topic`), else None (the topic is refused)."""

@@ -204,6 +204,13 @@ def test_yaml_errors_and_missing_file(tmp_path: Path) -> None:
         load_policy(tmp_path / "nope.yaml")
 
 
+def test_equality_ignores_the_lookup_cache() -> None:
+    a, b = Policy(rules=[Rule(topic="a")]), Policy(rules=[Rule(topic="a")])
+    a.rule_for("x")
+    assert a == b
+    assert a != Policy(rules=[Rule(topic="b")])
+
+
 def test_models_are_frozen() -> None:
     rule = Rule(topic="a")
     with pytest.raises(ValueError, match="frozen"):
