@@ -1,0 +1,387 @@
+"""Benchmark: Apache Kafka's MirrorMaker 2 vs crossdc's mirror (at-least-once, exactly-once).
+
+One run, one pair of local clusters (started here from the project's LocalStack on free
+ports, Kafka 4.1.1, one broker per region, 512 MB heap). For each contender:
+
+1. throughput: N records of 1 KiB over 12 partitions are written to east first; the mirror
+   is then started and copies them to west. Records/s and MB/s count from the first record
+   on west to the last (start-up excluded for both); CPU seconds are the mirror's process
+   tree (utime + stime from /proc) over the same interval, per million records.
+2. latency: with the mirror caught up, east receives a fixed 10,000 records/s for
+   `--latency-s` seconds; the west copy of that topic uses LogAppendTime, so latency is the
+   west append time minus the time the record was sent (carried in its value).
+
+MirrorMaker 2 runs in dedicated mode (`org.apache.kafka.connect.mirror.MirrorMaker`) with
+IdentityReplicationPolicy, `tasks.max` = the number of crossdc workers (1), 512 MB heap,
+from the connect-mirror jars of the same Kafka version (bench/mirror/pom.xml, fetched into
+~/.cache/crossdc by `--setup` or on first run). crossdc runs as `dr mirror run`.
+
+    flock /tmp/crossdc-bench.lock .venv/bin/python bench/mirror/run.py [--records 1000000]
+
+Prints the figures and writes bench/results/mirror.{json,md,svg}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).parent
+RESULTS = ROOT / "bench" / "results"
+PARTITIONS = 12
+SIZE = 1024
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def mm2_libs() -> Path:
+    """The connect-mirror jars, fetched with Maven once into the crossdc cache."""
+    from dr.stack.paths import StackPaths
+    from dr.stack.toolchain import _maven_copy, _pom_dir
+    pom = HERE / "pom.xml"
+    dest = _pom_dir(StackPaths.default().cache, "mm2", pom, "kafka.version", "libs")
+    return _maven_copy(pom, dest, what="MirrorMaker 2 jars", expect="connect-mirror-*.jar",
+                       progress=print)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """utime + stime of a process and its live descendants, seconds."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = fields
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        f = stats.get(p)
+        if f:
+            total += int(f[11]) + int(f[12])  # utime, stime (fields 14, 15 of stat)
+    return total / CLK
+
+
+async def produce_backlog(bootstrap: str, topic: str, n: int) -> None:
+    from aiokafka import AIOKafkaProducer
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, acks=1,
+                         max_batch_size=512 * 1024)
+    await p.start()
+    try:
+        body = os.urandom(SIZE // 2).hex().encode()[:SIZE - 8]
+        futs = []
+        for i in range(n):
+            futs.append(await p.send(topic, key=b"k%07d" % i, value=body,
+                                     partition=i % PARTITIONS))
+            if len(futs) >= 20_000:
+                await asyncio.gather(*futs)
+                futs.clear()
+        await asyncio.gather(*futs)
+    finally:
+        await p.stop()
+
+
+async def ends(bootstrap: str, topic: str) -> dict[int, int]:
+    from kafka_helpers import end_offsets  # type: ignore[import-not-found]
+    got: dict[int, int] = await end_offsets(bootstrap, topic, PARTITIONS)
+    return got
+
+
+async def group_committed(bootstrap: str, group: str, topic: str) -> int:
+    from aiokafka.admin import AIOKafkaAdminClient
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offs = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return sum(m.offset for tp, m in offs.items() if tp.topic == topic and m.offset > 0)
+
+
+async def latency_phase(east: str, west: str, topic: str, rate: int,
+                        seconds: float) -> list[float]:
+    """Send `rate` records/s for `seconds`; latency of each copy in west (ms)."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+    total = int(rate * seconds)
+    c = AIOKafkaConsumer(bootstrap_servers=west, enable_auto_commit=False,
+                         isolation_level="read_committed")
+    await c.start()
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    c.assign(tps)
+    await c.seek_to_end(*tps)
+    for tp in tps:
+        await c.position(tp)
+    lat: list[float] = []
+
+    async def collect() -> None:
+        deadline = None
+        while len(lat) < total:
+            for recs in (await c.getmany(timeout_ms=200)).values():
+                for r in recs:
+                    lat.append(r.timestamp - int(r.value[:13]))
+            if sending.done():
+                deadline = deadline or time.monotonic() + 60
+                if time.monotonic() > deadline:
+                    break
+    p = AIOKafkaProducer(bootstrap_servers=east, linger_ms=2, acks="all")
+    await p.start()
+
+    async def send() -> None:
+        pad = b"x" * (SIZE - 13)
+        start = time.monotonic()
+        tick = 0.01
+        per_tick = int(rate * tick)
+        sent = 0
+        while sent < total:
+            for _ in range(per_tick):
+                await p.send(topic, key=b"l%07d" % sent,
+                             value=b"%013d" % int(time.time() * 1000) + pad,
+                             partition=sent % PARTITIONS)
+                sent += 1
+            next_at = start + (sent / rate)
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+        await p.flush()
+    sending = asyncio.ensure_future(send())
+    try:
+        await asyncio.gather(sending, collect())
+    finally:
+        await p.stop()
+        await c.stop()
+    if len(lat) < total:
+        print(f"  latency phase: only {len(lat)} of {total} records arrived", flush=True)
+    return lat
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def mm2_command(libs: Path, tmp: Path, east: str, west: str, topics: str, tasks: int,
+                ) -> list[str]:
+    props = tmp / "mm2.properties"
+    props.write_text("\n".join([
+        "clusters = east, west",
+        f"east.bootstrap.servers = {east}",
+        f"west.bootstrap.servers = {west}",
+        "east->west.enabled = true",
+        f"east->west.topics = {topics}",
+        "west->east.enabled = false",
+        "replication.policy.class = org.apache.kafka.connect.mirror.IdentityReplicationPolicy",
+        f"tasks.max = {tasks}",
+        "replication.factor = 1",
+        "checkpoints.topic.replication.factor = 1",
+        "heartbeats.topic.replication.factor = 1",
+        "offset-syncs.topic.replication.factor = 1",
+        "offset.storage.replication.factor = 1",
+        "status.storage.replication.factor = 1",
+        "config.storage.replication.factor = 1",
+        "sync.topic.acls.enabled = false",
+        "sync.topic.configs.enabled = false",
+        "emit.heartbeats.enabled = false",
+        "refresh.topics.interval.seconds = 5",
+        "",
+    ]))
+    log4j = tmp / "mm2-log4j2.yaml"
+    log4j.write_text("Configuration:\n  Appenders:\n    Console:\n      name: STDOUT\n"
+                     "      PatternLayout:\n        Pattern: \"[%d] %p %m (%c)%n\"\n"
+                     "  Loggers:\n    Root:\n      level: WARN\n      AppenderRef:\n"
+                     "        - ref: STDOUT\n")
+    return ["java", "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{libs}/*",
+            "org.apache.kafka.connect.mirror.MirrorMaker", str(props)]
+
+
+def crossdc_command(tpath: Path, topics: str, group: str, eos: bool) -> list[str]:
+    dr = str(Path(sys.executable).parent / "dr")
+    return [dr, "--log-level", "warning", "mirror", "run", "--topology", str(tpath),
+            "--from", "east", "--to", "west", "--topics", topics, "--group", group,
+            "--worker-id", "bench", *(["--exactly-once"] if eos else [])]
+
+
+def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s: float,
+                  log_path: Path, group: str | None) -> dict[str, Any]:
+    east = topo.region("east").kafka.bootstrap
+    west = topo.region("west").kafka.bootstrap
+    tp_topic, lat_topic = f"tp-{name}", f"lat-{name}"
+    print(f"[{name}] starting: {' '.join(cmd[:6])} ...", flush=True)
+    log = log_path.open("w")
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        t_first = cpu_first = None
+        deadline = time.monotonic() + 1800
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"[{name}] exited with {proc.returncode}; see {log_path}")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"[{name}] did not finish within 30 min")
+            arrived = sum(asyncio.run(ends(west, tp_topic)).values())
+            if t_first is None and arrived > 0:
+                t_first, cpu_first = time.monotonic(), tree_cpu_s(proc.pid)
+            if group is None:
+                done = arrived >= n
+            else:  # crossdc: its group commit follows the target write (EOS ends hold markers)
+                done = asyncio.run(group_committed(east, group, tp_topic)) >= n
+            if done:
+                t_done, cpu_done = time.monotonic(), tree_cpu_s(proc.pid)
+                break
+            time.sleep(0.1)
+        assert t_first is not None
+        assert cpu_first is not None
+        took = t_done - t_first
+        cpu = cpu_done - cpu_first
+        west_end = sum(asyncio.run(ends(west, tp_topic)).values())
+        print(f"[{name}] {n:,} records in {took:.1f}s ({n / took:,.0f} rec/s), "
+              f"CPU {cpu:.1f}s; start-up {t_first - started:.1f}s", flush=True)
+        lat = asyncio.run(latency_phase(east, west, lat_topic, rate, lat_s))
+        cpu_end = tree_cpu_s(proc.pid)
+        res = {"records": n, "copy_s": round(took, 2), "rps": round(n / took),
+               "mb_s": round(n * SIZE / took / 1e6, 1),
+               "cpu_s": round(cpu, 1), "cpu_s_per_m": round(cpu / n * 1e6, 1),
+               "startup_s": round(t_first - started, 1), "west_end_offsets": west_end,
+               "latency_records": len(lat), "latency_expected": int(rate * lat_s),
+               "p50_ms": pct(lat, 0.50), "p99_ms": pct(lat, 0.99),
+               "mean_ms": round(statistics.fmean(lat), 1) if lat else None,
+               "max_ms": max(lat) if lat else None,
+               "latency_phase_cpu_s": round(cpu_end - cpu_done, 1)}
+        print(f"[{name}] latency p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms "
+              f"({len(lat)} records)", flush=True)
+        return res
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+def svg(results: dict[str, dict[str, Any]]) -> str:
+    """Two bar groups: throughput (records/s) and p99 latency (ms), one bar per contender."""
+    names = list(results)
+    colors = {"mm2": "#e45756", "crossdc": "#4c78a8", "crossdc_eos": "#72b7b2"}
+    w, h, pad = 640, 300, 40
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}">',
+             '<text x="10" y="20" font-weight="bold">MirrorMaker 2 vs crossdc mirror '
+             '(1 KiB records, 12 partitions, 1 task/worker)</text>']
+    panels = [("rps", "throughput, records/s", 0), ("p99_ms", "p99 latency at 10k rec/s, ms",
+                                                     w // 2)]
+    for key, title, x0 in panels:
+        vals = [float(results[n][key]) for n in names]
+        top = max(vals) * 1.15 or 1
+        parts.append(f'<text x="{x0 + pad}" y="45">{title}</text>')
+        bw = (w // 2 - 2 * pad) / len(names)
+        for i, (n, v) in enumerate(zip(names, vals, strict=True)):
+            bh = (h - 2 * pad - 40) * v / top
+            x = x0 + pad + i * bw
+            y = h - pad - bh
+            parts.append(f'<rect x="{x + 4:.0f}" y="{y:.0f}" width="{bw - 8:.0f}" '
+                         f'height="{bh:.0f}" fill="{colors.get(n, "#999")}"/>')
+            parts.append(f'<text x="{x + 6:.0f}" y="{y - 4:.0f}" font-size="11">'
+                         f'{v:,.0f}</text>')
+            parts.append(f'<text x="{x + 6:.0f}" y="{h - pad + 14}" font-size="11">{n}</text>')
+        parts.append(f'<line x1="{x0 + pad}" y1="{h - pad}" x2="{x0 + w // 2 - pad}" '
+                     f'y2="{h - pad}" stroke="black"/>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--rate", type=int, default=10_000)
+    ap.add_argument("--latency-s", type=float, default=30.0)
+    ap.add_argument("--only", default="mm2,crossdc,crossdc_eos")
+    ap.add_argument("--setup", action="store_true", help="Only fetch the MM2 jars.")
+    a = ap.parse_args()
+    libs = mm2_libs()
+    if a.setup:
+        print(libs)
+        return
+    from kafka_helpers import create_topic  # type: ignore[import-not-found]
+    from tests_support import write_topology  # type: ignore[import-not-found]
+
+    from dr.stack.local import LocalStack
+    from dr.stack.paths import StackPaths
+    from dr.stack.ports import free_topology
+
+    names = a.only.split(",")
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-mirror-") as tmp_s:
+        tmp = Path(tmp_s)
+        topo = free_topology(["east", "west"])
+        tpath = write_topology(topo, tmp / "topology.yaml")
+        paths = StackPaths(state=tmp / "state", cache=StackPaths.default().cache)
+        stack = LocalStack(topo, tpath, paths=paths)
+        asyncio.run(stack.up(timeout_s=180))
+        east = topo.region("east").kafka.bootstrap
+        west = topo.region("west").kafka.bootstrap
+        try:
+            async def seed() -> None:
+                for name in names:
+                    for t in (f"tp-{name}", f"lat-{name}"):
+                        await create_topic(east, t, PARTITIONS)
+                    await create_topic(west, f"tp-{name}", PARTITIONS)
+                    await create_topic(west, f"lat-{name}", PARTITIONS,
+                                       configs={"message.timestamp.type": "LogAppendTime"})
+                for name in names:
+                    t0 = time.monotonic()
+                    await produce_backlog(east, f"tp-{name}", a.records)
+                    print(f"wrote {a.records:,} records to tp-{name} in "
+                          f"{time.monotonic() - t0:.0f}s", flush=True)
+            asyncio.run(seed())
+            for name in names:
+                topics = f"tp-{name}|lat-{name}"
+                if name == "mm2":
+                    cmd, group = mm2_command(libs, tmp, east, west, topics, 1), None
+                else:
+                    group = f"bench-{name}"
+                    cmd = crossdc_command(tpath, topics, group, name == "crossdc_eos")
+                results[name] = run_contender(name, cmd, topo, a.records, a.rate,
+                                              a.latency_s, tmp / f"{name}.log", group)
+        finally:
+            asyncio.run(LocalStack.down(paths))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT, check=False).stdout.strip()
+    flat: dict[str, Any] = {"records": a.records, "record_bytes": SIZE,
+                            "partitions": PARTITIONS, "latency_rate_rps": a.rate,
+                            "latency_seconds": a.latency_s, "git_commit": commit,
+                            "machine": f"{os.cpu_count()} cores"}
+    for name, r in results.items():
+        flat[f"{name}_rps"] = r["rps"]
+        flat[f"{name}_mb_s"] = r["mb_s"]
+        flat[f"{name}_cpu_s_per_m"] = r["cpu_s_per_m"]
+        flat[f"{name}_p50_ms"] = r["p50_ms"]
+        flat[f"{name}_p99_ms"] = r["p99_ms"]
+    flat["runs"] = results
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "mirror.json").write_text(json.dumps(flat, indent=2) + "\n")
+    if len(results) > 1:
+        (RESULTS / "mirror.svg").write_text(svg(results))
+    print(json.dumps(flat, indent=2))
+
+
+if __name__ == "__main__":
+    main()
