@@ -1,13 +1,222 @@
-"""The proxy's errors, under the project root `CrossdcError`.
+"""The proxy's errors, under the project root `CrossdcError`, and the ONE table that maps them
+to gRPC status codes (`grpc_code`).
 
     CrossdcError
-    └── ProxyError    anything the proxy refuses or fails at
+    └── ProxyError              anything the proxy refuses or fails at      INTERNAL
+        ├── InvalidRecord       the record breaks its rule                   INVALID_ARGUMENT
+        │   ├── MissingKey      ordered/sync (or require_key) without a key
+        │   ├── RecordTooLarge  key + value + headers above max_record_bytes
+        │   └── ReservedHeader  a client header starting with "dr-"
+        ├── UnknownTopic        strict policy without a rule, topic absent   NOT_FOUND
+        ├── PartitionMismatch   partition counts differ across regions       FAILED_PRECONDITION
+        ├── NoWritableRegion    every candidate region failed (named)        UNAVAILABLE *
+        ├── IncompleteSync      a sync write reached only some regions       UNAVAILABLE *
+        ├── RegionWriteFailed   one region's Kafka refused or timed out      UNAVAILABLE (*)
+        ├── Overloaded          in-flight bytes over the bound               RESOURCE_EXHAUSTED *
+        ├── DeadlineExceeded    the request's deadline passed                DEADLINE_EXCEEDED *
+        ├── NotServing          the proxy is draining                        UNAVAILABLE *
+        ├── Unauthenticated     no or unknown bearer token                   UNAUTHENTICATED
+        ├── PermissionDenied    the token may not write this topic           PERMISSION_DENIED
+        └── ProduceFailed       (client SDK) the proxy answered an error; carries `code`
+
+(* retriable; (*) per cause)
+
+This module does not import grpc (so `import proxy` stays light); `grpc_code()` does.
 """
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from dr.errors import CrossdcError
 
-__all__ = ["ProxyError"]
+if TYPE_CHECKING:
+    import grpc
+
+__all__ = [
+    "STATUS_TABLE",
+    "DeadlineExceeded",
+    "IncompleteSync",
+    "InvalidRecord",
+    "MissingKey",
+    "NoWritableRegion",
+    "NotServing",
+    "Overloaded",
+    "PartitionMismatch",
+    "PermissionDenied",
+    "ProduceFailed",
+    "ProxyError",
+    "RecordTooLarge",
+    "RegionWriteFailed",
+    "ReservedHeader",
+    "Unauthenticated",
+    "UnknownTopic",
+    "code_name",
+    "grpc_code",
+]
 
 
 class ProxyError(CrossdcError):
     """Root of the proxy's errors."""
+
+
+class InvalidRecord(ProxyError):
+    """The record breaks its topic's rule; retrying the same record cannot help."""
+
+    def __init__(self, message: str, *, topic: str = "") -> None:
+        self.topic = topic
+        super().__init__(message)
+
+
+class MissingKey(InvalidRecord):
+    """The rule needs a key (ordered and sync by default) and the record has none."""
+
+    def __init__(self, topic: str, mode: str) -> None:
+        self.mode = mode
+        super().__init__(f"topic {topic!r} is routed {mode}: records need a key "
+                         f"(per-key order is kept by partition)", topic=topic)
+
+
+class RecordTooLarge(InvalidRecord):
+    def __init__(self, topic: str, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(f"record for {topic!r} is {size} bytes (key + value + headers); "
+                         f"the rule allows {limit}", topic=topic)
+
+
+class ReservedHeader(InvalidRecord):
+    def __init__(self, topic: str, name: str) -> None:
+        self.header = name
+        super().__init__(f"header {name!r} is reserved: names starting with 'dr-' are "
+                         f"stamped by the proxy", topic=topic)
+
+
+class UnknownTopic(ProxyError):
+    def __init__(self, topic: str, why: str) -> None:
+        self.topic = topic
+        super().__init__(f"topic {topic!r}: {why}")
+
+
+class PartitionMismatch(ProxyError):
+    """Ordered and sync writes need the same partition count in every region."""
+
+    def __init__(self, topic: str, counts: Mapping[str, int]) -> None:
+        self.topic = topic
+        self.counts = dict(counts)
+        shown = ", ".join(f"{r}={n}" for r, n in sorted(counts.items()))
+        super().__init__(f"topic {topic!r} has different partition counts across regions "
+                         f"({shown}); ordered and sync writes are refused until they match")
+
+
+class RegionWriteFailed(ProxyError):
+    """One region's Kafka did not take the write. `retriable` is per instance (the cause)."""
+
+    retriable = True
+
+    def __init__(self, region: str, topic: str, why: str, *, retriable: bool = True) -> None:
+        self.region = region
+        self.topic = topic
+        self.why = why
+        self.retriable = retriable  # type: ignore[misc]
+        super().__init__(f"region {region}: {why}")
+
+
+class NoWritableRegion(ProxyError):
+    retriable = True
+
+    def __init__(self, topic: str, mode: str, tried: Mapping[str, str]) -> None:
+        self.topic = topic
+        self.mode = mode
+        self.tried = dict(tried)
+        what = "; ".join(f"{r}: {why}" for r, why in tried.items()) or "no region to try"
+        super().__init__(f"no writable region for {mode} write to {topic!r}; tried {what}")
+
+
+class IncompleteSync(ProxyError):
+    """A sync write reached only some regions: never acked as complete."""
+
+    retriable = True
+
+    def __init__(self, topic: str, written: Sequence[Any], failed: Mapping[str, str],
+                 needed: int) -> None:
+        self.topic = topic
+        self.written = list(written)          # RegionWrite records, in write order
+        self.failed = dict(failed)
+        self.needed = needed
+        ok = ", ".join(f"{w.region} (partition {w.partition}, offset {w.offset})"
+                       for w in written) or "no region"
+        bad = "; ".join(f"{r}: {why}" for r, why in failed.items())
+        super().__init__(f"sync write to {topic!r} incomplete: written to {ok}; "
+                         f"not written to {bad}; {needed} region(s) needed")
+
+
+class Overloaded(ProxyError):
+    retriable = True
+
+    def __init__(self, inflight: int, asked: int, limit: int) -> None:
+        self.inflight = inflight
+        self.asked = asked
+        self.limit = limit
+        super().__init__(f"proxy busy: {inflight} bytes in flight + {asked} asked > limit "
+                         f"{limit}; retry later")
+
+
+class DeadlineExceeded(ProxyError):
+    retriable = True
+
+
+class NotServing(ProxyError):
+    retriable = True
+
+
+class Unauthenticated(ProxyError):
+    pass
+
+
+class PermissionDenied(ProxyError):
+    pass
+
+
+class ProduceFailed(ProxyError):
+    """Client SDK: the proxy answered with a non-OK status (`code`, a grpc.StatusCode)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, *, result: Any = None) -> None:
+        self.code = code
+        self.result = result
+        self.retriable = code.name in {"UNAVAILABLE"}  # type: ignore[misc]
+        super().__init__(f"{code.name}: {message}")
+
+
+STATUS_TABLE: dict[type[ProxyError], str] = {
+    InvalidRecord: "INVALID_ARGUMENT",
+    UnknownTopic: "NOT_FOUND",
+    PartitionMismatch: "FAILED_PRECONDITION",
+    NoWritableRegion: "UNAVAILABLE",
+    IncompleteSync: "UNAVAILABLE",
+    RegionWriteFailed: "UNAVAILABLE",
+    NotServing: "UNAVAILABLE",
+    Overloaded: "RESOURCE_EXHAUSTED",
+    DeadlineExceeded: "DEADLINE_EXCEEDED",
+    Unauthenticated: "UNAUTHENTICATED",
+    PermissionDenied: "PERMISSION_DENIED",
+    ProxyError: "INTERNAL",
+}
+"""The one mapping of proxy errors to gRPC status code names (most specific class wins)."""
+
+
+def code_name(exc: BaseException) -> str:
+    """The gRPC status code name for `exc` (a ProduceFailed keeps its own code)."""
+    if isinstance(exc, ProduceFailed):
+        return str(exc.code.name)
+    for cls in type(exc).__mro__:
+        if cls in STATUS_TABLE:
+            return STATUS_TABLE[cls]
+    return "INTERNAL"
+
+
+def grpc_code(exc: BaseException) -> grpc.StatusCode:
+    """The grpc.StatusCode for `exc`, from `STATUS_TABLE`."""
+    import grpc
+    return grpc.StatusCode[code_name(exc)]

@@ -1,0 +1,75 @@
+"""The proxy's settings: one pydantic model, grouped by concern, units in the names."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dr.consul import RetrySettings
+
+__all__ = ["BreakerSettings", "KafkaWriterSettings", "ProxyConfig"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaWriterSettings(_Model):
+    """The per-region idempotent producers (acks=all)."""
+
+    linger_ms: int = Field(2, ge=0, description="How long a producer waits to fill a batch.")
+    max_batch_bytes: int = Field(512 * 1024, gt=0, description="Producer batch size, bytes.")
+    max_request_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    request_timeout_ms: int = Field(10_000, gt=0, description="A batch not sent within this "
+                                    "expires (so a region that comes back later does not get "
+                                    "records the client was already told failed).")
+    metadata_max_age_ms: int = Field(30_000, gt=0, description="Metadata refresh; partition "
+                                     "count changes are seen within this.")
+    probe_interval_s: float = Field(1.0, gt=0, description="How often each region's cluster "
+                                    "is asked for metadata (reachability, partition counts).")
+    probe_timeout_s: float = Field(2.0, gt=0)
+    attempt_timeout_s: float = Field(3.0, gt=0, description="Longest a single write attempt "
+                                     "to one region may take before it counts as failed.")
+    retry_attempts: int = Field(3, ge=1, description="Tries of a retriable write per region "
+                                "(bounded by the request deadline too).")
+    retry_backoff_s: float = Field(0.05, gt=0)
+
+
+class BreakerSettings(_Model):
+    """Per-region circuit breaker."""
+
+    failure_threshold: int = Field(3, ge=1, description="Consecutive failures that open it.")
+    reset_timeout_s: float = Field(2.0, gt=0, description="Open this long, then one half-open "
+                                   "probe write is let through.")
+
+
+class ProxyConfig(_Model):
+    """Everything `ProxyServer` needs besides the topology and the policy."""
+
+    region: str = Field(description="The region this proxy runs in (a topology region).")
+    host: str = Field("127.0.0.1", description="Address the gRPC server binds.")
+    port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port "
+                                     "(None: not served; 0: a free one).")
+    default_deadline_s: float = Field(10.0, gt=0, description="Used when a call has no "
+                                      "deadline.")
+    deadline_margin_s: float = Field(0.05, ge=0, description="Answer this long before the "
+                                     "client's deadline, so it gets our reason.")
+    max_inflight_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Bytes of records "
+                                    "being written at once; more is RESOURCE_EXHAUSTED.")
+    max_batch_records: int = Field(10_000, gt=0)
+    idempotency_window_s: float = Field(300.0, gt=0, description="A client idempotency key "
+                                        "seen again within this returns the first result.")
+    idempotency_max_keys: int = Field(1_000_000, gt=0, description="Oldest keys are "
+                                      "forgotten beyond this many.")
+    stream_window: int = Field(64, gt=0, description="Batches of one stream in flight at once "
+                               "(acks stay in order).")
+    grace_s: float = Field(10.0, ge=0, description="Drain time on stop (SIGTERM).")
+    register_consul: bool = Field(True, description="Register service crossdc-proxy with a "
+                                  "gRPC health check in the region's Consul datacenter.")
+    consul_check_interval_s: float = Field(5.0, gt=0)
+    primary_wait_s: float = Field(30.0, gt=0, description="Blocking-query wait on the primary "
+                                  "key.")
+    primary_retry_s: float = Field(1.0, gt=0, description="Pause after Consul did not answer.")
+    kafka: KafkaWriterSettings = KafkaWriterSettings()
+    breaker: BreakerSettings = BreakerSettings()
+    consul_retry: RetrySettings = RetrySettings(attempts=2, total_s=3.0, call_timeout_s=2.0)

@@ -1,0 +1,60 @@
+"""Stamping the `dr-*` headers (the wire contract of dr/headers.py) and checking client headers.
+
+| header    | value                                                                 |
+|-----------|-----------------------------------------------------------------------|
+| dr-id     | the client's idempotency key, else a UUIDv7                           |
+| dr-origin | the region whose Kafka first accepted the record                      |
+| dr-ts     | accept time at the proxy, ms since the epoch                          |
+| dr-mode   | ordered, sync or nearest                                              |
+| dr-epoch  | primary epoch at write time (ordered and sync only)                   |
+| dr-path   | regions written, in order, comma separated (sync: every region it is written to) |
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+
+from dr.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_PREFIX, DR_TS, Mode
+from proxy.errors import ReservedHeader
+
+__all__ = ["Headers", "check_client_headers", "new_dr_id", "stamp", "uuid7"]
+
+Headers = list[tuple[str, bytes]]
+
+
+def uuid7(ms: int | None = None) -> uuid.UUID:
+    """A UUIDv7 (RFC 9562): 48-bit ms timestamp, then random bits; sorts by time."""
+    ts = int(time.time() * 1000) if ms is None else ms
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ts & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76                                   # version 7
+    value |= ((rand >> 62) & 0xFFF) << 64                # rand_a, 12 bits
+    value |= 0b10 << 62                                  # variant
+    value |= rand & ((1 << 62) - 1)                      # rand_b, 62 bits
+    return uuid.UUID(int=value)
+
+
+def new_dr_id(idempotency_key: str) -> str:
+    return idempotency_key or str(uuid7())
+
+
+def check_client_headers(topic: str, headers: Iterable[tuple[str, bytes]]) -> None:
+    """Refuse any client header whose name starts with `dr-` (case-insensitive)."""
+    for name, _ in headers:
+        if name.lower().startswith(DR_PREFIX):
+            raise ReservedHeader(topic, name)
+
+
+def stamp(user: Sequence[tuple[str, bytes]], *, dr_id: str, origin: str, ts_ms: int,
+          mode: Mode, epoch: int | None, path: Sequence[str]) -> Headers:
+    """The user's headers followed by the dr-* headers."""
+    out: Headers = list(user)
+    out += [(DR_ID, dr_id.encode()), (DR_ORIGIN, origin.encode()),
+            (DR_TS, str(ts_ms).encode()), (DR_MODE, mode.encode())]
+    if epoch is not None:
+        out.append((DR_EPOCH, str(epoch).encode()))
+    out.append((DR_PATH, ",".join(path).encode()))
+    return out

@@ -1,0 +1,52 @@
+"""Prometheus metrics of the proxy (policy reload metrics live with the PolicyStore)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["ProxyMetrics"]
+
+_BUCKETS = (.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
+
+
+class ProxyMetrics:
+    """One set per server (tests give each server its own registry)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.records = Counter("crossdc_proxy_records", "Records written, by region and mode",
+                               ("region", "mode"), registry=r)
+        self.bytes = Counter("crossdc_proxy_bytes", "Record bytes (key + value + headers) "
+                             "written, by region and mode", ("region", "mode"), registry=r)
+        self.write_errors = Counter("crossdc_proxy_write_errors", "Failed write attempts to a "
+                                    "region", ("region", "mode"), registry=r)
+        self.write_latency = Histogram("crossdc_proxy_write_seconds", "One region write (send "
+                                       "to ack), by region and mode", ("region", "mode"),
+                                       registry=r, buckets=_BUCKETS)
+        self.request_latency = Histogram("crossdc_proxy_request_seconds", "Whole record "
+                                         "(receive to result), by mode", ("mode",),
+                                         registry=r, buckets=_BUCKETS)
+        self.results = Counter("crossdc_proxy_results", "Record results by gRPC code",
+                               ("code",), registry=r)
+        self.duplicates = Counter("crossdc_proxy_idempotent_hits", "Records answered from the "
+                                  "idempotency window (not written again)", registry=r)
+        self.breaker_state = Gauge("crossdc_proxy_breaker_state", "Circuit breaker per "
+                                   "region: 0 closed, 1 half-open, 2 open", ("region",),
+                                   registry=r)
+        self.region_reachable = Gauge("crossdc_proxy_region_reachable", "1 when the last "
+                                      "metadata probe of the region's Kafka answered",
+                                      ("region",), registry=r)
+        self.primary_epoch = Gauge("crossdc_proxy_primary_epoch", "Primary epoch in use",
+                                   registry=r)
+        self.primary_region = Gauge("crossdc_proxy_primary", "1 for the region in use as "
+                                    "primary", ("region",), registry=r)
+        self.consul_reachable = Gauge("crossdc_proxy_consul_reachable", "1 when the last "
+                                      "Consul call answered (else the primary is the last "
+                                      "value seen)", registry=r)
+        self.inflight_bytes = Gauge("crossdc_proxy_inflight_bytes", "Record bytes being "
+                                    "written now", registry=r)
+        self.rejected = Counter("crossdc_proxy_backpressure_rejections", "Requests refused "
+                                "with RESOURCE_EXHAUSTED", registry=r)
+        self.serving = Gauge("crossdc_proxy_serving", "1 when health says SERVING",
+                             registry=r)

@@ -1,0 +1,396 @@
+"""Routing: a policy rule turns each record into writes to target regions.
+
+- ordered: the current primary only (epoch from Consul). Not failed over: a down primary is
+  UNAVAILABLE until the controller moves the primary.
+- sync: the primary first; then every other region (topology preference order) at the SAME
+  partition number the primary gave; OK once `quorum` regions (all by default), primary
+  included, hold it. Fewer is `IncompleteSync` (status PARTIAL, the regions written named),
+  never an ack; a retry with the same idempotency key resumes, writing only the missing
+  regions.
+- nearest: the rule's `prefer` list, else this proxy's region then the topology's preference;
+  a region that is not writable (probe, breaker) or fails is skipped for the next one.
+
+Keyed records get `partition_for(key, n)`; ordered and sync need the topic's partition count
+to be the same in every region (checked on each batch against the producers' metadata).
+Records are validated first (key, size, reserved headers), then deduplicated through the
+idempotency window, then written grouped by topic and mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import structlog
+
+from dr.headers import Mode
+from dr.primary import PrimaryRecord
+from dr.topology import Topology
+from proxy.errors import (
+    DeadlineExceeded,
+    IncompleteSync,
+    MissingKey,
+    NoWritableRegion,
+    PartitionMismatch,
+    ProxyError,
+    RecordTooLarge,
+    RegionWriteFailed,
+    UnknownTopic,
+)
+from proxy.headers import check_client_headers, new_dr_id, stamp
+from proxy.idempotency import IdempotencyWindow, Slot
+from proxy.metrics import ProxyMetrics
+from proxy.policy import Policy, Rule
+from proxy.writers import Outgoing, RegionWrite, RegionWriter, partition_for
+
+__all__ = ["Incoming", "Outcome", "Router"]
+
+log = structlog.get_logger("crossdc.proxy.router")
+
+Status = Literal["ok", "partial", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A record as the client sent it."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    idempotency_key: str = ""
+
+    @property
+    def size(self) -> int:
+        return (len(self.key or b"") + len(self.value or b"")
+                + sum(len(k) + len(v) for k, v in self.headers))
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one record."""
+
+    dr_id: str
+    mode: str = ""
+    epoch: int | None = None
+    written: list[RegionWrite] = field(default_factory=list)
+    error: ProxyError | None = None
+    duplicate: bool = False
+
+    @property
+    def status(self) -> Status:
+        if self.error is None:
+            return "ok"
+        return "partial" if self.written else "failed"
+
+    def copy_as_duplicate(self) -> Outcome:
+        return Outcome(self.dr_id, self.mode, self.epoch, list(self.written), self.error, True)
+
+
+def _partition(key: bytes | None, partitions: int) -> int | None:
+    """Keyed: Kafka's default partitioner; keyless: the producer picks (sticky/random)."""
+    return partition_for(key, partitions) if key is not None else None
+
+
+class Router:
+    def __init__(self, own_region: str, topology: Topology, writers: dict[str, RegionWriter],
+                 primary: Callable[[], PrimaryRecord], policy: Callable[[], Policy],
+                 window: IdempotencyWindow, metrics: ProxyMetrics) -> None:
+        self.own = own_region
+        self.topology = topology
+        self.writers = writers
+        self.primary = primary
+        self.policy = policy
+        self.window = window
+        self.metrics = metrics
+        self._mismatched: set[str] = set()
+
+    # -- entry -----------------------------------------------------------------------------
+    async def route(self, records: Sequence[Incoming], deadline: float) -> list[Outcome]:
+        """Write `records`; one Outcome per record, in order. `deadline` is monotonic."""
+        t0 = time.perf_counter()
+        ts_ms = int(time.time() * 1000)
+        policy = self.policy()
+        outs = [Outcome(new_dr_id(r.idempotency_key)) for r in records]
+        rules: list[Rule | None] = [None] * len(records)
+        for i, rec in enumerate(records):
+            try:
+                rules[i] = self._validate(policy, rec)
+                outs[i].mode = rules[i].dr_mode  # type: ignore[union-attr]
+            except ProxyError as exc:
+                outs[i].error = exc
+        slots: dict[int, Slot] = {}
+        aliases: dict[int, int] = {}
+        try:
+            await self._claim(records, outs, rules, slots, aliases, deadline)
+            groups: dict[tuple[str, str], list[int]] = {}
+            for i, rec in enumerate(records):
+                rule = rules[i]
+                if outs[i].error is None and rule is not None and i not in aliases and \
+                        not outs[i].duplicate:
+                    groups.setdefault((rule.dr_mode, rec.topic), []).append(i)
+            jobs = []
+            for (mode, topic), idxs in groups.items():
+                rule = rules[idxs[0]]
+                assert rule is not None
+                jobs.append(self._dispatch(mode, topic, rules, idxs, records, outs, slots,
+                                           ts_ms, deadline))
+            await asyncio.gather(*jobs)
+            if time.monotonic() >= deadline:
+                for o in outs:
+                    if o.error is not None and isinstance(o.error, NoWritableRegion):
+                        o.error = DeadlineExceeded(f"deadline passed: {o.error}")
+        finally:
+            for i, slot in slots.items():
+                o = outs[i]
+                if o.error is None and o.written:
+                    self.window.finish(slot, o)
+                else:
+                    self.window.fail(slot, partial=list(o.written) or None)
+        for i, j in aliases.items():
+            outs[i] = outs[j].copy_as_duplicate()
+        dt = time.perf_counter() - t0
+        for o in outs:
+            self.metrics.request_latency.labels(o.mode or "none").observe(dt)
+        return outs
+
+    def _validate(self, policy: Policy, rec: Incoming) -> Rule:
+        rule = policy.rule_for(rec.topic)
+        if rule is None:
+            why = ("the policy is strict and no rule names it" if policy.strict
+                   else "no rule matches and the policy has no default")
+            raise UnknownTopic(rec.topic, why)
+        check_client_headers(rec.topic, rec.headers)
+        if rec.key is None and rule.key_required:
+            raise MissingKey(rec.topic, rule.dr_mode)
+        if rec.size > rule.max_record_bytes:
+            raise RecordTooLarge(rec.topic, rec.size, rule.max_record_bytes)
+        return rule
+
+    async def _claim(self, records: Sequence[Incoming], outs: list[Outcome],
+                     rules: list[Rule | None], slots: dict[int, Slot],
+                     aliases: dict[int, int], deadline: float) -> None:
+        first: dict[tuple[str, str], int] = {}
+        for i, rec in enumerate(records):
+            if not rec.idempotency_key or outs[i].error is not None:
+                continue
+            k = (rec.topic, rec.idempotency_key)
+            if k in first:
+                aliases[i] = first[k]
+                continue
+            first[k] = i
+            try:
+                async with asyncio.timeout_at(deadline):
+                    slot = await self.window.claim(*k)
+            except TimeoutError:
+                outs[i].error = DeadlineExceeded(
+                    f"deadline passed waiting for an earlier write of idempotency key "
+                    f"{rec.idempotency_key!r}")
+                continue
+            if slot.owner:
+                slots[i] = slot
+                if slot.partial:
+                    outs[i].written = list(slot.partial)
+            else:
+                self.metrics.duplicates.inc()
+                outs[i] = slot.result.copy_as_duplicate()
+
+    async def _dispatch(self, mode: str, topic: str, rules: list[Rule | None], idxs: list[int],
+                        records: Sequence[Incoming], outs: list[Outcome],
+                        slots: dict[int, Slot], ts_ms: int, deadline: float) -> None:
+        rule = rules[idxs[0]]
+        assert rule is not None
+        bound = structlog.contextvars.bound_contextvars(topic=topic, mode=mode)
+        with bound:
+            try:
+                if mode == "nearest":
+                    await self._nearest(topic, rule, idxs, records, outs, ts_ms, deadline)
+                else:
+                    await self._primary_modes(mode, topic, idxs, rules, records, outs, ts_ms,
+                                              deadline)
+            except ProxyError as exc:
+                for i in idxs:
+                    if outs[i].error is None and not self._done(mode, rules[i], outs[i]):
+                        outs[i].error = exc
+
+    def _done(self, mode: str, rule: Rule | None, out: Outcome) -> bool:
+        if mode != "sync":
+            return bool(out.written)
+        needed = (rule.quorum if rule and rule.quorum else len(self.topology.regions))
+        return len(out.written) >= needed
+
+    # -- partitions --------------------------------------------------------------------------
+    async def partition_counts(self, topic: str, deadline: float) -> dict[str, int]:
+        """Partition counts of `topic` in every region that answers (or whose metadata is
+        cached). UnknownTopic if a region that answered lacks it; PartitionMismatch if the
+        counts differ."""
+        async def one(w: RegionWriter) -> tuple[str, int | RegionWriteFailed | None]:
+            n = w.known_partition_count(topic)
+            if n is not None:
+                return w.name, n
+            try:
+                return w.name, await w.partition_count(topic, deadline - time.monotonic())
+            except RegionWriteFailed as exc:
+                return w.name, exc
+
+        found = await asyncio.gather(*(one(w) for w in self.writers.values()))
+        counts: dict[str, int] = {}
+        for region, n in found:
+            if n is None:
+                raise UnknownTopic(topic, f"does not exist in region {region}")
+            if isinstance(n, int):
+                counts[region] = n
+        if len(set(counts.values())) > 1:
+            if topic not in self._mismatched:
+                self._mismatched.add(topic)
+                log.error("partition_count_mismatch", topic=topic, counts=counts)
+            raise PartitionMismatch(topic, counts)
+        self._mismatched.discard(topic)
+        return counts
+
+    # -- ordered and sync --------------------------------------------------------------------
+    async def _primary_modes(self, mode: str, topic: str, idxs: list[int],
+                             rules: list[Rule | None], records: Sequence[Incoming],
+                             outs: list[Outcome], ts_ms: int, deadline: float) -> None:
+        prim = self.primary()
+        epoch = prim.epoch
+        regions = [prim.region]
+        if mode == "sync":
+            regions += [r for r in self.topology.preference if r != prim.region]
+        for i in idxs:
+            outs[i].epoch = epoch
+        pw = self.writers.get(prim.region)
+        if pw is None:
+            raise NoWritableRegion(topic, mode, {prim.region: "primary is not a topology "
+                                                 "region"})
+        counts = await self.partition_counts(topic, deadline)
+        n = counts.get(prim.region)
+        if n is None:
+            raise NoWritableRegion(topic, mode, {prim.region: pw.why_not_writable()
+                                                 or "topic metadata unknown"})
+
+        def still_primary() -> str:
+            now = self.primary()
+            return "" if now.epoch == epoch else (f"primary moved to {now.region} "
+                                                  f"(epoch {now.epoch})")
+
+        def headers(i: int) -> list[tuple[str, bytes]]:
+            return stamp(records[i].headers, dr_id=outs[i].dr_id, origin=prim.region,
+                         ts_ms=ts_ms, mode=mode_, epoch=epoch, path=regions)
+
+        mode_: Mode = "sync" if mode == "sync" else "ordered"
+        # 1. the primary (records resumed from a partial sync may have it already)
+        first = [i for i in idxs if not any(w.region == prim.region for w in outs[i].written)]
+        if first:
+            if not pw.writable or not pw.breaker.allow():
+                raise NoWritableRegion(topic, mode, {prim.region: pw.why_not_writable()
+                                                     or "circuit breaker half-open"})
+            items = [Outgoing(records[i].key, records[i].value, headers(i),
+                              _partition(records[i].key, n), records[i].size) for i in first]
+            res = await pw.write(topic, items, mode=mode, deadline=deadline,
+                                 still_valid=still_primary)
+            for i, r in zip(first, res, strict=True):
+                if isinstance(r, RegionWrite):
+                    outs[i].written.insert(0, r)
+                else:
+                    outs[i].error = NoWritableRegion(topic, mode, {prim.region: r.why})
+        if mode != "sync":
+            return
+        # 2. every other region, same partition as the primary's copy
+        failed: dict[int, dict[str, str]] = {i: {} for i in idxs}
+
+        async def secondary(region: str) -> None:
+            todo = [i for i in idxs if outs[i].error is None
+                    and not any(w.region == region for w in outs[i].written)]
+            if not todo:
+                return
+            w = self.writers.get(region)
+            if w is None or not w.writable or not w.breaker.allow():
+                why = w.why_not_writable() if w else "not a topology region"
+                for i in todo:
+                    failed[i][region] = why or "circuit breaker half-open"
+                return
+            items = []
+            for i in todo:
+                part = next(x.partition for x in outs[i].written if x.region == prim.region)
+                items.append(Outgoing(records[i].key, records[i].value, headers(i), part,
+                                      records[i].size))
+            res = await w.write(topic, items, mode=mode, deadline=deadline)
+            for i, r in zip(todo, res, strict=True):
+                if isinstance(r, RegionWrite):
+                    outs[i].written.append(r)
+                else:
+                    failed[i][region] = r.why
+
+        await asyncio.gather(*(secondary(r) for r in regions[1:]))
+        for i in idxs:
+            rule = rules[i]
+            needed = rule.quorum if rule is not None and rule.quorum else len(regions)
+            o = outs[i]
+            o.written.sort(key=lambda w: regions.index(w.region) if w.region in regions
+                           else len(regions))
+            if o.error is None and len(o.written) < needed:
+                o.error = IncompleteSync(topic, o.written, failed[i], needed)
+                log.warning("sync_incomplete", dr_id=o.dr_id,
+                            written=[w.region for w in o.written], failed=failed[i])
+
+    # -- nearest -----------------------------------------------------------------------------
+    def nearest_order(self, rule: Rule) -> list[str]:
+        if rule.prefer:
+            return list(rule.prefer)
+        return [self.own, *(r for r in self.topology.preference if r != self.own)]
+
+    async def _nearest(self, topic: str, rule: Rule, idxs: list[int],
+                       records: Sequence[Incoming], outs: list[Outcome], ts_ms: int,
+                       deadline: float) -> None:
+        remaining = list(idxs)
+        tried: dict[str, str] = {}
+        absent: set[str] = set()
+        for region in self.nearest_order(rule):
+            if not remaining:
+                break
+            if time.monotonic() >= deadline:
+                tried.setdefault(region, "not tried: deadline passed")
+                break
+            w = self.writers.get(region)
+            if w is None:
+                tried[region] = "not a topology region"
+                continue
+            if not w.writable or not w.breaker.allow():
+                tried[region] = w.why_not_writable() or "circuit breaker half-open"
+                continue
+            try:
+                n = await w.partition_count(topic, deadline - time.monotonic())
+            except RegionWriteFailed as exc:
+                w.breaker.release_probe()
+                tried[region] = exc.why
+                continue
+            if n is None:
+                w.breaker.release_probe()
+                tried[region] = "topic does not exist there"
+                absent.add(region)
+                continue
+            items = [Outgoing(records[i].key, records[i].value,
+                              stamp(records[i].headers, dr_id=outs[i].dr_id, origin=region,
+                                    ts_ms=ts_ms, mode="nearest", epoch=None, path=[region]),
+                              _partition(records[i].key, n), records[i].size) for i in remaining]
+            res = await w.write(topic, items, mode="nearest", deadline=deadline)
+            left = []
+            for i, r in zip(remaining, res, strict=True):
+                if isinstance(r, RegionWrite):
+                    outs[i].written = [r]
+                else:
+                    tried[region] = r.why
+                    left.append(i)
+            if left and len(left) < len(remaining):
+                log.info("nearest_failover", region=region, records=len(left))
+            remaining = left
+        for i in remaining:
+            if absent and absent == set(tried):
+                outs[i].error = UnknownTopic(topic, "does not exist in any region tried ("
+                                             + ", ".join(sorted(absent)) + ")")
+            else:
+                outs[i].error = NoWritableRegion(topic, "nearest", tried)
