@@ -1,0 +1,282 @@
+"""Client SDK: `AsyncProducer` (asyncio) and `Producer` (blocking, a loop in a thread).
+
+    async with AsyncProducer("127.0.0.1:7000") as p:
+        result = await p.produce("orders", b"value", key=b"customer-1")
+        fut = await p.send("clicks", b"...")          # batched; await fut later
+
+Records are batched (`linger_ms`, `max_batch_records`, `max_batch_bytes`) into ProduceBatch
+calls, each with a deadline (`deadline_s`). A record that fails with UNAVAILABLE (no writable
+region, incomplete sync, proxy draining) or a call refused with UNAVAILABLE or
+RESOURCE_EXHAUSTED is sent again with the SAME idempotency key (one is generated when the
+caller gives none), so the proxy's idempotency window turns a retry of something that did land
+into the first result instead of a second copy. Other codes fail the record's future with
+`ProduceFailed` (`.code`, a grpc.StatusCode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import threading
+import time
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+
+from proxy.api import pb, pb_grpc
+from proxy.errors import ProduceFailed, ProxyError
+from proxy.headers import uuid7
+
+__all__ = ["AsyncProducer", "ProduceResult", "Producer", "Written"]
+
+T = TypeVar("T")
+_RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+
+
+@dataclass(frozen=True)
+class Written:
+    region: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class ProduceResult:
+    dr_id: str
+    mode: str
+    epoch: int
+    written: tuple[Written, ...]
+    duplicate: bool = False
+
+
+@dataclass
+class _Pending:
+    record: Any
+    future: asyncio.Future[ProduceResult]
+    size: int
+    attempts: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+def _result(r: Any) -> ProduceResult:
+    return ProduceResult(r.dr_id, r.mode, r.epoch,
+                         tuple(Written(w.region, w.partition, w.offset) for w in r.written),
+                         r.duplicate)
+
+
+class AsyncProducer:
+    def __init__(self, target: str, *, deadline_s: float = 10.0, linger_ms: float = 2.0,
+                 max_batch_records: int = 500, max_batch_bytes: int = 1024 * 1024,
+                 retries: int = 3, retry_backoff_s: float = 0.1,
+                 auto_idempotency: bool = True, max_in_flight_batches: int = 16,
+                 channel: grpc.aio.Channel | None = None) -> None:
+        self.target = target
+        self.deadline_s = deadline_s
+        self.linger_s = linger_ms / 1000
+        self.max_batch_records = max_batch_records
+        self.max_batch_bytes = max_batch_bytes
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_s
+        self.auto_idempotency = auto_idempotency
+        self._own_channel = channel is None
+        self._channel = channel
+        self._stub: Any = None
+        self._queue: list[_Pending] = []
+        self._queued_bytes = 0
+        self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(max_in_flight_batches)
+        self._flusher: asyncio.Task[None] | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        if self._closed:
+            raise ProxyError("AsyncProducer is closed")
+        if self._stub is not None:
+            return
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.target)
+        self._stub = pb_grpc.ProxyStub(self._channel)  # type: ignore[no-untyped-call]
+        self._flusher = asyncio.create_task(self._flush_loop(), name="proxy-client:flusher")
+
+    async def stop(self) -> None:
+        """Send what is queued, wait for every answer, close the channel; idempotent."""
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        if self._own_channel and self._channel is not None:
+            await self._channel.close()
+
+    # -- sending ---------------------------------------------------------------------------
+    async def send(self, topic: str, value: bytes | None, *, key: bytes | None = None,
+                   headers: Sequence[tuple[str, bytes]] = (),
+                   idempotency_key: str | None = None) -> asyncio.Future[ProduceResult]:
+        """Queue one record; the returned future resolves when the proxy answers for it."""
+        if self._closed or self._stub is None:
+            raise ProxyError("AsyncProducer is not started (or closed)")
+        if idempotency_key is None and self.auto_idempotency:
+            idempotency_key = str(uuid7())
+        rec = pb.Record(topic=topic, key=key, value=value, idempotency_key=idempotency_key or "",
+                        headers=[pb.Header(key=k, value=v) for k, v in headers])
+        size = len(key or b"") + len(value or b"") + sum(len(k) + len(v) for k, v in headers)
+        fut: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Pending(rec, fut, size))
+        self._queued_bytes += size
+        if len(self._queue) >= self.max_batch_records or \
+                self._queued_bytes >= self.max_batch_bytes or self.linger_s == 0:
+            self._take_batch()
+        else:
+            self._wake.set()
+        return fut
+
+    async def produce(self, topic: str, value: bytes | None, *, key: bytes | None = None,
+                      headers: Sequence[tuple[str, bytes]] = (),
+                      idempotency_key: str | None = None) -> ProduceResult:
+        """Send one record and wait for its result (raises ProduceFailed)."""
+        return await (await self.send(topic, value, key=key, headers=headers,
+                                      idempotency_key=idempotency_key))
+
+    async def flush(self) -> None:
+        """Send everything queued now and wait until every batch has its answer."""
+        if self._queue:
+            self._take_batch()
+        while self._inflight:
+            await asyncio.gather(*list(self._inflight), return_exceptions=True)
+
+    def _take_batch(self) -> None:
+        batch, self._queue = self._queue, []
+        self._queued_bytes = 0
+        if batch:
+            task = asyncio.create_task(self._send_batch(batch), name="proxy-client:batch")
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self.linger_s)
+            if self._queue:
+                self._take_batch()
+
+    async def _send_batch(self, batch: list[_Pending]) -> None:
+        try:
+            async with self._slots:
+                await self._send_with_retries(batch)
+        except BaseException as exc:
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc if isinstance(exc, Exception)
+                                           else ProxyError("cancelled"))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    async def _send_with_retries(self, batch: list[_Pending]) -> None:
+        todo = batch
+        attempt = 0
+        while todo:
+            attempt += 1
+            retry: list[_Pending] = []
+            try:
+                resp = await self._stub.ProduceBatch(
+                    pb.ProduceBatchRequest(records=[p.record for p in todo]),
+                    timeout=self.deadline_s)
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                if code in _RETRY_CODES and attempt <= self.retries:
+                    retry = todo
+                else:
+                    for p in todo:
+                        p.future.set_exception(ProduceFailed(code, exc.details() or ""))
+                    return
+            else:
+                for p, r in zip(todo, resp.results, strict=True):
+                    if r.code == 0:
+                        p.future.set_result(_result(r))
+                        continue
+                    code = _code(r.code)
+                    if code in _RETRY_CODES and attempt <= self.retries:
+                        retry.append(p)
+                    else:
+                        p.future.set_exception(ProduceFailed(code, r.message, result=_result(r)))
+            todo = retry
+            if todo:
+                await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+
+
+def _code(number: int) -> grpc.StatusCode:
+    for c in grpc.StatusCode:
+        if c.value[0] == number:
+            return c
+    return grpc.StatusCode.UNKNOWN
+
+
+class Producer:
+    """Blocking producer: an AsyncProducer on an event loop in a background thread.
+
+        with Producer("127.0.0.1:7000") as p:
+            p.produce("orders", b"v", key=b"k")           # waits for the result
+            f = p.send("clicks", b"v"); f.result()        # concurrent.futures.Future
+    """
+
+    def __init__(self, target: str, **kw: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="crossdc-producer",
+                                        daemon=True)
+        self._thread.start()
+        self._async = AsyncProducer(target, **kw)
+        self._closed = False
+        self._call(self._async.start())
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, topic: str, value: bytes | None, *, key: bytes | None = None,
+             headers: Sequence[tuple[str, bytes]] = (),
+             idempotency_key: str | None = None) -> concurrent.futures.Future[ProduceResult]:
+        async def go() -> ProduceResult:
+            return await (await self._async.send(topic, value, key=key, headers=headers,
+                                                 idempotency_key=idempotency_key))
+        return asyncio.run_coroutine_threadsafe(go(), self._loop)
+
+    def produce(self, topic: str, value: bytes | None, *, key: bytes | None = None,
+                headers: Sequence[tuple[str, bytes]] = (),
+                idempotency_key: str | None = None,
+                timeout: float | None = None) -> ProduceResult:
+        return self.send(topic, value, key=key, headers=headers,
+                         idempotency_key=idempotency_key).result(timeout)
+
+    def flush(self) -> None:
+        self._call(self._async.flush())
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call(self._async.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
