@@ -98,6 +98,7 @@ class RegionWriter:
         self._closed = False
         self._last_error = "not started"
         self._refreshed: dict[str, float] = {}
+        self._lookups: dict[str, asyncio.Future[bool]] = {}
         self._lock = asyncio.Lock()
         self.log = log.bind(region=region.name)
 
@@ -187,28 +188,40 @@ class RegionWriter:
 
     async def partition_count(self, topic: str, timeout_s: float) -> int | None:
         """Partitions of `topic` here; None when the topic does not exist in this region.
-        A topic not seen yet (or absent at the last look, over a second ago) is looked up."""
+        A topic not seen yet (or absent at the last look, over a second ago) is looked up;
+        concurrent callers share one lookup."""
         if self._producer is None:
             raise RegionWriteFailed(self.name, topic, self.why_not_writable())
         client = self._producer.client
         parts = client.cluster.partitions_for_topic(topic)
         if parts is not None and topic in client._topics:
             return len(parts)
-        now = time.monotonic()
-        if topic in client._topics and now - self._refreshed.get(topic, 0.0) < 1.0:
-            return None
-        self._refreshed[topic] = now
+        lookup = self._lookups.get(topic)
+        if lookup is None:
+            if topic in client._topics and \
+                    time.monotonic() - self._refreshed.get(topic, 0.0) < 1.0:
+                return None
+            lookup = asyncio.ensure_future(self._lookup(client, topic))
+            self._lookups[topic] = lookup
+            lookup.add_done_callback(lambda _: self._lookups.pop(topic, None))
         try:
             async with asyncio.timeout(max(0.001, timeout_s)):
-                ok = await client.add_topic(topic)
-                if not ok or client.cluster.partitions_for_topic(topic) is None:
-                    ok = await client.force_metadata_update()
+                ok = await asyncio.shield(lookup)
         except TimeoutError:
             raise RegionWriteFailed(self.name, topic, "metadata request timed out") from None
         if not ok:
             raise RegionWriteFailed(self.name, topic, "metadata request failed")
         parts = client.cluster.partitions_for_topic(topic)
         return len(parts) if parts is not None else None
+
+    async def _lookup(self, client: Any, topic: str) -> bool:
+        try:
+            ok = bool(await client.add_topic(topic))
+            if not ok or client.cluster.partitions_for_topic(topic) is None:
+                ok = bool(await client.force_metadata_update())
+            return ok
+        finally:
+            self._refreshed[topic] = time.monotonic()
 
     # -- writing ---------------------------------------------------------------------------
     async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
@@ -225,7 +238,7 @@ class RegionWriter:
         retrying = AsyncRetrying(
             stop=stop_after_attempt(s.retry_attempts)
             | stop_after_delay(max(0.0, deadline - time.monotonic())),
-            wait=wait_exponential_jitter(initial=s.retry_backoff_s, max=0.5,
+            wait=wait_exponential_jitter(multiplier=s.retry_backoff_s, max=0.5,
                                          jitter=s.retry_backoff_s),
             retry=retry_if_exception(_retry_attempt),
             before_sleep=lambda rs: self.log.debug(

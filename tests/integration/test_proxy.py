@@ -1,0 +1,519 @@
+"""The routing proxy against the real two-region stack (Kafka + Consul), over real gRPC.
+
+Failure tests (a region's Kafka stopped) use a dedicated third region, `north`, started by this
+module, so the session's east/west are never disturbed. Regions that are "down" for error
+tests are either `north` stopped or a region whose ports nothing listens on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from kafka_helpers import (  # type: ignore[import-not-found]
+    create_topic,
+    end_offsets,
+    eventually,
+    read_all,
+    unique,
+)
+from tests_support import write_topology  # type: ignore[import-not-found]
+
+from dr.consul import ConsulClient
+from dr.primary import PrimaryRecord, read_primary, write_primary
+from dr.stack.local import LocalStack
+from dr.stack.paths import StackPaths
+from dr.stack.ports import free_topology
+from dr.topology import Topology
+from proxy.api import pb, pb_grpc
+from proxy.client import AsyncProducer, Producer
+from proxy.config import KafkaWriterSettings, ProxyConfig
+from proxy.errors import ProduceFailed
+from proxy.server import CONSUL_SERVICE, ProxyServer
+from proxy.writers import partition_for
+
+POLICY = """\
+strict: true
+rules:
+  - topic: "ord-*"
+    mode: ordered
+  - topic: "small-*"
+    mode: ordered
+    max_record_bytes: 64
+  - topic: "sync-*"
+    mode: ordered
+    sync: true
+  - topic: "near-*"
+    mode: nearest
+"""
+
+
+def _hdrs(rec: Any) -> dict[str, bytes]:
+    return dict(rec.headers)
+
+
+def _cfg(region: str, **kw: Any) -> ProxyConfig:
+    kafka = kw.pop("kafka", KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0))
+    return ProxyConfig(region=region, consul_check_interval_s=1.0, primary_wait_s=5.0,
+                       grace_s=2.0, kafka=kafka, **kw)
+
+
+def _merge(*topos: Topology, primary: str, preference: list[str]) -> Topology:
+    regions = [r for t in topos for r in t.regions]
+    return Topology(regions=regions, preference=preference, primary=primary)
+
+
+def _record(topic: str, value: bytes = b"v", key: bytes | None = b"k", **kw: Any) -> Any:
+    return pb.Record(topic=topic, key=key, value=value, **kw)
+
+
+@pytest.fixture(scope="module")
+def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("policy") / "policy.yaml"
+    p.write_text(POLICY)
+    return p
+
+
+@pytest.fixture(scope="module")
+async def east_proxy(two_regions, policy_file: Path) -> AsyncIterator[ProxyServer]:  # type: ignore[no-untyped-def]
+    server = ProxyServer(two_regions.topology, _cfg("east"), policy_file)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest.fixture(scope="module")
+async def stub(east_proxy: ProxyServer) -> AsyncIterator[Any]:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{east_proxy.port}") as ch:
+        yield pb_grpc.ProxyStub(ch)
+
+
+@pytest.fixture(scope="module")
+async def north(tmp_path_factory: pytest.TempPathFactory,
+                ) -> AsyncIterator[tuple[LocalStack, Topology]]:
+    """A third region with its own Kafka and Consul, which failure tests stop and start."""
+    root = tmp_path_factory.mktemp("north")
+    topo = free_topology(["north"])
+    path = write_topology(topo, root / "topology.yaml")
+    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
+    stack = LocalStack(topo, path, paths=paths)
+    try:
+        await stack.up(timeout_s=180)
+        yield stack, topo
+    finally:
+        await LocalStack.down(paths)
+
+
+async def _topic(two_regions, prefix: str, partitions: int | dict[str, int] = 3,  # type: ignore[no-untyped-def]
+                 extra: dict[str, str] | None = None) -> str:
+    name = unique(prefix)
+    boots = {r.name: r.kafka.bootstrap for r in two_regions.topology.regions} | (extra or {})
+    for region, boot in boots.items():
+        n = partitions if isinstance(partitions, int) else partitions[region]
+        await create_topic(boot, name, partitions=n)
+    return name
+
+
+async def _code_of(call: Any) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await call
+    return ei.value.code(), ei.value.details() or ""
+
+
+# -- routing -----------------------------------------------------------------------------
+
+async def test_ordered_lands_only_in_the_primary(two_regions, stub) -> None:  # type: ignore[no-untyped-def]
+    topic = await _topic(two_regions, "ord")
+    results = []
+    for i in range(12):
+        resp = await stub.Produce(pb.ProduceRequest(
+            record=_record(topic, f"v{i}".encode(), f"key-{i % 4}".encode(),
+                           headers=[pb.Header(key="app", value=b"x")])))
+        results.append(resp.result)
+    assert all(r.status == pb.STATUS_OK and r.mode == "ordered" for r in results)
+    assert all([w.region for w in r.written] == ["east"] for r in results)
+    for i, r in enumerate(results):
+        assert r.written[0].partition == partition_for(f"key-{i % 4}".encode(), 3)
+    recs = await read_all(two_regions.bootstrap("east"), topic, 3)
+    assert len(recs) == 12
+    by_id = {_hdrs(r)["dr-id"].decode(): r for r in recs}
+    assert set(by_id) == {r.dr_id for r in results}
+    h = _hdrs(recs[0])
+    assert h["dr-origin"] == b"east"
+    assert h["dr-mode"] == b"ordered"
+    assert h["dr-path"] == b"east"
+    assert h["app"] == b"x"
+    assert int(h["dr-epoch"]) == results[0].epoch
+    assert int(h["dr-ts"]) > 0
+    assert sum((await end_offsets(two_regions.bootstrap("west"), topic, 3)).values()) == 0
+
+
+async def test_primary_change_moves_ordered_writes_within_a_second(  # type: ignore[no-untyped-def]
+        two_regions, stub, east_proxy) -> None:
+    topic = await _topic(two_regions, "ord")
+    first = await stub.Produce(pb.ProduceRequest(record=_record(topic)))
+    assert first.result.written[0].region == "east"
+    async with ConsulClient(two_regions.topology.region("east").consul.http_addr) as consul:
+        rec, index = await read_primary(consul)
+        current = rec or PrimaryRecord.initial(two_regions.topology)
+        moved = current.successor("west", by="test")
+        assert await write_primary(consul, moved, index)
+        t0 = time.monotonic()
+        try:
+            while True:
+                r = (await stub.Produce(pb.ProduceRequest(record=_record(topic)))).result
+                if r.written[0].region == "west":
+                    break
+                assert time.monotonic() - t0 < 1.0, "ordered writes still go to east after 1 s"
+            elapsed = time.monotonic() - t0
+            assert r.epoch == moved.epoch
+            for _ in range(5):  # never back to the old primary
+                r = (await stub.Produce(pb.ProduceRequest(record=_record(topic)))).result
+                assert [w.region for w in r.written] == ["west"]
+            h = east_proxy.health()
+            assert h["primary"] == "west"
+            assert h["epoch"] == moved.epoch
+            assert h["consul_reachable"] is True
+            # an older epoch (a stale datacenter) does not move it back
+            _, idx = await read_primary(consul)
+            stale = PrimaryRecord(region="east", epoch=moved.epoch - 1, by="stale")
+            assert await write_primary(consul, stale, idx)
+            r = (await stub.Produce(pb.ProduceRequest(record=_record(topic)))).result
+            assert [w.region for w in r.written] == ["west"]
+        finally:
+            rec, idx = await read_primary(consul)
+            assert rec is not None
+            back = PrimaryRecord(region="east", epoch=moved.epoch + 1, by="test")
+            assert await write_primary(consul, back, idx)
+            await eventually(lambda: _is(east_proxy, "east"), 5, "primary back to east")
+    assert elapsed < 1.0
+
+
+async def _is(server: ProxyServer, region: str) -> bool:
+    return server.primary.current.region == region
+
+
+async def test_sync_lands_in_both_regions_same_partition_same_order(two_regions, stub) -> None:  # type: ignore[no-untyped-def]
+    topic = await _topic(two_regions, "sync", partitions=4)
+    reqs = [_record(topic, f"v{i}".encode(), f"acct-{i % 5}".encode()) for i in range(40)]
+    resp = await stub.ProduceBatch(pb.ProduceBatchRequest(records=reqs))
+    for r in resp.results:
+        assert r.status == pb.STATUS_OK, r.message
+        assert [w.region for w in r.written] == ["east", "west"]
+        assert r.written[0].partition == r.written[1].partition
+    east = await read_all(two_regions.bootstrap("east"), topic, 4)
+    west = await read_all(two_regions.bootstrap("west"), topic, 4)
+    assert len(east) == len(west) == 40
+
+    def order(recs: list[Any]) -> dict[int, list[bytes]]:
+        out: dict[int, list[bytes]] = collections.defaultdict(list)
+        for rec in sorted(recs, key=lambda r: (r.partition, r.offset)):
+            out[rec.partition].append(_hdrs(rec)["dr-id"])
+        return dict(out)
+
+    assert order(east) == order(west)
+    h = _hdrs(west[0])
+    assert h["dr-mode"] == b"sync"
+    assert h["dr-origin"] == b"east"
+    assert h["dr-path"] == b"east,west"
+
+
+async def test_idempotent_retry_does_not_duplicate(two_regions, stub) -> None:  # type: ignore[no-untyped-def]
+    topic = await _topic(two_regions, "ord", partitions=1)
+    rec = _record(topic, b"once", b"k", idempotency_key="order-42")
+    first = (await stub.Produce(pb.ProduceRequest(record=rec))).result
+    again = (await stub.Produce(pb.ProduceRequest(record=rec))).result
+    assert first.dr_id == again.dr_id == "order-42"
+    assert again.duplicate
+    assert not first.duplicate
+    assert again.written[0].offset == first.written[0].offset
+    # concurrent duplicates wait for the first and get its result
+    rec2 = _record(topic, b"twice", b"k", idempotency_key="order-43")
+    rs = await asyncio.gather(*(stub.Produce(pb.ProduceRequest(record=rec2)) for _ in range(5)))
+    assert len({r.result.written[0].offset for r in rs}) == 1
+    assert sum(not r.result.duplicate for r in rs) == 1
+    recs = await read_all(two_regions.bootstrap("east"), topic, 1)
+    assert sorted(r.value for r in recs) == [b"once", b"twice"]
+
+
+async def test_batch_and_stream_ack_in_order(two_regions, stub) -> None:  # type: ignore[no-untyped-def]
+    topic = await _topic(two_regions, "near", partitions=2)
+
+    async def batches() -> AsyncIterator[Any]:
+        for b in range(10):
+            yield pb.ProduceBatchRequest(records=[_record(topic, f"{b}-{i}".encode(), None)
+                                                  for i in range(20)])
+
+    got = [resp async for resp in stub.ProduceStream(batches())]
+    assert len(got) == 10
+    for resp in got:
+        assert len(resp.results) == 20
+        for r in resp.results:
+            assert r.status == pb.STATUS_OK, r.message
+            assert r.written[0].region == "east"
+    recs = await read_all(two_regions.bootstrap("east"), topic, 2)
+    ids = {_hdrs(r)["dr-id"].decode(): r.value for r in recs}
+    for b, resp in enumerate(got):  # response b answers batch b, record i is record i
+        assert [ids[r.dr_id] for r in resp.results] == [f"{b}-{i}".encode() for i in range(20)]
+
+
+# -- errors, each over real gRPC ---------------------------------------------------------
+
+async def test_invalid_argument(two_regions, stub) -> None:  # type: ignore[no-untyped-def]
+    topic = await _topic(two_regions, "ord", partitions=1)
+    code, msg = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(topic, key=None))))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "need a key" in msg
+    small = await _topic(two_regions, "small", partitions=1)
+    code, msg = await _code_of(stub.Produce(pb.ProduceRequest(
+        record=_record(small, b"x" * 100))))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "allows 64" in msg
+    code, msg = await _code_of(stub.Produce(pb.ProduceRequest(
+        record=_record(topic, headers=[pb.Header(key="dr-origin", value=b"forged")]))))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'dr-origin' is reserved" in msg
+    # in a batch, the bad record gets its code and the good one is written
+    resp = await stub.ProduceBatch(pb.ProduceBatchRequest(
+        records=[_record(topic, key=None), _record(topic)]))
+    assert resp.results[0].code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert resp.results[0].status == pb.STATUS_FAILED
+    assert resp.results[1].status == pb.STATUS_OK
+
+
+async def test_not_found(two_regions, stub) -> None:  # type: ignore[no-untyped-def]
+    code, msg = await _code_of(stub.Produce(pb.ProduceRequest(record=_record("other-topic"))))
+    assert code == grpc.StatusCode.NOT_FOUND
+    assert "strict" in msg
+    code, msg = await _code_of(stub.Produce(pb.ProduceRequest(
+        record=_record(unique("ord")))))  # matches a rule, absent from Kafka
+    assert code == grpc.StatusCode.NOT_FOUND
+    assert "does not exist" in msg
+
+
+async def test_failed_precondition_partition_counts_differ(two_regions, stub) -> None:  # type: ignore[no-untyped-def]
+    topic = await _topic(two_regions, "ord", partitions={"east": 2, "west": 3})
+    code, msg = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(topic))))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "east=2, west=3" in msg
+    near = await _topic(two_regions, "near", partitions={"east": 2, "west": 3})
+    ok = await stub.Produce(pb.ProduceRequest(record=_record(near)))  # nearest: no such rule
+    assert ok.result.status == pb.STATUS_OK
+
+
+def _dead_region(name: str) -> Topology:
+    """A region whose ports nothing listens on (Kafka and Consul 'down' from the start)."""
+    return free_topology([name])
+
+
+async def test_unavailable_names_the_regions_tried(two_regions, policy_file) -> None:  # type: ignore[no-untyped-def]
+    topo = _merge(two_regions.topology, _dead_region("dead"), primary="dead",
+                  preference=["dead", "east", "west"])
+    # the proxy runs in `dead` too: its Consul does not answer, so the topology's primary
+    # (dead, epoch 0) is what it uses
+    async with ProxyServer(topo, _cfg("dead", register_consul=False), policy_file) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)
+        topic = await _topic(two_regions, "ord", partitions=1)
+        code, msg = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(topic))))
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert "no writable region for ordered" in msg
+        assert "dead:" in msg
+        # sync: primary down → written nowhere
+        st = await _topic(two_regions, "sync", partitions=1)
+        code, msg = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(st))))
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert "dead" in msg
+
+
+async def test_resource_exhausted(two_regions, policy_file) -> None:  # type: ignore[no-untyped-def]
+    cfg = _cfg("east", register_consul=False, max_inflight_bytes=1000,
+               kafka=KafkaWriterSettings(linger_ms=100))
+    async with ProxyServer(two_regions.topology, cfg, policy_file) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)
+        topic = await _topic(two_regions, "near", partitions=1)
+        calls = [stub.Produce(pb.ProduceRequest(record=_record(topic, b"x" * 600)))
+                 for _ in range(10)]
+        got = await asyncio.gather(*calls, return_exceptions=True)
+        codes = collections.Counter(g.code() if isinstance(g, grpc.aio.AioRpcError) else "ok"
+                                    for g in got)
+        assert codes["ok"] >= 1
+        assert codes[grpc.StatusCode.RESOURCE_EXHAUSTED] >= 1, codes
+        assert set(codes) <= {"ok", grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+async def test_deadline_exceeded(two_regions, policy_file) -> None:  # type: ignore[no-untyped-def]
+    cfg = _cfg("east", register_consul=False, kafka=KafkaWriterSettings(linger_ms=2000))
+    async with ProxyServer(two_regions.topology, cfg, policy_file) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)
+        topic = await _topic(two_regions, "ord", partitions=1)
+        code, msg = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(topic)),
+                                                timeout=0.5))
+        assert code == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "deadline passed" in msg  # our reason, not only the client's timer
+
+
+# -- health, reflection, Consul ----------------------------------------------------------
+
+async def test_health_reflection_and_consul_registration(two_regions, east_proxy) -> None:  # type: ignore[no-untyped-def]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{east_proxy.port}") as ch:
+        hs = health_pb2_grpc.HealthStub(ch)
+        for svc in ("", "crossdc.v1.Proxy"):
+            r = await hs.Check(health_pb2.HealthCheckRequest(service=svc))
+            assert r.status == health_pb2.HealthCheckResponse.SERVING
+        rs = reflection_pb2_grpc.ServerReflectionStub(ch)
+
+        async def one() -> AsyncIterator[Any]:
+            yield reflection_pb2.ServerReflectionRequest(list_services="")
+
+        names = [s.name async for resp in rs.ServerReflectionInfo(one())
+                 for s in resp.list_services_response.service]
+        assert "crossdc.v1.Proxy" in names
+        assert "grpc.health.v1.Health" in names
+    async with ConsulClient(two_regions.topology.region("east").consul.http_addr) as consul:
+        async def passing() -> bool:
+            nodes = await consul.health_service(CONSUL_SERVICE, passing=True)
+            return any(n["Service"]["Port"] == east_proxy.port for n in nodes)
+        await eventually(passing, 30, "crossdc-proxy registered and passing in Consul")
+
+
+async def test_not_serving_when_no_region_is_writable(two_regions, policy_file) -> None:  # type: ignore[no-untyped-def]
+    topo = _merge(_dead_region("gone"), primary="gone", preference=["gone"])
+    async with ProxyServer(topo, _cfg("gone", register_consul=False), policy_file) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        r = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest())
+        assert r.status == health_pb2.HealthCheckResponse.NOT_SERVING
+        h = server.health()
+        assert h["consul_reachable"] is False
+        assert h["primary"] == "gone"
+        assert h["epoch"] == 0
+
+
+# -- a region going down (the dedicated `north`) ----------------------------------------
+
+async def test_nearest_fails_over_when_the_local_cluster_stops(two_regions, north,  # type: ignore[no-untyped-def]
+                                                               policy_file) -> None:
+    stack, ntopo = north
+    topo = _merge(two_regions.topology, ntopo, primary="east",
+                  preference=["north", "east", "west"])
+    topic = await _topic(two_regions, "near", partitions=2,
+                         extra={"north": ntopo.region("north").kafka.bootstrap})
+    async with ProxyServer(topo, _cfg("north", register_consul=False), policy_file) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)
+        r = (await stub.Produce(pb.ProduceRequest(record=_record(topic, b"local")))).result
+        assert [w.region for w in r.written] == ["north"]
+        await stack.stop_kafka("north")
+        try:
+            r = (await stub.Produce(pb.ProduceRequest(record=_record(topic, b"moved")),
+                                    timeout=15)).result
+            assert r.status == pb.STATUS_OK
+            assert [w.region for w in r.written] == ["east"]
+            east = await read_all(two_regions.bootstrap("east"), topic, 2)
+            assert [_hdrs(x)["dr-origin"] for x in east] == [b"east"]
+            await eventually(lambda: _unwritable(server, "north"), 10, "north seen down")
+            t0 = time.monotonic()
+            r = (await stub.Produce(pb.ProduceRequest(record=_record(topic, b"fast")))).result
+            assert [w.region for w in r.written] == ["east"]
+            assert time.monotonic() - t0 < 0.5  # the down region is skipped, not waited on
+        finally:
+            await stack.start_kafka("north")
+        await eventually(lambda: _writable(server, "north"), 30, "north writable again")
+        r = (await stub.Produce(pb.ProduceRequest(record=_record(topic, b"home")))).result
+        assert [w.region for w in r.written] == ["north"]
+
+
+async def _unwritable(server: ProxyServer, region: str) -> bool:
+    return not server.writers[region].writable
+
+
+async def _writable(server: ProxyServer, region: str) -> bool:
+    return server.writers[region].writable
+
+
+async def test_sync_with_a_region_down_is_not_acked(two_regions, north, policy_file) -> None:  # type: ignore[no-untyped-def]
+    stack, ntopo = north
+    topo = _merge(two_regions.topology, ntopo, primary="east",
+                  preference=["east", "west", "north"])
+    nboot = ntopo.region("north").kafka.bootstrap
+    topic = await _topic(two_regions, "sync", partitions=2, extra={"north": nboot})
+    async with ProxyServer(topo, _cfg("east", register_consul=False), policy_file) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)
+        ok = (await stub.Produce(pb.ProduceRequest(record=_record(topic)))).result
+        assert [w.region for w in ok.written] == ["east", "west", "north"]
+        await stack.stop_kafka("north")
+        try:
+            rec = _record(topic, b"ledger-1", b"acct", idempotency_key="tx-1")
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await stub.Produce(pb.ProduceRequest(record=rec), timeout=15)
+            assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+            msg = ei.value.details() or ""
+            assert "incomplete" in msg
+            assert "written to east" in msg
+            assert "west" in msg
+            assert "not written to north" in msg
+            md = dict(ei.value.trailing_metadata() or ())
+            assert [x.split(":")[0] for x in md["dr-written"].split(",")] == ["east", "west"]
+            # in a batch: status PARTIAL with exactly the regions written
+            resp = await stub.ProduceBatch(pb.ProduceBatchRequest(records=[rec]), timeout=15)
+            r = resp.results[0]
+            assert r.status == pb.STATUS_PARTIAL
+            assert [w.region for w in r.written] == ["east", "west"]
+            assert r.code == grpc.StatusCode.UNAVAILABLE.value[0]
+        finally:
+            await stack.start_kafka("north")
+        await eventually(lambda: _writable(server, "north"), 30, "north writable again")
+        # the retry (same key) completes the write: north only, nothing written twice
+        done = (await stub.Produce(pb.ProduceRequest(record=rec), timeout=15)).result
+        assert done.status == pb.STATUS_OK
+        assert [w.region for w in done.written] == ["east", "west", "north"]
+        assert len({w.partition for w in done.written}) == 1
+    for region, boot in (("east", two_regions.bootstrap("east")),
+                         ("west", two_regions.bootstrap("west")), ("north", nboot)):
+        recs = await read_all(boot, topic, 2)
+        assert [r.value for r in recs].count(b"ledger-1") == 1, region
+
+
+# -- client SDK --------------------------------------------------------------------------
+
+async def test_async_client_batches_and_reports(two_regions, east_proxy) -> None:  # type: ignore[no-untyped-def]
+    topic = await _topic(two_regions, "ord", partitions=3)
+    async with AsyncProducer(f"127.0.0.1:{east_proxy.port}", linger_ms=20) as p:
+        futs = [await p.send(topic, f"v{i}".encode(), key=f"k{i % 3}".encode())
+                for i in range(50)]
+        res = await asyncio.gather(*futs)
+        assert all(r.written[0].region == "east" for r in res)
+        with pytest.raises(ProduceFailed) as ei:
+            await p.produce(topic, b"no key")
+        assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    recs = await read_all(two_regions.bootstrap("east"), topic, 3)
+    assert len(recs) == 50
+
+
+async def test_sync_client(two_regions, east_proxy) -> None:  # type: ignore[no-untyped-def]
+    topic = await _topic(two_regions, "sync", partitions=1)
+
+    def run() -> list[Any]:
+        with Producer(f"127.0.0.1:{east_proxy.port}") as p:
+            one = p.produce(topic, b"a", key=b"k", idempotency_key="sync-client-1")
+            again = p.produce(topic, b"a", key=b"k", idempotency_key="sync-client-1")
+            return [one, again]
+
+    one, again = await asyncio.to_thread(run)
+    assert [w.region for w in one.written] == ["east", "west"]
+    assert again.duplicate
+    assert again.written == one.written
+
