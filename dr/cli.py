@@ -39,6 +39,8 @@ app.add_typer(topology_app, name="topology")
 policy_app = typer.Typer(help="Routing policy files: how the proxy writes each topic.",
                          no_args_is_help=True)
 app.add_typer(policy_app, name="policy")
+proxy_app = typer.Typer(help="The gRPC routing proxy of a region.", no_args_is_help=True)
+app.add_typer(proxy_app, name="proxy")
 app.command("reconcile")(reconcile_command)
 app.add_typer(mirror_app, name="mirror")
 app.add_typer(offsets_app, name="offsets")
@@ -124,6 +126,31 @@ def policy_validate(
     checked = f", checked against {topology}" if topology is not None else ""
     out.print(f"[green]{escape(str(file))}: valid[/] — {len(pol.rules)} rule(s), {fallback}"
               f"{escape(checked)}", highlight=False, soft_wrap=True)
+
+
+@proxy_app.command("serve")
+def proxy_serve(
+    region: Annotated[str, typer.Option("--region", "-r", help="This proxy's region.")],
+    policy: Annotated[Path, typer.Option("--policy", "-p", help="Routing policy file "
+                                         "(reloaded on change and on SIGHUP).")],
+    topology: TopologyOpt = None,
+    port: Annotated[int | None, typer.Option("--port", help="gRPC port [default: the "
+                                             "region's proxy.endpoint].")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Prometheus port [default: the region's proxy.metrics_port]."
+    )] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Bind address [default: the "
+                                             "endpoint's host].")] = None,
+    grace_s: Annotated[float, typer.Option("--grace", help="Drain seconds on SIGTERM.")
+                       ] = 10.0,
+    no_consul: Annotated[bool, typer.Option("--no-consul", help="Do not register "
+                                            "crossdc-proxy in Consul.")] = False,
+) -> None:
+    """Run the region's routing proxy until SIGTERM (drain); SIGHUP reloads the policy."""
+    from proxy.serve import serve  # lazily: grpc stays out of `import dr.cli`
+    _, path = _topology(topology, _paths(None))
+    _run(serve(path, region, policy, port=port, metrics_port=metrics_port, host=host,
+               grace_s=grace_s, register_consul=not no_consul))
 
 
 @policy_app.command("schema")

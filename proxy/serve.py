@@ -1,0 +1,63 @@
+"""`dr proxy serve`: run one region's proxy until SIGTERM/SIGINT; SIGHUP reloads the policy.
+
+SIGTERM → health NOT_SERVING, new calls refused, calls in flight finish (up to `grace_s`),
+producers flushed, Consul registration removed, exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+
+import structlog
+from prometheus_client import REGISTRY
+
+from dr.topology import load_topology, split_hostport
+from proxy.config import ProxyConfig
+from proxy.server import ProxyServer
+
+__all__ = ["serve"]
+
+log = structlog.get_logger("crossdc.proxy.serve")
+
+
+async def serve(topology_path: Path, region: str, policy_path: Path, *,
+                port: int | None = None, metrics_port: int | None = None,
+                host: str | None = None, grace_s: float = 10.0, register_consul: bool = True,
+                ready: asyncio.Event | None = None) -> None:
+    topology = load_topology(topology_path)
+    reg = topology.region(region)
+    ep_host, ep_port = split_hostport(reg.proxy.endpoint)
+    cfg = ProxyConfig(region=region, host=host or ep_host,
+                      port=ep_port if port is None else port,
+                      metrics_port=reg.proxy.metrics_port if metrics_port is None
+                      else metrics_port,
+                      grace_s=grace_s, register_consul=register_consul)
+    server = ProxyServer(topology, cfg, policy_path, registry=REGISTRY)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+
+    def reload() -> None:
+        store = server.policy_store
+        accepted = store.reload() if store is not None else False
+        log.info("sighup_policy_reload", accepted=accepted)
+
+    loop.add_signal_handler(signal.SIGHUP, reload)
+    try:
+        await server.start()
+        log.warning("proxy_serving", region=region, endpoint=f"{cfg.host}:{server.port}",
+                    metrics_port=server.metrics_port, policy=str(policy_path),
+                    **{k: v for k, v in server.health().items() if k != "regions"})
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.warning("proxy_draining", grace_s=grace_s)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)
+        await server.stop()
