@@ -49,9 +49,11 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
     loop.add_signal_handler(signal.SIGHUP, reload)
     try:
         await server.start()
+        h = server.health()
         log.warning("proxy_serving", region=region, endpoint=f"{cfg.host}:{server.port}",
                     metrics_port=server.metrics_port, policy=str(policy_path),
-                    **{k: v for k, v in server.health().items() if k != "regions"})
+                    serving=h["serving"], primary=h["primary"], epoch=h["epoch"],
+                    consul_reachable=h["consul_reachable"])
         if ready is not None:
             ready.set()
         await stop.wait()

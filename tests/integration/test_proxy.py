@@ -517,3 +517,66 @@ async def test_sync_client(two_regions, east_proxy) -> None:  # type: ignore[no-
     assert again.duplicate
     assert again.written == one.written
 
+
+
+# -- the command -------------------------------------------------------------------------
+
+async def test_dr_proxy_serve_reload_and_drain(two_regions, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import signal
+    import sys
+    import urllib.request
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    east = two_regions.topology.region("east")
+    port = int(east.proxy.endpoint.rsplit(":", 1)[1])
+    mport = east.proxy.metrics_port
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dr.cli", "proxy", "serve", "--topology",
+        str(two_regions.topology_path), "--region", "east", "--policy", str(policy),
+        "--no-consul", "--grace", "2", stderr=asyncio.subprocess.PIPE)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            hs = health_pb2_grpc.HealthStub(ch)
+
+            async def serving() -> bool:
+                try:
+                    r = await hs.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                except grpc.aio.AioRpcError:
+                    return False
+                return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
+
+            try:
+                await eventually(serving, 60, "dr proxy serve answering SERVING")
+            except AssertionError:
+                if proc.returncode is None:
+                    proc.kill()
+                _, err = await proc.communicate()
+                raise AssertionError(err.decode()[-3000:]) from None
+
+            def metric(name: str) -> float:
+                text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics",
+                                              timeout=5).read().decode()
+                for line in text.splitlines():
+                    if line.startswith(name + " ") or line.startswith(name + "{"):
+                        return float(line.rsplit(" ", 1)[1])
+                raise AssertionError(f"{name} not exported")
+
+            v0 = await asyncio.to_thread(metric, "crossdc_proxy_policy_version")
+            policy.write_text(POLICY + "  - topic: \"extra-*\"\n    mode: nearest\n")
+            os.kill(proc.pid, signal.SIGHUP)
+
+            async def reloaded() -> bool:
+                return await asyncio.to_thread(metric, "crossdc_proxy_policy_version") > v0
+            await eventually(reloaded, 10, "policy reloaded after SIGHUP")
+            assert await asyncio.to_thread(metric, "crossdc_proxy_serving") == 1.0
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            _, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()[-2000:]
+        assert "Traceback" not in err.decode()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
