@@ -1,0 +1,325 @@
+"""Pure logic of the proxy: breaker, headers, idempotency window, partitioner, router (with
+fake region writers), error table, generated code freshness."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from dr.primary import PrimaryRecord
+from dr.topology import Topology
+from proxy.breaker import BreakerState, CircuitBreaker
+from proxy.build_protos import is_fresh
+from proxy.errors import (
+    STATUS_TABLE,
+    IncompleteSync,
+    MissingKey,
+    NoWritableRegion,
+    PartitionMismatch,
+    ProxyError,
+    RecordTooLarge,
+    RegionWriteFailed,
+    ReservedHeader,
+    UnknownTopic,
+    code_name,
+)
+from proxy.headers import check_client_headers, stamp, uuid7
+from proxy.idempotency import IdempotencyWindow
+from proxy.metrics import ProxyMetrics
+from proxy.policy import Policy
+from proxy.router import Incoming, Router
+from proxy.writers import Outgoing, RegionWrite, partition_for
+
+# -- partitioner: Kafka's Utils.murmur2 test vectors (UtilsTest.testMurmur2) ---------------
+
+
+@pytest.mark.parametrize(("key", "java"), [(b"21", -973932308), (b"foobar", -790332482),
+                                           (b"a-little-bit-long-string", -985981536),
+                                           (b"abc", 479470107)])
+def test_partition_for_matches_kafkas_default_partitioner(key: bytes, java: int) -> None:
+    for n in (1, 3, 7, 12):
+        assert partition_for(key, n) == (java & 0x7FFFFFFF) % n
+
+
+# -- breaker ------------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_breaker_opens_then_half_open_probe_closes_or_reopens() -> None:
+    clock = Clock()
+    seen: list[BreakerState] = []
+    b = CircuitBreaker("east", failure_threshold=3, reset_timeout_s=2.0, clock=clock,
+                       on_change=lambda _r, s: seen.append(s))
+    b.record_failure()
+    b.record_failure()
+    assert b.state is BreakerState.CLOSED
+    assert b.allow()
+    b.record_failure()
+    assert b.state is BreakerState.OPEN
+    assert not b.allow()
+    assert not b.available()
+    clock.t = 2.0
+    assert b.state is BreakerState.HALF_OPEN
+    assert b.allow()            # the one probe
+    assert not b.allow()        # nobody else while it is out
+    b.record_failure()          # probe failed: open again for another reset timeout
+    assert b.state is BreakerState.OPEN
+    clock.t = 3.9
+    assert not b.available()
+    clock.t = 4.0
+    assert b.allow()
+    b.record_success()
+    assert b.state is BreakerState.CLOSED
+    assert b.allow()
+    assert b.allow()
+    assert seen == [BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.OPEN,
+                    BreakerState.HALF_OPEN, BreakerState.CLOSED]
+
+
+def test_breaker_success_resets_the_failure_count() -> None:
+    b = CircuitBreaker("east", failure_threshold=2, clock=Clock())
+    b.record_failure()
+    b.record_success()
+    b.record_failure()
+    assert b.state is BreakerState.CLOSED
+
+
+# -- headers ------------------------------------------------------------------------------
+
+def test_uuid7_layout_and_order() -> None:
+    a = uuid7(1_700_000_000_000)
+    b = uuid7(1_700_000_000_001)
+    assert a.version == 7
+    assert a.variant == uuid.RFC_4122
+    assert a.int >> 80 == 1_700_000_000_000
+    assert str(a) < str(b)
+    assert len({uuid7(5) for _ in range(100)}) == 100
+
+
+def test_reserved_headers_refused_and_stamping() -> None:
+    check_client_headers("t", [("app", b"1"), ("drx", b"ok")])
+    with pytest.raises(ReservedHeader, match="'DR-id' is reserved"):
+        check_client_headers("t", [("DR-id", b"x")])
+    h = dict(stamp([("app", b"1")], dr_id="id1", origin="east", ts_ms=5, mode="sync", epoch=3,
+                   path=["east", "west"]))
+    assert h == {"app": b"1", "dr-id": b"id1", "dr-origin": b"east", "dr-ts": b"5",
+                 "dr-mode": b"sync", "dr-epoch": b"3", "dr-path": b"east,west"}
+    assert "dr-epoch" not in dict(stamp([], dr_id="i", origin="east", ts_ms=1, mode="nearest",
+                                        epoch=None, path=["east"]))
+
+
+# -- idempotency window -------------------------------------------------------------------
+
+async def test_idempotency_window_first_result_and_waiting_duplicates() -> None:
+    clock = Clock()
+    w = IdempotencyWindow(window_s=10, max_keys=100, clock=clock)
+    first = await w.claim("t", "k")
+    assert first.owner
+    waiter = asyncio.create_task(w.claim("t", "k"))
+    await asyncio.sleep(0)
+    assert not waiter.done()          # a concurrent duplicate waits for the first
+    w.finish(first, "R1")
+    dup = await waiter
+    assert not dup.owner
+    assert dup.result == "R1"
+    assert (await w.claim("t", "k")).result == "R1"
+    assert (await w.claim("other", "k")).owner   # keys are per topic
+    clock.t = 11
+    assert (await w.claim("t", "k")).owner       # the window passed: write again
+
+
+async def test_idempotency_failed_attempt_is_forgotten_partial_is_resumed() -> None:
+    w = IdempotencyWindow(window_s=10, max_keys=100, clock=Clock())
+    s = await w.claim("t", "a")
+    waiter = asyncio.create_task(w.claim("t", "a"))
+    await asyncio.sleep(0)
+    w.fail(s)
+    again = await waiter
+    assert again.owner
+    assert again.partial is None
+    w.fail(again, partial=["east-write"])
+    third = await w.claim("t", "a")
+    assert third.owner
+    assert third.partial == ["east-write"]
+
+
+# -- router with fake writers -------------------------------------------------------------
+
+class FakeWriter:
+    def __init__(self, name: str, partitions: int | None = 4, up: bool = True) -> None:
+        self.name = name
+        self.partitions = partitions
+        self.up = up
+        self.breaker = CircuitBreaker(name, clock=Clock())
+        self.sent: list[tuple[str, Outgoing]] = []
+        self.offset = 0
+
+    @property
+    def writable(self) -> bool:
+        return self.up
+
+    def why_not_writable(self) -> str:
+        return "" if self.up else "down"
+
+    def known_partition_count(self, topic: str) -> int | None:
+        return self.partitions
+
+    async def partition_count(self, topic: str, timeout_s: float) -> int | None:
+        return self.partitions
+
+    async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
+                    deadline: float, still_valid: Any = None) -> list[Any]:
+        out: list[Any] = []
+        for it in items:
+            if not self.up:
+                out.append(RegionWriteFailed(self.name, topic, "connection refused"))
+                continue
+            self.sent.append((topic, it))
+            part = it.partition if it.partition is not None else 0
+            out.append(RegionWrite(self.name, part, self.offset))
+            self.offset += 1
+        return out
+
+
+TOPO = Topology.model_validate({
+    "regions": [{"name": n, "kafka": {"bootstrap_servers": [f"127.0.0.1:{p}"]},
+                 "consul": {"http_addr": f"127.0.0.1:{p + 1}", "datacenter": n,
+                            "dns_addr": f"127.0.0.1:{p + 2}"},
+                 "proxy": {"endpoint": f"127.0.0.1:{p + 3}"}}
+                for n, p in (("east", 1000), ("west", 2000), ("north", 3000))],
+    "preference": ["east", "west", "north"], "primary": "east"})
+
+POLICY = Policy.model_validate({"rules": [
+    {"topic": "ord", "mode": "ordered", "max_record_bytes": 50},
+    {"topic": "sync", "mode": "ordered", "sync": True},
+    {"topic": "q", "mode": "ordered", "sync": True, "quorum": 2},
+    {"topic": "near", "mode": "nearest"},
+    {"topic": "pref", "mode": "nearest", "prefer": ["north", "west"]}], "strict": True})
+
+
+def _router(writers: dict[str, FakeWriter], own: str = "west",
+            primary: str = "east") -> Router:
+    return Router(own, TOPO, writers, lambda: PrimaryRecord(region=primary, epoch=7),  # type: ignore[arg-type]
+                  lambda: POLICY, IdempotencyWindow(60, 1000), ProxyMetrics())
+
+
+def _writers(**down: bool) -> dict[str, FakeWriter]:
+    return {n: FakeWriter(n, up=not down.get(n, False)) for n in ("east", "west", "north")}
+
+
+def _deadline() -> float:
+    return time.monotonic() + 5
+
+
+async def test_router_validation_errors() -> None:
+    r = _router(_writers())
+    outs = await r.route([Incoming("ord", None, b"v"), Incoming("ord", b"k", b"x" * 60),
+                          Incoming("ord", b"k", b"v", (("dr-ts", b"1"),)),
+                          Incoming("nope", b"k", b"v"), Incoming("near", None, b"v")],
+                         _deadline())
+    assert isinstance(outs[0].error, MissingKey)
+    assert isinstance(outs[1].error, RecordTooLarge)
+    assert isinstance(outs[2].error, ReservedHeader)
+    assert isinstance(outs[3].error, UnknownTopic)
+    assert outs[4].error is None
+    assert outs[4].written[0].region == "west"
+
+
+async def test_router_ordered_goes_to_primary_with_epoch_and_key_partition() -> None:
+    ws = _writers()
+    outs = await _router(ws).route([Incoming("ord", b"abc", b"v")], _deadline())
+    assert [w.region for w in outs[0].written] == ["east"]
+    assert outs[0].epoch == 7
+    (_, sent), = ws["east"].sent
+    assert sent.partition == partition_for(b"abc", 4)
+    h = dict(sent.headers)
+    assert h["dr-origin"] == b"east"
+    assert h["dr-epoch"] == b"7"
+    assert h["dr-mode"] == b"ordered"
+    outs = await _router(_writers(east=True)).route([Incoming("ord", b"k", b"v")], _deadline())
+    assert isinstance(outs[0].error, NoWritableRegion)
+    assert "east: down" in str(outs[0].error)
+
+
+async def test_router_partition_mismatch_refuses_ordered() -> None:
+    ws = _writers()
+    ws["north"].partitions = 5
+    outs = await _router(ws).route([Incoming("sync", b"k", b"v")], _deadline())
+    assert isinstance(outs[0].error, PartitionMismatch)
+    assert "east=4, north=5, west=4" in str(outs[0].error)
+    assert not ws["east"].sent
+
+
+async def test_router_sync_same_partition_partial_not_acked_then_resumed() -> None:
+    ws = _writers(north=True)
+    r = _router(ws)
+    rec = Incoming("sync", b"acct-1", b"v", idempotency_key="tx-9")
+    out, = await r.route([rec], _deadline())
+    assert out.status == "partial"
+    assert isinstance(out.error, IncompleteSync)
+    assert [w.region for w in out.written] == ["east", "west"]
+    assert "not written to north: down" in str(out.error)
+    parts = {w.partition for w in out.written}
+    assert parts == {partition_for(b"acct-1", 4)}
+    ws["north"].up = True
+    again, = await r.route([rec], _deadline())    # same key: only north is written now
+    assert again.status == "ok"
+    assert [w.region for w in again.written] == ["east", "west", "north"]
+    assert [len(ws[n].sent) for n in ("east", "west", "north")] == [1, 1, 1]
+    assert dict(ws["north"].sent[0][1].headers)["dr-path"] == b"east,west,north"
+
+
+async def test_router_sync_quorum_acks_with_one_region_down() -> None:
+    out, = await _router(_writers(north=True)).route([Incoming("q", b"k", b"v")], _deadline())
+    assert out.status == "ok"
+    assert [w.region for w in out.written] == ["east", "west"]
+
+
+async def test_router_nearest_fails_over_in_preference_order() -> None:
+    out, = await _router(_writers(west=True)).route([Incoming("near", b"k", b"v")],
+                                                     _deadline())
+    assert [w.region for w in out.written] == ["east"]
+    out, = await _router(_writers(north=True)).route([Incoming("pref", b"k", b"v")],
+                                                      _deadline())
+    assert [w.region for w in out.written] == ["west"]
+    out, = await _router(_writers(east=True, west=True, north=True)).route(
+        [Incoming("near", b"k", b"v")], _deadline())
+    assert isinstance(out.error, NoWritableRegion)
+    assert list(out.error.tried) == ["west", "east", "north"]
+
+
+async def test_router_duplicate_key_in_one_batch_is_written_once() -> None:
+    ws = _writers()
+    outs = await _router(ws).route([Incoming("ord", b"k", b"v", idempotency_key="x"),
+                                    Incoming("ord", b"k", b"v", idempotency_key="x")],
+                                   _deadline())
+    assert outs[0].dr_id == outs[1].dr_id == "x"
+    assert outs[1].duplicate
+    assert len(ws["east"].sent) == 1
+
+
+# -- errors and generated code ------------------------------------------------------------
+
+def test_error_table_codes() -> None:
+    assert code_name(MissingKey("t", "ordered")) == "INVALID_ARGUMENT"
+    assert code_name(UnknownTopic("t", "x")) == "NOT_FOUND"
+    assert code_name(PartitionMismatch("t", {"a": 1, "b": 2})) == "FAILED_PRECONDITION"
+    assert code_name(NoWritableRegion("t", "ordered", {"a": "down"})) == "UNAVAILABLE"
+    assert code_name(ProxyError("x")) == "INTERNAL"
+    assert all(issubclass(c, ProxyError) for c in STATUS_TABLE)
+
+
+def test_generated_code_is_fresh() -> None:
+    import proxy.api  # noqa: F401  (builds it when missing or stale)
+    assert is_fresh()
