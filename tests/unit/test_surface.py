@@ -16,7 +16,9 @@ from dr.topology import Topology
 def test_exported_names() -> None:
     assert sorted(dr.__all__) == sorted(
         ["ConfigError", "CrossdcError", "DrError", "Region", "Topology", "load_topology"])
-    assert proxy.__all__ == ["ProxyError"]
+    assert sorted(proxy.__all__) == ["AsyncProducer", "Producer", "ProxyConfig", "ProxyError",
+                                     "ProxyServer"]
+    assert all(getattr(proxy, name) for name in proxy.__all__)
     assert sorted(mirror.__all__) == sorted(
         ["MirrorError", "MirrorMetrics", "MirrorWorker", "OffsetsError", "PartitionMismatch",
          "RecordTooLarge", "translate_group"])
