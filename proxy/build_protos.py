@@ -30,7 +30,7 @@ def _tools_version() -> str:
     try:
         from importlib.metadata import version
         return version("grpcio-tools")
-    except Exception:  # noqa: BLE001 - not installed: the hash of the protos alone decides
+    except Exception:  # not installed: the hash of the protos alone decides
         return "unknown"
 
 
