@@ -2,7 +2,8 @@
 result instead of writing twice; a duplicate arriving while the first is still being written
 waits for it. A failed first attempt is forgotten (the retry writes), except what a partial
 sync write already put somewhere: the retry resumes from there (`partial`), so no region gets
-the record twice."""
+the record twice. Those partial writes are kept like results: for `window_s` after the failed
+attempt and at most `max_keys` of them (oldest forgotten first)."""
 
 from __future__ import annotations
 
@@ -36,13 +37,20 @@ class IdempotencyWindow:
         self.max_keys = max_keys
         self._clock = clock
         self._slots: OrderedDict[tuple[str, str], Slot] = OrderedDict()
-        self._partials: dict[tuple[str, str], Any] = {}
+        # key -> (partial writes, when the attempt failed); insertion order = age order
+        self._partials: OrderedDict[tuple[str, str], tuple[Any, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._slots)
 
     def _expire(self) -> None:
         now = self._clock()
+        while self._partials:
+            _, failed_at = next(iter(self._partials.values()))
+            if now - failed_at > self.window_s or len(self._partials) > self.max_keys:
+                self._partials.popitem(last=False)
+            else:
+                break
         while self._slots:
             slot = next(iter(self._slots.values()))
             done = slot.done.is_set()
@@ -60,7 +68,8 @@ class IdempotencyWindow:
             self._expire()
             slot = self._slots.get(k)
             if slot is None:
-                slot = Slot(k, partial=self._partials.get(k))
+                kept = self._partials.get(k)
+                slot = Slot(k, partial=kept[0] if kept is not None else None)
                 self._slots[k] = slot
                 return slot
             if slot.done.is_set():
@@ -84,9 +93,10 @@ class IdempotencyWindow:
         if self._slots.get(slot.key) is slot:
             del self._slots[slot.key]
         if partial:
-            self._partials[slot.key] = partial
+            self._partials.pop(slot.key, None)  # re-inserted last: its age starts now
+            self._partials[slot.key] = (partial, self._clock())
             if len(self._partials) > self.max_keys:
-                self._partials.pop(next(iter(self._partials)))
+                self._partials.popitem(last=False)
         else:
             self._partials.pop(slot.key, None)
         slot.done.set()

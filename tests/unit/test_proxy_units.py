@@ -154,6 +154,32 @@ async def test_idempotency_failed_attempt_is_forgotten_partial_is_resumed() -> N
     assert third.partial == ["east-write"]
 
 
+async def test_idempotency_partial_writes_expire_with_the_window() -> None:
+    clock = Clock()
+    w = IdempotencyWindow(window_s=10, max_keys=100, clock=clock)
+    w.fail(await w.claim("t", "old"), partial=["east-write"])
+    clock.t = 6
+    w.fail(await w.claim("t", "young"), partial=["west-write"])
+    clock.t = 10
+    kept = await w.claim("t", "old")              # exactly window_s old: still kept
+    assert kept.partial == ["east-write"]
+    w.fail(kept, partial=["east-write"])          # failed again at t=10: its age restarts
+    clock.t = 16.5
+    gone = await w.claim("t", "young")            # 10.5 s after its failure: forgotten
+    assert gone.owner
+    assert gone.partial is None
+    w.fail(gone)
+    assert (await w.claim("t", "old")).partial == ["east-write"]  # 6.5 s after its refresh
+
+
+async def test_idempotency_partial_writes_capped_by_count() -> None:
+    w = IdempotencyWindow(window_s=10, max_keys=2, clock=Clock())
+    for k in ("a", "b", "c"):
+        w.fail(await w.claim("t", k), partial=[k])
+    assert (await w.claim("t", "a")).partial is None   # oldest forgotten beyond max_keys
+    assert (await w.claim("t", "c")).partial == ["c"]
+
+
 # -- router with fake writers -------------------------------------------------------------
 
 class FakeWriter:
