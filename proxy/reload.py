@@ -1,11 +1,13 @@
-"""The live routing policy, reloaded on file change and on SIGHUP.
+"""Live config files, reloaded on file change and on SIGHUP: the routing policy
+(`PolicyStore`) and the proxy's token file (`proxy.auth.AuthStore`), both `WatchedFile`s.
 
-`PolicyStore` polls the file (mtime, size and inode first; the content hash decides) and
+A `WatchedFile` polls its file (mtime, size and inode first; the content hash decides) and
 reloads when `reload()` is called (the proxy's entry point wires SIGHUP to it). A new file is
 validated in full before it replaces anything: a file that fails, or that is missing, is
-refused; the running policy stays, `policy_refused` is logged with every issue and
-`crossdc_proxy_policy_reloads_total{result="refused"}` counts it. An accepted file bumps
-`version`, runs the `on_change` callbacks and logs `policy_reloaded`.
+refused; the running value stays, `<kind>_refused` is logged with every issue and
+`crossdc_proxy_<kind>_reloads_total{result="refused"}` counts it. An accepted file bumps
+`version` (`crossdc_proxy_<kind>_version`), runs the `on_change` callbacks and logs
+`<kind>_reloaded`. For the policy, kind is `policy`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -23,51 +26,62 @@ from dr.errors import ConfigError, ConfigIssue
 from dr.topology import Topology
 from proxy.policy import Policy, parse_policy
 
-__all__ = ["PolicyStore"]
+__all__ = ["PolicyStore", "WatchedFile"]
 
-log = structlog.get_logger("crossdc.proxy.policy")
+T = TypeVar("T")
 
 _Stat = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 
 
-class PolicyStore:
-    """Holds the live Policy; reloads on file change (poll mtime+size+hash, interval
-    configurable, default 1 s) and on `reload()`. A file that fails validation is refused:
-    the running policy stays, the refusal is logged and counted."""
+class WatchedFile(Generic[T]):
+    """Holds the live value parsed from a file; reloads on file change (poll mtime+size+hash,
+    interval configurable, default 1 s) and on `reload()`. A file that fails validation is
+    refused: the running value stays, the refusal is logged and counted.
 
-    def __init__(self, path: Path, topology: Topology | None = None, *,
+    `parse(text, filename)` validates the file's text (ConfigError naming file, line and
+    field when it is bad); `describe(value)` gives the fields logged on each accepted load;
+    `kind` names the metrics and log events (`crossdc_proxy_<kind>_reloads_total`,
+    `<kind>_reloaded`)."""
+
+    def __init__(self, path: Path, kind: str, parse: Callable[[str, str], T], *,
+                 describe: Callable[[T], dict[str, Any]] | None = None,
                  poll_interval_s: float = 1.0,
                  registry: CollectorRegistry | None = None) -> None:
         if poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be > 0")
         self.path = Path(path)
-        self.topology = topology
+        self.kind = kind
+        self._parse = parse
+        self._describe = describe or (lambda _: {})
         self.poll_interval_s = poll_interval_s
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.on_change: list[Callable[[Policy], None]] = []
-        self._reloads = Counter("crossdc_proxy_policy_reloads", "Policy loads by result "
-                                "(accepted, refused)", ["result"], registry=self.registry)
-        self._version_gauge = Gauge("crossdc_proxy_policy_version", "Version of the live "
-                                    "policy (+1 per accepted reload)", registry=self.registry)
+        self.on_change: list[Callable[[T], None]] = []
+        self._reloads = Counter(f"crossdc_proxy_{kind}_reloads", f"{kind.capitalize()} file "
+                                "loads by result (accepted, refused)", ["result"],
+                                registry=self.registry)
+        self._version_gauge = Gauge(f"crossdc_proxy_{kind}_version", f"Version of the live "
+                                    f"{kind} file (+1 per accepted reload)",
+                                    registry=self.registry)
         for result in ("accepted", "refused"):
             self._reloads.labels(result=result)
-        self._policy: Policy | None = None
+        self._value: T | None = None
         self._version = 0
-        self._digest: str | None = None     # hash of the live policy's file content
+        self._digest: str | None = None     # hash of the live file's content
         self._seen_stat: _Stat | None = None
         self._seen_digest: str | None = None  # last content looked at (accepted or refused)
         self._missing = False
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._closed = False
-        self._log = log.bind(policy=str(self.path))
+        self._log = structlog.get_logger(f"crossdc.proxy.{kind}").bind(
+            **{kind: str(self.path)})
 
     @property
-    def current(self) -> Policy:
-        """The live policy; RuntimeError before the first successful load."""
-        if self._policy is None:
-            raise RuntimeError("no policy loaded yet: call start() first")
-        return self._policy
+    def current(self) -> T:
+        """The live value; RuntimeError before the first successful load."""
+        if self._value is None:
+            raise RuntimeError(f"no {self.kind} loaded yet: call start() first")
+        return self._value
 
     @property
     def version(self) -> int:
@@ -76,11 +90,11 @@ class PolicyStore:
 
     @property
     def digest(self) -> str | None:
-        """SHA-256 of the live policy file's content."""
+        """SHA-256 of the live file's content."""
         return self._digest
 
     def reload(self) -> bool:
-        """Read the file now (SIGHUP). True if a new policy was accepted; False if the
+        """Read the file now (SIGHUP). True if new content was accepted; False if the
         content is what is live already, or if the file was refused (the old one stays)."""
         return self._check(force=True)
 
@@ -88,12 +102,13 @@ class PolicyStore:
         """Load the file (ConfigError if it is bad: nothing to fall back on) and start
         watching it. A second call does nothing; after stop() it raises RuntimeError."""
         if self._closed:
-            raise RuntimeError("PolicyStore is stopped; make a new one")
+            raise RuntimeError(f"{type(self).__name__} is stopped; make a new one")
         if self._task is not None:
             return
-        if self._policy is None:
+        if self._value is None:
             self._first_load()
-        self._task = asyncio.create_task(self._watch(), name=f"proxy:policy-watch:{self.path}")
+        self._task = asyncio.create_task(self._watch(),
+                                         name=f"proxy:{self.kind}-watch:{self.path}")
 
     async def stop(self) -> None:
         """Stop watching. Idempotent; fine before start()."""
@@ -110,7 +125,7 @@ class PolicyStore:
                 return  # the watcher was cancelled by someone else; we were not
             raise
 
-    async def __aenter__(self) -> PolicyStore:
+    async def __aenter__(self) -> WatchedFile[T]:
         await self.start()
         return self
 
@@ -123,12 +138,12 @@ class PolicyStore:
         try:
             stat = self._stat()
             text, digest = self._read()
-            policy = parse_policy(text, str(self.path), self.topology)
+            value = self._parse(text, str(self.path))
         except ConfigError as exc:
             self._refused(exc.issues)
             raise
         self._seen_stat, self._seen_digest = stat, digest
-        self._accept(policy, digest, "policy_loaded")
+        self._accept(value, digest, first=True)
 
     async def _watch(self) -> None:
         try:
@@ -138,10 +153,10 @@ class PolicyStore:
                 except TimeoutError:
                     self._check(force=False)
         except asyncio.CancelledError:
-            self._log.debug("policy_watch_cancelled")
+            self._log.debug(f"{self.kind}_watch_cancelled")
             raise
         except Exception:
-            self._log.exception("policy_watch_failed")
+            self._log.exception(f"{self.kind}_watch_failed")
             raise
 
     def _check(self, *, force: bool) -> bool:
@@ -167,17 +182,17 @@ class PolicyStore:
         if digest == self._digest:
             self._seen_digest = digest
             if force:
-                self._log.info("policy_unchanged", version=self._version)
+                self._log.info(f"{self.kind}_unchanged", version=self._version)
             return False
         if digest == self._seen_digest and not force:
             return False  # the same refused content, touched again
         self._seen_digest = digest
         try:
-            policy = parse_policy(text, str(self.path), self.topology)
+            value = self._parse(text, str(self.path))
         except ConfigError as exc:
             self._refused(exc.issues)
             return False
-        self._accept(policy, digest, "policy_reloaded")
+        self._accept(value, digest, first=False)
         return True
 
     def _stat(self) -> _Stat:
@@ -207,25 +222,48 @@ class PolicyStore:
             raise ConfigError([ConfigIssue(str(self.path), None, "", f"not UTF-8: {exc}")]
                               ) from None
 
-    def _accept(self, policy: Policy, digest: str, event: str) -> None:
-        self._policy, self._digest = policy, digest
+    def _accept(self, value: T, digest: str, *, first: bool) -> None:
+        self._value, self._digest = value, digest
         self._version += 1
         self._reloads.labels(result="accepted").inc()
         self._version_gauge.set(self._version)
-        self._log.info(event, version=self._version, rules=len(policy.rules),
-                       default=policy.default is not None, strict=policy.strict,
-                       sha256=digest[:12])
-        if event == "policy_loaded":
+        event = f"{self.kind}_loaded" if first else f"{self.kind}_reloaded"
+        self._log.info(event, version=self._version, sha256=digest[:12],
+                       **self._describe(value))
+        if first:
             return  # the first load is no change: callbacks are for reloads
         for callback in list(self.on_change):
             try:
-                callback(policy)
+                callback(value)
             except Exception:
                 # One broken subscriber must not stop the others or the watcher.
-                self._log.exception("policy_callback_failed", version=self._version,
+                self._log.exception(f"{self.kind}_callback_failed", version=self._version,
                                     callback=getattr(callback, "__qualname__", repr(callback)))
 
     def _refused(self, issues: list[ConfigIssue]) -> None:
         self._reloads.labels(result="refused").inc()
-        self._log.warning("policy_refused", version=self._version,
+        self._log.warning(f"{self.kind}_refused", version=self._version,
                           issues=[str(i) for i in issues])
+
+
+class PolicyStore(WatchedFile[Policy]):
+    """The live routing policy (`crossdc_proxy_policy_*` metrics, `policy_*` events)."""
+
+    def __init__(self, path: Path, topology: Topology | None = None, *,
+                 poll_interval_s: float = 1.0,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.topology = topology
+        super().__init__(path, "policy", self._parse_policy, describe=_describe_policy,
+                         poll_interval_s=poll_interval_s, registry=registry)
+
+    def _parse_policy(self, text: str, filename: str) -> Policy:
+        return parse_policy(text, filename, self.topology)
+
+    async def __aenter__(self) -> PolicyStore:
+        await self.start()
+        return self
+
+
+def _describe_policy(policy: Policy) -> dict[str, Any]:
+    return {"rules": len(policy.rules), "default": policy.default is not None,
+            "strict": policy.strict}
