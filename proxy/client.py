@@ -11,6 +11,13 @@ RESOURCE_EXHAUSTED is sent again with the SAME idempotency key (one is generated
 caller gives none), so the proxy's idempotency window turns a retry of something that did land
 into the first result instead of a second copy. Other codes fail the record's future with
 `ProduceFailed` (`.code`, a grpc.StatusCode).
+
+Security: `token="cdc_..."` sends `authorization: Bearer <token>` metadata on every call.
+`tls=True` (or any of `root_ca`, `client_cert`/`client_key`) opens a TLS channel: `root_ca`
+is the CA bundle that signed the proxy's certificate (PEM bytes or a file; default: the
+system roots), `client_cert` + `client_key` the client certificate a mTLS proxy requires,
+`tls_server_name` the name to check the proxy's certificate against when it differs from
+the target's host.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import threading
 import time
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -30,7 +38,7 @@ from proxy.api import pb, pb_grpc
 from proxy.errors import ProduceFailed, ProxyError
 from proxy.headers import uuid7
 
-__all__ = ["AsyncProducer", "ProduceResult", "Producer", "Written"]
+__all__ = ["AsyncProducer", "ProduceResult", "Producer", "Written", "channel_credentials"]
 
 T = TypeVar("T")
 _RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -61,6 +69,26 @@ class _Pending:
     started: float = field(default_factory=time.monotonic)
 
 
+def _pem(value: bytes | str | Path | None) -> bytes | None:
+    """PEM bytes as given, or read from a file path."""
+    if value is None or isinstance(value, bytes):
+        return value
+    return Path(value).read_bytes()
+
+
+def channel_credentials(root_ca: bytes | str | Path | None = None,
+                        client_cert: bytes | str | Path | None = None,
+                        client_key: bytes | str | Path | None = None,
+                        ) -> grpc.ChannelCredentials:
+    """TLS channel credentials: `root_ca` to verify the proxy (None: system roots), a client
+    certificate and key for mTLS (both or neither). PEM bytes or file paths."""
+    if (client_cert is None) != (client_key is None):
+        raise ValueError("client_cert and client_key go together")
+    return grpc.ssl_channel_credentials(root_certificates=_pem(root_ca),
+                                        private_key=_pem(client_key),
+                                        certificate_chain=_pem(client_cert))
+
+
 def _result(r: Any) -> ProduceResult:
     return ProduceResult(r.dr_id, r.mode, r.epoch,
                          tuple(Written(w.region, w.partition, w.offset) for w in r.written),
@@ -72,8 +100,19 @@ class AsyncProducer:
                  max_batch_records: int = 500, max_batch_bytes: int = 1024 * 1024,
                  retries: int = 3, retry_backoff_s: float = 0.1,
                  auto_idempotency: bool = True, max_in_flight_batches: int = 16,
-                 channel: grpc.aio.Channel | None = None) -> None:
+                 channel: grpc.aio.Channel | None = None, token: str | None = None,
+                 tls: bool = False, root_ca: bytes | str | Path | None = None,
+                 client_cert: bytes | str | Path | None = None,
+                 client_key: bytes | str | Path | None = None,
+                 tls_server_name: str | None = None) -> None:
         self.target = target
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ())
+        self._credentials: grpc.ChannelCredentials | None = None
+        if tls or root_ca is not None or client_cert is not None or client_key is not None:
+            self._credentials = channel_credentials(root_ca, client_cert, client_key)
+        self._channel_options: list[tuple[str, Any]] = (
+            [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else [])
         self.deadline_s = deadline_s
         self.linger_s = linger_ms / 1000
         self.max_batch_records = max_batch_records
@@ -105,7 +144,11 @@ class AsyncProducer:
         if self._stub is not None:
             return
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.target)
+            self._channel = (
+                grpc.aio.secure_channel(self.target, self._credentials,
+                                        options=self._channel_options)
+                if self._credentials is not None
+                else grpc.aio.insecure_channel(self.target, options=self._channel_options))
         self._stub = pb_grpc.ProxyStub(self._channel)  # type: ignore[no-untyped-call]
         self._flusher = asyncio.create_task(self._flush_loop(), name="proxy-client:flusher")
 
@@ -195,7 +238,7 @@ class AsyncProducer:
             try:
                 resp = await self._stub.ProduceBatch(
                     pb.ProduceBatchRequest(records=[p.record for p in todo]),
-                    timeout=self.deadline_s)
+                    timeout=self.deadline_s, metadata=self._metadata)
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 if code in _RETRY_CODES and attempt <= self.retries:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from dr.consul import RetrySettings
 
-__all__ = ["BreakerSettings", "KafkaWriterSettings", "ProxyConfig"]
+__all__ = ["BreakerSettings", "KafkaWriterSettings", "ProxyConfig", "TlsSettings"]
 
 
 class _Model(BaseModel):
@@ -42,6 +45,17 @@ class BreakerSettings(_Model):
                                    "probe write is let through.")
 
 
+class TlsSettings(_Model):
+    """TLS for the gRPC port (every service on it: Proxy, health, reflection). With
+    `client_ca_file`, clients must present a certificate signed by that CA (mTLS). The files
+    are read at start; a new certificate needs a restart."""
+
+    cert_file: Path = Field(description="Server certificate chain, PEM.")
+    key_file: Path = Field(description="Server private key, PEM.")
+    client_ca_file: Path | None = Field(None, description="CA bundle (PEM) that client "
+                                        "certificates must chain to; set: mTLS required.")
+
+
 class ProxyConfig(_Model):
     """Everything `ProxyServer` needs besides the topology and the policy."""
 
@@ -67,6 +81,22 @@ class ProxyConfig(_Model):
     register_consul: bool = Field(True, description="Register service crossdc-proxy with a "
                                   "gRPC health check in the region's Consul datacenter.")
     consul_check_interval_s: float = Field(5.0, gt=0)
+    consul_check_tls_skip_verify: bool = Field(True, description="With TLS: the Consul "
+                                               "agent's gRPC check does not verify the proxy's "
+                                               "certificate (false: the agent must trust its "
+                                               "CA: tls ca_file + enable_agent_tls_for_checks).")
+    consul_mtls_check: Literal["tcp", "grpc"] = Field("tcp", description="With mTLS: the "
+                                                      "Consul check kind. grpc needs the agent "
+                                                      "to present a client certificate the "
+                                                      "client CA trusts "
+                                                      "(enable_agent_tls_for_checks); tcp "
+                                                      "only checks the port accepts "
+                                                      "connections.")
+    auth_file: Path | None = Field(None, description="Bearer-token file (proxy.auth): "
+                                   "tokens and the topics each may write; None: no auth. "
+                                   "Reloaded on change and on SIGHUP.")
+    tls: TlsSettings | None = Field(None, description="TLS / mTLS of the gRPC port; None: "
+                                    "plaintext.")
     primary_wait_s: float = Field(30.0, gt=0, description="Blocking-query wait on the primary "
                                   "key.")
     primary_retry_s: float = Field(1.0, gt=0, description="Pause after Consul did not answer.")

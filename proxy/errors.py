@@ -172,11 +172,21 @@ class NotServing(ProxyError):
 
 
 class Unauthenticated(ProxyError):
-    pass
+    """No bearer token, a malformed one, or one the auth file does not list. `reason` is
+    `missing`, `malformed` or `unknown` (the metric label)."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)
 
 
 class PermissionDenied(ProxyError):
-    pass
+    """The token is valid but none of its topic patterns matches the record's topic."""
+
+    def __init__(self, topic: str, token_name: str) -> None:
+        self.topic = topic
+        self.token_name = token_name
+        super().__init__(f"token {token_name!r} may not write topic {topic!r}")
 
 
 class ProduceFailed(ProxyError):

@@ -48,5 +48,12 @@ class ProxyMetrics:
                                     "written now", registry=r)
         self.rejected = Counter("crossdc_proxy_backpressure_rejections", "Requests refused "
                                 "with RESOURCE_EXHAUSTED", registry=r)
+        self.auth_refusals = Counter("crossdc_proxy_auth_refusals", "Calls or records "
+                                     "refused by bearer-token auth, by reason (missing, "
+                                     "malformed, unknown: UNAUTHENTICATED; topic_denied: "
+                                     "PERMISSION_DENIED, per record)", ("reason",),
+                                     registry=r)
+        for reason in ("missing", "malformed", "unknown", "topic_denied"):
+            self.auth_refusals.labels(reason)
         self.serving = Gauge("crossdc_proxy_serving", "1 when health says SERVING",
                              registry=r)

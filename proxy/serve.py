@@ -1,4 +1,5 @@
-"""`dr proxy serve`: run one region's proxy until SIGTERM/SIGINT; SIGHUP reloads the policy.
+"""`dr proxy serve`: run one region's proxy until SIGTERM/SIGINT; SIGHUP reloads the policy
+(and the auth file, when there is one).
 
 SIGTERM → health NOT_SERVING, new calls refused, calls in flight finish (up to `grace_s`),
 producers flushed, Consul registration removed, exit 0.
@@ -15,7 +16,7 @@ import structlog
 from prometheus_client import REGISTRY
 
 from dr.topology import load_topology, split_hostport
-from proxy.config import ProxyConfig
+from proxy.config import ProxyConfig, TlsSettings
 from proxy.server import ProxyServer
 
 __all__ = ["serve"]
@@ -26,6 +27,7 @@ log = structlog.get_logger("crossdc.proxy.serve")
 async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 port: int | None = None, metrics_port: int | None = None,
                 host: str | None = None, grace_s: float = 10.0, register_consul: bool = True,
+                auth_path: Path | None = None, tls: TlsSettings | None = None,
                 ready: asyncio.Event | None = None) -> None:
     topology = load_topology(topology_path)
     reg = topology.region(region)
@@ -34,7 +36,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                       port=ep_port if port is None else port,
                       metrics_port=reg.proxy.metrics_port if metrics_port is None
                       else metrics_port,
-                      grace_s=grace_s, register_consul=register_consul)
+                      grace_s=grace_s, register_consul=register_consul, auth_file=auth_path,
+                      tls=tls)
     server = ProxyServer(topology, cfg, policy_path, registry=REGISTRY)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -45,6 +48,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
         store = server.policy_store
         accepted = store.reload() if store is not None else False
         log.info("sighup_policy_reload", accepted=accepted)
+        if server.auth_store is not None:
+            log.info("sighup_auth_reload", accepted=server.auth_store.reload())
 
     loop.add_signal_handler(signal.SIGHUP, reload)
     try:
@@ -52,6 +57,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
         h = server.health()
         log.warning("proxy_serving", region=region, endpoint=f"{cfg.host}:{server.port}",
                     metrics_port=server.metrics_port, policy=str(policy_path),
+                    auth=str(auth_path) if auth_path else None,
+                    tls="off" if tls is None else "mtls" if tls.client_ca_file else "tls",
                     serving=h["serving"], primary=h["primary"], epoch=h["epoch"],
                     consul_reachable=h["consul_reachable"])
         if ready is not None:

@@ -4,6 +4,13 @@ reflection, writers, primary watch, policy, metrics and the Consul registration.
 Servicer methods stay thin: decode → `Router.route` → encode; errors become gRPC statuses
 through `proxy.errors.grpc_code` (the one table), never UNKNOWN.
 
+Auth (`config.auth_file`): the Proxy service's calls need `authorization: Bearer <token>`
+metadata naming a token of the auth file (UNAUTHENTICATED otherwise; a stream is checked when
+it opens and again per batch, so a revoked token stops at its next batch), and each record's
+topic must match one of the token's patterns (PERMISSION_DENIED: the RPC status for Produce,
+that record's result in a batch). Health and reflection need no token. TLS (`config.tls`)
+covers the whole port; with a client CA every caller needs a client certificate.
+
 Health (`grpc.health.v1`, service "" and "crossdc.v1.Proxy"): SERVING while at least one
 region is writable (producer up, last metadata probe answered, breaker not open) and the
 server is not draining; NOT_SERVING otherwise. `health()` gives the details (regions,
@@ -28,10 +35,11 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
 from dr.consul import ConsulClient
-from dr.errors import CrossdcError
+from dr.errors import ConfigError, ConfigIssue, CrossdcError
 from dr.primary import PrimaryRecord
 from dr.topology import Topology
 from proxy.api import SERVICE_NAME, pb, pb_grpc
+from proxy.auth import AuthStore, TokenEntry, authenticate
 from proxy.backpressure import InflightBudget
 from proxy.config import ProxyConfig
 from proxy.errors import (
@@ -39,7 +47,9 @@ from proxy.errors import (
     IncompleteSync,
     InvalidRecord,
     NotServing,
+    PermissionDenied,
     ProxyError,
+    Unauthenticated,
     grpc_code,
 )
 from proxy.idempotency import IdempotencyWindow
@@ -100,6 +110,10 @@ class _Servicer(pb_grpc.ProxyServicer):
                             context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """Batches are written as they arrive (up to `stream_window` at once); responses go
         back in request order."""
+        try:
+            self.s.authenticate(context)
+        except Unauthenticated as exc:
+            await context.abort(grpc_code(exc), str(exc))
         queue: asyncio.Queue[asyncio.Task[list[Outcome]] | None] = asyncio.Queue(
             maxsize=self.s.config.stream_window)
 
@@ -172,6 +186,9 @@ class ProxyServer:
         self.primary = PrimaryWatcher(self.consul, PrimaryRecord.initial(topology),
                                       self.metrics, wait_s=config.primary_wait_s,
                                       retry_s=config.primary_retry_s)
+        self.auth_store: AuthStore | None = None
+        if config.auth_file is not None:
+            self.auth_store = AuthStore(config.auth_file, registry=self.registry)
         self.window = IdempotencyWindow(config.idempotency_window_s, config.idempotency_max_keys)
         self.budget = InflightBudget(config.max_inflight_bytes, self.metrics)
         self.router = Router(config.region, topology, self.writers,
@@ -216,6 +233,9 @@ class ProxyServer:
             await self.policy_store.start()
         if self.policy_store is not None:
             self.policy_store.on_change.append(self._policy_changed)
+        if self.auth_store is not None:
+            await self.auth_store.start()
+        credentials = _server_credentials(self.config)
         await asyncio.gather(*(w.start() for w in self.writers.values()))
         await self.primary.start()
         await self._check_policy_topics()
@@ -225,7 +245,9 @@ class ProxyServer:
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), server)
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        addr = f"{self.config.host}:{self.config.port}"
+        self.port = (server.add_secure_port(addr, credentials) if credentials is not None
+                     else server.add_insecure_port(addr))
         if self.port == 0:
             raise ProxyError(f"cannot bind {self.config.host}:{self.config.port}")
         await server.start()
@@ -240,6 +262,7 @@ class ProxyServer:
             await self._register()
         self._tasks.append(asyncio.create_task(self._health_loop(), name="proxy:health"))
         self.log.info("proxy_started", port=self.port, metrics_port=self.metrics_port,
+                      tls=_tls_mode(self.config), auth=self.auth_store is not None,
                       primary=self.primary.current.region, epoch=self.primary.current.epoch,
                       serving=self._serving)
 
@@ -274,6 +297,8 @@ class ProxyServer:
                 self.policy_store.on_change.remove(self._policy_changed)
             if self._own_store:
                 await self.policy_store.stop()
+        if self.auth_store is not None:
+            await self.auth_store.stop()
         if self._metrics_http is not None:
             await asyncio.to_thread(self._metrics_http.shutdown)
             self._metrics_http.server_close()
@@ -284,15 +309,49 @@ class ProxyServer:
             await self._server.wait_for_termination()
 
     # -- requests ----------------------------------------------------------------------------
+    def authenticate(self, context: grpc.aio.ServicerContext) -> TokenEntry | None:
+        """The caller's token entry (None when auth is off); Unauthenticated, counted by
+        reason, when the call has no valid bearer token."""
+        if self.auth_store is None:
+            return None
+        value: str | None = None
+        for key, val in context.invocation_metadata() or ():
+            if key == "authorization":
+                value = val if isinstance(val, str) else None
+                break
+        try:
+            return authenticate(self.auth_store.current, value)
+        except Unauthenticated as exc:
+            self.metrics.auth_refusals.labels(exc.reason).inc()
+            self.log.info("auth_refused", reason=exc.reason, peer=context.peer())
+            raise
+
+    def _denied(self, entry: TokenEntry | None, records: list[Incoming]) -> dict[int, Outcome]:
+        """Records the token may not write, by index, each with its PERMISSION_DENIED."""
+        if entry is None:
+            return {}
+        denied = {i: Outcome("", error=PermissionDenied(r.topic, entry.name))
+                  for i, r in enumerate(records) if not entry.allows(r.topic)}
+        if denied:
+            self.metrics.auth_refusals.labels("topic_denied").inc(len(denied))
+            self.log.info("auth_topic_denied", token=entry.name, records=len(denied),
+                          topics=sorted({records[i].topic for i in denied})[:10])
+        return denied
+
     async def handle(self, records: list[Incoming], context: grpc.aio.ServicerContext, *,
                      wait: bool) -> list[Outcome]:
-        """Admission (serving, batch size, budget, deadline), then route."""
+        """Admission (serving, auth, batch size, budget, deadline), then route."""
+        denied: dict[int, Outcome] = {}
+        all_records = records
         try:
             if self._draining:
                 raise NotServing("proxy is shutting down; use another proxy of the region")
             if len(records) > self.config.max_batch_records:
                 raise InvalidRecord(f"{len(records)} records in one batch; at most "
                                     f"{self.config.max_batch_records}")
+            denied = self._denied(self.authenticate(context), records)
+            if denied:
+                records = [r for i, r in enumerate(records) if i not in denied]
             remaining = context.time_remaining()
             budget_s = self.config.default_deadline_s
             if remaining is not None:
@@ -311,14 +370,19 @@ class ProxyServer:
             else:
                 self.budget.try_acquire(size)
             try:
-                outs = await self.router.route(records, deadline)
+                outs = await self.router.route(records, deadline) if records else []
             finally:
                 await self.budget.release(size)
         except ProxyError as exc:
-            if wait or not records:
-                return [Outcome("", error=exc) for _ in records]
+            if wait or not all_records:
+                return [denied.get(i) or Outcome("", error=exc)
+                        for i in range(len(all_records))]
             await context.abort(grpc_code(exc), str(exc))
             raise  # pragma: no cover - abort raises
+        if denied:
+            routed = iter(outs)
+            outs = [denied[i] if i in denied else next(routed)
+                    for i in range(len(all_records))]
         for o in outs:
             self.metrics.results.labels(grpc_code(o.error).name if o.error else "OK").inc()
             if isinstance(o.error, IncompleteSync):
@@ -365,8 +429,7 @@ class ProxyServer:
     async def _register(self) -> None:
         host = self.config.host
         sid = f"{CONSUL_SERVICE}-{self.config.region}-{host}-{self.port}"
-        check = Check.grpc(f"{host}:{self.port}", f"{self.config.consul_check_interval_s:g}s",
-                           use_tls=False, timeout="2s", deregister="1m")
+        check = _consul_check(self.config, self.port)
         try:
             await self.consul.register_service(
                 CONSUL_SERVICE, sid, host, self.port, check=check,
@@ -395,6 +458,56 @@ class ProxyServer:
                 await self.router.partition_counts(rule.topic, time.monotonic() + 2.0)
             except ProxyError as exc:
                 self.log.warning("policy_topic_not_writable", topic=rule.topic, error=str(exc))
+
+
+def _tls_mode(config: ProxyConfig) -> str:
+    if config.tls is None:
+        return "off"
+    return "mtls" if config.tls.client_ca_file is not None else "tls"
+
+
+def _consul_check(config: ProxyConfig, port: int) -> dict[str, Any]:
+    """The Consul check of the registered service. A gRPC health check, over TLS when the
+    port is TLS (the agent skips verifying our certificate unless told otherwise). Under mTLS
+    the agent must present a client certificate, which it does only when configured with
+    `enable_agent_tls_for_checks` and a certificate our client CA trusts: so a TCP check
+    unless `consul_mtls_check: grpc` says the agent is set up for it."""
+    addr = f"{config.host}:{port}"
+    interval = f"{config.consul_check_interval_s:g}s"
+    mode = _tls_mode(config)
+    check: dict[str, Any]
+    if mode == "mtls" and config.consul_mtls_check == "tcp":
+        check = Check.tcp(config.host, port, interval, timeout="2s", deregister="1m")
+    elif mode == "off":
+        check = Check.grpc(addr, interval, use_tls=False, timeout="2s", deregister="1m")
+    else:
+        check = Check.grpc(addr, interval, use_tls=True,
+                           tls_skip_verify=config.consul_check_tls_skip_verify, timeout="2s",
+                           deregister="1m")
+    return check
+
+
+def _read_pem(path: Path, what: str) -> bytes:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError([ConfigIssue(str(path), None, what, f"cannot read: {exc}")]
+                          ) from exc
+    if b"-----BEGIN " not in data:
+        raise ConfigError([ConfigIssue(str(path), None, what, "not a PEM file")])
+    return data
+
+
+def _server_credentials(config: ProxyConfig) -> grpc.ServerCredentials | None:
+    tls = config.tls
+    if tls is None:
+        return None
+    cert = _read_pem(tls.cert_file, "tls.cert_file")
+    key = _read_pem(tls.key_file, "tls.key_file")
+    ca = (_read_pem(tls.client_ca_file, "tls.client_ca_file")
+          if tls.client_ca_file is not None else None)
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
+                                       require_client_auth=ca is not None)
 
 
 def _free_port(host: str) -> int:
