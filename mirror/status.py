@@ -63,8 +63,10 @@ async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
         pattern = re.compile(flow.topics)
         topics = [t for t in await admin.list_topics()
                   if pattern.fullmatch(t) and not is_internal(t)]
-        tps = [TopicPartition(t, p) for t in sorted(topics)
-               for p in sorted(consumer.partitions_for_topic(t) or ())]
+        described = await admin.describe_topics(sorted(topics)) if topics else []
+        tps = [TopicPartition(d["topic"], p["partition"]) for d in described
+               if d["error_code"] == 0 for p in d["partitions"]]
+        tps.sort()
         ends = await consumer.end_offsets(tps) if tps else {}
         committed = await admin.list_consumer_group_offsets(group)
     finally:

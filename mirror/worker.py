@@ -60,6 +60,8 @@ from mirror.topics import TopicPlan, ensure_topic, sync_topics
 __all__ = ["MirrorWorker"]
 
 _TXN_TIMEOUT_MS = 20_000
+_STALL_S = 5.0  # a target silent this long is counted and logged (and waited for)
+_CLOSE_S = 10.0
 _MAX_BATCH = 20_000
 _FIRST_SCAN = 4 * _MAX_BATCH  # target records looked at when a partition has no `pos:` yet
 
@@ -151,8 +153,8 @@ class MirrorWorker:
         (OutOfOrderSequenceNumber on every later batch); a new producer id starts clean, and
         the transactional id reused fences the old one."""
         if self._producer is not None:
-            with contextlib.suppress(KafkaError):
-                await self._producer.stop()
+            await _close_producer(self._producer)
+            self._producer = None
         self._producer = AIOKafkaProducer(bootstrap_servers=self.target_bootstrap,
                                           **self._producer_kw)
         await self._producer.start()
@@ -165,10 +167,11 @@ class MirrorWorker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        for client in (self._consumer, self._producer):
-            if client is not None:
-                with contextlib.suppress(KafkaError):
-                    await client.stop()
+        if self._consumer is not None:
+            with contextlib.suppress(KafkaError):
+                await self._consumer.stop()
+        if self._producer is not None:
+            await _close_producer(self._producer)
         self._consumer = self._producer = None
         for admin in (self._src_admin, self._dst_admin):
             if admin is not None:
@@ -299,7 +302,13 @@ class MirrorWorker:
         try:
             while True:
                 if time.monotonic() >= next_refresh:
-                    await self._refresh_topics()
+                    try:
+                        await self._refresh_topics()
+                    except KafkaError as exc:
+                        # A region is away: keep carrying what we can, look again later.
+                        self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
+                                                   "topic_refresh").inc()
+                        self.log.warning("topic_refresh_failed", error=repr(exc))
                     next_refresh = time.monotonic() + self.flow.discovery_interval_s
                 if not self._topics.partitions:
                     await asyncio.sleep(min(1.0, self.flow.discovery_interval_s))
@@ -484,6 +493,7 @@ class MirrorWorker:
                 if found is not None and not found:
                     self._found.pop(tp, None)
             now = time.time() * 1000
+            await self._wait_acks([f for futs in sent.values() for _, _, f in futs])
             for tp, futs in sent.items():
                 for src, size, fut in futs:
                     try:
@@ -507,19 +517,25 @@ class MirrorWorker:
                 sync_futs.append(await producer.send(self._sync_topic, key=k, value=v,
                                                      partition=POS_PARTITION))
             if eos:
-                await producer.commit_transaction()
+                commit = asyncio.ensure_future(producer.commit_transaction())
+                try:
+                    await self._wait_acks([commit])
+                finally:
+                    commit.cancel()  # no-op once done; never left running on cancellation
+                commit.result()
             else:
+                await self._wait_acks(sync_futs)
                 for f in sync_futs:
                     await f
         except asyncio.CancelledError:
             if eos:
-                with contextlib.suppress(KafkaError):
-                    await producer.abort_transaction()
+                with contextlib.suppress(KafkaError, TimeoutError):
+                    await asyncio.wait_for(producer.abort_transaction(), _CLOSE_S)
             raise
         except Exception:
             if eos:
-                with contextlib.suppress(KafkaError):
-                    await producer.abort_transaction()
+                with contextlib.suppress(KafkaError, TimeoutError):
+                    await asyncio.wait_for(producer.abort_transaction(), _CLOSE_S)
             else:
                 await self._settle(sent)
             raise
@@ -546,6 +562,21 @@ class MirrorWorker:
             m.latency.labels(*labels).observe(max(0.0, (ack_ms - dr_ts) / 1000))
         self.log.debug("batch_mirrored", records=sum(len(v) for v in sent.values()),
                        partitions=len(batch))
+
+    async def _wait_acks(self, futs: list[asyncio.Future[Any]]) -> None:
+        """Wait for the target's acks. The producer retries by itself while the target is
+        away (nothing is re-sent, nothing lost); every `_STALL_S` without an answer is
+        counted as a target_write error and logged, so a pause is never silent."""
+        pending: set[asyncio.Future[Any]] = set(futs)
+        waited = 0.0
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=_STALL_S)
+            if pending:
+                waited += _STALL_S
+                self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
+                                           "target_write").inc()
+                self.log.warning("target_not_answering", waiting_s=waited,
+                                 records=len(pending))
 
     async def _settle(self, sent: dict[TopicPartition,
                                        list[tuple[int, int, asyncio.Future[Any]]]]) -> None:
@@ -581,6 +612,21 @@ class MirrorWorker:
                             headers=[*headers, ("dr-dead-letter", b"record-too-large")])
         self._dead.discard((tp.topic, tp.partition, r.offset))
         self.metrics.dead_lettered.labels(self.flow.source, self.flow.target, tp.topic).inc()
+
+
+async def _close_producer(producer: AIOKafkaProducer) -> None:
+    """Stop a producer within `_CLOSE_S`. aiokafka's stop() flushes first and waits forever
+    while the target is away; then its sender and connections are closed without flushing
+    (in at-least-once mode those records are sent again by the next attempt or worker)."""
+    try:
+        await asyncio.wait_for(producer.stop(), _CLOSE_S)
+    except (KafkaError, TimeoutError):
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            with contextlib.suppress(KafkaError, asyncio.CancelledError):
+                await sender.close()
+        with contextlib.suppress(KafkaError):
+            await producer.client.close()
 
 
 def _dr_ts(record: Any) -> int | None:
