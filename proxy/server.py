@@ -323,7 +323,7 @@ class ProxyServer:
             return authenticate(self.auth_store.current, value)
         except Unauthenticated as exc:
             self.metrics.auth_refusals.labels(exc.reason).inc()
-            self.log.info("auth_refused", reason=exc.reason, peer=context.peer())
+            self.log.info("auth_call_refused", reason=exc.reason, peer=context.peer())
             raise
 
     def _denied(self, entry: TokenEntry | None, records: list[Incoming]) -> dict[int, Outcome]:
