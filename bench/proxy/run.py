@@ -1,0 +1,834 @@
+"""Benchmark: a direct aiokafka producer vs the routing proxy (unary, batch, stream, SDK).
+
+One run, one pair of local clusters (started here from the project's LocalStack on free
+ports: Kafka 4.1.1, one broker per region, 512 MB heap, Consul per region). The proxy runs as
+`dr proxy serve` (or bench/proxy/serve.py when that command is absent) in its own process,
+region east, policy `bench-*: ordered` (every record to the primary, east — the same cluster
+the direct producer writes to). The primary key is written to Consul (epoch 1) first.
+
+Contenders, each over the same topic (6 partitions in both regions, 1,000 distinct keys):
+
+- direct: AIOKafkaProducer(acks=all, enable_idempotence=True) with the proxy's own producer
+  settings (linger 2 ms, 512 KiB batches), at most `INFLIGHT` records unacknowledged.
+- proxy unary: `Produce`, `UNARY_CONCURRENCY` calls in flight.
+- proxy batch: `ProduceBatch` of `BATCH` records, `BATCH_CONCURRENCY` calls in flight.
+- proxy stream: one `ProduceStream`, batches of `BATCH`, `STREAM_WINDOW` batches unacked.
+- proxy SDK: `proxy.client.AsyncProducer.send()` per record (it batches), at most
+  `INFLIGHT` records unacknowledged.
+
+Proxy records carry a 36-character idempotency key each (as the SDK sends by default).
+Every closed-loop measurement runs `--warmup` s, then counts acks for `--seconds` s
+(records/s = acks in the window / window); latency is per record, send to ack, for records
+sent inside the window; CPU is utime+stime from /proc over the window (proxy process, this
+client process, the east broker). Then unary latency at a fixed `--rate` requests/s
+(open loop: each request is due at t0 + i/rate and its latency counts from that due time, so
+a late send is not hidden), direct vs proxy, 1 KiB records. Finally the proxy is profiled
+with py-spy (batch and unary 1 KiB) and the top frames are summarised.
+
+    flock /tmp/crossdc-bench.lock .venv/bin/python bench/proxy/run.py
+
+Prints the figures and writes bench/results/proxy.{json,md,svg} (and proxy-profile-*.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+HERE = Path(__file__).parent
+RESULTS = ROOT / "bench" / "results"
+CLK = os.sysconf("SC_CLK_TCK")
+PARTITIONS = 6
+KEYS = [b"key-%04d" % i for i in range(1000)]
+INFLIGHT = 4000
+BATCH = 500
+BATCH_CONCURRENCY = 8
+STREAM_WINDOW = 8
+UNARY_CONCURRENCY = 64
+POLICY = "strict: true\nrules:\n  - topic: \"bench-*\"\n    mode: ordered\n"
+
+
+# -- measuring ----------------------------------------------------------------------------
+def pid_cpu_s(pid: int | None) -> float:
+    """utime + stime of one process (all its threads), seconds; 0 when unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / CLK  # minus idle and iowait
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+@dataclass
+class Window:
+    """Counts acks inside [ts, te] and the latency of records sent inside it."""
+
+    warm_s: float
+    seconds: float
+    pids: dict[str, int | None]
+    ts: float = 0.0
+    te: float = 0.0
+    count: int = 0
+    errors: int = 0
+    first_error: str = ""
+    lat: list[float] = field(default_factory=list)
+    marks: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self.ts, self.te = now + self.warm_s, now + self.warm_s + self.seconds
+        loop.call_at(self.ts, self._mark)
+        loop.call_at(self.te, self._mark)
+
+    def _mark(self) -> None:
+        cpu = {name: pid_cpu_s(pid) for name, pid in self.pids.items()}
+        cpu["client"] = time.process_time()
+        cpu["machine"] = machine_busy_s()
+        self.marks.append((time.monotonic(), cpu))
+
+    def running(self) -> bool:
+        return time.monotonic() < self.te
+
+    def done(self, sent: float, n: int = 1) -> None:
+        now = time.monotonic()
+        if self.ts <= now <= self.te:
+            self.count += n
+        if self.ts <= sent <= self.te:
+            self.lat.extend([now - sent] * n)
+
+    def failed(self, why: str, n: int = 1) -> None:
+        self.errors += n
+        self.first_error = self.first_error or why
+
+    def row(self, name: str, size: int) -> dict[str, Any]:
+        (t0, c0), (t1, c1) = self.marks[0], self.marks[-1]
+        span = t1 - t0
+        per_m = {k: (c1[k] - c0[k]) / max(1, self.count) * 1e6 for k in c0}
+        return {"mode": name, "size": size, "records": self.count, "seconds": round(span, 2),
+                "rps": round(self.count / span), "mb_s": round(self.count * size / span / 1e6, 1),
+                "p50_ms": round(pct(self.lat, 0.50) * 1e3, 2),
+                "p99_ms": round(pct(self.lat, 0.99) * 1e3, 2),
+                "errors": self.errors, "first_error": self.first_error,
+                "proxy_cpu_s_per_m": round(per_m.get("proxy", 0.0), 1),
+                "client_cpu_s_per_m": round(per_m["client"], 1),
+                "broker_cpu_s_per_m": round(per_m.get("broker", 0.0), 1),
+                "proxy_cpu_util": round((c1.get("proxy", 0) - c0.get("proxy", 0)) / span, 2),
+                "client_cpu_util": round((c1["client"] - c0["client"]) / span, 2),
+                "broker_cpu_util": round((c1.get("broker", 0) - c0.get("broker", 0)) / span, 2),
+                "machine_busy_cores": round((c1["machine"] - c0["machine"]) / span, 2),
+                "others_cores": round((c1["machine"] - c0["machine"] - sum(
+                    c1[k] - c0[k] for k in c0 if k != "machine")) / span, 2)}
+
+
+class Ids:
+    """36-character idempotency keys, unique per run."""
+
+    def __init__(self) -> None:
+        self.prefix = os.urandom(4).hex()
+        self.n = 0
+
+    def next(self) -> str:
+        self.n += 1
+        return f"{self.prefix}-{self.n:027d}"
+
+
+# -- contenders ---------------------------------------------------------------------------
+async def run_direct(producer: Any, topic: str, value: bytes, win: Window) -> None:
+    sem = asyncio.Semaphore(INFLIGHT)
+
+    def acked(fut: asyncio.Future[Any], sent: float) -> None:
+        sem.release()
+        if fut.cancelled() or fut.exception() is not None:
+            win.failed(repr(fut.exception()))
+        else:
+            win.done(sent)
+
+    i = 0
+    win.start()
+    while win.running():
+        await sem.acquire()
+        sent = time.monotonic()
+        fut = await producer.send(topic, value, key=KEYS[i % len(KEYS)])
+        fut.add_done_callback(lambda f, s=sent: acked(f, s))
+        i += 1
+    for _ in range(INFLIGHT):
+        await sem.acquire()
+
+
+def _records(pb: Any, topic: str, value: bytes, ids: Ids, n: int, start: int) -> list[Any]:
+    return [pb.Record(topic=topic, key=KEYS[(start + j) % len(KEYS)], value=value,
+                      idempotency_key=ids.next()) for j in range(n)]
+
+
+async def run_unary(stub: Any, pb: Any, topic: str, value: bytes, win: Window) -> None:
+    import grpc
+    ids = Ids()
+
+    async def worker(w: int) -> None:
+        i = w
+        while win.running():
+            req = pb.ProduceRequest(record=_records(pb, topic, value, ids, 1, i)[0])
+            sent = time.monotonic()
+            try:
+                await stub.Produce(req, timeout=30)
+            except grpc.aio.AioRpcError as exc:
+                win.failed(f"{exc.code().name}: {exc.details()}")
+            else:
+                win.done(sent)
+            i += UNARY_CONCURRENCY
+
+    win.start()
+    await asyncio.gather(*(worker(w) for w in range(UNARY_CONCURRENCY)))
+
+
+def _count(win: Window, resp: Any, sent: float) -> None:
+    ok = sum(1 for r in resp.results if r.code == 0)
+    if ok:
+        win.done(sent, ok)
+    if ok < len(resp.results):
+        bad = next(r for r in resp.results if r.code != 0)
+        win.failed(f"code {bad.code}: {bad.message}", len(resp.results) - ok)
+
+
+async def run_batch(stub: Any, pb: Any, topic: str, value: bytes, win: Window) -> None:
+    ids = Ids()
+
+    async def worker(w: int) -> None:
+        i = w * BATCH
+        while win.running():
+            req = pb.ProduceBatchRequest(records=_records(pb, topic, value, ids, BATCH, i))
+            sent = time.monotonic()
+            _count(win, await stub.ProduceBatch(req, timeout=30), sent)
+            i += BATCH * BATCH_CONCURRENCY
+
+    win.start()
+    await asyncio.gather(*(worker(w) for w in range(BATCH_CONCURRENCY)))
+
+
+async def run_stream(stub: Any, pb: Any, topic: str, value: bytes, win: Window) -> None:
+    ids = Ids()
+    call = stub.ProduceStream(timeout=120)
+    sem = asyncio.Semaphore(STREAM_WINDOW)
+    sent_at: collections.deque[float] = collections.deque()
+
+    async def writer() -> None:
+        i = 0
+        while win.running():
+            await sem.acquire()
+            req = pb.ProduceBatchRequest(records=_records(pb, topic, value, ids, BATCH, i))
+            sent_at.append(time.monotonic())
+            await call.write(req)
+            i += BATCH
+        await call.done_writing()
+
+    async def reader() -> None:
+        async for resp in call:
+            _count(win, resp, sent_at.popleft())
+            sem.release()
+
+    win.start()
+    await asyncio.gather(writer(), reader())
+
+
+async def run_sdk(target: str, topic: str, value: bytes, win: Window) -> None:
+    from proxy.client import AsyncProducer
+    sem = asyncio.Semaphore(INFLIGHT)
+
+    def acked(fut: asyncio.Future[Any], sent: float) -> None:
+        sem.release()
+        if fut.cancelled() or fut.exception() is not None:
+            win.failed(repr(fut.exception()))
+        else:
+            win.done(sent)
+
+    async with AsyncProducer(target, linger_ms=2, max_batch_records=BATCH,
+                             max_in_flight_batches=BATCH_CONCURRENCY) as p:
+        i = 0
+        win.start()
+        while win.running():
+            await sem.acquire()
+            sent = time.monotonic()
+            fut = await p.send(topic, value, key=KEYS[i % len(KEYS)])
+            fut.add_done_callback(lambda f, s=sent: acked(f, s))
+            i += 1
+        for _ in range(INFLIGHT):
+            await sem.acquire()
+
+
+async def paced(send_one: Callable[[int], Awaitable[Any]], rate: int, seconds: float,
+                warm_s: float, pids: dict[str, int | None]) -> dict[str, Any]:
+    """Open loop: request i is due at t0 + i/rate; latency counts from the due time."""
+    lat: list[float] = []
+    errors: list[str] = []
+    n_warm, n = int(rate * warm_s), int(rate * (warm_s + seconds))
+
+    async def one(i: int, due: float) -> None:
+        try:
+            await send_one(i)
+        except Exception as exc:  # counted and reported
+            errors.append(repr(exc))
+            return
+        if i >= n_warm:
+            lat.append(time.monotonic() - due)
+
+    tasks = []
+    t0 = time.monotonic() + 0.05
+    c0 = c1 = {}
+    for i in range(n):
+        due = t0 + i / rate
+        if i == n_warm:
+            c0 = {k: pid_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i, due)))
+    await asyncio.gather(*tasks)
+    c1 = {k: pid_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
+    measured = n - n_warm
+    return {"rate": rate, "requests": measured, "errors": len(errors),
+            "first_error": errors[0] if errors else "",
+            "p50_ms": round(pct(lat, 0.50) * 1e3, 2), "p90_ms": round(pct(lat, 0.90) * 1e3, 2),
+            "p99_ms": round(pct(lat, 0.99) * 1e3, 2), "p999_ms": round(pct(lat, 0.999) * 1e3, 2),
+            "max_ms": round(max(lat) * 1e3, 2) if lat else None,
+            "proxy_cpu_util": round((c1.get("proxy", 0) - c0.get("proxy", 0)) / seconds, 2),
+            "machine_busy_cores": round((c1["machine"] - c0["machine"]) / seconds, 2)}
+
+
+# -- the proxy process --------------------------------------------------------------------
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def proxy_commands(tpath: Path, policy: Path, port: int) -> list[tuple[list[str], str]]:
+    """`dr proxy serve` when the CLI has it, then the fallback script."""
+    dr = str(Path(sys.executable).parent / "dr")
+    args = ["--topology", str(tpath), "--region", "east", "--policy", str(policy),
+            "--port", str(port)]
+    cmds = [([sys.executable, str(HERE / "serve.py"), *args], "bench/proxy/serve.py")]
+    probe = subprocess.run([dr, "proxy", "serve", "--help"], capture_output=True, check=False)
+    if probe.returncode == 0:
+        cmds.insert(0, ([dr, "proxy", "serve", *args], "dr proxy serve"))
+    return cmds
+
+
+async def wait_serving(target: str, proc: asyncio.subprocess.Process, log: Path) -> None:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    deadline = time.monotonic() + 90
+    async with grpc.aio.insecure_channel(target) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                tail = (await asyncio.to_thread(log.read_text))[-3000:]
+                raise SystemExit(f"proxy exited {proc.returncode}:\n{tail}")
+            try:
+                r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
+                if r.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            await asyncio.sleep(0.2)
+    tail = (await asyncio.to_thread(log.read_text))[-3000:]
+    raise SystemExit(f"proxy not SERVING within 90 s:\n{tail}")
+
+
+# -- profile ------------------------------------------------------------------------------
+CATEGORIES = [  # (label, substring of a frame) — inclusive share of samples
+    ("aiokafka producer (send, accumulator, sender, encode)", "aiokafka/"),
+    ("router (proxy/router.py, own code)", "proxy/router.py"),
+    ("region writer (proxy/writers.py)", "proxy/writers.py"),
+    ("idempotency window", "proxy/idempotency.py"),
+    ("request decode/encode (server _decode/_encode)", "_decode (proxy/server.py"),
+    ("", "_encode (proxy/server.py"),
+    ("dr-* header stamping", "stamp (proxy/headers.py"),
+    ("prometheus metrics", "prometheus_client/"),
+    ("tenacity retry wrapper", "tenacity/"),
+    ("structlog", "structlog/"),
+    ("protobuf", "protobuf/"),
+]
+
+
+def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
+    """py-spy raw (collapsed stacks): top self frames and inclusive shares by category."""
+    selfs: collections.Counter[str] = collections.Counter()
+    cats: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        k = int(n)
+        total += k
+        frames = stack.split(";")
+        leaf = frames[-1]
+        name = leaf.split(" (", 1)[0]
+        where = leaf.split(" (", 1)[1].rsplit(":", 1)[0] if " (" in leaf else ""
+        where = where.split("site-packages/")[-1].replace(str(ROOT) + "/", "")
+        selfs[f"{name} ({where})"] += k
+        label = ""
+        for lab, sub in CATEGORIES:
+            label = lab or label
+            if any(sub in f for f in frames):
+                cats[label] += k
+    return {"samples": total,
+            "top_self": [(f, round(100 * n / max(1, total), 1)) for f, n in selfs.most_common(top)],
+            "inclusive": [(c, round(100 * n / max(1, total), 1)) for c, n in cats.most_common()]}
+
+
+# -- plot ---------------------------------------------------------------------------------
+def svg(rows: list[dict[str, Any]], pace: dict[str, dict[str, Any]]) -> str:
+    """Left: records/s per contender for each size; right: paced unary latency."""
+    w, h, pad = 860, 340, 50
+    modes = ["direct", "unary", "batch", "stream", "sdk", "batch+gc", "stream+gc"]
+    colors = {"direct": "#4c78a8", "unary": "#e45756", "batch": "#f58518",
+              "stream": "#54a24b", "sdk": "#b279a2", "batch+gc": "#ffbf79",
+              "stream+gc": "#9be28f", "proxy+gc": "#ff9d98"}
+    sizes = sorted({r["size"] for r in rows})
+    pw = 540  # left panel width
+    ymax = max(r["rps"] for r in rows) * 1.15
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+             f'font-family="sans-serif" font-size="12">',
+             f'<text x="{pad}" y="20" font-weight="bold">records/s, direct aiokafka vs proxy '
+             f'(2 cores shared)</text>',
+             f'<line x1="{pad}" y1="{h - pad}" x2="{pw}" y2="{h - pad}" stroke="black"/>',
+             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>']
+    for frac in (0.25, 0.5, 0.75, 1.0):
+        y = h - pad - (h - 2 * pad) * frac / 1.15
+        parts.append(f'<text x="4" y="{y + 4:.0f}" font-size="10">{ymax * frac / 1.15 / 1000:.0f}k'
+                     f'</text><line x1="{pad}" y1="{y:.0f}" x2="{pw}" y2="{y:.0f}" '
+                     f'stroke="#ddd"/>')
+    group_w = (pw - pad) / len(sizes)
+    bar = group_w / (len(modes) + 1.5)
+    for gi, size in enumerate(sizes):
+        gx = pad + gi * group_w + bar * 0.75
+        parts.append(f'<text x="{gx + bar * 2:.0f}" y="{h - pad + 16}">'
+                     f'{size if size < 1024 else "1 Ki"} B records</text>')
+        for mi, mode in enumerate(modes):
+            r = next((r for r in rows if r["size"] == size and r["mode"] == mode), None)
+            if r is None:
+                continue
+            bh = (h - 2 * pad) * r["rps"] / ymax
+            x = gx + mi * bar
+            parts.append(f'<rect x="{x:.1f}" y="{h - pad - bh:.1f}" width="{bar * 0.9:.1f}" '
+                         f'height="{bh:.1f}" fill="{colors[mode]}"/>'
+                         f'<text x="{x:.1f}" y="{h - pad - bh - 3:.1f}" font-size="9">'
+                         f'{r["rps"] / 1000:.1f}k</text>')
+    for mi, mode in enumerate(modes):
+        parts.append(f'<rect x="{pad + 5 + mi * 60}" y="{pad - 22}" width="10" height="10" '
+                     f'fill="{colors[mode]}"/><text x="{pad + 17 + mi * 60}" y="{pad - 13}" '
+                     f'font-size="10">{mode}</text>')
+    # right panel: paced latency
+    x0, x1 = pw + 60, w - 20
+    lmax = max(max(p["p99_ms"], p["p50_ms"]) for p in pace.values()) * 1.2
+    parts += [f'<text x="{x0 - 20}" y="{pad - 12}" font-weight="bold">unary @ '
+              f'{next(iter(pace.values()))["rate"]}/s, 1 KiB (ms)</text>',
+              f'<line x1="{x0}" y1="{h - pad}" x2="{x1}" y2="{h - pad}" stroke="black"/>',
+              f'<line x1="{x0}" y1="{pad}" x2="{x0}" y2="{h - pad}" stroke="black"/>']
+    slot = (x1 - x0) / 6.5
+    for i, (name, key) in enumerate((("direct", "direct"), ("proxy", "unary"),
+                                     ("proxy+gc", "proxy+gc"))):
+        if name not in pace:
+            continue
+        for j, q in enumerate(("p50_ms", "p99_ms")):
+            v = pace[name][q]
+            bh = (h - 2 * pad) * v / lmax
+            x = x0 + 10 + (i * 2 + j) * slot
+            parts.append(f'<rect x="{x:.1f}" y="{h - pad - bh:.1f}" width="{slot * 0.8:.1f}" '
+                         f'height="{bh:.1f}" fill="{colors[key]}" '
+                         f'fill-opacity="{0.55 if j == 0 else 1}"/>'
+                         f'<text x="{x:.1f}" y="{h - pad - bh - 3:.1f}" font-size="10">'
+                         f'{v:.0f}</text><text x="{x:.1f}" y="{h - pad + 14 + 11 * j}" '
+                         f'font-size="9">{name} {q[:3]}</text>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+# -- main ---------------------------------------------------------------------------------
+class ProxyProc:
+    """One proxy process: `dr proxy serve` (or the fallback script), or the GC-tuned variant."""
+
+    def __init__(self, tpath: Path, policy: Path, log: Path, *, gc_tune: bool = False,
+                 gc_stats: Path | None = None) -> None:
+        self.tpath, self.policy, self.log, self.gc_tune = tpath, policy, log, gc_tune
+        self.gc_stats = gc_stats
+        self.proc: asyncio.subprocess.Process | None = None
+        self.how = ""
+        self.target = ""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    async def start(self) -> None:
+        port = free_port()
+        self.target = f"127.0.0.1:{port}"
+        cmds = proxy_commands(self.tpath, self.policy, port)
+        if self.gc_tune:
+            cmds = [([*cmds[-1][0], "--gc-tune"], "bench/proxy/serve.py --gc-tune")]
+        elif self.gc_stats:
+            cmds = [([*cmds[-1][0], "--gc-stats", str(self.gc_stats)],
+                     "bench/proxy/serve.py --gc-stats")]
+        for cmd, how in cmds:
+            with self.log.open("wb") as lf:
+                self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=lf,
+                                                                 stderr=asyncio.subprocess.STDOUT,
+                                                                 cwd=ROOT)
+            try:
+                await wait_serving(self.target, self.proc, self.log)
+                self.how = how
+                print(f"proxy ({how}) pid {self.proc.pid} serving on {self.target}", flush=True)
+                return
+            except SystemExit as exc:
+                print(f"{how} did not serve: {exc}", flush=True)
+                await self.stop()
+        raise SystemExit("the proxy did not start")
+
+    def gc(self) -> dict[str, Any]:
+        """GC collections and CPU seconds so far (with --gc-stats)."""
+        if self.gc_stats is None or not self.gc_stats.exists():
+            return {"collections": [0, 0, 0], "cpu_s": [0.0, 0.0, 0.0]}
+        data: dict[str, Any] = json.loads(self.gc_stats.read_text())
+        return data
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self.proc.terminate()
+        try:
+            await asyncio.wait_for(self.proc.wait(), 20)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    import grpc
+    from aiokafka import AIOKafkaProducer
+    from kafka_helpers import create_topic  # type: ignore[import-not-found]
+    from tests_support import write_topology  # type: ignore[import-not-found]
+
+    from dr.consul import ConsulClient
+    from dr.primary import PrimaryRecord, read_primary, write_primary
+    from dr.stack.local import LocalStack
+    from dr.stack.paths import StackPaths
+    from dr.stack.ports import free_topology
+    from proxy.api import pb, pb_grpc
+    from proxy.config import KafkaWriterSettings
+
+    topo = free_topology(["east", "west"])
+    tpath = write_topology(topo, tmp / "topology.yaml")
+    paths = StackPaths(state=tmp / "state", cache=StackPaths.default().cache)
+    stack = LocalStack(topo, tpath, paths=paths)
+    policy = tmp / "policy.yaml"
+    policy.write_text(POLICY)
+    proxies: list[ProxyProc] = []
+    print("starting the two-region stack ...", flush=True)
+    await stack.up(timeout_s=180)
+    try:
+        east = topo.region("east").kafka.bootstrap
+        for r in topo.regions:  # the primary key in every datacenter, as the controller writes
+            async with ConsulClient(r.consul.http_addr) as c:
+                if (await read_primary(c))[0] is None:
+                    await write_primary(c, PrimaryRecord(region="east", epoch=1,
+                                                         updated_ms=int(time.time() * 1000),
+                                                         by="bench"), 0)
+        topics = {s: f"bench-{s}" for s in a.sizes}
+        for t in topics.values():
+            for r in topo.regions:
+                await create_topic(r.kafka.bootstrap, t, PARTITIONS)
+        broker_pid = None
+        for pid_file in sorted((paths.state / "east").glob("kafka-*/pid")):
+            broker_pid = int(pid_file.read_text().split()[0])
+        ks = KafkaWriterSettings()
+        producer = AIOKafkaProducer(bootstrap_servers=east, acks="all", enable_idempotence=True,
+                                    linger_ms=ks.linger_ms, max_batch_size=ks.max_batch_bytes,
+                                    max_request_size=ks.max_request_bytes)
+        await producer.start()
+        rows: list[dict[str, Any]] = []
+        pace: dict[str, dict[str, Any]] = {}
+        profiles: dict[str, Any] = {}
+        how = ""
+
+        async def measure(mode: str, size: int, fn: Callable[[Window], Awaitable[None]],
+                          pids: dict[str, int | None]) -> dict[str, Any]:
+            win = Window(a.warmup, a.seconds, pids)
+            await fn(win)
+            row = win.row(mode, size)
+            print(json.dumps(row), flush=True)
+            if row["errors"] > 0.01 * max(1, row["records"]):
+                raise SystemExit(f"{mode} {size} B: {row['errors']} errors, first: "
+                                 f"{row['first_error']}")
+            return row
+
+        async def phase(gc_tune: bool, size: int, modes: list[str], paced_too: bool) -> str:
+            """One fresh proxy process (an empty idempotency window) for one record size."""
+            suffix = "+gc" if gc_tune else ""
+            px = ProxyProc(tpath, policy, tmp / f"proxy{suffix}-{size}.log", gc_tune=gc_tune)
+            proxies.append(px)
+            await px.start()
+            pids = {"proxy": px.pid, "broker": broker_pid}
+            topic, value = topics[size], os.urandom(size)
+            async with grpc.aio.insecure_channel(px.target) as ch:
+                stub = pb_grpc.ProxyStub(ch)
+                fns: dict[str, Callable[[Window], Awaitable[None]]] = {
+                    "direct": lambda w: run_direct(producer, topic, value, w),
+                    "unary": lambda w: run_unary(stub, pb, topic, value, w),
+                    "batch": lambda w: run_batch(stub, pb, topic, value, w),
+                    "stream": lambda w: run_stream(stub, pb, topic, value, w),
+                    "sdk": lambda w: run_sdk(px.target, topic, value, w)}
+                for mode in modes:
+                    rows.append(await measure(mode + (suffix if mode != "direct" else ""),
+                                              size, fns[mode], pids))
+                if paced_too:
+                    ids = Ids()
+
+                    async def direct_one(i: int) -> None:
+                        await (await producer.send(topic, value, key=KEYS[i % len(KEYS)]))
+
+                    async def proxy_one(i: int) -> None:
+                        rec = pb.Record(topic=topic, key=KEYS[i % len(KEYS)], value=value,
+                                        idempotency_key=ids.next())
+                        await stub.Produce(pb.ProduceRequest(record=rec), timeout=5)
+
+                    todo = [("direct", direct_one), ("proxy", proxy_one)]
+                    for name, fn in todo if not gc_tune else todo[1:]:
+                        key = name + (suffix if name != "direct" else "")
+                        pace[key] = await paced(fn, a.rate, a.paced_seconds, 1.0, pids)
+                        pace[key]["size"] = size
+                        print(json.dumps({"paced": key, **pace[key]}), flush=True)
+            await px.stop()
+            return px.how
+
+        async def profile_proxy(size: int) -> None:
+            """The same ProxyServer (untuned) with GC accounting: a batch run for the share
+            of CPU spent collecting, then py-spy over a batch and a unary run."""
+            px = ProxyProc(tpath, policy, tmp / "proxy-profile.log",
+                           gc_stats=tmp / "gc-stats.json")
+            proxies.append(px)
+            await px.start()
+            pids = {"proxy": px.pid, "broker": broker_pid}
+            topic, value = topics[size], os.urandom(size)
+            async with grpc.aio.insecure_channel(px.target) as ch:
+                stub = pb_grpc.ProxyStub(ch)
+                await asyncio.sleep(1.0)
+                g0 = px.gc()
+                row = await measure("batch (GC accounted)", size,
+                                    lambda w: run_batch(stub, pb, topic, value, w), pids)
+                await asyncio.sleep(1.0)
+                g1 = px.gc()
+                cpu_s = row["proxy_cpu_s_per_m"] * row["records"] / 1e6
+                gc_s = [b - x for x, b in zip(g0["cpu_s"], g1["cpu_s"], strict=True)]
+                gc_info.update({
+                    "rps": row["rps"], "proxy_cpu_s": round(cpu_s, 2),
+                    "gc_cpu_s": [round(x, 2) for x in gc_s],
+                    "collections": [b - x for x, b in zip(g0["collections"],
+                                                         g1["collections"], strict=True)],
+                    "gc_share": round(sum(gc_s) / cpu_s, 2) if cpu_s else None})
+                print(json.dumps({"gc": gc_info}), flush=True)
+                await spy_runs(px, size, stub, topic, value, pids)
+            await px.stop()
+
+        async def spy_runs(px: ProxyProc, size: int, stub: Any, topic: str,
+                           value: bytes, pids: dict[str, int | None]) -> None:
+            spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(
+                Path(sys.executable).parent))
+            if spy is None:
+                print("py-spy not installed: no profile", flush=True)
+                return
+            for mode, fn in (("batch", lambda w: run_batch(stub, pb, topic, value, w)),
+                             ("unary", lambda w: run_unary(stub, pb, topic, value, w))):
+                raw = tmp / f"profile-{mode}.txt"
+                prof = await asyncio.create_subprocess_exec(
+                    spy, "record", "--pid", str(px.pid), "--rate", "200", "--format", "raw",
+                    *(["--native"] if a.native else ["--nonblocking"]),
+                    "--duration", str(int(a.seconds + a.warmup)), "-o", str(raw),
+                    stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+                await asyncio.sleep(0.5)
+                row = await measure(f"{mode} (under py-spy)", size, fn, pids)
+                _, err = await prof.communicate()
+                if prof.returncode == 0:
+                    profiles[mode] = summarize_profile(raw)
+                    profiles[mode]["rps_under_profiler"] = row["rps"]
+                    shutil.copy(raw, RESULTS / f"proxy-profile-{mode}.txt")
+                else:
+                    print(f"py-spy failed: {err.decode()[-500:]}", flush=True)
+
+        gc_info: dict[str, Any] = {}
+        big = max(a.sizes)
+        for size in a.sizes:
+            how = await phase(False, size, ["direct", "unary", "batch", "stream", "sdk"],
+                              paced_too=size == big)
+        await phase(True, big, ["batch", "stream"], paced_too=True)
+        if a.profile:
+            await profile_proxy(big)
+        await producer.stop()
+        return {"rows": rows, "pace": pace, "profiles": profiles, "server": how, "gc": gc_info}
+    finally:
+        for px in proxies:
+            await px.stop()
+        await LocalStack.down(paths)
+
+
+def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
+    rows, pace, profiles = res["rows"], res["pace"], res["profiles"]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT, check=False).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "proxy/"], capture_output=True,
+                           text=True, cwd=ROOT, check=False).stdout.split()[1::2]
+    big = max(a.sizes)
+
+    def get(mode: str, size: int = big) -> dict[str, Any]:
+        return next(r for r in rows if r["mode"] == mode and r["size"] == size)
+
+    gb, gs, pg = get("batch+gc"), get("stream+gc"), pace["proxy+gc"]
+
+    d = get("direct")
+    added = round(pace["proxy"]["p99_ms"] - pace["direct"]["p99_ms"], 2)
+    result = {
+        "direct_rps": d["rps"], "proxy_unary_rps": get("unary")["rps"],
+        "proxy_batch_rps": get("batch")["rps"], "proxy_stream_rps": get("stream")["rps"],
+        "proxy_sdk_rps": get("sdk")["rps"],
+        "batch_vs_direct": round(get("batch")["rps"] / d["rps"], 2),
+        "stream_vs_direct": round(get("stream")["rps"] / d["rps"], 2),
+        "direct_p99_ms": pace["direct"]["p99_ms"], "proxy_unary_p99_ms": pace["proxy"]["p99_ms"],
+        "unary_added_p99_ms": added, "paced_rate": a.rate, "record_bytes": big,
+        "gc_tuned": {"proxy_batch_rps": gb["rps"], "proxy_stream_rps": gs["rps"],
+                     "batch_vs_direct": round(gb["rps"] / d["rps"], 2),
+                     "stream_vs_direct": round(gs["rps"] / d["rps"], 2),
+                     "proxy_unary_p99_ms": pg["p99_ms"],
+                     "unary_added_p99_ms": round(pg["p99_ms"] - pace["direct"]["p99_ms"], 2)},
+        "proxy_cpu_s_per_million": {r["mode"]: r["proxy_cpu_s_per_m"] for r in rows
+                                    if r["size"] == big and r["mode"] != "direct"},
+        "git_commit": commit, "proxy_uncommitted_at_run": dirty, "server": res["server"],
+        "machine": f"{os.cpu_count()} cores shared by client, proxy and both brokers",
+        "runs": rows, "paced": pace, "gc": res["gc"],
+        "profiles": {m: {"samples": p["samples"], "rps_under_profiler": p["rps_under_profiler"],
+                         "inclusive": p["inclusive"], "top_self": p["top_self"][:10]}
+                     for m, p in profiles.items()},
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "proxy.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / "proxy.svg").write_text(svg(rows, pace))
+    lines = [
+        "# Proxy benchmark", "",
+        f"Direct aiokafka producer vs the routing proxy, one run on one pair of local clusters "
+        f"(Kafka 4.1.1, one broker per region, 512 MB heap; Consul 1.22), commit `{commit}`"
+        + (f" (uncommitted changes in {', '.join(dirty)} at run time)" if dirty else "") +
+        f". **{os.cpu_count()} cores shared by everything**: the benchmark client, the proxy "
+        f"process ({res['server']}) and both brokers; the figures are what this box gives, "
+        "not what the proxy would do with a core of its own.", "",
+        f"Policy `bench-*: ordered` (every record to the primary, east, where the direct "
+        f"producer writes too); {PARTITIONS} partitions, 1,000 keys; acks=all, idempotent "
+        f"producers, linger 2 ms (the proxy's default, used for the direct producer too). "
+        f"Each proxy record carries a 36-character idempotency key (the SDK's default), and "
+        f"the proxy adds six dr-* headers (~110 bytes) to every record it writes. Closed loop: "
+        f"{a.warmup:g} s warm-up then {a.seconds:g} s counted; direct and SDK keep at most "
+        f"{INFLIGHT:,} records unacknowledged, batch runs {BATCH_CONCURRENCY} calls of "
+        f"{BATCH} records, stream one stream of {BATCH}-record batches with {STREAM_WINDOW} "
+        f"unacked, unary {UNARY_CONCURRENCY} calls in flight. Latency is per record, send to "
+        f"ack (under full load, so it includes queueing). CPU s per million records: utime + "
+        f"stime from /proc over the counted window.", "",
+        "| contender | record | records/s | vs direct | MB/s | p50 ms | p99 ms | proxy CPU "
+        "s/M | client CPU s/M | broker CPU s/M | proxy cores | others' cores |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        dr = get("direct", r["size"])["rps"]
+        lines.append(f"| {r['mode']} | {r['size']} B | {r['rps']:,} | {r['rps'] / dr:.2f}x | "
+                     f"{r['mb_s']} | {r['p50_ms']} | {r['p99_ms']} | "
+                     f"{r['proxy_cpu_s_per_m'] if r['mode'] != 'direct' else '-'} | "
+                     f"{r['client_cpu_s_per_m']} | {r['broker_cpu_s_per_m']} | "
+                     f"{r['proxy_cpu_util'] if r['mode'] != 'direct' else '-'} | "
+                     f"{r['others_cores']} |")
+    pd, pp = pace["direct"], pace["proxy"]
+    lines += [
+        "", f"Unary latency at a fixed {a.rate:,} requests/s ({big} B records, open loop: "
+        f"each request is due at t0 + i/rate and timed from that due time; 1 s warm-up, then "
+        f"{pp['requests']:,} requests):", "",
+        "| | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors |",
+        "|---|---|---|---|---|---|---|",
+        f"| direct aiokafka | {pd['p50_ms']} | {pd['p90_ms']} | {pd['p99_ms']} | "
+        f"{pd['p999_ms']} | {pd['max_ms']} | {pd['errors']} |",
+        f"| proxy `Produce` | {pp['p50_ms']} | {pp['p90_ms']} | {pp['p99_ms']} | "
+        f"{pp['p999_ms']} | {pp['max_ms']} | {pp['errors']} |",
+        f"| proxy `Produce`, GC tuned | {pg['p50_ms']} | {pg['p90_ms']} | {pg['p99_ms']} | "
+        f"{pg['p999_ms']} | {pg['max_ms']} | {pg['errors']} |", "",
+        f"p99 added by the proxy: **{added} ms** (target: at most 1 ms); p50 added: "
+        f"{pp['p50_ms'] - pd['p50_ms']:.2f} ms. Proxy CPU at this rate: "
+        f"{pp['proxy_cpu_util']} of a core.", "",
+        f"Targets ({big} B): batch {result['batch_vs_direct']}x and stream "
+        f"{result['stream_vs_direct']}x direct (target at least 0.9x; below 0.7x is a defect). "
+        f"With the proposed GC fix (rows `+gc`: `bench/proxy/serve.py --gc-tune`, the same "
+        f"ProxyServer after `gc.freeze()` and `gc.set_threshold(10_000, 20, 20)`): batch "
+        f"{result['gc_tuned']['batch_vs_direct']}x, stream "
+        f"{result['gc_tuned']['stream_vs_direct']}x, unary p99 added at {a.rate:,}/s "
+        f"{result['gc_tuned']['unary_added_p99_ms']} ms.", "",
+        "`others' cores`: CPU the rest of the machine used during the window (other work on "
+        "the box, the west broker, Consul) — this box is shared, so compare rows of one run, "
+        "not runs.", "", "![records/s and paced latency](proxy.svg)", ""]
+    for mode, p in profiles.items():
+        lines += [f"## Profile: {mode}, {big} B (py-spy, {p['samples']:,} samples, "
+                  f"{p['rps_under_profiler']:,} records/s while sampled)", "",
+                  "Share of the proxy's busy samples whose stack passes through:", "",
+                  "| part | % |", "|---|---|"]
+        lines += [f"| {c} | {v} |" for c, v in p["inclusive"]]
+        lines += ["", "Top frames by own time:", "", "| frame | % |", "|---|---|"]
+        lines += [f"| `{f}` | {v} |" for f, v in p["top_self"][:10]]
+        lines += ["", f"Raw stacks: `proxy-profile-{mode}.txt` (py-spy collapsed format).", ""]
+    (RESULTS / "proxy.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="100,1024", help="record value sizes, bytes")
+    ap.add_argument("--seconds", type=float, default=10.0, help="counted seconds per run")
+    ap.add_argument("--warmup", type=float, default=2.0, help="uncounted seconds first")
+    ap.add_argument("--rate", type=int, default=1000, help="paced unary requests/s")
+    ap.add_argument("--paced-seconds", type=float, default=15.0)
+    ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
+    a = ap.parse_args()
+    a.sizes = [int(s) for s in a.sizes.split(",")]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
+        res = asyncio.run(bench(a, Path(tmp)))
+    write_results(res, a)
+
+
+if __name__ == "__main__":
+    main()
