@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from dr.cli import app
 from dr.errors import ConfigError
 from proxy.auth import AuthStore, authenticate, hash_token, load_auth, new_token, parse_auth
 from proxy.config import ProxyConfig, TlsSettings
@@ -139,21 +139,26 @@ async def test_auth_store_reloads_and_refuses_bad_files(tmp_path: Path) -> None:
     assert reg.get_sample_value("crossdc_proxy_auth_version") == 2
 
 
+def dr(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "dr.cli", *args], capture_output=True,
+                          text=True, timeout=60, check=False)
+
+
 def test_dr_proxy_token_prints_a_token_and_a_valid_entry(tmp_path: Path) -> None:
-    r = CliRunner().invoke(app, ["proxy", "token", "--name", "ledger", "--topic",
-                                 "ledger.*", "--topic", "audit"])
-    assert r.exit_code == 0, r.output
-    token = re.search(r"^token: (\S+)$", r.output, re.M)
+    r = dr("proxy", "token", "--name", "ledger", "--topic", "ledger.*", "--topic", "audit")
+    assert r.returncode == 0, r.stderr
+    token = re.search(r"^token: (\S+)$", r.stdout, re.M)
     assert token is not None
-    entry = r.output.split("\n", 2)[2]
+    entry = r.stdout.split("\n", 2)[2]
     assert token.group(1) not in entry                 # only the hash goes in the file
     path = tmp_path / "auth.yaml"
     path.write_text("tokens:\n" + entry)
     found = authenticate(load_auth(path), f"Bearer {token.group(1)}")
     assert found.name == "ledger"
     assert found.topics == ["ledger.*", "audit"]
-    r = CliRunner().invoke(app, ["proxy", "token", "--name", "bad name"])
-    assert r.exit_code == 2
+    r = dr("proxy", "token", "--name", "bad name")
+    assert r.returncode == 2
+    assert "--name" in r.stderr
 
 
 def test_consul_check_per_tls_mode(tmp_path: Path) -> None:
