@@ -1,10 +1,14 @@
 """Benchmark: the Spark reconciliation job (local[2]) vs a single-process Python diff.
 
-Starts its own two-region stack on free ports, writes N records per region (west misses
-every 10,000th), then for each size runs `dr reconcile` and `python_diff.py` on the same
-topic, sampling the peak RSS of each process tree. Both must find the same missing count.
+Starts its own two-region stack on free ports and writes `--topics` topics of `--per-topic`
+records into each region (east: the origin; west: the mirror's copy with seeded faults, see
+produce.py). A size of k million records per region is the first k topics, so one data set
+serves every size. For each size it runs `dr reconcile --master local[2]` and
+`python_diff.py` on the same topics, one after the other, sampling the peak RSS of each whole
+process tree (Spark: the Python driver, spark-submit and the JVM), and checks that both find
+exactly the seeded faults.
 
-    .venv/bin/python bench/reconcile/run.py [--sizes 1000000,5000000]
+    flock /tmp/crossdc-bench.lock .venv/bin/python bench/reconcile/run.py [--sizes 1,2,3,5]
 
 Prints the figures and writes bench/results/reconcile.{json,md,svg}.
 """
@@ -20,13 +24,16 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
 RESULTS = ROOT / "bench" / "results"
-DROP_EVERY = 10_000
+APPEND = {"message.timestamp.type": "LogAppendTime"}
 
 
 def _tree_rss_kb(pid: int) -> int:
@@ -54,79 +61,127 @@ def _tree_rss_kb(pid: int) -> int:
     return total
 
 
-def measured(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str]:
-    """Run `cmd`; return (wall seconds, peak tree RSS MB, stdout)."""
+def measured(cmd: list[str], log: Path) -> tuple[float, float, str, float]:
+    """Run `cmd`; return (wall seconds, peak tree RSS MB, stdout, 1-min load at start)."""
+    load = os.getloadavg()[0]
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
-    peak = 0
-    done = threading.Event()
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        peak = 0
+        done = threading.Event()
 
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, _tree_rss_kb(proc.pid))
-            done.wait(0.2)
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-    out, err = proc.communicate()
-    done.set()
-    t.join()
+        def sample() -> None:
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, _tree_rss_kb(proc.pid))
+                done.wait(0.25)
+        t = threading.Thread(target=sample, daemon=True)
+        t.start()
+        out, _ = proc.communicate()
+        done.set()
+        t.join()
     took = time.monotonic() - started
     if proc.returncode not in (0, 3):
-        raise SystemExit(f"{cmd[:3]} failed ({proc.returncode}):\n{err[-3000:]}")
-    return took, peak / 1024, out
+        raise SystemExit(f"{cmd[:3]} failed ({proc.returncode}), see {log}:\n"
+                         f"{log.read_text()[-3000:]}")
+    return took, peak / 1024, out, load
 
 
-def svg(rows: list[dict[str, float]]) -> str:
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least squares y = a + b x; returns (a, b, r²)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    a = my - b * mx
+    ss_res = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    ss_tot = sum((y - my) ** 2 for y in ys) or 1.0
+    return a, b, 1 - ss_res / ss_tot
+
+
+def svg(rows: list[dict[str, Any]]) -> str:
     """Seconds vs records per region, one line per implementation."""
-    w, h, pad = 560, 320, 50
-    xmax = max(r["records_per_region"] for r in rows)
-    ymax = max(max(r["spark_s"], r["python_s"]) for r in rows) * 1.1
-    def pt(x: float, y: float) -> str:
-        return f"{pad + (w - 2 * pad) * x / xmax:.1f},{h - pad - (h - 2 * pad) * y / ymax:.1f}"
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}">',
-             f'<text x="{pad}" y="20" font-weight="bold">reconciliation time vs records '
-             f'per region (2 regions)</text>',
+    w, h, pad = 640, 360, 60
+    xmax = max(r["records_per_region"] for r in rows) * 1.05
+    ymax = max(max(r["spark_s"], r["python_s"]) for r in rows) * 1.15
+
+    def pt(x: float, y: float) -> tuple[float, float]:
+        return pad + (w - 2 * pad) * x / xmax, h - pad - (h - 2 * pad) * y / ymax
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
+             f'font-family="sans-serif" font-size="12">',
+             '<rect width="100%" height="100%" fill="white"/>',
+             f'<text x="{pad}" y="24" font-size="14" font-weight="bold">Reconciliation wall '
+             f'time vs records per region (2 regions)</text>',
              f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>',
              f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>',
-             f'<text x="{w / 2 - 40}" y="{h - 10}">records per region</text>',
-             f'<text x="5" y="{pad - 10}">seconds</text>']
-    for key, color in (("spark_s", "#e45756"), ("python_s", "#4c78a8")):
-        pts = " ".join(pt(0, 0) if False else pt(r["records_per_region"], r[key]) for r in rows)
-        parts.append(f'<polyline points="{pt(0, 0)} {pts}" fill="none" stroke="{color}" '
-                     f'stroke-width="2"/>')
-        for r in rows:
-            x, y = pt(r["records_per_region"], r[key]).split(",")
-            parts.append(f'<circle cx="{x}" cy="{y}" r="3" fill="{color}"/>'
-                         f'<text x="{float(x) + 5}" y="{float(y) - 5}" font-size="11">'
+             f'<text x="{w / 2 - 60}" y="{h - 15}">records per region (millions)</text>',
+             f'<text x="10" y="{pad - 12}">seconds</text>']
+    for i in range(5):
+        y = ymax * i / 4
+        _, py = pt(0, y)
+        parts.append(f'<line x1="{pad - 4}" y1="{py:.1f}" x2="{w - pad}" y2="{py:.1f}" '
+                     f'stroke="#ddd"/><text x="{pad - 8}" y="{py + 4:.1f}" '
+                     f'text-anchor="end">{y:.0f}</text>')
+    for r in rows:
+        px, _ = pt(r["records_per_region"], 0)
+        parts.append(f'<text x="{px:.1f}" y="{h - pad + 16}" text-anchor="middle">'
+                     f'{r["records_per_region"] / 1e6:g}</text>')
+    for key, color, label in (("spark_s", "#e45756", "Spark local[2] (dr reconcile)"),
+                              ("python_s", "#4c78a8", "Python, 1 process (aiokafka + dict)")):
+        pts = [pt(r["records_per_region"], r[key]) for r in rows]
+        parts.append('<polyline points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+                     + f'" fill="none" stroke="{color}" stroke-width="2"/>')
+        for (x, y), r in zip(pts, rows, strict=True):
+            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}"/>'
+                         f'<text x="{x + 6:.1f}" y="{y - 6:.1f}" fill="{color}">'
                          f'{r[key]:.0f}s</text>')
-    parts.append(f'<text x="{w - 170}" y="{pad}" fill="#e45756">Spark local[2]</text>'
-                 f'<text x="{w - 170}" y="{pad + 16}" fill="#4c78a8">Python (aiokafka + '
-                 f'dict)</text></svg>')
+        ly = pad + (18 if key == "python_s" else 0)
+        parts.append(f'<line x1="{pad + 10}" y1="{ly}" x2="{pad + 30}" y2="{ly}" '
+                     f'stroke="{color}" stroke-width="2"/><text x="{pad + 36}" y="{ly + 4}">'
+                     f'{label}</text>')
+    parts.append("</svg>")
     return "\n".join(parts)
 
 
-async def seed(topo, sizes: list[int]) -> None:  # type: ignore[no-untyped-def]
+async def create_topics(topo: Any, names: list[str], partitions: int) -> None:
     from kafka_helpers import create_topic  # type: ignore[import-not-found]
-    for n in sizes:
+    for n in names:
         for r in ("east", "west"):
-            await create_topic(topo.region(r).kafka.bootstrap, f"bench-{n}", 12)
+            await create_topic(topo.region(r).kafka.bootstrap, n, partitions, configs=APPEND)
+
+
+def git_commit() -> tuple[str, bool]:
+    """HEAD, and whether the measured code (dr/, bench/reconcile) differs from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=ROOT, check=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "dr", "bench/reconcile"],
+                           capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    return head, bool(dirty.strip())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="1000000,5000000")
+    ap.add_argument("--sizes", default="1,2,3,5",
+                    help="records per region, in topics of --per-topic records")
+    ap.add_argument("--per-topic", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--driver-memory", default="3g")
+    ap.add_argument("--producers", type=int, default=3, help="producer processes at once")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
+    from produce import faults  # type: ignore[import-not-found]
     from tests_support import write_topology  # type: ignore[import-not-found]
 
     from dr.stack.local import LocalStack
     from dr.stack.paths import StackPaths
     from dr.stack.ports import free_topology
 
+    commit, dirty = git_commit()
     py = sys.executable
     dr = str(Path(py).parent / "dr")
+    topics = [f"bench-{i}" for i in range(max(sizes))]
+    per_topic = faults(a.per_topic, a.partitions)
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-reconcile-") as tmp:
         topo = free_topology(["east", "west"])
         tpath = write_topology(topo, Path(tmp) / "topology.yaml")
@@ -134,73 +189,128 @@ def main() -> None:
         stack = LocalStack(topo, tpath, paths=paths)
         asyncio.run(stack.up(timeout_s=180))
         try:
-            asyncio.run(seed(topo, sizes))
+            asyncio.run(create_topics(topo, topics, a.partitions))
             east = topo.region("east").kafka.bootstrap
             west = topo.region("west").kafka.bootstrap
-            for n in sizes:
-                print(f"writing {n:,} records per region ...", flush=True)
-                procs = [subprocess.Popen([py, str(HERE / "produce.py"), east, f"bench-{n}",
-                                           str(n)]),
-                         subprocess.Popen([py, str(HERE / "produce.py"), west, f"bench-{n}",
-                                           str(n), "--drop-every", str(DROP_EVERY)])]
-                if any(p.wait() for p in procs):
-                    raise SystemExit("producing failed")
-            rows = []
-            for n in sizes:
-                topic = f"bench-{n}"
-                out = Path(tmp) / f"out-{n}"
-                s_took, s_rss, _ = measured([dr, "reconcile", "--topology", str(tpath),
-                                             "--regions", "east,west", "--topics", topic,
-                                             "--grace", "0", "--master", "local[2]",
-                                             "--out", str(out)])
+            jobs = [[py, str(HERE / "produce.py"), boot, t, str(a.per_topic), "--role", role,
+                     "--partitions", str(a.partitions)]
+                    for t in topics for boot, role in ((east, "east"), (west, "west"))]
+            print(f"writing {len(topics)} x {a.per_topic:,} records into each region ...",
+                  flush=True)
+            started = time.monotonic()
+            with ThreadPoolExecutor(a.producers) as pool:
+                codes = list(pool.map(lambda cmd: subprocess.run(cmd, check=False).returncode,
+                                      jobs))
+            if any(codes):
+                raise SystemExit("producing failed")
+            produce_s = time.monotonic() - started
+            produced = 2 * len(topics) * a.per_topic
+            print(f"produced {produced:,} records in {produce_s:.0f}s "
+                  f"({produced / produce_s:,.0f}/s)", flush=True)
+            for k in sizes:
+                chosen = topics[:k]
+                n = k * a.per_topic
+                out = Path(tmp) / f"out-{k}"
+                s_took, s_rss, _, s_load = measured(
+                    [dr, "--log-format", "json", "--log-level", "info", "reconcile",
+                     "--topology", str(tpath), "--regions", "east,west",
+                     "--topics", f"bench-[0-{k - 1}]",
+                     "--grace", "0", "--master", "local[2]", "--driver-memory",
+                     a.driver_memory, "--out", str(out)], Path(tmp) / f"spark-{k}.log")
                 spark = json.loads((out / "report.json").read_text())
-                p_took, p_rss, p_out = measured([py, str(HERE / "python_diff.py"), topic,
-                                                 east, west])
+                stages = {s["stage"]: s["took_s"] for s in (
+                    json.loads(line) for line in
+                    (Path(tmp) / f"spark-{k}.log").read_text().splitlines()
+                    if line.startswith("{") and "reconcile_stage" in line)}
+                p_took, p_rss, p_out, p_load = measured(
+                    [py, str(HERE / "python_diff.py"), east, west, *chosen],
+                    Path(tmp) / f"python-{k}.log")
                 pyres = json.loads(p_out.strip().splitlines()[-1])
-                expected_missing = n // DROP_EVERY
-                assert spark["totals"]["missing"] == expected_missing, spark["totals"]
-                assert pyres["missing"] == expected_missing, pyres
+                want = {f: c * k for f, c in per_topic.items()}
+                got = {f: spark["totals"][f] for f in want}
+                assert got == want, (got, want)
+                assert {f: pyres[f] for f in ("missing", "duplicates", "altered")} == {
+                    f: want[f] for f in ("missing", "duplicates", "altered")}, (pyres, want)
                 total = sum(spark["totals"]["read"].values())
+                assert pyres["records"] == total, (pyres, total)
                 row = {"records_per_region": n, "records_read": total,
                        "spark_s": round(s_took, 1), "python_s": round(p_took, 1),
                        "spark_rps": round(total / s_took), "python_rps": round(total / p_took),
                        "spark_peak_rss_mb": round(s_rss), "python_peak_rss_mb": round(p_rss),
-                       "missing_found": expected_missing}
-                print(json.dumps(row), flush=True)
+                       "spark_job_s": spark["duration_s"], "found": got,
+                       "load_avg_1m_at_start": {"spark": round(s_load, 1),
+                                                "python": round(p_load, 1)},
+                       "spark_stages": stages}
+                print(json.dumps({k: v for k, v in row.items() if k != "spark_stages"}),
+                      flush=True)
                 rows.append(row)
         finally:
             asyncio.run(LocalStack.down(paths))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT, check=False).stdout.strip()
-    big = rows[-1]
+    write_results(rows, a, commit, dirty, produce_s, produced)
+
+
+def write_results(rows: list[dict[str, Any]], a: argparse.Namespace, commit: str, dirty: bool,
+                  produce_s: float, produced: int) -> None:
+    big, first = rows[-1], rows[0]
+    xs = [r["records_per_region"] / 1e6 for r in rows]
+    a0, b0, r2 = fit(xs, [r["spark_s"] for r in rows]) if len(rows) > 1 else (0.0, 0.0, 1.0)
+    pa, pb, pr2 = fit(xs, [r["python_s"] for r in rows]) if len(rows) > 1 else (0.0, 0.0, 1.0)
     result = {"records_per_region": big["records_per_region"], "spark_rps": big["spark_rps"],
               "python_rps": big["python_rps"], "spark_peak_rss_mb": big["spark_peak_rss_mb"],
               "python_peak_rss_mb": big["python_peak_rss_mb"], "git_commit": commit,
-              "machine": f"{os.cpu_count()} cores", "runs": rows}
+              "code_differs_from_commit": dirty,
+              "machine": f"{os.cpu_count()} cores, shared with other jobs (see load averages)",
+              "spark_master": "local[2]", "spark_driver_memory": a.driver_memory,
+              "partitions_per_topic": a.partitions, "records_per_topic": a.per_topic,
+              "produce_rps": round(produced / produce_s),
+              "spark_fit": {"fixed_s": round(a0, 1), "s_per_million_per_region": round(b0, 1),
+                            "r2": round(r2, 4)},
+              "python_fit": {"fixed_s": round(pa, 1), "s_per_million_per_region": round(pb, 1),
+                             "r2": round(pr2, 4)},
+              "runs": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "reconcile.json").write_text(json.dumps(result, indent=2) + "\n")
     (RESULTS / "reconcile.svg").write_text(svg(rows))
-    first = rows[0]
-    growth = (big["spark_s"] / first["spark_s"]) if len(rows) > 1 else 1.0
-    lines = ["# Reconciliation benchmark", "",
-             f"Two local regions (Kafka 4.1.1, 1 broker each, 512 MB heap), {os.cpu_count()} "
-             f"cores, commit `{commit}`. West lacks every {DROP_EVERY:,}th record; both "
-             "implementations must find exactly those. Records are ~100 bytes with five dr-* "
-             "headers, 12 partitions. Times are wall clock of the whole command (Spark: "
-             "`dr reconcile --master local[2]`, including JVM start; Python: "
-             "`bench/reconcile/python_diff.py`, one process). Records/s counts records read "
-             "from both regions. Peak RSS is the whole process tree (Spark: Python driver + "
-             "JVM).", "",
-             "| records per region | Spark s | Python s | Spark rec/s | Python rec/s | "
-             "Spark peak RSS MB | Python peak RSS MB |", "|---|---|---|---|---|---|---|"]
+    growth = big["spark_s"] / first["spark_s"]
+    lines = [
+        "# Reconciliation benchmark", "",
+        f"Two local regions (Kafka 4.1.1, one broker each, 512 MB heap), {os.cpu_count()} "
+        f"cores shared with other jobs, commit `{commit[:12]}`"
+        f"{' (plus uncommitted changes)' if dirty else ''}. "
+        f"Topics of {a.per_topic:,} records, {a.partitions} partitions each, "
+        "`LogAppendTime`; a size of k million records per region is the first k topics. "
+        "Records: ~80-byte values, 1,000 keys a partition, six dr-* headers of an `ordered` "
+        "record from east. West is east's copy with seeded faults (every 10,000th record "
+        "dropped, every 50,000th twice, every 100,000th altered, every 200,000th after the "
+        "next record of its key); both implementations must find exactly those (Python: "
+        "missing, duplicates, altered; Spark also order and latency).", "",
+        f"Spark: `dr reconcile --master local[2] --driver-memory {a.driver_memory}`, wall "
+        "clock of the whole command (survey, JVM start, job, reports). Python: "
+        "`bench/reconcile/python_diff.py`, one process reading both regions with aiokafka into "
+        "dicts. Records/s counts records read from both regions. Peak RSS is the whole "
+        "process tree (Spark: Python driver + JVM), sampled every 0.25 s. The load average "
+        f"column shows how busy the shared machine was. Writing the data: {produced:,} "
+        f"records in {produce_s:.0f} s ({produced / produce_s:,.0f}/s, aiokafka batch "
+        f"builders, {a.producers} processes at once).", "",
+        "| records per region | Spark s | Python s | Spark rec/s | Python rec/s | "
+        "Spark peak RSS MB | Python peak RSS MB | load (Spark/Python) |",
+        "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['records_per_region']:,} | {r['spark_s']} | {r['python_s']} | "
-              f"{r['spark_rps']:,} | {r['python_rps']:,} | {r['spark_peak_rss_mb']} | "
-              f"{r['python_peak_rss_mb']} |" for r in rows]
-    lines += ["", f"Spark time grows {growth:.2f}x from {first['records_per_region']:,} to "
-              f"{big['records_per_region']:,} records per region "
-              f"({big['records_per_region'] / first['records_per_region']:.0f}x the data).", "",
-              "![time vs records](reconcile.svg)", ""]
-    (RESULTS / "reconcile.md").write_text("\n".join(lines))
+              f"{r['spark_rps']:,} | {r['python_rps']:,} | {r['spark_peak_rss_mb']:,} | "
+              f"{r['python_peak_rss_mb']:,} | {r['load_avg_1m_at_start']['spark']} / "
+              f"{r['load_avg_1m_at_start']['python']} |" for r in rows]
+    lines += [
+        "", f"Spark's time grows {growth:.2f}x from {first['records_per_region']:,} to "
+        f"{big['records_per_region']:,} records per region "
+        f"({big['records_per_region'] / first['records_per_region']:g}x the data). A least "
+        f"squares line through the Spark points: {a0:.0f} s fixed + {b0:.1f} s per million "
+        f"records per region (r² = {r2:.3f}); Python: {pa:.0f} s + {pb:.1f} s per million "
+        f"(r² = {pr2:.3f}).", "",
+        "![time vs records](reconcile.svg)", "",
+        "Spark stages of the largest run (`dr --log-level info reconcile` logs "
+        "`reconcile_stage`):", ""]
+    lines += [f"- {stage}: {took} s" for stage, took in big["spark_stages"].items()]
+    (RESULTS / "reconcile.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

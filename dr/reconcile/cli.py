@@ -3,6 +3,7 @@ other commands stay light)."""
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -52,6 +53,9 @@ def reconcile_command(
     state: Annotated[Path | None, typer.Option(help="Incremental mode: watermark file, read "
                                                "and updated.")] = None,
     master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    driver_memory: Annotated[str, typer.Option(
+        help="Spark driver heap (local mode: the whole job's heap; ~2g holds 5M records "
+        "per region with spill to local disk).")] = "2g",
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for report.json and "
                                           "report.html.")] = Path("reconcile-report"),
     thresholds_file: Annotated[Path | None, typer.Option(
@@ -84,9 +88,11 @@ def reconcile_command(
         topology=load_topology(topology), topology_path=str(topology),
         regions=[r.strip() for r in regions.split(",") if r.strip()], topics=topics,
         since_ms=parse_time(since, "--since"), until_ms=parse_time(until, "--until"),
-        grace_s=grace, state_path=state, master=master, jars_dir=jars,
+        grace_s=grace, state_path=state, master=master, driver_memory=driver_memory,
+        jars_dir=jars,
         max_details=max_details, thresholds=limits)
-    console = Console()
+    # Not a terminal (a scheduler's log): wide enough that no column is cut.
+    console = Console() if sys.stdout.isatty() else Console(width=160)
     with Console(stderr=True).status("reconciling (Spark)"):
         report = run(settings)
     write_json(report, out_dir / "report.json")

@@ -100,6 +100,7 @@ def spark_session(opts: SparkOptions) -> SparkSession:
         raise SparkFailed(f"Spark did not start (master {opts.master}): "
                           f"{_first_line(exc)}") from exc
     spark.sparkContext.setLogLevel("ERROR")
+    spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")  # a header name given twice
     return spark
 
 
@@ -124,9 +125,7 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _header(name: str) -> Column:
-    return F.expr(f"cast(try_element_at(filter(headers, h -> h.key = '{name}'), 1).value "
-                  "as string)")
+DR_HEADERS = ("dr-id", "dr-origin", "dr-ts", "dr-mode", "dr-epoch", "dr-path")
 
 
 def _read_region(spark: SparkSession, s: RegionSurvey,
@@ -149,34 +148,47 @@ def _read_region(spark: SparkSession, s: RegionSurvey,
           .option("endingOffsets", json.dumps(ending))
           .option("includeHeaders", "true")
           .option("failOnDataLoss", "false")
+          # big fetches: one request brings many batches (the defaults fetch 1 MB a partition)
+          .option("kafka.max.partition.fetch.bytes", str(16 << 20))
+          .option("kafka.fetch.max.bytes", str(64 << 20))
           .load())
+    # The headers as a map (last value wins for a repeated name; spark_session sets the
+    # dedup policy): code-generated lookups, no lambda per header.
+    df = df.withColumn("h", F.map_from_entries("headers"))
+
+    def header(name: str) -> Column:
+        return F.col("h")[name].cast("string")
     # Content hash: key, value and user headers (in order), with null markers so that
-    # (key=null, value=x) and (key=x, value=null) differ. dr-* headers are left out: the
-    # mirror stamps and extends them.
-    user_headers = F.expr("filter(headers, h -> NOT startswith(h.key, 'dr-'))")
+    # (key=null, value=x) and (key=x, value=null) differ. dr-* headers are left out (the
+    # mirror stamps and extends them): array_except drops exactly the dr-* entries.
+    dr_entries = F.array(*[F.struct(F.lit(n).alias("key"), F.col("h")[n].alias("value"))
+                           for n in DR_HEADERS])
     content = F.xxhash64(F.col("key").isNull(), F.col("key"), F.col("value").isNull(),
-                         F.col("value"), user_headers)
+                         F.col("value"), F.array_except("headers", dr_entries))
+    dr_ts = header("dr-ts").try_cast("bigint")
+    ts_ms = F.unix_millis("timestamp")
     return df.select(
         F.lit(s.region).alias("region"), "topic", "partition", "offset",
-        F.unix_millis("timestamp").alias("ts_ms"),
-        (F.col("timestampType") == LOG_APPEND_TIME).alias("append_ts"),
-        "key", _header("dr-id").alias("dr_id"), _header("dr-origin").alias("origin"),
-        _header("dr-ts").try_cast("bigint").alias("dr_ts"),
-        _header("dr-mode").alias("mode"), content.alias("chash"))
+        F.coalesce(dr_ts, ts_ms).alias("event_ms"),
+        # replication latency, measurable only where the broker stamped the append time
+        F.when(F.col("timestampType") == LOG_APPEND_TIME, ts_ms - dr_ts).alias("lat_ms"),
+        "key", header("dr-id").alias("dr_id"), header("dr-origin").alias("origin"),
+        dr_ts.isNotNull().alias("has_ts"), header("dr-mode").alias("mode"),
+        content.alias("chash"))
 
 
 def _rows(spark: SparkSession, surveys: dict[str, RegionSurvey],
           start_offsets: dict[str, dict[tuple[str, int], int]], since_ms: int | None,
           until_ms: int) -> DataFrame:
-    schema = ("region string, topic string, partition int, offset long, ts_ms long, "
-              "append_ts boolean, key binary, dr_id string, origin string, dr_ts long, "
+    schema = ("region string, topic string, partition int, offset long, event_ms long, "
+              "lat_ms long, key binary, dr_id string, origin string, has_ts boolean, "
               "mode string, chash long")
     frames = [f for r in surveys
               if (f := _read_region(spark, surveys[r], start_offsets.get(r, {}))) is not None]
     rows = frames[0] if frames else spark.createDataFrame([], schema)
     for f in frames[1:]:
         rows = rows.unionByName(f)
-    t = F.coalesce(F.col("dr_ts"), F.col("ts_ms"))
+    t = F.col("event_ms")
     when = F.when(t >= F.lit(until_ms), AFTER)
     if since_ms is not None:
         when = when.when(t < F.lit(since_ms), BEFORE)
@@ -547,11 +559,11 @@ def _latency(inw: DataFrame) -> list[LatencyStats]:
     Latencies are counted exactly below 1 s and to three significant digits above, so the
     distribution collected to the driver stays small (a few thousand buckets at most) and
     the percentiles are exact to 0.1 %."""
-    copies = inw.filter(F.col("dr_id").isNotNull() & F.col("dr_ts").isNotNull()
+    copies = inw.filter(F.col("dr_id").isNotNull() & F.col("has_ts")
                         & F.col("origin").isNotNull() & (F.col("region") != F.col("origin")))
-    lat = F.col("ts_ms") - F.col("dr_ts")
+    lat = F.col("lat_ms")
     scale = F.pow(F.lit(10.0), F.floor(F.log10(lat.cast("double"))) - 2)
-    bucket = F.when(~F.col("append_ts"), F.lit(None).cast("bigint")) \
+    bucket = F.when(lat.isNull(), F.lit(None).cast("bigint")) \
         .when(lat < 1000, lat).otherwise((F.round(lat / scale) * scale).cast("bigint"))
     dist: dict[tuple[str, str], list[tuple[int | None, int]]] = {}
     for row in copies.groupBy("origin", "region", bucket.alias("b")).count().collect():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -29,10 +30,12 @@ def print_summary(report: Report, console: Console) -> None:
                   f"topics ~ {report.topics_pattern}  window "
                   f"[{w.since_ms or 'start'}, {w.until_ms}) ms, grace {w.grace_s:g}s"
                   f"{'  (incremental)' if w.incremental else ''}")
-    t = Table(show_lines=False)
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("topic", "region", "expected", "present", "missing", "duplicates",
                 "altered", "order", "headerless", "unmatched"):
-        t.add_column(col, justify="left" if col in ("topic", "region") else "right")
+        t.add_column(col, justify="left" if col in ("topic", "region") else "right",
+                     overflow="fold" if col == "topic" else "ellipsis", no_wrap=True,
+                     min_width=len(col) if col in ("topic", "region") else None)
     for topic in report.topics:
         for i, r in enumerate(report.regions):
             ps = topic.partitions
@@ -48,7 +51,8 @@ def print_summary(report: Report, console: Console) -> None:
                       _n(sum(p.headerless_unmatched for p in ps)) if i == 0 else "")
     console.print(t)
     if report.latency:
-        lt = Table(title="replication latency (append time - dr-ts)")
+        lt = Table(title="replication latency (append time - dr-ts)", box=box.SIMPLE_HEAD,
+                   pad_edge=False)
         for col in ("origin → region", "records", "p50 ms", "p95 ms", "p99 ms", "max ms",
                     "unmeasured"):
             lt.add_column(col, justify="left" if col.startswith("origin") else "right")

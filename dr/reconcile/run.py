@@ -33,6 +33,7 @@ class RunSettings:
     grace_s: float = 30.0
     state_path: Path | None = None
     master: str = "local[2]"
+    driver_memory: str = "2g"
     jars_dir: Path | None = None
     max_details: int = 1000
     thresholds: Thresholds = field(default_factory=Thresholds)
@@ -89,7 +90,8 @@ def run(settings: RunSettings) -> Report:
                     starts.setdefault(r, {})[(t, p)] = got
     log.info("reconcile_start", regions=settings.regions, topics=settings.topics,
              since_ms=since, until_ms=until, incremental=marks is not None)
-    spark = spark_session(SparkOptions(master=settings.master, jars_dir=settings.jars_dir))
+    spark = spark_session(SparkOptions(master=settings.master, jars_dir=settings.jars_dir,
+                                       driver_memory=settings.driver_memory))
     found = compare(spark, surveys, since_ms=since, until_ms=until, start_offsets=starts,
                     max_details=settings.max_details)
     p99 = max((x.p99_ms for x in found.latency if x.p99_ms is not None), default=None)
