@@ -34,6 +34,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
 from mirror.errors import OffsetsError, OffsetsUnavailable
 from mirror.topics import ensure_topic
@@ -262,12 +263,28 @@ async def translate_group(group: str, source: str, source_bootstrap: str,
     return out
 
 
+def _retriable(exc: BaseException) -> bool:
+    return isinstance(exc, KafkaError) and bool(exc.retriable)
+
+
+# The one retry policy of this module: a cluster that never had a consumer group answers
+# COORDINATOR_NOT_AVAILABLE while it creates __consumer_offsets.
+_RETRY = {"stop": stop_after_delay(30),
+          "wait": wait_exponential_jitter(multiplier=0.1, max=2, jitter=0.1),
+          "retry": retry_if_exception(_retriable), "reraise": True}
+
+
 async def group_members(bootstrap: str, group: str) -> tuple[str, int]:
     """(state, number of members) of a consumer group."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     try:
         await admin.start()
-        described = await admin.describe_consumer_groups([group])
+        async for attempt in AsyncRetrying(**_RETRY):  # type: ignore[arg-type]
+            with attempt:
+                described = await admin.describe_consumer_groups([group])
+    except KafkaError as exc:
+        raise OffsetsUnavailable(f"cannot describe group {group!r} at {bootstrap}: "
+                                 f"{exc!r}") from exc
     finally:
         await admin.close()
     for resp in described:
@@ -290,10 +307,15 @@ async def apply_offsets(group: str, target_bootstrap: str, rows: list[Translated
         return 0
     c = AIOKafkaConsumer(bootstrap_servers=target_bootstrap, group_id=group,
                          enable_auto_commit=False)
-    await c.start()
     try:
+        await c.start()
         c.assign(list(offsets))
-        await c.commit(offsets)
+        async for attempt in AsyncRetrying(**_RETRY):  # type: ignore[arg-type]
+            with attempt:
+                await c.commit(offsets)
+    except KafkaError as exc:
+        raise OffsetsUnavailable(f"cannot commit offsets of {group!r} at {target_bootstrap}: "
+                                 f"{exc!r}") from exc
     finally:
         await c.stop()
     return len(offsets)

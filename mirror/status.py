@@ -83,6 +83,7 @@ async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
 
 async def _newest(flow: Flow, bootstrap: str) -> tuple[int | None, float | None]:
     tp = TopicPartition(sync_topic_name(flow.source), MAP_PARTITION)
+    pattern = re.compile(flow.topics)
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                          isolation_level="read_committed")
     await c.start()
@@ -98,7 +99,9 @@ async def _newest(flow: Flow, bootstrap: str) -> tuple[int | None, float | None]
         while await c.position(tp) < end and time.monotonic() < deadline:
             for recs in (await c.getmany(tp, timeout_ms=500)).values():
                 for r in recs:
-                    if r.value is None:
+                    # the sync topic serves every flow from this source: keep this flow's
+                    if r.value is None or r.key is None or \
+                            not pattern.fullmatch(r.key.decode().split(":")[1]):
                         continue
                     doc = json.loads(r.value)
                     if newest is None or r.timestamp >= newest[0]:

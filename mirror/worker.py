@@ -59,6 +59,7 @@ from mirror.topics import TopicPlan, ensure_topic, sync_topics
 
 __all__ = ["MirrorWorker"]
 
+_Chunk = tuple[list[int], list[int], "asyncio.Future[Any]"]
 _TXN_TIMEOUT_MS = 20_000
 _STALL_S = 5.0  # a target silent this long is counted and logged (and waited for)
 _CLOSE_S = 10.0
@@ -440,7 +441,11 @@ class MirrorWorker:
             await producer.begin_transaction()
             self._acked.clear()
         source, target = self.flow.source, self.flow.target
-        sent: dict[TopicPartition, list[tuple[int, int, asyncio.Future[Any]]]] = {}
+        # per partition, the chunks sent: (source offsets, their sizes, the ack future);
+        # a chunk is a producer batch (its records get consecutive target offsets) or, in
+        # one-by-one mode, a single record
+        sent: dict[TopicPartition, list[_Chunk]] = {}
+        commit: asyncio.Future[None] | None = None
         pairs: dict[TopicPartition, list[tuple[int, int]]] = {}
         skipped: dict[TopicPartition, int] = {}
         try:
@@ -451,7 +456,10 @@ class MirrorWorker:
                 found = self._found.get(tp)
                 id_prefix = f"{source}:{tp.topic}:{tp.partition}:"
                 one_by_one = tp in self._one_by_one
-                tp_sent: list[tuple[int, int, asyncio.Future[Any]]] = sent.setdefault(tp, [])
+                chunks: list[_Chunk] = sent.setdefault(tp, [])
+                builder = None
+                srcs: list[int] = []
+                sizes: list[int] = []
                 for r in recs:
                     if r.offset <= skip_upto:
                         continue
@@ -475,33 +483,54 @@ class MirrorWorker:
                     if (tp.topic, tp.partition, r.offset) in self._dead:
                         await self._send_dead_letter(tp, r, headers, size)
                         continue
-                    try:
-                        fut = await producer.send(tp.topic, value=r.value, key=r.key,
-                                                  partition=tp.partition,
-                                                  timestamp_ms=r.timestamp, headers=headers)
-                    except MessageSizeTooLargeError:
-                        raise RecordTooLarge(tp.topic, tp.partition, r.offset, size,
-                                             exact=True) from None
-                    tp_sent.append((r.offset, size, fut))
                     if one_by_one:
                         # Alone in its producer batch, so a refusal names this record.
+                        try:
+                            fut = await producer.send(tp.topic, value=r.value, key=r.key,
+                                                      partition=tp.partition,
+                                                      timestamp_ms=r.timestamp,
+                                                      headers=headers)
+                        except MessageSizeTooLargeError:
+                            raise RecordTooLarge(tp.topic, tp.partition, r.offset, size,
+                                                 exact=True) from None
+                        chunks.append(([r.offset], [size], fut))
                         await asyncio.wait([fut])
                         if isinstance(fut.exception(),
                                       (MessageSizeTooLargeError, RecordTooLargeError)):
                             raise RecordTooLarge(tp.topic, tp.partition, r.offset, size,
                                                  exact=True)
+                        continue
+                    # The fast path: records go into producer batches built here (one ack
+                    # per batch, not per record).
+                    if builder is None:
+                        builder = producer.create_batch()
+                    if builder.append(timestamp=r.timestamp, key=r.key, value=r.value,
+                                      headers=headers) is None:
+                        if srcs:
+                            chunks.append((srcs, sizes, await producer.send_batch(
+                                builder, tp.topic, partition=tp.partition)))
+                        builder, srcs, sizes = producer.create_batch(), [], []
+                        if builder.append(timestamp=r.timestamp, key=r.key, value=r.value,
+                                          headers=headers) is None:
+                            raise RecordTooLarge(tp.topic, tp.partition, r.offset, size,
+                                                 exact=True)
+                    srcs.append(r.offset)
+                    sizes.append(size)
+                if builder is not None and srcs:
+                    chunks.append((srcs, sizes, await producer.send_batch(
+                        builder, tp.topic, partition=tp.partition)))
                 if found is not None and not found:
                     self._found.pop(tp, None)
             now = time.time() * 1000
-            await self._wait_acks([f for futs in sent.values() for _, _, f in futs])
-            for tp, futs in sent.items():
-                for src, size, fut in futs:
+            await self._wait_acks([f for chunks in sent.values() for _, _, f in chunks])
+            for tp, chunks in sent.items():
+                for srcs, sizes, fut in chunks:
                     try:
                         md = await fut
                     except (MessageSizeTooLargeError, RecordTooLargeError):
-                        raise RecordTooLarge(tp.topic, tp.partition, src, size,
-                                             exact=False) from None
-                    pairs[tp].append((src, md.offset))
+                        raise RecordTooLarge(tp.topic, tp.partition, srcs[0], max(sizes),
+                                             exact=len(srcs) == 1) from None
+                    pairs[tp].extend((s, md.offset + i) for i, s in enumerate(srcs))
             ack_ms = time.time() * 1000
             sync_futs = []
             for tp, recs in batch.items():
@@ -518,10 +547,7 @@ class MirrorWorker:
                                                      partition=POS_PARTITION))
             if eos:
                 commit = asyncio.ensure_future(producer.commit_transaction())
-                try:
-                    await self._wait_acks([commit])
-                finally:
-                    commit.cancel()  # no-op once done; never left running on cancellation
+                await self._wait_acks([commit])
                 commit.result()
             else:
                 await self._wait_acks(sync_futs)
@@ -529,13 +555,11 @@ class MirrorWorker:
                     await f
         except asyncio.CancelledError:
             if eos:
-                with contextlib.suppress(KafkaError, TimeoutError):
-                    await asyncio.wait_for(producer.abort_transaction(), _CLOSE_S)
+                await _end_transaction(producer, commit)
             raise
         except Exception:
             if eos:
-                with contextlib.suppress(KafkaError, TimeoutError):
-                    await asyncio.wait_for(producer.abort_transaction(), _CLOSE_S)
+                await _end_transaction(producer, commit)
             else:
                 await self._settle(sent)
             raise
@@ -548,7 +572,7 @@ class MirrorWorker:
         m = self.metrics
         for tp, recs in batch.items():
             labels = (source, target, tp.topic)
-            m.records.labels(*labels).inc(len(sent.get(tp, ())))
+            m.records.labels(*labels).inc(sum(len(c[0]) for c in sent.get(tp, ())))
             if skipped.get(tp):
                 m.skipped.labels(*labels).inc(skipped[tp])
             m.bytes.labels(*labels).inc(
@@ -578,23 +602,23 @@ class MirrorWorker:
                 self.log.warning("target_not_answering", waiting_s=waited,
                                  records=len(pending))
 
-    async def _settle(self, sent: dict[TopicPartition,
-                                       list[tuple[int, int, asyncio.Future[Any]]]]) -> None:
+    async def _settle(self, sent: dict[TopicPartition, list[_Chunk]]) -> None:
         """After a failed at-least-once attempt: wait for every send to end, keep each
         partition's acked prefix, count acked records after a failure (sent again)."""
         futs = [f for v in sent.values() for _, _, f in v]
         if futs:
             await asyncio.wait(futs)
-        for tp, items in sent.items():
+        for tp, chunks in sent.items():
             prefix = self._acked.setdefault(tp, [])
             broken = False
-            for src, _, f in items:
+            for srcs, _, f in chunks:
                 ok = not f.cancelled() and f.exception() is None
                 if ok and not broken:
-                    prefix.append((src, f.result().offset))
+                    base = f.result().offset
+                    prefix.extend((s, base + i) for i, s in enumerate(srcs))
                 elif ok:
                     self.metrics.redelivered.labels(self.flow.source, self.flow.target,
-                                                    tp.topic).inc()
+                                                    tp.topic).inc(len(srcs))
                 else:
                     broken = True
 
@@ -612,6 +636,22 @@ class MirrorWorker:
                             headers=[*headers, ("dr-dead-letter", b"record-too-large")])
         self._dead.discard((tp.topic, tp.partition, r.offset))
         self.metrics.dead_lettered.labels(self.flow.source, self.flow.target, tp.topic).inc()
+
+
+async def _end_transaction(producer: AIOKafkaProducer,
+                           commit: asyncio.Future[None] | None) -> None:
+    """Leave no transaction open after a failed or cancelled attempt: a commit under way may
+    finish (bounded), anything else is aborted. aiokafka signals an impossible state change
+    (abort after commit) with AssertionError; it is caught here, the one place it can arise,
+    and the caller starts a new producer after any failure."""
+    if commit is not None:
+        if not commit.done():
+            with contextlib.suppress(KafkaError, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(commit), _CLOSE_S)
+        if commit.done() and not commit.cancelled() and commit.exception() is None:
+            return
+    with contextlib.suppress(KafkaError, TimeoutError, AssertionError):
+        await asyncio.wait_for(producer.abort_transaction(), _CLOSE_S)
 
 
 async def _close_producer(producer: AIOKafkaProducer) -> None:
