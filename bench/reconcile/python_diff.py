@@ -16,12 +16,21 @@ import json
 import sys
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 Seen = dict[tuple[str, int, bytes], tuple[int, int]]
 
 
 async def read(bootstrap: str, topics: list[str]) -> tuple[Seen, int]:
     """(topic, partition, dr-id) → (copies, content hash); and the records read."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(topics)
+    finally:
+        await admin.close()
+    tps = [TopicPartition(d["topic"], p["partition"]) for d in described
+           for p in d["partitions"]]
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                          max_partition_fetch_bytes=16 * 1024 * 1024,
                          fetch_max_bytes=64 * 1024 * 1024)
@@ -29,8 +38,6 @@ async def read(bootstrap: str, topics: list[str]) -> tuple[Seen, int]:
     seen: Seen = {}
     read_n = 0
     try:
-        await c.topics()  # metadata of every topic
-        tps = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t))]
         c.assign(tps)
         await c.seek_to_beginning(*tps)
         ends = await c.end_offsets(tps)
