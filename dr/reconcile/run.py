@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,9 +41,16 @@ class RunSettings:
 
 
 def check_regions(settings: RunSettings) -> None:
-    """Unknown or repeated region names → ConfigError naming the known ones."""
+    """Unknown or repeated region names, or a topic pattern that is no regex → ConfigError
+    naming the known regions or the regex error."""
     known = [r.name for r in settings.topology.regions]
-    issues = [ConfigIssue("--regions", None, name,
+    issues = []
+    try:
+        re.compile(settings.topics)
+    except re.error as exc:
+        issues.append(ConfigIssue("--topics", None, settings.topics,
+                                  f"not a regular expression: {exc}"))
+    issues += [ConfigIssue("--regions", None, name,
                           f"unknown region {name!r}; {settings.topology_path} has "
                           f"{', '.join(known)}")
               for name in settings.regions if name not in known]

@@ -1,10 +1,11 @@
 """Spark reconciliation against the real two regions and real Spark (local mode).
 
-One dataset is seeded straight into the clusters: a clean topic (records of both origins
-copied to the other region, headerless records in both), a faulty topic (west lacks two
-records, holds one twice, one altered, two of one key swapped, and east holds headerless
-records west lacks) and a topic that exists only in east. One in-process run judges all three;
-the CLI and spark-submit runs check the process-level contract.
+One dataset is seeded straight into the clusters: a clean topic (ordered records from east
+and sync records from west in both regions, headerless records in both, and a headerless
+record of east whose west copy carries the headers the mirror stamps), a faulty topic (west
+lacks two records, holds one twice, one altered, two of one key swapped, and east holds
+headerless records west lacks) and a topic that exists only in east. One in-process run
+judges all three; the spark-submit run checks the process-level contract.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dr.reconcile import Report, RunSettings, run
 from dr.reconcile.errors import NoTopics
 from dr.stack.paths import StackPaths
 from dr.stack.toolchain import ensure_spark_kafka_jars
+from mirror.loop import plan
 
 APPEND = {"message.timestamp.type": "LogAppendTime"}
 
@@ -50,6 +52,7 @@ class Seeded:
     swapped: tuple[str, str] = ("", "")
     absent_ids: list[str] = field(default_factory=list)
     clean_count: int = 0
+    stamped_id: str = ""
     lonely_values: list[bytes] = field(default_factory=list)
 
 
@@ -64,12 +67,13 @@ async def seeded(two_regions) -> Seeded:  # type: ignore[no-untyped-def]
     await create_topic(east, s.absent, partitions=1, configs=APPEND)
     now = int(time.time() * 1000)
 
-    # clean: 20 from east and 20 from west, each copied to the other region, same partition
+    # clean: 20 ordered from east and 20 sync from west, each in both regions, same partition
     for origin, other in (("east", west), ("west", east)):
         home = east if origin == "east" else west
+        mode = "ordered" if origin == "east" else "sync"
         for p in (0, 1):
             recs = [(f"k{i % 3}".encode(), f"{origin}-{p}-{i}".encode(),
-                     _headers(uuid.uuid4().hex, origin, "ordered", now, [("app", b"x")]))
+                     _headers(uuid.uuid4().hex, origin, mode, now, [("app", b"x")]))
                     for i in range(10)]
             await produce(home, s.clean, recs, partition=p)
             await produce(other, s.clean, recs, partition=p)
@@ -77,6 +81,14 @@ async def seeded(two_regions) -> Seeded:  # type: ignore[no-untyped-def]
     plain = [(b"h", f"plain-{i}".encode(), [("app", b"y")]) for i in range(3)]
     await produce(east, s.clean, plain, partition=0)
     await produce(west, s.clean, plain, partition=0)
+    # written straight into east without headers; west holds the copy the mirror would write
+    raw = (b"raw", b"straight-in", [("app", b"z")])
+    meta = (await produce(east, s.clean, [raw], partition=1))[0]
+    s.stamped_id = f"east:{s.clean}:1:{meta.offset}"
+    stamped = plan(raw[2], source="east", target="west", timestamp_ms=meta.timestamp,
+                   id_hint=s.stamped_id)
+    assert stamped is not None
+    await produce(west, s.clean, [(raw[0], raw[1], stamped)], partition=1)
 
     # faulty, all from east, partition 0, ordered mode; key k for the swapped pair
     ids = [uuid.uuid4().hex for _ in range(12)]
@@ -124,9 +136,10 @@ def spark_cleanup() -> Iterator[None]:
 
 
 def _settings(two_regions, topics: str, jars: Path, **kw: object) -> RunSettings:  # type: ignore[no-untyped-def]
+    kw.setdefault("grace_s", 0.0)
     return RunSettings(topology=two_regions.topology, topology_path=str(two_regions.topology_path),
-                       regions=["east", "west"], topics=topics, grace_s=0.0, jars_dir=jars,
-                       **kw)  # type: ignore[arg-type]
+                       regions=["east", "west"], topics=topics, jars_dir=jars,
+                       driver_memory="768m", **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -141,13 +154,16 @@ def _topic(report: Report, name: str):  # type: ignore[no-untyped-def]
 def test_clean_topic_has_no_discrepancy(report: Report, seeded: Seeded) -> None:
     clean = _topic(report, seeded.clean)
     assert clean.absent_in == []
-    assert sum(p.expected for p in clean.partitions) == seeded.clean_count
+    # the stamped copy's id is expected everywhere; east holds it as its headerless original
+    assert sum(p.expected for p in clean.partitions) == seeded.clean_count + 1
     for p in clean.partitions:
         assert p.present == {"east": p.expected, "west": p.expected}
         assert set(p.missing.values()) == {0}
         assert set(p.duplicates.values()) == {0}
         assert (p.altered, p.order_violations, p.headerless_unmatched) == (0, 0, 0)
     assert clean.partitions[0].headerless == {"east": 3, "west": 3}
+    assert clean.partitions[1].headerless == {"east": 1, "west": 0}
+    assert not [m for m in report.missing if m.topic == seeded.clean]
 
 
 def test_missing_records_found_with_ids_and_origin_positions(report: Report,
@@ -190,11 +206,13 @@ def test_totals_and_latency(report: Report, seeded: Seeded) -> None:
     t = report.totals
     assert (t.missing, t.duplicates, t.altered, t.order_violations) == (5, 1, 1, 1)
     assert t.headerless_unmatched == 2
-    assert t.compared == seeded.clean_count + 12 + 3
+    assert t.compared == seeded.clean_count + 1 + 12 + 3
+    assert t.headerless == 3 + 3 + 1 + 2
     pairs = {(s.origin, s.region): s for s in report.latency}
     assert set(pairs) == {("east", "west"), ("west", "east")}
     ew = pairs[("east", "west")]
-    assert ew.count == 20 + 11  # clean copies; faulty: 12 - 2 dropped + 1 duplicate
+    # clean copies and the stamped one; faulty: 12 - 2 dropped + 1 duplicate
+    assert ew.count == 20 + 1 + 11
     assert ew.unmeasured == 0
     assert ew.p50_ms is not None
     assert ew.p99_ms is not None
@@ -207,9 +225,11 @@ def test_totals_and_latency(report: Report, seeded: Seeded) -> None:
 def test_incremental_run_judges_only_new_records(two_regions, jars: Path,  # type: ignore[no-untyped-def]
                                                  tmp_path: Path, spark_cleanup: None) -> None:
     import asyncio
+    """Run 1 judges the old records; a new record within the grace window is in flight for
+    run 2 (not judged, the watermark stays before it); run 3, without grace, judges it."""
     topic = unique("rc-inc")
-    now = int(time.time() * 1000)
-    old = [(b"k", f"v{i}".encode(), _headers(uuid.uuid4().hex, "east", "nearest", now, []))
+    old_ts = int(time.time() * 1000) - 120_000
+    old = [(b"k", f"v{i}".encode(), _headers(uuid.uuid4().hex, "east", "nearest", old_ts, []))
            for i in range(5)]
 
     async def seed() -> None:
@@ -218,19 +238,34 @@ def test_incremental_run_judges_only_new_records(two_regions, jars: Path,  # typ
             await produce(two_regions.bootstrap(region), topic, old)
     asyncio.run(seed())
     state = tmp_path / "marks.json"
-    first = run(_settings(two_regions, topic, jars, state_path=state))
-    assert (first.totals.compared, first.totals.missing) == (5, 0)
+    first = run(_settings(two_regions, topic, jars, state_path=state, grace_s=60.0))
+    assert (first.totals.compared, first.totals.missing, first.totals.in_flight) == (5, 0, 0)
     marks = json.loads(state.read_text())
     assert marks["cutoff_ms"] == first.window.until_ms
     assert marks["offsets"] == {"east": {topic: {"0": 5}}, "west": {topic: {"0": 5}}}
     new = [(b"k", b"late", _headers(uuid.uuid4().hex, "east", "nearest",
                                     int(time.time() * 1000), []))]
     asyncio.run(produce(two_regions.bootstrap("east"), topic, new))
-    second = run(_settings(two_regions, topic, jars, state_path=state))
+    second = run(_settings(two_regions, topic, jars, state_path=state, grace_s=60.0))
     assert second.window.since_ms == first.window.until_ms
     assert second.totals.read == {"east": 1, "west": 0}
-    assert (second.totals.compared, second.totals.missing) == (1, 1)
-    assert [m.dr_id for m in second.missing] == [dict(new[0][2])["dr-id"].decode()]
+    assert (second.totals.compared, second.totals.in_flight) == (0, 1)
+    assert json.loads(state.read_text())["offsets"]["east"] == {topic: {"0": 5}}
+    third = run(_settings(two_regions, topic, jars, state_path=state))
+    assert third.window.since_ms == second.window.until_ms
+    assert third.totals.read == {"east": 1, "west": 0}
+    assert (third.totals.compared, third.totals.missing) == (1, 1)
+    assert [m.dr_id for m in third.missing] == [dict(new[0][2])["dr-id"].decode()]
+    assert json.loads(state.read_text())["offsets"]["east"] == {topic: {"0": 6}}
+
+
+def test_empty_window_is_an_explicit_report(two_regions, seeded: Seeded,  # type: ignore[no-untyped-def]
+                                            jars: Path, spark_cleanup: None) -> None:
+    """A window before every record: nothing judged, everything counted as not yet due."""
+    got = run(_settings(two_regions, seeded.clean, jars, since_ms=0, until_ms=1))
+    assert got.totals.compared == 0
+    assert got.totals.in_flight == sum(got.totals.read.values()) > 0
+    assert (got.missing, got.latency, got.breaches) == ([], [], [])
 
 
 def test_no_topic_matches_is_a_clear_error(two_regions, jars: Path) -> None:  # type: ignore[no-untyped-def]

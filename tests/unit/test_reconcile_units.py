@@ -64,7 +64,7 @@ def _settings(**kw: object) -> RunSettings:
     topo = free_topology(["east", "west"])
     return RunSettings(topology=topo, topology_path="topo.yaml",
                        regions=kw.pop("regions", ["east", "west"]),  # type: ignore[arg-type]
-                       topics="t", **kw)  # type: ignore[arg-type]
+                       topics=kw.pop("topics", "t"), **kw)  # type: ignore[arg-type]
 
 
 def test_unknown_or_too_few_regions_refused_before_anything_runs() -> None:
@@ -73,6 +73,8 @@ def test_unknown_or_too_few_regions_refused_before_anything_runs() -> None:
     assert "unknown region 'south'; topo.yaml has east, west" in str(info.value)
     with pytest.raises(ConfigError, match="name at least two regions"):
         check_regions(_settings(regions=["east"]))
+    with pytest.raises(ConfigError, match=r"--topics pay\(: not a regular expression"):
+        check_regions(_settings(topics="pay("))
 
 
 def test_empty_window_refused() -> None:
