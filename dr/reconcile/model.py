@@ -1,7 +1,10 @@
 """The reconciliation report (a stable JSON schema, version 1) and the thresholds file.
 
 Counts are always complete; the lists of individual records are capped by `max_details`
-(`details_truncated` says when a list was cut).
+(`details_truncated` says when a list was cut). The JSON Schema of `Report` is kept in
+`docs/reconcile-report.schema.json` (a unit test fails when the models drift from it).
+Stability: fields are only ever added within a schema version; renaming, removing or
+changing the meaning of a field bumps `schema_version`.
 """
 
 from __future__ import annotations
@@ -59,6 +62,10 @@ class Window(_Model):
 
 
 class MissingRecord(_Model):
+    """A dr-id seen in some region but absent from `region` (and not stood for there by a
+    headerless original of the same content). `origin_offset` is the offset of the first
+    copy in the origin region, when the origin is one of the compared regions and holds it."""
+
     topic: str
     partition: int
     region: str
@@ -70,6 +77,8 @@ class MissingRecord(_Model):
 
 
 class DuplicateRecord(_Model):
+    """One dr-id more than once in `region`: `count` copies at `offsets`."""
+
     topic: str
     partition: int
     region: str
@@ -79,6 +88,8 @@ class DuplicateRecord(_Model):
 
 
 class AlteredRecord(_Model):
+    """One dr-id whose copies differ in key, value or user headers (content hash)."""
+
     topic: str
     partition: int
     dr_id: str
@@ -104,7 +115,8 @@ class HeaderlessMismatch(_Model):
 
     topic: str
     partition: int
-    content_hash: str
+    content_hash: str = Field(description="xxhash64 (Spark's, seed 42) of key, value and "
+                              "user headers, 16 hex digits")
     counts: dict[str, int] = Field(description="copies per region")
 
 
@@ -113,7 +125,8 @@ class LatencyStats(_Model):
 
     Measured only on topics with `message.timestamp.type=LogAppendTime` (a CreateTime
     topic keeps the producer's time, so it shows no append time); others are counted in
-    `unmeasured`."""
+    `unmeasured`. Percentiles are nearest-rank over latencies kept exactly below 1 s and to
+    three significant digits above."""
 
     origin: str
     region: str

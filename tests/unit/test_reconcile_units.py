@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,26 @@ def test_cli_bad_region_exits_2_with_the_field() -> None:
     assert proc.returncode == 2
     assert "--regions nowhere: unknown region 'nowhere'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_report_schema_is_the_documented_one() -> None:
+    """docs/reconcile-report.schema.json is the contract; regenerate it deliberately."""
+    doc = Path(__file__).resolve().parents[2] / "docs" / "reconcile-report.schema.json"
+    assert json.loads(doc.read_text()) == Report.model_json_schema(), (
+        "the report models changed: bump schema_version if a field was renamed or removed, "
+        "then regenerate docs/reconcile-report.schema.json")
+
+
+def test_latency_stats_nearest_rank_and_histogram() -> None:
+    from dr.reconcile.job import latency_stats
+    dist = [(ms, 1) for ms in range(1, 101)] + [(None, 7)]
+    s = latency_stats("east", "west", dist)
+    assert (s.count, s.unmeasured) == (100, 7)
+    assert (s.p50_ms, s.p95_ms, s.p99_ms, s.max_ms) == (50, 95, 99, 100)
+    assert sum(c for _, c in s.histogram) == 100
+    assert s.histogram[:3] == [(1.0, 1), (2.0, 1), (4.0, 2)]
+    assert s.histogram[-1] == (128.0, 36)
+    skewed = latency_stats("east", "west", [(5, 990), (4000, 10)])
+    assert (skewed.p50_ms, skewed.p99_ms, skewed.max_ms) == (5, 5, 4000)
+    empty = latency_stats("east", "west", [(None, 3)])
+    assert (empty.count, empty.p50_ms, empty.max_ms, empty.histogram) == (0, None, None, [])
