@@ -106,10 +106,13 @@ async def ends(bootstrap: str, topic: str) -> dict[int, int]:
 
 async def group_committed(bootstrap: str, group: str, topic: str) -> int:
     from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import GroupCoordinatorNotAvailableError
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         offs = await admin.list_consumer_group_offsets(group)
+    except GroupCoordinatorNotAvailableError:
+        return 0  # the group is not there yet
     finally:
         await admin.close()
     return sum(m.offset for tp, m in offs.items() if tp.topic == topic and m.offset > 0)
@@ -211,9 +214,11 @@ def mm2_command(libs: Path, tmp: Path, east: str, west: str, topics: str, tasks:
             "org.apache.kafka.connect.mirror.MirrorMaker", str(props)]
 
 
-def crossdc_command(tpath: Path, topics: str, group: str, eos: bool) -> list[str]:
+def crossdc_command(tpath: Path, topics: str, group: str, eos: bool,
+                    profile: Path | None = None) -> list[str]:
     dr = str(Path(sys.executable).parent / "dr")
-    return [dr, "--log-level", "warning", "mirror", "run", "--topology", str(tpath),
+    prefix = [sys.executable, "-m", "cProfile", "-o", str(profile), dr] if profile else [dr]
+    return [*prefix, "--log-level", "warning", "mirror", "run", "--topology", str(tpath),
             "--from", "east", "--to", "west", "--topics", topics, "--group", group,
             "--worker-id", "bench", *(["--exactly-once"] if eos else [])]
 
@@ -315,6 +320,9 @@ def main() -> None:
     ap.add_argument("--latency-s", type=float, default=30.0)
     ap.add_argument("--only", default="mm2,crossdc,crossdc_eos")
     ap.add_argument("--setup", action="store_true", help="Only fetch the MM2 jars.")
+    ap.add_argument("--profile", action="store_true",
+                    help="Run crossdc under cProfile (bench/results/mirror-<name>.prof); "
+                    "figures of such a run are not comparable.")
     a = ap.parse_args()
     libs = mm2_libs()
     if a.setup:
@@ -358,7 +366,8 @@ def main() -> None:
                     cmd, group = mm2_command(libs, tmp, east, west, topics, 1), None
                 else:
                     group = f"bench-{name}"
-                    cmd = crossdc_command(tpath, topics, group, name == "crossdc_eos")
+                    prof = RESULTS / f"mirror-{name}.prof" if a.profile else None
+                    cmd = crossdc_command(tpath, topics, group, name == "crossdc_eos", prof)
                 results[name] = run_contender(name, cmd, topo, a.records, a.rate,
                                               a.latency_s, tmp / f"{name}.log", group)
         finally:

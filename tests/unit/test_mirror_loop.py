@@ -125,3 +125,22 @@ def test_runs_encode_the_pairs_densely_and_translate_like_them() -> None:
         expected = later[0] if later else pairs[-1][1] + 1
         assert m.translate("t", 0, committed) == expected, committed
     assert m.last_source("t", 0) == 9
+
+
+def test_flows_come_from_the_topology_file_or_the_command_line() -> None:
+    import typer
+
+    from dr.topology import load_topology
+    from mirror.cli import _flows
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2]
+    topo = load_topology(root / "policies" / "topology.active-active.yaml")
+    declared = _flows(topo, None, None, None, None, False, False, 10.0, False, "w7")
+    assert [(f.source, f.target) for f in declared] == [("east", "west"), ("west", "east")]
+    assert {f.worker_id for f in declared} == {"w7"}
+    one = _flows(topo, "east", "west", "orders", "g", True, False, 2.0, True, None)
+    assert (one[0].exactly_once, one[0].dead_letter, one[0].group) == (True, True, "g")
+    with pytest.raises(typer.BadParameter, match="no region 'south'"):
+        _flows(topo, "south", "west", "orders", None, False, False, 10.0, False, None)
+    with pytest.raises(typer.BadParameter, match="go together"):
+        _flows(topo, "east", None, None, None, False, False, 10.0, False, None)
