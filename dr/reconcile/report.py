@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from datetime import UTC, datetime
 from pathlib import Path
 
 from rich import box
@@ -92,48 +93,93 @@ def _bars(title: str, items: list[tuple[str, float]], unit: str, color: str) -> 
         parts.append(f'<text x="0" y="{y + 13}" font-size="12">{html.escape(label)}</text>'
                      f'<rect x="{label_w}" y="{y}" width="{bw:.1f}" height="{bar_h - 4}" '
                      f'fill="{color}"/><text x="{label_w + bw + 4:.1f}" y="{y + 13}" '
-                     f'font-size="12">{v:g} {unit}</text>')
+                     f'font-size="12">{v:,.0f}{" " + unit if unit else ""}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
 def _latency_svg(s: LatencyStats) -> str:
     items = [(f"≤ {b:g} ms", float(c)) for b, c in s.histogram]
-    return _bars(f"latency {s.origin} → {s.region} ({s.count} records)", items, "", "#4c78a8")
+    return _bars(f"latency {s.origin} → {s.region} ({s.count:,} records, p99 "
+                 f"{_ms(s.p99_ms)} ms)", items, "", "#4c78a8")
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "the start"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def write_html(report: Report, path: Path) -> None:
-    """A self-contained page: totals, plots, and the detail tables."""
+    """A self-contained page: verdict, totals, plots, the per topic/region table, latency
+    percentiles, and the detail tables."""
     tot = report.totals
     per_topic = [(f"{t.topic} / {r}", float(sum(p.missing[r] for p in t.partitions)))
                  for t in report.topics for r in report.regions]
     dup_topic = [(f"{t.topic} / {r}", float(sum(p.duplicates[r] for p in t.partitions)))
                  for t in report.topics for r in report.regions]
 
-    def table(title: str, rows: list[dict[str, object]]) -> str:
+    def table(title: str, rows: list[dict[str, object]], *, count: bool = True,
+              commas: bool = False) -> str:
         if not rows:
             return f"<h3>{html.escape(title)}</h3><p>none</p>"
         cols = list(rows[0])
         head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r[c]))}</td>" for c in cols)
-                       + "</tr>" for r in rows)
-        return f"<h3>{html.escape(title)} ({len(rows)})</h3><table><tr>{head}</tr>{body}</table>"
+        body = "".join("<tr>" + "".join(
+            f'<td class="{"n" if isinstance(r[c], int | float) else "t"}">'
+            f"{html.escape(_cell(r[c], commas))}</td>" for c in cols) + "</tr>" for r in rows)
+        n = f" ({len(rows)})" if count else ""
+        return f"<h3>{html.escape(title)}{n}</h3><table><tr>{head}</tr>{body}</table>"
 
-    verdict = "OK" if report.ok else "FAILED: " + ", ".join(
-        f"{b.name} {b.value:g} &gt; {b.limit:g}" for b in report.breaches)
+    summary = [{"topic": t.topic + (" (absent in " + ", ".join(t.absent_in) + ")"
+                                    if t.absent_in and r in t.absent_in else ""),
+                "region": r,
+                "expected": sum(p.expected for p in t.partitions),
+                "present": sum(p.present[r] for p in t.partitions),
+                "missing": sum(p.missing[r] for p in t.partitions),
+                "duplicates": sum(p.duplicates[r] for p in t.partitions),
+                "altered": sum(p.altered for p in t.partitions),
+                "order violations": sum(p.order_violations for p in t.partitions),
+                "headerless": sum(p.headerless[r] for p in t.partitions),
+                "headerless unmatched": sum(p.headerless_unmatched for p in t.partitions)}
+               for t in report.topics for r in report.regions]
+    latency = [{"origin → region": f"{s.origin} → {s.region}", "records": s.count,
+                "p50 ms": _ms(s.p50_ms), "p95 ms": _ms(s.p95_ms), "p99 ms": _ms(s.p99_ms),
+                "max ms": _ms(s.max_ms), "unmeasured": s.unmeasured} for s in report.latency]
+    verdict = ('<span class="ok">OK</span>' if report.ok else '<span class="bad">FAILED</span>: '
+               + ", ".join(f"{html.escape(b.name)} {b.value:g} &gt; {b.limit:g}"
+                           for b in report.breaches))
+    cut = ("<p><em>detail lists were cut at --max-details; counts are complete</em></p>"
+           if report.details_truncated else "")
+    w = report.window
     doc = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>crossdc reconciliation</title><style>
-body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin-bottom:1em}}
-td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}}</style></head><body>
+body{{font-family:sans-serif;margin:2em;max-width:1100px}}
+table{{border-collapse:collapse;margin-bottom:1em}}
+td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}} td.n{{text-align:right}}
+th{{background:#f3f3f3}} .ok{{color:#2a7a2a;font-weight:bold}}
+.bad{{color:#c0392b;font-weight:bold}} .plots{{display:flex;flex-wrap:wrap;gap:2em}}</style>
+</head><body>
 <h1>crossdc reconciliation: {html.escape(", ".join(report.regions))}</h1>
-<p>topics ~ <code>{html.escape(report.topics_pattern)}</code>; window
-[{report.window.since_ms or "start"}, {report.window.until_ms}) ms; {verdict}</p>
-<p>compared {tot.compared}, missing {tot.missing}, duplicates {tot.duplicates}, altered
-{tot.altered}, order violations {tot.order_violations}, headerless {tot.headerless}
-(unmatched {tot.headerless_unmatched}), in flight {tot.in_flight}</p>
+<p>{verdict}. Topics matching <code>{html.escape(report.topics_pattern)}</code>; window
+[{_when(w.since_ms)}, {_when(w.until_ms)}) with {w.grace_s:g} s grace{
+    " (incremental)" if w.incremental else ""}; generated {_when(report.generated_at_ms)} in
+{report.duration_s:.1f} s.</p>
+<p>compared <b>{tot.compared:,}</b> records ({", ".join(f"{r}: {n:,} read"
+                                                      for r, n in tot.read.items())});
+missing <b>{tot.missing:,}</b>, duplicates <b>{tot.duplicates:,}</b>, altered
+<b>{tot.altered:,}</b>, order violations <b>{tot.order_violations:,}</b>, headerless
+{tot.headerless:,} (unmatched <b>{tot.headerless_unmatched:,}</b>); in flight (not judged)
+{tot.in_flight:,}, before the window {tot.before_window:,}.</p>
+{cut}
+{table("per topic and region", summary, count=False, commas=True)}
+<div class="plots"><div>
 {_bars("missing records per topic / region", per_topic, "", "#e45756")}
 {_bars("duplicate records per topic / region", dup_topic, "", "#f58518")}
+</div><div>
 {"".join(_latency_svg(s) for s in report.latency)}
+</div></div>
+{table("replication latency (append time - dr-ts)", latency, count=False, commas=True)}
 {table("missing", [m.model_dump() for m in report.missing])}
 {table("duplicates", [d.model_dump() for d in report.duplicates])}
 {table("altered", [a.model_dump() for a in report.altered])}
@@ -143,3 +189,13 @@ td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}}</style></head><bod
 """
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(doc, encoding="utf-8")
+
+
+def _cell(v: object, commas: bool) -> str:
+    if commas and isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    if isinstance(v, list):
+        return ", ".join(str(x) for x in v)
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {x}" for k, x in v.items())
+    return str(v)
