@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 from pathlib import Path
 
@@ -19,9 +20,25 @@ from dr.topology import load_topology, split_hostport
 from proxy.config import ProxyConfig, TlsSettings
 from proxy.server import ProxyServer
 
-__all__ = ["serve"]
+__all__ = ["serve", "tune_gc"]
 
 log = structlog.get_logger("crossdc.proxy.serve")
+
+GC_THRESHOLD = (10_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Keep the cyclic garbage collector off the hot path (measured: 36% of the proxy's CPU
+    under batch load with CPython's defaults). Thousands of records in flight keep their
+    per-record objects alive long enough to be promoted, so with the default threshold
+    (700, 10, 10) full collections ran about once a second over the whole heap. Called once
+    the server has started: everything allocated so far (modules, grpc, producers) is moved
+    to the permanent generation (`gc.freeze`) and never scanned again, and the youngest
+    generation is collected every 10,000 net allocations instead of 700. Cycles are still
+    collected; the proxy's request path creates few of them."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
 
 
 async def serve(topology_path: Path, region: str, policy_path: Path, *,
@@ -54,6 +71,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
     loop.add_signal_handler(signal.SIGHUP, reload)
     try:
         await server.start()
+        tune_gc()
         h = server.health()
         log.warning("proxy_serving", region=region, endpoint=f"{cfg.host}:{server.port}",
                     metrics_port=server.metrics_port, policy=str(policy_path),
