@@ -18,10 +18,10 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 from aiokafka import AIOKafkaProducer
@@ -52,8 +52,7 @@ def partition_for(key: bytes, partitions: int) -> int:
     return int((murmur2(key) & 0x7FFFFFFF) % partitions)
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
+class Outgoing(NamedTuple):
     """One record as sent to one region."""
 
     key: bytes | None
@@ -63,11 +62,20 @@ class Outgoing:
     size: int
 
 
-@dataclass(frozen=True, slots=True)
-class RegionWrite:
+class RegionWrite(NamedTuple):
     region: str
     partition: int
     offset: int
+
+
+_BUILD_MIN = 4  # records of one partition in one write that go into a batch built here
+
+
+class _ModeMetrics(NamedTuple):
+    records: Any
+    bytes: Any
+    latency: Any
+    errors: Any
 
 
 class _AttemptFailed(Exception):
@@ -100,6 +108,8 @@ class RegionWriter:
         self._refreshed: dict[str, float] = {}
         self._lookups: dict[str, asyncio.Future[bool]] = {}
         self._lock = asyncio.Lock()
+        self._metric_children: dict[str, _ModeMetrics] = {}
+        self._submit_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self.log = log.bind(region=region.name)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -224,6 +234,17 @@ class RegionWriter:
             self._refreshed[topic] = time.monotonic()
 
     # -- writing ---------------------------------------------------------------------------
+    def _children(self, mode: str) -> _ModeMetrics:
+        """The metric children of (this region, mode), bound once."""
+        m = self._metric_children.get(mode)
+        if m is None:
+            mt = self.metrics
+            m = _ModeMetrics(mt.records.labels(self.name, mode), mt.bytes.labels(self.name, mode),
+                             mt.write_latency.labels(self.name, mode),
+                             mt.write_errors.labels(self.name, mode))
+            self._metric_children[mode] = m
+        return m
+
     async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
                     deadline: float, still_valid: Callable[[], str] | None = None,
                     ) -> list[RegionWrite | RegionWriteFailed]:
@@ -233,7 +254,34 @@ class RegionWriter:
         if self._producer is None:
             err = RegionWriteFailed(self.name, topic, self.why_not_writable())
             return [err] * len(items)
-        pending = list(range(len(items)))
+        t0 = time.perf_counter()
+        # The first attempt runs here; the retry machinery is built only when it failed.
+        pending = await self._attempt(topic, items, range(len(items)), results, deadline)
+        if pending:
+            await self._retry(topic, items, pending, results, deadline, still_valid)
+        out = [r if r is not None else RegionWriteFailed(self.name, topic, "not sent")
+               for r in results]
+        m = self._children(mode)
+        ok = sum(1 for r in out if type(r) is RegionWrite)
+        failed = len(out) - ok
+        if ok:
+            m.records.inc(ok)
+            m.bytes.inc(sum(it.size for it, r in zip(items, out, strict=True)
+                            if type(r) is RegionWrite) if failed else
+                        sum(it.size for it in items))
+            m.latency.observe(time.perf_counter() - t0)
+        if failed:
+            m.errors.inc(failed)
+            self.breaker.record_failure()
+        elif ok:
+            self.breaker.record_success()
+        return out
+
+    async def _retry(self, topic: str, items: Sequence[Outgoing], pending: list[int],
+                     results: list[Any], deadline: float,
+                     still_valid: Callable[[], str] | None) -> None:
+        """Retry the `pending` items (the first attempt failed them with a retriable error):
+        tenacity, the one retry loop, bounded by `retry_attempts` in all and the deadline."""
         s = self.settings
         retrying = AsyncRetrying(
             stop=stop_after_attempt(s.retry_attempts)
@@ -245,16 +293,18 @@ class RegionWriter:
                 "write_retry", topic=topic, attempt=rs.attempt_number, of=s.retry_attempts,
                 error=str(rs.outcome.exception() if rs.outcome else "")),
             reraise=True)
-        t0 = time.perf_counter()
         try:
             async for attempt in retrying:
                 with attempt:
-                    if attempt.retry_state.attempt_number > 1 and still_valid is not None:
-                        why = still_valid()
-                        if why:
-                            raise _AttemptFailed(RegionWriteFailed(self.name, topic, why,
-                                                                   retriable=False))
-                    pending = await self._attempt(topic, items, pending, results, deadline)
+                    if attempt.retry_state.attempt_number > 1:
+                        if still_valid is not None:
+                            why = still_valid()
+                            if why:
+                                raise _AttemptFailed(RegionWriteFailed(self.name, topic, why,
+                                                                       retriable=False))
+                        pending = await self._attempt(topic, items, pending, results,
+                                                      deadline)
+                    # attempt 1 is the one write() already made
                     first = next((results[i] for i in pending), None)
                     if isinstance(first, RegionWriteFailed):
                         raise _AttemptFailed(first)
@@ -262,24 +312,23 @@ class RegionWriter:
             for i in pending:
                 if results[i] is None:
                     results[i] = exc.error
-        out = [r if r is not None else RegionWriteFailed(self.name, topic, "not sent")
-               for r in results]
-        ok = [i for i, r in enumerate(out) if isinstance(r, RegionWrite)]
-        failed = len(out) - len(ok)
-        if ok:
-            self.metrics.records.labels(self.name, mode).inc(len(ok))
-            self.metrics.bytes.labels(self.name, mode).inc(sum(items[i].size for i in ok))
-            self.metrics.write_latency.labels(self.name, mode).observe(time.perf_counter() - t0)
-        if failed:
-            self.metrics.write_errors.labels(self.name, mode).inc(failed)
-            self.breaker.record_failure()
-        elif ok:
-            self.breaker.record_success()
-        return out
 
-    async def _attempt(self, topic: str, items: Sequence[Outgoing], pending: list[int],
+    def _keyless_partition(self, producer: AIOKafkaProducer, topic: str) -> int | None:
+        """A partition for keyless records built into one batch (sticky for the batch, like
+        Kafka's sticky partitioner): random among the available ones."""
+        cluster = producer.client.cluster
+        parts = cluster.available_partitions_for_topic(topic) or \
+            cluster.partitions_for_topic(topic)
+        return random.choice(sorted(parts)) if parts else None
+
+    async def _attempt(self, topic: str, items: Sequence[Outgoing], pending: Sequence[int],
                        results: list[Any], deadline: float) -> list[int]:
-        """One try of the `pending` items; fills `results`; returns the items to retry."""
+        """One try of the `pending` items; fills `results`; returns the items to retry.
+
+        Records of one partition numerous enough (`_BUILD_MIN`) go into producer batches
+        built here (`create_batch`/`send_batch`: one future per batch, offsets base + index),
+        which skips aiokafka's per-record send path; the others go through `send()`, which
+        lets a lone record share the producer's current batch of its partition."""
         producer = self._producer
         if producer is None:
             err = RegionWriteFailed(self.name, topic, self.why_not_writable())
@@ -293,54 +342,149 @@ class RegionWriter:
             for i in pending:
                 results[i] = err
             return []
+        if len(pending) == 1:
+            groups: dict[int | None, list[int]] = {items[pending[0]].partition: [pending[0]]}
+        else:
+            groups = {}
+            for i in pending:
+                groups.setdefault(items[i].partition, []).append(i)
         futs: list[tuple[int, asyncio.Future[Any]]] = []
+        chunks: list[tuple[list[int], asyncio.Future[Any]]] = []
         retry: list[int] = []
         try:
             async with asyncio.timeout(timeout):
-                for i in pending:
-                    it = items[i]
-                    try:
-                        fut = await producer.send(topic, value=it.value, key=it.key,
-                                                  partition=it.partition, headers=it.headers)
-                    except KafkaError as exc:
-                        results[i] = self._translate(topic, exc)
-                        if exc.retriable:
-                            retry.append(i)
-                        continue
-                    except AssertionError:  # aiokafka: partition not in its metadata
-                        results[i] = RegionWriteFailed(
-                            self.name, topic, f"partition {it.partition} unknown here",
-                            retriable=False)
-                        continue
-                    futs.append((i, fut))
-                if futs:
-                    await asyncio.wait([f for _, f in futs])
+                for part, idxs in groups.items():
+                    if len(idxs) >= _BUILD_MIN:
+                        if part is None:
+                            part = self._keyless_partition(producer, topic)
+                        if part is not None:
+                            await self._send_built(producer, topic, part, items, idxs, results,
+                                                   retry, futs, chunks)
+                            continue
+                    for i in idxs:
+                        await self._send_one(producer, topic, items, i, results, retry, futs)
+                waiting = [f for _, f in futs] + [f for _, f in chunks]
+                if waiting:
+                    await asyncio.wait(waiting)
         except TimeoutError:
             pass
         for i, fut in futs:
-            if not fut.done():
-                results[i] = RegionWriteFailed(
-                    self.name, topic, f"no ack within {timeout:.2f}s (Kafka slow or down)",
-                    retriable=False)
-                continue
-            error = fut.exception()
-            if error is None:
+            self._settle(topic, i, fut, timeout, results, retry)
+        for idxs, fut in chunks:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
                 md = fut.result()
-                results[i] = RegionWrite(self.name, md.partition, md.offset)
-            elif isinstance(error, KafkaError):
-                results[i] = self._translate(topic, error)
-                if error.retriable:
-                    retry.append(i)
+                base, partition, name = md.offset, md.partition, self.name
+                for n, i in enumerate(idxs):
+                    results[i] = RegionWrite(name, partition, base + n)
             else:
-                results[i] = RegionWriteFailed(self.name, topic,
-                                               f"{error.__class__.__name__}: {error}",
-                                               retriable=False)
+                for i in idxs:
+                    self._settle(topic, i, fut, timeout, results, retry)
         for i in pending:
             if results[i] is None:
                 results[i] = RegionWriteFailed(self.name, topic,
                                                f"not sent within {timeout:.2f}s",
                                                retriable=False)
-        return sorted(retry)
+        retry.sort()
+        return retry
+
+    async def _send_one(self, producer: AIOKafkaProducer, topic: str,
+                        items: Sequence[Outgoing], i: int, results: list[Any],
+                        retry: list[int], futs: list[tuple[int, asyncio.Future[Any]]]) -> None:
+        it = items[i]
+        try:
+            fut = await producer.send(topic, value=it.value, key=it.key,
+                                      partition=it.partition, headers=it.headers)
+        except KafkaError as exc:
+            results[i] = self._translate(topic, exc)
+            if exc.retriable:
+                retry.append(i)
+            return
+        except AssertionError:  # aiokafka: partition not in its metadata
+            results[i] = RegionWriteFailed(self.name, topic,
+                                           f"partition {it.partition} unknown here",
+                                           retriable=False)
+            return
+        futs.append((i, fut))
+
+    async def _send_built(self, producer: AIOKafkaProducer, topic: str, part: int,
+                          items: Sequence[Outgoing], idxs: list[int], results: list[Any],
+                          retry: list[int], futs: list[tuple[int, asyncio.Future[Any]]],
+                          chunks: list[tuple[list[int], asyncio.Future[Any]]]) -> None:
+        """`idxs` (all for partition `part`, in order) in batches built here. A batch the
+        producer refuses fails it and every later record of the partition (order)."""
+        builder = producer.create_batch()
+        chunk: list[int] = []
+        for n, i in enumerate(idxs):
+            it = items[i]
+            if builder.append(timestamp=None, key=it.key, value=it.value,
+                              headers=it.headers) is not None:
+                chunk.append(i)
+                continue
+            if chunk:
+                err = await self._submit(producer, topic, part, builder, chunk, chunks)
+                if err is not None:
+                    self._fail_all(err, chunk + idxs[n:], results, retry)
+                    return
+            builder, chunk = producer.create_batch(), []
+            if builder.append(timestamp=None, key=it.key, value=it.value,
+                              headers=it.headers) is not None:
+                chunk.append(i)
+            else:  # larger than a whole batch: send() judges it (max_request_size)
+                await self._send_one(producer, topic, items, i, results, retry, futs)
+                builder = producer.create_batch()
+        if chunk:
+            err = await self._submit(producer, topic, part, builder, chunk, chunks)
+            if err is not None:
+                self._fail_all(err, chunk, results, retry)
+
+    @staticmethod
+    def _fail_all(err: RegionWriteFailed, idxs: list[int], results: list[Any],
+                  retry: list[int]) -> None:
+        for i in idxs:
+            results[i] = err
+        if err.retriable:
+            retry.extend(idxs)
+
+    async def _submit(self, producer: AIOKafkaProducer, topic: str, part: int, builder: Any,
+                      chunk: list[int], chunks: list[tuple[list[int], asyncio.Future[Any]]],
+                      ) -> RegionWriteFailed | None:
+        lock = self._submit_locks.get((topic, part))
+        if lock is None:
+            lock = self._submit_locks[(topic, part)] = asyncio.Lock()
+        try:
+            # One of our batches at a time waits for the partition's queue: aiokafka's
+            # add_batch, when several wait at once, shrinks each one's timeout by the
+            # cumulated wait at every wake-up and fails them with KafkaTimeoutError early.
+            async with lock:
+                fut = await producer.send_batch(builder, topic, partition=part)
+        except KafkaError as exc:
+            return self._translate(topic, exc)
+        except AssertionError:  # aiokafka: partition not in its metadata
+            return RegionWriteFailed(self.name, topic, f"partition {part} unknown here",
+                                     retriable=False)
+        chunks.append((chunk, fut))
+        return None
+
+    def _settle(self, topic: str, i: int, fut: asyncio.Future[Any], timeout: float,
+                results: list[Any], retry: list[int]) -> None:
+        """The result of item `i` from its (record or batch) future."""
+        if not fut.done():
+            results[i] = RegionWriteFailed(
+                self.name, topic, f"no ack within {timeout:.2f}s (Kafka slow or down)",
+                retriable=False)
+            return
+        error = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
+        if error is None:
+            md = fut.result()
+            results[i] = RegionWrite(self.name, md.partition, md.offset)
+        elif isinstance(error, KafkaError):
+            results[i] = self._translate(topic, error)
+            if error.retriable:
+                retry.append(i)
+        else:
+            results[i] = RegionWriteFailed(self.name, topic,
+                                           f"{error.__class__.__name__}: {error}",
+                                           retriable=False)
 
     def _translate(self, topic: str, exc: KafkaError) -> RegionWriteFailed:
         return RegionWriteFailed(self.name, topic, f"{exc.__class__.__name__}: {exc}",
