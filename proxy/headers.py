@@ -20,7 +20,8 @@ from collections.abc import Iterable, Sequence
 from dr.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_PREFIX, DR_TS, Mode
 from proxy.errors import ReservedHeader
 
-__all__ = ["Headers", "check_client_headers", "new_dr_id", "stamp", "uuid7"]
+__all__ = ["Headers", "check_client_headers", "dr_headers", "new_dr_id", "stamp", "stamp_with",
+           "uuid7"]
 
 Headers = list[tuple[str, bytes]]
 
@@ -48,13 +49,27 @@ def check_client_headers(topic: str, headers: Iterable[tuple[str, bytes]]) -> No
             raise ReservedHeader(topic, name)
 
 
-def stamp(user: Sequence[tuple[str, bytes]], *, dr_id: str, origin: str, ts_ms: int,
-          mode: Mode, epoch: int | None, path: Sequence[str]) -> Headers:
-    """The user's headers followed by the dr-* headers."""
-    out: Headers = list(user)
-    out += [(DR_ID, dr_id.encode()), (DR_ORIGIN, origin.encode()),
-            (DR_TS, str(ts_ms).encode()), (DR_MODE, mode.encode())]
+def dr_headers(*, origin: str, ts_ms: int, mode: Mode, epoch: int | None,
+               path: Sequence[str]) -> tuple[tuple[str, bytes], ...]:
+    """The dr-* headers after dr-id, the same for every record of one write."""
+    out = [(DR_ORIGIN, origin.encode()), (DR_TS, str(ts_ms).encode()),
+           (DR_MODE, mode.encode())]
     if epoch is not None:
         out.append((DR_EPOCH, str(epoch).encode()))
     out.append((DR_PATH, ",".join(path).encode()))
-    return out
+    return tuple(out)
+
+
+def stamp_with(user: Sequence[tuple[str, bytes]], dr_id: str,
+               common: tuple[tuple[str, bytes], ...]) -> Headers:
+    """The user's headers, dr-id, then `common` (from `dr_headers`)."""
+    if user:
+        return [*user, (DR_ID, dr_id.encode()), *common]
+    return [(DR_ID, dr_id.encode()), *common]
+
+
+def stamp(user: Sequence[tuple[str, bytes]], *, dr_id: str, origin: str, ts_ms: int,
+          mode: Mode, epoch: int | None, path: Sequence[str]) -> Headers:
+    """The user's headers followed by the dr-* headers."""
+    return stamp_with(user, dr_id, dr_headers(origin=origin, ts_ms=ts_ms, mode=mode,
+                                              epoch=epoch, path=path))

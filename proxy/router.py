@@ -22,7 +22,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, NoReturn
 
 import structlog
 
@@ -40,9 +40,9 @@ from proxy.errors import (
     RegionWriteFailed,
     UnknownTopic,
 )
-from proxy.headers import check_client_headers, new_dr_id, stamp
+from proxy.headers import check_client_headers, dr_headers, new_dr_id, stamp_with
 from proxy.idempotency import IdempotencyWindow, Slot
-from proxy.metrics import ProxyMetrics
+from proxy.metrics import ProxyMetrics, observe_many
 from proxy.policy import Policy, Rule
 from proxy.writers import Outgoing, RegionWrite, RegionWriter, partition_for
 
@@ -53,20 +53,27 @@ log = structlog.get_logger("crossdc.proxy.router")
 Status = Literal["ok", "partial", "failed"]
 
 
-@dataclass(frozen=True, slots=True)
 class Incoming:
-    """A record as the client sent it."""
+    """A record as the client sent it (`size`: key + value + headers, computed once)."""
 
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: tuple[tuple[str, bytes], ...] = ()
-    idempotency_key: str = ""
+    __slots__ = ("headers", "idempotency_key", "key", "size", "topic", "value")
 
-    @property
-    def size(self) -> int:
-        return (len(self.key or b"") + len(self.value or b"")
-                + sum(len(k) + len(v) for k, v in self.headers))
+    def __init__(self, topic: str, key: bytes | None, value: bytes | None,
+                 headers: tuple[tuple[str, bytes], ...] = (),
+                 idempotency_key: str = "") -> None:
+        self.topic = topic
+        self.key = key
+        self.value = value
+        self.headers = headers
+        self.idempotency_key = idempotency_key
+        size = len(key or b"") + len(value or b"")
+        if headers:
+            size += sum(len(k) + len(v) for k, v in headers)
+        self.size = size
+
+    def __repr__(self) -> str:
+        return (f"Incoming(topic={self.topic!r}, key={self.key!r}, size={self.size}, "
+                f"idempotency_key={self.idempotency_key!r})")
 
 
 @dataclass(slots=True)
@@ -89,6 +96,20 @@ class Outcome:
     def copy_as_duplicate(self) -> Outcome:
         return Outcome(self.dr_id, self.mode, self.epoch, list(self.written), self.error, True)
 
+    def remembered(self) -> Remembered:
+        """The successful outcome as the idempotency window keeps it: plain tuples of strings
+        and ints (small, and not tracked by the cyclic garbage collector)."""
+        return (self.dr_id, self.mode, self.epoch,
+                tuple((w.region, w.partition, w.offset) for w in self.written))
+
+    @staticmethod
+    def duplicate_of(r: Remembered) -> Outcome:
+        dr_id, mode, epoch, written = r
+        return Outcome(dr_id, mode, epoch, [RegionWrite(*w) for w in written], None, True)
+
+
+Remembered = tuple[str, str, int | None, tuple[tuple[str, int, int], ...]]
+
 
 def _partition(key: bytes | None, partitions: int) -> int | None:
     """Keyed: Kafka's default partitioner; keyless: the producer picks (sticky/random)."""
@@ -107,6 +128,7 @@ class Router:
         self.window = window
         self.metrics = metrics
         self._mismatched: set[str] = set()
+        self._latency_children: dict[str, Any] = {}
 
     # -- entry -----------------------------------------------------------------------------
     async def route(self, records: Sequence[Incoming], deadline: float) -> list[Outcome]:
@@ -114,31 +136,32 @@ class Router:
         t0 = time.perf_counter()
         ts_ms = int(time.time() * 1000)
         policy = self.policy()
-        outs = [Outcome(new_dr_id(r.idempotency_key)) for r in records]
+        outs = [Outcome(r.idempotency_key or new_dr_id("")) for r in records]
         rules: list[Rule | None] = [None] * len(records)
         for i, rec in enumerate(records):
             try:
-                rules[i] = self._validate(policy, rec)
-                outs[i].mode = rules[i].dr_mode  # type: ignore[union-attr]
+                rule = self._validate(policy, rec)
+                rules[i] = rule
+                outs[i].mode = rule.dr_mode
             except ProxyError as exc:
                 outs[i].error = exc
         slots: dict[int, Slot] = {}
         aliases: dict[int, int] = {}
         try:
-            await self._claim(records, outs, rules, slots, aliases, deadline)
+            await self._claim(records, outs, slots, aliases, deadline)
             groups: dict[tuple[str, str], list[int]] = {}
             for i, rec in enumerate(records):
-                rule = rules[i]
-                if outs[i].error is None and rule is not None and i not in aliases and \
+                r = rules[i]
+                if outs[i].error is None and r is not None and i not in aliases and \
                         not outs[i].duplicate:
-                    groups.setdefault((rule.dr_mode, rec.topic), []).append(i)
-            jobs = []
-            for (mode, topic), idxs in groups.items():
-                rule = rules[idxs[0]]
-                assert rule is not None
-                jobs.append(self._dispatch(mode, topic, rules, idxs, records, outs, slots,
-                                           ts_ms, deadline))
-            await asyncio.gather(*jobs)
+                    groups.setdefault((r.dr_mode, rec.topic), []).append(i)
+            if len(groups) == 1:
+                (mode, topic), idxs = next(iter(groups.items()))
+                await self._dispatch(mode, topic, rules, idxs, records, outs, ts_ms, deadline)
+            elif groups:
+                await asyncio.gather(*(
+                    self._dispatch(mode, topic, rules, idxs, records, outs, ts_ms, deadline)
+                    for (mode, topic), idxs in groups.items()))
             if time.monotonic() >= deadline:
                 for o in outs:
                     if o.error is not None and isinstance(o.error, NoWritableRegion):
@@ -147,15 +170,29 @@ class Router:
             for i, slot in slots.items():
                 o = outs[i]
                 if o.error is None and o.written:
-                    self.window.finish(slot, o)
+                    self.window.finish(slot, o.remembered())
                 else:
                     self.window.fail(slot, partial=list(o.written) or None)
         for i, j in aliases.items():
             outs[i] = outs[j].copy_as_duplicate()
         dt = time.perf_counter() - t0
-        for o in outs:
-            self.metrics.request_latency.labels(o.mode or "none").observe(dt)
+        if len(outs) == 1:
+            self._latency(outs[0].mode).observe(dt)
+        else:
+            per_mode: dict[str, int] = {}
+            for o in outs:
+                per_mode[o.mode] = per_mode.get(o.mode, 0) + 1
+            for mode, n in per_mode.items():
+                observe_many(self._latency(mode), dt, n)
         return outs
+
+    def _latency(self, mode: str) -> Any:
+        """The request-latency histogram child of `mode` (bound once)."""
+        child = self._latency_children.get(mode)
+        if child is None:
+            child = self._latency_children[mode] = \
+                self.metrics.request_latency.labels(mode or "none")
+        return child
 
     def _validate(self, policy: Policy, rec: Incoming) -> Rule:
         rule = policy.rule_for(rec.topic)
@@ -163,7 +200,8 @@ class Router:
             why = ("the policy is strict and no rule names it" if policy.strict
                    else "no rule matches and the policy has no default")
             raise UnknownTopic(rec.topic, why)
-        check_client_headers(rec.topic, rec.headers)
+        if rec.headers:
+            check_client_headers(rec.topic, rec.headers)
         if rec.key is None and rule.key_required:
             raise MissingKey(rec.topic, rule.dr_mode)
         if rec.size > rule.max_record_bytes:
@@ -171,50 +209,54 @@ class Router:
         return rule
 
     async def _claim(self, records: Sequence[Incoming], outs: list[Outcome],
-                     rules: list[Rule | None], slots: dict[int, Slot],
-                     aliases: dict[int, int], deadline: float) -> None:
+                     slots: dict[int, Slot], aliases: dict[int, int], deadline: float) -> None:
+        """Claim each record's idempotency key: without waiting unless the key is being
+        written by another request right now (then wait for it, up to the deadline)."""
         first: dict[tuple[str, str], int] = {}
+        window = self.window
         for i, rec in enumerate(records):
             if not rec.idempotency_key or outs[i].error is not None:
                 continue
             k = (rec.topic, rec.idempotency_key)
-            if k in first:
-                aliases[i] = first[k]
+            j = first.setdefault(k, i)
+            if j != i:
+                aliases[i] = j
                 continue
-            first[k] = i
-            try:
-                async with asyncio.timeout_at(deadline):
-                    slot = await self.window.claim(*k)
-            except TimeoutError:
-                outs[i].error = DeadlineExceeded(
-                    f"deadline passed waiting for an earlier write of idempotency key "
-                    f"{rec.idempotency_key!r}")
-                continue
+            slot = window.claim_nowait(*k)
+            if slot is None:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        slot = await window.claim(*k)
+                except TimeoutError:
+                    outs[i].error = DeadlineExceeded(
+                        f"deadline passed waiting for an earlier write of idempotency key "
+                        f"{rec.idempotency_key!r}")
+                    continue
             if slot.owner:
                 slots[i] = slot
                 if slot.partial:
                     outs[i].written = list(slot.partial)
             else:
                 self.metrics.duplicates.inc()
-                outs[i] = slot.result.copy_as_duplicate()
+                outs[i] = Outcome.duplicate_of(slot.result)
 
     async def _dispatch(self, mode: str, topic: str, rules: list[Rule | None], idxs: list[int],
-                        records: Sequence[Incoming], outs: list[Outcome],
-                        slots: dict[int, Slot], ts_ms: int, deadline: float) -> None:
+                        records: Sequence[Incoming], outs: list[Outcome], ts_ms: int,
+                        deadline: float) -> None:
+        # Log events on this path name their topic and mode themselves (no context binding
+        # per dispatch: it cost more than the rest of a unary call's routing).
         rule = rules[idxs[0]]
         assert rule is not None
-        bound = structlog.contextvars.bound_contextvars(topic=topic, mode=mode)
-        with bound:
-            try:
-                if mode == "nearest":
-                    await self._nearest(topic, rule, idxs, records, outs, ts_ms, deadline)
-                else:
-                    await self._primary_modes(mode, topic, idxs, rules, records, outs, ts_ms,
-                                              deadline)
-            except ProxyError as exc:
-                for i in idxs:
-                    if outs[i].error is None and not self._done(mode, rules[i], outs[i]):
-                        outs[i].error = exc
+        try:
+            if mode == "nearest":
+                await self._nearest(topic, rule, idxs, records, outs, ts_ms, deadline)
+            else:
+                await self._primary_modes(mode, topic, idxs, rules, records, outs, ts_ms,
+                                          deadline)
+        except ProxyError as exc:
+            for i in idxs:
+                if outs[i].error is None and not self._done(mode, rules[i], outs[i]):
+                    outs[i].error = exc
 
     def _done(self, mode: str, rule: Rule | None, out: Outcome) -> bool:
         if mode != "sync":
@@ -227,6 +269,19 @@ class Router:
         """Partition counts of `topic` in every region that answers (or whose metadata is
         cached). UnknownTopic if a region that answered lacks it; PartitionMismatch if the
         counts differ."""
+        known: dict[str, int] = {}
+        for w in self.writers.values():
+            cached = w.known_partition_count(topic)
+            if cached is None:
+                break
+            known[w.name] = cached
+        else:  # all cached (the usual case): no lookups, no gather
+            if len(set(known.values())) > 1:
+                self._mismatch(topic, known)
+            if self._mismatched:
+                self._mismatched.discard(topic)
+            return known
+
         async def one(w: RegionWriter) -> tuple[str, int | RegionWriteFailed | None]:
             n = w.known_partition_count(topic)
             if n is not None:
@@ -244,12 +299,15 @@ class Router:
             if isinstance(n, int):
                 counts[region] = n
         if len(set(counts.values())) > 1:
-            if topic not in self._mismatched:
-                self._mismatched.add(topic)
-                log.error("partition_count_mismatch", topic=topic, counts=counts)
-            raise PartitionMismatch(topic, counts)
+            self._mismatch(topic, counts)
         self._mismatched.discard(topic)
         return counts
+
+    def _mismatch(self, topic: str, counts: dict[str, int]) -> NoReturn:
+        if topic not in self._mismatched:
+            self._mismatched.add(topic)
+            log.error("partition_count_mismatch", topic=topic, counts=counts)
+        raise PartitionMismatch(topic, counts)
 
     # -- ordered and sync --------------------------------------------------------------------
     async def _primary_modes(self, mode: str, topic: str, idxs: list[int],
@@ -277,11 +335,12 @@ class Router:
             return "" if now.epoch == epoch else (f"primary moved to {now.region} "
                                                   f"(epoch {now.epoch})")
 
-        def headers(i: int) -> list[tuple[str, bytes]]:
-            return stamp(records[i].headers, dr_id=outs[i].dr_id, origin=prim.region,
-                         ts_ms=ts_ms, mode=mode_, epoch=epoch, path=regions)
-
         mode_: Mode = "sync" if mode == "sync" else "ordered"
+        common = dr_headers(origin=prim.region, ts_ms=ts_ms, mode=mode_, epoch=epoch,
+                            path=regions)
+
+        def headers(i: int) -> list[tuple[str, bytes]]:
+            return stamp_with(records[i].headers, outs[i].dr_id, common)
         # 1. the primary (records resumed from a partial sync may have it already)
         first = [i for i in idxs if not any(w.region == prim.region for w in outs[i].written)]
         if first:
@@ -334,8 +393,9 @@ class Router:
                            else len(regions))
             if o.error is None and len(o.written) < needed:
                 o.error = IncompleteSync(topic, o.written, failed[i], needed)
-                log.warning("sync_incomplete", dr_id=o.dr_id,
-                            written=[w.region for w in o.written], failed=failed[i])
+                log.warning("sync_incomplete", topic=topic, mode=mode, epoch=epoch,
+                            dr_id=o.dr_id, written=[w.region for w in o.written],
+                            failed=failed[i])
 
     # -- nearest -----------------------------------------------------------------------------
     def nearest_order(self, rule: Rule) -> list[str]:
@@ -373,9 +433,10 @@ class Router:
                 tried[region] = "topic does not exist there"
                 absent.add(region)
                 continue
+            common = dr_headers(origin=region, ts_ms=ts_ms, mode="nearest", epoch=None,
+                                path=[region])
             items = [Outgoing(records[i].key, records[i].value,
-                              stamp(records[i].headers, dr_id=outs[i].dr_id, origin=region,
-                                    ts_ms=ts_ms, mode="nearest", epoch=None, path=[region]),
+                              stamp_with(records[i].headers, outs[i].dr_id, common),
                               _partition(records[i].key, n), records[i].size) for i in remaining]
             res = await w.write(topic, items, mode="nearest", deadline=deadline)
             left = []
@@ -386,7 +447,8 @@ class Router:
                     tried[region] = r.why
                     left.append(i)
             if left and len(left) < len(remaining):
-                log.info("nearest_failover", region=region, records=len(left))
+                log.info("nearest_failover", topic=topic, mode="nearest", region=region,
+                         records=len(left))
             remaining = left
         for i in remaining:
             if absent and absent == set(tried):

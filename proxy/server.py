@@ -69,20 +69,37 @@ _STATUS = {"ok": pb.STATUS_OK, "partial": pb.STATUS_PARTIAL, "failed": pb.STATUS
 
 
 def _decode(rec: Any) -> Incoming:
-    return Incoming(topic=rec.topic, key=rec.key if rec.HasField("key") else None,
-                    value=rec.value if rec.HasField("value") else None,
-                    headers=tuple((h.key, h.value) for h in rec.headers),
-                    idempotency_key=rec.idempotency_key)
+    hs = rec.headers
+    return Incoming(rec.topic, rec.key if rec.HasField("key") else None,
+                    rec.value if rec.HasField("value") else None,
+                    tuple((h.key, h.value) for h in hs) if hs else (), rec.idempotency_key)
 
 
-def _encode(o: Outcome) -> Any:
-    code = grpc_code(o.error).value[0] if o.error is not None else 0
-    return pb.RecordResult(
-        status=_STATUS[o.status], dr_id=o.dr_id, code=code,
-        message=str(o.error) if o.error is not None else "", mode=o.mode,
-        epoch=o.epoch or 0, duplicate=o.duplicate,
-        written=[pb.RegionWrite(region=w.region, partition=w.partition, offset=w.offset)
-                 for w in o.written])
+def _encode(o: Outcome, r: Any) -> None:
+    """Fill the RecordResult `r` (added in place to the response: no copy)."""
+    r.dr_id = o.dr_id
+    r.mode = o.mode
+    if o.epoch:
+        r.epoch = o.epoch
+    if o.duplicate:
+        r.duplicate = True
+    if o.error is None:
+        r.status = pb.STATUS_OK
+    else:
+        r.status = _STATUS[o.status]
+        r.code = grpc_code(o.error).value[0]
+        r.message = str(o.error)
+    add = r.written.add
+    for w in o.written:
+        add(region=w.region, partition=w.partition, offset=w.offset)
+
+
+def _batch_response(outs: list[Outcome]) -> Any:
+    resp = pb.ProduceBatchResponse()
+    add = resp.results.add
+    for o in outs:
+        _encode(o, add())
+    return resp
 
 
 def _written_md(o: Outcome) -> tuple[tuple[str, str], ...]:
@@ -100,11 +117,13 @@ class _Servicer(pb_grpc.ProxyServicer):
         if o.error is not None:
             await context.abort(grpc_code(o.error), str(o.error),
                                 trailing_metadata=_written_md(o))
-        return pb.ProduceResponse(result=_encode(o))
+        resp = pb.ProduceResponse()
+        _encode(o, resp.result)
+        return resp
 
     async def ProduceBatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         outs = await self.s.handle([_decode(r) for r in request.records], context, wait=False)
-        return pb.ProduceBatchResponse(results=[_encode(o) for o in outs])
+        return _batch_response(outs)
 
     async def ProduceStream(self, request_iterator: AsyncIterator[Any],
                             context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
@@ -133,7 +152,7 @@ class _Servicer(pb_grpc.ProxyServicer):
                 if task is None:
                     break
                 outs = await task
-                yield pb.ProduceBatchResponse(results=[_encode(o) for o in outs])
+                yield _batch_response(outs)
             await rt
         finally:
             rt.cancel()
@@ -166,6 +185,7 @@ class ProxyServer:
         self.region = topology.region(config.region)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = ProxyMetrics(self.registry)
+        self._results_ok = self.metrics.results.labels("OK")
         self._own_store = isinstance(policy, (str, Path))
         self.policy_store: PolicyStore | None = None
         self._policy_fn: Callable[[], Policy]
@@ -383,10 +403,16 @@ class ProxyServer:
             routed = iter(outs)
             outs = [denied[i] if i in denied else next(routed)
                     for i in range(len(all_records))]
+        ok = 0
         for o in outs:
-            self.metrics.results.labels(grpc_code(o.error).name if o.error else "OK").inc()
+            if o.error is None:
+                ok += 1
+                continue
+            self.metrics.results.labels(grpc_code(o.error).name).inc()
             if isinstance(o.error, IncompleteSync):
                 self.log.warning("sync_not_acked", dr_id=o.dr_id, error=str(o.error))
+        if ok:
+            self._results_ok.inc(ok)
         return outs
 
     # -- health ------------------------------------------------------------------------------
