@@ -24,7 +24,7 @@ class PartitionMismatch(MirrorError):
 
     def __init__(self, topic: str, source: str, source_n: int, target: str,
                  target_n: int) -> None:
-        self.topic = topic
+        self.topic, self.source_n, self.target_n = topic, source_n, target_n
         super().__init__(
             f"topic {topic!r} has {source_n} partitions in {source} but {target_n} in "
             f"{target}; the mirror never re-partitions (keys would land elsewhere). Give the "

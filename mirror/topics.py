@@ -78,8 +78,16 @@ async def _configs(admin: AIOKafkaAdminClient, topic: str) -> dict[str, str]:
 
 async def sync_topics(source: AIOKafkaAdminClient, target: AIOKafkaAdminClient,
                       pattern: re.Pattern[str], *, source_name: str,
-                      target_name: str) -> TopicPlan:
-    """Match the target to the source for every topic `pattern` (full match) selects."""
+                      target_name: str, matched: dict[str, int]) -> TopicPlan:
+    """Match the target to the source for every topic `pattern` (full match) selects.
+
+    `matched` (kept by the caller across calls) holds the partition count each topic had in
+    both regions when last seen equal. A count that differs when a topic is first seen stops
+    it (the two topics were made apart: nothing says which one is right); a source that grew
+    after being seen equal is followed; a target that grew after being seen equal (in
+    active-active the other direction follows that region's increase) is carried on.
+    A stopped topic resumes by itself once both counts are equal.
+    """
     names = sorted(t for t in await source.list_topics()
                    if pattern.fullmatch(t) and not is_internal(t))
     src = await _describe(source, names)
@@ -95,13 +103,16 @@ async def sync_topics(source: AIOKafkaAdminClient, target: AIOKafkaAdminClient,
                 log.info("target_topic_created", topic=topic, partitions=n, configs=configs)
             except TopicAlreadyExistsError:
                 pass
-        elif have < n:
-            await target.create_partitions({topic: NewPartitions(n)})
-            log.info("target_partitions_increased", topic=topic, before=have, after=n)
-        elif have > n:
+        elif have != n and topic not in matched:
             err = PartitionMismatch(topic, source_name, n, target_name, have)
             plan.stopped[topic] = err
             log.error("topic_stopped", topic=topic, error=str(err))
             continue
+        elif have < n:
+            await target.create_partitions({topic: NewPartitions(n)})
+            log.info("target_partitions_increased", topic=topic, before=have, after=n)
+        elif have > n:
+            log.info("target_has_more_partitions", topic=topic, source=n, target=have)
+        matched[topic] = n
         plan.partitions[topic] = n
     return plan

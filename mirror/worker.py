@@ -96,6 +96,7 @@ class MirrorWorker:
             flow=self._flow_label, group=self.group)
         self._pattern = re.compile(flow.topics)
         self._topics: TopicPlan = TopicPlan({}, {})
+        self._matched: dict[str, int] = {}  # partition counts seen equal (topics.py)
         self._stopped_partitions: dict[TopicPartition, MirrorError] = {}
         self._dead: set[tuple[str, int, int]] = set()  # (topic, partition, offset)
         self._one_by_one: set[TopicPartition] = set()
@@ -103,6 +104,11 @@ class MirrorWorker:
         # at-least-once recovery: records found on the target after the last `pos:`
         self._found: dict[TopicPartition, collections.deque[tuple[bytes, int]]] = {}
         self._expect: dict[TopicPartition, int] = {}
+        # at-least-once: offset-sync records sent, their acks awaited during the next batch
+        self._sync_unacked: list[tuple[bytes, bytes, int, asyncio.Future[Any] | None]] = []
+        # the source group commit (advisory: lag display) runs beside the loop
+        self._uncommitted: dict[TopicPartition, int] = {}
+        self._commit_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._generation = 0
         self._producer_kw: dict[str, Any] = {}
@@ -156,6 +162,8 @@ class MirrorWorker:
         if self._producer is not None:
             await _close_producer(self._producer)
             self._producer = None
+            self._sync_unacked = [(k, v, p, None) for k, v, p, f in self._sync_unacked
+                                  if f is None or not f.done() or f.exception() is not None]
         self._producer = AIOKafkaProducer(bootstrap_servers=self.target_bootstrap,
                                           **self._producer_kw)
         await self._producer.start()
@@ -168,6 +176,11 @@ class MirrorWorker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._commit_task is not None:
+            self._commit_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, KafkaError):
+                await self._commit_task
+            self._commit_task = None
         if self._consumer is not None:
             with contextlib.suppress(KafkaError):
                 await self._consumer.stop()
@@ -204,14 +217,20 @@ class MirrorWorker:
         assert self._dst_admin
         assert self._consumer
         plan_ = await sync_topics(self._src_admin, self._dst_admin, self._pattern,
-                                  source_name=self.flow.source, target_name=self.flow.target)
+                                  source_name=self.flow.source, target_name=self.flow.target,
+                                  matched=self._matched)
         for topic, err in plan_.stopped.items():
             if topic not in self._topics.stopped:
                 self.errors.append(err)
                 self.metrics.errors.labels(self.flow.source, self.flow.target, topic,
                                            "partition_mismatch").inc()
                 self.metrics.stopped_partitions.labels(
-                    self.flow.source, self.flow.target, topic).set(-1)
+                    self.flow.source, self.flow.target, topic).set(err.source_n)
+        for topic in self._topics.stopped:
+            if topic not in plan_.stopped:  # both counts equal again: carried on
+                self.metrics.stopped_partitions.labels(
+                    self.flow.source, self.flow.target, topic).set(0)
+                self.log.info("topic_resumed", topic=topic)
         if set(plan_.partitions) != set(self._topics.partitions) or not \
                 self._consumer.subscription():
             if plan_.partitions:
@@ -229,6 +248,7 @@ class MirrorWorker:
         async with self._lock:
             self._generation += 1
             for tp in revoked:
+                self._uncommitted.pop(tp, None)
                 self._expect.pop(tp, None)
                 self._found.pop(tp, None)
                 self._acked.pop(tp, None)
@@ -316,6 +336,7 @@ class MirrorWorker:
                     continue
                 batch = await consumer.getmany(timeout_ms=200, max_records=_MAX_BATCH)
                 gen = self._generation
+                self._maybe_commit()
                 batch = {tp: recs for tp, recs in batch.items()
                          if recs and tp not in self._stopped_partitions}
                 if batch:
@@ -522,6 +543,8 @@ class MirrorWorker:
                 if found is not None and not found:
                     self._found.pop(tp, None)
             now = time.time() * 1000
+            if not eos:
+                await self._flush_sync(producer)
             await self._wait_acks([f for chunks in sent.values() for _, _, f in chunks])
             for tp, chunks in sent.items():
                 for srcs, sizes, fut in chunks:
@@ -532,27 +555,27 @@ class MirrorWorker:
                                              exact=len(srcs) == 1) from None
                     pairs[tp].extend((s, md.offset + i) for i, s in enumerate(srcs))
             ack_ms = time.time() * 1000
-            sync_futs = []
+            sync_futs: list[tuple[bytes, bytes, int, asyncio.Future[Any] | None]] = []
             for tp, recs in batch.items():
                 nxt = recs[-1].offset + 1
                 last_ts = _dr_ts(recs[-1]) or recs[-1].timestamp
                 dst_next = None
                 if pairs[tp]:
                     k, v = map_record(tp.topic, tp.partition, pairs[tp], nxt, last_ts)
-                    sync_futs.append(await producer.send(self._sync_topic, key=k, value=v,
-                                                         partition=MAP_PARTITION))
+                    sync_futs.append((k, v, MAP_PARTITION, await producer.send(
+                        self._sync_topic, key=k, value=v, partition=MAP_PARTITION)))
                     dst_next = pairs[tp][-1][1] + 1
                 k, v = pos_record(tp.topic, tp.partition, nxt, dst_next)
-                sync_futs.append(await producer.send(self._sync_topic, key=k, value=v,
-                                                     partition=POS_PARTITION))
+                sync_futs.append((k, v, POS_PARTITION, await producer.send(
+                    self._sync_topic, key=k, value=v, partition=POS_PARTITION)))
             if eos:
                 commit = asyncio.ensure_future(producer.commit_transaction())
                 await self._wait_acks([commit])
                 commit.result()
             else:
-                await self._wait_acks(sync_futs)
-                for f in sync_futs:
-                    await f
+                # acked while the next batch is on its way (`_flush_sync`); they follow the
+                # records they describe, so a `pos:` never runs ahead of the data
+                self._sync_unacked.extend(sync_futs)
         except asyncio.CancelledError:
             if eos:
                 await _end_transaction(producer, commit)
@@ -566,9 +589,9 @@ class MirrorWorker:
         for tp, recs in batch.items():
             self._acked.pop(tp, None)
             self._expect[tp] = recs[-1].offset + 1
-        with contextlib.suppress(KafkaError):
-            # Advisory (lag display): the resume point is the `pos:` record on the target.
-            await consumer.commit({tp: recs[-1].offset + 1 for tp, recs in batch.items()})
+        # Advisory (lag display): the resume point is the `pos:` record on the target.
+        self._uncommitted.update({tp: recs[-1].offset + 1 for tp, recs in batch.items()})
+        self._maybe_commit()
         m = self.metrics
         for tp, recs in batch.items():
             labels = (source, target, tp.topic)
@@ -586,6 +609,39 @@ class MirrorWorker:
             m.latency.labels(*labels).observe(max(0.0, (ack_ms - dr_ts) / 1000))
         self.log.debug("batch_mirrored", records=sum(len(v) for v in sent.values()),
                        partitions=len(batch))
+
+    async def _flush_sync(self, producer: AIOKafkaProducer) -> None:
+        """At-least-once: wait for the previous batches' offset-sync records; one that
+        failed (or was left in a closed producer) is sent again, so a mapping is never
+        lost."""
+        while self._sync_unacked:
+            futs = [f for *_, f in self._sync_unacked if f is not None]
+            await self._wait_acks(futs)
+            again = [(k, v, p) for k, v, p, f in self._sync_unacked
+                     if f is None or f.cancelled() or f.exception() is not None]
+            self._sync_unacked = []
+            if again:
+                self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
+                                           "offset_sync_write").inc()
+            for k, v, p in again:
+                self._sync_unacked.append((k, v, p, await producer.send(
+                    self._sync_topic, key=k, value=v, partition=p)))
+
+    def _maybe_commit(self) -> None:
+        """Commit the source group offsets in the background, one commit at a time."""
+        if self._uncommitted and (self._commit_task is None or self._commit_task.done()):
+            offsets, self._uncommitted = self._uncommitted, {}
+            self._commit_task = asyncio.create_task(
+                self._commit(offsets), name=f"mirror:{self._flow_label}:commit")
+
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        consumer = self._consumer
+        if consumer is None:
+            return
+        try:
+            await consumer.commit(offsets)
+        except KafkaError as exc:  # advisory: the next commit carries newer offsets
+            self.log.info("group_commit_skipped", error=repr(exc))
 
     async def _wait_acks(self, futs: list[asyncio.Future[Any]]) -> None:
         """Wait for the target's acks. The producer retries by itself while the target is

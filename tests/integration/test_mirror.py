@@ -127,7 +127,7 @@ async def test_active_active_copies_once_preserving_everything(two_regions, acti
 
 
 async def test_partition_mismatch_stops_that_topic_only(two_regions, active_active) -> None:  # type: ignore[no-untyped-def]
-    prefix, w1, _ = active_active
+    prefix, w1, w2 = active_active
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     topic = f"{prefix}-mismatch"
     await create_topic(east, topic, partitions=2)
@@ -140,6 +140,19 @@ async def test_partition_mismatch_stops_that_topic_only(two_regions, active_acti
     err = next(e for e in w1.errors if isinstance(e, PartitionMismatch))
     assert "has 2 partitions in east but 3 in west" in str(err)
     assert sum((await end_offsets(west, topic, 3)).values()) == 0
+
+    # the other direction refuses too: it never grows east to west's count
+    async def refused_back() -> bool:
+        return any(isinstance(e, PartitionMismatch) and e.topic == topic for e in w2.errors)
+    await eventually(refused_back, 30, "partition mismatch reported west -> east")
+    admin = AIOKafkaAdminClient(bootstrap_servers=east)
+    await admin.start()
+    try:
+        assert len((await admin.describe_topics([topic]))[0]["partitions"]) == 2
+    finally:
+        await admin.close()
+    assert w1.running
+    assert w2.running  # the other topics go on
 
 
 async def test_new_topic_and_partition_increase_followed(two_regions, active_active) -> None:  # type: ignore[no-untyped-def]
