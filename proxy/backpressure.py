@@ -18,6 +18,7 @@ class InflightBudget:
         self.used = 0
         self._metrics = metrics
         self._cond = asyncio.Condition()
+        self._waiting = 0
 
     def _fits(self, n: int) -> bool:
         # one request larger than the whole budget still passes when nothing else is in flight
@@ -33,9 +34,16 @@ class InflightBudget:
 
     async def acquire(self, n: int) -> None:
         """Wait until `n` bytes fit (the caller bounds the wait with its deadline)."""
-        async with self._cond:
-            await self._cond.wait_for(lambda: self._fits(n))
+        if self._waiting == 0 and self._fits(n):
             self._take(n)
+            return
+        self._waiting += 1
+        try:
+            async with self._cond:
+                await self._cond.wait_for(lambda: self._fits(n))
+                self._take(n)
+        finally:
+            self._waiting -= 1
 
     def _take(self, n: int) -> None:
         self.used += n
@@ -46,5 +54,6 @@ class InflightBudget:
         self.used -= n
         if self._metrics:
             self._metrics.inflight_bytes.set(self.used)
-        async with self._cond:
-            self._cond.notify_all()
+        if self._waiting:  # the condition's lock only when a stream batch waits for room
+            async with self._cond:
+                self._cond.notify_all()

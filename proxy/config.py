@@ -74,7 +74,12 @@ class ProxyConfig(_Model):
     idempotency_window_s: float = Field(300.0, gt=0, description="A client idempotency key "
                                         "seen again within this returns the first result.")
     idempotency_max_keys: int = Field(1_000_000, gt=0, description="Oldest keys are "
-                                      "forgotten beyond this many.")
+                                      "forgotten beyond this many. About 0.5 KB of memory "
+                                      "per key (36-character keys, measured): ~0.5 GB when "
+                                      "full. The default covers the SDK's retry horizon "
+                                      "(deadline 10 s x 4 tries, ~45 s) up to ~22k "
+                                      "records/s per proxy; above that rate a retry may "
+                                      "come after its key was forgotten and write again.")
     stream_window: int = Field(64, gt=0, description="Batches of one stream in flight at once "
                                "(acks stay in order).")
     grace_s: float = Field(10.0, ge=0, description="Drain time on stop (SIGTERM).")

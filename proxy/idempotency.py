@@ -61,17 +61,21 @@ class IdempotencyWindow:
         self._done: OrderedDict[tuple[str, str], tuple[Any, float]] = OrderedDict()
         # key -> (partial writes, when the attempt failed); insertion order = age order
         self._partials: OrderedDict[tuple[str, str], tuple[Any, float]] = OrderedDict()
+        # no entry can expire before this (the oldest entry's time + window_s)
+        self._expire_at = float("inf")
 
     def __len__(self) -> int:
         return len(self._done) + len(self._inflight)
 
     def _expire(self, now: float) -> None:
+        self._expire_at = float("inf")
         partials = self._partials
         while partials:
             _, failed_at = next(iter(partials.values()))
             if now - failed_at > self.window_s or len(partials) > self.max_keys:
                 partials.popitem(last=False)
             else:
+                self._expire_at = failed_at + self.window_s
                 break
         done = self._done
         while done:
@@ -80,13 +84,16 @@ class IdempotencyWindow:
                     len(done) + len(self._inflight) > self.max_keys:
                 done.popitem(last=False)
             else:
+                self._expire_at = min(self._expire_at, finished_at + self.window_s)
                 break
 
     def claim_nowait(self, topic: str, key: str) -> Slot | None:
         """The slot for (topic, key) without waiting, or None when the key is being written
         now (then `claim` waits for that write)."""
         k = (topic, key)
-        self._expire(self._clock())
+        now = self._clock()
+        if now > self._expire_at:
+            self._expire(now)
         done = self._done.get(k)
         if done is not None:
             return Slot(k, result=done[0], owner=False)
@@ -110,22 +117,32 @@ class IdempotencyWindow:
 
     def finish(self, slot: Slot, result: Any) -> None:
         slot.result = result
-        if self._inflight.get(slot.key) is slot:
-            del self._inflight[slot.key]
-        self._partials.pop(slot.key, None)
-        self._done.pop(slot.key, None)
-        self._done[slot.key] = (result, self._clock())
-        if len(self._done) + len(self._inflight) > self.max_keys:
-            self._done.popitem(last=False)
-        slot._release()
+        k = slot.key
+        if self._inflight.get(k) is slot:
+            del self._inflight[k]
+        if slot.partial is not None:
+            self._partials.pop(k, None)
+        now = self._clock()
+        done = self._done
+        done.pop(k, None)
+        done[k] = (result, now)
+        if now + self.window_s < self._expire_at:
+            self._expire_at = now + self.window_s
+        if len(done) + len(self._inflight) > self.max_keys:
+            done.popitem(last=False)
+        if slot._event is not None:
+            slot._event.set()
 
     def fail(self, slot: Slot, partial: Any = None) -> None:
         """The attempt failed; `partial` (if any) is kept for the next attempt to resume."""
         if self._inflight.get(slot.key) is slot:
             del self._inflight[slot.key]
         if partial:
+            now = self._clock()
             self._partials.pop(slot.key, None)  # re-inserted last: its age starts now
-            self._partials[slot.key] = (partial, self._clock())
+            self._partials[slot.key] = (partial, now)
+            if now + self.window_s < self._expire_at:
+                self._expire_at = now + self.window_s
             if len(self._partials) > self.max_keys:
                 self._partials.popitem(last=False)
         else:

@@ -22,7 +22,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NamedTuple, NoReturn
 
 import structlog
 
@@ -97,23 +97,53 @@ class Outcome:
         return Outcome(self.dr_id, self.mode, self.epoch, list(self.written), self.error, True)
 
     def remembered(self) -> Remembered:
-        """The successful outcome as the idempotency window keeps it: plain tuples of strings
-        and ints (small, and not tracked by the cyclic garbage collector)."""
-        return (self.dr_id, self.mode, self.epoch,
-                tuple((w.region, w.partition, w.offset) for w in self.written))
+        """The successful outcome as the idempotency window keeps it: one flat tuple of
+        strings and ints, (dr_id, mode, epoch, then region, partition, offset per write) —
+        small, and untracked by the cyclic garbage collector after its first collections."""
+        ws = self.written
+        if len(ws) == 1:
+            w = ws[0]
+            return (self.dr_id, self.mode, self.epoch, w.region, w.partition, w.offset)
+        flat: list[str | int | None] = [self.dr_id, self.mode, self.epoch]
+        for w in ws:
+            flat += (w.region, w.partition, w.offset)
+        return tuple(flat)
 
     @staticmethod
     def duplicate_of(r: Remembered) -> Outcome:
-        dr_id, mode, epoch, written = r
-        return Outcome(dr_id, mode, epoch, [RegionWrite(*w) for w in written], None, True)
+        written = [RegionWrite(r[i], r[i + 1], r[i + 2])  # type: ignore[arg-type]
+                   for i in range(3, len(r), 3)]
+        return Outcome(r[0], r[1], r[2], written, None, True)  # type: ignore[arg-type]
 
 
-Remembered = tuple[str, str, int | None, tuple[tuple[str, int, int], ...]]
+Remembered = tuple[str | int | None, ...]
+
+
+_PARTITION_CACHE_MAX = 200_000
+_partitions: dict[tuple[bytes, int], int] = {}
 
 
 def _partition(key: bytes | None, partitions: int) -> int | None:
-    """Keyed: Kafka's default partitioner; keyless: the producer picks (sticky/random)."""
-    return partition_for(key, partitions) if key is not None else None
+    """Keyed: Kafka's default partitioner (murmur2, pure Python in aiokafka, so remembered
+    per (key, partition count): keys repeat); keyless: the producer picks (sticky/random)."""
+    if key is None:
+        return None
+    k = (key, partitions)
+    p = _partitions.get(k)
+    if p is None:
+        if len(_partitions) >= _PARTITION_CACHE_MAX:
+            _partitions.clear()
+        p = _partitions[k] = partition_for(key, partitions)
+    return p
+
+
+class _RuleInfo(NamedTuple):
+    """What validation reads of a rule, read once per topic per request."""
+
+    rule: Rule
+    mode: str
+    key_required: bool
+    max_record_bytes: int
 
 
 class Router:
@@ -138,11 +168,17 @@ class Router:
         policy = self.policy()
         outs = [Outcome(r.idempotency_key or new_dr_id("")) for r in records]
         rules: list[Rule | None] = [None] * len(records)
+        infos: dict[str, _RuleInfo | ProxyError] = {}
         for i, rec in enumerate(records):
+            info = infos.get(rec.topic)
+            if info is None:
+                info = infos[rec.topic] = self._rule_info(policy, rec.topic)
             try:
-                rule = self._validate(policy, rec)
-                rules[i] = rule
-                outs[i].mode = rule.dr_mode
+                if isinstance(info, ProxyError):
+                    raise info
+                self._validate(info, rec)
+                rules[i] = info.rule
+                outs[i].mode = info.mode
             except ProxyError as exc:
                 outs[i].error = exc
         slots: dict[int, Slot] = {}
@@ -194,19 +230,23 @@ class Router:
                 self.metrics.request_latency.labels(mode or "none")
         return child
 
-    def _validate(self, policy: Policy, rec: Incoming) -> Rule:
-        rule = policy.rule_for(rec.topic)
+    @staticmethod
+    def _rule_info(policy: Policy, topic: str) -> _RuleInfo | ProxyError:
+        rule = policy.rule_for(topic)
         if rule is None:
             why = ("the policy is strict and no rule names it" if policy.strict
                    else "no rule matches and the policy has no default")
-            raise UnknownTopic(rec.topic, why)
+            return UnknownTopic(topic, why)
+        return _RuleInfo(rule, rule.dr_mode, rule.key_required, rule.max_record_bytes)
+
+    @staticmethod
+    def _validate(info: _RuleInfo, rec: Incoming) -> None:
         if rec.headers:
             check_client_headers(rec.topic, rec.headers)
-        if rec.key is None and rule.key_required:
-            raise MissingKey(rec.topic, rule.dr_mode)
-        if rec.size > rule.max_record_bytes:
-            raise RecordTooLarge(rec.topic, rec.size, rule.max_record_bytes)
-        return rule
+        if rec.key is None and info.key_required:
+            raise MissingKey(rec.topic, info.mode)
+        if rec.size > info.max_record_bytes:
+            raise RecordTooLarge(rec.topic, rec.size, info.max_record_bytes)
 
     async def _claim(self, records: Sequence[Incoming], outs: list[Outcome],
                      slots: dict[int, Slot], aliases: dict[int, int], deadline: float) -> None:

@@ -267,6 +267,30 @@ async def test_batch_and_stream_ack_in_order(two_regions, stub) -> None:  # type
         assert [ids[r.dr_id] for r in resp.results] == [f"{b}-{i}".encode() for i in range(20)]
 
 
+async def test_batch_results_name_where_each_record_landed(two_regions, stub) -> None:  # type: ignore[no-untyped-def]
+    """Keyed and keyless records of one call, several per partition (written as producer
+    batches built by the proxy) and one alone: each result's partition and offset is where
+    that very record is, and a partition keeps the call's order."""
+    topic = await _topic(two_regions, "ord", partitions=3)
+    keyed = [_record(topic, f"k{i}".encode(), f"c-{i % 4}".encode()) for i in range(30)]
+    near = await _topic(two_regions, "near", partitions=3)
+    keyless = [_record(near, f"n{i}".encode(), None) for i in range(12)]
+    for recs, t in ((keyed, topic), (keyless, near), (keyed[:1], topic)):
+        resp = await stub.ProduceBatch(pb.ProduceBatchRequest(records=recs))
+        assert all(r.status == pb.STATUS_OK for r in resp.results), resp
+        landed = {(r.partition, r.offset): r for r in
+                  await read_all(two_regions.bootstrap("east"), t, 3)}
+        for sent, res in zip(recs, resp.results, strict=True):
+            rec = landed[(res.written[0].partition, res.written[0].offset)]
+            assert rec.value == sent.value
+            assert _hdrs(rec)["dr-id"].decode() == res.dr_id
+        by_part = collections.defaultdict(list)
+        for sent, res in zip(recs, resp.results, strict=True):
+            by_part[res.written[0].partition].append((res.written[0].offset, sent.value))
+        for seq in by_part.values():
+            assert seq == sorted(seq)
+
+
 # -- errors, each over real gRPC ---------------------------------------------------------
 
 async def test_invalid_argument(two_regions, stub) -> None:  # type: ignore[no-untyped-def]

@@ -4,6 +4,7 @@ fake region writers), error table, generated code freshness."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import uuid
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from proxy.headers import check_client_headers, stamp, uuid7
 from proxy.idempotency import IdempotencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.policy import Policy
-from proxy.router import Incoming, Router
+from proxy.router import Incoming, Outcome, Router
 from proxy.writers import Outgoing, RegionWrite, partition_for
 
 # -- partitioner: Kafka's Utils.murmur2 test vectors (UtilsTest.testMurmur2) ---------------
@@ -178,6 +179,25 @@ async def test_idempotency_partial_writes_capped_by_count() -> None:
         w.fail(await w.claim("t", k), partial=[k])
     assert (await w.claim("t", "a")).partial is None   # oldest forgotten beyond max_keys
     assert (await w.claim("t", "c")).partial == ["c"]
+
+
+async def test_idempotency_claim_nowait_and_results_kept_out_of_the_collectors_way() -> None:
+    w = IdempotencyWindow(window_s=10, max_keys=100, clock=Clock())
+    first = w.claim_nowait("t", "k")
+    assert first is not None
+    assert first.owner
+    assert w.claim_nowait("t", "k") is None        # being written: the caller must wait
+    out = Outcome("k", "ordered", 3, [RegionWrite("east", 1, 42)])
+    w.finish(first, out.remembered())
+    gc.collect()
+    gc.collect()  # the collector untracks one level of all-atomic tuples per pass
+    assert not gc.is_tracked(w._done[("t", "k")])  # plain tuples: the collector skips them
+    again = w.claim_nowait("t", "k")
+    assert again is not None
+    assert not again.owner
+    dup = Outcome.duplicate_of(again.result)
+    assert (dup.dr_id, dup.mode, dup.epoch, dup.duplicate) == ("k", "ordered", 3, True)
+    assert dup.written == [RegionWrite("east", 1, 42)]
 
 
 # -- router with fake writers -------------------------------------------------------------
