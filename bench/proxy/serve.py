@@ -1,5 +1,7 @@
 """Run one ProxyServer in this process until SIGTERM/SIGINT: the benchmark's fallback when
-`dr proxy serve` is not available, and its `--gc-tune` variant (the proposed GC fix).
+`dr proxy serve` is not available, its `--gc-stats` variant (GC accounting), and
+`--no-gc-tune` (CPython's default collector thresholds, for comparison). Like `dr proxy
+serve`, it calls `proxy.serve.tune_gc()` after start unless told not to.
 
     python bench/proxy/serve.py --topology T --region east --policy P --port 7000
 """
@@ -8,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import signal
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 def gc_stats(path: Path) -> None:
     """Count collections and the CPU seconds they take (per generation) into `path` (JSON,
     rewritten by a thread every 0.5 s)."""
+    import gc
     import json
     import threading
     import time
@@ -46,6 +48,7 @@ def gc_stats(path: Path) -> None:
 async def serve(a: argparse.Namespace) -> None:
     from dr.topology import load_topology
     from proxy.config import ProxyConfig
+    from proxy.serve import tune_gc
     from proxy.server import ProxyServer
 
     if a.gc_stats:
@@ -57,12 +60,8 @@ async def serve(a: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await server.start()
-    if a.gc_tune:
-        # the proposed fix (see bench/results/proxy.md): move the start-up heap out of the
-        # collector's way and collect the young generation less often
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(10_000, 20, 20)
+    if not a.no_gc_tune:
+        tune_gc()  # as `dr proxy serve` does
     print(f"serving on {server.port}", flush=True)
     try:
         await stop.wait()
@@ -77,8 +76,8 @@ def main() -> None:
     ap.add_argument("--policy", required=True)
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--gc-stats", help="write GC collections and CPU seconds to this file")
-    ap.add_argument("--gc-tune", action="store_true", help="gc.freeze() after start and "
-                    "gc.set_threshold(10_000, 20, 20)")
+    ap.add_argument("--no-gc-tune", action="store_true", help="keep CPython's default GC "
+                    "thresholds (dr proxy serve tunes them: proxy.serve.tune_gc)")
     asyncio.run(serve(ap.parse_args()))
 
 
