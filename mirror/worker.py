@@ -106,6 +106,7 @@ class MirrorWorker:
         self._expect: dict[TopicPartition, int] = {}
         # at-least-once: offset-sync records sent, their acks awaited during the next batch
         self._sync_unacked: list[tuple[bytes, bytes, int, asyncio.Future[Any] | None]] = []
+        self._sync_queue: list[tuple[bytes, bytes, int]] = []  # not sent yet
         # the source group commit (advisory: lag display) runs beside the loop
         self._uncommitted: dict[TopicPartition, int] = {}
         self._commit_task: asyncio.Task[None] | None = None
@@ -185,6 +186,8 @@ class MirrorWorker:
             with contextlib.suppress(KafkaError):
                 await self._consumer.stop()
         if self._producer is not None:
+            with contextlib.suppress(KafkaError):
+                await self._send_sync_queue()  # flushed (bounded) by the close below
             await _close_producer(self._producer)
         self._consumer = self._producer = None
         for admin in (self._src_admin, self._dst_admin):
@@ -247,6 +250,11 @@ class MirrorWorker:
         # another worker, so this one must not write them again (the generation says so).
         async with self._lock:
             self._generation += 1
+            if self._sync_queue:  # the next owner resumes from these positions
+                await self._send_sync_queue()
+                futs = [f for *_, f in self._sync_unacked if f is not None]
+                if futs:
+                    await asyncio.wait(futs, timeout=_CLOSE_S)
             for tp in revoked:
                 self._uncommitted.pop(tp, None)
                 self._expect.pop(tp, None)
@@ -341,6 +349,9 @@ class MirrorWorker:
                          if recs and tp not in self._stopped_partitions}
                 if batch:
                     await self._deliver(batch, gen)
+                elif self._sync_queue:
+                    async with self._lock:
+                        await self._send_sync_queue()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -544,6 +555,7 @@ class MirrorWorker:
                     self._found.pop(tp, None)
             now = time.time() * 1000
             if not eos:
+                await self._send_sync_queue()
                 await self._flush_sync(producer)
             await self._wait_acks([f for chunks in sent.values() for _, _, f in chunks])
             for tp, chunks in sent.items():
@@ -555,27 +567,30 @@ class MirrorWorker:
                                              exact=len(srcs) == 1) from None
                     pairs[tp].extend((s, md.offset + i) for i, s in enumerate(srcs))
             ack_ms = time.time() * 1000
-            sync_futs: list[tuple[bytes, bytes, int, asyncio.Future[Any] | None]] = []
+            sync_recs: list[tuple[bytes, bytes, int]] = []
             for tp, recs in batch.items():
                 nxt = recs[-1].offset + 1
                 last_ts = _dr_ts(recs[-1]) or recs[-1].timestamp
                 dst_next = None
                 if pairs[tp]:
                     k, v = map_record(tp.topic, tp.partition, pairs[tp], nxt, last_ts)
-                    sync_futs.append((k, v, MAP_PARTITION, await producer.send(
-                        self._sync_topic, key=k, value=v, partition=MAP_PARTITION)))
+                    sync_recs.append((k, v, MAP_PARTITION))
                     dst_next = pairs[tp][-1][1] + 1
                 k, v = pos_record(tp.topic, tp.partition, nxt, dst_next)
-                sync_futs.append((k, v, POS_PARTITION, await producer.send(
-                    self._sync_topic, key=k, value=v, partition=POS_PARTITION)))
+                sync_recs.append((k, v, POS_PARTITION))
+            if eos:
+                for k, v, part in sync_recs:
+                    await producer.send(self._sync_topic, key=k, value=v, partition=part)
             if eos:
                 commit = asyncio.ensure_future(producer.commit_transaction())
                 await self._wait_acks([commit])
                 commit.result()
             else:
-                # acked while the next batch is on its way (`_flush_sync`); they follow the
-                # records they describe, so a `pos:` never runs ahead of the data
-                self._sync_unacked.extend(sync_futs)
+                # Sent with the next batch's records (one produce request per round trip
+                # instead of two; aiokafka has one request in flight per broker), or when
+                # the source goes quiet. They follow the records they describe, so a `pos:`
+                # never runs ahead of the data.
+                self._sync_queue.extend(sync_recs)
         except asyncio.CancelledError:
             if eos:
                 await _end_transaction(producer, commit)
@@ -609,6 +624,16 @@ class MirrorWorker:
             m.latency.labels(*labels).observe(max(0.0, (ack_ms - dr_ts) / 1000))
         self.log.debug("batch_mirrored", records=sum(len(v) for v in sent.values()),
                        partitions=len(batch))
+
+    async def _send_sync_queue(self) -> None:
+        """At-least-once: send the offset-sync records waiting for a ride."""
+        producer = self._producer
+        if producer is None:
+            return
+        queue, self._sync_queue = self._sync_queue, []
+        for k, v, p in queue:
+            self._sync_unacked.append((k, v, p, await producer.send(
+                self._sync_topic, key=k, value=v, partition=p)))
 
     async def _flush_sync(self, producer: AIOKafkaProducer) -> None:
         """At-least-once: wait for the previous batches' offset-sync records; one that

@@ -342,6 +342,41 @@ def svg(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
+def write_report(flat: dict[str, Any], notes: str = "") -> None:
+    """bench/results/mirror.md (and the SVG) from the figures of one run."""
+    runs: dict[str, dict[str, Any]] = flat["runs"]
+    (RESULTS / "mirror.svg").write_text(svg(runs))
+    label = {"mm2": "MirrorMaker 2 (dedicated mode, 1 task)",
+             "crossdc": "crossdc, at-least-once (1 worker)",
+             "crossdc_eos": "crossdc, exactly-once (1 worker)"}
+    lines = ["# Mirror benchmark: MirrorMaker 2 vs crossdc", "",
+             f"One run (`bench/mirror/run.py`, commit `{flat['git_commit']}`), two local "
+             f"regions started for it (Kafka 4.1.1, one broker each, 512 MB heap), "
+             f"{flat['machine']}, shared with other work (1-minute load average at the start "
+             "of each latency phase in the table). Each contender copies its own topic of "
+             f"{flat['records']:,} records of {flat['record_bytes']} bytes over "
+             f"{flat['partitions']} partitions, written before it starts; then east gets "
+             f"{flat['latency_rate_rps']:,} records/s for {flat['latency_seconds']:.0f} s "
+             "while it runs. Throughput counts from the first record in west to the last "
+             "(start-up excluded); CPU is the mirror's process tree over that interval. "
+             "Replication latency = west append time - east append time of each record (both "
+             "topics LogAppendTime; for crossdc that is target append time - `dr-ts`); "
+             "end-to-end adds the east produce.", "",
+             "| | records/s | MB/s | CPU s per M records | replication p50 ms | p99 ms | "
+             "end-to-end p50 / p99 ms | start-up s | load avg |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in runs.items():
+        lines.append(f"| {label.get(name, name)} | {r['rps']:,} | {r['mb_s']} | "
+                     f"{r['cpu_s_per_m']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
+                     f"{r['e2e_p50_ms']:.0f} / {r['e2e_p99_ms']:.0f} | {r['startup_s']} | "
+                     f"{r.get('load_avg_1m_at_latency_start', '')} |")
+    lines += ["", "![throughput and p99 latency](mirror.svg)", ""]
+    if notes:
+        lines += [notes, ""]
+    (RESULTS / "mirror.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=1_000_000)
@@ -349,10 +384,16 @@ def main() -> None:
     ap.add_argument("--latency-s", type=float, default=30.0)
     ap.add_argument("--only", default="mm2,crossdc,crossdc_eos")
     ap.add_argument("--setup", action="store_true", help="Only fetch the MM2 jars.")
+    ap.add_argument("--report-only", action="store_true",
+                    help="Rewrite mirror.md and mirror.svg from mirror.json.")
+    ap.add_argument("--notes", default="", help="A paragraph appended to mirror.md.")
     ap.add_argument("--profile", action="store_true",
                     help="Run crossdc under cProfile (bench/results/mirror-<name>.prof); "
                     "figures of such a run are not comparable.")
     a = ap.parse_args()
+    if a.report_only:
+        write_report(json.loads((RESULTS / "mirror.json").read_text()), a.notes)
+        return
     libs = mm2_libs()
     if a.setup:
         print(libs)
@@ -417,9 +458,8 @@ def main() -> None:
     flat["runs"] = results
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "mirror.json").write_text(json.dumps(flat, indent=2) + "\n")
-    if len(results) > 1:
-        (RESULTS / "mirror.svg").write_text(svg(results))
     print(json.dumps(flat, indent=2))
+    write_report(flat, a.notes)
 
 
 if __name__ == "__main__":
