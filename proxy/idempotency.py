@@ -99,7 +99,7 @@ class IdempotencyWindow:
             return Slot(k, result=done[0], owner=False)
         if k in self._inflight:
             return None
-        kept = self._partials.get(k)
+        kept = self._partials.get(k) if self._partials else None
         slot = Slot(k, partial=kept[0] if kept is not None else None)
         self._inflight[k] = slot
         return slot
@@ -124,8 +124,7 @@ class IdempotencyWindow:
             self._partials.pop(k, None)
         now = self._clock()
         done = self._done
-        done.pop(k, None)
-        done[k] = (result, now)
+        done[k] = (result, now)  # not there: claim_nowait answers from it before claiming
         if now + self.window_s < self._expire_at:
             self._expire_at = now + self.window_s
         if len(done) + len(self._inflight) > self.max_keys:

@@ -119,6 +119,7 @@ class Outcome:
 Remembered = tuple[str | int | None, ...]
 
 
+_tuple_new = tuple.__new__  # NamedTuple instances without the generated __new__ (hot path)
 _PARTITION_CACHE_MAX = 200_000
 _partitions: dict[tuple[bytes, int], int] = {}
 
@@ -387,8 +388,12 @@ class Router:
             if not pw.writable or not pw.breaker.allow():
                 raise NoWritableRegion(topic, mode, {prim.region: pw.why_not_writable()
                                                      or "circuit breaker half-open"})
-            items = [Outgoing(records[i].key, records[i].value, headers(i),
-                              _partition(records[i].key, n), records[i].size) for i in first]
+            items = []
+            for i in first:
+                rec = records[i]
+                items.append(_tuple_new(Outgoing, (
+                    rec.key, rec.value, stamp_with(rec.headers, outs[i].dr_id, common),
+                    _partition(rec.key, n), rec.size)))
             res = await pw.write(topic, items, mode=mode, deadline=deadline,
                                  still_valid=still_primary)
             for i, r in zip(first, res, strict=True):

@@ -68,6 +68,7 @@ class RegionWrite(NamedTuple):
     offset: int
 
 
+_tuple_new = tuple.__new__  # NamedTuple instances without the generated __new__ (hot path)
 _BUILD_MIN = 4  # records of one partition in one write that go into a batch built here
 
 
@@ -375,7 +376,7 @@ class RegionWriter:
                 md = fut.result()
                 base, partition, name = md.offset, md.partition, self.name
                 for n, i in enumerate(idxs):
-                    results[i] = RegionWrite(name, partition, base + n)
+                    results[i] = _tuple_new(RegionWrite, (name, partition, base + n))
             else:
                 for i in idxs:
                     self._settle(topic, i, fut, timeout, results, retry)
