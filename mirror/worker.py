@@ -111,6 +111,7 @@ class MirrorWorker:
         self._uncommitted: dict[TopicPartition, int] = {}
         self._commit_task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._refresh_lock = asyncio.Lock()
         self._generation = 0
         self._producer_kw: dict[str, Any] = {}
         self._task: asyncio.Task[None] | None = None
@@ -216,6 +217,10 @@ class MirrorWorker:
 
     # -- topics ----------------------------------------------------------------------
     async def _refresh_topics(self) -> None:
+        async with self._refresh_lock:  # discovery task and a write may both ask
+            await self._refresh_topics_locked()
+
+    async def _refresh_topics_locked(self) -> None:
         assert self._src_admin
         assert self._dst_admin
         assert self._consumer
@@ -325,20 +330,17 @@ class MirrorWorker:
 
     # -- the loop --------------------------------------------------------------------
     async def _run(self) -> None:
+        """The carrying loop, with topic discovery beside it in its own task (listing and
+        describing topics in two clusters takes round trips; the records do not wait for
+        them). Either failing ends both."""
         consumer = self._consumer
         assert consumer is not None
-        next_refresh = time.monotonic() + self.flow.discovery_interval_s
+        discovery = asyncio.create_task(self._discover(),
+                                        name=f"mirror:{self._flow_label}:discovery")
         try:
             while True:
-                if time.monotonic() >= next_refresh:
-                    try:
-                        await self._refresh_topics()
-                    except KafkaError as exc:
-                        # A region is away: keep carrying what we can, look again later.
-                        self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
-                                                   "topic_refresh").inc()
-                        self.log.warning("topic_refresh_failed", error=repr(exc))
-                    next_refresh = time.monotonic() + self.flow.discovery_interval_s
+                if discovery.done():
+                    discovery.result()  # raises what ended it
                 if not self._topics.partitions:
                     await asyncio.sleep(min(1.0, self.flow.discovery_interval_s))
                     continue
@@ -357,6 +359,22 @@ class MirrorWorker:
         except Exception as exc:
             self.log.error("mirror_failed", error=repr(exc))
             raise
+        finally:
+            discovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await discovery
+
+    async def _discover(self) -> None:
+        """New topics and partition changes, every `discovery_interval_s`."""
+        while True:
+            await asyncio.sleep(self.flow.discovery_interval_s)
+            try:
+                await self._refresh_topics()
+            except KafkaError as exc:
+                # A region is away: keep carrying what we can, look again later.
+                self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
+                                           "topic_refresh").inc()
+                self.log.warning("topic_refresh_failed", error=repr(exc))
 
     async def _deliver(self, batch: dict[TopicPartition, list[Any]], gen: int) -> None:
         """Write one batch to the target; retry while the target is down."""
