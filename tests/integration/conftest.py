@@ -34,6 +34,23 @@ class StackInfo:
         return self.topology.region(region).kafka.bootstrap
 
 
+@pytest.fixture(scope="module")
+async def north(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[object, Topology]]:
+    """A third region, `north` (its own Kafka and Consul, local processes), which a module's
+    failure tests may stop and start; per module, so a stopped region never leaks."""
+    from dr.stack.local import LocalStack
+    root = tmp_path_factory.mktemp("north")
+    topo = free_topology(["north"])
+    path = write_topology(topo, root / "topology.yaml")
+    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
+    stack = LocalStack(topo, path, paths=paths)
+    try:
+        await stack.up(timeout_s=180)
+        yield stack, topo
+    finally:
+        await LocalStack.down(paths)
+
+
 @pytest.fixture(scope="session")
 async def two_regions(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StackInfo]:
     root = tmp_path_factory.mktemp("stack")

@@ -4,9 +4,7 @@ a 3-region mesh, and a target or source region going down and coming back."""
 from __future__ import annotations
 
 import collections
-from collections.abc import AsyncIterator
 
-import pytest
 from kafka_helpers import (  # type: ignore[import-not-found]
     create_topic,
     end_offsets,
@@ -15,11 +13,7 @@ from kafka_helpers import (  # type: ignore[import-not-found]
     read_all,
     unique,
 )
-from tests_support import write_topology  # type: ignore[import-not-found]
 
-from dr.stack.local import LocalStack
-from dr.stack.paths import StackPaths
-from dr.stack.ports import free_topology
 from dr.topology import Flow
 from mirror import MirrorMetrics, MirrorWorker
 from mirror.offsets import load_offset_map
@@ -30,21 +24,6 @@ def _flow(src: str, dst: str, topics: str) -> Flow:
                 group=unique(f"mm-{src}-{dst}"))
 
 
-@pytest.fixture(scope="module")
-async def north(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[LocalStack, str]]:
-    """A third region, `north`: its own Kafka and Consul, local processes."""
-    root = tmp_path_factory.mktemp("north")
-    topo = free_topology(["north"])
-    path = write_topology(topo, root / "topology.yaml")
-    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
-    stack = LocalStack(topo, path, paths=paths)
-    try:
-        await stack.up(timeout_s=180)
-        yield stack, topo.region("north").kafka.bootstrap
-    finally:
-        await LocalStack.down(paths)
-
-
 async def _drained(boot: dict[str, str], flow: Flow, topic: str, partitions: int) -> bool:
     ends = await end_offsets(boot[flow.source], topic, partitions)
     marks = await load_offset_map(boot[flow.target], flow.source)
@@ -53,7 +32,7 @@ async def _drained(boot: dict[str, str], flow: Flow, topic: str, partitions: int
 
 async def test_three_region_mesh_one_copy_per_region(two_regions, north) -> None:  # type: ignore[no-untyped-def]
     boot = {"east": two_regions.bootstrap("east"), "west": two_regions.bootstrap("west"),
-            "north": north[1]}
+            "north": north[1].region("north").kafka.bootstrap}
     prefix = unique("mesh")
     topic = f"{prefix}-events"
     for b in boot.values():
@@ -93,7 +72,8 @@ async def test_three_region_mesh_one_copy_per_region(two_regions, north) -> None
 
 
 async def test_target_down_then_back_loses_nothing(two_regions, north) -> None:  # type: ignore[no-untyped-def]
-    stack, north_boot = north
+    stack, ntopo = north
+    north_boot = ntopo.region("north").kafka.bootstrap
     east = two_regions.bootstrap("east")
     topic = unique("mm-down")
     await create_topic(east, topic, partitions=2)
@@ -127,7 +107,8 @@ async def test_target_down_then_back_loses_nothing(two_regions, north) -> None: 
 
 
 async def test_source_down_then_back_the_worker_waits(two_regions, north) -> None:  # type: ignore[no-untyped-def]
-    stack, north_boot = north
+    stack, ntopo = north
+    north_boot = ntopo.region("north").kafka.bootstrap
     west = two_regions.bootstrap("west")
     topic = unique("mm-srcdown")
     await create_topic(north_boot, topic, partitions=1)

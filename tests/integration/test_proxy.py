@@ -25,12 +25,9 @@ from kafka_helpers import (  # type: ignore[import-not-found]
     read_all,
     unique,
 )
-from tests_support import write_topology  # type: ignore[import-not-found]
 
 from dr.consul import ConsulClient
 from dr.primary import PrimaryRecord, read_primary, write_primary
-from dr.stack.local import LocalStack
-from dr.stack.paths import StackPaths
 from dr.stack.ports import free_topology
 from dr.topology import Topology
 from proxy.api import pb, pb_grpc
@@ -96,22 +93,6 @@ async def east_proxy(two_regions, policy_file: Path) -> AsyncIterator[ProxyServe
 async def stub(east_proxy: ProxyServer) -> AsyncIterator[Any]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{east_proxy.port}") as ch:
         yield pb_grpc.ProxyStub(ch)
-
-
-@pytest.fixture(scope="module")
-async def north(tmp_path_factory: pytest.TempPathFactory,
-                ) -> AsyncIterator[tuple[LocalStack, Topology]]:
-    """A third region with its own Kafka and Consul, which failure tests stop and start."""
-    root = tmp_path_factory.mktemp("north")
-    topo = free_topology(["north"])
-    path = write_topology(topo, root / "topology.yaml")
-    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
-    stack = LocalStack(topo, path, paths=paths)
-    try:
-        await stack.up(timeout_s=180)
-        yield stack, topo
-    finally:
-        await LocalStack.down(paths)
 
 
 async def _topic(two_regions, prefix: str, partitions: int | dict[str, int] = 3,  # type: ignore[no-untyped-def]
