@@ -1,11 +1,12 @@
-"""crossdc's controller package: topology, local stack, status, errors shared by all parts.
+"""The top of the house: the `dr` CLI (`dr.cli`), the local stack (`dr.stack`), status probes
+(`dr.status`), the Spark reconciliation job (`dr.reconcile`) and the DR controller.
 
-pyspark is never imported here: only the reconciliation job loads it.
+pyspark is never imported here: only the reconciliation job loads it. The shared vocabulary
+(errors, headers, topology, settings, client wrappers) is the `crossdc` kernel.
 """
 
-from dr.errors import ConfigError, CrossdcError, DrError
-from dr.topology import Region, Topology, load_topology
+from dr.errors import DrError
 
-__all__ = ["ConfigError", "CrossdcError", "DrError", "Region", "Topology", "load_topology"]
+__all__ = ["DrError"]
 
 __version__ = "0.1.0"

@@ -1,68 +1,29 @@
-"""The crossdc error tree.
+"""The dr package's errors (the roof: CLI, local stack, controller, reconciliation).
 
-    CrossdcError                 root of every error crossdc raises on purpose
-    ├── ConfigError              a file or message a user wrote is invalid (file, line, field)
-    └── DrError                  the dr package: controller, CLI, local stack
+    crossdc.errors.CrossdcError  root of every error crossdc raises on purpose
+    └── DrError                  the dr package
         ├── StackError           the local two-region stack could not be brought up or down
         │   ├── ToolchainMissing Java, Maven or Go is not on PATH
         │   ├── PortTaken        a port the topology names is already bound by another process
         │   ├── ProcessDied      a server process exited while starting (carries its log tail)
         │   ├── StartTimeout     a server did not answer before its deadline
         │   └── SetupFailed      fetching the Kafka jars or building Consul failed
-        └── ProbeError           a region could not be asked for its status
-
-`proxy.errors.ProxyError` and `mirror.errors.MirrorError` also derive from `CrossdcError`.
-Each class says whether retrying can help (`retriable`), so retry predicates read one attribute.
+        └── (reconcile, controller: their own modules)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from crossdc.errors import CrossdcError
 
 __all__ = [
-    "ConfigError",
-    "ConfigIssue",
-    "CrossdcError",
     "DrError",
     "PortTaken",
-    "ProbeError",
     "ProcessDied",
     "SetupFailed",
     "StackError",
     "StartTimeout",
     "ToolchainMissing",
 ]
-
-
-class CrossdcError(Exception):
-    """Root of the crossdc error tree."""
-
-    retriable: ClassVar[bool] = False
-    exit_code: ClassVar[int] = 1
-    """What `dr` exits with when this error ends a command."""
-
-
-@dataclass(frozen=True)
-class ConfigIssue:
-    """One problem in a user-written file: where it is and what is wrong."""
-
-    file: str
-    line: int | None
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line is not None else self.file
-        return f"{where} {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
-
-
-class ConfigError(CrossdcError):
-    """A user-written file is invalid; `issues` lists every problem found."""
-
-    def __init__(self, issues: list[ConfigIssue]) -> None:
-        self.issues = issues
-        super().__init__("\n".join(str(i) for i in issues))
 
 
 class DrError(CrossdcError):
@@ -126,9 +87,3 @@ class StartTimeout(StackError):
 
 class SetupFailed(StackError):
     """Fetching the Kafka jars or building the Consul binary failed."""
-
-
-class ProbeError(DrError):
-    """A region's Kafka or Consul could not be asked for its status."""
-
-    retriable = True

@@ -9,10 +9,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, Field
 
-from dr.consul import ConsulClient, RetrySettings
-from dr.errors import ProbeError
-from dr.kafka_quorum import describe_quorum
-from dr.topology import Region, Topology
+from crossdc.clients.consul import ConsulClient
+from crossdc.clients.kafka_quorum import describe_quorum
+from crossdc.errors import ClientError
+from crossdc.settings import RetrySettings
+from crossdc.topology import Region, Topology
 
 __all__ = ["ConsulStatus", "KafkaStatus", "RegionStatus", "StackStatus", "probe_topology"]
 
@@ -98,7 +99,7 @@ async def probe_consul(region: Region, wan_expected: int, timeout_s: float) -> C
         try:
             leader = await client.leader()
             members = await client.wan_members()
-        except ProbeError as exc:
+        except ClientError as exc:
             return ConsulStatus(http_addr=region.consul.http_addr,
                                 datacenter=region.consul.datacenter, leader=None,
                                 wan_members=[], wan_expected=wan_expected, error=str(exc))

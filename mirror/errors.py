@@ -9,7 +9,7 @@
             └── OffsetsUnavailable  the offset-sync topic or the group cannot be read now
 """
 
-from dr.errors import CrossdcError
+from crossdc.errors import CrossdcError
 
 __all__ = ["MirrorError", "OffsetsError", "OffsetsUnavailable", "PartitionMismatch",
            "RecordTooLarge", "WorkerFenced"]

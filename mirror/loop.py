@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from dr.headers import DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_TS
+from crossdc.headers import DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_TS
 
 __all__ = ["Headers", "plan"]
 

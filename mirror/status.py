@@ -18,7 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict
 
-from dr.topology import Flow, Topology
+from crossdc.topology import Flow, Topology
 from mirror.offsets import MAP_PARTITION, sync_topic_name
 from mirror.topics import is_internal
 

@@ -41,8 +41,8 @@ from aiokafka.errors import (
     RecordTooLargeError,
 )
 
-from dr.headers import DR_ID, DR_PATH, DR_TS
-from dr.topology import Flow
+from crossdc.headers import DR_ID, DR_PATH, DR_TS
+from crossdc.topology import Flow
 from mirror.errors import MirrorError, OffsetsUnavailable, RecordTooLarge, WorkerFenced
 from mirror.loop import plan
 from mirror.metrics import MirrorMetrics

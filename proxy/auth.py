@@ -25,7 +25,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from dr.yamlfile import load_model, parse_model
+from crossdc.yamlfile import load_model, parse_model
 from proxy.errors import PermissionDenied, Unauthenticated
 from proxy.reload import WatchedFile
 

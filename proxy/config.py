@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dr.consul import RetrySettings
+from crossdc.settings import RetrySettings
 
 __all__ = ["BreakerSettings", "KafkaWriterSettings", "ProxyConfig", "TlsSettings"]
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from dr.errors import CrossdcError
+from crossdc.errors import CrossdcError
 
 if TYPE_CHECKING:
     import grpc

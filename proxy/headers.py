@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 
-from dr.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_PREFIX, DR_TS, Mode
+from crossdc.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_PREFIX, DR_TS, Mode
 from proxy.errors import ReservedHeader
 
 __all__ = ["Headers", "check_client_headers", "dr_headers", "new_dr_id", "stamp", "stamp_with",

@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
-from dr.topology import Topology
-from dr.yamlfile import load_model, parse_model
+from crossdc.topology import Topology
+from crossdc.yamlfile import load_model, parse_model
 
 __all__ = ["DefaultRule", "Mode", "Policy", "Rule", "load_policy", "parse_policy"]
 

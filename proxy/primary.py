@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import structlog
 
-from dr.consul import ConsulClient
-from dr.errors import CrossdcError
-from dr.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
+from crossdc.clients.consul import ConsulClient
+from crossdc.errors import CrossdcError
+from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
 from proxy.metrics import ProxyMetrics
 
 __all__ = ["PrimaryWatcher"]

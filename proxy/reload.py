@@ -22,8 +22,8 @@ from typing import Any, Generic, TypeVar
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from dr.errors import ConfigError, ConfigIssue
-from dr.topology import Topology
+from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.topology import Topology
 from proxy.policy import Policy, parse_policy
 
 __all__ = ["PolicyStore", "WatchedFile"]

@@ -26,9 +26,9 @@ from typing import Any, Literal, NamedTuple, NoReturn
 
 import structlog
 
-from dr.headers import Mode
-from dr.primary import PrimaryRecord
-from dr.topology import Topology
+from crossdc.headers import Mode
+from crossdc.primary import PrimaryRecord
+from crossdc.topology import Topology
 from proxy.errors import (
     DeadlineExceeded,
     IncompleteSync,

@@ -16,7 +16,7 @@ from pathlib import Path
 import structlog
 from prometheus_client import REGISTRY
 
-from dr.topology import load_topology, split_hostport
+from crossdc.topology import load_topology, split_hostport
 from proxy.config import ProxyConfig, TlsSettings
 from proxy.server import ProxyServer
 

@@ -34,10 +34,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
-from dr.consul import ConsulClient
-from dr.errors import ConfigError, ConfigIssue, CrossdcError
-from dr.primary import PrimaryRecord
-from dr.topology import Topology
+from crossdc.clients.consul import ConsulClient
+from crossdc.errors import ConfigError, ConfigIssue, CrossdcError
+from crossdc.primary import PrimaryRecord
+from crossdc.topology import Topology
 from proxy.api import SERVICE_NAME, pb, pb_grpc
 from proxy.auth import AuthStore, TokenEntry, authenticate
 from proxy.backpressure import InflightBudget

@@ -35,7 +35,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from dr.topology import Region
+from crossdc.topology import Region
 from proxy.breaker import BreakerState, CircuitBreaker
 from proxy.config import BreakerSettings, KafkaWriterSettings
 from proxy.errors import RegionWriteFailed

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from dr.topology import Topology
+from crossdc.topology import Topology
 
 
 def write_topology(topology: Topology, path: Path) -> Path:

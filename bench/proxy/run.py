@@ -539,8 +539,9 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     from kafka_helpers import create_topic  # type: ignore[import-not-found]
     from tests_support import write_topology  # type: ignore[import-not-found]
 
-    from dr.consul import ConsulClient
-    from dr.primary import PrimaryRecord, read_primary, write_primary
+    from crossdc.clients.consul import ConsulClient
+    from crossdc.clients.primary import read_primary, write_primary
+    from crossdc.primary import PrimaryRecord
     from dr.stack.local import LocalStack
     from dr.stack.paths import StackPaths
     from dr.stack.ports import free_topology

@@ -46,7 +46,7 @@ def gc_stats(path: Path) -> None:
 
 
 async def serve(a: argparse.Namespace) -> None:
-    from dr.topology import load_topology
+    from crossdc.topology import load_topology
     from proxy.config import ProxyConfig
     from proxy.serve import tune_gc
     from proxy.server import ProxyServer

@@ -1,15 +1,23 @@
 """`python -m dr.reconcile ...` and `spark-submit dr/reconcile/__main__.py ...`: the same
-options as `dr reconcile`. Under spark-submit the submitted master and jars are used."""
+options as `dr reconcile`. Under spark-submit the submitted master and jars are used.
+
+Only the job's own command is loaded: not the `dr` CLI, the mirror or grpc.
+"""
 
 from __future__ import annotations
 
-import sys
+import typer
+
+from crossdc.logs import configure_logging
+from dr.exits import run_app
+from dr.reconcile.cli import reconcile_command
 
 
 def main() -> None:
-    from dr.cli import main as dr_main
-    sys.argv = [sys.argv[0], "reconcile", *sys.argv[1:]]
-    dr_main()
+    configure_logging("console", "warning", quiet_kafka_client=True)
+    app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+    app.command()(reconcile_command)
+    run_app(app)
 
 
 if __name__ == "__main__":

@@ -11,12 +11,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from dr.errors import ConfigError, ConfigIssue
+from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.topology import load_topology
+from crossdc.yamlfile import load_model
 from dr.reconcile.errors import ThresholdsPassed
 from dr.reconcile.model import Thresholds
-from dr.stack.paths import REPO_ROOT, StackPaths
-from dr.topology import load_topology
-from dr.yamlfile import load_model
+from dr.stack.paths import StackPaths, default_topology_path
 
 __all__ = ["parse_time", "reconcile_command"]
 
@@ -43,8 +43,9 @@ def reconcile_command(
                                          help="Regions to compare, comma separated: A,B[,C].")],
     topics: Annotated[str, typer.Option("--topics", help="Topic regex (full match; internal "
                                         "topics are never read).")],
-    topology: Annotated[Path, typer.Option("--topology", "-t", help="Topology file.")] =
-        REPO_ROOT / "policies" / "topology.local.yaml",
+    topology: Annotated[Path | None, typer.Option(
+        "--topology", "-t", help="Topology file [default: policies/topology.local.yaml].",
+        show_default=False)] = None,
     since: Annotated[str | None, typer.Option(help="Window start: ms or ISO time.")] = None,
     until: Annotated[str | None, typer.Option(help="Window end (exclusive) "
                                               "[default: now - grace].")] = None,
@@ -82,10 +83,11 @@ def reconcile_command(
                  "headerless_unmatched": max_headerless_unmatched,
                  "latency_p99_ms": max_latency_p99_ms}
     limits = limits.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    topo_path = topology or default_topology_path()
     from dr.stack.toolchain import ensure_spark_kafka_jars
     jars = ensure_spark_kafka_jars(StackPaths.default())
     settings = RunSettings(
-        topology=load_topology(topology), topology_path=str(topology),
+        topology=load_topology(topo_path), topology_path=str(topo_path),
         regions=[r.strip() for r in regions.split(",") if r.strip()], topics=topics,
         since_ms=parse_time(since, "--since"), until_ms=parse_time(until, "--until"),
         grace_s=grace, state_path=state, master=master, driver_memory=driver_memory,

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import structlog
 
-from dr.errors import ConfigError, ConfigIssue
+from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.topology import Topology
 from dr.reconcile.model import Breach, Report, Thresholds, Window
 from dr.reconcile.survey import survey
 from dr.reconcile.watermark import Watermarks, load_watermarks, save_watermarks
-from dr.topology import Topology
 
 __all__ = ["RunSettings", "judge", "run"]
 

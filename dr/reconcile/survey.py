@@ -15,8 +15,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from crossdc.topology import Topology
 from dr.reconcile.errors import NoTopics, RegionUnreachable
-from dr.topology import Topology
 
 __all__ = ["RegionSurvey", "is_internal", "survey"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dr.errors import ConfigError, ConfigIssue
+from crossdc.errors import ConfigError, ConfigIssue
 
 __all__ = ["Watermarks", "load_watermarks", "save_watermarks"]
 

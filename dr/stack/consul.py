@@ -6,8 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from crossdc.topology import Region, Topology, split_hostport
 from dr.stack.process import ManagedProcess, check_port_free
-from dr.topology import Region, Topology, split_hostport
 
 __all__ = ["ConsulAgent"]
 

@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from crossdc.topology import Topology
 from dr.errors import StackError, StartTimeout
 from dr.stack.consul import ConsulAgent
 from dr.stack.kafka import KafkaNode, _new_cluster_id
 from dr.status import probe_consul, probe_kafka
-from dr.topology import Topology
 
 __all__ = ["CONSUL_IMAGE", "KAFKA_IMAGE", "DockerStack", "docker_available"]
 

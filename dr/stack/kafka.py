@@ -9,9 +9,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from crossdc.topology import Region
 from dr.errors import SetupFailed, StackError
 from dr.stack.process import ManagedProcess, check_port_free, log_tail
-from dr.topology import Region
 
 __all__ = ["KafkaNode", "kafka_nodes"]
 

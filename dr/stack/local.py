@@ -20,6 +20,7 @@ from pathlib import Path
 
 import structlog
 
+from crossdc.topology import Region, Topology
 from dr.errors import StackError, StartTimeout
 from dr.stack.consul import ConsulAgent
 from dr.stack.kafka import KafkaNode, cluster_id_for, kafka_nodes
@@ -27,7 +28,6 @@ from dr.stack.paths import StackPaths
 from dr.stack.process import ManagedProcess
 from dr.stack.toolchain import check_toolchain, ensure_consul, ensure_kafka_libs
 from dr.status import probe_consul, probe_kafka
-from dr.topology import Region, Topology
 
 __all__ = ["LocalStack", "read_stack_file", "stack_processes"]
 

@@ -6,7 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "StackPaths", "default_cache_dir", "default_state_dir"]
+__all__ = ["REPO_ROOT", "StackPaths", "default_cache_dir", "default_state_dir",
+           "default_topology_path"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_LOCAL = REPO_ROOT / "compose" / "local"
@@ -16,6 +17,21 @@ def default_state_dir() -> Path:
     """`$CROSSDC_STATE_DIR`, else `.crossdc/` at the repository root."""
     env = os.environ.get("CROSSDC_STATE_DIR")
     return Path(env) if env else REPO_ROOT / ".crossdc"
+
+
+def default_topology_path() -> Path:
+    """`$CROSSDC_TOPOLOGY`, else `policies/topology.local.yaml` in the working directory,
+    else the source checkout's (a package installed from a checkout keeps no such file: the
+    path is then the working directory's, and loading it says the file is missing)."""
+    env = os.environ.get("CROSSDC_TOPOLOGY")
+    if env:
+        return Path(env)
+    rel = Path("policies") / "topology.local.yaml"
+    here = Path.cwd() / rel
+    if here.is_file():
+        return here
+    checkout = REPO_ROOT / rel
+    return checkout if checkout.is_file() else here
 
 
 def default_cache_dir() -> Path:

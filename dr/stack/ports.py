@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import random
 
+from crossdc.topology import Topology
 from dr.errors import PortTaken, StackError
 from dr.stack.process import check_port_free
-from dr.topology import Topology
 
 __all__ = ["BLOCK", "free_topology"]
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from tests_support import write_topology  # type: ignore[import-not-found]
 
+from crossdc.topology import Topology
 from dr.stack.docker import docker_available
 from dr.stack.paths import StackPaths
 from dr.stack.ports import free_topology
-from dr.topology import Topology
 
 
 @dataclass(frozen=True)

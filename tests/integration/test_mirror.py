@@ -27,7 +27,7 @@ from kafka_helpers import (  # type: ignore[import-not-found]
     unique,
 )
 
-from dr.topology import Flow
+from crossdc.topology import Flow
 from mirror import MirrorWorker, OffsetsError, PartitionMismatch, RecordTooLarge
 from mirror.offsets import apply_offsets, load_offset_map, translate_group
 

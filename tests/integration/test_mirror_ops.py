@@ -30,7 +30,7 @@ from kafka_helpers import (  # type: ignore[import-not-found]
 )
 from tests_support import write_topology  # type: ignore[import-not-found]
 
-from dr.topology import Flow
+from crossdc.topology import Flow
 from mirror import MirrorMetrics, MirrorWorker, RecordTooLarge
 from mirror.offsets import load_offset_map
 

@@ -14,7 +14,7 @@ from kafka_helpers import (  # type: ignore[import-not-found]
     unique,
 )
 
-from dr.topology import Flow
+from crossdc.topology import Flow
 from mirror import MirrorMetrics, MirrorWorker
 from mirror.offsets import load_offset_map
 

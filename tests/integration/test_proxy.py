@@ -26,10 +26,11 @@ from kafka_helpers import (  # type: ignore[import-not-found]
     unique,
 )
 
-from dr.consul import ConsulClient
-from dr.primary import PrimaryRecord, read_primary, write_primary
+from crossdc.clients.consul import ConsulClient
+from crossdc.clients.primary import read_primary, write_primary
+from crossdc.primary import PrimaryRecord
+from crossdc.topology import Topology
 from dr.stack.ports import free_topology
-from dr.topology import Topology
 from proxy.api import pb, pb_grpc
 from proxy.client import AsyncProducer, Producer
 from proxy.config import KafkaWriterSettings, ProxyConfig

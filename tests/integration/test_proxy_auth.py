@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from kafka_helpers import create_topic, end_offsets, eventually, read_all, unique  # type: ignore[import-not-found]
 
-from dr.consul import ConsulClient
+from crossdc.clients.consul import ConsulClient
 from proxy.api import pb, pb_grpc
 from proxy.auth import hash_token, new_token
 from proxy.client import AsyncProducer

@@ -10,11 +10,11 @@ import sys
 import pytest
 from conftest import StackInfo  # type: ignore[import-not-found]
 
+from crossdc.topology import split_hostport
 from dr.stack.local import LocalStack
 from dr.stack.paths import StackPaths
 from dr.stack.toolchain import consul_binary
 from dr.status import probe_topology
-from dr.topology import split_hostport
 
 
 async def test_status_reports_both_regions_healthy(two_regions: StackInfo) -> None:

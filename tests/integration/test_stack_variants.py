@@ -8,13 +8,13 @@ import pytest
 from kafka_helpers import consume, create_topic, produce, unique  # type: ignore[import-not-found]
 from tests_support import write_topology  # type: ignore[import-not-found]
 
+from crossdc.topology import Topology
 from dr.errors import ProcessDied
 from dr.stack.docker import docker_available
 from dr.stack.local import LocalStack
 from dr.stack.paths import StackPaths
 from dr.stack.ports import free_topology
 from dr.status import probe_topology
-from dr.topology import Topology
 
 pytestmark = pytest.mark.skipif(docker_available(), reason="local-stack behaviour")
 

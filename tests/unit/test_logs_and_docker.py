@@ -8,7 +8,7 @@ import logging
 import pytest
 import structlog
 
-from dr.logs import configure_logging
+from crossdc.logs import configure_logging
 from dr.stack.docker import docker_available, kafka_env
 from dr.stack.kafka import KafkaNode
 from dr.stack.ports import free_topology

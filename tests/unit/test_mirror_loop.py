@@ -130,8 +130,8 @@ def test_runs_encode_the_pairs_densely_and_translate_like_them() -> None:
 def test_flows_come_from_the_topology_file_or_the_command_line() -> None:
     import typer
 
-    from dr.topology import load_topology
-    from mirror.cli import _flows
+    from crossdc.topology import load_topology
+    from dr.cli.mirror import _flows
 
     root = __import__("pathlib").Path(__file__).resolve().parents[2]
     topo = load_topology(root / "policies" / "topology.active-active.yaml")

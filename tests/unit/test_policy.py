@@ -15,9 +15,9 @@ from kafka_helpers import eventually
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from dr.errors import ConfigError
+from crossdc.errors import ConfigError
+from crossdc.topology import Topology, load_topology
 from dr.stack.paths import REPO_ROOT
-from dr.topology import Topology, load_topology
 from proxy.policy import DefaultRule, Policy, Rule, load_policy, parse_policy
 from proxy.reload import PolicyStore
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dr.errors import ConfigError
+from crossdc.errors import ConfigError
 from proxy.auth import AuthStore, authenticate, hash_token, load_auth, new_token, parse_auth
 from proxy.config import ProxyConfig, TlsSettings
 from proxy.errors import PermissionDenied, Unauthenticated, code_name

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from dr.primary import PrimaryRecord
-from dr.topology import Topology
+from crossdc.primary import PrimaryRecord
+from crossdc.topology import Topology
 from proxy.breaker import BreakerState, CircuitBreaker
 from proxy.build_protos import is_fresh
 from proxy.errors import (

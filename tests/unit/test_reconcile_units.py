@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from dr.errors import ConfigError
+from crossdc.errors import ConfigError
+from crossdc.yamlfile import load_model
 from dr.reconcile.cli import parse_time
 from dr.reconcile.errors import RegionUnreachable, ThresholdsPassed
 from dr.reconcile.model import (
@@ -30,7 +31,6 @@ from dr.reconcile.run import RunSettings, check_regions, judge, run
 from dr.reconcile.survey import is_internal, survey
 from dr.reconcile.watermark import Watermarks, load_watermarks, save_watermarks
 from dr.stack.ports import free_topology
-from dr.yamlfile import load_model
 
 
 def test_parse_time_accepts_ms_and_iso() -> None:

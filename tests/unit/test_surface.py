@@ -6,24 +6,29 @@ import json
 import subprocess
 import sys
 
+import crossdc
+import crossdc.clients
 import dr
 import mirror
 import proxy
+from crossdc.topology import Topology
 from dr.stack.paths import REPO_ROOT
-from dr.topology import Topology
 
 
 def test_exported_names() -> None:
-    assert sorted(dr.__all__) == sorted(
-        ["ConfigError", "CrossdcError", "DrError", "Region", "Topology", "load_topology"])
+    assert sorted(crossdc.__all__) == sorted(
+        ["ConfigError", "ConfigIssue", "CrossdcError", "Region", "Topology", "load_topology"])
+    assert sorted(crossdc.clients.__all__) == sorted(
+        ["ConsulClient", "KvEntry", "WanMember", "read_primary", "write_primary"])
+    assert dr.__all__ == ["DrError"]
     assert sorted(proxy.__all__) == ["AsyncProducer", "Producer", "ProxyConfig", "ProxyError",
                                      "ProxyServer"]
     assert all(getattr(proxy, name) for name in proxy.__all__)
     assert sorted(mirror.__all__) == sorted(
         ["MirrorError", "MirrorMetrics", "MirrorWorker", "OffsetsError", "PartitionMismatch",
          "RecordTooLarge", "translate_group"])
-    assert issubclass(proxy.ProxyError, dr.CrossdcError)
-    assert issubclass(mirror.MirrorError, dr.CrossdcError)
+    assert issubclass(proxy.ProxyError, crossdc.CrossdcError)
+    assert issubclass(mirror.MirrorError, crossdc.CrossdcError)
 
 
 def test_committed_schema_matches_the_models() -> None:

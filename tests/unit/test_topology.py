@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from dr.errors import ConfigError
+from crossdc.errors import ConfigError
+from crossdc.topology import Topology, load_topology
+from crossdc.yamlfile import format_loc, parse_model
 from dr.stack.paths import REPO_ROOT
-from dr.topology import Topology, load_topology
-from dr.yamlfile import format_loc, parse_model
 
 GOOD = (REPO_ROOT / "policies" / "topology.local.yaml").read_text()
 
@@ -103,7 +103,7 @@ def test_format_loc() -> None:
 
 
 def test_flow_validation_names_the_field() -> None:
-    from dr.topology import Flow
+    from crossdc.topology import Flow
     with pytest.raises(ValueError, match="source and target must be different"):
         Flow(source="east", target="east", topics=".*")
     with pytest.raises(ValueError, match="not a regular expression"):

@@ -2,8 +2,9 @@
 
 Key `crossdc/primary` in EVERY datacenter; value JSON
 `{"region": "<name>", "epoch": <int>, "updated_ms": <int>, "by": "<who>"}`. Written only by
-compare-and-set (`write_primary`), so two controllers can never both win one epoch. When the
-key is absent, readers use the topology's `primary` with epoch 0 (`PrimaryRecord.initial`).
+compare-and-set (`crossdc.clients.primary.write_primary`), so two controllers can never both
+win one epoch. When the key is absent, readers use the topology's `primary` with epoch 0
+(`PrimaryRecord.initial`).
 Used by the proxy (a blocking-query watch) and by the controller (failover).
 """
 
@@ -13,17 +14,15 @@ import time
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dr.consul import ConsulClient
-from dr.errors import DrError
-from dr.topology import Topology
+from crossdc.errors import CrossdcError
+from crossdc.topology import Topology
 
-__all__ = ["PRIMARY_KEY", "BadPrimaryRecord", "PrimaryRecord", "read_primary",
-           "write_primary"]
+__all__ = ["PRIMARY_KEY", "BadPrimaryRecord", "PrimaryRecord"]
 
 PRIMARY_KEY = "crossdc/primary"
 
 
-class BadPrimaryRecord(DrError):
+class BadPrimaryRecord(CrossdcError):
     """The KV value is not a valid PrimaryRecord (someone wrote it by hand?)."""
 
 
@@ -57,18 +56,3 @@ class PrimaryRecord(BaseModel):
         """The record that makes `region` primary at the next epoch."""
         return PrimaryRecord(region=region, epoch=self.epoch + 1,
                              updated_ms=int(time.time() * 1000), by=by)
-
-
-async def read_primary(consul: ConsulClient, *, dc: str | None = None
-                       ) -> tuple[PrimaryRecord | None, int]:
-    """`(record or None when absent, ModifyIndex to CAS against; 0 when absent)`."""
-    _, entry = await consul.kv_get(PRIMARY_KEY, dc=dc)
-    if entry is None:
-        return None, 0
-    return PrimaryRecord.decode(entry.value), entry.modify_index
-
-
-async def write_primary(consul: ConsulClient, record: PrimaryRecord, cas_index: int, *,
-                        dc: str | None = None) -> bool:
-    """Compare-and-set the key: True if `cas_index` still matched (0 = only if absent)."""
-    return await consul.kv_put(PRIMARY_KEY, record.encode(), cas=cas_index, dc=dc)

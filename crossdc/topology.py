@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from dr.yamlfile import load_model
+from crossdc.yamlfile import load_model
 
 __all__ = [
     "ConsulSettings",

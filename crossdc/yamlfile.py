@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import pydantic
 import yaml
 
-from dr.errors import ConfigError, ConfigIssue
+from crossdc.errors import ConfigError, ConfigIssue
 
 __all__ = ["Checks", "format_loc", "load_model", "parse_model"]
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from dr.topology import Flow, Topology, load_topology
+from crossdc.topology import Flow, Topology
+from dr.cli._common import TopologyOpt, paths_for, topology_for
 from mirror.errors import MirrorError
 from mirror.metrics import MirrorMetrics
 from mirror.offsets import apply_offsets, translate_group
@@ -24,8 +24,6 @@ mirror_app = typer.Typer(help="Mirror workers: replicate topics between regions.
                          no_args_is_help=True)
 offsets_app = typer.Typer(help="Consumer group offsets across regions.", no_args_is_help=True)
 
-TopologyOpt = Annotated[Path, typer.Option("--topology", "-t", help="Topology file.")]
-_DEFAULT_TOPOLOGY = Path(__file__).resolve().parents[1] / "policies" / "topology.local.yaml"
 
 
 def _flows(topo: Topology, source: str | None, target: str | None, topics: str | None,
@@ -78,7 +76,7 @@ async def _serve(topo: Topology, flows: list[Flow], metrics_port: int | None) ->
 
 @mirror_app.command("run")
 def run(
-    topology: TopologyOpt = _DEFAULT_TOPOLOGY,
+    topology: TopologyOpt = None,
     source: Annotated[str | None, typer.Option("--from", help="Source region.")] = None,
     target: Annotated[str | None, typer.Option("--to", help="Target region.")] = None,
     topics: Annotated[str | None, typer.Option(help="Topic regex (full match).")] = None,
@@ -97,7 +95,7 @@ def run(
         "worker of a group needs its own; a restarted worker keeps it.")] = None,
 ) -> None:
     """Replicate topics source → target (or every flow of the topology) until stopped."""
-    topo = load_topology(topology)
+    topo, _ = topology_for(topology, paths_for(None))
     flows = _flows(topo, source, target, topics, group, exactly_once, forward,
                    discovery_interval, dead_letter, worker_id)
     asyncio.run(_serve(topo, flows, metrics_port))
@@ -108,13 +106,13 @@ def translate(
     group: Annotated[str, typer.Option(help="Consumer group to move.")],
     source: Annotated[str, typer.Option("--from", help="Region the group consumed in.")],
     target: Annotated[str, typer.Option("--to", help="Region to move it to.")],
-    topology: TopologyOpt = _DEFAULT_TOPOLOGY,
+    topology: TopologyOpt = None,
     apply: Annotated[bool, typer.Option("--apply", help="Commit the translated offsets on "
                                         "the target (the group must have no members).")] =
         False,
 ) -> None:
     """Translate a group's committed offsets from one region to another, exactly."""
-    topo = load_topology(topology)
+    topo, _ = topology_for(topology, paths_for(None))
     src = topo.region(source).kafka.bootstrap
     dst = topo.region(target).kafka.bootstrap
     rows = asyncio.run(translate_group(group, source, src, dst))

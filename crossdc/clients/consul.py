@@ -1,7 +1,7 @@
-"""The one Consul client wrapper of the dr package: py-consul's asyncio client, retried here.
+"""The one Consul client wrapper of crossdc: py-consul's asyncio client, retried here.
 
 Every call goes through `_call`, the sole retry loop (tenacity, bounded by `RetrySettings`);
-py-consul and aiohttp errors become `ProbeError` at this boundary.
+py-consul and aiohttp errors become `ClientError` at this boundary.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import aiohttp
 import consul
 import consul.aio
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -25,25 +24,14 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from dr.errors import CrossdcError, ProbeError
-from dr.topology import split_hostport
+from crossdc.errors import ClientError, CrossdcError
+from crossdc.settings import RetrySettings
+from crossdc.topology import split_hostport
 
-__all__ = ["ConsulClient", "KvEntry", "RetrySettings", "WanMember"]
+__all__ = ["ConsulClient", "KvEntry", "WanMember"]
 
 log = structlog.get_logger("crossdc.consul")
 T = TypeVar("T")
-
-
-class RetrySettings(BaseModel):
-    """How hard a client tries before it gives up on one call."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    attempts: int = Field(3, ge=1, description="Tries per call, the first included.")
-    total_s: float = Field(5.0, gt=0, description="Give up after this long, whatever the tries.")
-    call_timeout_s: float = Field(2.0, gt=0, description="Deadline of a single try.")
-    backoff_initial_s: float = Field(0.1, gt=0, description="First pause between tries.")
-    backoff_max_s: float = Field(1.0, gt=0, description="Longest pause between tries.")
 
 
 @dataclass(frozen=True)
@@ -112,7 +100,7 @@ class ConsulClient:
                         return await fn()
                 except (aiohttp.ClientError, OSError, TimeoutError,
                         consul.ConsulException) as exc:
-                    raise ProbeError(
+                    raise ClientError(
                         f"Consul at {self.http_addr}: {what} failed: "
                         f"{exc.__class__.__name__}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,87 @@
+"""The root of every error crossdc raises on purpose, and the kernel's own errors.
+
+    CrossdcError                 root (this module)
+    ├── ConfigError              a file or message a user wrote is invalid (file, line, field)
+    ├── ClientError              a server (Kafka, Consul) could not be asked (retriable)
+    │   ├── ClientRefused        it answered no for good (ACL denied, bad request)
+    │   └── CasAmbiguous         a compare-and-set whose outcome could not be read back
+    ├── BadPrimaryRecord         crossdc.primary: the KV value is not a primary record
+    ├── dr.errors.DrError        the roof: CLI, local stack, controller, reconciliation
+    ├── proxy.errors.ProxyError  the routing proxy
+    └── mirror.errors.MirrorError the mirror workers
+
+Each class says whether retrying can help (`retriable`), so retry predicates read one
+attribute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+__all__ = [
+    "CasAmbiguous",
+    "ClientError",
+    "ClientRefused",
+    "ConfigError",
+    "ConfigIssue",
+    "CrossdcError",
+]
+
+
+class CrossdcError(Exception):
+    """Root of the crossdc error tree."""
+
+    retriable: ClassVar[bool] = False
+    exit_code: ClassVar[int] = 1
+    """What `dr` exits with when this error ends a command."""
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    """One problem in a user-written file: where it is and what is wrong."""
+
+    file: str
+    line: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line is not None else self.file
+        return f"{where} {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+
+
+class ConfigError(CrossdcError):
+    """A user-written file is invalid; `issues` lists every problem found."""
+
+    exit_code = 2
+
+    def __init__(self, issues: list[ConfigIssue], more: int = 0) -> None:
+        self.issues = issues
+        self.more = more
+        """Issues found beyond the ones listed (the list is capped)."""
+        tail = [f"... and {more} more issue(s)"] if more else []
+        super().__init__("\n".join([*(str(i) for i in issues), *tail]))
+
+
+class ClientError(CrossdcError):
+    """A Kafka or Consul server could not be asked, or answered with an error.
+
+    Retriable unless the server refused for good (`retriable=False` on the instance class,
+    e.g. an ACL denial)."""
+
+    retriable = True
+
+
+class ClientRefused(ClientError):
+    """The server answered, and retrying cannot change its answer (permission denied,
+    bad request)."""
+
+    retriable = False
+
+
+class CasAmbiguous(ClientError):
+    """A compare-and-set was sent, no answer came back, and reading the key back could not
+    say whether it applied."""
+
+    retriable = False

@@ -1,0 +1,53 @@
+"""`dr`: the crossdc command line. Thin: parse options, run one library coroutine, render.
+
+One module per command group (`stack`: setup/up/down/status, `topology`, `policy`, `proxy`,
+`mirror`: mirror and offsets); `dr reconcile` lives with its job (`dr.reconcile.cli`) so that
+spark-submit loads neither this package nor grpc. Exit codes: 0 ok, 1 a crossdc error (one
+red paragraph, no traceback), 2 bad input.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from crossdc.logs import LogFormat, configure_logging
+from dr.cli.mirror import mirror_app, offsets_app
+from dr.cli.policy import policy_app
+from dr.cli.proxy import proxy_app
+from dr.cli.stack import stack_commands
+from dr.cli.topology import topology_app
+from dr.exits import run_app
+from dr.reconcile.cli import reconcile_command
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="dr", help="crossdc: multi-datacenter replication and disaster recovery for Kafka.",
+    pretty_exceptions_show_locals=False, no_args_is_help=True, add_completion=False)
+for _cmd in stack_commands.registered_commands:
+    app.registered_commands.append(_cmd)
+app.add_typer(topology_app, name="topology")
+app.add_typer(policy_app, name="policy")
+app.add_typer(proxy_app, name="proxy")
+app.add_typer(mirror_app, name="mirror")
+app.add_typer(offsets_app, name="offsets")
+app.command("reconcile")(reconcile_command)
+
+
+@app.callback()
+def _root(
+    log_format: Annotated[str, typer.Option(
+        "--log-format", help="console (for people) or json (for machines).")] = "console",
+    log_level: Annotated[str, typer.Option("--log-level")] = "warning",
+) -> None:
+    if log_format not in ("console", "json"):
+        raise typer.BadParameter("must be console or json", param_hint="--log-format")
+    fmt: LogFormat = "json" if log_format == "json" else "console"
+    configure_logging(fmt, log_level, quiet_kafka_client=True)
+
+
+def main() -> None:
+    """Console-script entry point: every error ends in one readable paragraph."""
+    run_app(app)

@@ -1,0 +1,5 @@
+"""`python -m dr.cli`."""
+
+from dr.cli import main
+
+main()

@@ -1,0 +1,54 @@
+"""What every command module of `dr` shares: consoles, the topology option, running a
+coroutine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from crossdc.topology import Topology, load_topology
+from dr.exits import Exit
+from dr.stack.paths import StackPaths, default_topology_path
+
+__all__ = ["Exit", "StateDirOpt", "TopologyOpt", "err", "out", "paths_for", "run",
+           "topology_for"]
+
+T = TypeVar("T")
+
+out = Console()
+err = Console(stderr=True)
+
+TopologyOpt = Annotated[Path | None, typer.Option(
+    "--topology", "-t", help="Topology file [default: the running stack's, else "
+    "policies/topology.local.yaml].", show_default=False)]
+StateDirOpt = Annotated[Path | None, typer.Option(
+    "--state-dir", help="Where data, logs and pids live [default: $CROSSDC_STATE_DIR or "
+    ".crossdc/].", show_default=False)]
+
+
+def paths_for(state_dir: Path | None) -> StackPaths:
+    """The stack's folders, `--state-dir` applied."""
+    base = StackPaths.default()
+    return StackPaths(state=state_dir.resolve(), cache=base.cache) if state_dir else base
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run one library coroutine to its end."""
+    return asyncio.run(coro)
+
+
+def topology_for(path: Path | None, paths: StackPaths | None = None) -> tuple[Topology, Path]:
+    """The topology a command works on: `--topology`, else the running stack's, else the
+    default file."""
+    if path is None and paths is not None:
+        from dr.stack.local import read_stack_file
+        saved = read_stack_file(paths)
+        if saved and isinstance(saved.get("topology"), str):
+            path = Path(str(saved["topology"]))
+    path = path or default_topology_path()
+    return load_topology(path), path

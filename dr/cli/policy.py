@@ -1,0 +1,45 @@
+"""`dr policy`: routing policy files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from crossdc.topology import load_topology
+from dr.cli._common import out
+
+__all__ = ["policy_app"]
+
+policy_app = typer.Typer(help="Routing policy files: how the proxy writes each topic.",
+                         no_args_is_help=True)
+
+
+@policy_app.command("validate")
+def policy_validate(
+    file: Annotated[Path, typer.Argument(help="The policy YAML file.")],
+    topology: Annotated[Path | None, typer.Option(
+        "--topology", "-t", help="Also check `prefer` regions and quorums against this "
+        "topology file.", show_default=False)] = None,
+) -> None:
+    """Check a routing policy file; print every problem with file, line and field."""
+    from proxy.policy import load_policy  # lazily: keeps `import dr.cli` light
+    topo = load_topology(topology) if topology is not None else None
+    pol = load_policy(file, topo)
+    fallback = ("strict (unmatched topics refused)" if pol.strict else
+                f"default {pol.default.dr_mode}" if pol.default else
+                "no default (unmatched topics refused)")
+    checked = f", checked against {topology}" if topology is not None else ""
+    out.print(f"[green]{escape(str(file))}: valid[/] — {len(pol.rules)} rule(s), {fallback}"
+              f"{escape(checked)}", highlight=False, soft_wrap=True)
+
+
+@policy_app.command("schema")
+def policy_schema() -> None:
+    """Print the policy file's JSON schema (committed as policies/schema.json)."""
+    from proxy.policy import Policy
+    sys.stdout.write(json.dumps(Policy.model_json_schema(), indent=2) + "\n")

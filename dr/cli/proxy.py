@@ -1,0 +1,86 @@
+"""`dr proxy`: the region's routing proxy, and its tokens."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from dr.cli._common import TopologyOpt, err, paths_for, run, topology_for
+
+__all__ = ["proxy_app"]
+
+proxy_app = typer.Typer(help="The gRPC routing proxy of a region.", no_args_is_help=True)
+
+
+@proxy_app.command("serve")
+def proxy_serve(
+    region: Annotated[str, typer.Option("--region", "-r", help="This proxy's region.")],
+    policy: Annotated[Path, typer.Option("--policy", "-p", help="Routing policy file "
+                                         "(reloaded on change and on SIGHUP).")],
+    topology: TopologyOpt = None,
+    port: Annotated[int | None, typer.Option("--port", help="gRPC port [default: the "
+                                             "region's proxy.endpoint].")] = None,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Prometheus port [default: the region's proxy.metrics_port]."
+    )] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Bind address [default: the "
+                                             "endpoint's host].")] = None,
+    grace_s: Annotated[float, typer.Option("--grace", help="Drain seconds on SIGTERM.")
+                       ] = 10.0,
+    no_consul: Annotated[bool, typer.Option("--no-consul", help="Do not register "
+                                            "crossdc-proxy in Consul.")] = False,
+    auth: Annotated[Path | None, typer.Option("--auth", help="Bearer-token file (tokens "
+                                              "and the topics each may write; reloaded on "
+                                              "change and on SIGHUP) [default: no auth]."
+                                              )] = None,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="Server certificate "
+                                                  "(PEM); with --tls-key, serve TLS.")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Server private key "
+                                                 "(PEM).")] = None,
+    tls_client_ca: Annotated[Path | None, typer.Option(
+        "--tls-client-ca", help="CA (PEM) client certificates must chain to: mTLS.")] = None,
+) -> None:
+    """Run the region's routing proxy until SIGTERM (drain); SIGHUP reloads the policy (and
+    the auth file)."""
+    from proxy.config import TlsSettings
+    from proxy.serve import serve  # lazily: grpc stays out of `import dr.cli`
+    if (tls_cert is None) != (tls_key is None) or (tls_client_ca and tls_cert is None):
+        err.print("[red]--tls-cert and --tls-key go together (and --tls-client-ca needs "
+                  "them)[/]")
+        raise typer.Exit(2)
+    tls = (TlsSettings(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
+           if tls_cert is not None and tls_key is not None else None)
+    _, path = topology_for(topology, paths_for(None))
+    run(serve(path, region, policy, port=port, metrics_port=metrics_port, host=host,
+               grace_s=grace_s, register_consul=not no_consul, auth_path=auth, tls=tls))
+
+
+@proxy_app.command("token")
+def proxy_token(
+    name: Annotated[str, typer.Option("--name", "-n", help="Who will hold the token.")],
+    topic: Annotated[list[str] | None, typer.Option(
+        "--topic", help="A topic name or glob it may write (repeat the option).")] = None,
+) -> None:
+    """Make a new bearer token: print it once (give it to the client) and the auth-file entry
+    holding only its SHA-256 (add it under `tokens:`)."""
+    from pydantic import ValidationError
+
+    from proxy.auth import TokenEntry, hash_token, new_token
+    token = new_token()
+    try:
+        entry = TokenEntry(name=name, sha256=hash_token(token), topics=topic or ["*"])
+    except ValidationError as exc:
+        why = "; ".join(f"--{e['loc'][0] if e['loc'] else 'topic'}: {e['msg']}"
+                        for e in exc.errors(include_url=False))
+        err.print(f"[red]{escape(why)}[/]", soft_wrap=True)
+        raise typer.Exit(2) from None
+    topics = ", ".join(json.dumps(t) for t in entry.topics)
+    sys.stdout.write(f"token: {token}\n")
+    sys.stdout.write(f"# add to the auth file, under tokens: (the token is not stored)\n"
+                     f"  - name: {entry.name}\n    sha256: {entry.sha256}\n"
+                     f"    topics: [{topics}]\n")

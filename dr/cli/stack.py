@@ -1,0 +1,166 @@
+"""`dr setup | up | down | status`: the local stack and what every region reports."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from dr.cli._common import (
+    Exit,
+    StateDirOpt,
+    TopologyOpt,
+    err,
+    out,
+    paths_for,
+    run,
+    topology_for,
+)
+from dr.stack.paths import StackPaths
+from dr.status import StackStatus, probe_topology
+from mirror.status import FlowStatus, flows_status
+
+__all__ = ["stack_commands"]
+
+stack_commands = typer.Typer()
+"""Top-level commands (merged into `dr` itself, not a sub-group)."""
+
+
+@stack_commands.command()
+def setup() -> None:
+    """Fetch the Kafka jars and build Consul into the cache (what `dr up` does first)."""
+    from dr.stack.toolchain import (
+        check_toolchain,
+        ensure_consul,
+        ensure_kafka_libs,
+        ensure_spark_kafka_jars,
+    )
+    paths = StackPaths.default()
+    check_toolchain(paths)
+    paths.cache.mkdir(parents=True, exist_ok=True)
+    with err.status("setting up") as status:
+        libs = ensure_kafka_libs(paths, status.update)
+        spark = ensure_spark_kafka_jars(paths, status.update)
+        consul = ensure_consul(paths, status.update)
+    out.print(f"Kafka jars: {libs}\nSpark Kafka connector: {spark}\nConsul:     {consul}")
+
+
+@stack_commands.command()
+def up(
+    topology: TopologyOpt = None,
+    brokers: Annotated[int, typer.Option("--brokers", "-b", min=1, max=9,
+                                         help="Kafka brokers per region.")] = 1,
+    state_dir: StateDirOpt = None,
+    timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds to wait for readiness.")
+                         ] = 180.0,
+) -> None:
+    """Start every region (Kafka KRaft + Consul) on loopback and wait until all answer."""
+    from dr.stack.local import LocalStack
+    paths = paths_for(state_dir)
+    topo, path = topology_for(topology, paths)
+    with err.status("starting the local stack") as status:
+        stack = LocalStack(topo, path, brokers=brokers, paths=paths, progress=status.update)
+        run(stack.up(timeout_s))
+    err.print(f"[green]up[/]: {len(topo.regions)} region(s) from {path}, state in {paths.state}")
+
+
+@stack_commands.command()
+def down(
+    state_dir: StateDirOpt = None,
+    purge: Annotated[bool, typer.Option("--purge", help="Also delete data and logs.")] = False,
+) -> None:
+    """Stop every process of the local stack (Kafka first, then Consul)."""
+    from dr.stack.local import LocalStack
+    paths = paths_for(state_dir)
+    stopped = run(LocalStack.down(paths, purge=purge))
+    err.print(f"stopped {len(stopped)} process(es)" + (f" and removed {paths.state}"
+                                                       if purge else ""))
+
+
+@stack_commands.command()
+def status(
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    timeout_s: Annotated[float, typer.Option("--timeout")] = 5.0,
+) -> None:
+    """Show each region's Kafka brokers and quorum, Consul leader and WAN pool. Exit 1 if
+    any region is unhealthy."""
+    from dr.stack.local import read_stack_file
+    paths = paths_for(state_dir)
+    topo, path = topology_for(topology, paths)
+    saved = read_stack_file(paths)
+    expected = None
+    if saved and saved.get("topology") == str(path.resolve()):
+        expected = int(str(saved.get("brokers", 1)))
+    st = run(probe_topology(topo, str(path), expected, timeout_s))
+    flows = run(flows_status(topo, timeout_s * 2)) if topo.flows else []
+    if as_json:
+        doc = st.model_dump(mode="json")
+        doc["flows"] = [f.model_dump(mode="json") for f in flows]
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        render_status(st)
+        if flows:
+            render_flows(flows)
+    if not st.healthy:
+        raise Exit(1)
+
+
+def render_status(st: StackStatus) -> None:
+    """The `dr status` tables: one per region."""
+    for r in st.regions:
+        mark = "[green]healthy[/]" if r.healthy else "[red]UNHEALTHY[/]"
+        title = f"region {r.region}{' (primary)' if r.primary else ''} — {mark}"
+        t = Table(title=title, title_justify="left", show_header=True, header_style="bold")
+        t.add_column("component")
+        t.add_column("check")
+        t.add_column("value")
+        t.add_column("ok")
+        k, c = r.kafka, r.consul
+
+        def ok(b: bool) -> str:
+            return "[green]✔[/]" if b else "[red]✘[/]"
+
+        exp = k.brokers_expected if k.brokers_expected is not None else len(k.quorum_voters)
+        t.add_row("kafka", "bootstrap", k.bootstrap, "")
+        t.add_row("", "brokers up / expected",
+                  f"{k.brokers_up} / {exp or '?'}  ids {k.broker_ids}",
+                  ok(k.error is None and k.brokers_up >= (exp or 1)))
+        t.add_row("", "controller quorum leader",
+                  f"node {k.quorum_leader} (epoch {k.quorum_epoch}, voters {k.quorum_voters})"
+                  if k.quorum_leader is not None else "none", ok(k.quorum_leader is not None))
+        if k.error:
+            t.add_row("", "error", f"[red]{k.error}[/]", ok(False))
+        t.add_row("consul", "datacenter", f"{c.datacenter} @ {c.http_addr}", "")
+        t.add_row("", "leader", c.leader or "none", ok(bool(c.leader)))
+        t.add_row("", "WAN members alive / regions",
+                  f"{len(c.wan_members)} / {c.wan_expected}  {', '.join(c.wan_members)}",
+                  ok(len(c.wan_members) >= c.wan_expected))
+        if c.error:
+            t.add_row("", "error", f"[red]{c.error}[/]", ok(False))
+        out.print(t)
+    verdict = "[green]all regions healthy[/]" if st.healthy else "[red]some regions unhealthy[/]"
+    out.print(verdict)
+
+
+def render_flows(flows: list[FlowStatus]) -> None:
+    """The mirror flows table of `dr status`: lag from the source group offsets, latency
+    from the newest offset-sync records on the target."""
+    t = Table(title="mirror flows", title_justify="left", header_style="bold")
+    for col in ("flow", "topics", "mode", "lag (records)", "partitions lagging",
+                "latency ms", "last batch s ago"):
+        t.add_column(col)
+    for f in flows:
+        lagging = ", ".join(f"{p.topic}[{p.partition}]={p.lag}" for p in f.partitions
+                            if p.lag) or "-"
+        t.add_row(f"{f.source} → {f.target}", f.topics,
+                  "exactly-once" if f.exactly_once else "at-least-once",
+                  f"[red]{f.error}[/]" if f.error else str(f.lag_records),
+                  escape(lagging), "-" if f.latency_ms is None else str(f.latency_ms),
+                  "-" if f.last_append_age_s is None else f"{f.last_append_age_s:.1f}")
+    out.print(t)
