@@ -40,6 +40,11 @@ from aiokafka.errors import (
     ProducerFenced,
     RecordTooLargeError,
 )
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    wait_exponential_jitter,
+)
 
 from crossdc.headers import DR_ID, DR_PATH, DR_TS
 from crossdc.topology import Flow
@@ -49,6 +54,7 @@ from mirror.metrics import MirrorMetrics
 from mirror.offsets import (
     MAP_PARTITION,
     POS_PARTITION,
+    Position,
     ensure_sync_topic,
     load_positions,
     map_record,
@@ -63,6 +69,11 @@ _Chunk = tuple[list[int], list[int], "asyncio.Future[Any]"]
 _TXN_TIMEOUT_MS = 20_000
 _STALL_S = 5.0  # a target silent this long is counted and logged (and waited for)
 _CLOSE_S = 10.0
+_STOP_S = 30.0  # stop(): hard deadline for the drain (cancel the loops, close every client)
+_REBALANCE_TIMEOUT_MS = 60_000
+# The assignment callback (reading the resume points) must end well inside the group's
+# rebalance timeout, or the coordinator throws this member out mid-rebalance.
+_ASSIGN_BUDGET_S = _REBALANCE_TIMEOUT_MS / 1000 / 2
 _MAX_BATCH = 20_000
 _FIRST_SCAN = 4 * _MAX_BATCH  # target records looked at when a partition has no `pos:` yet
 
@@ -109,7 +120,7 @@ class MirrorWorker:
         self._sync_queue: list[tuple[bytes, bytes, int]] = []  # not sent yet
         # the source group commit (advisory: lag display) runs beside the loop
         self._uncommitted: dict[TopicPartition, int] = {}
-        self._commit_task: asyncio.Task[None] | None = None
+        self._commit_wanted = asyncio.Event()
         self._lock = asyncio.Lock()
         self._refresh_lock = asyncio.Lock()
         self._generation = 0
@@ -123,11 +134,28 @@ class MirrorWorker:
         self.dead_letter_topic = f"_crossdc.dead-letter.{flow.source}"
         self.errors: list[MirrorError] = []
         self._closed = False
+        self._ended: asyncio.Task[None] | None = None  # the loops' task, once stopped
+        self._stop_event = asyncio.Event()  # set by stop(): pauses and retries wake on it
+        self._fatal: MirrorError | None = None  # a rebalance callback gave up: the loop ends
+        self._assign_budget_s = _ASSIGN_BUDGET_S
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
+        """Open the clients and start the loops; a failure here closes what was opened."""
         if self._closed:
             raise MirrorError("a stopped MirrorWorker cannot be started again")
+        if self._task is not None:
+            raise MirrorError("this MirrorWorker is already started")
+        try:
+            await self._open()
+        except BaseException:
+            await self._close_clients(time.monotonic() + _STOP_S)
+            raise
+        self._task = asyncio.create_task(self._run(), name=f"mirror:{self._flow_label}")
+        self.log.info("mirror_started", exactly_once=self.flow.exactly_once,
+                      worker_id=self.worker_id, topics=sorted(self._topics.partitions))
+
+    async def _open(self) -> None:
         self._src_admin = AIOKafkaAdminClient(bootstrap_servers=self.source_bootstrap)
         self._dst_admin = AIOKafkaAdminClient(bootstrap_servers=self.target_bootstrap)
         await self._src_admin.start()
@@ -149,12 +177,9 @@ class MirrorWorker:
             else "read_uncommitted", max_partition_fetch_bytes=4 * 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,
             metadata_max_age_ms=int(self.flow.discovery_interval_s * 1000),
-            rebalance_timeout_ms=60_000)
+            rebalance_timeout_ms=_REBALANCE_TIMEOUT_MS)
         await self._consumer.start()
         await self._refresh_topics()
-        self._task = asyncio.create_task(self._run(), name=f"mirror:{self._flow_label}")
-        self.log.info("mirror_started", exactly_once=self.flow.exactly_once,
-                      worker_id=self.worker_id, topics=sorted(self._topics.partitions))
 
     async def _new_producer(self) -> None:
         """(Re)create the target producer. A batch the broker refused leaves a gap in the
@@ -170,32 +195,62 @@ class MirrorWorker:
                                           **self._producer_kw)
         await self._producer.start()
 
-    async def stop(self) -> None:
-        """Idempotent, safe before start(): cancel the loop, close every client."""
+    async def stop(self, timeout_s: float = _STOP_S) -> None:
+        """Idempotent, safe before start(), bounded by `timeout_s`: end the loops, flush the
+        waiting offset-sync records, close every client (consumer, producer, admins), also
+        after a loop died with an error (that error is for wait(), not raised here). If
+        stop() itself is cancelled, the clients are still closed, then the cancellation
+        propagates."""
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._commit_task is not None:
-            self._commit_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, KafkaError):
-                await self._commit_task
-            self._commit_task = None
-        if self._consumer is not None:
-            with contextlib.suppress(KafkaError):
-                await self._consumer.stop()
-        if self._producer is not None:
-            with contextlib.suppress(KafkaError):
-                await self._send_sync_queue()  # flushed (bounded) by the close below
-            await _close_producer(self._producer)
+        self._stop_event.set()
+        deadline = time.monotonic() + timeout_s
+        task, self._task = self._task, None
+        try:
+            if task is not None and not task.done():
+                task.cancel()
+                await asyncio.wait([task], timeout=max(0.0, deadline - time.monotonic()))
+                if not task.done():
+                    self.log.error("mirror_stop_stuck", task=task.get_name(),
+                                   waited_s=timeout_s)
+            if task is not None and task.done() and not task.cancelled():
+                task.exception()  # retrieved: wait() raises it, stop() must go on
+        finally:
+            self._ended = task
+            # shielded: a cancelled stop() still closes every client (within the deadline)
+            closing = asyncio.ensure_future(self._close_clients(deadline))
+            try:
+                await asyncio.shield(closing)
+            except asyncio.CancelledError:
+                await asyncio.wait([closing], timeout=max(0.1, deadline - time.monotonic()))
+                raise
+
+    async def _close_clients(self, deadline: float) -> None:
+        """Close each client within what is left of the deadline; one failing to close does
+        not keep the others open."""
+        consumer, producer = self._consumer, self._producer
+        admins = (self._src_admin, self._dst_admin)
         self._consumer = self._producer = None
-        for admin in (self._src_admin, self._dst_admin):
-            if admin is not None:
-                with contextlib.suppress(KafkaError):
-                    await admin.close()
         self._src_admin = self._dst_admin = None
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
+
+        if consumer is not None:
+            with contextlib.suppress(KafkaError, TimeoutError):
+                await asyncio.wait_for(consumer.stop(), left())
+        if producer is not None:
+            self._producer = producer  # _send_sync_queue sends through it
+            try:
+                with contextlib.suppress(KafkaError, TimeoutError):
+                    # the next owner resumes from these positions; flushed by the close
+                    await asyncio.wait_for(self._send_sync_queue(), left())
+            finally:
+                self._producer = None
+                await _close_producer(producer, min(_CLOSE_S, left()))
+        for admin in admins:
+            if admin is not None:
+                with contextlib.suppress(KafkaError, TimeoutError):
+                    await asyncio.wait_for(admin.close(), left())
         self.log.info("mirror_stopped")
 
     @property
@@ -204,9 +259,13 @@ class MirrorWorker:
         return self._task is not None and not self._task.done()
 
     async def wait(self) -> None:
-        """Until the worker fails (its error is raised) or is stopped."""
-        if self._task is not None:
-            await self._task
+        """Until the worker is stopped (returns) or a loop fails (its error is raised)."""
+        task = self._task or self._ended
+        if task is None:
+            return
+        await asyncio.wait([task])
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
     async def __aenter__(self) -> MirrorWorker:
         await self.start()
@@ -277,15 +336,9 @@ class MirrorWorker:
             return
         async with self._lock:
             self._generation += 1
-            delay = 0.5
-            while True:
-                try:
-                    marks = await load_positions(self.target_bootstrap, self.flow.source)
-                    break
-                except OffsetsUnavailable as exc:
-                    self.log.warning("positions_unavailable", error=str(exc), retry_in_s=delay)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
+            marks = await self._load_positions()
+            if marks is None:  # given up (the loop ends) or stopping: seek nowhere
+                return
             consumer = self._consumer
             assert consumer is not None
             for tp in assigned:
@@ -300,6 +353,43 @@ class MirrorWorker:
                     await self._find_unrecorded(tp, -_FIRST_SCAN)
             self.log.info("mirror_assigned", partitions=len(assigned),
                           resumed=sum(1 for tp in assigned if tp in self._expect))
+
+    async def _load_positions(self) -> dict[tuple[str, int], Position] | None:
+        """The resume points, retried while the target cannot be read, but never beyond
+        `_assign_budget_s` (half the group's rebalance timeout: the callback must return
+        before the coordinator gives up on this member); the pauses wake on stop(). Giving up
+        ends the worker (`_fatal`): carrying on from the group's advisory commit could write
+        records twice."""
+        deadline = time.monotonic() + self._assign_budget_s
+
+        def give_up(_: object) -> bool:
+            return self._stop_event.is_set() or time.monotonic() >= deadline
+
+        def log_retry(state: Any) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            self.log.warning("positions_unavailable", error=str(exc),
+                             attempt=state.attempt_number,
+                             retry_in_s=round(state.upcoming_sleep, 2))
+        try:
+            async for attempt in AsyncRetrying(
+                    stop=give_up, sleep=self._pause,
+                    wait=wait_exponential_jitter(multiplier=0.5, max=5.0, jitter=0.2),
+                    retry=retry_if_exception_type(OffsetsUnavailable),
+                    before_sleep=log_retry, reraise=True):
+                with attempt:
+                    left = max(1.0, deadline - time.monotonic())
+                    return await load_positions(self.target_bootstrap, self.flow.source,
+                                                timeout_s=left)
+        except OffsetsUnavailable as exc:
+            if self._stop_event.is_set():
+                return None
+            self._fatal = OffsetsUnavailable(
+                f"the resume points of {self._flow_label} could not be read within "
+                f"{self._assign_budget_s:.0f}s of an assignment: {exc}")
+            self.errors.append(self._fatal)
+            self.log.error("positions_unavailable_gave_up", error=str(exc))
+            return None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _find_unrecorded(self, tp: TopicPartition, dst_from: int) -> None:
         """At-least-once: the records this flow wrote to the target partition after its last
@@ -328,46 +418,61 @@ class MirrorWorker:
             self.log.info("unrecorded_copies_found", topic=tp.topic, partition=tp.partition,
                           count=len(found))
 
-    # -- the loop --------------------------------------------------------------------
+    # -- the loops -------------------------------------------------------------------
     async def _run(self) -> None:
-        """The carrying loop, with topic discovery beside it in its own task (listing and
-        describing topics in two clusters takes round trips; the records do not wait for
-        them). Either failing ends both."""
+        """Every loop of the worker in one TaskGroup: carrying the records, topic discovery
+        (listing and describing topics in two clusters takes round trips; the records do not
+        wait for them) and the advisory source group commit. One failing ends them all, and
+        its error is what wait() raises.
+
+        The carrying is one task, not one per partition: one consumer fetches every assigned
+        partition, and in exactly-once mode a batch of several partitions is one transaction
+        of one producer."""
+        label = self._flow_label
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._carry(), name=f"mirror:{label}:carry")
+                tg.create_task(self._discover(), name=f"mirror:{label}:discovery")
+                tg.create_task(self._commit_loop(), name=f"mirror:{label}:commit")
+        except BaseExceptionGroup as eg:
+            errors = [e for e in eg.exceptions if not isinstance(e, asyncio.CancelledError)]
+            if not errors:
+                raise
+            for e in errors:
+                self.log.error("mirror_failed", error=repr(e))
+            # our own errors first: they carry what the operator needs
+            first = next((e for e in errors if isinstance(e, MirrorError)), errors[0])
+            raise first from None
+
+    async def _carry(self) -> None:
         consumer = self._consumer
         assert consumer is not None
-        discovery = asyncio.create_task(self._discover(),
-                                        name=f"mirror:{self._flow_label}:discovery")
-        try:
-            while True:
-                if discovery.done():
-                    discovery.result()  # raises what ended it
-                if not self._topics.partitions:
-                    await asyncio.sleep(min(1.0, self.flow.discovery_interval_s))
-                    continue
-                batch = await consumer.getmany(timeout_ms=200, max_records=_MAX_BATCH)
-                gen = self._generation
-                self._maybe_commit()
-                batch = {tp: recs for tp, recs in batch.items()
-                         if recs and tp not in self._stopped_partitions}
-                if batch:
-                    await self._deliver(batch, gen)
-                elif self._sync_queue:
-                    async with self._lock:
-                        await self._send_sync_queue()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self.log.error("mirror_failed", error=repr(exc))
-            raise
-        finally:
-            discovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await discovery
+        while not self._stop_event.is_set():
+            if self._fatal is not None:
+                raise self._fatal
+            if not self._topics.partitions:
+                await self._pause(min(1.0, self.flow.discovery_interval_s))
+                continue
+            batch = await consumer.getmany(timeout_ms=200, max_records=_MAX_BATCH)
+            gen = self._generation
+            self._maybe_commit()
+            batch = {tp: recs for tp, recs in batch.items()
+                     if recs and tp not in self._stopped_partitions}
+            if batch:
+                await self._deliver(batch, gen)
+            elif self._sync_queue:
+                async with self._lock:
+                    await self._send_sync_queue()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep `seconds`, or less when stop() is called."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop_event.wait(), seconds)
 
     async def _discover(self) -> None:
         """New topics and partition changes, every `discovery_interval_s`."""
-        while True:
-            await asyncio.sleep(self.flow.discovery_interval_s)
+        while not self._stop_event.is_set():
+            await self._pause(self.flow.discovery_interval_s)
             try:
                 await self._refresh_topics()
             except KafkaError as exc:
@@ -381,6 +486,8 @@ class MirrorWorker:
         delay = 0.2
         while True:
             async with self._lock:
+                if self._fatal is not None:
+                    raise self._fatal
                 if gen != self._generation:
                     self.log.info("batch_dropped_after_rebalance",
                                   records=sum(len(v) for v in batch.values()))
@@ -428,7 +535,7 @@ class MirrorWorker:
                         with contextlib.suppress(KafkaError):
                             await self._new_producer()
                     self.log.warning("target_write_failed", error=repr(exc), retry_in_s=delay)
-            await asyncio.sleep(delay)
+            await self._pause(delay)
             delay = min(delay * 2, 5.0)
 
     def _in_sequence(self, batch: dict[TopicPartition, list[Any]],
@@ -671,20 +778,24 @@ class MirrorWorker:
                     self._sync_topic, key=k, value=v, partition=p)))
 
     def _maybe_commit(self) -> None:
-        """Commit the source group offsets in the background, one commit at a time."""
-        if self._uncommitted and (self._commit_task is None or self._commit_task.done()):
-            offsets, self._uncommitted = self._uncommitted, {}
-            self._commit_task = asyncio.create_task(
-                self._commit(offsets), name=f"mirror:{self._flow_label}:commit")
+        """Ask the commit loop to commit the source group offsets."""
+        if self._uncommitted:
+            self._commit_wanted.set()
 
-    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
-        consumer = self._consumer
-        if consumer is None:
-            return
-        try:
-            await consumer.commit(offsets)
-        except KafkaError as exc:  # advisory: the next commit carries newer offsets
-            self.log.info("group_commit_skipped", error=repr(exc))
+    async def _commit_loop(self) -> None:
+        """The source group commit (advisory: lag display), beside the carrying, one commit
+        at a time, always the newest offsets."""
+        while not self._stop_event.is_set():
+            await self._commit_wanted.wait()
+            self._commit_wanted.clear()
+            offsets, self._uncommitted = self._uncommitted, {}
+            consumer = self._consumer
+            if not offsets or consumer is None:
+                continue
+            try:
+                await consumer.commit(offsets)
+            except KafkaError as exc:  # advisory: the next commit carries newer offsets
+                self.log.info("group_commit_skipped", error=repr(exc))
 
     async def _wait_acks(self, futs: list[asyncio.Future[Any]]) -> None:
         """Wait for the target's acks. The producer retries by itself while the target is
@@ -753,12 +864,12 @@ async def _end_transaction(producer: AIOKafkaProducer,
         await asyncio.wait_for(producer.abort_transaction(), _CLOSE_S)
 
 
-async def _close_producer(producer: AIOKafkaProducer) -> None:
-    """Stop a producer within `_CLOSE_S`. aiokafka's stop() flushes first and waits forever
+async def _close_producer(producer: AIOKafkaProducer, timeout_s: float = _CLOSE_S) -> None:
+    """Stop a producer within `timeout_s`. aiokafka's stop() flushes first and waits forever
     while the target is away; then its sender and connections are closed without flushing
     (in at-least-once mode those records are sent again by the next attempt or worker)."""
     try:
-        await asyncio.wait_for(producer.stop(), _CLOSE_S)
+        await asyncio.wait_for(producer.stop(), timeout_s)
     except (KafkaError, TimeoutError):
         sender = getattr(producer, "_sender", None)
         if sender is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 from typing import Annotated
 
@@ -12,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from crossdc.topology import Flow, Topology
-from dr.cli._common import TopologyOpt, paths_for, topology_for
+from dr.cli._common import TopologyOpt, paths_for, region_of, topology_for
 from mirror.errors import MirrorError
 from mirror.metrics import MirrorMetrics
 from mirror.offsets import apply_offsets, translate_group
@@ -38,10 +37,7 @@ def _flows(topo: Topology, source: str | None, target: str | None, topics: str |
     if not (source and target and topics):
         raise typer.BadParameter("--from, --to and --topics go together", param_hint="--from")
     for name, hint in ((source, "--from"), (target, "--to")):
-        try:
-            topo.region(name)
-        except KeyError as exc:
-            raise typer.BadParameter(str(exc.args[0]), param_hint=hint) from None
+        region_of(topo, name, hint)
     return [Flow(source=source, target=target, topics=topics, group=group,
                  exactly_once=exactly_once, forward=forward,
                  discovery_interval_s=discovery_s, dead_letter=dead_letter,
@@ -49,6 +45,9 @@ def _flows(topo: Topology, source: str | None, target: str | None, topics: str |
 
 
 async def _serve(topo: Topology, flows: list[Flow], metrics_port: int | None) -> None:
+    """Every flow's worker in one TaskGroup: a worker failing (or failing to start) stops
+    the others and its error ends the command (exit 1); SIGINT/SIGTERM drains them in order
+    (each stop() bounded) and the command exits 0."""
     metrics = MirrorMetrics()
     if metrics_port is not None:
         from prometheus_client import start_http_server
@@ -57,21 +56,33 @@ async def _serve(topo: Topology, flows: list[Flow], metrics_port: int | None) ->
                             topo.region(f.target).kafka.bootstrap, metrics) for f in flows]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
         loop.add_signal_handler(sig, stop.set)
-    async with contextlib.AsyncExitStack() as stack:
-        for w in workers:
-            await stack.enter_async_context(w)
-        waits = [asyncio.create_task(w.wait()) for w in workers]
-        stopper = asyncio.create_task(stop.wait())
-        try:
-            done, _ = await asyncio.wait([*waits, stopper], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not stopper and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
-        finally:
-            for t in [*waits, stopper]:
-                t.cancel()
+
+    async def flow(w: MirrorWorker) -> None:
+        async with w:  # stop() on the way out, whatever ended it
+            await w.wait()
+
+    async def drain() -> None:
+        await stop.wait()
+        for w in workers:  # in order, each bounded by its own deadline
+            await w.stop()
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for w in workers:
+                tg.create_task(flow(w), name=f"mirror:{w.flow.source}->{w.flow.target}")
+            # ends after the drain; cancelled by the group when a worker fails
+            tg.create_task(drain(), name="mirror:signals")
+    except BaseExceptionGroup as eg:
+        errors = [e for e in eg.exceptions if not isinstance(e, asyncio.CancelledError)]
+        if not errors:
+            raise
+        raise next((e for e in errors if isinstance(e, MirrorError)), errors[0]) from None
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
 @mirror_app.command("run")
@@ -113,8 +124,8 @@ def translate(
 ) -> None:
     """Translate a group's committed offsets from one region to another, exactly."""
     topo, _ = topology_for(topology, paths_for(None))
-    src = topo.region(source).kafka.bootstrap
-    dst = topo.region(target).kafka.bootstrap
+    src = region_of(topo, source, "--from").kafka.bootstrap
+    dst = region_of(topo, target, "--to").kafka.bootstrap
     rows = asyncio.run(translate_group(group, source, src, dst))
     if not rows:
         raise MirrorError(f"group {group!r} has no committed offsets in {source}")
