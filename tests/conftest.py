@@ -1,13 +1,27 @@
-"""Markers by path, and guards that make leaks fail."""
+"""Markers by path, and guards that make leaks fail.
+
+Leak guard (autouse, every test): a test that leaves asyncio tasks it created still pending, or
+drops a client without closing it (aiokafka producers/consumers, aiohttp sessions behind
+py-consul: their `__del__` raises ResourceWarning, an error under `filterwarnings = error`),
+fails, naming what leaked.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import sys
+import time
+import warnings
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+LEAK_GRACE_S = 2.0
+"""How long tasks cancelled at a test's end may take to finish before they count as leaked."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -17,3 +31,50 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         elif "unit" in parts:
             item.add_marker(pytest.mark.unit)
+
+
+def _task_name(t: asyncio.Task[object]) -> str:
+    coro = t.get_coro()
+    where = getattr(coro, "__qualname__", repr(coro))
+    return f"{t.get_name()} ({where})"
+
+
+async def pending_tasks_since(before: set[asyncio.Task[object]],
+                              grace_s: float = LEAK_GRACE_S) -> list[str]:
+    """Tasks made after `before` was taken that are still pending after `grace_s`."""
+    me = asyncio.current_task()
+    deadline = time.monotonic() + grace_s
+    while True:
+        left = [t for t in asyncio.all_tasks() if t not in before and t is not me
+                and not t.done()]
+        if not left or time.monotonic() > deadline:
+            return [_task_name(t) for t in left]
+        # Waiting on the tasks themselves (not a sleep): wake when one finishes.
+        await asyncio.wait(left, timeout=max(0.0, deadline - time.monotonic()))
+
+
+@pytest.fixture(autouse=True)
+async def _no_leaked_tasks(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    if request.node.get_closest_marker("allow_leaks"):
+        yield
+        return
+    before = set(asyncio.all_tasks())
+    yield
+    leaked = await pending_tasks_since(before)
+    if leaked:
+        pytest.fail(f"test left {len(leaked)} asyncio task(s) pending: {', '.join(leaked)}",
+                    pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_unclosed_clients() -> Iterator[None]:
+    yield
+    # Collect now so an unclosed client's ResourceWarning is raised inside this test's
+    # teardown (an error under filterwarnings=error), not in some later test.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    if leaks:
+        pytest.fail(f"test left {len(leaks)} client(s) unclosed: {'; '.join(leaks[:5])}",
+                    pytrace=False)
