@@ -155,7 +155,9 @@ class AuthStore(WatchedFile[AuthFile]):
     refused and the running one stays (`crossdc_proxy_auth_reloads_total{result}`)."""
 
     def __init__(self, path: Path, *, poll_interval_s: float = 1.0,
+                 load_timeout_s: float = 10.0,
                  registry: CollectorRegistry | None = None) -> None:
         super().__init__(path, "auth", parse_auth,
                          describe=lambda a: {"tokens": len(a.tokens)},
-                         poll_interval_s=poll_interval_s, registry=registry)
+                         poll_interval_s=poll_interval_s, load_timeout_s=load_timeout_s,
+                         registry=registry)

@@ -43,6 +43,9 @@ class BreakerSettings(_Model):
     failure_threshold: int = Field(3, ge=1, description="Consecutive failures that open it.")
     reset_timeout_s: float = Field(2.0, gt=0, description="Open this long, then one half-open "
                                    "probe write is let through.")
+    probe_timeout_s: float = Field(15.0, gt=0, description="A half-open probe that has not "
+                                   "reported back within this (a write stuck or lost) gives "
+                                   "its slot back, so another write may probe.")
 
 
 class TlsSettings(_Model):
@@ -83,6 +86,12 @@ class ProxyConfig(_Model):
     stream_window: int = Field(64, gt=0, description="Batches of one stream in flight at once "
                                "(acks stay in order).")
     grace_s: float = Field(10.0, ge=0, description="Drain time on stop (SIGTERM).")
+    close_timeout_s: float = Field(10.0, gt=0, description="After the drain, the longest "
+                                   "stop() spends flushing producers and closing clients "
+                                   "(a hard deadline: whatever hangs is abandoned, logged).")
+    file_load_timeout_s: float = Field(10.0, gt=0, description="Longest a policy or auth "
+                                       "file (re)load may take (it runs off the event loop); "
+                                       "a slower one is refused.")
     register_consul: bool = Field(True, description="Register service crossdc-proxy with a "
                                   "gRPC health check in the region's Consul datacenter.")
     consul_check_interval_s: float = Field(5.0, gt=0)

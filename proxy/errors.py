@@ -17,6 +17,7 @@ to gRPC status codes (`grpc_code`).
         ├── NotServing          the proxy is draining                        UNAVAILABLE *
         ├── Unauthenticated     no or unknown bearer token                   UNAUTHENTICATED
         ├── PermissionDenied    the token may not write this topic           PERMISSION_DENIED
+        ├── ProxyTaskFailed     a background loop of the server died (it stopped)
         └── ProduceFailed       (client SDK) the proxy answered an error; carries `code`
 
 (* retriable; (*) per cause)
@@ -47,6 +48,7 @@ __all__ = [
     "PermissionDenied",
     "ProduceFailed",
     "ProxyError",
+    "ProxyTaskFailed",
     "RecordTooLarge",
     "RegionWriteFailed",
     "ReservedHeader",
@@ -187,6 +189,16 @@ class PermissionDenied(ProxyError):
         self.topic = topic
         self.token_name = token_name
         super().__init__(f"token {token_name!r} may not write topic {topic!r}")
+
+
+class ProxyTaskFailed(ProxyError):
+    """A background loop of the proxy server failed (or ended); the server stopped serving.
+    `task` names it (`proxy:health`, `proxy:primary-watch`, ...)."""
+
+    def __init__(self, task: str, cause: BaseException | None) -> None:
+        self.task = task
+        why = f"{cause.__class__.__name__}: {cause}" if cause is not None else "it ended"
+        super().__init__(f"proxy task {task} failed ({why}); the proxy stopped")
 
 
 class ProduceFailed(ProxyError):

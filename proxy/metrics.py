@@ -57,6 +57,20 @@ class ProxyMetrics:
                                      registry=r)
         for reason in ("missing", "malformed", "unknown", "topic_denied"):
             self.auth_refusals.labels(reason)
+        self.primary_refused = Counter("crossdc_proxy_primary_refused", "Primary records "
+                                       "read from Consul and refused (invalid: not a primary "
+                                       "record; unknown_region: names a region the topology "
+                                       "lacks); the last good primary stays", ("reason",),
+                                       registry=r)
+        for reason in ("invalid", "unknown_region"):
+            self.primary_refused.labels(reason)
+        self.undecodable = Counter("crossdc_proxy_undecodable_requests", "Requests whose "
+                                   "bytes do not decode (invalid UTF-8 in a string field, a "
+                                   "corrupt message): INVALID_ARGUMENT", ("method",),
+                                   registry=r)
+        self.task_failures = Counter("crossdc_proxy_task_failures", "Background loops of the "
+                                     "server that failed (the server then stops)", ("task",),
+                                     registry=r)
         self.serving = Gauge("crossdc_proxy_serving", "1 when health says SERVING",
                              registry=r)
 

@@ -4,14 +4,21 @@
 is ignored (a stale datacenter must not move the primary back); a higher epoch replaces it at
 once, so ordered writes stop going to the old primary. When Consul does not answer, the last
 value stays in use and `consul_reachable` (health, metrics) says so. When the key is absent,
-the topology's primary at epoch 0 is used.
+the topology's primary at epoch 0 is used. A record naming a region the topology does not
+have is refused (every ordered write would fail): the last good primary stays, the refusal is
+logged (`primary_record_refused`) and counted (`crossdc_proxy_primary_refused_total{reason}`).
+
+`run()` is the watch loop; the proxy server runs it in its TaskGroup (task
+`proxy:primary-watch`), so a failure there (an `on_change` callback that raises, a bug) stops
+the server instead of leaving the primary stale. `start()`/`stop()` run it in a task of its
+own for standalone use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import structlog
 
@@ -27,8 +34,10 @@ log = structlog.get_logger("crossdc.proxy.primary")
 
 class PrimaryWatcher:
     def __init__(self, consul: ConsulClient, initial: PrimaryRecord, metrics: ProxyMetrics, *,
-                 wait_s: float = 30.0, retry_s: float = 1.0) -> None:
+                 wait_s: float = 30.0, retry_s: float = 1.0,
+                 regions: Collection[str] | None = None) -> None:
         self._consul = consul
+        self._regions = frozenset(regions) if regions is not None else None
         self._current = initial
         self._metrics = metrics
         self._wait_s = wait_s
@@ -52,8 +61,15 @@ class PrimaryWatcher:
         self._metrics.consul_reachable.set(1 if self.consul_reachable else 0)
 
     def offer(self, record: PrimaryRecord) -> bool:
-        """Use `record` if its epoch is not lower than the one held; True if it changed."""
+        """Use `record` if its epoch is not lower than the one held and it names a topology
+        region; True if it changed. Callbacks run here; one that raises propagates."""
         old = self._current
+        if self._regions is not None and record.region not in self._regions:
+            self._metrics.primary_refused.labels("unknown_region").inc()
+            log.error("primary_record_refused", reason="unknown_region", seen=record.region,
+                      seen_epoch=record.epoch, regions=sorted(self._regions),
+                      primary=old.region, epoch=old.epoch)
+            return False
         if record.epoch < old.epoch or record == old:
             if record.epoch < old.epoch:
                 log.warning("primary_stale_ignored", seen=record.region, seen_epoch=record.epoch,
@@ -67,22 +83,35 @@ class PrimaryWatcher:
             cb(old, record)
         return True
 
+    async def wait_first(self, timeout_s: float) -> bool:
+        """Wait (bounded) until `run()` has read the key once or found Consul unreachable."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._first.wait()
+        except TimeoutError:
+            return False
+        return True
+
     async def start(self, first_timeout_s: float = 5.0) -> None:
-        """Read the key once (bounded wait), then keep watching in a task."""
+        """Standalone use: run the watch in a task of its own; wait (bounded) for the first
+        read."""
         if self._task is not None:
             return
-        self._task = asyncio.create_task(self._run(), name="proxy:primary-watch")
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(first_timeout_s):
-                await self._first.wait()
+        self._task = asyncio.create_task(self.run(), name="proxy:primary-watch")
+        await self.wait_first(first_timeout_s)
 
     async def stop(self) -> None:
+        """Stop the task `start()` made; idempotent; a failure of the watch is raised here."""
         self._stop.set()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise
 
     def _reachable(self, ok: bool, why: str = "") -> None:
         if ok != self.consul_reachable:
@@ -93,7 +122,8 @@ class PrimaryWatcher:
         self.last_error = why
         self._metrics.consul_reachable.set(1 if ok else 0)
 
-    async def _run(self) -> None:
+    async def run(self) -> None:
+        """The watch loop: blocking queries on the key until cancelled (or `stop()`)."""
         index: int | None = None
         while not self._stop.is_set():
             try:
@@ -111,6 +141,7 @@ class PrimaryWatcher:
                 try:
                     self.offer(PrimaryRecord.decode(entry.value))
                 except BadPrimaryRecord as exc:
+                    self._metrics.primary_refused.labels("invalid").inc()
                     log.error("primary_record_invalid", error=str(exc))
             self._first.set()
             # Consul: an index that went backwards (or 0) means start over

@@ -8,6 +8,13 @@ refused; the running value stays, `<kind>_refused` is logged with every issue an
 `crossdc_proxy_<kind>_reloads_total{result="refused"}` counts it. An accepted file bumps
 `version` (`crossdc_proxy_<kind>_version`), runs the `on_change` callbacks and logs
 `<kind>_reloaded`. For the policy, kind is `policy`.
+
+Loads run off the event loop: stat, read and parse go to a worker thread
+(`asyncio.to_thread`), bounded by `load_timeout_s`, so a pathological file never freezes the
+serving loop (health, Produce, SIGTERM). A load that takes longer is refused (the thread is
+left to finish on its own; no second load starts while it runs). `run()` is the watch loop
+(the proxy server runs it in its TaskGroup); `start()`/`stop()` run it in a task of their own.
+The blocking `reload()` (tests, tools) does the same work on the calling thread.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import asyncio
 import hashlib
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -33,6 +41,18 @@ T = TypeVar("T")
 _Stat = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
 
 
+@dataclass(frozen=True, slots=True)
+class _Verdict(Generic[T]):
+    """What one look at the file found (computed in a worker thread, applied on the loop).
+    kind: missing | same_stat | read_failed | unchanged | seen | refused | accepted."""
+
+    kind: str
+    stat: _Stat | None = None
+    digest: str | None = None
+    issues: tuple[ConfigIssue, ...] = ()
+    value: T | None = None
+
+
 class WatchedFile(Generic[T]):
     """Holds the live value parsed from a file; reloads on file change (poll mtime+size+hash,
     interval configurable, default 1 s) and on `reload()`. A file that fails validation is
@@ -45,10 +65,13 @@ class WatchedFile(Generic[T]):
 
     def __init__(self, path: Path, kind: str, parse: Callable[[str, str], T], *,
                  describe: Callable[[T], dict[str, Any]] | None = None,
-                 poll_interval_s: float = 1.0,
+                 poll_interval_s: float = 1.0, load_timeout_s: float = 10.0,
                  registry: CollectorRegistry | None = None) -> None:
         if poll_interval_s <= 0:
             raise ValueError("poll_interval_s must be > 0")
+        if load_timeout_s <= 0:
+            raise ValueError("load_timeout_s must be > 0")
+        self.load_timeout_s = load_timeout_s
         self.path = Path(path)
         self.kind = kind
         self._parse = parse
@@ -71,6 +94,8 @@ class WatchedFile(Generic[T]):
         self._seen_digest: str | None = None  # last content looked at (accepted or refused)
         self._missing = False
         self._task: asyncio.Task[None] | None = None
+        self._loading: asyncio.Task[_Verdict[T]] | None = None  # the load in a thread
+        self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
         self._closed = False
         self._log = structlog.get_logger(f"crossdc.proxy.{kind}").bind(
@@ -94,26 +119,54 @@ class WatchedFile(Generic[T]):
         return self._digest
 
     def reload(self) -> bool:
-        """Read the file now (SIGHUP). True if new content was accepted; False if the
-        content is what is live already, or if the file was refused (the old one stays)."""
-        return self._check(force=True)
+        """Read the file now, blocking the calling thread (tests, tools; the server uses
+        `reload_async`). True if new content was accepted; False if the content is what is
+        live already, or if the file was refused (the old one stays)."""
+        return self._apply(self._examine(force=True), force=True)
+
+    async def reload_async(self) -> bool:
+        """`reload()` off the event loop (SIGHUP), bounded by `load_timeout_s`."""
+        return await self._check(force=True)
+
+    async def load(self) -> None:
+        """The first load (ConfigError if the file is bad or too slow to load: nothing to
+        fall back on); off the loop. Does nothing once a value is loaded."""
+        if self._closed:
+            raise RuntimeError(f"{type(self).__name__} is stopped; make a new one")
+        async with self._lock:
+            if self._value is not None:
+                return
+            verdict = await self._in_thread(force=True)
+            if verdict.kind != "accepted":
+                issues = list(verdict.issues) or [ConfigIssue(
+                    str(self.path), None, "", "not loaded")]
+                self._refused(issues)
+                raise ConfigError(issues)
+            assert verdict.stat is not None
+            assert verdict.digest is not None
+            self._seen_stat, self._seen_digest = verdict.stat, verdict.digest
+            self._accept(verdict.value, verdict.digest, first=True)  # type: ignore[arg-type]
 
     async def start(self) -> None:
         """Load the file (ConfigError if it is bad: nothing to fall back on) and start
-        watching it. A second call does nothing; after stop() it raises RuntimeError."""
+        watching it in a task. A second call does nothing; after stop() it raises
+        RuntimeError."""
         if self._closed:
             raise RuntimeError(f"{type(self).__name__} is stopped; make a new one")
         if self._task is not None:
             return
-        if self._value is None:
-            self._first_load()
-        self._task = asyncio.create_task(self._watch(),
+        await self.load()
+        self._task = asyncio.create_task(self.run(),
                                          name=f"proxy:{self.kind}-watch:{self.path}")
 
     async def stop(self) -> None:
-        """Stop watching. Idempotent; fine before start()."""
+        """Stop watching (and a load still running). Idempotent; fine before start()."""
         self._closed = True
         self._stop.set()
+        loading, self._loading = self._loading, None
+        if loading is not None and not loading.done():
+            loading.cancel()  # the thread finishes on its own; nobody waits for it
+            await asyncio.wait({loading})
         task, self._task = self._task, None
         if task is None:
             return
@@ -132,26 +185,15 @@ class WatchedFile(Generic[T]):
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    # -- internals ---------------------------------------------------------------------
-
-    def _first_load(self) -> None:
-        try:
-            stat = self._stat()
-            text, digest = self._read()
-            value = self._parse(text, str(self.path))
-        except ConfigError as exc:
-            self._refused(exc.issues)
-            raise
-        self._seen_stat, self._seen_digest = stat, digest
-        self._accept(value, digest, first=True)
-
-    async def _watch(self) -> None:
+    async def run(self) -> None:
+        """The watch loop: look at the file every `poll_interval_s` until cancelled or
+        stopped (start() loads the file first; so must a caller of run())."""
         try:
             while not self._stop.is_set():
                 try:
                     await asyncio.wait_for(self._stop.wait(), self.poll_interval_s)
                 except TimeoutError:
-                    self._check(force=False)
+                    await self._check(force=False)
         except asyncio.CancelledError:
             self._log.debug(f"{self.kind}_watch_cancelled")
             raise
@@ -159,40 +201,93 @@ class WatchedFile(Generic[T]):
             self._log.exception(f"{self.kind}_watch_failed")
             raise
 
-    def _check(self, *, force: bool) -> bool:
+    # -- internals ---------------------------------------------------------------------
+
+    async def _check(self, *, force: bool) -> bool:
+        async with self._lock:
+            if self._loading is not None:  # an earlier load overran its bound
+                if not self._loading.done():
+                    if force:
+                        self._refused([ConfigIssue(str(self.path), None, "",
+                                                   "an earlier load is still running")])
+                    return False
+                self._loading = None
+            return self._apply(await self._in_thread(force=force), force=force)
+
+    async def _in_thread(self, *, force: bool) -> _Verdict[T]:
+        """`_examine` in a worker thread, bounded by `load_timeout_s`. On timeout the
+        thread is left to finish (it cannot be stopped); `_check` starts no other meanwhile
+        and the file is refused."""
+        task = asyncio.ensure_future(asyncio.to_thread(self._examine, force=force))
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.load_timeout_s)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not done:
+            self._loading = task
+            task.add_done_callback(_retrieve)
+            return _Verdict("refused", None, None, (ConfigIssue(
+                str(self.path), None, "", f"loading took longer than "
+                f"{self.load_timeout_s:g}s; refused"),))
+        return task.result()
+
+    def _examine(self, *, force: bool) -> _Verdict[T]:
+        """Stat, read and parse the file, comparing with what was seen; changes nothing
+        (runs in a worker thread while the lock keeps the state still)."""
         try:
             stat = self._stat()
         except ConfigError as exc:
+            return _Verdict("missing", issues=tuple(exc.issues))
+        if not force and not self._missing and stat == self._seen_stat:
+            return _Verdict("same_stat")
+        try:
+            text, digest = self._read()
+        except ConfigError as exc:
+            return _Verdict("read_failed", stat, issues=tuple(exc.issues))
+        if digest == self._digest:
+            return _Verdict("unchanged", stat, digest)
+        if digest == self._seen_digest and not force:
+            return _Verdict("seen", stat, digest)
+        try:
+            value = self._parse(text, str(self.path))
+        except ConfigError as exc:
+            return _Verdict("refused", stat, digest, tuple(exc.issues))
+        return _Verdict("accepted", stat, digest, value=value)
+
+    def _apply(self, v: _Verdict[T], *, force: bool) -> bool:
+        """Act on what `_examine` found (on the loop). True if a new value was accepted."""
+        if v.kind == "missing":
             if self._missing and not force:
                 return False  # refused once already; say it again only when asked
             self._missing = True
             self._seen_stat = self._seen_digest = None
-            self._refused(exc.issues)
+            self._refused(list(v.issues))
             return False
-        if not force and not self._missing and stat == self._seen_stat:
+        if v.kind == "same_stat":
+            return False
+        if v.stat is None:  # a load that overran its bound
+            self._refused(list(v.issues))
             return False
         self._missing = False
-        self._seen_stat = stat
-        try:
-            text, digest = self._read()
-        except ConfigError as exc:
+        self._seen_stat = v.stat
+        if v.kind == "read_failed":
             self._seen_stat = None  # try again next round
-            self._refused(exc.issues)
+            self._refused(list(v.issues))
             return False
-        if digest == self._digest:
-            self._seen_digest = digest
+        if v.kind == "unchanged":
+            self._seen_digest = v.digest
             if force:
                 self._log.info(f"{self.kind}_unchanged", version=self._version)
             return False
-        if digest == self._seen_digest and not force:
+        if v.kind == "seen":
             return False  # the same refused content, touched again
-        self._seen_digest = digest
-        try:
-            value = self._parse(text, str(self.path))
-        except ConfigError as exc:
-            self._refused(exc.issues)
+        self._seen_digest = v.digest
+        if v.kind == "refused":
+            self._refused(list(v.issues))
             return False
-        self._accept(value, digest, first=False)
+        assert v.digest is not None
+        self._accept(v.value, v.digest, first=False)  # type: ignore[arg-type]
         return True
 
     def _stat(self) -> _Stat:
@@ -246,15 +341,22 @@ class WatchedFile(Generic[T]):
                           issues=[str(i) for i in issues])
 
 
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Done callback of an abandoned load: take its outcome so nothing logs it as lost."""
+    if not task.cancelled():
+        task.exception()
+
+
 class PolicyStore(WatchedFile[Policy]):
     """The live routing policy (`crossdc_proxy_policy_*` metrics, `policy_*` events)."""
 
     def __init__(self, path: Path, topology: Topology | None = None, *,
-                 poll_interval_s: float = 1.0,
+                 poll_interval_s: float = 1.0, load_timeout_s: float = 10.0,
                  registry: CollectorRegistry | None = None) -> None:
         self.topology = topology
         super().__init__(path, "policy", self._parse_policy, describe=_describe_policy,
-                         poll_interval_s=poll_interval_s, registry=registry)
+                         poll_interval_s=poll_interval_s, load_timeout_s=load_timeout_s,
+                         registry=registry)
 
     def _parse_policy(self, text: str, filename: str) -> Policy:
         return parse_policy(text, filename, self.topology)

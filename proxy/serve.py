@@ -2,7 +2,9 @@
 (and the auth file, when there is one).
 
 SIGTERM → health NOT_SERVING, new calls refused, calls in flight finish (up to `grace_s`),
-producers flushed, Consul registration removed, exit 0.
+producers flushed, Consul registration removed, exit 0. A background loop of the server that
+fails stops it (NOT_SERVING, port closed) and `serve()` raises `ProxyTaskFailed` after the
+same bounded cleanup: `dr proxy serve` exits non-zero instead of limping.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import signal
 from pathlib import Path
 
 import structlog
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, CollectorRegistry
 
 from crossdc.topology import load_topology, split_hostport
 from proxy.config import ProxyConfig, TlsSettings
@@ -45,7 +47,10 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 port: int | None = None, metrics_port: int | None = None,
                 host: str | None = None, grace_s: float = 10.0, register_consul: bool = True,
                 auth_path: Path | None = None, tls: TlsSettings | None = None,
-                ready: asyncio.Event | None = None) -> None:
+                ready: asyncio.Event | None = None,
+                registry: CollectorRegistry | None = None) -> None:
+    """Run the proxy until SIGTERM/SIGINT; ProxyTaskFailed if a background loop fails.
+    `registry`: the Prometheus registry (default: the process's global one)."""
     topology = load_topology(topology_path)
     reg = topology.region(region)
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
@@ -55,20 +60,14 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                       else metrics_port,
                       grace_s=grace_s, register_consul=register_consul, auth_file=auth_path,
                       tls=tls)
-    server = ProxyServer(topology, cfg, policy_path, registry=REGISTRY)
+    server = ProxyServer(topology, cfg, policy_path,
+                         registry=REGISTRY if registry is None else registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)
 
-    def reload() -> None:
-        store = server.policy_store
-        accepted = store.reload() if store is not None else False
-        log.info("sighup_policy_reload", accepted=accepted)
-        if server.auth_store is not None:
-            log.info("sighup_auth_reload", accepted=server.auth_store.reload())
-
-    loop.add_signal_handler(signal.SIGHUP, reload)
+    loop.add_signal_handler(signal.SIGHUP, server.request_reload)  # off the loop
     try:
         await server.start()
         tune_gc()
@@ -81,7 +80,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                     consul_reachable=h["consul_reachable"])
         if ready is not None:
             ready.set()
-        await stop.wait()
+        await server.serve_until(stop)
         log.warning("proxy_draining", grace_s=grace_s)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -15,6 +15,17 @@ Health (`grpc.health.v1`, service "" and "crossdc.v1.Proxy"): SERVING while at l
 region is writable (producer up, last metadata probe answered, breaker not open) and the
 server is not draining; NOT_SERVING otherwise. `health()` gives the details (regions,
 primary, epoch, whether Consul answers).
+
+Lifecycle: every background loop (`proxy:health` — the region probes and health —,
+`proxy:primary-watch`, `proxy:policy-watch`, `proxy:auth-watch`, and one-shot
+`proxy:policy-topics` / `proxy:reload` tasks) runs in ONE asyncio.TaskGroup held by the task
+`proxy:run`. A loop that fails (or ends) stops the component: it is logged and counted
+(`crossdc_proxy_task_failures_total{task}`), health goes NOT_SERVING, the gRPC server stops,
+and `wait_closed()` / `serve_until()` raise `ProxyTaskFailed` (so `dr proxy serve` exits
+non-zero). `stop()` is idempotent, fine before start(), bounded (`grace_s` for calls in
+flight, then `close_timeout_s` for the rest: whatever hangs is abandoned and logged), and
+closes every client even after a loop died; a cancelled stop() finishes the cleanup, then
+propagates the cancellation. A stopped server refuses to start again.
 """
 
 from __future__ import annotations
@@ -23,13 +34,14 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import grpc
 import structlog
 from consul import Check
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
@@ -49,6 +61,7 @@ from proxy.errors import (
     NotServing,
     PermissionDenied,
     ProxyError,
+    ProxyTaskFailed,
     Unauthenticated,
     grpc_code,
 )
@@ -107,11 +120,63 @@ def _written_md(o: Outcome) -> tuple[tuple[str, str], ...]:
     return (("dr-id", o.dr_id), ("dr-written", text))
 
 
+class _Undecodable:
+    """What the request deserializer gives for bytes that do not parse (invalid UTF-8 in a
+    string field, a corrupt message): the servicer answers INVALID_ARGUMENT."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """A request deserializer that returns `_Undecodable` instead of raising (grpc would
+    answer UNKNOWN and log a traceback per request). No cost for valid requests beyond the
+    call itself."""
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return _Undecodable(str(exc))
+    return deserialize
+
+
+def _add_servicer(server: grpc.aio.Server, servicer: _Servicer) -> None:
+    """`add_ProxyServicer_to_server`, with lenient request deserializers."""
+    handlers = {
+        "Produce": grpc.unary_unary_rpc_method_handler(
+            servicer.Produce, request_deserializer=_lenient(pb.ProduceRequest.FromString),
+            response_serializer=pb.ProduceResponse.SerializeToString),
+        "ProduceBatch": grpc.unary_unary_rpc_method_handler(
+            servicer.ProduceBatch,
+            request_deserializer=_lenient(pb.ProduceBatchRequest.FromString),
+            response_serializer=pb.ProduceBatchResponse.SerializeToString),
+        "ProduceStream": grpc.stream_stream_rpc_method_handler(
+            servicer.ProduceStream,
+            request_deserializer=_lenient(pb.ProduceBatchRequest.FromString),
+            response_serializer=pb.ProduceBatchResponse.SerializeToString),
+    }
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
 class _Servicer(pb_grpc.ProxyServicer):
     def __init__(self, server: ProxyServer) -> None:
         self.s = server
 
+    async def _refuse_undecodable(self, method: str, request: _Undecodable,
+                                  context: grpc.aio.ServicerContext) -> None:
+        self.s.metrics.undecodable.labels(method).inc()
+        self.s.log.warning("request_undecodable", method=method, error=request.error,
+                           peer=context.peer())
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"request does not decode: {request.error}")
+
     async def Produce(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if type(request) is _Undecodable:
+            await self._refuse_undecodable("Produce", request, context)
         outs = await self.s.handle([_decode(request.record)], context, wait=False)
         o = outs[0]
         if o.error is not None:
@@ -122,51 +187,64 @@ class _Servicer(pb_grpc.ProxyServicer):
         return resp
 
     async def ProduceBatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if type(request) is _Undecodable:
+            await self._refuse_undecodable("ProduceBatch", request, context)
         outs = await self.s.handle([_decode(r) for r in request.records], context, wait=False)
         return _batch_response(outs)
 
     async def ProduceStream(self, request_iterator: AsyncIterator[Any],
                             context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         """Batches are written as they arrive (up to `stream_window` at once); responses go
-        back in request order."""
+        back in request order. Every batch task is owned: when the stream ends early
+        (cancelled, client gone, an error), each one still running is cancelled and awaited,
+        so none keeps writing or holding in-flight budget."""
         try:
             self.s.authenticate(context)
         except Unauthenticated as exc:
             await context.abort(grpc_code(exc), str(exc))
-        queue: asyncio.Queue[asyncio.Task[list[Outcome]] | None] = asyncio.Queue(
-            maxsize=self.s.config.stream_window)
+        window = self.s.config.stream_window
+        queue: asyncio.Queue[asyncio.Task[list[Outcome]] | _Undecodable | None] = \
+            asyncio.Queue(maxsize=window)
+        owned: set[asyncio.Task[list[Outcome]]] = set()
 
         async def reader() -> None:
             try:
                 async for req in request_iterator:
+                    if type(req) is _Undecodable:
+                        await queue.put(req)
+                        return
                     recs = [_decode(r) for r in req.records]
-                    await queue.put(asyncio.create_task(
-                        self.s.handle(recs, context, wait=True), name="proxy:stream-batch"))
+                    task = asyncio.create_task(self.s.handle(recs, context, wait=True),
+                                               name="proxy:stream-batch")
+                    owned.add(task)  # owned before any await: never orphaned
+                    task.add_done_callback(owned.discard)
+                    await queue.put(task)
             finally:
                 await queue.put(None)
 
         rt = asyncio.create_task(reader(), name="proxy:stream-reader")
         try:
             while True:
-                task = await queue.get()
-                if task is None:
+                item = await queue.get()
+                if item is None:
                     break
-                outs = await task
+                if isinstance(item, _Undecodable):
+                    await self._refuse_undecodable("ProduceStream", item, context)
+                    break
+                outs = await item
                 yield _batch_response(outs)
             await rt
         finally:
             rt.cancel()
-            pending = []
-            while not queue.empty():
-                t = queue.get_nowait()
-                if t is not None:
-                    t.cancel()
-                    pending.append(t)
-            with contextlib.suppress(asyncio.CancelledError):
-                await rt
-            for t in pending:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+            tasks: list[asyncio.Task[Any]] = [rt, *owned]
+            for t in owned:
+                t.cancel()
+            while not queue.empty():  # room for the reader's last put
+                queue.get_nowait()
+            await asyncio.wait(tasks)
+            for t in tasks:  # retrieve the outcomes: the work was abandoned
+                if not t.cancelled():
+                    t.exception()
 
 
 class ProxyServer:
@@ -190,7 +268,8 @@ class ProxyServer:
         self.policy_store: PolicyStore | None = None
         self._policy_fn: Callable[[], Policy]
         if isinstance(policy, (str, Path)):
-            self.policy_store = PolicyStore(Path(policy), topology, registry=self.registry)
+            self.policy_store = PolicyStore(Path(policy), topology, registry=self.registry,
+                                            load_timeout_s=config.file_load_timeout_s)
         elif isinstance(policy, PolicyStore):
             self.policy_store = policy
         else:
@@ -205,10 +284,12 @@ class ProxyServer:
         self.consul = ConsulClient(self.region.consul.http_addr, config.consul_retry)
         self.primary = PrimaryWatcher(self.consul, PrimaryRecord.initial(topology),
                                       self.metrics, wait_s=config.primary_wait_s,
-                                      retry_s=config.primary_retry_s)
+                                      retry_s=config.primary_retry_s,
+                                      regions=[r.name for r in topology.regions])
         self.auth_store: AuthStore | None = None
         if config.auth_file is not None:
-            self.auth_store = AuthStore(config.auth_file, registry=self.registry)
+            self.auth_store = AuthStore(config.auth_file, registry=self.registry,
+                                        load_timeout_s=config.file_load_timeout_s)
         self.window = IdempotencyWindow(config.idempotency_window_s, config.idempotency_max_keys)
         self.budget = InflightBudget(config.max_inflight_bytes, self.metrics)
         self.router = Router(config.region, topology, self.writers,
@@ -216,7 +297,11 @@ class ProxyServer:
                              self.metrics)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._run_task: asyncio.Task[None] | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._stop_task: asyncio.Task[None] | None = None
+        self._ended = asyncio.Event()  # set when serving ended (stop, or a loop failed)
+        self.failure: ProxyTaskFailed | None = None
         self._serving: bool | None = None
         self._draining = False
         self._started = False
@@ -236,7 +321,8 @@ class ProxyServer:
         await self.stop()
 
     async def start(self) -> None:
-        """Load the policy, start the producers, read the primary, bind, register."""
+        """Load the policy, start the producers, read the primary, bind, register; the
+        background loops run in one TaskGroup (task `proxy:run`)."""
         if self._closed:
             raise RuntimeError("ProxyServer is closed; make a new one")
         if self._started:
@@ -250,17 +336,30 @@ class ProxyServer:
 
     async def _start(self) -> None:
         if self.policy_store is not None and self._own_store:
-            await self.policy_store.start()
+            await self.policy_store.load()
         if self.policy_store is not None:
             self.policy_store.on_change.append(self._policy_changed)
         if self.auth_store is not None:
-            await self.auth_store.start()
+            await self.auth_store.load()
         credentials = _server_credentials(self.config)
         await asyncio.gather(*(w.start() for w in self.writers.values()))
-        await self.primary.start()
+        tg_ready: asyncio.Future[asyncio.TaskGroup] = \
+            asyncio.get_running_loop().create_future()
+        self._run_task = asyncio.create_task(self._run(tg_ready), name="proxy:run")
+        await asyncio.wait([tg_ready, self._run_task],  # type: ignore[type-var]
+                           return_when=asyncio.FIRST_COMPLETED)
+        self._raise_if_failed()
+        self._tg = tg_ready.result()
+        self._spawn("proxy:primary-watch", self.primary.run())
+        if self.policy_store is not None and self._own_store:
+            self._spawn("proxy:policy-watch", self.policy_store.run())
+        if self.auth_store is not None:
+            self._spawn("proxy:auth-watch", self.auth_store.run())
+        await self.primary.wait_first(5.0)
+        self._raise_if_failed()
         await self._check_policy_topics()
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_ProxyServicer_to_server(_Servicer(self), server)  # type: ignore[no-untyped-call]
+        _add_servicer(server, _Servicer(self))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -280,53 +379,181 @@ class ProxyServer:
             self.metrics_port = port
         if self.config.register_consul:
             await self._register()
-        self._tasks.append(asyncio.create_task(self._health_loop(), name="proxy:health"))
+        self._spawn("proxy:health", self._health_loop())
+        self._raise_if_failed()
         self.log.info("proxy_started", port=self.port, metrics_port=self.metrics_port,
                       tls=_tls_mode(self.config), auth=self.auth_store is not None,
                       primary=self.primary.current.region, epoch=self.primary.current.epoch,
                       serving=self._serving)
 
-    async def stop(self, grace_s: float | None = None) -> None:
-        """NOT_SERVING, refuse new calls, let calls in flight finish (up to `grace_s`), flush
-        the producers, deregister; idempotent, fine before start()."""
-        if self._closed:
+    # -- the task group ----------------------------------------------------------------------
+    async def _run(self, tg_ready: asyncio.Future[asyncio.TaskGroup]) -> None:
+        """Hold the TaskGroup of every background loop. A loop that fails cancels the
+        others; then the server stops serving (`_failed`)."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg_ready.set_result(tg)
+                # the loops are added with _spawn; the group lives until they end
+                tg.create_task(self._ended.wait(), name="proxy:run-until-stopped")
+        except Exception:  # an ExceptionGroup: the guard logged each failure
+            pass
+        finally:
+            self._tg = None
+        if self.failure is not None:
+            await self._failed()
+        elif not self._closed:  # every loop ended on its own: as bad as one failing
+            self.failure = ProxyTaskFailed("proxy:run", None)
+            await self._failed()
+
+    def _spawn(self, name: str, coro: Coroutine[Any, Any, None], *,
+               one_shot: bool = False) -> None:
+        """Start `coro` as task `name` in the group (guarded: its failure is logged,
+        counted and stops the server). Nothing is started once the group is gone."""
+        tg = self._tg
+        if tg is None or self._closed or self.failure is not None:
+            coro.close()
             return
-        self._closed = True
+        try:
+            tg.create_task(self._guard(name, coro, one_shot=one_shot), name=name)
+        except RuntimeError:  # the group is shutting down
+            coro.close()
+
+    async def _guard(self, name: str, coro: Awaitable[None], *, one_shot: bool) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the top of a task: log, count, re-raise
+            self._task_failed(name, exc)
+            raise
+        if not one_shot and not self._closed:
+            self._task_failed(name, None)
+            raise ProxyTaskFailed(name, None)
+
+    def _task_failed(self, name: str, exc: BaseException | None) -> None:
+        if self.failure is None:
+            self.failure = ProxyTaskFailed(name, exc)
+        self.metrics.task_failures.labels(name).inc()
+        self.log.error("proxy_task_failed", task=name,
+                       error=f"{exc.__class__.__name__}: {exc}" if exc else "ended",
+                       exc_info=exc)
+
+    async def _failed(self) -> None:
+        """A loop died: NOT_SERVING, refuse new calls, stop the gRPC server (calls in flight
+        get `grace_s`). stop() still has to be called to close the clients."""
         self._draining = True
-        grace = self.config.grace_s if grace_s is None else grace_s
+        self._serving = False
+        self.metrics.serving.set(0)
         await self._health.enter_graceful_shutdown()
+        self.log.error("proxy_stopping_after_failure", error=str(self.failure))
+        if self._server is not None:
+            await self._server.stop(self.config.grace_s)
+        self._ended.set()
+
+    def _raise_if_failed(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    async def wait_closed(self) -> None:
+        """Until the server stops serving: after stop(), or when a background loop failed
+        (then ProxyTaskFailed is raised; call stop() to close the clients)."""
+        await self._ended.wait()
+        self._raise_if_failed()
+
+    async def serve_until(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set (returns) or a background loop fails (ProxyTaskFailed).
+        Does not stop the server: the caller does (stop())."""
+        waiters = [asyncio.create_task(stop.wait(), name="proxy:serve-signal"),
+                   asyncio.create_task(self._ended.wait(), name="proxy:serve-ended")]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in waiters:
+                t.cancel()
+            await asyncio.wait(waiters)
+        if not stop.is_set():
+            self._raise_if_failed()
+
+    def request_reload(self) -> None:
+        """SIGHUP: reload the policy (and the auth file) off the loop, in task
+        `proxy:reload`."""
+        self._spawn("proxy:reload", self._reload_files(), one_shot=True)
+
+    async def _reload_files(self) -> None:
+        store = self.policy_store
+        accepted = await store.reload_async() if store is not None else False
+        self.log.info("sighup_policy_reload", accepted=accepted)
+        if self.auth_store is not None:
+            self.log.info("sighup_auth_reload", accepted=await self.auth_store.reload_async())
+
+    # -- stop ----------------------------------------------------------------------------
+    async def stop(self, grace_s: float | None = None) -> None:
+        """NOT_SERVING, refuse new calls, let calls in flight finish (up to `grace_s`), stop
+        the loops, flush the producers, deregister, close every client — all bounded by
+        `grace_s + close_timeout_s`. Idempotent (a second call waits for the first), fine
+        before start(). Cancelled, it still finishes the cleanup, then re-raises."""
+        if self._stop_task is None:
+            grace = self.config.grace_s if grace_s is None else grace_s
+            self._closed = True
+            self._draining = True
+            self._stop_task = asyncio.create_task(self._stop(grace), name="proxy:stop")
+        task = self._stop_task
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                await asyncio.wait({task})  # bounded: _stop has a hard deadline
+            raise
+
+    async def _stop(self, grace: float) -> None:
+        deadline = time.monotonic() + grace + self.config.close_timeout_s
+        await self._health.enter_graceful_shutdown()
+        self._serving = False
         self.metrics.serving.set(0)
         if self._server is not None:
-            await self._server.stop(grace)
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        self._tasks.clear()
+            await self._bounded("grpc_server", self._server.stop(grace), deadline)
+        run = self._run_task
+        if run is not None:
+            run.cancel()
+            done, _ = await asyncio.wait({run}, timeout=max(0.5, deadline - time.monotonic()))
+            if not done:
+                self.log.error("proxy_stop_tasks_stuck", tasks=sorted(
+                    t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith(
+                        "proxy:") and t is not asyncio.current_task()))
+            elif not run.cancelled() and run.exception() is not None:
+                self.log.error("proxy_run_failed", error=repr(run.exception()))
         if self._service_id is not None:
-            try:
-                await self.consul.deregister_service(self._service_id)
-            except CrossdcError as exc:
-                self.log.warning("consul_deregister_failed", error=str(exc))
-        await asyncio.gather(*(w.stop() for w in self.writers.values()))
-        await self.primary.stop()
-        await self.consul.close()
+            await self._bounded("consul_deregister",
+                                self.consul.deregister_service(self._service_id), deadline)
+        await asyncio.gather(*(self._bounded(f"producer_{n}", w.stop(deadline), deadline)
+                               for n, w in self.writers.items()))
+        await self._bounded("primary_watch", self.primary.stop(), deadline)
+        await self._bounded("consul", self.consul.close(), deadline)
         if self.policy_store is not None:
             with contextlib.suppress(ValueError):
                 self.policy_store.on_change.remove(self._policy_changed)
             if self._own_store:
-                await self.policy_store.stop()
+                await self._bounded("policy_store", self.policy_store.stop(), deadline)
         if self.auth_store is not None:
-            await self.auth_store.stop()
+            await self._bounded("auth_store", self.auth_store.stop(), deadline)
         if self._metrics_http is not None:
-            await asyncio.to_thread(self._metrics_http.shutdown)
-            self._metrics_http.server_close()
-        self.log.info("proxy_stopped")
+            http, self._metrics_http = self._metrics_http, None
+            await self._bounded("metrics_http", asyncio.to_thread(http.shutdown), deadline)
+            http.server_close()
+        self._ended.set()
+        self.log.info("proxy_stopped", failure=str(self.failure) if self.failure else None)
 
-    async def wait_closed(self) -> None:
-        if self._server is not None:
-            await self._server.wait_for_termination()
+    async def _bounded(self, what: str, aw: Awaitable[Any], deadline: float) -> None:
+        """One step of stop(): bounded by the deadline (at least 0.2 s each); a failure or
+        a timeout is logged and the next step runs."""
+        try:
+            async with asyncio.timeout(max(0.2, deadline - time.monotonic())):
+                await aw
+        except TimeoutError:
+            self.log.error("proxy_stop_step_timeout", step=what)
+        except Exception as exc:  # close the rest, whatever this one did
+            self.log.error("proxy_stop_step_failed", step=what,
+                           error=f"{exc.__class__.__name__}: {exc}")
 
     # -- requests ----------------------------------------------------------------------------
     def authenticate(self, context: grpc.aio.ServicerContext) -> TokenEntry | None:
@@ -469,9 +696,7 @@ class ProxyServer:
 
     # -- policy ------------------------------------------------------------------------------
     def _policy_changed(self, policy: Policy) -> None:
-        self._tasks.append(asyncio.create_task(self._check_policy_topics(policy),
-                                               name="proxy:policy-topics"))
-        self._tasks[:] = [t for t in self._tasks if not t.done()]
+        self._spawn("proxy:policy-topics", self._check_policy_topics(policy), one_shot=True)
 
     async def _check_policy_topics(self, policy: Policy | None = None) -> None:
         """Look up the partition counts of every topic the policy names exactly (ordered and

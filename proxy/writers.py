@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -100,7 +101,7 @@ class RegionWriter:
         self.client_id = client_id
         self.breaker = CircuitBreaker(
             region.name, breaker.failure_threshold, breaker.reset_timeout_s,
-            on_change=self._breaker_changed)
+            on_change=self._breaker_changed, probe_timeout_s=breaker.probe_timeout_s)
         metrics.breaker_state.labels(region.name).set(0)
         self._producer: AIOKafkaProducer | None = None
         self._reachable = False
@@ -138,13 +139,28 @@ class RegionWriter:
             self._set_reachable(True, "")
             return True
 
-    async def stop(self) -> None:
-        """Flush and close the producer; idempotent."""
-        async with self._lock:
-            self._closed = True
-            producer, self._producer = self._producer, None
-        if producer is not None:
-            await producer.stop()
+    async def stop(self, deadline: float | None = None) -> None:
+        """Flush and close the producer; idempotent. With a `deadline` (monotonic) the flush
+        is bounded: what is not flushed by then is abandoned and the connections closed."""
+        self._closed = True
+        producer: AIOKafkaProducer | None = None
+        try:
+            async with asyncio.timeout(None if deadline is None
+                                       else max(0.1, deadline - time.monotonic())):
+                async with self._lock:  # a start() in progress ends first
+                    producer, self._producer = self._producer, None
+                if producer is not None:
+                    await producer.stop()
+        except TimeoutError:
+            if producer is None:
+                self.log.error("producer_close_timeout", why="start() did not end by the "
+                               "deadline")
+                return
+            self.log.error("producer_close_timeout", why="flush did not finish by the "
+                           "deadline; unsent records abandoned")
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await producer.client.close()
 
     def _set_reachable(self, ok: bool, why: str) -> None:
         if ok != self._reachable:

@@ -1,0 +1,267 @@
+"""Pure logic of the proxy's issue-11 fixes: the half-open probe that is cancelled or lost,
+ProduceStream owning its batch tasks, policy reloads off the event loop, the primary record
+naming an unknown region, empty topic names, bounded caches, client backpressure."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from crossdc.primary import PrimaryRecord
+from crossdc.topology import Topology
+from proxy.api import pb
+from proxy.breaker import BreakerState, CircuitBreaker
+from proxy.errors import InvalidRecord
+from proxy.idempotency import IdempotencyWindow
+from proxy.metrics import ProxyMetrics
+from proxy.policy import Policy, parse_policy
+from proxy.primary import PrimaryWatcher
+from proxy.reload import PolicyStore
+from proxy.router import Incoming, Outcome, Router
+from proxy.writers import Outgoing
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def _until(cond: Any, timeout_s: float = 5.0, what: str = "condition") -> None:
+    """Poll `cond()` to a deadline (a bound, not a measurement)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s}s: {what}")
+        await asyncio.sleep(0.01)
+
+
+# -- breaker: a lost half-open probe ------------------------------------------------------
+
+def test_breaker_half_open_probe_held_too_long_is_taken_back() -> None:
+    clock = Clock()
+    b = CircuitBreaker("east", failure_threshold=1, reset_timeout_s=2.0, clock=clock,
+                       probe_timeout_s=5.0)
+    b.record_failure()
+    clock.t = 2.0
+    assert b.allow()             # the probe goes out ...
+    assert b.probing
+    assert not b.available()     # ... and nobody else may write meanwhile
+    clock.t = 6.9
+    assert not b.allow()
+    clock.t = 7.0                # ... and never reports back: its slot is taken back
+    assert b.available()
+    assert b.allow()
+    b.record_success()
+    assert b.state is BreakerState.CLOSED
+
+
+class BlockingWriter:
+    """A region whose write never finishes (until cancelled)."""
+
+    def __init__(self, name: str, breaker: CircuitBreaker) -> None:
+        self.name = name
+        self.breaker = breaker
+        self.writing = asyncio.Event()
+
+    @property
+    def writable(self) -> bool:
+        return self.breaker.available()
+
+    def why_not_writable(self) -> str:
+        return "" if self.writable else "breaker"
+
+    def known_partition_count(self, topic: str) -> int | None:
+        return 2
+
+    async def partition_count(self, topic: str, timeout_s: float) -> int | None:
+        return 2
+
+    async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
+                    deadline: float, still_valid: Any = None) -> list[Any]:
+        self.writing.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+TOPO = Topology.model_validate({
+    "regions": [{"name": n, "kafka": {"bootstrap_servers": [f"127.0.0.1:{p}"]},
+                 "consul": {"http_addr": f"127.0.0.1:{p + 1}", "datacenter": n,
+                            "dns_addr": f"127.0.0.1:{p + 2}"},
+                 "proxy": {"endpoint": f"127.0.0.1:{p + 3}"}}
+                for n, p in (("east", 1000), ("west", 2000))],
+    "preference": ["east", "west"], "primary": "east"})
+
+POLICY = Policy.model_validate({"rules": [
+    {"topic": "ord", "mode": "ordered"},
+    {"topic": "sync", "mode": "ordered", "sync": True},
+    {"topic": "near", "mode": "nearest", "prefer": ["east"]}], "default": {"mode": "nearest"}})
+
+
+def _half_open_breaker(name: str) -> CircuitBreaker:
+    clock = Clock()
+    b = CircuitBreaker(name, failure_threshold=1, reset_timeout_s=1.0, clock=clock)
+    b.record_failure()
+    clock.t = 1.0
+    assert b.state is BreakerState.HALF_OPEN
+    assert b.available()
+    return b
+
+
+@pytest.mark.parametrize("topic", ["ord", "near"])
+async def test_cancelled_half_open_probe_is_released(topic: str) -> None:
+    east = BlockingWriter("east", _half_open_breaker("east"))
+    west = BlockingWriter("west", _half_open_breaker("west"))
+    router = Router("east", TOPO, {"east": east, "west": west},  # type: ignore[dict-item]
+                    lambda: PrimaryRecord(region="east", epoch=1), lambda: POLICY,
+                    IdempotencyWindow(60, 100), ProxyMetrics())
+    call = asyncio.create_task(router.route([Incoming(topic, b"k", b"v")],
+                                            time.monotonic() + 30))
+    await asyncio.wait_for(east.writing.wait(), 5)
+    assert not east.breaker.available()      # the probe is out
+    call.cancel()                            # client deadline / disconnect
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert east.breaker.available()          # released: the next write may probe
+    assert east.breaker.state is BreakerState.HALF_OPEN
+
+
+# -- router: empty topic ------------------------------------------------------------------
+
+async def test_empty_topic_is_invalid_argument_not_not_found() -> None:
+    router = Router("east", TOPO, {}, lambda: PrimaryRecord(region="east", epoch=1),
+                    lambda: POLICY, IdempotencyWindow(60, 100), ProxyMetrics())
+    out, = await router.route([Incoming("", b"k", b"v")], time.monotonic() + 5)
+    assert isinstance(out.error, InvalidRecord)
+
+
+# -- ProduceStream owns every batch task --------------------------------------------------
+
+class FakeServer:
+    """What the servicer reads of ProxyServer; `handle` blocks until cancelled."""
+
+    def __init__(self, window: int) -> None:
+        self.config = type("C", (), {"stream_window": window})()
+        self.running = 0
+        self.started = 0
+        self.budget = 0
+
+    def authenticate(self, context: Any) -> None:
+        return None
+
+    async def handle(self, records: list[Incoming], context: Any, *,
+                     wait: bool) -> list[Outcome]:
+        self.running += 1
+        self.started += 1
+        self.budget += 1
+        try:
+            await asyncio.Event().wait()
+        finally:
+            self.budget -= 1
+            self.running -= 1
+        return []  # pragma: no cover
+
+
+async def test_produce_stream_cancelled_leaves_no_batch_running() -> None:
+    from proxy.server import _Servicer
+    fake = FakeServer(window=1)
+    servicer = _Servicer(fake)  # type: ignore[arg-type]
+
+    async def requests() -> AsyncIterator[Any]:
+        for i in range(3):
+            yield pb.ProduceBatchRequest(records=[pb.Record(topic="t", key=b"%d" % i)])
+        await asyncio.Event().wait()  # the client keeps the stream open
+
+    gen: Any = servicer.ProduceStream(requests(), None)  # type: ignore[arg-type]
+    consumer: asyncio.Task[Any] = asyncio.create_task(anext(gen))
+    # window 1: batch 1 is awaited, batch 2 sits in the queue, batch 3 is made and its
+    # put() waits for room
+    await _until(lambda: fake.started == 3, what="three batches started")
+    consumer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await consumer
+    await gen.aclose()
+    assert fake.running == 0     # every batch task was cancelled and awaited
+    assert fake.budget == 0
+
+
+# -- policy reloads run off the event loop ------------------------------------------------
+
+POLICY_TEXT = "default:\n  mode: nearest\n"
+
+
+async def test_policy_reload_parses_off_the_event_loop(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY_TEXT)
+    store = PolicyStore(path, poll_interval_s=0.05)
+    entered, gate = threading.Event(), threading.Event()
+
+    def slow_parse(text: str, filename: str) -> Policy:
+        entered.set()
+        gate.wait(10)  # a pathological file: the parse takes long
+        return parse_policy(text, filename)
+
+    async with store:
+        store._parse = slow_parse
+        path.write_text(POLICY_TEXT + "strict: false\n")
+        # The loop keeps running while the parse is stuck (on the loop it would be frozen
+        # for the gate's 10 s, and this wait would only end after the parse finished).
+        await _until(entered.is_set, 5.0, "the reload started")
+        assert store.version == 1
+        ticks = 0
+        for _ in range(3):
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert ticks == 3
+        assert not gate.is_set()
+        gate.set()
+        await _until(lambda: store.version == 2, 5.0, "the new policy accepted")
+
+
+async def test_policy_load_slower_than_its_bound_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY_TEXT)
+    store = PolicyStore(path, poll_interval_s=60, load_timeout_s=0.2)
+    gate = threading.Event()
+    calls = 0
+
+    def stuck_parse(text: str, filename: str) -> Policy:
+        nonlocal calls
+        calls += 1
+        gate.wait(10)
+        return parse_policy(text, filename)
+
+    async with store:
+        store._parse = stuck_parse
+        path.write_text(POLICY_TEXT + "strict: false\n")
+        assert await asyncio.wait_for(store.reload_async(), 5) is False   # refused by time
+        assert await asyncio.wait_for(store.reload_async(), 5) is False   # still running:
+        assert calls == 1                                                  # not a second one
+        assert store.version == 1
+        refused = store.registry.get_sample_value("crossdc_proxy_policy_reloads_total",
+                                                  {"result": "refused"})
+        assert refused == 2
+        gate.set()
+
+
+# -- the primary record naming an unknown region ------------------------------------------
+
+def test_primary_naming_an_unknown_region_is_refused() -> None:
+    metrics = ProxyMetrics()
+    w = PrimaryWatcher(None, PrimaryRecord(region="east", epoch=1), metrics,  # type: ignore[arg-type]
+                       regions=["east", "west"])
+    assert not w.offer(PrimaryRecord(region="mars", epoch=2))
+    assert w.current.region == "east"
+    assert metrics.registry.get_sample_value("crossdc_proxy_primary_refused_total",
+                                             {"reason": "unknown_region"}) == 1
+    assert w.offer(PrimaryRecord(region="west", epoch=3))
+    assert w.current.region == "west"
+
