@@ -3,11 +3,19 @@
 The file is composed into YAML nodes (which keep their start marks) and validated; each
 pydantic error's `loc` is walked down the node tree to the line it points at, so a user reads
 `policies/topology.local.yaml:14 regions[1].consul.datacenter: ...` instead of a traceback.
+
+Loading is bounded (`Limits`), so a hostile or broken file is refused quickly instead of
+eating minutes and memory: a size limit, a nesting depth limit, a budget of nodes counted
+with every alias expanded (a "billion laughs" file is a few hundred bytes), a time limit,
+and at most `max_issues` issues listed (the rest counted in `ConfigError.more`). Every walk
+over the node graph remembers the nodes it has seen, since aliases share them.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,7 +24,7 @@ import yaml
 
 from crossdc.errors import ConfigError, ConfigIssue
 
-__all__ = ["Checks", "format_loc", "load_model", "parse_model"]
+__all__ = ["LIMITS", "Checks", "Limits", "format_loc", "load_model", "parse_model"]
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -25,47 +33,166 @@ Checks = Callable[[M], Iterable[tuple[Sequence[int | str], str]]]
 errors. For rules that span siblings (a repeated name in a list) or need outside context."""
 
 
-def load_model(model: type[M], path: str | Path, checks: Checks[M] | None = None) -> M:
+@dataclass(frozen=True)
+class Limits:
+    """What loading one file may cost before it is refused."""
+
+    max_bytes: int = 1024 * 1024
+    max_depth: int = 64
+    """Nesting of mappings and sequences."""
+    max_nodes: int = 100_000
+    """Nodes of the document with every alias expanded."""
+    max_s: float = 10.0
+    """Time to read the YAML into nodes."""
+    max_issues: int = 50
+    """Issues listed in one ConfigError; the rest are only counted."""
+
+
+LIMITS = Limits()
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, node_or_mark: Any = None) -> None:
+        super().__init__(message)
+        mark = getattr(node_or_mark, "start_mark", node_or_mark)
+        self.line: int | None = mark.line + 1 if mark is not None else None
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """The pure-Python safe loader (its composer can be bounded), with depth and time limits."""
+
+    def __init__(self, text: str, limits: Limits) -> None:
+        super().__init__(text)
+        self._limits = limits
+        self._depth = 0
+        self._composed = 0
+        self._deadline = time.monotonic() + limits.max_s
+
+    def _mark(self) -> Any:
+        return self.peek_event().start_mark  # type: ignore[no-untyped-call]
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._composed += 1
+        if self._composed % 512 == 0 and time.monotonic() > self._deadline:
+            raise _Refused(f"reading it took longer than {self._limits.max_s:g}s",
+                           self._mark())
+        self._depth += 1
+        try:
+            if self._depth > self._limits.max_depth:
+                raise _Refused(f"nested deeper than {self._limits.max_depth} levels",
+                               self._mark())
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def load_model(model: type[M], path: str | Path, checks: Checks[M] | None = None, *,
+               limits: Limits = LIMITS) -> M:
     """Read `path` and validate it as `model`; raise ConfigError listing every problem."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        size = p.stat().st_size
+        if size > limits.max_bytes:
+            raise ConfigError([ConfigIssue(str(p), None, "", _too_big(size, limits))])
+        with p.open("rb") as f:
+            raw = f.read(limits.max_bytes + 1)
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError([ConfigIssue(str(p), None, "", "file not found")]) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError([ConfigIssue(str(p), None, "", f"cannot read: {exc}")]) from exc
-    return parse_model(model, text, str(p), checks)
+    return parse_model(model, text, str(p), checks, limits=limits)
+
+
+def _too_big(size: int, limits: Limits) -> str:
+    return (f"the file is {size} bytes; the limit is {limits.max_bytes} bytes "
+            f"({limits.max_bytes / 1024 / 1024:g} MiB)")
 
 
 def parse_model(model: type[M], text: str, filename: str,
-                checks: Checks[M] | None = None) -> M:
+                checks: Checks[M] | None = None, *, limits: Limits = LIMITS) -> M:
     """Validate YAML `text` as `model`; `filename` is used in error messages."""
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_bytes:
+        raise ConfigError([ConfigIssue(filename, None, "", _too_big(size, limits))])
+    loader: _BoundedLoader | None = None
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        loader = _BoundedLoader(text, limits)  # the reader checks the characters here
+        root = loader.get_single_node()
+        if root is None:
+            raise ConfigError([ConfigIssue(filename, 1, "", "the file is empty")])
+        _check_size(root, limits)
+        dupes = _duplicate_keys(root)
+        if dupes:
+            _raise_capped([ConfigIssue(filename, node.start_mark.line + 1, format_loc(loc),
+                                       "duplicate key") for loc, node in dupes], limits)
+        data = loader.construct_document(root)
+    except _Refused as exc:
+        raise ConfigError([ConfigIssue(filename, exc.line, "", f"refused: {exc}")]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else None
         raise ConfigError(
             [ConfigIssue(filename, line, "", f"not valid YAML: {exc.problem}")]
         ) from None
-    if root is None:
-        raise ConfigError([ConfigIssue(filename, 1, "", "the file is empty")])
-    dupes = list(_duplicate_keys(root, ()))
-    if dupes:
-        raise ConfigError(
-            [ConfigIssue(filename, node.start_mark.line + 1, format_loc(loc), "duplicate key")
-             for loc, node in dupes]
-        )
-    data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:  # e.g. a control character the reader refuses
+        raise ConfigError([ConfigIssue(filename, None, "", f"not valid YAML: {exc}")]) from None
+    except (ValueError, OverflowError) as exc:  # a scalar its type cannot hold (2001-02-30)
+        raise ConfigError([ConfigIssue(filename, None, "", f"bad value: {exc}")]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
     try:
         result = model.model_validate(data)
     except pydantic.ValidationError as exc:
         found = [(tuple(err["loc"]), _message(err)) for err in exc.errors(include_url=False)]
-        raise ConfigError(_located(root, filename, found)) from None
+        _raise_capped(_located(root, filename, found[:limits.max_issues]), limits,
+                      total=len(found))
     found = [(tuple(loc), msg) for loc, msg in (checks(result) if checks else ())]
     if found:
-        raise ConfigError(_located(root, filename, found))
+        _raise_capped(_located(root, filename, found[:limits.max_issues]), limits,
+                      total=len(found))
     return result
+
+
+def _raise_capped(issues: list[ConfigIssue], limits: Limits, total: int | None = None) -> Any:
+    total = len(issues) if total is None else total
+    shown = issues[:limits.max_issues]
+    raise ConfigError(shown, more=total - len(shown))
+
+
+def _check_size(root: yaml.Node, limits: Limits) -> None:
+    """Refuse a document larger than `max_nodes` once its aliases are expanded, or one that
+    contains itself. Each node's expanded size is computed once (aliases share nodes)."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_:
+            raise _Refused("an alias refers to a node that contains it", node)
+        open_.add(key)
+        total = 1
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                total += size(k) + size(v)
+                if total > limits.max_nodes:
+                    break
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                total += size(item)
+                if total > limits.max_nodes:
+                    break
+        if total > limits.max_nodes:
+            raise _Refused(f"more than {limits.max_nodes} nodes once its aliases are "
+                           f"expanded", node)
+        open_.discard(key)
+        sizes[key] = total
+        return total
+
+    size(root)
 
 
 def _located(root: yaml.Node, filename: str,
@@ -118,15 +245,30 @@ def _node_at(root: yaml.Node, loc: tuple[int | str, ...]) -> yaml.Node | None:
     return node
 
 
-def _duplicate_keys(node: yaml.Node, loc: tuple[int | str, ...]) -> Any:
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key, value in node.value:
-            name = key.value if isinstance(key, yaml.ScalarNode) else str(key)
-            if name in seen:
-                yield (*loc, name), key
-            seen.add(name)
-            yield from _duplicate_keys(value, (*loc, name))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            yield from _duplicate_keys(item, (*loc, i))
+def _key_name(key: yaml.Node) -> str:
+    return key.value if isinstance(key, yaml.ScalarNode) else f"<{key.tag}>"
+
+
+def _duplicate_keys(root: yaml.Node) -> list[tuple[tuple[int | str, ...], yaml.Node]]:
+    """Every repeated key of every mapping, located by the first path that reaches it; a
+    node reached again through an alias is not walked again."""
+    out: list[tuple[tuple[int | str, ...], yaml.Node]] = []
+    seen_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, tuple[int | str, ...]]] = [(root, ())]
+    while stack:
+        node, loc = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            names: set[str] = set()
+            for key, value in node.value:
+                name = _key_name(key)
+                if name in names:
+                    out.append(((*loc, name), key))
+                names.add(name)
+                stack.append((value, (*loc, name)))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, (*loc, i)) for i, item in enumerate(node.value))
+    out.sort(key=lambda d: (d[1].start_mark.line, d[1].start_mark.column))
+    return out
