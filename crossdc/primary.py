@@ -1,7 +1,11 @@
 """The primary region and its fencing epoch, as kept in Consul KV.
 
 Key `crossdc/primary` in EVERY datacenter; value JSON
-`{"region": "<name>", "epoch": <int>, "updated_ms": <int>, "by": "<who>"}`. Written only by
+`{"region": "<name>", "epoch": <int>, "updated_ms": <int>, "by": "<who>", "fenced": <bool>}`.
+A failover goes through two records: `fence()` (epoch + 1, `fenced: true`: no region takes
+ordered or sync writes; `region` still names the one being left) and, once every proxy's lease
+has run out, `promote(new)` (the same epoch, `fenced: false`): one epoch, at most one writable
+primary. Written only by
 compare-and-set (`crossdc.clients.primary.write_primary`), so two controllers can never both
 win one epoch. When the key is absent, readers use the topology's `primary` with epoch 0
 (`PrimaryRecord.initial`).
@@ -35,6 +39,8 @@ class PrimaryRecord(BaseModel):
     epoch: int = Field(ge=0, description="Fencing epoch; +1 at every change of primary.")
     updated_ms: int = Field(0, ge=0, description="When it was written, ms since the epoch.")
     by: str = Field("", description="Who wrote it (controller id, operator, test).")
+    fenced: bool = Field(False, description="No writable primary: a failover away from "
+                         "`region` is under way; ordered and sync writes are refused.")
 
     @classmethod
     def initial(cls, topology: Topology) -> PrimaryRecord:
@@ -52,7 +58,33 @@ class PrimaryRecord(BaseModel):
     def encode(self) -> bytes:
         return self.model_dump_json().encode()
 
+    @property
+    def writable(self) -> str | None:
+        """The region that takes ordered and sync writes, None while fenced."""
+        return None if self.fenced else self.region
+
     def successor(self, region: str, by: str) -> PrimaryRecord:
-        """The record that makes `region` primary at the next epoch."""
+        """The record that makes `region` primary at the next epoch (no fenced step: for
+        tests and a first start; failovers use `fence` then `promote`)."""
         return PrimaryRecord(region=region, epoch=self.epoch + 1,
                              updated_ms=int(time.time() * 1000), by=by)
+
+    def fence(self, by: str) -> PrimaryRecord:
+        """Epoch + 1 with no writable primary (`region` keeps the one being left)."""
+        return PrimaryRecord(region=self.region, epoch=self.epoch + 1,
+                             updated_ms=int(time.time() * 1000), by=by, fenced=True)
+
+    def promote(self, region: str, by: str) -> PrimaryRecord:
+        """Name `region` primary at this (fenced) record's epoch."""
+        if not self.fenced:
+            raise ValueError(f"promote() needs a fenced record; epoch {self.epoch} names "
+                             f"{self.region} writable")
+        return PrimaryRecord(region=region, epoch=self.epoch,
+                             updated_ms=int(time.time() * 1000), by=by, fenced=False)
+
+    def supersedes(self, other: PrimaryRecord) -> bool:
+        """Whether this record replaces `other` where both are seen: a higher epoch, or the
+        promotion that ends `other`'s fenced state at the same epoch."""
+        if self.epoch != other.epoch:
+            return self.epoch > other.epoch
+        return other.fenced and not self.fenced
