@@ -2,15 +2,23 @@
 
 Each flow A → B keeps, on B, the compacted topic `_crossdc.offset-sync.A` with two partitions:
 
-- partition 0, `map:<topic>:<partition>:<first source offset>` →
-  `{"runs": [[src, dst, n], ...], "next": n, "last_dr_ts": ms}`: every mirrored record's
-  source and target offsets, dense, run-length encoded (`src + i` went to `dst + i` for
-  `i < n`), one record per batch and partition. Keys are unique, so compaction never drops a
-  mapping; a record is deleted (tombstoned) only once its whole source range lies below the
-  source partition's log start offset (no consumer can be committed there any more).
-- partition 1, `pos:<topic>:<partition>` → `{"next": n}`: the next source offset to read,
-  written only after every record before it is on the target (in exactly-once mode in the
-  same transaction as the records). Compaction keeps one per partition: the resume point.
+- partition 0, `map:<topic>:<partition>:<bucket>:<segment>` →
+  `{"runs": [[src, dst, n], ...], "next": n, "last_dr_ts": ms}`: the source and target
+  offsets of every mirrored record, dense, run-length encoded (`src + i` went to `dst + i` for
+  `i < n`). Source offsets are cut into buckets of `BUCKET` offsets (`bucket = src //
+  BUCKET`); `segment` is the first source offset a worker mapped in that bucket since it was
+  assigned the partition. Each batch rewrites the record of the bucket(s) it touched with
+  *every* run of that segment so far (cumulative), so compaction keeps one record per
+  (bucket, segment): about one per `BUCKET` source offsets (one more per reassignment inside
+  a bucket), whatever the batch sizes. Records written before this layout (keys
+  `map:<topic>:<partition>:<first source offset>`, one per batch) are still read.
+- partition 1, `pos:<topic>:<partition>` → `{"next": n, "dst_next": d}`: the next source
+  offset to read, written only after every record before it is on the target (in
+  exactly-once mode in the same transaction as the records). Compaction keeps one per
+  partition: the resume point.
+
+Both partitions roll a segment every `SEGMENT_MS`, so compaction (which never touches the
+active segment) has something to clean.
 
 The topic uses LogAppendTime, so a map record's timestamp is when the target appended the
 batch; `last_dr_ts` is the `dr-ts` of the batch's newest record, so `dr status` reads the
@@ -20,6 +28,9 @@ Translation of a group's committed offset c on A (the next record it would read)
 offset of the first mirrored record whose source offset is ≥ c; when everything up to c was
 mirrored and nothing after yet, one past the last mirrored record's target offset. Records the
 flow did not carry (sync records, records from other regions) are stepped over by that rule.
+`load_translation` keeps, per partition to translate, only the buckets that rule can need: c's
+bucket, the nearest bucket after it that has mappings, and the nearest before (for the "one
+past the last" case); memory is a few buckets' runs, not the history.
 """
 
 from __future__ import annotations
@@ -40,25 +51,33 @@ from mirror.errors import OffsetsError, OffsetsUnavailable
 from mirror.topics import ensure_topic
 
 __all__ = [
+    "BUCKET",
     "MAP_PARTITION",
     "POS_PARTITION",
     "OffsetMap",
     "Position",
+    "Segment",
     "Translated",
     "apply_offsets",
     "ensure_sync_topic",
+    "extend_runs",
     "group_members",
     "load_offset_map",
     "load_positions",
+    "load_translation",
     "map_record",
+    "map_records",
     "pos_record",
     "runs_of",
+    "split_by_bucket",
     "sync_topic_name",
     "translate_group",
 ]
 
 MAP_PARTITION = 0
 POS_PARTITION = 1
+BUCKET = 10_000  # source offsets per map bucket
+SEGMENT_MS = 10 * 60 * 1000  # the sync topic rolls a segment this often (compaction)
 
 Run = tuple[int, int, int]  # (first source offset, first target offset, length)
 
@@ -78,13 +97,53 @@ def runs_of(pairs: Iterable[tuple[int, int]]) -> list[Run]:
     return [(s, d, n) for s, d, n in out]
 
 
-def map_record(topic: str, partition: int, pairs: list[tuple[int, int]], next_src: int,
+def map_record(topic: str, partition: int, segment: int, runs: list[Run], next_src: int,
                last_dr_ts: int | None = None) -> tuple[bytes, bytes]:
-    key = f"map:{topic}:{partition}:{pairs[0][0]}".encode()
-    doc: dict[str, object] = {"runs": runs_of(pairs), "next": next_src}
+    """The record of one (bucket, segment): `runs` are all the segment's runs so far."""
+    key = f"map:{topic}:{partition}:{segment // BUCKET}:{segment}".encode()
+    doc: dict[str, object] = {"runs": runs, "next": next_src}
     if last_dr_ts is not None:
         doc["last_dr_ts"] = last_dr_ts
     return key, json.dumps(doc, separators=(",", ":")).encode()
+
+
+Segment = tuple[int, list[Run]]  # (first source offset, every run so far)
+
+
+def map_records(topic: str, partition: int, segment: Segment | None,
+                pairs: list[tuple[int, int]], next_src: int, last_dr_ts: int | None = None,
+                ) -> tuple[list[tuple[bytes, bytes]], Segment]:
+    """The `map:` records of one batch of a partition ([(src, dst), ...] in source order),
+    given the partition's open segment (None after an assignment): one record per bucket
+    touched, each holding its segment's runs so far. Returns them and the open segment."""
+    seg, runs = segment if segment is not None else (-1, [])
+    out = []
+    for bucket, bpairs in split_by_bucket(pairs).items():
+        if seg < 0 or seg // BUCKET != bucket:
+            seg, runs = bpairs[0][0], []
+        runs = extend_runs(runs, bpairs)
+        out.append(map_record(topic, partition, seg, runs, next_src, last_dr_ts))
+    return out, (seg, runs)
+
+
+def split_by_bucket(pairs: list[tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
+    """[(src, dst), ...] in source order → {bucket: its pairs}."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for s, d in pairs:
+        out.setdefault(s // BUCKET, []).append((s, d))
+    return out
+
+
+def extend_runs(runs: list[Run], pairs: list[tuple[int, int]]) -> list[Run]:
+    """`runs` followed by `pairs` (later source offsets): a new list, the seam merged."""
+    more = runs_of(pairs)
+    if not runs or not more:
+        return [*runs, *more]
+    s, d, n = runs[-1]
+    fs, fd, fn = more[0]
+    if fs == s + n and fd == d + n:
+        return [*runs[:-1], (s, d, n + fn), *more[1:]]
+    return [*runs, *more]
 
 
 def pos_record(topic: str, partition: int, next_src: int,
@@ -106,6 +165,7 @@ async def ensure_sync_topic(admin: AIOKafkaAdminClient, source: str) -> str:
     name = sync_topic_name(source)
     await ensure_topic(admin, name, 2, {"cleanup.policy": "compact",
                                         "min.compaction.lag.ms": "60000",
+                                        "segment.ms": str(SEGMENT_MS),
                                         "message.timestamp.type": "LogAppendTime"})
     return name
 
@@ -208,29 +268,125 @@ async def load_positions(bootstrap: str, source: str, *,
     return out
 
 
+def _map_key(key: bytes) -> tuple[tuple[str, int], int] | None:
+    """`map:` key → ((topic, partition), bucket); None for a `pos:` key. Old-layout keys
+    (`map:<topic>:<partition>:<first source offset>`) get the bucket of that offset."""
+    # Topic names cannot hold ':' (Kafka allows [a-zA-Z0-9._-]).
+    kind, topic, part, *rest = key.decode().split(":")
+    if kind != "map":
+        return None
+    bucket = int(rest[0]) if len(rest) == 2 else int(rest[0]) // BUCKET
+    return (topic, int(part)), bucket
+
+
+def _merge(docs: Iterable[list[list[int]]]) -> list[Run]:
+    return sorted((s, d, n) for runs in docs for s, d, n in runs)
+
+
 async def load_offset_map(bootstrap: str, source: str, *, timeout_s: float = 90.0) -> OffsetMap:
-    """Read the whole sync topic (committed records only)."""
+    """Read the whole sync topic (committed records only): every mapping, resume point and
+    newest mark. Translation needs much less: `load_translation`."""
     out = OffsetMap()
     name = sync_topic_name(source)
     tps = [TopicPartition(name, MAP_PARTITION), TopicPartition(name, POS_PARTITION)]
+    latest: dict[bytes, tuple[tuple[str, int], list[list[int]]]] = {}  # cumulative: last wins
     for r in await _read_committed(bootstrap, tps, timeout_s):
         key, value, ts = r.key, r.value, r.timestamp  # type: ignore[attr-defined]
         if key is None or value is None:
             continue
-        # Topic names cannot hold ':' (Kafka allows [a-zA-Z0-9._-]).
-        kind, topic, part, *_ = key.decode().split(":")
         doc = json.loads(value)
-        k = (topic, int(part))
-        if kind == "map":
-            out.runs.setdefault(k, []).extend((s, d, n) for s, d, n in doc["runs"])
-            mark = out.newest.get(k)
-            if mark is None or mark.next_src < doc["next"]:
-                out.newest[k] = FlowMark(ts, doc.get("last_dr_ts"), doc["next"])
-        else:
-            out.next_src[k] = doc["next"]
-    for v in out.runs.values():
-        v.sort()
+        mk = _map_key(key)
+        if mk is None:
+            _, topic, part = key.decode().split(":")
+            out.next_src[(topic, int(part))] = doc["next"]
+            continue
+        k = mk[0]
+        latest[key] = (k, doc["runs"])
+        mark = out.newest.get(k)
+        if mark is None or mark.next_src < doc["next"]:
+            out.newest[k] = FlowMark(ts, doc.get("last_dr_ts"), doc["next"])
+    by_tp: dict[tuple[str, int], list[list[list[int]]]] = {}
+    for k, runs in latest.values():
+        by_tp.setdefault(k, []).append(runs)
+    out.runs = {k: _merge(docs) for k, docs in by_tp.items()}
     return out
+
+
+async def load_translation(bootstrap: str, source: str, committed: dict[tuple[str, int], int],
+                           *, timeout_s: float = 90.0) -> OffsetMap:
+    """What translating `committed` ({(topic, partition): committed source offset}) needs,
+    and nothing more held: per partition, the records of the committed offset's bucket, of
+    the nearest later bucket with mappings (the first copy after a gap) and of the nearest
+    earlier one (one past the last copy when nothing later was mirrored). Reads the map
+    partition (compacted: about one record per `BUCKET` source offsets), keeps a few buckets.
+    """
+    pick = _Pick(committed)
+    tp = TopicPartition(sync_topic_name(source), MAP_PARTITION)
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                         isolation_level="read_committed")
+    await c.start()
+    try:
+        if tp.topic not in await c.topics():
+            return OffsetMap()
+        c.assign([tp])
+        await c.seek_to_beginning(tp)
+        end = (await c.end_offsets([tp]))[tp]
+        deadline = time.monotonic() + timeout_s
+        while await c.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise OffsetsUnavailable(
+                    f"{tp.topic} could not be read to its end within {timeout_s:.0f}s (a "
+                    "transaction stays open: a worker died mid-transaction and its "
+                    "transaction has not timed out yet)")
+            for recs in (await c.getmany(tp, timeout_ms=500)).values():
+                for r in recs:
+                    pick.add(r.key, r.value)
+    except KafkaError as exc:
+        raise OffsetsUnavailable(f"cannot read {tp.topic} in {bootstrap}: {exc!r}") from exc
+    finally:
+        await c.stop()
+    return pick.offset_map()
+
+
+class _Pick:
+    """The map records translation needs, picked as they are read (in log order)."""
+
+    def __init__(self, committed: dict[tuple[str, int], int]) -> None:
+        self.want = {k: c // BUCKET for k, c in committed.items()}
+        # per partition: bucket → {key: runs}, for the buckets still in the running
+        self.kept: dict[tuple[str, int], dict[int, dict[bytes, list[list[int]]]]] = {
+            k: {} for k in self.want}
+
+    def add(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None or value is None:
+            return
+        mk = _map_key(key)
+        if mk is None or mk[0] not in self.want:
+            return
+        k, bucket = mk
+        buckets = self.kept[k]
+        buckets.setdefault(bucket, {})[key] = json.loads(value)["runs"]  # cumulative
+        _prune(buckets, self.want[k])
+
+    def held(self) -> int:
+        """Records held now (memory)."""
+        return sum(len(recs) for b in self.kept.values() for recs in b.values())
+
+    def offset_map(self) -> OffsetMap:
+        return OffsetMap(runs={k: _merge(r for recs in b.values() for r in recs.values())
+                               for k, b in self.kept.items() if b})
+
+
+def _prune(buckets: dict[int, dict[bytes, list[list[int]]]], at: int) -> None:
+    """Keep bucket `at`, the nearest bucket after it and the nearest before it."""
+    after = [b for b in buckets if b > at]
+    before = [b for b in buckets if b < at]
+    for b in after:
+        if b != min(after):
+            del buckets[b]
+    for b in before:
+        if b != max(before):
+            del buckets[b]
 
 
 @dataclass(frozen=True)
@@ -253,7 +409,9 @@ async def translate_group(group: str, source: str, source_bootstrap: str,
                                  ) from exc
     finally:
         await admin.close()
-    marks = await load_offset_map(target_bootstrap, source)
+    wanted = {(tp.topic, tp.partition): meta.offset for tp, meta in committed.items()
+              if meta.offset >= 0}
+    marks = await load_translation(target_bootstrap, source, wanted)
     out = []
     for tp, meta in sorted(committed.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
         if meta.offset < 0:

@@ -55,9 +55,10 @@ from mirror.offsets import (
     MAP_PARTITION,
     POS_PARTITION,
     Position,
+    Segment,
     ensure_sync_topic,
     load_positions,
-    map_record,
+    map_records,
     pos_record,
     sync_topic_name,
 )
@@ -112,6 +113,9 @@ class MirrorWorker:
         self._dead: set[tuple[str, int, int]] = set()  # (topic, partition, offset)
         self._one_by_one: set[TopicPartition] = set()
         self._acked: dict[TopicPartition, list[tuple[int, int]]] = {}
+        # the open map segment of each partition: (its first source offset, all its runs),
+        # rewritten whole with each batch so compaction keeps one record per segment
+        self._segments: dict[TopicPartition, Segment] = {}
         # at-least-once recovery: records found on the target after the last `pos:`
         self._found: dict[TopicPartition, collections.deque[tuple[bytes, int]]] = {}
         self._expect: dict[TopicPartition, int] = {}
@@ -189,8 +193,11 @@ class MirrorWorker:
         if self._producer is not None:
             await _close_producer(self._producer)
             self._producer = None
-            self._sync_unacked = [(k, v, p, None) for k, v, p, f in self._sync_unacked
-                                  if f is None or not f.done() or f.exception() is not None]
+            # acked ones are kept (as acked): _flush_sync must know a newer record of the
+            # same key landed, so an older one is not sent again after it
+            self._sync_unacked = [(k, v, p, f if f is not None and f.done() and
+                                   not f.cancelled() and f.exception() is None else None)
+                                  for k, v, p, f in self._sync_unacked]
         self._producer = AIOKafkaProducer(bootstrap_servers=self.target_bootstrap,
                                           **self._producer_kw)
         await self._producer.start()
@@ -324,6 +331,7 @@ class MirrorWorker:
                 self._expect.pop(tp, None)
                 self._found.pop(tp, None)
                 self._acked.pop(tp, None)
+                self._segments.pop(tp, None)  # the next owner starts its own segment
         if revoked:
             self.log.info("mirror_revoked", partitions=len(revoked))
 
@@ -605,6 +613,7 @@ class MirrorWorker:
         commit: asyncio.Future[None] | None = None
         pairs: dict[TopicPartition, list[tuple[int, int]]] = {}
         skipped: dict[TopicPartition, int] = {}
+        segments: dict[TopicPartition, Segment] = {}
         try:
             for tp, recs in batch.items():
                 done = self._acked.get(tp)
@@ -698,8 +707,11 @@ class MirrorWorker:
                 last_ts = _dr_ts(recs[-1]) or recs[-1].timestamp
                 dst_next = None
                 if pairs[tp]:
-                    k, v = map_record(tp.topic, tp.partition, pairs[tp], nxt, last_ts)
-                    sync_recs.append((k, v, MAP_PARTITION))
+                    # each bucket touched gets its segment's record rewritten, cumulative
+                    recs_, segments[tp] = map_records(tp.topic, tp.partition,
+                                                      self._segments.get(tp), pairs[tp],
+                                                      nxt, last_ts)
+                    sync_recs.extend((k, v, MAP_PARTITION) for k, v in recs_)
                     dst_next = pairs[tp][-1][1] + 1
                 k, v = pos_record(tp.topic, tp.partition, nxt, dst_next)
                 sync_recs.append((k, v, POS_PARTITION))
@@ -726,6 +738,7 @@ class MirrorWorker:
             else:
                 await self._settle(sent)
             raise
+        self._segments.update(segments)  # only now: an aborted attempt wrote none
         for tp, recs in batch.items():
             self._acked.pop(tp, None)
             self._expect[tp] = recs[-1].offset + 1
@@ -767,8 +780,13 @@ class MirrorWorker:
         while self._sync_unacked:
             futs = [f for *_, f in self._sync_unacked if f is not None]
             await self._wait_acks(futs)
-            again = [(k, v, p) for k, v, p, f in self._sync_unacked
-                     if f is None or f.cancelled() or f.exception() is not None]
+            # Records of one key are cumulative (map) or newest-wins (pos): a failed one is
+            # sent again only if no later record of its key was sent after it, else
+            # compaction would keep the older one.
+            last = {k: i for i, (k, *_) in enumerate(self._sync_unacked)}
+            again = [(k, v, p) for i, (k, v, p, f) in enumerate(self._sync_unacked)
+                     if last[k] == i and (f is None or f.cancelled() or
+                                          f.exception() is not None)]
             self._sync_unacked = []
             if again:
                 self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
