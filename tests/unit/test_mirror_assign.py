@@ -14,7 +14,7 @@ from kafka_helpers import eventually  # type: ignore[import-not-found]
 import mirror.worker as worker_mod
 from crossdc.topology import Flow
 from mirror import MirrorWorker
-from mirror.errors import OffsetsUnavailable
+from mirror.errors import MirrorError, OffsetsUnavailable
 
 _FLOW = Flow(source="east", target="west", topics="t", group="g")
 
@@ -83,5 +83,5 @@ async def test_stop_is_idempotent_and_safe_before_start() -> None:
     await w.stop()
     await w.wait()  # never started: returns
     assert not w.running
-    with pytest.raises(worker_mod.MirrorError, match="cannot be started again"):
+    with pytest.raises(MirrorError, match="cannot be started again"):
         await w.start()
