@@ -139,6 +139,7 @@ class MirrorWorker:
         self.errors: list[MirrorError] = []
         self._closed = False
         self._ended: asyncio.Task[None] | None = None  # the loops' task, once stopped
+        self._stopper: asyncio.Task[None] | None = None  # the one stop under way or done
         self._stop_event = asyncio.Event()  # set by stop(): pauses and retries wake on it
         self._fatal: MirrorError | None = None  # a rebalance callback gave up: the loop ends
         self._assign_budget_s = _ASSIGN_BUDGET_S
@@ -205,31 +206,35 @@ class MirrorWorker:
     async def stop(self, timeout_s: float = _STOP_S) -> None:
         """Idempotent, safe before start(), bounded by `timeout_s`: end the loops, flush the
         waiting offset-sync records, close every client (consumer, producer, admins), also
-        after a loop died with an error (that error is for wait(), not raised here). If
-        stop() itself is cancelled, the clients are still closed, then the cancellation
-        propagates."""
+        after a loop died with an error (that error is for wait(), not raised here). Calls
+        made while a stop is under way wait for it. If stop() itself is cancelled, the
+        clients are still closed (within the deadline), then the cancellation propagates."""
         self._closed = True
         self._stop_event.set()
-        deadline = time.monotonic() + timeout_s
+        if self._stopper is None:
+            self._stopper = asyncio.create_task(self._stop(time.monotonic() + timeout_s),
+                                                name=f"mirror:{self._flow_label}:stop")
+        stopper = self._stopper
+        try:
+            await asyncio.shield(stopper)
+        except asyncio.CancelledError:
+            if not stopper.done():
+                await asyncio.wait([stopper], timeout=timeout_s)
+            raise
+
+    async def _stop(self, deadline: float) -> None:
         task, self._task = self._task, None
+        self._ended = task
         try:
             if task is not None and not task.done():
                 task.cancel()
                 await asyncio.wait([task], timeout=max(0.0, deadline - time.monotonic()))
                 if not task.done():
-                    self.log.error("mirror_stop_stuck", task=task.get_name(),
-                                   waited_s=timeout_s)
+                    self.log.error("mirror_stop_stuck", task=task.get_name())
             if task is not None and task.done() and not task.cancelled():
                 task.exception()  # retrieved: wait() raises it, stop() must go on
         finally:
-            self._ended = task
-            # shielded: a cancelled stop() still closes every client (within the deadline)
-            closing = asyncio.ensure_future(self._close_clients(deadline))
-            try:
-                await asyncio.shield(closing)
-            except asyncio.CancelledError:
-                await asyncio.wait([closing], timeout=max(0.1, deadline - time.monotonic()))
-                raise
+            await self._close_clients(deadline)
 
     async def _close_clients(self, deadline: float) -> None:
         """Close each client within what is left of the deadline; one failing to close does
