@@ -23,6 +23,7 @@ from typing import Any, Literal, TypeVar
 import aiohttp
 import consul
 import consul.aio
+import consul.callback
 import consul.exceptions
 import structlog
 from consul.callback import CB
@@ -371,7 +372,9 @@ class ConsulClient:
     async def session_create(self, name: str, *, ttl_s: int | None = None,
                              lock_delay_s: int = 15,
                              behavior: Literal["release", "delete"] = "release",
-                             checks: list[str] | None = None, dc: str | None = None) -> str:
+                             checks: list[str] | None = None,
+                             service_checks: list[str] | None = None,
+                             dc: str | None = None) -> str:
         """Create a session; its id. `ttl_s` (10..86400): invalidated unless renewed in time;
         `lock_delay_s`: after invalidation its locks cannot be re-acquired for that long;
         `behavior`: what invalidation does to the keys it holds (release the lock, or delete
@@ -380,6 +383,19 @@ class ConsulClient:
         behind, which its TTL ends."""
         if ttl_s is not None and not 10 <= ttl_s <= 86400:
             raise ValueError(f"ttl_s must be within 10..86400, got {ttl_s}")
+        if service_checks:
+            # py-consul has no ServiceChecks: the same request, with them. A session tied to
+            # a service's TTL check ends as soon as that check is critical, without the
+            # node-wide effect a node check would have on every service of the agent.
+            body: dict[str, Any] = {"Name": name, "LockDelay": f"{lock_delay_s}s",
+                                    "Behavior": behavior, "NodeChecks": checks or [],
+                                    "ServiceChecks": [{"ID": c} for c in service_checks]}
+            if ttl_s is not None:
+                body["TTL"] = f"{ttl_s}s"
+            http = self._client.http
+            return str(await self._call(f"session/create {name}", lambda: http.put(
+                consul.callback.CB.json(is_id=True), "/v1/session/create", params=_dc(dc),
+                data=json.dumps(body))))
         return str(await self._call(f"session/create {name}", lambda: self._client.session.create(
             name=name, ttl=ttl_s, lock_delay=lock_delay_s, behavior=behavior, checks=checks,
             dc=dc)))
@@ -441,6 +457,19 @@ class ConsulClient:
                          lambda: self._client.agent.service.register(
                              name, service_id=service_id, address=address, port=port,
                              check=check, tags=tags, meta=meta))
+
+    async def check_update(self, check_id: str, status: Literal["passing", "warning",
+                                                                "critical"],
+                           output: str = "") -> None:
+        """Set a TTL check's status (and its output, shown by the health API)."""
+        http = self._client.http
+        body = json.dumps({"Status": status, "Output": output[:4096]})
+        await self._call(f"agent/check/update/{check_id}", lambda: http.put(
+            consul.callback.CB.boolean(), f"/v1/agent/check/update/{check_id}", data=body))
+
+    async def check_pass(self, check_id: str, output: str = "") -> None:
+        """Mark a TTL check passing (a heartbeat)."""
+        await self.check_update(check_id, "passing", output)
 
     async def deregister_service(self, service_id: str) -> None:
         await self._call(f"agent/service/deregister {service_id}",
