@@ -84,8 +84,8 @@ class TokenEntry(BaseModel):
         hit = self._allowed.get(topic)
         if hit is None:
             hit = any(fnmatch.fnmatchcase(topic, p) for p in self.topics)
-            if len(self._allowed) >= _CACHE_MAX:
-                self._allowed.clear()
+            if len(self._allowed) >= _CACHE_MAX:  # bounded: the oldest topic goes
+                del self._allowed[next(iter(self._allowed))]
             self._allowed[topic] = hit
         return hit
 

@@ -5,7 +5,10 @@
         fut = await p.send("clicks", b"...")          # batched; await fut later
 
 Records are batched (`linger_ms`, `max_batch_records`, `max_batch_bytes`) into ProduceBatch
-calls, each with a deadline (`deadline_s`). A record that fails with UNAVAILABLE (no writable
+calls, each with a deadline (`deadline_s`). Backpressure: at most `max_pending_records`
+records and `max_pending_bytes` bytes are pending (sent, not yet answered); `send()` waits for
+room beyond that (one record larger than the byte bound still goes when nothing is pending).
+A record that fails with UNAVAILABLE (no writable
 region, incomplete sync, proxy draining) or a call refused with UNAVAILABLE or
 RESOURCE_EXHAUSTED is sent again with the SAME idempotency key (one is generated when the
 caller gives none), so the proxy's idempotency window turns a retry of something that did land
@@ -100,6 +103,8 @@ class AsyncProducer:
                  max_batch_records: int = 500, max_batch_bytes: int = 1024 * 1024,
                  retries: int = 3, retry_backoff_s: float = 0.1,
                  auto_idempotency: bool = True, max_in_flight_batches: int = 16,
+                 max_pending_records: int = 100_000,
+                 max_pending_bytes: int = 64 * 1024 * 1024,
                  channel: grpc.aio.Channel | None = None, token: str | None = None,
                  tls: bool = False, root_ca: bytes | str | Path | None = None,
                  client_cert: bytes | str | Path | None = None,
@@ -120,6 +125,14 @@ class AsyncProducer:
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
         self.auto_idempotency = auto_idempotency
+        if max_pending_records <= 0 or max_pending_bytes <= 0:
+            raise ValueError("max_pending_records and max_pending_bytes must be > 0")
+        self.max_pending_records = max_pending_records
+        self.max_pending_bytes = max_pending_bytes
+        self._pending_records = 0
+        self._pending_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
         self._own_channel = channel is None
         self._channel = channel
         self._stub: Any = None
@@ -158,6 +171,7 @@ class AsyncProducer:
             return
         await self.flush()
         self._closed = True
+        self._room.set()  # a send() waiting for room raises: closed
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -169,14 +183,24 @@ class AsyncProducer:
     async def send(self, topic: str, value: bytes | None, *, key: bytes | None = None,
                    headers: Sequence[tuple[str, bytes]] = (),
                    idempotency_key: str | None = None) -> asyncio.Future[ProduceResult]:
-        """Queue one record; the returned future resolves when the proxy answers for it."""
+        """Queue one record; the returned future resolves when the proxy answers for it.
+        Waits while `max_pending_records` / `max_pending_bytes` are reached."""
         if self._closed or self._stub is None:
             raise ProxyError("AsyncProducer is not started (or closed)")
+        size = len(key or b"") + len(value or b"") + sum(len(k) + len(v) for k, v in headers)
+        while self._pending_records and (
+                self._pending_records >= self.max_pending_records
+                or self._pending_bytes + size > self.max_pending_bytes):
+            self._room.clear()
+            await self._room.wait()
+            if self._closed:
+                raise ProxyError("AsyncProducer is closed")
         if idempotency_key is None and self.auto_idempotency:
             idempotency_key = str(uuid7())
         rec = pb.Record(topic=topic, key=key, value=value, idempotency_key=idempotency_key or "",
                         headers=[pb.Header(key=k, value=v) for k, v in headers])
-        size = len(key or b"") + len(value or b"") + sum(len(k) + len(v) for k, v in headers)
+        self._pending_records += 1
+        self._pending_bytes += size
         fut: asyncio.Future[ProduceResult] = asyncio.get_running_loop().create_future()
         self._queue.append(_Pending(rec, fut, size))
         self._queued_bytes += size
@@ -228,6 +252,10 @@ class AsyncProducer:
                                            else ProxyError("cancelled"))
             if isinstance(exc, asyncio.CancelledError):
                 raise
+        finally:
+            self._pending_records -= len(batch)
+            self._pending_bytes -= sum(p.size for p in batch)
+            self._room.set()
 
     async def _send_with_retries(self, batch: list[_Pending]) -> None:
         todo = batch

@@ -35,6 +35,9 @@ class KafkaWriterSettings(_Model):
     retry_attempts: int = Field(3, ge=1, description="Tries of a retriable write per region "
                                 "(bounded by the request deadline too).")
     retry_backoff_s: float = Field(0.05, gt=0)
+    max_topics: int = Field(10_000, gt=0, description="Topics a producer keeps metadata "
+                            "and per-topic state for; the least recently written beyond "
+                            "this are forgotten (a policy default admits any topic name).")
 
 
 class BreakerSettings(_Model):

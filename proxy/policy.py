@@ -180,8 +180,8 @@ class Policy(BaseModel):
         except KeyError:
             pass
         found = self._match(topic)
-        if len(self._cache) >= _RULE_CACHE_MAX:
-            self._cache.clear()
+        if len(self._cache) >= _RULE_CACHE_MAX:  # bounded: the oldest topic goes
+            del self._cache[next(iter(self._cache))]
         self._cache[topic] = found
         return found
 

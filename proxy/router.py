@@ -121,22 +121,38 @@ Remembered = tuple[str | int | None, ...]
 
 
 _tuple_new = tuple.__new__  # NamedTuple instances without the generated __new__ (hot path)
-_PARTITION_CACHE_MAX = 200_000
+_PARTITION_CACHE_MAX_BYTES = 32 * 1024 * 1024
+"""Bound of the murmur2 cache: key bytes plus `_ENTRY_OVERHEAD` per entry (a dict slot, the
+(key, n) tuple, the key's bytes object header, measured ~150 B). Keys may be up to a record's
+size, so a count bound alone let a stream of large distinct keys hold gigabytes."""
+_ENTRY_OVERHEAD = 150
 _partitions: dict[tuple[bytes, int], int] = {}
+_partitions_bytes = 0
 
 
 def _partition(key: bytes | None, partitions: int) -> int | None:
     """Keyed: Kafka's default partitioner (murmur2, pure Python in aiokafka, so remembered
     per (key, partition count): keys repeat); keyless: the producer picks (sticky/random)."""
+    global _partitions_bytes
     if key is None:
         return None
     k = (key, partitions)
     p = _partitions.get(k)
     if p is None:
-        if len(_partitions) >= _PARTITION_CACHE_MAX:
+        cost = len(key) + _ENTRY_OVERHEAD
+        if _partitions_bytes + cost > _PARTITION_CACHE_MAX_BYTES:
             _partitions.clear()
-        p = _partitions[k] = partition_for(key, partitions)
+            _partitions_bytes = 0
+        p = partition_for(key, partitions)
+        if cost <= _PARTITION_CACHE_MAX_BYTES:
+            _partitions[k] = p
+            _partitions_bytes += cost
     return p
+
+
+def partition_cache_bytes() -> int:
+    """What the murmur2 cache holds now (key bytes + per-entry overhead)."""
+    return _partitions_bytes
 
 
 class _RuleInfo(NamedTuple):

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -111,7 +112,10 @@ class RegionWriter:
         self._lookups: dict[str, asyncio.Future[bool]] = {}
         self._lock = asyncio.Lock()
         self._metric_children: dict[str, _ModeMetrics] = {}
-        self._submit_locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._submit_locks: dict[str, dict[int, asyncio.Lock]] = {}
+        # topics with per-topic state here and in the producer's metadata, least recently
+        # written first; bounded by settings.max_topics
+        self._topic_lru: OrderedDict[str, None] = OrderedDict()
         self.log = log.bind(region=region.name)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -213,12 +217,30 @@ class RegionWriter:
         parts = self._producer.client.cluster.partitions_for_topic(topic)
         return len(parts) if parts is not None else None
 
+    def _touch(self, topic: str) -> None:
+        """`topic` was used now; beyond `max_topics` the least recently used one is
+        forgotten (its per-topic state, and its place in the producer's metadata)."""
+        lru = self._topic_lru
+        if topic in lru:
+            lru.move_to_end(topic)
+            return
+        lru[topic] = None
+        while len(lru) > self.settings.max_topics:
+            old, _ = lru.popitem(last=False)
+            self._refreshed.pop(old, None)
+            locks = self._submit_locks.get(old)
+            if locks is not None and not any(lk.locked() for lk in locks.values()):
+                del self._submit_locks[old]
+            if self._producer is not None and old not in self._lookups:
+                self._producer.client._topics.discard(old)
+
     async def partition_count(self, topic: str, timeout_s: float) -> int | None:
         """Partitions of `topic` here; None when the topic does not exist in this region.
         A topic not seen yet (or absent at the last look, over a second ago) is looked up;
         concurrent callers share one lookup."""
         if self._producer is None:
             raise RegionWriteFailed(self.name, topic, self.why_not_writable())
+        self._touch(topic)
         client = self._producer.client
         parts = client.cluster.partitions_for_topic(topic)
         if parts is not None and topic in client._topics:
@@ -272,6 +294,7 @@ class RegionWriter:
             err = RegionWriteFailed(self.name, topic, self.why_not_writable())
             return [err] * len(items)
         t0 = time.perf_counter()
+        self._touch(topic)
         # The first attempt runs here; the retry machinery is built only when it failed.
         pending = await self._attempt(topic, items, range(len(items)), results, deadline)
         if pending:
@@ -465,9 +488,12 @@ class RegionWriter:
     async def _submit(self, producer: AIOKafkaProducer, topic: str, part: int, builder: Any,
                       chunk: list[int], chunks: list[tuple[list[int], asyncio.Future[Any]]],
                       ) -> RegionWriteFailed | None:
-        lock = self._submit_locks.get((topic, part))
+        locks = self._submit_locks.get(topic)
+        if locks is None:
+            locks = self._submit_locks[topic] = {}
+        lock = locks.get(part)
         if lock is None:
-            lock = self._submit_locks[(topic, part)] = asyncio.Lock()
+            lock = locks[part] = asyncio.Lock()
         try:
             # One of our batches at a time waits for the partition's queue: aiokafka's
             # add_batch, when several wait at once, shrinks each one's timeout by the

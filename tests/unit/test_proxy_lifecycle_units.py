@@ -180,7 +180,7 @@ async def test_produce_stream_cancelled_leaves_no_batch_running() -> None:
             yield pb.ProduceBatchRequest(records=[pb.Record(topic="t", key=b"%d" % i)])
         await asyncio.Event().wait()  # the client keeps the stream open
 
-    gen: Any = servicer.ProduceStream(requests(), None)  # type: ignore[arg-type]
+    gen: Any = servicer.ProduceStream(requests(), None)
     consumer: asyncio.Task[Any] = asyncio.create_task(anext(gen))
     # window 1: batch 1 is awaited, batch 2 sits in the queue, batch 3 is made and its
     # put() waits for room
@@ -265,3 +265,101 @@ def test_primary_naming_an_unknown_region_is_refused() -> None:
     assert w.offer(PrimaryRecord(region="west", epoch=3))
     assert w.current.region == "west"
 
+
+
+# -- bounded caches -----------------------------------------------------------------------
+
+def test_partition_cache_is_bounded_by_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy import router as router_mod
+    monkeypatch.setattr(router_mod, "_PARTITION_CACHE_MAX_BYTES", 64 * 1024)
+    monkeypatch.setattr(router_mod, "_partitions", {})
+    monkeypatch.setattr(router_mod, "_partitions_bytes", 0)
+    for i in range(48):  # 48 distinct 4 KiB keys: 192 KiB, three times the bound
+        assert router_mod._partition(b"%06d" % i + b"x" * 4096, 3) is not None
+    held = sum(len(k) for k, _ in router_mod._partitions)
+    assert 0 < held <= 64 * 1024
+    assert router_mod.partition_cache_bytes() <= 64 * 1024
+
+
+def test_writer_per_topic_state_is_bounded() -> None:
+    from proxy.config import BreakerSettings, KafkaWriterSettings
+    from proxy.writers import RegionWriter
+    w = RegionWriter(TOPO.region("east"), KafkaWriterSettings(max_topics=5), BreakerSettings(),
+                     ProxyMetrics(), client_id="t")
+    for i in range(50):
+        w._touch(f"random-{i}")
+        w._refreshed[f"random-{i}"] = 0.0
+    w._touch("random-45")
+    assert list(w._topic_lru) == ["random-46", "random-47", "random-48", "random-49",
+                                  "random-45"]
+    assert len(w._refreshed) <= 5
+
+
+def test_policy_rule_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy import policy as policy_mod
+    monkeypatch.setattr(policy_mod, "_RULE_CACHE_MAX", 10)
+    p = parse_policy(POLICY_TEXT, "p.yaml")
+    for i in range(100):
+        assert p.rule_for(f"t{i}") is not None
+    assert len(p._cache) <= 10
+    assert "t99" in p._cache
+
+
+# -- client SDK backpressure --------------------------------------------------------------
+
+class StuckStub:
+    """The proxy, answering only when told to."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.calls = 0
+
+    async def ProduceBatch(self, request: Any, **kw: Any) -> Any:
+        self.calls += 1
+        await self.release.wait()
+        return pb.ProduceBatchResponse(results=[
+            pb.RecordResult(dr_id=r.idempotency_key, status=pb.STATUS_OK)
+            for r in request.records])
+
+
+async def test_async_producer_send_waits_when_pending_is_full() -> None:
+    from proxy.client import AsyncProducer
+    p = AsyncProducer("127.0.0.1:1", linger_ms=0, max_pending_records=3,
+                      max_pending_bytes=1 << 20)
+    await p.start()
+    stub = StuckStub()
+    p._stub = stub
+    try:
+        futs = [await p.send("t", b"v") for _ in range(3)]
+        blocked = asyncio.create_task(p.send("t", b"v"))
+        done, _ = await asyncio.wait({blocked}, timeout=0.3)  # a bound: it must not pass
+        assert not done
+        assert p._pending_records == 3
+        stub.release.set()
+        fut = await asyncio.wait_for(blocked, 5)
+        results = [await asyncio.wait_for(f, 5) for f in [*futs, fut]]
+        assert len(results) == 4
+    finally:
+        stub.release.set()
+        await p.stop()
+    assert p._pending_records == 0
+    assert p._pending_bytes == 0
+
+
+async def test_async_producer_bounds_pending_bytes() -> None:
+    from proxy.client import AsyncProducer
+    p = AsyncProducer("127.0.0.1:1", linger_ms=0, max_pending_bytes=100)
+    await p.start()
+    stub = StuckStub()
+    p._stub = stub
+    try:
+        first = await p.send("t", b"x" * 150)  # alone: goes although above the bound
+        blocked = asyncio.create_task(p.send("t", b"y"))
+        done, _ = await asyncio.wait({blocked}, timeout=0.3)
+        assert not done
+        stub.release.set()
+        await asyncio.wait_for(await asyncio.wait_for(blocked, 5), 5)
+        await first
+    finally:
+        stub.release.set()
+        await p.stop()
