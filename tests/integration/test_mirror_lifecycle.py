@@ -5,12 +5,29 @@ idempotent, bounded, and lets its own cancellation through after cleaning up."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import IO
 
 import pytest
-from kafka_helpers import create_topic, unique  # type: ignore[import-not-found]
+from aiokafka import AIOKafkaProducer
+from kafka_helpers import (  # type: ignore[import-not-found]
+    create_topic,
+    end_offsets,
+    eventually,
+    produce,
+    unique,
+)
+from tests_support import write_topology  # type: ignore[import-not-found]
 
 from crossdc.topology import Flow
 from mirror import MirrorWorker
+from mirror.offsets import POS_PARTITION, sync_topic_name
+from mirror.worker import _ASSIGN_BUDGET_S
+
+DR = str(Path(sys.executable).parent / "dr")
 
 
 def _flow(topic: str) -> Flow:
@@ -72,3 +89,74 @@ async def test_a_cancelled_stop_closes_the_clients_then_propagates(two_regions) 
     assert all(getattr(c, "_closed", False) for c in clients), clients
     assert not w.running
     await w.stop()  # idempotent
+
+
+async def _exits(proc: asyncio.subprocess.Process, timeout_s: float) -> int:
+    async with asyncio.timeout(timeout_s):
+        return await proc.wait()
+
+
+def _text(f: IO[str]) -> str:
+    f.seek(0)
+    return f.read()
+
+
+async def test_dr_mirror_run_flows_exit_non_zero_when_one_fails_and_drain_on_sigterm(  # type: ignore[no-untyped-def]
+        two_regions, tmp_path: Path) -> None:
+    """Two flows in one `dr mirror run`: SIGTERM drains both, exit 0; a flow that fails
+    (its resume points unreadable past the assignment budget: a transaction left open on
+    the sync topic) ends the command, exit 1, and the other flow with it."""
+    east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
+    prefix = unique("mm-cli")
+    topic = f"{prefix}-a"
+    await create_topic(east, topic, partitions=1)
+    await create_topic(west, topic, partitions=1)
+    flows = [Flow(source="east", target="west", topics=f"{prefix}-.*",
+                  group=unique("mm-e"), discovery_interval_s=1.0),
+             Flow(source="west", target="east", topics=f"{prefix}-.*",
+                  group=unique("mm-w"), discovery_interval_s=1.0)]
+    path = write_topology(two_regions.topology.model_copy(update={"flows": flows}),
+                          tmp_path / "topology.yaml")
+    cmd = [DR, "mirror", "run", "--topology", str(path)]
+
+    async def copied(n: int) -> bool:
+        return bool(sum((await end_offsets(west, topic, 1)).values()) >= n)
+
+    # 1. SIGTERM: an ordered drain, exit 0
+    with (tmp_path / "run1.log").open("w+") as out:
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=out,
+                                                    stderr=subprocess.STDOUT)
+        try:
+            await produce(east, topic, [(b"k", b"v1", [])] * 10)
+            await eventually(lambda: copied(10), 60, "the first flow carrying")
+            proc.send_signal(signal.SIGTERM)
+            assert await _exits(proc, 40) == 0, _text(out)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    # 2. a failing flow: a transaction left open on east's sync topic in west keeps its
+    # resume points unreadable (read_committed) beyond the assignment budget
+    blocker = AIOKafkaProducer(bootstrap_servers=west, transactional_id=unique("block"),
+                               transaction_timeout_ms=300_000)
+    await blocker.start()
+    with (tmp_path / "run2.log").open("w+") as out:
+        proc2: asyncio.subprocess.Process | None = None
+        try:
+            await blocker.begin_transaction()
+            await blocker.send_and_wait(sync_topic_name("east"),
+                                        key=f"pos:{prefix}-none:0".encode(),
+                                        value=b'{"next": 0}', partition=POS_PARTITION)
+            proc2 = await asyncio.create_subprocess_exec(*cmd, stdout=out,
+                                                         stderr=subprocess.STDOUT)
+            # before the fix: the assignment retried until the transaction timed out
+            code = await _exits(proc2, _ASSIGN_BUDGET_S + 60)
+            text = _text(out)
+            assert code == 1, text
+            assert "could not be read within" in text, text
+        finally:
+            if proc2 is not None and proc2.returncode is None:
+                proc2.kill()
+                await proc2.wait()
+            await blocker.abort_transaction()
+            await blocker.stop()
