@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from crossdc.errors import ConfigError, CrossdcError
 
-__all__ = ["Exit", "fail", "run_app"]
+__all__ = ["Exit", "fail", "fail_line", "run_app"]
 
 _err = Console(stderr=True)
 
@@ -31,9 +31,14 @@ class Exit(Exception):
         self.code = code
 
 
+def fail_line(message: str) -> None:
+    """Print `error: <message>` in red on stderr (one line; a long one is not wrapped)."""
+    _err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """One red line and exit `code` (2: bad input)."""
-    _err.print(f"[red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    fail_line(message)
     sys.exit(code)
 
 
@@ -74,11 +79,30 @@ def run_app(app: typer.Typer) -> None:
         where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
         fail(f"{exc.strerror or exc}{where}", 1)
     except Exception as exc:
-        # Usage errors (unknown option, bad value) are click exceptions; typer vendors or
-        # depends on click depending on its version, so recognise them by their interface
-        # rather than importing click.
-        show, exit_code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
-        if callable(show) and isinstance(exit_code, int):
-            show()
-            sys.exit(exit_code or 2)
+        if _is_click_exception(exc):
+            sys.exit(_show_click(exc))
         raise
+
+
+def _is_click_exception(exc: BaseException) -> bool:
+    """Usage errors (unknown option, bad value) are click exceptions; typer vendors click or
+    depends on it depending on its version (and a user's install may have no `click` at
+    all), so they are recognised by their interface rather than by importing click."""
+    return callable(getattr(exc, "format_message", None)) and \
+        isinstance(getattr(exc, "exit_code", None), int)
+
+
+def _show_click(exc: Exception) -> int:
+    """One line, `error: <what> (see 'dr x --help')`, instead of click's usage block; the
+    help a group prints when called bare stays as it is. Returns the exit code."""
+    code = int(getattr(exc, "exit_code", 2)) or 2
+    if type(exc).__name__ == "NoArgsIsHelpError":
+        show = getattr(exc, "show", None)
+        if callable(show):
+            show()
+        return code
+    message = str(exc.format_message()).strip()  # type: ignore[attr-defined]
+    command_path = getattr(getattr(exc, "ctx", None), "command_path", None)
+    hint = f" (see '{command_path} --help')" if command_path else ""
+    fail_line(f"{message}{hint}")
+    return code

@@ -11,11 +11,11 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from crossdc.topology import Topology, load_topology
-from dr.exits import Exit
-from dr.stack.paths import StackPaths, default_topology_path
+from crossdc.topology import Region, Topology, load_topology
+from dr.exits import Exit, fail
+from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
 
-__all__ = ["Exit", "StateDirOpt", "TopologyOpt", "err", "out", "paths_for", "run",
+__all__ = ["Exit", "StateDirOpt", "TopologyOpt", "err", "out", "paths_for", "region_of", "run",
            "topology_for"]
 
 T = TypeVar("T")
@@ -50,5 +50,17 @@ def topology_for(path: Path | None, paths: StackPaths | None = None) -> tuple[To
         saved = read_stack_file(paths)
         if saved and isinstance(saved.get("topology"), str):
             path = Path(str(saved["topology"]))
-    path = path or default_topology_path()
+    if path is None:
+        path = default_topology_path()
+        if not path.is_file():
+            fail(no_topology_message(path))
     return load_topology(path), path
+
+
+def region_of(topo: Topology, name: str, option: str) -> Region:
+    """The region `name` of the topology; an unknown name is bad input naming the option,
+    the value and the regions there are (exit 2)."""
+    try:
+        return topo.region(name)
+    except KeyError as exc:
+        raise typer.BadParameter(str(exc.args[0]), param_hint=option) from None

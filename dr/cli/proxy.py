@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +11,9 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from dr.cli._common import TopologyOpt, err, paths_for, run, topology_for
+from crossdc.topology import split_hostport
+from dr.cli._common import TopologyOpt, err, paths_for, region_of, run, topology_for
+from dr.exits import fail
 
 __all__ = ["proxy_app"]
 
@@ -55,9 +58,29 @@ def proxy_serve(
         raise typer.Exit(2)
     tls = (TlsSettings(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
            if tls_cert is not None and tls_key is not None else None)
-    _, path = topology_for(topology, paths_for(None))
+    topo, path = topology_for(topology, paths_for(None))
+    reg = region_of(topo, region, "--region")
+    ep_host, ep_port = split_hostport(reg.proxy.endpoint)
+    bind = host or ep_host
+    check_port_free(bind, ep_port if port is None else port, "gRPC", "--port")
+    check_port_free(bind, reg.proxy.metrics_port if metrics_port is None else metrics_port,
+                    "metrics", "--metrics-port")
     run(serve(path, region, policy, port=port, metrics_port=metrics_port, host=host,
                grace_s=grace_s, register_consul=not no_consul, auth_path=auth, tls=tls))
+
+
+def check_port_free(host: str, port: int | None, what: str, option: str) -> None:
+    """Refuse before anything starts when `host:port` cannot be bound: one line naming the
+    port (exit 1: the environment, not the input, is at fault). 0/None: nothing to check."""
+    if not port:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            fail(f"the proxy's {what} port {host}:{port} is not free ({exc.strerror or exc}); "
+                 f"stop what holds it or pass {option}", 1)
 
 
 @proxy_app.command("token")

@@ -4,6 +4,7 @@ other commands stay light)."""
 from __future__ import annotations
 
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -14,11 +15,32 @@ from rich.console import Console
 from crossdc.errors import ConfigError, ConfigIssue
 from crossdc.topology import load_topology
 from crossdc.yamlfile import load_model
+from dr.exits import fail
 from dr.reconcile.errors import ThresholdsPassed
 from dr.reconcile.model import Thresholds
-from dr.stack.paths import StackPaths, default_topology_path
+from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
 
-__all__ = ["parse_time", "reconcile_command"]
+__all__ = ["check_output_dir", "check_state_file", "parse_time", "reconcile_command"]
+
+
+def check_output_dir(folder: Path, option: str) -> None:
+    """Make `folder` (and its parents) and prove a file can be written there, so that a run
+    never ends with a report it cannot save. One line and exit 1 when the system refuses."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".crossdc-probe-"):
+            pass
+    except OSError as exc:
+        fail(f"{option} {folder}: cannot write there ({exc.strerror or exc})", 1)
+
+
+def check_state_file(state: Path) -> None:
+    """`--state` names a file (read, then replaced at the end): not a folder, and its folder
+    must be writable."""
+    if state.is_dir():
+        fail(f"--state {state}: is a folder; give the watermark file's path "
+             f"(e.g. {state / 'reconcile-state.json'})", 2)
+    check_output_dir(state.parent, "--state")
 
 
 def parse_time(value: str | None, option: str) -> int | None:
@@ -75,8 +97,10 @@ def reconcile_command(
     Exits 3 when a threshold is passed, 1 on an error, 2 on bad input.
     """
     from dr.reconcile.report import print_summary, write_html, write_json
-    from dr.reconcile.run import RunSettings, run
+    from dr.reconcile.run import RunSettings, check_regions, run
 
+    # Everything a user can get wrong is checked before Spark starts (and before the jars
+    # are fetched): a run that fails at its end loses its work.
     limits = load_model(Thresholds, thresholds_file) if thresholds_file else Thresholds()
     overrides = {"missing": max_missing, "duplicates": max_duplicates,
                  "altered": max_altered, "order_violations": max_order_violations,
@@ -84,15 +108,20 @@ def reconcile_command(
                  "latency_p99_ms": max_latency_p99_ms}
     limits = limits.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     topo_path = topology or default_topology_path()
-    from dr.stack.toolchain import ensure_spark_kafka_jars
-    jars = ensure_spark_kafka_jars(StackPaths.default())
+    if topology is None and not topo_path.is_file():
+        fail(no_topology_message(topo_path))
     settings = RunSettings(
         topology=load_topology(topo_path), topology_path=str(topo_path),
         regions=[r.strip() for r in regions.split(",") if r.strip()], topics=topics,
         since_ms=parse_time(since, "--since"), until_ms=parse_time(until, "--until"),
         grace_s=grace, state_path=state, master=master, driver_memory=driver_memory,
-        jars_dir=jars,
         max_details=max_details, thresholds=limits)
+    check_regions(settings)
+    if state is not None:
+        check_state_file(state)
+    check_output_dir(out_dir, "--out")
+    from dr.stack.toolchain import ensure_spark_kafka_jars
+    settings.jars_dir = ensure_spark_kafka_jars(StackPaths.default())
     # Not a terminal (a scheduler's log): wide enough that no column is cut.
     console = Console() if sys.stdout.isatty() else Console(width=160)
     with Console(stderr=True).status("reconciling (Spark)"):

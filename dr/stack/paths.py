@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["REPO_ROOT", "StackPaths", "default_cache_dir", "default_state_dir",
-           "default_topology_path"]
+           "default_topology_path", "no_topology_message"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_LOCAL = REPO_ROOT / "compose" / "local"
@@ -32,6 +32,12 @@ def default_topology_path() -> Path:
         return here
     checkout = REPO_ROOT / rel
     return checkout if checkout.is_file() else here
+
+
+def no_topology_message(looked_at: Path) -> str:
+    """What a command says when no --topology was given and the default file is absent."""
+    return (f"no topology file: pass --topology FILE (or set $CROSSDC_TOPOLOGY); "
+            f"{looked_at} does not exist")
 
 
 def default_cache_dir() -> Path:
