@@ -21,6 +21,9 @@ from typing import Any, TypeVar
 
 import pydantic
 import yaml
+from yaml.composer import Composer
+from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 from crossdc.errors import ConfigError, ConfigIssue
 
@@ -58,21 +61,44 @@ class _Refused(Exception):
         self.line: int | None = mark.line + 1 if mark is not None else None
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """The pure-Python safe loader (its composer can be bounded), with depth and time limits."""
+if yaml.__with_libyaml__:
+    from yaml._yaml import CParser as _Parser
+else:  # pragma: no cover - PyYAML built without libyaml: the pure-Python reader and parser
+    from yaml.parser import Parser
+    from yaml.reader import Reader
+    from yaml.scanner import Scanner
+
+    class _Parser(Reader, Scanner, Parser):  # type: ignore[no-redef]
+        def __init__(self, stream: str) -> None:
+            Reader.__init__(self, stream)
+            Scanner.__init__(self)
+            Parser.__init__(self)
+
+
+class _BoundedLoader(_Parser, Composer, SafeConstructor, Resolver):
+    """libyaml's parser (fast) under PyYAML's composer (which can be bounded: depth, time)
+    and safe constructor."""
+
+    get_single_node = Composer.get_single_node
+    compose_document = Composer.compose_document
 
     def __init__(self, text: str, limits: Limits) -> None:
-        super().__init__(text)
+        _Parser.__init__(self, text)
+        Composer.__init__(self)
+        SafeConstructor.__init__(self)
+        Resolver.__init__(self)
         self._limits = limits
         self._depth = 0
         self._composed = 0
         self._deadline = time.monotonic() + limits.max_s
 
     def _mark(self) -> Any:
-        return self.peek_event().start_mark  # type: ignore[no-untyped-call]
+        return getattr(self.peek_event(), "start_mark", None)
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._composed += 1
+        if self._composed > self._limits.max_nodes:
+            raise _Refused(f"more than {self._limits.max_nodes} nodes", self._mark())
         if self._composed % 512 == 0 and time.monotonic() > self._deadline:
             raise _Refused(f"reading it took longer than {self._limits.max_s:g}s",
                            self._mark())
@@ -81,7 +107,7 @@ class _BoundedLoader(yaml.SafeLoader):
             if self._depth > self._limits.max_depth:
                 raise _Refused(f"nested deeper than {self._limits.max_depth} levels",
                                self._mark())
-            return super().compose_node(parent, index)
+            return Composer.compose_node(self, parent, index)
         finally:
             self._depth -= 1
 
