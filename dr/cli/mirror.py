@@ -72,7 +72,7 @@ async def _serve(topo: Topology, flows: list[Flow], metrics_port: int | None) ->
     try:
         async with asyncio.TaskGroup() as tg:
             for w in workers:
-                tg.create_task(flow(w), name=f"mirror:{w.flow.source}->{w.flow.target}")
+                tg.create_task(flow(w), name=f"flow:{w.flow.source}->{w.flow.target}")
             # ends after the drain; cancelled by the group when a worker fails
             tg.create_task(drain(), name="mirror:signals")
     except BaseExceptionGroup as eg:
