@@ -1,0 +1,240 @@
+"""The Kafka admin wrapper of crossdc: aiokafka's AIOKafkaAdminClient, retried here.
+
+Every call goes through `_call`, the sole retry loop (tenacity, bounded by `RetrySettings`).
+aiokafka errors become ours at this boundary: retriable ones (`exc.retriable`: no leader yet,
+timeout, connection lost) `ClientError`, the rest (topic exists, invalid config, not
+authorised) `ClientRefused`. Errors the broker returns inside an answer (per-topic error
+codes) are raised the same way, so no caller reads error codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, TypeVar
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import (
+    AIOKafkaAdminClient,
+    ConfigResource,
+    ConfigResourceType,
+    NewPartitions,
+    NewTopic,
+    RecordsToDelete,
+)
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.structs import OffsetAndMetadata
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from crossdc.errors import ClientError, ClientRefused, CrossdcError
+from crossdc.settings import RetrySettings
+
+__all__ = ["KafkaAdmin", "TopicSpec"]
+
+log = structlog.get_logger("crossdc.kafka")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic to create."""
+
+    name: str
+    partitions: int
+    replication: int = 1
+    configs: dict[str, str] | None = None
+
+
+def _retriable(exc: BaseException) -> bool:
+    return isinstance(exc, CrossdcError) and exc.retriable
+
+
+def _raise_codes(what: str, rows: Iterable[tuple[str, int, str | None]]) -> None:
+    """Raise the first non-zero error code of `(name, code, message)` rows as aiokafka's error."""
+    for name, code, message in rows:
+        if code:
+            raise for_code(code)(f"{what} {name}: {message or ''}".rstrip(": "))
+
+
+class KafkaAdmin:
+    """Admin calls on one Kafka cluster: `async with KafkaAdmin(bootstrap) as admin:`."""
+
+    def __init__(self, bootstrap: str, retry: RetrySettings | None = None, *,
+                 client_id: str = "crossdc-admin", **admin_kw: Any) -> None:
+        self.bootstrap = bootstrap
+        self._retry = retry or RetrySettings()
+        self._admin_kw = dict(client_id=client_id, **admin_kw)
+        self._admin: AIOKafkaAdminClient | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> KafkaAdmin:
+        await self.start()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Connect (retried); a stopped admin refuses to start again."""
+        if self._closed:
+            raise RuntimeError("KafkaAdmin was stopped; make a new one")
+        if self._admin is not None:
+            return
+
+        async def connect() -> None:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, **self._admin_kw)
+            try:
+                await admin.start()
+            except BaseException:
+                await admin.close()
+                raise
+            self._admin = admin
+
+        await self._call("connect", connect)
+
+    async def stop(self) -> None:
+        """Close the connections; safe twice and before `start()`."""
+        self._closed = True
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            await admin.close()
+
+    @property
+    def _a(self) -> AIOKafkaAdminClient:
+        if self._admin is None:
+            raise RuntimeError("KafkaAdmin is not started (use `async with`)")
+        return self._admin
+
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self._retry.attempts) | stop_after_delay(self._retry.total_s),
+            wait=wait_exponential_jitter(multiplier=self._retry.backoff_initial_s,
+                                         max=self._retry.backoff_max_s,
+                                         jitter=self._retry.backoff_initial_s),
+            retry=retry_if_exception(_retriable),
+            before_sleep=lambda rs: log.debug(
+                "kafka_retry", call=what, bootstrap=self.bootstrap, attempt=rs.attempt_number,
+                of=self._retry.attempts, error=str(rs.outcome.exception() if rs.outcome else "")),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                try:
+                    async with asyncio.timeout(self._retry.call_timeout_s):
+                        return await fn()
+                except KafkaError as exc:
+                    cls = ClientError if exc.retriable else ClientRefused
+                    raise cls(f"Kafka at {self.bootstrap}: {what} failed: "
+                              f"{exc.__class__.__name__}: {exc}") from exc
+                except (OSError, TimeoutError) as exc:
+                    raise ClientError(f"Kafka at {self.bootstrap}: {what} failed: "
+                                      f"{exc.__class__.__name__}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    # -- topics --------------------------------------------------------------------------
+    async def list_topics(self) -> list[str]:
+        return sorted(await self._call("list topics", self._a.list_topics))
+
+    async def partition_counts(self, topics: list[str]) -> dict[str, int]:
+        """Partitions of each topic that exists (missing topics are left out)."""
+        if not topics:
+            return {}
+        described = await self._call("describe topics", lambda: self._a.describe_topics(topics))
+        return {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0}
+
+    async def topic_configs(self, topic: str, *, only_set: bool = False) -> dict[str, str]:
+        """The topic's configs (`only_set`: those set on the topic, not defaults)."""
+        return await self._call(f"describe configs {topic}",
+                                lambda: self._configs(topic, only_set))
+
+    async def _configs(self, topic: str, only_set: bool) -> dict[str, str]:
+        res = await self._a.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic)])
+        _raise_codes("describe configs", [(r[3], r[0], r[1]) for response in res
+                                          for r in response.resources])
+        out: dict[str, str] = {}
+        for response in res:
+            for resource in response.resources:
+                for entry in resource[4]:
+                    key, value = entry[0], entry[1]
+                    # v0 says is_default; v1+ says the config's source (1: set on the topic).
+                    own = (not entry[3]) if response.API_VERSION == 0 else entry[3] == 1
+                    if value is not None and (own or not only_set):
+                        out[key] = value
+        return out
+
+    async def create_topics(self, topics: list[TopicSpec], *, exist_ok: bool = False) -> None:
+        """Create topics; `exist_ok`: one that exists already is fine (also what makes a
+        retried create, whose first answer was lost, succeed)."""
+        async def create() -> None:
+            resp = await self._a.create_topics([
+                NewTopic(t.name, t.partitions, t.replication, topic_configs=t.configs or {})
+                for t in topics])
+            rows = [(row[0], row[1], row[2] if len(row) > 2 else None)
+                    for row in resp.topic_errors
+                    if not (exist_ok and row[1] == TopicAlreadyExistsError.errno)]
+            _raise_codes("create topic", rows)
+
+        await self._call(f"create topics {[t.name for t in topics]}", create)
+
+    async def create_partitions(self, counts: dict[str, int]) -> None:
+        """Grow each topic to the given total partition count."""
+        await self._call(f"create partitions {counts}", lambda: self._a.create_partitions(
+            {t: NewPartitions(n) for t, n in counts.items()}))
+
+    async def alter_topic_configs(self, topic: str, configs: dict[str, str]) -> None:
+        """Set `configs` on the topic, keeping the others set on it. (Kafka's AlterConfigs
+        replaces the whole set, so the current set is read first and merged.)"""
+        async def alter() -> None:
+            merged = {**await self._configs(topic, only_set=True), **configs}
+            res = await self._a.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic, merged)])
+            _raise_codes("alter configs", [(r[3], r[0], r[1]) for response in res
+                                           for r in response.resources])
+
+        await self._call(f"alter configs {topic}", alter)
+
+    async def delete_records(self, before: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Delete each partition's records below the offset; the new log start offsets."""
+        return dict(await self._call("delete records", lambda: self._a.delete_records(
+            {tp: RecordsToDelete(off) for tp, off in before.items()})))
+
+    # -- consumer groups -------------------------------------------------------------------
+    async def consumer_groups(self) -> list[str]:
+        return sorted({g[0] for g in await self._call("list groups",
+                                                      self._a.list_consumer_groups)})
+
+    async def group_offsets(self, group: str) -> dict[TopicPartition, int]:
+        """The group's committed offsets (the next record each partition would read)."""
+        raw = await self._call(f"group offsets {group}",
+                               lambda: self._a.list_consumer_group_offsets(group))
+        return {tp: meta.offset for tp, meta in raw.items() if meta.offset >= 0}
+
+    async def alter_group_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
+        """Commit `offsets` for the group, as a consumer outside it would. Kafka refuses
+        (`ClientRefused`) while the group has active members."""
+        if not offsets:
+            return
+
+        async def commit() -> None:
+            consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=group,
+                                        enable_auto_commit=False)
+            try:
+                await consumer.start()
+                consumer.assign(list(offsets))
+                await consumer.commit({tp: OffsetAndMetadata(off, "")
+                                       for tp, off in offsets.items()})
+            finally:
+                await consumer.stop()
+
+        await self._call(f"commit offsets {group}", commit)
+
