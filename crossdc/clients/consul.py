@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -158,16 +159,15 @@ def _entry(key: str, raw: dict[str, Any]) -> KvEntry:
                    modify_index=int(raw["ModifyIndex"]), session=raw.get("Session") or None)
 
 
+_GO_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_GO_DURATION = re.compile(r"([0-9.]+)(h|ms|m|s|us|µs|ns)")
+
+
 def _duration_s(raw: Any) -> float:
-    """Consul's session durations: nanoseconds (numbers) or Go duration strings ("15s")."""
+    """Consul's durations: nanoseconds (numbers) or Go duration strings ("15s", "1h0m0s")."""
     if isinstance(raw, int | float):
         return raw / 1e9
-    text = str(raw or "0s")
-    if text.endswith("ms"):
-        return float(text[:-2]) / 1000
-    if text.endswith("m"):
-        return float(text[:-1]) * 60
-    return float(text.rstrip("s") or 0)
+    return sum(float(n) * _GO_UNITS[unit] for n, unit in _GO_DURATION.findall(str(raw or "")))
 
 
 def _instance(raw: dict[str, Any]) -> ServiceInstance:
@@ -244,9 +244,13 @@ class ConsulClient:
         try:
             async with asyncio.timeout(timeout_s or self._retry.call_timeout_s):
                 return await fn()
+        except consul.exceptions.ClientError as exc:
+            if str(exc).startswith("429"):  # rate limited: try later
+                raise ClientError(f"Consul at {self.http_addr}: {what} failed: {exc}") from exc
+            raise ClientRefused(f"Consul at {self.http_addr}: {what} refused: "
+                                f"{exc.__class__.__name__}: {exc}") from exc
         except (consul.exceptions.ACLPermissionDenied, consul.exceptions.ACLDisabled,
-                consul.exceptions.BadRequest, consul.exceptions.NotFound,
-                consul.exceptions.ClientError) as exc:
+                consul.exceptions.BadRequest, consul.exceptions.NotFound) as exc:
             raise ClientRefused(f"Consul at {self.http_addr}: {what} refused: "
                                 f"{exc.__class__.__name__}: {exc}") from exc
         except (aiohttp.ClientError, OSError, TimeoutError, consul.ConsulException) as exc:

@@ -17,14 +17,8 @@ from typing import Any, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import (
-    AIOKafkaAdminClient,
-    ConfigResource,
-    ConfigResourceType,
-    NewPartitions,
-    NewTopic,
-    RecordsToDelete,
-)
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.structs import OffsetAndMetadata
 from tenacity import (

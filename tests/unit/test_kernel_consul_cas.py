@@ -9,7 +9,7 @@ import consul.exceptions
 import pytest
 
 from crossdc.clients.consul import ConsulClient, KvEntry, cas_outcome
-from crossdc.errors import CasAmbiguous, ClientRefused
+from crossdc.errors import CasAmbiguous, ClientError, ClientRefused
 from crossdc.settings import RetrySettings
 
 FAST = RetrySettings(attempts=3, total_s=5, call_timeout_s=1, backoff_initial_s=0.001,
@@ -153,3 +153,12 @@ async def test_refusals_are_not_retried(kv: Any, error: Exception) -> None:
     with pytest.raises(ClientRefused):
         await client.kv_put("k", b"new")
     assert fake.puts == 2
+
+
+async def test_rate_limiting_is_retried(kv: Any) -> None:
+    client, fake = kv
+    fake.put_error = consul.exceptions.ClientError("429 rate limit exceeded")
+    with pytest.raises(ClientError) as info:
+        await client.kv_put("k", b"new")
+    assert info.value.retriable
+    assert fake.puts == FAST.attempts
