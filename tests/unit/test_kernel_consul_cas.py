@@ -121,7 +121,8 @@ async def test_cas_lost_before_applying_is_sent_again(kv: Any) -> None:
     cas = fake.data["k"][1]
     fake.lose_before_apply = 1
     assert await client.kv_put("k", b"new", cas=cas) is True
-    assert fake.puts == 2 and fake.data["k"][0] == b"new"
+    assert fake.puts == 2
+    assert fake.data["k"][0] == b"new"
 
 
 async def test_cas_never_answering_and_never_applying_is_ambiguous(kv: Any) -> None:
