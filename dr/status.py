@@ -1,9 +1,18 @@
-"""What each region's Kafka and Consul say about themselves right now (`dr status`)."""
+"""What each region's Kafka and Consul say about themselves right now (`dr status`), and
+which region is primary as Consul KV holds it.
+
+The primary is read from `crossdc/primary` in every reachable datacenter (each region's own
+Consul agent): a failover moves it there, not in the topology file. The record that
+supersedes the others (the highest epoch; at one epoch, the promotion over the fenced step)
+is the primary, as the proxies converge on it; datacenters holding different records are
+flagged. Only when no reachable datacenter holds the key is the topology's primary shown,
+with a note (epoch 0, as `PrimaryRecord.initial`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Literal
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
@@ -11,11 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.kafka_quorum import describe_quorum
+from crossdc.clients.primary import read_primary
 from crossdc.errors import ClientError
+from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
 from crossdc.settings import RetrySettings
 from crossdc.topology import Region, Topology
 
-__all__ = ["ConsulStatus", "KafkaStatus", "RegionStatus", "StackStatus", "probe_topology"]
+__all__ = ["ConsulStatus", "KafkaStatus", "PrimaryStatus", "PrimaryView", "RegionStatus",
+           "StackStatus", "effective_primary", "probe_primary", "probe_topology"]
 
 
 class _Out(BaseModel):
@@ -52,18 +64,91 @@ class ConsulStatus(_Out):
             len(self.wan_members) >= self.wan_expected
 
 
+class PrimaryView(_Out):
+    """`crossdc/primary` as one datacenter's Consul KV holds it."""
+
+    state: Literal["set", "absent", "unreadable"] = Field(
+        description="set: a record; absent: no key there; unreadable: Consul did not answer "
+        "or the value is not a primary record (see error).")
+    region: str | None = None
+    epoch: int | None = None
+    fenced: bool = False
+    updated_ms: int | None = None
+    by: str | None = None
+    error: str | None = None
+
+    def record(self) -> PrimaryRecord | None:
+        if self.state != "set" or self.region is None or self.epoch is None:
+            return None
+        return PrimaryRecord(region=self.region, epoch=self.epoch, fenced=self.fenced,
+                             updated_ms=self.updated_ms or 0, by=self.by or "")
+
+
+class PrimaryStatus(_Out):
+    """Which region is primary, at which epoch, and where that comes from."""
+
+    region: str
+    epoch: int
+    fenced: bool = Field(description="A failover is under way: no region takes ordered or "
+                         "sync writes (`region` names the one being left).")
+    source: Literal["consul", "topology"] = Field(
+        description="consul: read from crossdc/primary; topology: no reachable datacenter "
+        "holds the key, so the topology file's primary at epoch 0.")
+    agree: bool = Field(description="Every datacenter that answered holds the same record.")
+    note: str | None = None
+
+
 class RegionStatus(_Out):
     region: str
-    primary: bool
+    primary: bool = Field(description="This region is the primary (as Consul holds it).")
     healthy: bool
     kafka: KafkaStatus
     consul: ConsulStatus
+    primary_record: PrimaryView = Field(
+        description="crossdc/primary as this region's datacenter holds it.")
 
 
 class StackStatus(_Out):
     topology: str
     healthy: bool
+    primary: PrimaryStatus
     regions: list[RegionStatus]
+
+
+def _describe(view: PrimaryView) -> str:
+    if view.state == "absent":
+        return "no record"
+    if view.state == "unreadable":
+        return "unreadable"
+    return f"{view.region} (epoch {view.epoch}{', fenced' if view.fenced else ''})"
+
+
+def effective_primary(topology: Topology, views: dict[str, PrimaryView]) -> PrimaryStatus:
+    """The primary the datacenters' records name (see the module docstring), and whether the
+    datacenters that answered agree."""
+    records = {dc: r for dc, v in views.items() if (r := v.record()) is not None}
+    answered = {dc: v for dc, v in views.items() if v.state != "unreadable"}
+    distinct = {(v.state, v.region, v.epoch, v.fenced) for v in answered.values()}
+    agree = len(distinct) <= 1
+    note = None
+    if not agree:
+        note = ("datacenters disagree on " + PRIMARY_KEY + ": " + "; ".join(
+            f"{dc} holds {_describe(v)}" for dc, v in sorted(answered.items())))
+    if not records:
+        base = PrimaryRecord.initial(topology)
+        why = (f"{PRIMARY_KEY} is not set in any reachable datacenter" if answered else
+               f"no datacenter answered for {PRIMARY_KEY}")
+        return PrimaryStatus(region=base.region, epoch=base.epoch, fenced=False,
+                             source="topology", agree=agree,
+                             note=f"{why}: the topology's primary, epoch 0")
+    best = next(iter(records.values()))
+    for r in records.values():
+        if r.supersedes(best):
+            best = r
+    if not agree:
+        note = f"{note}; the newest record wins: {best.region} (epoch {best.epoch})"
+    return PrimaryStatus(region=best.region, epoch=best.epoch, fenced=best.fenced,
+                         source="consul", agree=agree, note=note)
 
 
 async def probe_kafka(region: Region, expected: int | None, timeout_s: float) -> KafkaStatus:
@@ -109,18 +194,37 @@ async def probe_consul(region: Region, wan_expected: int, timeout_s: float) -> C
         wan_expected=wan_expected)
 
 
+async def probe_primary(region: Region, timeout_s: float) -> PrimaryView:
+    """`crossdc/primary` in the KV of one region's datacenter (asked of its own agent);
+    failures land in `error`, never raise."""
+    retry = RetrySettings(attempts=1, total_s=timeout_s, call_timeout_s=timeout_s)
+    async with ConsulClient(region.consul.http_addr, retry) as client:
+        try:
+            record, _ = await read_primary(client)
+        except (ClientError, BadPrimaryRecord) as exc:
+            return PrimaryView(state="unreadable", error=str(exc))
+    if record is None:
+        return PrimaryView(state="absent")
+    return PrimaryView(state="set", region=record.region, epoch=record.epoch,
+                       fenced=record.fenced, updated_ms=record.updated_ms, by=record.by)
+
+
 async def probe_topology(topology: Topology, source: str, brokers_expected: int | None = None,
                          timeout_s: float = 5.0) -> StackStatus:
     """Probe every region concurrently."""
 
-    async def one(region: Region) -> RegionStatus:
-        kafka, consul = await asyncio.gather(
+    async def one(region: Region) -> tuple[KafkaStatus, ConsulStatus, PrimaryView]:
+        return await asyncio.gather(
             probe_kafka(region, brokers_expected, timeout_s),
-            probe_consul(region, len(topology.regions), timeout_s))
-        return RegionStatus(region=region.name, primary=region.name == topology.primary,
-                            healthy=kafka.healthy and consul.healthy, kafka=kafka,
-                            consul=consul)
+            probe_consul(region, len(topology.regions), timeout_s),
+            probe_primary(region, timeout_s))
 
-    regions = await asyncio.gather(*(one(r) for r in topology.regions))
+    probed = await asyncio.gather(*(one(r) for r in topology.regions))
+    primary = effective_primary(topology, {r.name: view for r, (_, _, view)
+                                           in zip(topology.regions, probed, strict=True)})
+    regions = [RegionStatus(region=r.name, primary=r.name == primary.region and
+                            not primary.fenced, healthy=kafka.healthy and consul.healthy,
+                            kafka=kafka, consul=consul, primary_record=view)
+               for r, (kafka, consul, view) in zip(topology.regions, probed, strict=True)]
     return StackStatus(topology=source, healthy=all(r.healthy for r in regions),
-                       regions=list(regions))
+                       primary=primary, regions=regions)

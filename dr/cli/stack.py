@@ -143,7 +143,21 @@ def render_status(st: StackStatus) -> None:
                   ok(len(c.wan_members) >= c.wan_expected))
         if c.error:
             t.add_row("", "error", f"[red]{c.error}[/]", ok(False))
+        v = r.primary_record
+        held = {"set": f"{v.region}, epoch {v.epoch}{' (fenced)' if v.fenced else ''}",
+                "absent": "not set", "unreadable": f"unreadable: {v.error}"}[v.state]
+        t.add_row("", "primary record (KV crossdc/primary)", escape(held),
+                  ok(v.state != "unreadable" and st.primary.agree))
         out.print(t)
+    p = st.primary
+    where = ("from Consul KV" if p.source == "consul" else
+             "from the topology file: Consul KV holds no record")
+    state = " — [red]fenced: a failover is under way, no writable primary[/]" \
+        if p.fenced else ""
+    out.print(f"primary: [bold]{p.region}[/] (epoch {p.epoch}, {where}){state}")
+    if p.note:
+        color = "yellow" if p.agree else "red"
+        out.print(f"[{color}]{escape(p.note)}[/]")
     verdict = "[green]all regions healthy[/]" if st.healthy else "[red]some regions unhealthy[/]"
     out.print(verdict)
 
