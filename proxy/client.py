@@ -8,12 +8,11 @@ Records are batched (`linger_ms`, `max_batch_records`, `max_batch_bytes`) into P
 calls, each with a deadline (`deadline_s`). Backpressure: at most `max_pending_records`
 records and `max_pending_bytes` bytes are pending (sent, not yet answered); `send()` waits for
 room beyond that (one record larger than the byte bound still goes when nothing is pending).
-A record that fails with UNAVAILABLE (no writable
-region, incomplete sync, proxy draining) or a call refused with UNAVAILABLE or
-RESOURCE_EXHAUSTED is sent again with the SAME idempotency key (one is generated when the
-caller gives none), so the proxy's idempotency window turns a retry of something that did land
-into the first result instead of a second copy. Other codes fail the record's future with
-`ProduceFailed` (`.code`, a grpc.StatusCode).
+A record that fails with UNAVAILABLE (no writable region, incomplete sync, proxy draining) or
+a call refused with UNAVAILABLE or RESOURCE_EXHAUSTED is sent again with the SAME idempotency
+key (one is generated when the caller gives none), so the proxy's idempotency window turns a
+retry of something that did land into the first result instead of a second copy. Other codes
+fail the record's future with `ProduceFailed` (`.code`, a grpc.StatusCode).
 
 Security: `token="cdc_..."` sends `authorization: Bearer <token>` metadata on every call.
 `tls=True` (or any of `root_ca`, `client_cert`/`client_key`) opens a TLS channel: `root_ca`

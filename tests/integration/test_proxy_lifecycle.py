@@ -119,7 +119,7 @@ async def test_undecodable_requests_are_invalid_argument_and_counted(
                 pass
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         # an empty topic name is INVALID_ARGUMENT too (not NOT_FOUND)
-        stub = pb_grpc.ProxyStub(ch)
+        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
         with pytest.raises(grpc.aio.AioRpcError) as ei:
             await stub.Produce(pb.ProduceRequest(record=pb.Record(topic="", key=b"k")),
                                timeout=5)
@@ -261,7 +261,7 @@ async def test_stop_is_bounded_when_a_producer_close_hangs(two_regions,  # type:
 
     async def hang() -> None:
         await asyncio.Event().wait()
-    producer.stop = hang  # type: ignore[method-assign]
+    producer.stop = hang
     t0 = time.monotonic()
     try:
         async with asyncio.timeout(10):
@@ -306,7 +306,7 @@ async def test_primary_record_naming_an_unknown_region_is_refused(two_regions,  
     try:
         async with ConsulClient(addr) as c, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            stub = pb_grpc.ProxyStub(ch)
+            stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
             good = server.primary.current
             rec, index = await read_primary(c)
             top = rec.epoch if rec is not None else 0
@@ -329,3 +329,60 @@ async def test_primary_record_naming_an_unknown_region_is_refused(two_regions,  
     finally:
         await server.stop()
 
+
+
+# -- a cancelled half-open probe, with the region's Kafka frozen (the dedicated north) ----
+
+async def test_cancelled_probe_during_a_frozen_kafka_does_not_block_the_region(  # type: ignore[no-untyped-def]
+        north, tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from proxy.config import BreakerSettings
+    stack, ntopo = north
+    pids = [int(p.read_text().strip())
+            for p in sorted((stack.paths.state / "north").glob("kafka-*/pid"))]
+    assert pids
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('rules:\n  - topic: "ord-*"\n    mode: ordered\n')
+    topic = unique("ord")
+    await create_topic(ntopo.region("north").kafka.bootstrap, topic, partitions=1)
+    # probes wait long (the region stays "reachable" while frozen); attempts are bounded by
+    # the call's deadline; one failure opens the breaker; its probe bound is far away
+    cfg = _cfg("north", kafka=KafkaWriterSettings(probe_interval_s=0.3, probe_timeout_s=60,
+                                                  attempt_timeout_s=20, retry_attempts=1),
+               breaker=BreakerSettings(failure_threshold=1, reset_timeout_s=0.3,
+                                       probe_timeout_s=600))
+    rec = pb.ProduceRequest(record=pb.Record(topic=topic, key=b"k", value=b"v"))
+    async with ProxyServer(ntopo, cfg, policy) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        breaker = server.writers["north"].breaker
+        assert (await stub.Produce(rec, timeout=30)).result.status == pb.STATUS_OK
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError):  # times out: the breaker opens
+                await stub.Produce(rec, timeout=1.5)
+
+            async def half_open_free() -> bool:
+                return breaker.available()
+            await eventually(half_open_free, 10, "breaker half-open")
+            call = stub.Produce(rec, timeout=60)   # takes the half-open probe ...
+
+            async def probing() -> bool:
+                return breaker.probing
+            await eventually(probing, 10, "the probe write is out")
+            call.cancel()                          # ... and the client goes away
+            await eventually(half_open_free, 10, "the cancelled probe released")
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+
+        async def writes() -> bool:
+            try:
+                r = await stub.Produce(rec, timeout=5)
+            except grpc.aio.AioRpcError:
+                return False
+            return bool(r.result.status == pb.STATUS_OK)
+        await eventually(writes, 30, "writes succeed again after Kafka resumed")
