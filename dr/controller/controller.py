@@ -1,0 +1,385 @@
+"""The DR controller: one per region, one of them leads.
+
+`Controller(topology, settings)` runs, in one TaskGroup (named tasks, a failing loop stops
+the controller): the leader lock (`controller:leader`), the health probes of every region
+(`controller:health`), the mirror lag measurements (`controller:lag`), the leader's work
+(`controller:lead`: correct stale datacenters, publish DNS, resume or start failovers), the
+standby metadata sync (`controller:sync`) and the HTTP server for /health and /metrics.
+Every controller probes; only the leader writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from crossdc.errors import ClientError
+from crossdc.primary import PrimaryRecord
+from crossdc.topology import Topology
+from dr.controller.config import ControllerSettings
+from dr.controller.datacenters import Datacenters, PrimaryView
+from dr.controller.dns import DnsPublisher
+from dr.controller.errors import ControllerError, FailoverRefused, NotLeader, StepFailed
+from dr.controller.failover import Behind, FailoverEngine, behind
+from dr.controller.health import Hysteresis, RegionProber
+from dr.controller.leader import LeaderLock
+from dr.controller.metrics import ControllerMetrics
+from dr.controller.state import (
+    FAILOVER_KEY,
+    GATE_KEY,
+    HEALTH_PREFIX,
+    FailoverRecord,
+    GateRecord,
+    LeaderRecord,
+    RegionHealth,
+    now_ms,
+)
+
+__all__ = ["Controller", "SyncHook"]
+
+log = structlog.get_logger("crossdc.controller")
+
+SyncHook = Callable[["Controller"], Awaitable[None]]
+"""One round of standby metadata sync (run by the leader every `sync.interval_s`)."""
+
+RETRY_FAILED_S = 5.0
+"""A failover that failed after its fence (no writable primary) is retried this often."""
+
+
+class Controller:
+    """One region's controller; `async with Controller(...)` or `start()`/`stop()`."""
+
+    def __init__(self, topology: Topology, settings: ControllerSettings, *,
+                 topology_path: Path | None = None, sync: SyncHook | None = None,
+                 metrics: ControllerMetrics | None = None) -> None:
+        topology.region(settings.region)  # unknown region: KeyError before anything starts
+        self.topology = topology
+        self.topology_path = topology_path
+        self.settings = settings
+        self.metrics = metrics or ControllerMetrics()
+        self.sync_hook = sync
+        self.dcs = Datacenters(topology, settings.consul_retry)
+        self.dns = DnsPublisher(self.dcs)
+        self.me = LeaderRecord(controller_id=settings.controller_id, region=settings.region,
+                               since_ms=now_ms())
+        self.lock: LeaderLock | None = None
+        self.hysteresis = {r.name: Hysteresis(r.name, settings.health.failures_to_down,
+                                              settings.health.successes_to_up)
+                           for r in topology.regions}
+        self.probers = {r.name: RegionProber(r, settings.health, settings.controller_id)
+                        for r in topology.regions}
+        self.lags: dict[tuple[str, str], Behind] = {}
+        self.view: PrimaryView | None = None
+        self.gate = GateRecord()
+        self.last_failover: FailoverRecord | None = None
+        self.engine = FailoverEngine(
+            topology, settings, self.dcs, self._persist,
+            last_behind=lambda s, t: self.lags.get((s, t)), publish_dns=self._publish_dns,
+            is_down=lambda r: self.hysteresis[r].status == "down", guard=self._guard)
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._runner: web.AppRunner | None = None
+        self.http_port: int | None = None
+        self._closed = False
+        self._failed_retry_at = 0.0
+        self._log = log.bind(region=settings.region, controller=settings.controller_id)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def leading(self) -> bool:
+        return self.lock is not None and self.lock.leading
+
+    async def __aenter__(self) -> Controller:
+        await self.start()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Serve /health and /metrics and start every loop (in the background)."""
+        if self._closed:
+            raise ControllerError("a stopped controller cannot start again")
+        if self._task is not None:
+            return
+        await self._start_http()
+        host = self.settings.http_host
+        self.me = self.me.model_copy(update={"http": f"{host}:{self.http_port}"})
+        self.lock = LeaderLock(self.dcs, self.settings.leader, self.me,
+                               (host, self.http_port or 0))
+        self._task = asyncio.create_task(self.run(), name=f"controller:{self.settings.region}")
+
+    async def wait(self) -> None:
+        """Until the controller ends (a failing loop raises here)."""
+        if self._task is not None:
+            await self._task
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop every loop, give the lock up, close every client; idempotent, bounded."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        try:
+            if self._task is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+                if not self._task.done():
+                    self._task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._task
+        finally:
+            for p in self.probers.values():
+                await p.stop()
+            if self._runner is not None:
+                await self._runner.cleanup()
+            await self.dcs.close()
+            self.metrics.leader.set(0)
+            self._log.info("controller_stopped")
+
+    async def run(self) -> None:
+        """Every loop in one TaskGroup until `stop()`."""
+        assert self.lock is not None
+        self._log.info("controller_started", http=self.me.http)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self.lock.run(self._stop), name="controller:leader")
+                tg.create_task(self._every(self.settings.health.interval_s, self._health_round),
+                               name="controller:health")
+                tg.create_task(self._every(2.0, self._lag_round), name="controller:lag")
+                tg.create_task(self._every(0.5, self._lead_round), name="controller:lead")
+                tg.create_task(self._every(self.settings.sync.interval_s, self._sync_round),
+                               name="controller:sync")
+        finally:
+            for p in self.probers.values():
+                await p.stop()
+
+    async def _every(self, interval_s: float, fn: Callable[[], Awaitable[None]]) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            await fn()
+            left = interval_s - (time.monotonic() - t0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), max(0.0, left))
+
+    # -- health --------------------------------------------------------------------------
+    async def _health_round(self) -> None:
+        rounds = await asyncio.gather(*(p.probe() for p in self.probers.values()))
+        changed = False
+        for region, rnd in zip(self.probers, rounds, strict=True):
+            for name, check in rnd.checks.items():
+                if check.latency_ms is not None:
+                    self.metrics.probe_seconds.labels(region=region, check=name).observe(
+                        check.latency_ms / 1000)
+                if not check.ok:
+                    self.metrics.probe_failures.labels(region=region, check=name).inc()
+            h = self.hysteresis[region]
+            if h.observe(rnd):
+                changed = True
+                self._log.warning("region_status", target_region=region, status=h.status,
+                                  failures=h.failures, checks={k: (c.ok, c.detail) for k, c
+                                                               in rnd.checks.items()})
+            self.metrics.set_status(region, h.status)
+        if self.leading:
+            await self._publish_health(changed)
+
+    def health(self) -> dict[str, RegionHealth]:
+        """Every region as this controller judges it now."""
+        out = {}
+        for region, h in self.hysteresis.items():
+            lag = sum(b.records or 0 for (s, t), b in self.lags.items() if t == region) \
+                if any(t == region for (_, t) in self.lags) else None
+            out[region] = h.snapshot(self.settings.controller_id, lag)
+        return out
+
+    _last_health_publish = 0.0
+
+    async def _publish_health(self, changed: bool) -> None:
+        if not changed and time.monotonic() - self._last_health_publish < 5.0:
+            return
+        self._last_health_publish = time.monotonic()
+        verdicts = self.health()
+        await self.dns.health(verdicts)
+        for region, v in verdicts.items():
+            await self.dcs.put_all(HEALTH_PREFIX + region, v)
+
+    async def _lag_round(self) -> None:
+        if not self.leading:
+            return
+        for flow in self.topology.flows:
+            if self.hysteresis[flow.source].status == "down":
+                continue  # keep the last figure: it is the RPO estimate
+            b = await behind(self.topology, flow.source, flow.target,
+                             self.settings.health.timeout_s * 3)
+            if b.records is not None:
+                self.lags[(flow.source, flow.target)] = b
+                self.metrics.mirror_lag.labels(source=flow.source, target=flow.target).set(
+                    b.records)
+
+    # -- the leader's work ---------------------------------------------------------------
+    def _guard(self) -> None:
+        if not self.leading:
+            raise NotLeader(f"{self.settings.controller_id} no longer leads")
+
+    async def _persist(self, record: FailoverRecord) -> None:
+        errors = await self.dcs.put_all(FAILOVER_KEY, record)
+        if len(errors) == len(self.dcs.clients):
+            raise StepFailed("persist", "no datacenter answers: " + "; ".join(errors.values()))
+        self.last_failover = record
+
+    async def _publish_dns(self, primary: PrimaryRecord) -> None:
+        errors = await self.dns.publish(primary, force=True)
+        if len(errors) == len(self.dcs.clients):
+            raise StepFailed("dns", "no datacenter answers: " + "; ".join(errors.values()))
+
+    async def _lead_round(self) -> None:
+        self.metrics.leader.set(1 if self.leading else 0)
+        if not self.leading:
+            return
+        try:
+            await self._lead_once()
+        except NotLeader:
+            self._log.warning("leadership_lost_mid_work")
+        except ClientError as exc:
+            self._log.info("lead_round_failed", error=str(exc))
+
+    async def _lead_once(self) -> None:
+        view = await self.dcs.primary()
+        self.view = view
+        if all(rec is None for rec in view.per_region.values()) and not view.invalid:
+            # First start: make the topology's primary explicit at epoch 0.
+            await self.dcs.cas_primary(view, PrimaryRecord.initial(self.topology))
+            view = await self.dcs.primary()
+            self.view = view
+        cur = view.current
+        self.metrics.epoch.set(cur.epoch)
+        self.metrics.fenced.set(1 if cur.fenced else 0)
+        self.metrics.fenced_since.set(cur.updated_ms / 1000 if cur.fenced else 0)
+        for r in self.topology.regions:
+            self.metrics.primary.labels(region=r.name).set(
+                1 if r.name == cur.region and not cur.fenced else 0)
+        for region in await self.dcs.correct_stale(view):
+            self.metrics.stale_dcs.labels(region=region).inc()
+        await self.dns.publish(cur)
+
+        gates, _ = await self.dcs.read_all(GATE_KEY, GateRecord)
+        self.gate = max((g for g in gates.values() if g is not None),
+                        key=lambda g: g.at_ms, default=GateRecord())
+        self.metrics.gate_closed.set(1 if self.gate.closed else 0)
+
+        records, _ = await self.dcs.read_all(FAILOVER_KEY, FailoverRecord)
+        newest = max((r for r in records.values() if r is not None),
+                     key=lambda r: r.updated_ms, default=None)
+        if newest is not None:
+            self.last_failover = newest
+            if newest.state == "running":
+                await self._execute(newest)
+                return
+            if newest.state == "failed" and cur.fenced and cur.epoch == newest.epoch and \
+                    time.monotonic() >= self._failed_retry_at:
+                # Fenced with nobody writable: never leave it so. Try the failed step again.
+                self._failed_retry_at = time.monotonic() + RETRY_FAILED_S
+                step = newest.next_step()
+                retry = newest.model_copy(update={"state": "running", "error": ""})
+                if step is not None:
+                    retry = retry.with_step(step, status="pending")
+                self._log.warning("failover_retry", failover=newest.id, step=step)
+                await self._persist(retry)
+                await self._execute(retry)
+                return
+        await self._maybe_auto(cur)
+
+    async def _execute(self, record: FailoverRecord) -> None:
+        self._log.warning("failover_executing", failover=record.id, source=record.source,
+                          target=record.target, step=record.next_step())
+        final = await self.engine.execute(record)
+        for s in final.steps:
+            if s.seconds is not None:
+                self.metrics.step_seconds.labels(step=s.name).observe(s.seconds)
+        self.metrics.failovers.labels(kind=final.kind, automatic=str(final.automatic).lower(),
+                                      result=final.state).inc()
+        if final.state == "done":
+            if final.rto_s is not None:
+                self.metrics.last_rto.set(final.rto_s)
+            if final.rpo_records is not None:
+                self.metrics.last_rpo.set(final.rpo_records)
+        self._log.warning("failover_ended", failover=final.id, state=final.state,
+                          rto_s=final.rto_s, rpo_records=final.rpo_records, error=final.error)
+
+    async def _maybe_auto(self, cur: PrimaryRecord) -> None:
+        f = self.settings.failover
+        if not f.auto or self.gate.closed or cur.fenced:
+            return
+        source = cur.region
+        h = self.hysteresis[source]
+        if h.status != "down":
+            return
+        if now_ms() - cur.updated_ms < f.wait_period_s * 1000:
+            return
+        for target in self.topology.preference:
+            if target == source or self.hysteresis[target].status not in ("up", "degraded"):
+                continue
+            try:
+                await self.engine.check(source, target, force=False)
+            except FailoverRefused as exc:
+                self._log.warning("auto_failover_refused", target=target, error=str(exc))
+                continue
+            record = FailoverRecord(source=source, target=target, automatic=True,
+                                    reason=f"{source} down: " + "; ".join(
+                                        f"{k}: {c.detail}" for k, c in
+                                        (h.last.checks.items() if h.last else ()) if not c.ok),
+                                    requested_by=self.engine.by,
+                                    fault_ms=h.first_failure_ms, detected_ms=h.since_ms)
+            self._log.warning("auto_failover", source=source, target=target,
+                              detection_s=(h.since_ms - (h.first_failure_ms or h.since_ms))
+                              / 1000)
+            await self._persist(record)
+            await self._execute(record)
+            return
+
+    async def _sync_round(self) -> None:
+        if not self.leading or self.sync_hook is None:
+            return
+        try:
+            await self.sync_hook(self)
+            self.metrics.sync_rounds.labels(result="ok").inc()
+        except (ClientError, ControllerError) as exc:
+            self.metrics.sync_rounds.labels(result="error").inc()
+            self._log.warning("sync_failed", error=str(exc))
+
+    # -- HTTP ----------------------------------------------------------------------------
+    async def _start_http(self) -> None:
+        app = web.Application()
+        app.router.add_get("/health", self._http_health)
+        app.router.add_get("/metrics", self._http_metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.http_host, self.settings.http_port)
+        await site.start()
+        server = site._server
+        assert server is not None
+        self.http_port = int(server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]
+
+    async def _http_health(self, request: web.Request) -> web.Response:
+        body = {
+            "controller": self.settings.controller_id, "region": self.settings.region,
+            "leading": self.leading,
+            "primary": self.view.current.model_dump() if self.view else None,
+            "gate": self.gate.model_dump(),
+            "regions": {r: v.model_dump() for r, v in self.health().items()},
+            "running": self._task is not None and not self._task.done(),
+        }
+        return web.json_response(body, status=200 if body["running"] else 503)
+
+    async def _http_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})

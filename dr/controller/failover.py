@@ -1,0 +1,346 @@
+"""The failover state machine: fence → lease wait → drain → offsets → promote → DNS → report.
+
+Every step is idempotent and the record of the failover (`FailoverRecord`, with each step's
+status) is written to every reachable datacenter after each step, so a controller that dies
+mid-way is resumed by the next leader at the first step not done, to the same end state.
+
+Safety rules (each enforced here, each tested):
+- one epoch, at most one writable primary: the fence writes epoch + 1 with no writable
+  primary, the promote names the target at that same epoch; both by compare-and-set;
+- never zero writable regions after a completed failover: the record is `done` only once the
+  promote is written in at least one datacenter; a failover that stops after its fence is
+  resumed by the leader until it is;
+- a target behind by more than `max_behind_records` / `max_behind_s` is refused unless
+  `force`;
+- automatic changes wait `wait_period_s` after any change of primary, and never while the
+  gate is closed (in `Controller`, which decides; this module executes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from crossdc.primary import PrimaryRecord
+from crossdc.topology import Flow, Topology
+from dr.controller.config import ControllerSettings
+from dr.controller.datacenters import Datacenters
+from dr.controller.errors import FailoverRefused, StepFailed
+from dr.controller.state import FailoverRecord, StepName, now_ms
+from mirror.errors import MirrorError
+from mirror.offsets import apply_offsets, group_members, translate_group
+from mirror.status import flow_status
+
+__all__ = ["Behind", "FailoverEngine", "behind"]
+
+log = structlog.get_logger("crossdc.controller.failover")
+
+Persist = Callable[[FailoverRecord], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Behind:
+    """How far `target` trails `source` through the mirror flow between them."""
+
+    records: int | None
+    """Records in the source the mirror has not copied yet; None: unknown."""
+    last_copy_age_s: float | None
+    """Seconds since the mirror last wrote a batch into the target."""
+    at_ms: int = field(default_factory=now_ms)
+    error: str | None = None
+    measured: bool = True
+    """False when taken from an earlier measurement (the source does not answer now)."""
+
+
+def flow_between(topology: Topology, source: str, target: str) -> Flow | None:
+    return next((f for f in topology.flows if f.source == source and f.target == target), None)
+
+
+async def behind(topology: Topology, source: str, target: str, timeout_s: float = 5.0
+                 ) -> Behind:
+    """Measure the mirror lag source → target now (from the source's group offsets)."""
+    flow = flow_between(topology, source, target)
+    if flow is None:
+        return Behind(None, None, error=f"no mirror flow {source} → {target} in the topology")
+    st = await flow_status(topology, flow, timeout_s)
+    if st.error:
+        return Behind(None, st.last_append_age_s, error=st.error)
+    return Behind(st.lag_records, st.last_append_age_s)
+
+
+class FailoverEngine:
+    """Checks and executes failovers; `persist` writes the record after every step."""
+
+    def __init__(self, topology: Topology, settings: ControllerSettings, dcs: Datacenters,
+                 persist: Persist, *, last_behind: Callable[[str, str], Behind | None]
+                 = lambda s, t: None,
+                 publish_dns: Callable[[PrimaryRecord], Awaitable[None]] | None = None,
+                 is_down: Callable[[str], bool] = lambda region: False,
+                 guard: Callable[[], None] = lambda: None,
+                 ) -> None:
+        self.topology = topology
+        self.settings = settings
+        self.dcs = dcs
+        self.persist = persist
+        self.last_behind = last_behind
+        self.publish_dns = publish_dns
+        self.is_down = is_down
+        """Whether the controller judges a region down (then it is not asked: no timeouts)."""
+        self.guard = guard
+        """Raises (NotLeader) when this controller may no longer act; checked before each
+        step."""
+        self.by = f"controller:{settings.controller_id}"
+
+    # -- checks --------------------------------------------------------------------------
+    async def measure_behind(self, source: str, target: str) -> Behind:
+        """Now if the source answers, else the last measurement the controller kept."""
+        if self.is_down(source):
+            earlier = self.last_behind(source, target)
+            if earlier is not None and earlier.records is not None:
+                return Behind(earlier.records, earlier.last_copy_age_s, earlier.at_ms,
+                              error=f"{source} is down", measured=False)
+        now = await behind(self.topology, source, target, self.settings.health.timeout_s * 3)
+        if now.records is not None:
+            return now
+        earlier = self.last_behind(source, target)
+        if earlier is not None and earlier.records is not None:
+            return Behind(earlier.records, earlier.last_copy_age_s, earlier.at_ms,
+                          error=now.error, measured=False)
+        return now
+
+    async def check(self, source: str, target: str, force: bool) -> Behind:
+        """Refuse a target that is not a region, is the primary already, or is too far
+        behind (unless `force`). Returns how far behind it is."""
+        names = [r.name for r in self.topology.regions]
+        if target not in names:
+            raise FailoverRefused("unknown-region", f"{target!r} is not a region "
+                                  f"(regions: {', '.join(names)})")
+        if target == source:
+            raise FailoverRefused("already-primary", f"{target} is already the primary")
+        lag = await self.measure_behind(source, target)
+        if force:
+            return lag
+        f = self.settings.failover
+        if lag.records is None:
+            raise FailoverRefused(
+                "target-behind", f"cannot tell how far {target} is behind {source} "
+                f"({lag.error}); pass --force to fail over without knowing")
+        if lag.records > f.max_behind_records:
+            raise FailoverRefused(
+                "target-behind", f"{target} is {lag.records} record(s) behind {source} "
+                f"(bound {f.max_behind_records}); pass --force to accept losing them")
+        if lag.records and lag.last_copy_age_s is not None and \
+                lag.last_copy_age_s > f.max_behind_s:
+            raise FailoverRefused(
+                "target-behind", f"the mirror into {target} last copied "
+                f"{lag.last_copy_age_s:.0f} s ago with {lag.records} record(s) pending "
+                f"(bound {f.max_behind_s:g} s); pass --force to accept")
+        return lag
+
+    def plan(self, record: FailoverRecord, current: PrimaryRecord) -> list[str]:
+        """What each step would change (`--dry-run`)."""
+        f = self.settings.failover
+        fenced_epoch = current.epoch + 1
+        regions = ", ".join(r.name for r in self.topology.regions)
+        return [
+            f"fence: write crossdc/primary = {{region: {record.source}, epoch: "
+            f"{fenced_epoch}, fenced: true}} by compare-and-set in every reachable "
+            f"datacenter ({regions}); ordered and sync writes stop everywhere",
+            f"lease_wait: wait {f.primary_lease_s + f.lease_margin_s:g} s (primary_lease_s "
+            f"{f.primary_lease_s:g} + margin): no proxy can still write ordered records to "
+            f"{record.source}",
+            f"drain: if {record.source} answers, wait up to {f.drain_timeout_s:g} s for the "
+            f"mirror {record.source} → {record.target} to copy what is left",
+            f"offsets: translate the committed offsets of consumer groups from "
+            f"{record.source} and commit them in {record.target} (groups inactive there)",
+            f"promote: write crossdc/primary = {{region: {record.target}, epoch: "
+            f"{fenced_epoch}, fenced: false}} in every reachable datacenter",
+            f"dns: tag {record.target}'s kafka service `primary`, untag {record.source}'s; "
+            f"the prepared query kafka-primary answers {record.target}",
+            "report: record RTO, RPO and the step timings in crossdc/controller/failover",
+        ]
+
+    # -- execution -----------------------------------------------------------------------
+    async def execute(self, record: FailoverRecord) -> FailoverRecord:
+        """Run (or resume) `record` to its end; returns the final record (state done or
+        failed, persisted)."""
+        steps: dict[StepName, Callable[[FailoverRecord], Awaitable[FailoverRecord]]] = {
+            "fence": self._fence, "lease_wait": self._lease_wait, "drain": self._drain,
+            "offsets": self._offsets, "promote": self._promote, "dns": self._dns,
+            "report": self._report}
+        blog = log.bind(failover=record.id, source=record.source, target=record.target)
+        while (name := record.next_step()) is not None:
+            self.guard()
+            step = record.step(name)
+            if step.status != "running":
+                record = record.with_step(name, status="running", started_ms=now_ms(),
+                                          detail="")
+                await self.persist(record)
+            t0 = time.monotonic()
+            try:
+                record = await steps[name](record)
+            except StepFailed as exc:
+                blog.error("failover_step_failed", step=name, error=str(exc))
+                record = record.with_step(name, status="failed", ended_ms=now_ms(),
+                                          detail=str(exc))
+                record = record.model_copy(update={"state": "failed", "error": str(exc),
+                                                   "ended_ms": now_ms()})
+                await self.persist(record)
+                return record
+            if record.step(name).status == "running":
+                record = record.with_step(name, status="done", ended_ms=now_ms())
+            blog.info("failover_step_done", step=name, epoch=record.epoch,
+                      seconds=round(time.monotonic() - t0, 3),
+                      status=record.step(name).status, detail=record.step(name).detail)
+            await self.persist(record)
+        return record
+
+    async def _fence(self, rec: FailoverRecord) -> FailoverRecord:
+        for _ in range(3):
+            view = await self.dcs.primary()
+            cur = view.current
+            if rec.epoch is not None and cur.epoch >= rec.epoch:
+                # Resumed: our fence (or something newer) is already there.
+                if cur.epoch > rec.epoch or (not cur.fenced and cur.region != rec.target):
+                    raise StepFailed("fence", f"crossdc/primary moved on to epoch "
+                                     f"{cur.epoch} ({cur.region}) meanwhile")
+                return rec.with_step("fence", detail=f"epoch {rec.epoch} already fenced")
+            if not view.per_region and view.unreachable:
+                raise StepFailed("fence", "no datacenter answers: "
+                                 + "; ".join(f"{r}: {e}" for r, e in view.unreachable.items()))
+            fenced = cur.fence(self.by)
+            written, failed = await self.dcs.cas_primary(view, fenced)
+            if written:
+                detail = f"epoch {fenced.epoch} fenced in {', '.join(written)}"
+                if failed:
+                    detail += "; not in " + ", ".join(f"{r} ({e})" for r, e in failed.items())
+                return rec.model_copy(update={"epoch": fenced.epoch}).with_step(
+                    "fence", detail=detail)
+            # Every CAS lost: someone wrote meanwhile; look again.
+        raise StepFailed("fence", "compare-and-set lost three times in a row")
+
+    async def _lease_wait(self, rec: FailoverRecord) -> FailoverRecord:
+        f = self.settings.failover
+        fenced_at = rec.step("fence").ended_ms or rec.step("fence").started_ms or now_ms()
+        until = fenced_at + int((f.primary_lease_s + f.lease_margin_s) * 1000)
+        left = (until - now_ms()) / 1000
+        if left > 0:
+            await asyncio.sleep(left)  # the lease is a time bound by design: wait it out
+        return rec.with_step("lease_wait", detail=f"{f.primary_lease_s:g} s lease run out")
+
+    async def _drain(self, rec: FailoverRecord) -> FailoverRecord:
+        f = self.settings.failover
+        deadline = time.monotonic() + f.drain_timeout_s
+        first: Behind | None = None
+        last = Behind(None, None, error=f"{rec.source} is down")
+        while not self.is_down(rec.source):
+            last = await behind(self.topology, rec.source, rec.target,
+                                self.settings.health.timeout_s * 3)
+            if first is None:
+                first = last
+            if last.records is None or last.records == 0 or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.2)  # poll the mirror's progress
+        if last.records is None:
+            earlier = self.last_behind(rec.source, rec.target)
+            est = earlier.records if earlier is not None else None
+            return rec.model_copy(update={"rpo_records": est, "rpo_exact": False}).with_step(
+                "drain", status="skipped",
+                detail=f"{rec.source} does not answer ({last.error}); RPO estimate "
+                f"{est if est is not None else 'unknown'} record(s) from the last lag seen")
+        drained = max(0, (first.records or 0) - last.records) if first else 0
+        return rec.model_copy(update={"rpo_records": last.records, "rpo_exact": True,
+                                      "drained_records": drained}).with_step(
+            "drain", detail=f"{drained} record(s) copied, {last.records} left")
+
+    async def _offsets(self, rec: FailoverRecord) -> FailoverRecord:
+        src = self.topology.region(rec.source).kafka.bootstrap
+        dst = self.topology.region(rec.target).kafka.bootstrap
+        if self.is_down(rec.source):
+            return rec.with_step("offsets", status="skipped",
+                                 detail=f"{rec.source} is down; the offsets the standby "
+                                 "sync applied stand")
+        try:
+            mirror_groups = {f.group or f"crossdc-mirror-{f.source}-{f.target}"
+                             for f in self.topology.flows}
+            groups = [g for g in await _user_groups(src, self.settings.health.timeout_s * 3)
+                      if g not in mirror_groups]
+        except (KafkaError, OSError, TimeoutError) as exc:
+            return rec.with_step("offsets", status="skipped",
+                                 detail=f"{rec.source} does not answer ({exc!r}); the "
+                                 "offsets the standby sync applied stand")
+        moved, notes = 0, []
+        for group in groups:
+            try:
+                _, members = await group_members(dst, group)
+                if members:
+                    notes.append(f"{group}: active in {rec.target}, left as is")
+                    continue
+                rows = await translate_group(group, rec.source, src, dst)
+                if await apply_offsets(group, dst, rows):
+                    moved += 1
+            except MirrorError as exc:
+                notes.append(f"{group}: {exc}")
+        detail = f"{moved} group(s) moved" + (f"; {'; '.join(notes)}" if notes else "")
+        return rec.model_copy(update={"groups_moved": moved}).with_step("offsets",
+                                                                        detail=detail)
+
+    async def _promote(self, rec: FailoverRecord) -> FailoverRecord:
+        assert rec.epoch is not None
+        for _ in range(3):
+            view = await self.dcs.primary()
+            cur = view.current
+            if cur.epoch == rec.epoch and not cur.fenced:
+                if cur.region != rec.target:
+                    raise StepFailed("promote", f"epoch {rec.epoch} names {cur.region}")
+                if not view.stale:
+                    return rec.with_step("promote", detail=f"{rec.target} already primary at "
+                                         f"epoch {rec.epoch}")
+                await self.dcs.correct_stale(view)
+                return rec.with_step("promote", detail=f"{rec.target} primary at epoch "
+                                     f"{rec.epoch} (stale datacenters corrected)")
+            if cur.epoch != rec.epoch or not cur.fenced:
+                raise StepFailed("promote", f"expected epoch {rec.epoch} fenced, found "
+                                 f"epoch {cur.epoch} ({cur.region}, fenced={cur.fenced})")
+            promoted = cur.promote(rec.target, self.by)
+            written, failed = await self.dcs.cas_primary(view, promoted)
+            if written:
+                detail = f"{rec.target} primary at epoch {rec.epoch} in {', '.join(written)}"
+                if failed:
+                    detail += "; not yet in " + ", ".join(failed)
+                return rec.with_step("promote", detail=detail)
+        raise StepFailed("promote", "compare-and-set lost three times in a row")
+
+    async def _dns(self, rec: FailoverRecord) -> FailoverRecord:
+        if self.publish_dns is None:
+            return rec.with_step("dns", status="skipped", detail="no DNS publisher")
+        view = await self.dcs.primary()
+        await self.publish_dns(view.current)
+        return rec.with_step("dns", detail=f"kafka primary tag on {view.current.region}")
+
+    async def _report(self, rec: FailoverRecord) -> FailoverRecord:
+        done = rec.with_step("report", detail=(
+            f"RTO {rec.rto_s:.2f} s, RPO {rec.rpo_records} record(s)"
+            f"{'' if rec.rpo_exact else ' (estimate)'}" if rec.rto_s is not None else ""))
+        return done.with_step("report", status="done", ended_ms=now_ms()).model_copy(
+            update={"state": "done", "ended_ms": now_ms()})
+
+
+async def _user_groups(bootstrap: str, timeout_s: float) -> list[str]:
+    """Consumer groups that users run (not the mirror's own)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap,
+                                request_timeout_ms=int(timeout_s * 1000))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            listed = await admin.list_consumer_groups()
+    finally:
+        await admin.close()
+    return sorted(g[0] for g in listed
+                  if not g[0].startswith(("crossdc-mirror", "_crossdc", "crossdc-controller")))

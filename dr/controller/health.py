@@ -1,0 +1,227 @@
+"""Per-region health: probes (Kafka metadata, a canary round trip, the proxy's gRPC health)
+and the hysteresis that turns probe rounds into up / degraded / down.
+
+`Hysteresis` is pure (unit-tested with made-up rounds); `RegionProber` owns one region's
+long-lived Kafka clients, so a probe costs a round trip, not a bootstrap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from crossdc.topology import Region
+from dr.controller.config import HealthSettings
+from dr.controller.state import CheckResult, RegionHealth, now_ms
+
+__all__ = ["Hysteresis", "RegionProber", "Round"]
+
+log = structlog.get_logger("crossdc.controller.health")
+
+# What makes a region down: its Kafka does not answer, or cannot take and return a record.
+# A failing proxy only degrades it (the region's data path is still there).
+CRITICAL = ("kafka", "canary")
+
+
+@dataclass
+class Round:
+    """One probe round of one region."""
+
+    checks: dict[str, CheckResult]
+    at_ms: int = field(default_factory=now_ms)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for name, c in self.checks.items() if name in CRITICAL)
+
+    @property
+    def degraded(self) -> bool:
+        return self.ok and not all(c.ok for c in self.checks.values())
+
+
+class Hysteresis:
+    """N consecutive failed rounds make a region down; M consecutive good ones bring it back.
+
+    The first failed round of a run is remembered (`first_failure_ms`): it is the best
+    estimate of when the fault began, which RTO is measured from."""
+
+    def __init__(self, region: str, failures_to_down: int, successes_to_up: int) -> None:
+        self.region = region
+        self.failures_to_down = failures_to_down
+        self.successes_to_up = successes_to_up
+        self.status: Literal["up", "degraded", "down", "unknown"] = "unknown"
+        self.since_ms = now_ms()
+        self.failures = 0
+        self.successes = 0
+        self.first_failure_ms: int | None = None
+        self.last: Round | None = None
+
+    def observe(self, rnd: Round) -> bool:
+        """Take one round; True when the status changed."""
+        self.last = rnd
+        before = self.status
+        if rnd.ok:
+            self.successes += 1
+            self.failures = 0
+            if self.status in ("unknown", "up", "degraded") or \
+                    self.successes >= self.successes_to_up:
+                self.status = "degraded" if rnd.degraded else "up"
+                self.first_failure_ms = None
+        else:
+            self.failures += 1
+            self.successes = 0
+            if self.first_failure_ms is None:
+                self.first_failure_ms = rnd.at_ms
+            if self.failures >= self.failures_to_down:
+                self.status = "down"
+        if self.status != before:
+            self.since_ms = rnd.at_ms
+            return True
+        return False
+
+    def snapshot(self, observed_by: str, mirror_lag: int | None = None) -> RegionHealth:
+        return RegionHealth(region=self.region, status=self.status,
+                            since_ms=self.since_ms, failures=self.failures,
+                            first_failure_ms=self.first_failure_ms,
+                            checks=dict(self.last.checks) if self.last else {},
+                            mirror_lag_records=mirror_lag, observed_by=observed_by,
+                            at_ms=self.last.at_ms if self.last else now_ms())
+
+
+def _ms(t0: float) -> float:
+    return round((time.monotonic() - t0) * 1000, 2)
+
+
+class RegionProber:
+    """Probes one region: `await prober.probe()` → a Round. `start()`/`stop()`."""
+
+    def __init__(self, region: Region, settings: HealthSettings, controller_id: str) -> None:
+        self.region = region
+        self.settings = settings
+        self.controller_id = controller_id
+        self._bootstrap = region.kafka.bootstrap
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._tp = TopicPartition(settings.canary_topic, 0)
+        self._closed = False
+        self._canary_ready = False
+
+    async def start(self) -> None:
+        """Nothing to open up front: clients are made on the first probe that needs them (a
+        region down at start must not keep the controller from starting)."""
+
+    async def stop(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._drop_clients()
+
+    async def _drop_clients(self) -> None:
+        p, c = self._producer, self._consumer
+        self._producer = self._consumer = None
+        self._canary_ready = False
+        for client in (p, c):
+            if client is not None:
+                try:
+                    async with asyncio.timeout(2.0):
+                        await client.stop()
+                except (TimeoutError, KafkaError, OSError) as exc:
+                    log.debug("probe_client_close_failed", region=self.region.name,
+                              error=repr(exc))
+
+    async def probe(self) -> Round:
+        checks: dict[str, CheckResult] = {}
+        checks["kafka"] = await self._kafka()
+        if self.settings.canary:
+            checks["canary"] = (await self._canary() if checks["kafka"].ok else
+                                CheckResult(ok=False, detail="kafka unreachable"))
+        if self.settings.proxy and self.region.proxy is not None:
+            checks["proxy"] = await self._proxy()
+        return Round(checks)
+
+    async def _kafka(self) -> CheckResult:
+        t0 = time.monotonic()
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap,
+                                    request_timeout_ms=int(self.settings.timeout_s * 1000))
+        try:
+            async with asyncio.timeout(self.settings.timeout_s):
+                await admin.start()
+                meta = await admin.describe_cluster()
+            brokers = len(meta.get("brokers", []))
+            return CheckResult(ok=brokers > 0, latency_ms=_ms(t0),
+                               detail=f"{brokers} broker(s), controller "
+                               f"{meta.get('controller_id')}")
+        except (TimeoutError, KafkaError, OSError) as exc:
+            return CheckResult(ok=False, latency_ms=_ms(t0),
+                               detail=f"metadata: {exc.__class__.__name__} {exc}".strip())
+        finally:
+            try:
+                async with asyncio.timeout(1.0):
+                    await admin.close()
+            except (TimeoutError, KafkaError, OSError):
+                pass
+
+    async def _ensure_canary(self) -> None:
+        if self._canary_ready:
+            return
+        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
+        try:
+            await admin.start()
+            if self.settings.canary_topic not in await admin.list_topics():
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    await admin.create_topics([NewTopic(
+                        self.settings.canary_topic, 1, 1,
+                        topic_configs={"retention.ms": "3600000"})])
+        finally:
+            await admin.close()
+        if self._producer is None:
+            self._producer = AIOKafkaProducer(
+                bootstrap_servers=self._bootstrap, acks="all", linger_ms=0,
+                request_timeout_ms=int(self.settings.timeout_s * 1000))
+            await self._producer.start()
+        if self._consumer is None:
+            self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap,
+                                              enable_auto_commit=False)
+            await self._consumer.start()
+            self._consumer.assign([self._tp])
+            await self._consumer.seek_to_end(self._tp)
+        self._canary_ready = True
+
+    async def _canary(self) -> CheckResult:
+        """Produce a record and read it back: the region takes and serves data."""
+        t0 = time.monotonic()
+        token = uuid.uuid4().hex.encode()
+        try:
+            async with asyncio.timeout(self.settings.timeout_s * 2):
+                await self._ensure_canary()
+                assert self._producer is not None
+                assert self._consumer is not None
+                meta = await self._producer.send_and_wait(
+                    self.settings.canary_topic, token,
+                    key=self.controller_id.encode(), partition=0)
+                while True:
+                    batch = await self._consumer.getmany(self._tp, timeout_ms=200)
+                    if any(r.value == token for recs in batch.values() for r in recs):
+                        break
+            return CheckResult(ok=True, latency_ms=_ms(t0), detail=f"offset {meta.offset}")
+        except (TimeoutError, KafkaError, OSError) as exc:
+            # Start afresh next round: a client that saw its broker die may be wedged.
+            await self._drop_clients()
+            return CheckResult(ok=False, latency_ms=_ms(t0),
+                               detail=f"canary: {exc.__class__.__name__} {exc}".strip())
+
+    async def _proxy(self) -> CheckResult:
+        from dr.controller.grpc_health import check_serving
+        t0 = time.monotonic()
+        assert self.region.proxy is not None
+        ok, detail = await check_serving(self.region.proxy.endpoint, self.settings.timeout_s)
+        return CheckResult(ok=ok, latency_ms=_ms(t0), detail=detail)

@@ -1,0 +1,61 @@
+"""The controller's Prometheus metrics (own registry, served on its /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["ControllerMetrics"]
+
+_STATUSES = ("up", "degraded", "down", "unknown")
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.leader = Gauge("crossdc_controller_leader", "1 while this controller leads.",
+                            registry=r)
+        self.region_status = Gauge("crossdc_controller_region_status",
+                                   "1 for the region's current status (after hysteresis).",
+                                   ["region", "status"], registry=r)
+        self.probe_seconds = Histogram("crossdc_controller_probe_seconds",
+                                       "One probe of one region.", ["region", "check"],
+                                       buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5),
+                                       registry=r)
+        self.probe_failures = Counter("crossdc_controller_probe_failures_total",
+                                      "Failed probes.", ["region", "check"], registry=r)
+        self.primary = Gauge("crossdc_controller_primary",
+                             "1 for the region named primary in Consul (newest record).",
+                             ["region"], registry=r)
+        self.epoch = Gauge("crossdc_controller_primary_epoch", "The primary record's epoch.",
+                           registry=r)
+        self.fenced = Gauge("crossdc_controller_fenced",
+                            "1 while the primary record is fenced (no writable primary).",
+                            registry=r)
+        self.fenced_since = Gauge("crossdc_controller_fenced_since_seconds",
+                                  "Unix time the current fenced state began (0: not fenced).",
+                                  registry=r)
+        self.gate_closed = Gauge("crossdc_controller_gate_closed",
+                                 "1 while the gate stops automatic failover.", registry=r)
+        self.stale_dcs = Counter("crossdc_controller_stale_datacenters_corrected_total",
+                                 "Datacenters found with an older primary record and "
+                                 "corrected.", ["region"], registry=r)
+        self.mirror_lag = Gauge("crossdc_controller_mirror_lag_records",
+                                "Records of the source the mirror has not copied.",
+                                ["source", "target"], registry=r)
+        self.failovers = Counter("crossdc_controller_failovers_total", "Failovers ended.",
+                                 ["kind", "automatic", "result"], registry=r)
+        self.step_seconds = Histogram("crossdc_controller_failover_step_seconds",
+                                      "Duration of each failover step.", ["step"],
+                                      buckets=(.01, .05, .1, .5, 1, 2, 5, 10, 30, 60),
+                                      registry=r)
+        self.last_rto = Gauge("crossdc_controller_last_rto_seconds",
+                              "RTO of the last completed failover.", registry=r)
+        self.last_rpo = Gauge("crossdc_controller_last_rpo_records",
+                              "RPO (records) of the last completed failover.", registry=r)
+        self.sync_rounds = Counter("crossdc_controller_sync_rounds_total",
+                                   "Standby metadata sync rounds.", ["result"], registry=r)
+
+    def set_status(self, region: str, status: str) -> None:
+        for s in _STATUSES:
+            self.region_status.labels(region=region, status=s).set(1 if s == status else 0)

@@ -1,0 +1,158 @@
+"""What the controller keeps in Consul KV (every reachable datacenter), as pydantic records.
+
+    crossdc/primary                      crossdc.primary.PrimaryRecord (the routing truth)
+    crossdc/controller/leader            the lock; value LeaderRecord (who leads)
+    crossdc/controller/gate              GateRecord: closed → no automatic failover
+    crossdc/controller/failover          FailoverRecord: the failover under way or the last one
+    crossdc/controller/health/<region>   RegionHealth as the leader last judged it
+
+Consul KV is per datacenter: writers write every datacenter they reach; readers take the
+newest (`FailoverRecord.updated_ms`, `PrimaryRecord.supersedes`).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["FAILOVER_KEY", "GATE_KEY", "HEALTH_PREFIX", "LEADER_KEY", "STEPS", "CheckResult",
+           "FailoverRecord", "GateRecord", "LeaderRecord", "RegionHealth", "StepRecord",
+           "now_ms"]
+
+LEADER_KEY = "crossdc/controller/leader"
+GATE_KEY = "crossdc/controller/gate"
+FAILOVER_KEY = "crossdc/controller/failover"
+HEALTH_PREFIX = "crossdc/controller/health/"
+
+StepName = Literal["fence", "lease_wait", "drain", "offsets", "promote", "dns", "report"]
+STEPS: tuple[StepName, ...] = ("fence", "lease_wait", "drain", "offsets", "promote", "dns",
+                               "report")
+"""The failover steps, in order; each is idempotent, so a new leader resumes at the first one
+not done."""
+
+_REC = ConfigDict(extra="forbid", frozen=True)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class LeaderRecord(BaseModel):
+    """The value of the leader lock key."""
+
+    model_config = _REC
+
+    controller_id: str
+    region: str
+    http: str = Field("", description="host:port of its /health and /metrics.")
+    since_ms: int = 0
+
+
+class GateRecord(BaseModel):
+    """The manual gate: closed stops automatic failover (maintenance)."""
+
+    model_config = _REC
+
+    closed: bool = False
+    by: str = ""
+    reason: str = ""
+    at_ms: int = 0
+
+
+class StepRecord(BaseModel):
+    """One failover step's progress."""
+
+    model_config = _REC
+
+    name: StepName
+    status: Literal["pending", "running", "done", "skipped", "failed"] = "pending"
+    started_ms: int | None = None
+    ended_ms: int | None = None
+    detail: str = ""
+
+    @property
+    def seconds(self) -> float | None:
+        if self.started_ms is None or self.ended_ms is None:
+            return None
+        return (self.ended_ms - self.started_ms) / 1000
+
+
+class FailoverRecord(BaseModel):
+    """A failover (or failback) from `source` to `target`, its steps and its figures."""
+
+    model_config = _REC
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    kind: Literal["failover", "failback"] = "failover"
+    source: str
+    target: str
+    reason: str = ""
+    requested_by: str = ""
+    automatic: bool = False
+    force: bool = False
+    epoch: int | None = Field(None, description="The fenced epoch (set by the fence step).")
+    state: Literal["running", "done", "failed"] = "running"
+    error: str = ""
+    fault_ms: int | None = Field(None, description="When the source was first seen failing "
+                                 "(automatic failovers).")
+    detected_ms: int | None = Field(None, description="When the source was judged down.")
+    started_ms: int = Field(default_factory=now_ms)
+    updated_ms: int = Field(default_factory=now_ms)
+    ended_ms: int | None = None
+    rpo_records: int | None = Field(None, description="Records the target lacked at the "
+                                    "fence (the mirror lag then; exact once the source is read "
+                                    "back at failback).")
+    rpo_exact: bool = False
+    drained_records: int = 0
+    groups_moved: int = 0
+    steps: list[StepRecord] = Field(default_factory=lambda: [StepRecord(name=s) for s in STEPS])
+
+    def step(self, name: StepName) -> StepRecord:
+        return next(s for s in self.steps if s.name == name)
+
+    def with_step(self, name: StepName, **changes: object) -> FailoverRecord:
+        """A copy with step `name` changed (and `updated_ms` now)."""
+        steps = [s.model_copy(update=changes) if s.name == name else s for s in self.steps]
+        return self.model_copy(update={"steps": steps, "updated_ms": now_ms()})
+
+    def next_step(self) -> StepName | None:
+        """The first step not done or skipped (where a resumed failover goes on)."""
+        return next((s.name for s in self.steps if s.status not in ("done", "skipped")), None)
+
+    @property
+    def rto_s(self) -> float | None:
+        """Fault (or start) to the promote step's end: when ordered writes flow again."""
+        promote = self.step("promote")
+        if promote.ended_ms is None:
+            return None
+        start = self.fault_ms if self.fault_ms is not None else self.started_ms
+        return (promote.ended_ms - start) / 1000
+
+
+class CheckResult(BaseModel):
+    """One probe of one region."""
+
+    model_config = _REC
+
+    ok: bool
+    latency_ms: float | None = None
+    detail: str = ""
+
+
+class RegionHealth(BaseModel):
+    """A region as the leader judges it (after hysteresis)."""
+
+    model_config = _REC
+
+    region: str
+    status: Literal["up", "degraded", "down", "unknown"] = "unknown"
+    since_ms: int = 0
+    failures: int = 0
+    first_failure_ms: int | None = None
+    checks: dict[str, CheckResult] = Field(default_factory=dict)
+    mirror_lag_records: int | None = None
+    observed_by: str = ""
+    at_ms: int = 0

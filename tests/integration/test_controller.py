@@ -1,0 +1,327 @@
+"""The DR controller against the real two-region stack (Kafka 4.x KRaft + Consul, WAN-joined):
+leader election and takeover, manual failover and failback with DNS, the safety rules, a
+failover resumed by the next leader. Controllers run in this process (fast settings) except
+where a test kills one with SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import dns.asyncresolver
+import dns.rdatatype
+import pytest
+from kafka_helpers import create_topic, eventually, produce, unique  # type: ignore[import-not-found]
+from tests_support import write_topology  # type: ignore[import-not-found]
+
+from crossdc.primary import PRIMARY_KEY, PrimaryRecord
+from crossdc.topology import Flow, Topology, split_hostport
+from dr.controller import Controller, ControllerSettings, FailoverRefused
+from dr.controller.config import FailoverSettings, HealthSettings, LeaderSettings, SyncSettings
+from dr.controller.datacenters import Datacenters
+from dr.controller.ops import leader_of, newest_failover, plan_failover, start_failover
+from dr.controller.state import FAILOVER_KEY, LEADER_KEY, FailoverRecord
+from mirror import MirrorWorker
+
+pytestmark = pytest.mark.timeout(240)
+
+TOPIC_RE = "ctl-.*"
+
+
+def fast(region: str, *, auto: bool = False, max_behind: int = 10_000,
+         controller_id: str | None = None) -> ControllerSettings:
+    """Settings for tests: quick probes, a short lease (the defaults are for production)."""
+    extra = {"controller_id": controller_id} if controller_id else {}
+    return ControllerSettings(
+        region=region, **extra,
+        health=HealthSettings(interval_s=0.3, timeout_s=1.0, failures_to_down=2,
+                              successes_to_up=2, proxy=False),
+        leader=LeaderSettings(check_ttl_s=2.0, lock_delay_s=1, retry_interval_s=0.3),
+        failover=FailoverSettings(auto=auto, primary_lease_s=1.0, lease_margin_s=0.2,
+                                  wait_period_s=1.0, drain_timeout_s=5.0,
+                                  max_behind_records=max_behind),
+        sync=SyncSettings(interval_s=3600))
+
+
+@pytest.fixture
+async def topo(two_regions, tmp_path: Path) -> Topology:  # type: ignore[no-untyped-def]
+    """The shared stack's topology with mirror flows both ways for `ctl-*` topics."""
+    base: Topology = two_regions.topology
+    return base.model_copy(update={"flows": [
+        Flow(source="east", target="west", topics=TOPIC_RE, group=unique("ctl-m-ew"),
+             discovery_interval_s=0.5),
+        Flow(source="west", target="east", topics=TOPIC_RE, group=unique("ctl-m-we"),
+             discovery_interval_s=0.5)]})
+
+
+async def reset(dcs: Datacenters) -> None:
+    """East primary (writable) in every datacenter, no controller records."""
+    for client in dcs.clients.values():
+        await client.kv_delete("crossdc/controller/", recurse=True)
+    view = await dcs.primary()
+    cur = view.current
+    if cur.writable != dcs.topology.primary or not view.agree:
+        fenced = cur if cur.fenced else cur.fence("test-reset")
+        if not cur.fenced:
+            await dcs.cas_primary(view, fenced)
+            view = await dcs.primary()
+        await dcs.cas_primary(view, fenced.promote(dcs.topology.primary, "test-reset"))
+
+
+@pytest.fixture
+async def dcs(topo: Topology) -> AsyncIterator[Datacenters]:
+    async with Datacenters(topo) as d:
+        await reset(d)
+        yield d
+        await reset(d)
+
+
+async def leaders(*ctls: Controller) -> list[Controller]:
+    return [c for c in ctls if c.leading]
+
+
+async def test_one_controller_leads_and_a_clean_stop_hands_over(topo: Topology,
+                                                                dcs: Datacenters) -> None:
+    east = Controller(topo, fast("east"))
+    west = Controller(topo, fast("west"))
+    async with east, west:
+        async def one_leader() -> bool:
+            return len(await leaders(east, west)) == 1
+        await eventually(one_leader, 20, "exactly one leader")
+        first = (await leaders(east, west))[0]
+        other = west if first is east else east
+        holder = await leader_of(dcs)
+        assert holder is not None
+        assert holder.controller_id == first.settings.controller_id
+        t0 = time.monotonic()
+        await first.stop()
+
+        async def other_leads() -> bool:
+            return other.leading
+        await eventually(other_leads, 15, "the other controller leads")
+        assert time.monotonic() - t0 < 15
+        # Both keep probing; the leader wrote the first explicit primary record (epoch kept).
+        view = await dcs.primary()
+        assert view.current.writable == "east"
+        assert view.agree
+
+
+async def test_killed_leader_is_replaced_within_15_s(topo: Topology, dcs: Datacenters,
+                                                     tmp_path: Path) -> None:
+    path = write_topology(topo, tmp_path / "topology.yaml")
+    cfg = tmp_path / "controller.yaml"
+    cfg.write_text("region: east\nhealth: {interval_s: 0.5, proxy: false}\n"
+                   "sync: {interval_s: 3600}\n")
+    procs = {}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for region in ("east", "west"):
+        log_file = (tmp_path / f"{region}.log").open("wb")
+        procs[region] = subprocess.Popen(  # noqa: ASYNC220 - a server that outlives the call
+            [sys.executable, "-m", "dr.cli", "controller", "run", "--region", region,
+             "--topology", str(path), "--config", str(cfg)],
+            stdout=subprocess.DEVNULL, stderr=log_file, env=env, start_new_session=True)
+        log_file.close()
+    try:
+        async def someone_leads() -> bool:
+            return await leader_of(dcs) is not None
+        await eventually(someone_leads, 30, "a leader")
+        first = await leader_of(dcs)
+        assert first is not None
+        victim = procs[first.region]
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        t0 = time.monotonic()
+
+        async def taken_over() -> bool:
+            now = await leader_of(dcs)
+            return now is not None and now.controller_id != first.controller_id
+        await eventually(taken_over, 20, "the other controller takes over")
+        took = time.monotonic() - t0
+        print(f"leader takeover after kill -9: {took:.2f} s")
+        assert took <= 15.0
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(20)
+
+
+async def _dns(topo: Topology, dc: str, name: str, rtype: str = "SRV") -> list[int]:
+    """Ports the Consul DNS of `dc` answers for `name` (SRV records carry them)."""
+    host, port = split_hostport(topo.region(dc).consul.dns_addr)
+    res = dns.asyncresolver.Resolver(configure=False)
+    res.nameservers = [host]
+    res.port = port
+    res.lifetime = 3.0
+    try:
+        answer = await res.resolve(name, rtype)
+    except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
+        return []
+    return sorted(r.port for r in answer)
+
+
+async def _mirrors(topo: Topology) -> list[MirrorWorker]:
+    out = []
+    for f in topo.flows:
+        w = MirrorWorker(f, topo.region(f.source).kafka.bootstrap,
+                         topo.region(f.target).kafka.bootstrap)
+        await w.start()
+        out.append(w)
+    return out
+
+
+async def test_failover_and_failback_move_primary_epoch_and_dns_everywhere(
+        topo: Topology, dcs: Datacenters) -> None:
+    topic = unique("ctl-fo")
+    for r in ("east", "west"):
+        await create_topic(topo.region(r).kafka.bootstrap, topic, 2)
+    await produce(topo.region("east").kafka.bootstrap, topic,
+                  [(b"k%d" % i, b"v", []) for i in range(50)])
+    workers = await _mirrors(topo)
+    east = Controller(topo, fast("east"))
+    west = Controller(topo, fast("west"))
+    try:
+        async with east, west:
+            async def published() -> bool:
+                ports = await _dns(topo, "west", "primary.kafka.service.west.consul")
+                return ports == [topo.region("east").kafka_port]
+            await eventually(published, 30, "DNS answers east as primary in west")
+            before = (await dcs.primary()).current
+
+            plan = await plan_failover(topo, dcs, east.settings, "west", by="test")
+            assert plan.behind.records is not None
+            await start_failover(dcs, plan)
+
+            async def done() -> bool:
+                rec = await newest_failover(dcs)
+                return rec is not None and rec.id == plan.record.id and rec.state != "running"
+            await eventually(done, 60, "the failover ends")
+            rec = await newest_failover(dcs)
+            assert rec is not None
+            assert rec.state == "done", rec
+            assert [s.status for s in rec.steps] == ["done"] * 7, rec.steps
+            assert rec.rpo_records == 0, "both regions up: drained to zero"
+            assert rec.rpo_exact
+            waited = rec.step("lease_wait").seconds
+            assert waited is not None
+            assert waited >= 1.0, "the lease was waited out"
+
+            view = await dcs.primary()
+            assert view.agree, view
+            assert (view.current.writable, view.current.epoch) == ("west", before.epoch + 1)
+            for dc in ("east", "west"):
+                assert await _dns(topo, dc, f"primary.kafka.service.{dc}.consul") == \
+                    [topo.region("west").kafka_port]
+                assert await _dns(topo, dc, "kafka-primary.query.consul") == \
+                    [topo.region("west").kafka_port]
+                assert await _dns(topo, dc, f"region-east.kafka.service.{dc}.consul") == \
+                    [topo.region("east").kafka_port]
+
+            back = await plan_failover(topo, dcs, east.settings, None, kind="failback",
+                                       by="test")
+            assert back.record.target == "east"
+            await start_failover(dcs, back)
+
+            async def back_done() -> bool:
+                r = await newest_failover(dcs)
+                return r is not None and r.id == back.record.id and r.state != "running"
+            await eventually(back_done, 60, "the failback ends")
+            final = (await dcs.primary()).current
+            assert (final.writable, final.epoch) == ("east", before.epoch + 2)
+            assert await _dns(topo, "west", "kafka-primary.query.consul") == \
+                [topo.region("east").kafka_port]
+    finally:
+        for w in workers:
+            await w.stop()
+
+
+async def test_safety_rules_refuse_bad_targets(topo: Topology, dcs: Datacenters) -> None:
+    settings = fast("east", max_behind=5)
+    with pytest.raises(FailoverRefused, match="not a region"):
+        await plan_failover(topo, dcs, settings, "mars")
+    with pytest.raises(FailoverRefused, match="already the primary"):
+        await plan_failover(topo, dcs, settings, "east")
+    # No mirror running: west is behind by every record of a new ctl- topic.
+    topic = unique("ctl-behind")
+    for r in ("east", "west"):
+        await create_topic(topo.region(r).kafka.bootstrap, topic, 1)
+    await produce(topo.region("east").kafka.bootstrap, topic,
+                  [(b"k", b"v", []) for _ in range(20)])
+    with pytest.raises(FailoverRefused, match=r"west is \d+ record\(s\) behind east") as exc:
+        await plan_failover(topo, dcs, settings, "west")
+    assert exc.value.rule == "target-behind"
+    forced = await plan_failover(topo, dcs, settings, "west", force=True)
+    assert forced.behind.records is not None
+    assert forced.behind.records >= 20
+    # A datacenter holding an older epoch is corrected, not obeyed.
+    view = await dcs.primary()
+    newer = view.current.fence("test").promote("east", "test")
+    west_client = dcs.client("west")
+    _, entry = await west_client.kv_get(PRIMARY_KEY)
+    assert entry is not None
+    assert await west_client.kv_put(PRIMARY_KEY, newer.encode(), cas=entry.modify_index)
+    view = await dcs.primary()
+    assert view.current == newer
+    assert view.stale == ["east"]
+    assert await dcs.correct_stale(view) == ["east"]
+    assert (await dcs.primary()).agree
+
+
+async def test_a_second_failover_is_refused_while_one_runs(topo: Topology,
+                                                           dcs: Datacenters) -> None:
+    settings = fast("east")
+    first = await plan_failover(topo, dcs, settings, "west", force=True)
+    await start_failover(dcs, first)
+    with pytest.raises(Exception, match="under way"):
+        await plan_failover(topo, dcs, settings, "west", force=True)
+
+
+async def test_a_failover_interrupted_after_its_fence_is_resumed_by_the_next_leader(
+        topo: Topology, dcs: Datacenters) -> None:
+    """A leader dies after fencing (no writable primary): the next leader finishes it."""
+    view = await dcs.primary()
+    fenced = view.current.fence("dead-controller")
+    await dcs.cas_primary(view, fenced)
+    rec = FailoverRecord(source="east", target="west", requested_by="dead-controller",
+                         force=True, epoch=fenced.epoch)
+    rec = rec.with_step("fence", status="done", started_ms=rec.started_ms,
+                        ended_ms=rec.started_ms)
+    rec = rec.with_step("lease_wait", status="running", started_ms=rec.started_ms)
+    await dcs.put_all(FAILOVER_KEY, rec)
+    async with Controller(topo, fast("west")) as ctl:
+        async def finished() -> bool:
+            r = await newest_failover(dcs)
+            return r is not None and r.state == "done"
+        await eventually(finished, 40, "the resumed failover ends")
+        assert ctl.leading
+    view = await dcs.primary()
+    assert (view.current.writable, view.current.epoch, view.agree) == ("west", fenced.epoch,
+                                                                       True)
+
+
+async def test_leader_key_names_the_holder_and_its_session(topo: Topology,
+                                                           dcs: Datacenters) -> None:
+    async with Controller(topo, fast("west", controller_id="ctl-w-test")) as ctl:
+        async def leads() -> bool:
+            return ctl.leading
+        await eventually(leads, 20, "the lone controller leads")
+        for client in dcs.clients.values():
+            _, entry = await client.kv_get(LEADER_KEY)
+            assert entry is not None
+            assert entry.session, "held through a session"
+        holder = await leader_of(dcs)
+        assert holder is not None
+        assert holder.controller_id == "ctl-w-test"
+    assert await leader_of(dcs) is None, "a clean stop releases the lock everywhere"
+
+
+def test_primary_record_helpers_round_trip() -> None:
+    rec = PrimaryRecord(region="east", epoch=1)
+    assert PrimaryRecord.decode(rec.fence("x").encode()).fenced
+    assert asyncio.iscoroutinefunction(start_failover)

@@ -1,0 +1,92 @@
+"""The controller's pure logic: hysteresis, the primary record's fence/promote rules, the
+failover record's step bookkeeping, settings validation."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from crossdc.primary import PrimaryRecord
+from dr.controller.config import ControllerSettings, LeaderSettings
+from dr.controller.health import Hysteresis, Round
+from dr.controller.state import STEPS, CheckResult, FailoverRecord
+
+
+def rnd(ok: bool, at_ms: int, proxy_ok: bool = True) -> Round:
+    return Round({"kafka": CheckResult(ok=ok), "canary": CheckResult(ok=ok),
+                  "proxy": CheckResult(ok=proxy_ok)}, at_ms=at_ms)
+
+
+def test_hysteresis_needs_n_failures_to_go_down_and_m_successes_to_come_back() -> None:
+    h = Hysteresis("east", failures_to_down=3, successes_to_up=2)
+    assert h.observe(rnd(True, 0)) and h.status == "up"
+    assert not h.observe(rnd(False, 100)) and h.status == "up"
+    assert not h.observe(rnd(False, 200)) and h.status == "up"
+    assert h.observe(rnd(False, 300)) and h.status == "down"
+    assert h.first_failure_ms == 100, "the fault began at the first failed round of the run"
+    assert h.since_ms == 300
+    assert not h.observe(rnd(True, 400)) and h.status == "down", "one good round is not enough"
+    assert h.observe(rnd(True, 500)) and h.status == "up"
+    assert h.first_failure_ms is None
+
+
+def test_hysteresis_a_single_blip_resets() -> None:
+    h = Hysteresis("east", failures_to_down=2, successes_to_up=1)
+    h.observe(rnd(True, 0))
+    h.observe(rnd(False, 1))
+    h.observe(rnd(True, 2))
+    h.observe(rnd(False, 3))
+    assert h.status == "up", "failures must be consecutive"
+
+
+def test_a_failing_proxy_degrades_a_region_but_never_downs_it() -> None:
+    h = Hysteresis("east", failures_to_down=1, successes_to_up=1)
+    h.observe(rnd(True, 0, proxy_ok=False))
+    assert h.status == "degraded"
+    h.observe(rnd(True, 1, proxy_ok=False))
+    assert h.status == "degraded"
+    h.observe(rnd(True, 2))
+    assert h.status == "up"
+
+
+def test_fence_then_promote_keeps_one_primary_per_epoch() -> None:
+    cur = PrimaryRecord(region="east", epoch=4)
+    fenced = cur.fence("c1")
+    assert (fenced.epoch, fenced.fenced, fenced.writable) == (5, True, None)
+    promoted = fenced.promote("west", "c1")
+    assert (promoted.epoch, promoted.writable) == (5, "west")
+    with pytest.raises(ValueError, match="fenced"):
+        promoted.promote("east", "c1")
+    assert fenced.supersedes(cur) and promoted.supersedes(fenced)
+    assert not cur.supersedes(promoted), "an older epoch never wins"
+    assert not fenced.supersedes(promoted), "a fence never undoes its own promotion"
+
+
+def test_old_records_without_the_fenced_field_still_decode() -> None:
+    rec = PrimaryRecord.decode(b'{"region": "east", "epoch": 3, "updated_ms": 1, "by": "x"}')
+    assert rec.writable == "east" and not rec.fenced
+
+
+def test_failover_record_resumes_at_the_first_step_not_done() -> None:
+    rec = FailoverRecord(source="east", target="west", started_ms=1000)
+    assert [s.name for s in rec.steps] == list(STEPS)
+    assert rec.next_step() == "fence"
+    rec = rec.with_step("fence", status="done", started_ms=1000, ended_ms=1100)
+    rec = rec.with_step("lease_wait", status="done", started_ms=1100, ended_ms=6600)
+    rec = rec.with_step("drain", status="skipped")
+    assert rec.next_step() == "offsets"
+    assert rec.step("fence").seconds == pytest.approx(0.1)
+    assert rec.rto_s is None
+    rec = rec.with_step("promote", status="done", started_ms=6600, ended_ms=7000)
+    assert rec.rto_s == pytest.approx(6.0), "from the start when no fault time is known"
+    rec = rec.model_copy(update={"fault_ms": 0})
+    assert rec.rto_s == pytest.approx(7.0), "from the fault when it is known"
+    again = FailoverRecord.model_validate_json(rec.model_dump_json())
+    assert again == rec, "the record survives its trip through Consul KV"
+
+
+def test_settings_refuse_a_heartbeat_slower_than_its_ttl() -> None:
+    with pytest.raises(ValidationError, match="check_ttl_s"):
+        ControllerSettings(region="east", leader=LeaderSettings(check_ttl_s=0.4))
+    with pytest.raises(ValidationError, match="extra"):
+        ControllerSettings.model_validate({"region": "east", "bogus": 1})
