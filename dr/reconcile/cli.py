@@ -83,13 +83,15 @@ def reconcile_command(
                                           "report.html.")] = Path("reconcile-report"),
     thresholds_file: Annotated[Path | None, typer.Option(
         "--thresholds", help="YAML file of thresholds (missing, duplicates, altered, "
-        "order_violations, headerless_unmatched, latency_p99_ms).")] = None,
+        "order_violations, headerless_unmatched, latency_p99_ms, unreadable).")] = None,
     max_missing: Annotated[int | None, typer.Option(min=0)] = None,
     max_duplicates: Annotated[int | None, typer.Option(min=0)] = None,
     max_altered: Annotated[int | None, typer.Option(min=0)] = None,
     max_order_violations: Annotated[int | None, typer.Option(min=0)] = None,
     max_headerless_unmatched: Annotated[int | None, typer.Option(min=0)] = None,
     max_latency_p99_ms: Annotated[float | None, typer.Option(min=0)] = None,
+    max_unreadable: Annotated[int | None, typer.Option(
+        min=0, help="Records retention deleted before they could be compared.")] = None,
     max_details: Annotated[int, typer.Option(min=0, help="Cap on each detail list.")] = 1000,
 ) -> None:
     """Compare regions record by record: missing, duplicated, altered, out of order, late.
@@ -105,7 +107,7 @@ def reconcile_command(
     overrides = {"missing": max_missing, "duplicates": max_duplicates,
                  "altered": max_altered, "order_violations": max_order_violations,
                  "headerless_unmatched": max_headerless_unmatched,
-                 "latency_p99_ms": max_latency_p99_ms}
+                 "latency_p99_ms": max_latency_p99_ms, "unreadable": max_unreadable}
     limits = limits.model_copy(update={k: v for k, v in overrides.items() if v is not None})
     topo_path = topology or default_topology_path()
     if topology is None and not topo_path.is_file():

@@ -18,6 +18,14 @@ Plan (a run is a handful of Spark jobs over one cached read of the regions):
 4. per dr-id aggregate (`ids`, cached): copies, first offset and hash bounds per region;
 5. per partition counts from `ids`; detail lists only where a count is non-zero;
 6. order: a window over the ordered/sync copies of one key, in origin order.
+
+Records the run was asked to compare but that retention deleted first are never silence:
+Spark reads with `failOnDataLoss=false` (a range that moved under it must not kill a long run),
+and the job counts them instead, per region and partition (`unreadable`, by offset): in an
+incremental run, the offsets between the saved watermark and the log start; in a full run, the
+offsets below the log start when no surviving record of the partition is older than the
+window (so the deleted ones may have been in it); in both, offsets the survey saw but Spark
+no longer found (deleted during the run).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from py4j.protocol import Py4JError, Py4JJavaError
+from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -51,7 +59,8 @@ from dr.reconcile.model import (
 )
 from dr.reconcile.survey import RegionSurvey
 
-__all__ = ["Findings", "SparkOptions", "compare", "latency_stats", "now_ms", "spark_session"]
+__all__ = ["Findings", "SparkOptions", "compare", "latency_stats", "now_ms", "spark_session",
+           "stop_session", "unreadable_counts"]
 
 log = structlog.get_logger("crossdc.reconcile")
 
@@ -99,9 +108,23 @@ def spark_session(opts: SparkOptions) -> SparkSession:
     except (PySparkException, Py4JError, OSError) as exc:
         raise SparkFailed(f"Spark did not start (master {opts.master}): "
                           f"{_first_line(exc)}") from exc
-    spark.sparkContext.setLogLevel("ERROR")
-    spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")  # a header name given twice
+    try:
+        spark.sparkContext.setLogLevel("ERROR")
+        spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")  # a header name given twice
+    except (PySparkException, Py4JError) as exc:
+        stop_session(spark)
+        raise SparkFailed(f"Spark did not start (master {opts.master}): "
+                          f"{_first_line(exc)}") from exc
     return spark
+
+
+def stop_session(spark: SparkSession) -> None:
+    """Stop the session (and its context) at the end of a run; a JVM already gone is logged,
+    not raised over the run's own outcome."""
+    try:
+        spark.stop()
+    except (PySparkException, Py4JError) as exc:
+        log.warning("spark_stop_failed", error=_first_line(exc))
 
 
 @dataclass
@@ -118,6 +141,8 @@ class Findings:
     latency: list[LatencyStats]
     truncated: bool
     next_offsets: dict[str, dict[str, dict[str, int]]]
+    unreadable: dict[tuple[str, int, str], int] | None = None
+    """(topic, partition, region) → records deleted by retention before they could be read."""
 
 
 def _first_line(exc: BaseException) -> str:
@@ -201,8 +226,35 @@ def compare(spark: SparkSession, surveys: dict[str, RegionSurvey], *, since_ms: 
     """Read the surveyed offset ranges and compare the regions; Spark errors → SparkFailed."""
     try:
         return _Comparison(spark, surveys, max_details).run(since_ms, until_ms, start_offsets)
-    except (PySparkException, Py4JJavaError) as exc:
+    except (PySparkException, Py4JError) as exc:  # Py4JJavaError, or the JVM gone
         raise SparkFailed(f"the Spark job failed: {_first_line(exc)}") from exc
+
+
+def unreadable_counts(surveys: dict[str, RegionSurvey],
+                      start_offsets: dict[str, dict[tuple[str, int], int]],
+                      first_read: dict[tuple[str, str, int], int],
+                      older_seen: set[tuple[str, str, int]]
+                      ) -> dict[tuple[str, int, str], int]:
+    """Per (topic, partition, region): offsets the run was asked to compare that could not be
+    read because retention deleted them (see the module docstring). `first_read` is the
+    lowest offset Spark returned per (region, topic, partition); `older_seen` the partitions
+    where a record older than the window survived."""
+    out: dict[tuple[str, int, str], int] = {}
+    for r, s in surveys.items():
+        for tp, end in s.end.items():
+            log_start = s.start[tp]
+            mark = start_offsets.get(r, {}).get(tp)
+            if mark is not None:  # incremental: everything from the watermark was asked for
+                lost = max(0, min(log_start, end) - mark)
+                read_from = max(mark, log_start)
+            else:  # full run: below the log start, unless older records survived
+                lost = log_start if (r, *tp) not in older_seen else 0
+                read_from = log_start
+            if read_from < end:  # deleted between the survey and Spark's read
+                lost += min(first_read.get((r, *tp), end), end) - read_from
+            if lost > 0:
+                out[(tp[0], tp[1], r)] = lost
+    return out
 
 
 class _Comparison:
@@ -255,8 +307,10 @@ class _Comparison:
                 ids.unpersist()
         finally:
             rows.unpersist()
+        unreadable = unreadable_counts(self.surveys, start_offsets, inv.first_read,
+                                       inv.older_seen)
         topics = self.summaries(counts, missing_counts, order_counts, inv.headerless,
-                                lonely_counts)
+                                lonely_counts, unreadable)
         totals = Totals(
             read=inv.read, compared=sum(p.expected for t in topics for p in t.partitions),
             missing=sum(n for t in topics for p in t.partitions for n in p.missing.values()),
@@ -268,9 +322,13 @@ class _Comparison:
                            for n in p.headerless.values()),
             headerless_unmatched=sum(p.headerless_unmatched for t in topics
                                      for p in t.partitions),
-            in_flight=inv.by_when[AFTER], before_window=inv.by_when[BEFORE])
+            in_flight=inv.by_when[AFTER], before_window=inv.by_when[BEFORE],
+            unreadable=sum(unreadable.values()))
+        if totals.unreadable:
+            log.warning("reconcile_unreadable", records=totals.unreadable,
+                        partitions=len(unreadable))
         return Findings(totals, topics, missing, duplicates, altered, order, lonely, latency,
-                        self.truncated, inv.next_offsets)
+                        self.truncated, inv.next_offsets, unreadable)
 
     # -- 2. inventory -------------------------------------------------------------------
     def inventory(self, rows: DataFrame) -> _Inventory:
@@ -285,6 +343,10 @@ class _Comparison:
         origins: set[str] = set()
         for row in stats:
             r, n = row["region"], row["n"]
+            at = (r, row["topic"], row["partition"])
+            inv.first_read[at] = min(inv.first_read.get(at, row["first"]), row["first"])
+            if row["when"] == BEFORE:
+                inv.older_seen.add(at)
             inv.read[r] += n
             inv.by_when[row["when"]] += n
             if row["when"] == AFTER:  # the next incremental run starts at the first of these
@@ -497,7 +559,8 @@ class _Comparison:
                   missing: dict[tuple[str, int, str], int],
                   inverted: dict[tuple[str, int], int],
                   plain: dict[tuple[str, int, str], int],
-                  unmatched: dict[tuple[str, int], int]) -> list[TopicSummary]:
+                  unmatched: dict[tuple[str, int], int],
+                  unreadable: dict[tuple[str, int, str], int]) -> list[TopicSummary]:
         regions, surveys = self.regions, self.surveys
         empty = {"expected": 0, "altered": 0, "duplicates": {}}
         out = []
@@ -515,7 +578,8 @@ class _Comparison:
                     duplicates={r: c["duplicates"].get(r, 0) for r in regions},
                     altered=c["altered"], order_violations=inverted.get((topic, p), 0),
                     headerless={r: plain.get((topic, p, r), 0) for r in regions},
-                    headerless_unmatched=unmatched.get((topic, p), 0)))
+                    headerless_unmatched=unmatched.get((topic, p), 0),
+                    unreadable={r: unreadable.get((topic, p, r), 0) for r in regions}))
             out.append(TopicSummary(
                 topic=topic, absent_in=[r for r in regions if r not in sizes],
                 partition_mismatch=sizes if len(set(sizes.values())) > 1 else {},
@@ -532,6 +596,10 @@ class _Inventory:
         self.next_offsets: dict[str, dict[str, dict[str, int]]] = {}
         self.headerless: dict[tuple[str, int, str], int] = {}
         self.headerless_total = 0
+        self.first_read: dict[tuple[str, str, int], int] = {}
+        """Lowest offset read per (region, topic, partition)."""
+        self.older_seen: set[tuple[str, str, int]] = set()
+        """(region, topic, partition) where a record older than the window was read."""
         self.names: list[str] = list(regions)
         """Compared regions first, then other origins seen in dr-origin."""
 

@@ -49,6 +49,7 @@ class Thresholds(_Model):
     order_violations: int | None = Field(default=None, ge=0)
     headerless_unmatched: int | None = Field(default=None, ge=0)
     latency_p99_ms: float | None = Field(default=None, ge=0)
+    unreadable: int | None = Field(default=None, ge=0)
 
 
 class Window(_Model):
@@ -150,6 +151,9 @@ class PartitionSummary(_Model):
     order_violations: int
     headerless: dict[str, int]
     headerless_unmatched: int
+    unreadable: dict[str, int] = Field(
+        default_factory=dict, description="records per region the run was asked to compare "
+        "but retention deleted before they could be read (counted by offset)")
 
 
 class TopicSummary(_Model):
@@ -173,6 +177,12 @@ class Totals(_Model):
     in_flight: int = Field(description="records newer than the window's end (not judged)")
     before_window: int = Field(description="records older than the window's start "
                                "(late arrivals of earlier runs, not judged)")
+    unreadable: int = Field(
+        0, description="unreadable (retention): records the run was asked to compare but "
+        "retention deleted before they could be read, counted by offset (an incremental "
+        "run's offsets between its watermark and the log start; a full run's offsets below "
+        "the log start when no older record survived; offsets deleted during the run). "
+        "Never judged: a count, not silence.")
 
 
 class Breach(_Model):

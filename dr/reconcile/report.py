@@ -33,7 +33,7 @@ def print_summary(report: Report, console: Console) -> None:
                   f"{'  (incremental)' if w.incremental else ''}")
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("topic", "region", "expected", "present", "missing", "duplicates",
-                "altered", "order", "headerless", "unmatched"):
+                "altered", "order", "headerless", "unmatched", "unreadable"):
         t.add_column(col, justify="left" if col in ("topic", "region") else "right",
                      overflow="fold" if col == "topic" else "ellipsis", no_wrap=True,
                      min_width=len(col) if col in ("topic", "region") else None)
@@ -49,7 +49,8 @@ def print_summary(report: Report, console: Console) -> None:
                       _n(sum(p.altered for p in ps)) if i == 0 else "",
                       _n(sum(p.order_violations for p in ps)) if i == 0 else "",
                       str(sum(p.headerless[r] for p in ps)),
-                      _n(sum(p.headerless_unmatched for p in ps)) if i == 0 else "")
+                      _n(sum(p.headerless_unmatched for p in ps)) if i == 0 else "",
+                      _warn(sum(p.unreadable.get(r, 0) for p in ps)))
     console.print(t)
     if report.latency:
         lt = Table(title="replication latency (append time - dr-ts)", box=box.SIMPLE_HEAD,
@@ -64,6 +65,9 @@ def print_summary(report: Report, console: Console) -> None:
     tot = report.totals
     console.print(f"compared {tot.compared} records; in flight (not judged) {tot.in_flight}; "
                   f"before the window {tot.before_window}; took {report.duration_s:.1f}s")
+    if tot.unreadable:
+        console.print(f"[yellow]unreadable (retention): {tot.unreadable} record(s) the run "
+                      f"was asked to compare were deleted before they could be read[/]")
     if tot.compared == 0 and tot.headerless == 0:
         console.print("[yellow]nothing to compare in this window[/]")
     for b in report.breaches:
@@ -71,6 +75,10 @@ def print_summary(report: Report, console: Console) -> None:
     if report.details_truncated:
         console.print("[yellow]detail lists were cut at --max-details; counts are complete[/]")
     console.print("[green]OK[/]" if report.ok else "[red]FAILED[/]")
+
+
+def _warn(v: int) -> str:
+    return f"[yellow]{v}[/]" if v else "0"
 
 
 def _ms(v: float | None) -> str:
@@ -141,7 +149,8 @@ def write_html(report: Report, path: Path) -> None:
                 "altered": sum(p.altered for p in t.partitions),
                 "order violations": sum(p.order_violations for p in t.partitions),
                 "headerless": sum(p.headerless[r] for p in t.partitions),
-                "headerless unmatched": sum(p.headerless_unmatched for p in t.partitions)}
+                "headerless unmatched": sum(p.headerless_unmatched for p in t.partitions),
+                "unreadable (retention)": sum(p.unreadable.get(r, 0) for p in t.partitions)}
                for t in report.topics for r in report.regions]
     latency = [{"origin → region": f"{s.origin} → {s.region}", "records": s.count,
                 "p50 ms": _ms(s.p50_ms), "p95 ms": _ms(s.p95_ms), "p99 ms": _ms(s.p99_ms),
@@ -151,6 +160,8 @@ def write_html(report: Report, path: Path) -> None:
                            for b in report.breaches))
     cut = ("<p><em>detail lists were cut at --max-details; counts are complete</em></p>"
            if report.details_truncated else "")
+    unreadable_note = (" (deleted before they could be compared: not judged)"
+                       if tot.unreadable else "")
     w = report.window
     doc = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>crossdc reconciliation</title><style>
@@ -170,7 +181,8 @@ th{{background:#f3f3f3}} .ok{{color:#2a7a2a;font-weight:bold}}
 missing <b>{tot.missing:,}</b>, duplicates <b>{tot.duplicates:,}</b>, altered
 <b>{tot.altered:,}</b>, order violations <b>{tot.order_violations:,}</b>, headerless
 {tot.headerless:,} (unmatched <b>{tot.headerless_unmatched:,}</b>); in flight (not judged)
-{tot.in_flight:,}, before the window {tot.before_window:,}.</p>
+{tot.in_flight:,}, before the window {tot.before_window:,}; unreadable (retention)
+<b>{tot.unreadable:,}</b>{unreadable_note}.</p>
 {cut}
 {table("per topic and region", summary, count=False, commas=True)}
 <div class="plots"><div>

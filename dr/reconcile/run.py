@@ -74,7 +74,7 @@ def judge(report_totals: dict[str, float], thresholds: Thresholds) -> list[Breac
 
 def run(settings: RunSettings) -> Report:
     """Run the job once; with `state_path`, incrementally from the saved watermarks."""
-    from dr.reconcile.job import SparkOptions, compare, now_ms, spark_session
+    from dr.reconcile.job import SparkOptions, compare, now_ms, spark_session, stop_session
 
     check_regions(settings)
     started = time.monotonic()
@@ -100,13 +100,17 @@ def run(settings: RunSettings) -> Report:
              since_ms=since, until_ms=until, incremental=marks is not None)
     spark = spark_session(SparkOptions(master=settings.master, jars_dir=settings.jars_dir,
                                        driver_memory=settings.driver_memory))
-    found = compare(spark, surveys, since_ms=since, until_ms=until, start_offsets=starts,
-                    max_details=settings.max_details)
+    try:
+        found = compare(spark, surveys, since_ms=since, until_ms=until, start_offsets=starts,
+                        max_details=settings.max_details)
+    finally:
+        stop_session(spark)  # the JVM's context, its cache and its local files go with it
     p99 = max((x.p99_ms for x in found.latency if x.p99_ms is not None), default=None)
     values: dict[str, float] = {
         "missing": found.totals.missing, "duplicates": found.totals.duplicates,
         "altered": found.totals.altered, "order_violations": found.totals.order_violations,
-        "headerless_unmatched": found.totals.headerless_unmatched}
+        "headerless_unmatched": found.totals.headerless_unmatched,
+        "unreadable": found.totals.unreadable}
     if p99 is not None:
         values["latency_p99_ms"] = p99
     report = Report(

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka_helpers import create_topic, produce, unique  # type: ignore[import-not-found]
@@ -302,3 +303,63 @@ def test_spark_submit_runs_the_command_and_exits_3_on_a_threshold(  # type: igno
     html = (tmp_path / "o" / "report.html").read_text()
     assert "<svg" in html
     assert seeded.dropped[0] in html
+
+
+async def _delete_before(bootstrap: str, topic: str, offset: int) -> None:
+    from aiokafka import TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_records({TopicPartition(topic, 0): RecordsToDelete(offset)})
+    finally:
+        await admin.close()
+
+
+def test_records_deleted_by_retention_are_counted_not_silent(  # type: ignore[no-untyped-def]
+        two_regions, jars: Path, tmp_path: Path, spark_cleanup: None) -> None:
+    """Defect 9: east's retention deleted records the run was asked to compare (below the log
+    start, nothing older surviving; then, incrementally, between the watermark and the log
+    start): the report counts them as unreadable (retention), per region and partition."""
+    import asyncio
+
+    from pyspark.sql import SparkSession
+    topic = unique("rc-ret")
+    ts = int(time.time() * 1000) - 120_000
+    recs = [(b"k", f"v{i}".encode(), _headers(uuid.uuid4().hex, "east", "nearest", ts, []))
+            for i in range(14)]
+
+    async def seed(batch: list[Any], delete_before: int) -> None:
+        for region in ("east", "west"):
+            await produce(two_regions.bootstrap(region), topic, batch)
+        await _delete_before(two_regions.bootstrap("east"), topic, delete_before)
+
+    async def create() -> None:
+        for region in ("east", "west"):
+            await create_topic(two_regions.bootstrap(region), topic, configs=APPEND)
+    asyncio.run(create())
+    asyncio.run(seed(recs[:6], 4))
+    state = tmp_path / "marks.json"
+    first = run(_settings(two_regions, topic, jars, state_path=state))
+    assert first.totals.unreadable == 4
+    (part,) = first.topics[0].partitions
+    assert part.unreadable == {"east": 4, "west": 0}
+    assert part.missing == {"east": 4, "west": 0}  # west still holds them: really gone in east
+    assert SparkSession.getActiveSession() is None  # the run stopped its session
+    assert json.loads(state.read_text())["offsets"]["east"] == {topic: {"0": 6}}
+    # 8 more in each region; east's retention takes its offsets below 9 before the next run
+    asyncio.run(seed(recs[6:], 9))
+    second = run(_settings(two_regions, topic, jars, state_path=state))
+    assert second.totals.unreadable == 3  # offsets 6, 7, 8: asked for, deleted
+    assert second.topics[0].partitions[0].unreadable == {"east": 3, "west": 0}
+    assert second.totals.read == {"east": 5, "west": 8}
+    out = tmp_path / "o"
+    from dr.reconcile.report import print_summary, write_html, write_json
+    write_json(second, out / "report.json")
+    write_html(second, out / "report.html")
+    assert json.loads((out / "report.json").read_text())["totals"]["unreadable"] == 3
+    assert "unreadable (retention)" in (out / "report.html").read_text()
+    from rich.console import Console
+    console = Console(record=True, width=200)
+    print_summary(second, console)
+    assert "unreadable (retention): 3 record(s)" in console.export_text()

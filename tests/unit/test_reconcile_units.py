@@ -181,3 +181,39 @@ def test_latency_stats_nearest_rank_and_histogram() -> None:
     assert (skewed.p50_ms, skewed.p99_ms, skewed.max_ms) == (5, 5, 4000)
     empty = latency_stats("east", "west", [(None, 3)])
     assert (empty.count, empty.p50_ms, empty.max_ms, empty.histogram) == (0, None, None, [])
+
+
+def test_unreadable_counts_retention_never_silence() -> None:
+    """Defect 9 (pure part): offsets retention deleted before the run could read them."""
+    from dr.reconcile.job import unreadable_counts
+    from dr.reconcile.survey import RegionSurvey
+    tp = ("t", 0)
+    east = RegionSurvey("east", "b", {"t": 1}, start={tp: 40}, end={tp: 100})
+    west = RegionSurvey("west", "b", {"t": 1}, start={tp: 0}, end={tp: 100})
+    surveys = {"east": east, "west": west}
+    first = {("east", "t", 0): 40, ("west", "t", 0): 0}
+    # full run, nothing older than the window survived in east: its 40 deleted may be in it
+    assert unreadable_counts(surveys, {}, first, set()) == {("t", 0, "east"): 40}
+    # full run, an older record survived: the deleted ones were older still
+    assert unreadable_counts(surveys, {}, first, {("east", "t", 0)}) == {}
+    # incremental: the watermark asked from 25 in east, from 10 in west
+    starts = {"east": {tp: 25}, "west": {tp: 10}}
+    first_inc = {("east", "t", 0): 40, ("west", "t", 0): 10}
+    assert unreadable_counts(surveys, starts, first_inc, set()) == {("t", 0, "east"): 15}
+    # deleted while Spark read: the survey saw offset 40, Spark's first record was 55
+    assert unreadable_counts(surveys, starts, {("east", "t", 0): 55,
+                                               ("west", "t", 0): 10}, set()) == \
+        {("t", 0, "east"): 30}
+
+
+def test_unreadable_is_shown_in_every_face(tmp_path: Path) -> None:
+    r = _report()
+    r = r.model_copy(update={"totals": r.totals.model_copy(update={"unreadable": 7})})
+    buf = io.StringIO()
+    print_summary(r, Console(file=buf, width=160, color_system=None))
+    assert "unreadable (retention): 7 record(s)" in buf.getvalue()
+    write_html(r, tmp_path / "r.html")
+    assert "unreadable (retention)\n<b>7</b>" in (tmp_path / "r.html").read_text()
+    write_json(r, tmp_path / "r.json")
+    assert json.loads((tmp_path / "r.json").read_text())["totals"]["unreadable"] == 7
+    assert judge({"unreadable": 7}, Thresholds(unreadable=0))[0].name == "unreadable"
