@@ -146,6 +146,22 @@ class KafkaAdmin:
         described = await self._call("describe topics", lambda: self._a.describe_topics(topics))
         return {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0}
 
+    async def describe_topics(self, topics: list[str]) -> dict[str, TopicSpec]:
+        """Partitions and replication factor of each topic that exists (missing topics are
+        left out). Describe only topics known to exist where brokers may auto-create."""
+        if not topics:
+            return {}
+        described = await self._call("describe topics", lambda: self._a.describe_topics(topics))
+        return {d["topic"]: TopicSpec(d["topic"], len(d["partitions"]),
+                                      max((len(p["replicas"]) for p in d["partitions"]),
+                                          default=1))
+                for d in described if d["error_code"] == 0}
+
+    async def broker_count(self) -> int:
+        """Brokers in the cluster now."""
+        cluster = await self._call("describe cluster", self._a.describe_cluster)
+        return len(cluster["brokers"])
+
     async def topic_configs(self, topic: str, *, only_set: bool = False) -> dict[str, str]:
         """The topic's configs (`only_set`: those set on the topic, not defaults)."""
         return await self._call(f"describe configs {topic}",

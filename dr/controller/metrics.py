@@ -55,6 +55,18 @@ class ControllerMetrics:
                               "RPO (records) of the last completed failover.", registry=r)
         self.sync_rounds = Counter("crossdc_controller_sync_rounds_total",
                                    "Standby metadata sync rounds.", ["result"], registry=r)
+        self.sync_changes = Counter("crossdc_controller_sync_changes_total",
+                                    "Changes the standby sync made (topics created, "
+                                    "partitions increased, topic configs set, group offsets "
+                                    "applied).", ["standby", "kind"], registry=r)
+        self.sync_groups_skipped = Counter("crossdc_controller_sync_groups_skipped_total",
+                                           "Groups whose offsets the standby sync left as "
+                                           "is (active on the standby, not translatable).",
+                                           ["standby", "reason"], registry=r)
+        self.sync_blocking = Gauge("crossdc_controller_sync_blocking",
+                                   "Differences that would block a failover to the standby "
+                                   "after the last sync round (-1: it did not answer).",
+                                   ["standby"], registry=r)
 
     def set_status(self, region: str, status: str) -> None:
         for s in _STATUSES:
