@@ -219,7 +219,11 @@ class SyncContext:
 
     @classmethod
     def of(cls, ctl: Controller) -> SyncContext:
+        """No primary (nothing done) before the leader's first view, while fenced, and while
+        a failover runs (its view of the primary is about to change)."""
         primary = ctl.view.current.writable if ctl.view is not None else None
+        if ctl.last_failover is not None and ctl.last_failover.state == "running":
+            primary = None
         return cls(ctl.topology, primary, ctl.settings.sync, ctl.settings.region, ctl.metrics)
 
 

@@ -16,6 +16,7 @@ from dr.controller.config import ControllerSettings, SyncSettings
 from dr.controller.datacenters import PrimaryView
 from dr.controller.errors import ControllerError
 from dr.controller.metrics import ControllerMetrics
+from dr.controller.state import FailoverRecord
 from dr.controller.sync import (
     GroupDiff,
     StandbyReport,
@@ -94,6 +95,7 @@ def _controller(topo: Topology, record: PrimaryRecord | None) -> SimpleNamespace
     view = None if record is None else PrimaryView({"east": record}, {"east": 1}, {}, {},
                                                    record)
     return SimpleNamespace(topology=topo, view=view, metrics=ControllerMetrics(),
+                           last_failover=None,
                            settings=ControllerSettings(region="west",
                                                        sync=SyncSettings(topics="o.*")))
 
@@ -105,6 +107,11 @@ def test_context_of_a_controller(topo: Topology) -> None:
     fenced = SyncContext.of(_controller(topo, rec.fence("t")))  # type: ignore[arg-type]
     assert fenced.primary is None
     assert SyncContext.of(_controller(topo, None)).primary is None  # type: ignore[arg-type]
+    running = _controller(topo, rec)
+    running.last_failover = FailoverRecord(source="east", target="west")
+    assert SyncContext.of(running).primary is None  # type: ignore[arg-type]
+    running.last_failover = running.last_failover.model_copy(update={"state": "done"})
+    assert SyncContext.of(running).primary == "east"  # type: ignore[arg-type]
 
 
 async def test_fenced_round_does_nothing(topo: Topology) -> None:
