@@ -25,6 +25,11 @@ sync_app = typer.Typer(help="Standby metadata sync: topics, partitions, configs 
                        "offsets kept in step with the primary.", no_args_is_help=True)
 
 
+@sync_app.callback()
+def _group() -> None:
+    """Standby metadata sync (the leading controller runs it every sync.interval_s)."""
+
+
 async def primary_of(topo: Topology) -> tuple[str, str | None]:
     """The writable primary as Consul holds it (newest record of every datacenter), and a
     note when it falls back to the topology's primary (fenced, or no record anywhere)."""
