@@ -1,7 +1,8 @@
 """`dr`: the crossdc command line. Thin: parse options, run one library coroutine, render.
 
 One module per command group (`stack`: setup/up/down/status, `topology`, `policy`, `proxy`,
-`mirror`: mirror and offsets); `dr reconcile` lives with its job (`dr.reconcile.cli`) so that
+`mirror`: mirror and offsets, `controller`: the controller run and failover / failback /
+gate, `sync`: standby metadata); `dr reconcile` lives with its job (`dr.reconcile.cli`) so that
 spark-submit loads neither this package nor grpc. Exit codes: 0 ok, 1 a crossdc error (one
 red paragraph, no traceback), 2 bad input.
 """
@@ -13,10 +14,12 @@ from typing import Annotated
 import typer
 
 from crossdc.logs import LogFormat, configure_logging
+from dr.cli.controller import controller_app, failback, failover, gate_app
 from dr.cli.mirror import mirror_app, offsets_app
 from dr.cli.policy import policy_app
 from dr.cli.proxy import proxy_app
 from dr.cli.stack import stack_commands
+from dr.cli.sync import sync_app
 from dr.cli.topology import topology_app
 from dr.exits import run_app
 from dr.reconcile.cli import reconcile_command
@@ -34,6 +37,11 @@ app.add_typer(proxy_app, name="proxy")
 app.add_typer(mirror_app, name="mirror")
 app.add_typer(offsets_app, name="offsets")
 app.command("reconcile")(reconcile_command)
+app.add_typer(controller_app, name="controller")
+app.command("failover")(failover)
+app.command("failback")(failback)
+app.add_typer(gate_app, name="gate")
+app.add_typer(sync_app, name="sync")
 
 
 @app.callback()

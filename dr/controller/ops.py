@@ -10,7 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict
+
 from crossdc.errors import ClientError
+from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings
 from dr.controller.datacenters import Datacenters, PrimaryView
@@ -19,15 +22,19 @@ from dr.controller.failover import Behind, FailoverEngine
 from dr.controller.state import (
     FAILOVER_KEY,
     GATE_KEY,
+    HEALTH_PREFIX,
     LEADER_KEY,
     FailoverRecord,
     GateRecord,
     LeaderRecord,
+    RegionHealth,
     now_ms,
 )
 
 __all__ = [
+    "ControllerView",
     "Plan",
+    "controller_view",
     "follow",
     "leader_of",
     "newest_failover",
@@ -133,3 +140,38 @@ async def set_gate(dcs: Datacenters, closed: bool, by: str, reason: str) -> dict
     if len(errors) == len(dcs.clients):
         raise ControllerError("no datacenter answers: " + "; ".join(errors.values()))
     return errors
+
+
+class ControllerView(BaseModel):
+    """What `dr status` shows of the controllers: the primary as each datacenter holds it,
+    who leads, the gate, each region's health as the leader judged it, the last failover."""
+
+    model_config = ConfigDict(frozen=True)
+
+    primary: dict[str, PrimaryRecord | None]
+    """Datacenter → its record (None: key absent)."""
+    unreachable: dict[str, str]
+    current: PrimaryRecord
+    stale: list[str]
+    leader: LeaderRecord | None
+    gate: GateRecord
+    health: dict[str, RegionHealth]
+    failover: FailoverRecord | None
+
+
+async def controller_view(dcs: Datacenters) -> ControllerView:
+    """Read everything `dr status` shows of the controllers, from every datacenter."""
+    view = await dcs.primary()
+    gates, _ = await dcs.read_all(GATE_KEY, GateRecord)
+    gate = max((g for g in gates.values() if g is not None), key=lambda g: g.at_ms,
+               default=GateRecord())
+    health: dict[str, RegionHealth] = {}
+    for region in (r.name for r in dcs.topology.regions):
+        found, _ = await dcs.read_all(HEALTH_PREFIX + region, RegionHealth)
+        newest = max((h for h in found.values() if h is not None), key=lambda h: h.at_ms,
+                     default=None)
+        if newest is not None:
+            health[region] = newest
+    return ControllerView(primary=view.per_region, unreachable=view.unreachable,
+                          current=view.current, stale=view.stale, leader=await leader_of(dcs),
+                          gate=gate, health=health, failover=await newest_failover(dcs))
