@@ -340,7 +340,7 @@ async def test_cancelled_probe_during_a_frozen_kafka_does_not_block_the_region( 
 
     from proxy.config import BreakerSettings
     stack, ntopo = north
-    pids = [int(p.read_text().strip())
+    pids = [int(p.read_text().split()[0])  # "pid start-time"
             for p in sorted((stack.paths.state / "north").glob("kafka-*/pid"))]
     assert pids
     policy = tmp_path / "policy.yaml"
