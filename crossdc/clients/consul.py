@@ -378,13 +378,14 @@ class ConsulClient:
                              behavior: Literal["release", "delete"] = "release",
                              checks: list[str] | None = None,
                              service_checks: list[str] | None = None,
-                             dc: str | None = None) -> str:
+                             node: str | None = None, dc: str | None = None) -> str:
         """Create a session; its id. `ttl_s` (10..86400): invalidated unless renewed in time;
         `lock_delay_s`: after invalidation its locks cannot be re-acquired for that long;
         `behavior`: what invalidation does to the keys it holds (release the lock, or delete
         the keys); `checks`: health checks tying it to its node ([] for none, None for the
-        node's serfHealth). A retried create whose answer was lost may leave a spare session
-        behind, which its TTL ends."""
+        node's serfHealth); `node`: the node it belongs to (default: this agent's; a session
+        made in another datacenter needs one of that datacenter's nodes). A retried create
+        whose answer was lost may leave a spare session behind, which its TTL ends."""
         if ttl_s is not None and not 10 <= ttl_s <= 86400:
             raise ValueError(f"ttl_s must be within 10..86400, got {ttl_s}")
         if service_checks:
@@ -396,13 +397,15 @@ class ConsulClient:
                                     "ServiceChecks": [{"ID": c} for c in service_checks]}
             if ttl_s is not None:
                 body["TTL"] = f"{ttl_s}s"
+            if node is not None:
+                body["Node"] = node
             http = self._client.http
             return str(await self._call(f"session/create {name}", lambda: http.put(
                 consul.callback.CB.json(is_id=True), "/v1/session/create", params=_dc(dc),
                 data=json.dumps(body))))
         return str(await self._call(f"session/create {name}", lambda: self._client.session.create(
             name=name, ttl=ttl_s, lock_delay=lock_delay_s, behavior=behavior, checks=checks,
-            dc=dc)))
+            node=node, dc=dc)))
 
     async def session_renew(self, session_id: str, *, dc: str | None = None) -> bool:
         """Extend a TTL session by its TTL; False when the session no longer exists."""

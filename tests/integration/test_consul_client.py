@@ -205,11 +205,12 @@ async def test_sessions_and_the_leader_lock(east: ConsulClient) -> None:
 
 
 async def test_session_in_the_other_datacenter(east: ConsulClient, west: ConsulClient) -> None:
-    sid = await east.session_create("crossdc-test-remote", ttl_s=10, dc="west")
+    [node] = [m.name.split(".")[0] for m in await east.wan_members() if m.datacenter == "west"]
+    sid = await east.session_create("crossdc-test-remote", ttl_s=10, node=node, dc="west")
     try:
         info = await west.session_info(sid)
         assert info is not None
-        assert info.name == "crossdc-test-remote"
+        assert (info.name, info.node) == ("crossdc-test-remote", node)
         assert await east.session_renew(sid, dc="west")
     finally:
         await east.session_destroy(sid, dc="west")
