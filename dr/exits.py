@@ -59,12 +59,16 @@ def run_app(app: typer.Typer) -> None:
     except Exit as exc:
         sys.exit(exc.code)
     except ConfigError as exc:
+        if len(exc.issues) == 1 and not exc.more:  # one problem: one line
+            _err.print(f"[red]invalid file:[/] {escape(str(exc.issues[0]))}", highlight=False,
+                       soft_wrap=True)
+            sys.exit(exc.exit_code)
         _err.print("[red]invalid file:[/]")
         for issue in exc.issues:
             _err.print(f"  {issue}", markup=False, highlight=False, soft_wrap=True)
         if exc.more:
             _err.print(f"  ... and {exc.more} more issue(s)", highlight=False)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
     except CrossdcError as exc:
         _err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

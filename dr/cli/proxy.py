@@ -50,16 +50,16 @@ def proxy_serve(
 ) -> None:
     """Run the region's routing proxy until SIGTERM (drain); SIGHUP reloads the policy (and
     the auth file)."""
-    from proxy.config import TlsSettings
-    from proxy.serve import serve  # lazily: grpc stays out of `import dr.cli`
-    if (tls_cert is None) != (tls_key is None) or (tls_client_ca and tls_cert is None):
-        err.print("[red]--tls-cert and --tls-key go together (and --tls-client-ca needs "
-                  "them)[/]")
-        raise typer.Exit(2)
-    tls = (TlsSettings(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
-           if tls_cert is not None and tls_key is not None else None)
+    # Bad input first (a region, a port), then the lazy imports: grpc stays out of
+    # `import dr.cli`, and a typo is answered even where the proxy cannot be loaded.
     topo, path = topology_for(topology, paths_for(None))
     reg = region_of(topo, region, "--region")
+    from proxy.config import TlsSettings
+    from proxy.serve import serve
+    if (tls_cert is None) != (tls_key is None) or (tls_client_ca and tls_cert is None):
+        fail("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
+    tls = (TlsSettings(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
+           if tls_cert is not None and tls_key is not None else None)
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
     bind = host or ep_host
     check_port_free(bind, ep_port if port is None else port, "gRPC", "--port")

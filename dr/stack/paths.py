@@ -7,16 +7,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["REPO_ROOT", "StackPaths", "default_cache_dir", "default_state_dir",
-           "default_topology_path", "no_topology_message"]
+           "default_topology_path", "in_checkout", "no_topology_message"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_LOCAL = REPO_ROOT / "compose" / "local"
 
 
+def in_checkout() -> bool:
+    """Whether the code runs from a source checkout (an editable install), not from a
+    package installed into site-packages."""
+    return (REPO_ROOT / "pyproject.toml").is_file()
+
+
 def default_state_dir() -> Path:
-    """`$CROSSDC_STATE_DIR`, else `.crossdc/` at the repository root."""
+    """`$CROSSDC_STATE_DIR`, else `.crossdc/` at the repository root of a checkout, else
+    `$XDG_STATE_HOME/crossdc` (`~/.local/state/crossdc`): never inside site-packages."""
     env = os.environ.get("CROSSDC_STATE_DIR")
-    return Path(env) if env else REPO_ROOT / ".crossdc"
+    if env:
+        return Path(env)
+    if in_checkout():
+        return REPO_ROOT / ".crossdc"
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "crossdc"
 
 
 def default_topology_path() -> Path:
@@ -31,7 +43,7 @@ def default_topology_path() -> Path:
     if here.is_file():
         return here
     checkout = REPO_ROOT / rel
-    return checkout if checkout.is_file() else here
+    return checkout if in_checkout() and checkout.is_file() else here
 
 
 def no_topology_message(looked_at: Path) -> str:
