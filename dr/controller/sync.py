@@ -309,7 +309,13 @@ async def _group_diffs(primary: _Primary, standby: str, s_admin: KafkaAdmin,
             continue
         if not rows:
             continue  # nothing committed on the topics kept in step
-        have = await s_admin.group_offsets(group)
+        try:
+            have = await s_admin.group_offsets(group)
+            unread = ""
+        except ClientError as exc:  # e.g. a standby that never had a group: no coordinator
+            if not exc.retriable:
+                raise
+            have, unread = {}, f"offsets on {standby} not readable now ({exc})"
         parts = [GroupPartition(topic=r.topic, partition=r.partition,
                                 primary_offset=r.source_offset, translated=r.target_offset,
                                 standby_offset=have.get(TopicPartition(r.topic, r.partition)))
@@ -321,8 +327,10 @@ async def _group_diffs(primary: _Primary, standby: str, s_admin: KafkaAdmin,
                                  detail=f"{len(lost)} partition(s) never mirrored from "
                                  f"{primary.region} to {standby}"))
             continue
-        if any(p.translated is not None and p.translated != p.standby_offset for p in parts):
-            out.append(GroupDiff(group=group, state="not_applied", partitions=parts))
+        if unread or any(p.translated is not None and p.translated != p.standby_offset
+                         for p in parts):
+            out.append(GroupDiff(group=group, state="not_applied", partitions=parts,
+                                 detail=unread))
     return out
 
 

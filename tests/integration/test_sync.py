@@ -62,6 +62,14 @@ async def _layout(bootstrap: str, topic: str) -> tuple[int, dict[str, str]] | No
         return spec.partitions, await admin.topic_configs(topic, only_set=True)
 
 
+async def _listed(bootstrap: str, *topics: str) -> None:
+    """Until the cluster's metadata lists `topics` (created just now)."""
+    async def listed() -> bool:
+        async with KafkaAdmin(bootstrap) as admin:
+            return set(topics) <= set(await admin.list_topics())
+    await eventually(listed, 30, f"{topics} listed")
+
+
 def _changes(metrics: ControllerMetrics, kind: str) -> float:
     return float(metrics.sync_changes.labels(standby="west", kind=kind)._value.get())
 
@@ -77,6 +85,8 @@ async def test_topics_partitions_and_configs_follow_the_primary(two_regions) -> 
     await create_topic(east, other, partitions=1)  # not matched by the sync regex
     await create_topic(east, wider, partitions=1)
     await create_topic(west, wider, partitions=2)  # the standby has more: reported, kept
+    await _listed(east, topic, other, wider)
+    await _listed(west, wider)
 
     [out] = await sync_once(_ctx(topo, prefix, metrics))
     assert out.created == [topic]
@@ -150,6 +160,7 @@ async def test_group_resumes_on_the_standby_at_exactly_the_next_record(two_regio
     topo = _topo(two_regions, prefix)
     ctx = _ctx(topo, prefix)
     await create_topic(east, topic, partitions=1)
+    await _listed(east, topic)
     [out] = await sync_once(ctx)
     assert out.created == [topic]
     # west's own records first: the same record has another offset in each region
@@ -211,6 +222,7 @@ async def test_sync_status_exit_codes(two_regions, tmp_path: Path) -> None:  # t
         for client in dcs.clients.values():
             await client.kv_delete(PRIMARY_KEY)
     await create_topic(east, topic, partitions=2)
+    await _listed(east, topic)
     await produce(east, topic, [(b"k", b"v", [])] * 5, partition=0)
 
     res = _status(path, prefix)
