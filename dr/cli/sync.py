@@ -79,7 +79,9 @@ def _table(s: StandbyReport, primary: str) -> Table:
         if d.error:
             t.add_row("error", escape(d.topic), "", escape(d.error), "no")
     for g in s.groups:
-        behind = [p for p in g.partitions if p.translated != p.standby_offset]
+        behind = [p for p in g.partitions if p.translated is None] \
+            if g.state == "untranslatable" else \
+            [p for p in g.partitions if p.translated != p.standby_offset]
         mine = ", ".join(f"{p.topic}[{p.partition}]@{p.primary_offset}" for p in behind[:3])
         theirs = ", ".join(f"{p.topic}[{p.partition}]@"
                            f"{'?' if p.translated is None else p.translated}"
@@ -89,8 +91,8 @@ def _table(s: StandbyReport, primary: str) -> Table:
         label = {"not_applied": "group offsets not applied",
                  "untranslatable": "group offsets not translatable",
                  "active": "group active on standby"}[g.state]
-        t.add_row(label, escape(g.group), escape(mine + more),
-                  escape((theirs + more) if theirs else g.detail),
+        theirs = "; ".join(x for x in (theirs + more, g.detail) if x)
+        t.add_row(label, escape(g.group), escape(mine + more), escape(theirs),
                   block if g.state == "untranslatable" else "no")
     return t
 

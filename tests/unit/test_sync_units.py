@@ -117,3 +117,33 @@ def test_context_of_a_controller(topo: Topology) -> None:
 async def test_fenced_round_does_nothing(topo: Topology) -> None:
     # Nothing listens on the topology's ports: a round that tried Kafka would fail.
     assert await sync_once(SyncContext(topo, None)) == []
+
+
+def test_status_table_shows_every_kind_of_difference() -> None:
+    from rich.console import Console
+
+    from dr.cli.sync import _table
+    from dr.controller.sync import ConfigDiff, GroupPartition
+
+    standby = StandbyReport(region="west", topics=[
+        TopicDiff(topic="t-missing", missing=True, primary_partitions=3),
+        TopicDiff(topic="t-fewer", primary_partitions=4, standby_partitions=2,
+                  configs=[ConfigDiff(key="retention.ms", primary="1000", standby=None)]),
+        TopicDiff(topic="t-more", primary_partitions=1, standby_partitions=2)], groups=[
+        GroupDiff(group="g-lost", state="untranslatable", partitions=[GroupPartition(
+            topic="t", partition=0, primary_offset=7, translated=None, standby_offset=None)],
+            detail="1 partition(s) never mirrored"),
+        GroupDiff(group="g-late", state="not_applied", partitions=[GroupPartition(
+            topic="t", partition=1, primary_offset=9, translated=12, standby_offset=4)])])
+    console = Console(width=250, record=True)
+    console.print(_table(standby, "east"))
+    text = console.export_text()
+    lines = {line.split("│")[1].strip() + "|" + line.split("│")[2].strip(): line
+             for line in text.splitlines() if line.count("│") >= 5}
+    assert "yes" in lines["topic missing|t-missing"]
+    assert "2" in lines["partitions|t-fewer"] and "yes" in lines["partitions|t-fewer"]
+    assert "no (more: kept)" in lines["partitions|t-more"]
+    assert "(none)" in lines["config|t-fewer retention.ms"]
+    assert "t[0]@?" in lines["group offsets not translatable|g-lost"]
+    assert "yes" in lines["group offsets not translatable|g-lost"]
+    assert "t[1]@12 (has 4)" in lines["group offsets not applied|g-late"]
