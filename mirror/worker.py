@@ -83,11 +83,20 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: MirrorWorker) -> None:
         self.worker = worker
 
+    # aiokafka runs these in its coordinator task and only logs what they raise, then goes
+    # on consuming (from the advisory group commit): an error is handed to the worker's
+    # loops instead, which end the worker with it.
     async def on_partitions_revoked(self, revoked: Iterable[TopicPartition]) -> None:
-        await self.worker._on_revoked(list(revoked))
+        try:
+            await self.worker._on_revoked(list(revoked))
+        except Exception as exc:  # the top of a foreign task: hand over, never lose it
+            self.worker._fail(exc)
 
     async def on_partitions_assigned(self, assigned: Iterable[TopicPartition]) -> None:
-        await self.worker._on_assigned(list(assigned))
+        try:
+            await self.worker._on_assigned(list(assigned))
+        except Exception as exc:
+            self.worker._fail(exc)
 
 
 class MirrorWorker:
@@ -141,7 +150,7 @@ class MirrorWorker:
         self._ended: asyncio.Task[None] | None = None  # the loops' task, once stopped
         self._stopper: asyncio.Task[None] | None = None  # the one stop under way or done
         self._stop_event = asyncio.Event()  # set by stop(): pauses and retries wake on it
-        self._fatal: MirrorError | None = None  # a rebalance callback gave up: the loop ends
+        self._fatal: Exception | None = None  # a rebalance callback failed: the loops end
         self._assign_budget_s = _ASSIGN_BUDGET_S
 
     # -- lifecycle -------------------------------------------------------------------
@@ -366,6 +375,12 @@ class MirrorWorker:
                     await self._find_unrecorded(tp, -_FIRST_SCAN)
             self.log.info("mirror_assigned", partitions=len(assigned),
                           resumed=sum(1 for tp in assigned if tp in self._expect))
+
+    def _fail(self, exc: Exception) -> None:
+        """A rebalance callback failed: the carrying loop raises `exc` (the worker ends)."""
+        self.log.error("rebalance_callback_failed", error=repr(exc))
+        if self._fatal is None:
+            self._fatal = exc
 
     async def _load_positions(self) -> dict[tuple[str, int], Position] | None:
         """The resume points, retried while the target cannot be read, but never beyond

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from kafka_helpers import (  # type: ignore[import-not-found]
     create_topic,
     end_offsets,
@@ -24,8 +23,6 @@ from tests_support import write_topology  # type: ignore[import-not-found]
 
 from crossdc.topology import Flow
 from mirror import MirrorWorker
-from mirror.offsets import POS_PARTITION, sync_topic_name
-from mirror.worker import _ASSIGN_BUDGET_S
 
 DR = str(Path(sys.executable).parent / "dr")
 
@@ -54,8 +51,12 @@ async def test_a_failing_loop_ends_the_worker_and_stop_closes_every_client(  # t
     clients = _clients(w)
     assert all(c is not None for c in clients)
     label = "mirror:east->west"
-    assert _mirror_tasks() == sorted([label, f"{label}:carry", f"{label}:commit",
-                                      f"{label}:discovery"])
+    loops = sorted([label, f"{label}:carry", f"{label}:commit", f"{label}:discovery"])
+
+    async def all_running() -> bool:  # the group starts its tasks on the loop's next turns
+        return _mirror_tasks() == loops
+
+    await eventually(all_running, 10, f"the worker's loops {loops}")
 
     async def broken() -> None:
         raise RuntimeError("discovery bug")
@@ -102,10 +103,9 @@ def _text(f: IO[str]) -> str:
 
 
 async def test_dr_mirror_run_flows_exit_non_zero_when_one_fails_and_drain_on_sigterm(  # type: ignore[no-untyped-def]
-        two_regions, tmp_path: Path) -> None:
-    """Two flows in one `dr mirror run`: SIGTERM drains both, exit 0; a flow that fails
-    (its resume points unreadable past the assignment budget: a transaction left open on
-    the sync topic) ends the command, exit 1, and the other flow with it."""
+        two_regions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two flows in one `dr mirror run`: SIGTERM drains both, exit 0; a loop failing in one
+    flow ends the command with its error, and the other flow with it."""
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     prefix = unique("mm-cli")
     topic = f"{prefix}-a"
@@ -135,28 +135,27 @@ async def test_dr_mirror_run_flows_exit_non_zero_when_one_fails_and_drain_on_sig
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
-    # 2. a failing flow: a transaction left open on east's sync topic in west keeps its
-    # resume points unreadable (read_committed) beyond the assignment budget
-    blocker = AIOKafkaProducer(bootstrap_servers=west, transactional_id=unique("block"),
-                               transaction_timeout_ms=300_000)
-    await blocker.start()
-    with (tmp_path / "run2.log").open("w+") as out:
-        proc2: asyncio.subprocess.Process | None = None
-        try:
-            await blocker.begin_transaction()
-            await blocker.send_and_wait(sync_topic_name("east"),
-                                        key=f"pos:{prefix}-none:0".encode(),
-                                        value=b'{"next": 0}', partition=POS_PARTITION)
-            proc2 = await asyncio.create_subprocess_exec(*cmd, stdout=out,
-                                                         stderr=subprocess.STDOUT)
-            # before the fix: the assignment retried until the transaction timed out
-            code = await _exits(proc2, _ASSIGN_BUDGET_S + 60)
-            text = _text(out)
-            assert code == 1, text
-            assert "could not be read within" in text, text
-        finally:
-            if proc2 is not None and proc2.returncode is None:
-                proc2.kill()
-                await proc2.wait()
-            await blocker.abort_transaction()
-            await blocker.stop()
+    # 2. a failing loop in one flow ends the command with its error, the other flow too
+    from dr.cli.mirror import _serve
+    made: list[MirrorWorker] = []
+    original_start, original_discover = MirrorWorker.start, MirrorWorker._discover
+
+    async def start(self: MirrorWorker) -> None:
+        made.append(self)
+        await original_start(self)
+
+    async def discover(self: MirrorWorker) -> None:
+        if self.flow.source == "west":
+            raise RuntimeError("discovery bug")
+        await original_discover(self)
+
+    monkeypatch.setattr(MirrorWorker, "start", start)
+    monkeypatch.setattr(MirrorWorker, "_discover", discover)
+    async with asyncio.timeout(60):  # before: the command could go on with one flow
+        with pytest.raises(RuntimeError, match="discovery bug"):
+            await _serve(two_regions.topology, flows, None)
+    assert len(made) == 2
+    assert not any(w.running for w in made)
+    assert _mirror_tasks() == []
+    for w in made:  # both stopped, every client closed
+        assert all(c is None for c in _clients(w))
