@@ -65,6 +65,8 @@ class FailoverSettings(BaseModel):
                                   "and scheduling slack).")
     drain_timeout_s: float = Field(10.0, ge=0, description="How long to wait for the mirror "
                                    "to copy the old primary's last records when it answers.")
+    measure_timeout_s: float = Field(10.0, gt=0, description="Deadline of one measurement "
+                                     "of the mirror lag between two regions.")
     max_behind_records: int = Field(10_000, ge=0, description="Refuse a target behind the "
                                     "primary by more records than this (unless --force).")
     max_behind_s: float = Field(60.0, ge=0, description="Refuse a target whose mirror has "
@@ -84,18 +86,13 @@ class SyncSettings(BaseModel):
                                 "the standby for groups inactive there.")
 
 
-def _default_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
-
-
 class ControllerSettings(BaseModel):
     """One controller (one per region; one of them leads)."""
 
     model_config = _FROZEN
 
     region: str = Field(description="The region this controller runs in.")
-    controller_id: str = Field(default_factory=_default_id,
-                               description="Unique id [default: host-pid].")
+    controller_id: str = Field("", description="Unique id [default: region-host-pid].")
     http_host: str = Field("127.0.0.1", description="Bind address of /health and /metrics.")
     http_port: int = Field(0, ge=0, le=65535, description="Port of /health and /metrics "
                            "(0: pick a free one).")
@@ -104,6 +101,14 @@ class ControllerSettings(BaseModel):
     failover: FailoverSettings = FailoverSettings()
     sync: SyncSettings = SyncSettings()
     consul_retry: RetrySettings = RetrySettings(attempts=2, total_s=2.0, call_timeout_s=1.0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_id(cls, data: object) -> object:
+        if isinstance(data, dict) and not data.get("controller_id") and data.get("region"):
+            data = {**data, "controller_id":
+                    f"{data['region']}-{socket.gethostname()}-{os.getpid()}"}
+        return data
 
     @model_validator(mode="after")
     def _sane(self) -> ControllerSettings:

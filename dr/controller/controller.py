@@ -219,7 +219,7 @@ class Controller:
             if self.hysteresis[flow.source].status == "down":
                 continue  # keep the last figure: it is the RPO estimate
             b = await behind(self.topology, flow.source, flow.target,
-                             self.settings.health.timeout_s * 3)
+                             self.settings.failover.measure_timeout_s)
             if b.records is not None:
                 self.lags[(flow.source, flow.target)] = b
                 self.metrics.mirror_lag.labels(source=flow.source, target=flow.target).set(

@@ -105,7 +105,8 @@ class FailoverEngine:
             if earlier is not None and earlier.records is not None:
                 return Behind(earlier.records, earlier.last_copy_age_s, earlier.at_ms,
                               error=f"{source} is down", measured=False)
-        now = await behind(self.topology, source, target, self.settings.health.timeout_s * 3)
+        now = await behind(self.topology, source, target,
+                           self.settings.failover.measure_timeout_s)
         if now.records is not None:
             return now
         earlier = self.last_behind(source, target)
@@ -241,7 +242,7 @@ class FailoverEngine:
         last = Behind(None, None, error=f"{rec.source} is down")
         while not self.is_down(rec.source):
             last = await behind(self.topology, rec.source, rec.target,
-                                self.settings.health.timeout_s * 3)
+                                self.settings.failover.measure_timeout_s)
             if first is None:
                 first = last
             if last.records is None or last.records == 0 or time.monotonic() >= deadline:
@@ -269,7 +270,7 @@ class FailoverEngine:
         try:
             mirror_groups = {f.group or f"crossdc-mirror-{f.source}-{f.target}"
                              for f in self.topology.flows}
-            groups = [g for g in await _user_groups(src, self.settings.health.timeout_s * 3)
+            groups = [g for g in await _user_groups(src, self.settings.failover.measure_timeout_s)
                       if g not in mirror_groups]
         except (KafkaError, OSError, TimeoutError) as exc:
             return rec.with_step("offsets", status="skipped",

@@ -17,7 +17,7 @@ from typing import Literal
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from crossdc.topology import Region
 from dr.controller.config import HealthSettings
@@ -102,60 +102,115 @@ def _ms(t0: float) -> float:
 
 
 class RegionProber:
-    """Probes one region: `await prober.probe()` → a Round. `start()`/`stop()`."""
+    """Probes one region: `await prober.probe()` → a Round. `stop()` closes its clients.
+
+    Its Kafka clients (an admin client for metadata, a producer and a consumer for the
+    canary) live across rounds: a probe costs a round trip, not a bootstrap, and aiokafka
+    reconnects to a broker that comes back. They are made on the first probe that needs them,
+    under their own deadline (a region down at start never keeps the controller from
+    starting), and made afresh after `RENEW_AFTER` failed rounds in a row (a client that saw
+    its broker die may be wedged)."""
+
+    RENEW_AFTER = 5
+    SETUP_TIMEOUT_S = 10.0
 
     def __init__(self, region: Region, settings: HealthSettings, controller_id: str) -> None:
         self.region = region
         self.settings = settings
         self.controller_id = controller_id
         self._bootstrap = region.kafka.bootstrap
+        self._admin: AIOKafkaAdminClient | None = None
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._tp = TopicPartition(settings.canary_topic, 0)
         self._closed = False
-        self._canary_ready = False
-
-    async def start(self) -> None:
-        """Nothing to open up front: clients are made on the first probe that needs them (a
-        region down at start must not keep the controller from starting)."""
+        self._failed_rounds = 0
 
     async def stop(self) -> None:
+        """Close every client; idempotent."""
         if self._closed:
             return
         self._closed = True
         await self._drop_clients()
 
     async def _drop_clients(self) -> None:
-        p, c = self._producer, self._consumer
-        self._producer = self._consumer = None
-        self._canary_ready = False
-        for client in (p, c):
-            if client is not None:
-                try:
-                    async with asyncio.timeout(2.0):
-                        await client.stop()
-                except (TimeoutError, KafkaError, OSError) as exc:
-                    log.debug("probe_client_close_failed", region=self.region.name,
-                              error=repr(exc))
+        admin, producer, consumer = self._admin, self._producer, self._consumer
+        self._admin = self._producer = self._consumer = None
+        for name, close in (("admin", admin.close if admin else None),
+                            ("producer", producer.stop if producer else None),
+                            ("consumer", consumer.stop if consumer else None)):
+            if close is None:
+                continue
+            try:
+                async with asyncio.timeout(5.0):
+                    await close()
+            except (TimeoutError, KafkaError, OSError) as exc:
+                log.debug("probe_client_close_failed", region=self.region.name, client=name,
+                          error=repr(exc))
+
+    async def _setup(self) -> None:
+        """Make the clients that are missing (bounded by SETUP_TIMEOUT_S)."""
+        if self._closed:
+            raise KafkaConnectionError("prober stopped")
+        async with asyncio.timeout(self.SETUP_TIMEOUT_S):
+            if self._admin is None:
+                admin = AIOKafkaAdminClient(
+                    bootstrap_servers=self._bootstrap,
+                    request_timeout_ms=int(self.settings.timeout_s * 1000))
+                self._admin = admin  # kept even if start fails: stop() closes it
+                await admin.start()
+            if not self.settings.canary:
+                return
+            if self._producer is None:
+                topics = await self._admin.list_topics()
+                if self.settings.canary_topic not in topics:
+                    with contextlib.suppress(TopicAlreadyExistsError):
+                        await self._admin.create_topics([NewTopic(
+                            self.settings.canary_topic, 1, 1,
+                            topic_configs={"retention.ms": "3600000"})])
+                producer = AIOKafkaProducer(
+                    bootstrap_servers=self._bootstrap, acks="all", linger_ms=0,
+                    request_timeout_ms=int(self.settings.timeout_s * 1000))
+                self._producer = producer
+                await producer.start()
+            if self._consumer is None:
+                consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap,
+                                            enable_auto_commit=False)
+                self._consumer = consumer
+                await consumer.start()
+                consumer.assign([self._tp])
+                await consumer.seek_to_end(self._tp)
 
     async def probe(self) -> Round:
         checks: dict[str, CheckResult] = {}
-        checks["kafka"] = await self._kafka()
-        if self.settings.canary:
-            checks["canary"] = (await self._canary() if checks["kafka"].ok else
-                                CheckResult(ok=False, detail="kafka unreachable"))
-        if self.settings.proxy and self.region.proxy is not None:
+        t0 = time.monotonic()
+        try:
+            await self._setup()
+        except (TimeoutError, KafkaError, OSError) as exc:
+            await self._drop_clients()
+            why = f"connect: {exc.__class__.__name__} {exc}".strip()
+            checks["kafka"] = CheckResult(ok=False, latency_ms=_ms(t0), detail=why)
+            if self.settings.canary:
+                checks["canary"] = CheckResult(ok=False, detail="kafka unreachable")
+        else:
+            checks["kafka"] = await self._kafka()
+            if self.settings.canary:
+                checks["canary"] = (await self._canary() if checks["kafka"].ok else
+                                    CheckResult(ok=False, detail="kafka unreachable"))
+        if self.settings.proxy:
             checks["proxy"] = await self._proxy()
-        return Round(checks)
+        rnd = Round(checks)
+        self._failed_rounds = 0 if rnd.ok else self._failed_rounds + 1
+        if self._failed_rounds and self._failed_rounds % self.RENEW_AFTER == 0:
+            await self._drop_clients()
+        return rnd
 
     async def _kafka(self) -> CheckResult:
         t0 = time.monotonic()
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap,
-                                    request_timeout_ms=int(self.settings.timeout_s * 1000))
+        assert self._admin is not None
         try:
             async with asyncio.timeout(self.settings.timeout_s):
-                await admin.start()
-                meta = await admin.describe_cluster()
+                meta = await self._admin.describe_cluster()
             brokers = len(meta.get("brokers", []))
             return CheckResult(ok=brokers > 0, latency_ms=_ms(t0),
                                detail=f"{brokers} broker(s), controller "
@@ -163,65 +218,29 @@ class RegionProber:
         except (TimeoutError, KafkaError, OSError) as exc:
             return CheckResult(ok=False, latency_ms=_ms(t0),
                                detail=f"metadata: {exc.__class__.__name__} {exc}".strip())
-        finally:
-            try:
-                async with asyncio.timeout(1.0):
-                    await admin.close()
-            except (TimeoutError, KafkaError, OSError):
-                pass
-
-    async def _ensure_canary(self) -> None:
-        if self._canary_ready:
-            return
-        admin = AIOKafkaAdminClient(bootstrap_servers=self._bootstrap)
-        try:
-            await admin.start()
-            if self.settings.canary_topic not in await admin.list_topics():
-                with contextlib.suppress(TopicAlreadyExistsError):
-                    await admin.create_topics([NewTopic(
-                        self.settings.canary_topic, 1, 1,
-                        topic_configs={"retention.ms": "3600000"})])
-        finally:
-            await admin.close()
-        if self._producer is None:
-            self._producer = AIOKafkaProducer(
-                bootstrap_servers=self._bootstrap, acks="all", linger_ms=0,
-                request_timeout_ms=int(self.settings.timeout_s * 1000))
-            await self._producer.start()
-        if self._consumer is None:
-            self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap,
-                                              enable_auto_commit=False)
-            await self._consumer.start()
-            self._consumer.assign([self._tp])
-            await self._consumer.seek_to_end(self._tp)
-        self._canary_ready = True
 
     async def _canary(self) -> CheckResult:
         """Produce a record and read it back: the region takes and serves data."""
         t0 = time.monotonic()
         token = uuid.uuid4().hex.encode()
+        assert self._producer is not None
+        assert self._consumer is not None
         try:
             async with asyncio.timeout(self.settings.timeout_s * 2):
-                await self._ensure_canary()
-                assert self._producer is not None
-                assert self._consumer is not None
                 meta = await self._producer.send_and_wait(
                     self.settings.canary_topic, token,
                     key=self.controller_id.encode(), partition=0)
-                while True:
+                found = False
+                while not found:
                     batch = await self._consumer.getmany(self._tp, timeout_ms=200)
-                    if any(r.value == token for recs in batch.values() for r in recs):
-                        break
+                    found = any(r.value == token for recs in batch.values() for r in recs)
             return CheckResult(ok=True, latency_ms=_ms(t0), detail=f"offset {meta.offset}")
         except (TimeoutError, KafkaError, OSError) as exc:
-            # Start afresh next round: a client that saw its broker die may be wedged.
-            await self._drop_clients()
             return CheckResult(ok=False, latency_ms=_ms(t0),
                                detail=f"canary: {exc.__class__.__name__} {exc}".strip())
 
     async def _proxy(self) -> CheckResult:
         from dr.controller.grpc_health import check_serving
         t0 = time.monotonic()
-        assert self.region.proxy is not None
         ok, detail = await check_serving(self.region.proxy.endpoint, self.settings.timeout_s)
         return CheckResult(ok=ok, latency_ms=_ms(t0), detail=detail)

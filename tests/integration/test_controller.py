@@ -25,6 +25,7 @@ from crossdc.topology import Flow, Topology, split_hostport
 from dr.controller import Controller, ControllerSettings, FailoverRefused
 from dr.controller.config import FailoverSettings, HealthSettings, LeaderSettings, SyncSettings
 from dr.controller.datacenters import Datacenters
+from dr.controller.failover import behind
 from dr.controller.ops import leader_of, newest_failover, plan_failover, start_failover
 from dr.controller.state import FAILOVER_KEY, LEADER_KEY, FailoverRecord
 from mirror import MirrorWorker
@@ -44,7 +45,7 @@ def fast(region: str, *, auto: bool = False, max_behind: int = 10_000,
                               successes_to_up=2, proxy=False),
         leader=LeaderSettings(check_ttl_s=2.0, lock_delay_s=1, retry_interval_s=0.3),
         failover=FailoverSettings(auto=auto, primary_lease_s=1.0, lease_margin_s=0.2,
-                                  wait_period_s=1.0, drain_timeout_s=5.0,
+                                  wait_period_s=1.0, drain_timeout_s=20.0,
                                   max_behind_records=max_behind),
         sync=SyncSettings(interval_s=3600))
 
@@ -192,6 +193,11 @@ async def test_failover_and_failback_move_primary_epoch_and_dns_everywhere(
                 ports = await _dns(topo, "west", "primary.kafka.service.west.consul")
                 return ports == [topo.region("east").kafka_port]
             await eventually(published, 30, "DNS answers east as primary in west")
+
+            async def mirrored() -> bool:
+                lag = await behind(topo, "east", "west", 10.0)
+                return lag.records == 0
+            await eventually(mirrored, 60, "the mirror copied east's records to west")
             before = (await dcs.primary()).current
 
             plan = await plan_failover(topo, dcs, east.settings, "west", by="test")
