@@ -24,6 +24,7 @@ from kafka_helpers import (  # type: ignore[import-not-found]
     produce,
     unique,
 )
+from structlog.testing import capture_logs
 from tests_support import write_topology  # type: ignore[import-not-found]
 
 from crossdc.clients.kafka import KafkaAdmin
@@ -117,8 +118,12 @@ async def test_topics_partitions_and_configs_follow_the_primary(two_regions) -> 
     assert layout[1]["cleanup.policy"] == "compact"  # kept (configs are merged)
     assert _changes(metrics, "partitions_increased") == 1
 
-    [out] = await sync_once(_ctx(topo, prefix, metrics))  # in step: nothing to do
+    with capture_logs() as logs:
+        [out] = await sync_once(_ctx(topo, prefix, metrics))  # in step: nothing to do
     assert (out.created, out.grown, out.configs_set) == ([], {}, {})
+    [line] = [e for e in logs if e["event"] == "standby_synced"]  # one summary line
+    assert (line["region"], line["standby"], line["primary"]) == ("east", "west", "east")
+    assert line["more_partitions_on_standby"] == {wider: (1, 2)}
     assert metrics.sync_blocking.labels(standby="west")._value.get() == 0
 
 
