@@ -271,3 +271,30 @@ async def test_a_leading_controller_runs_the_sync(two_regions) -> None:  # type:
         await eventually(synced, 60, "topic created on west by the controller")
         assert ctl.metrics.sync_rounds.labels(result="ok")._value.get() >= 1
         assert _changes(ctl.metrics, "topic_created") == 1
+
+
+async def test_a_standby_that_does_not_answer_is_skipped_and_reported(two_regions) -> None:  # type: ignore[no-untyped-def]
+    from dr.controller.sync import sync_report
+    from dr.stack.ports import free_topology
+    east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
+    prefix = unique("syn-d")
+    topic = f"{prefix}.payments"
+    base = _topo(two_regions, prefix)
+    north = free_topology(["north"]).regions[0]  # nothing listens on its ports
+    topo = base.model_copy(update={"regions": [*base.regions, north],
+                                   "preference": [*base.preference, "north"]})
+    await create_topic(east, topic, partitions=1)
+    await _listed(east, topic)
+    metrics = ControllerMetrics()
+
+    outs = {o.standby: o for o in await sync_once(_ctx(topo, prefix, metrics))}
+    assert outs["west"].created == [topic]  # the other standby is still synced
+    assert outs["north"].reachable is False
+    assert metrics.sync_blocking.labels(standby="north")._value.get() == -1
+    assert await _layout(west, topic) is not None
+
+    report = await sync_report(topo, "east", settings=SyncSettings(topics=f"{prefix}.*"))
+    by = {s.region: s for s in report.standbys}
+    assert by["west"].in_step
+    assert by["north"].reachable is False
+    assert [b.split(":")[0] for b in report.blocking] == ["north"]
