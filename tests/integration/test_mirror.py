@@ -44,7 +44,7 @@ async def _drained(two_regions, flow: Flow, topic: str, partitions: int) -> bool
     return all(marks.next_src.get((topic, p), 0) >= end for p, end in ends.items() if end)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: the leak guard wants no worker outliving its test
 async def active_active(two_regions) -> AsyncIterator[tuple[str, MirrorWorker, MirrorWorker]]:  # type: ignore[no-untyped-def]
     prefix = unique("mm")
     east_west = _flow("east", "west", f"{prefix}-.*")
