@@ -134,7 +134,8 @@ class PrimaryWatcher:
                 self._first.set()
                 index = None
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self._retry_s)
+                    async with asyncio.timeout(self._retry_s):
+                        await self._stop.wait()
                 continue
             self._reachable(True)
             if entry is not None:

@@ -191,7 +191,8 @@ class WatchedFile(Generic[T]):
         try:
             while not self._stop.is_set():
                 try:
-                    await asyncio.wait_for(self._stop.wait(), self.poll_interval_s)
+                    async with asyncio.timeout(self.poll_interval_s):  # no task per round
+                        await self._stop.wait()
                 except TimeoutError:
                     await self._check(force=False)
         except asyncio.CancelledError:

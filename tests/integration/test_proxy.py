@@ -80,7 +80,7 @@ def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: every task its server makes ends with the test (leak guard)
 async def east_proxy(two_regions, policy_file: Path) -> AsyncIterator[ProxyServer]:  # type: ignore[no-untyped-def]
     server = ProxyServer(two_regions.topology, _cfg("east"), policy_file)
     await server.start()
@@ -90,7 +90,7 @@ async def east_proxy(two_regions, policy_file: Path) -> AsyncIterator[ProxyServe
         await server.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 async def stub(east_proxy: ProxyServer) -> AsyncIterator[Any]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{east_proxy.port}") as ch:
         yield pb_grpc.ProxyStub(ch)

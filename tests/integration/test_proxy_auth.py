@@ -167,7 +167,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return d / "policy.yaml", d / "auth.yaml"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: the server's tasks end with the test (leak guard)
 async def authed(two_regions, files: tuple[Path, Path]) -> AsyncIterator[ProxyServer]:  # type: ignore[no-untyped-def]
     policy, auth = files
     async with ProxyServer(two_regions.topology,
@@ -176,7 +176,7 @@ async def authed(two_regions, files: tuple[Path, Path]) -> AsyncIterator[ProxySe
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: the server's tasks end with the test (leak guard)
 async def stub(authed: ProxyServer) -> AsyncIterator[Any]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{authed.port}") as ch:
         yield pb_grpc.ProxyStub(ch)
@@ -325,7 +325,7 @@ async def test_auth_file_reload_adds_revokes_and_refuses_bad_files(  # type: ign
 
 # -- TLS and mTLS ------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: the server's tasks end with the test (leak guard)
 async def tls_proxy(two_regions, files, pki: Pki) -> AsyncIterator[ProxyServer]:  # type: ignore[no-untyped-def]
     policy, _ = files
     tls = TlsSettings(cert_file=pki.server_cert, key_file=pki.server_key)
@@ -333,7 +333,7 @@ async def tls_proxy(two_regions, files, pki: Pki) -> AsyncIterator[ProxyServer]:
         yield server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # per test: the server's tasks end with the test (leak guard)
 async def mtls_proxy(two_regions, files, pki: Pki) -> AsyncIterator[ProxyServer]:  # type: ignore[no-untyped-def]
     policy, auth = files
     tls = TlsSettings(cert_file=pki.server_cert, key_file=pki.server_key,
