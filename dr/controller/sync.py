@@ -12,7 +12,9 @@ the `sync.topics` regex selects (full match; internal topics `_…`/`__…` neve
   where the standby's value differs (`sync.configs`);
 - committed offsets of user consumer groups (not the mirror's, not crossdc's), translated
   through the mirror's offset sync and committed on the standby for groups inactive there
-  (`sync.group_offsets`); a group with members on the standby is left as is and counted.
+  (`sync.group_offsets`); a group with members on the standby is left as is and counted;
+  a group some of whose partitions were never mirrored is counted untranslatable (it blocks
+  a failover) and its other partitions still move.
 
 `sync_report` computes the same differences without changing anything (`dr sync status`),
 with the ones that would block a failover to each standby.
@@ -393,19 +395,23 @@ async def _apply(diff: StandbyReport, primary: _Primary, p_admin: KafkaAdmin,
     for g in diff.groups:
         if g.state == "active":
             out.groups_active.append(g.group)
-        elif g.state == "untranslatable":
+            continue
+        if g.state == "untranslatable":  # the partitions that translate still move
             out.groups_untranslatable.append(g.group)
-        else:
-            rows = [Translated(p.topic, p.partition, p.primary_offset, p.translated)
-                    for p in g.partitions
-                    if p.translated is not None and p.translated != p.standby_offset]
-            try:
-                with _kafka(f"commit offsets of group {g.group} in {out.standby}"):
-                    await apply_offsets(g.group, s_admin.bootstrap, rows)
+        rows = [Translated(p.topic, p.partition, p.primary_offset, p.translated)
+                for p in g.partitions
+                if p.translated is not None and p.translated != p.standby_offset]
+        if not rows:
+            continue
+        try:
+            with _kafka(f"commit offsets of group {g.group} in {out.standby}"):
+                await apply_offsets(g.group, s_admin.bootstrap, rows)
+            if g.state == "not_applied":
                 out.groups_applied.append(g.group)
-            except OffsetsUnavailable as exc:
-                out.errors.append(f"group {g.group}: {exc}")
-            except OffsetsError:  # members joined since the check
+        except OffsetsUnavailable as exc:
+            out.errors.append(f"group {g.group}: {exc}")
+        except OffsetsError:  # members on the standby (joined since the check)
+            if g.state == "not_applied":
                 out.groups_active.append(g.group)
 
 

@@ -298,3 +298,31 @@ async def test_a_standby_that_does_not_answer_is_skipped_and_reported(two_region
     assert by["west"].in_step
     assert by["north"].reachable is False
     assert [b.split(":")[0] for b in report.blocking] == ["north"]
+
+
+async def test_a_partly_untranslatable_group_still_moves_what_translates(two_regions) -> None:  # type: ignore[no-untyped-def]
+    east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
+    prefix = unique("syn-p")
+    carried, alone, group = f"{prefix}.carried", f"{prefix}.alone", unique("syn-part")
+    base = _topo(two_regions, prefix)
+    flow = base.flows[0].model_copy(update={"topics": carried})  # `alone` is never mirrored
+    topo = base.model_copy(update={"flows": [flow]})
+    ctx = _ctx(topo, prefix)
+    for topic in (carried, alone):
+        await create_topic(east, topic, partitions=1)
+        await produce(east, topic, [(f"k{i}".encode(), b"v", []) for i in range(6)])
+    await _listed(east, carried, alone)
+    [out] = await sync_once(ctx)
+    assert sorted(out.created) == sorted([carried, alone])
+    async with MirrorWorker(flow, east, west):
+        await eventually(lambda: _drained(east, west, carried), 60, "mirror drained")
+    await _commit(east, group, carried, 4)
+    await _commit(east, group, alone, 2)
+
+    [out] = await sync_once(ctx)
+    assert out.groups_untranslatable == [group]
+    assert out.groups_applied == []
+    assert f"group {group} offsets not translatable" in out.blocking[0]
+    async with KafkaAdmin(west) as admin:
+        have = await admin.group_offsets(group)
+    assert have == {TopicPartition(carried, 0): 4}  # `alone` left uncommitted
