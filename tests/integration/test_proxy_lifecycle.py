@@ -338,6 +338,7 @@ async def test_cancelled_probe_during_a_frozen_kafka_does_not_block_the_region( 
     import os
     import signal
 
+    from proxy.breaker import BreakerState
     from proxy.config import BreakerSettings
     stack, ntopo = north
     pids = [int(p.read_text().split()[0])  # "pid start-time"
@@ -370,8 +371,8 @@ async def test_cancelled_probe_during_a_frozen_kafka_does_not_block_the_region( 
             await eventually(half_open_free, 10, "breaker half-open")
             call = stub.Produce(rec, timeout=60)   # takes the half-open probe ...
 
-            async def probing() -> bool:
-                return breaker.probing
+            async def probing() -> bool:  # half-open, and its one probe is out
+                return breaker.state is BreakerState.HALF_OPEN and not breaker.available()
             await eventually(probing, 10, "the probe write is out")
             call.cancel()                          # ... and the client goes away
             await eventually(half_open_free, 10, "the cancelled probe released")
