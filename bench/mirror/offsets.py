@@ -101,7 +101,8 @@ async def measure(west: str, committed: dict[tuple[str, int], int]) -> dict[str,
             "translated": {f"{t}/{p}": v for (t, p), v in sorted(b.items())}}
 
 
-async def bench(east: str, west: str, n: int, compaction_wait_s: float) -> dict[str, Any]:
+async def bench(east: str, west: str, n: int, compaction_wait_s: float, stream_s: float,
+                rate: int) -> dict[str, Any]:
     from kafka_helpers import create_topic, end_offsets  # type: ignore[import-not-found]
 
     from crossdc.topology import Flow
@@ -111,9 +112,12 @@ async def bench(east: str, west: str, n: int, compaction_wait_s: float) -> dict[
     await create_topic(east, topic, PARTITIONS)
     await create_topic(west, topic, PARTITIONS)
     sync = sync_topic_name("east")
-    await create_topic(west, sync, 2, configs={
-        "cleanup.policy": "compact", "segment.ms": "15000", "min.compaction.lag.ms": "0",
-        "min.cleanable.dirty.ratio": "0.01", "message.timestamp.type": "LogAppendTime"})
+    sync_configs = {"cleanup.policy": "compact", "segment.ms": "15000",
+                    "min.compaction.lag.ms": "86400000",  # none during the run
+                    "min.cleanable.dirty.ratio": "0.01",
+                    "message.timestamp.type": "LogAppendTime"}
+    await create_topic(west, sync, 2, configs=sync_configs)
+    n0 = n
     t0 = time.monotonic()
     await produce_backlog(east, topic, n)
     produce_s = time.monotonic() - t0
@@ -123,6 +127,25 @@ async def bench(east: str, west: str, n: int, compaction_wait_s: float) -> dict[
                 discovery_interval_s=10.0)
     t0 = time.monotonic()
     async with MirrorWorker(flow, east, west):
+        if stream_s:  # the steady state: small batches, one map record each
+            from aiokafka import AIOKafkaProducer
+            p = AIOKafkaProducer(bootstrap_servers=east, linger_ms=5)
+            await p.start()
+            try:
+                t_end = time.monotonic() + stream_s
+                i = 0
+                while time.monotonic() < t_end:
+                    tick = time.monotonic()
+                    for _ in range(rate // 100):
+                        await p.send(topic, value=b"s" * SIZE, partition=i % PARTITIONS)
+                        i += 1
+                    await asyncio.sleep(max(0.0, 0.01 - (time.monotonic() - tick)))
+                await p.flush()
+            finally:
+                await p.stop()
+            n += i
+            print(f"streamed {i:,} records in {stream_s:.0f}s", flush=True)
+            ends = await end_offsets(east, topic, PARTITIONS)
         while True:
             pos = await load_positions(west, "east", timeout_s=120)
             if all(pos.get((topic, p)) and pos[(topic, p)].next_src >= e
@@ -133,7 +156,9 @@ async def bench(east: str, west: str, n: int, compaction_wait_s: float) -> dict[
     print(f"mirrored in {mirror_s:.0f}s ({n / mirror_s:,.0f} records/s)", flush=True)
     # a group committed in the middle of every partition, at an odd offset
     committed = {(topic, p): e // 2 + 7 for p, e in ends.items()}
-    out: dict[str, Any] = {"records": n, "record_bytes": SIZE, "partitions": PARTITIONS,
+    out: dict[str, Any] = {"records": n, "backlog": n0, "stream_s": stream_s,
+                           "stream_rate_rps": rate, "record_bytes": SIZE,
+                           "partitions": PARTITIONS,
                            "bucket": BUCKET, "produce_s": round(produce_s, 1),
                            "mirror_s": round(mirror_s, 1),
                            "mirror_rps": round(n / mirror_s)}
@@ -142,7 +167,16 @@ async def bench(east: str, west: str, n: int, compaction_wait_s: float) -> dict[
                                              if k != "translated"}), flush=True)
     # compaction: roll the active segment (segment.ms) by writing a record to a key of no
     # partition, then wait for the cleaner
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
     from kafka_helpers import produce  # type: ignore[import-not-found]
+    admin = AIOKafkaAdminClient(bootstrap_servers=west)
+    await admin.start()
+    try:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, sync, configs={
+            **sync_configs, "min.compaction.lag.ms": "0"})])
+    finally:
+        await admin.close()
     expected = sum(-(-e // BUCKET) for e in ends.values())
     t0 = time.monotonic()
     size = out["before"]
@@ -170,11 +204,15 @@ def write_report(r: dict[str, Any]) -> None:
         "",
         f"One run (`bench/mirror/offsets.py`, commit `{r['git_commit']}`), two local regions "
         f"(Kafka 4.1.1, one broker each), {r['machine']}, shared with other work. "
-        f"{r['records']:,} records of {r['record_bytes']} bytes over {r['partitions']} "
-        f"partitions mirrored east → west by one at-least-once worker in "
-        f"{r['mirror_s']:.0f} s ({r['mirror_rps']:,} records/s); then a group committed in "
-        f"the middle of every partition is translated. Map bucket: {r['bucket']:,} source "
-        f"offsets.",
+        f"{r['backlog']:,} records of {r['record_bytes']} bytes over {r['partitions']} "
+        f"partitions written to east first, then {r['stream_s']:.0f} s of "
+        f"{r['stream_rate_rps']:,} records/s while mirroring (the steady state: small "
+        f"batches, one map record each); {r['records']:,} records in all, mirrored east → "
+        f"west by one at-least-once worker ({r['mirror_s']:.0f} s). No compaction during "
+        f"the run (`min.compaction.lag.ms` 1 day), so 'before' is what the old layout kept "
+        f"forever (one record per batch and partition, unique keys); then the lag is set "
+        f"to 0 and the cleaner runs. A group committed in the middle of every partition "
+        f"is translated. Map bucket: {r['bucket']:,} source offsets.",
         "",
         "| | map records | map bytes | full read (old `translate`) s | runs held | "
         "picked buckets (new) s | runs held |",
@@ -200,6 +238,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=10_000_000)
     ap.add_argument("--compaction-wait-s", type=float, default=240.0)
+    ap.add_argument("--stream-s", type=float, default=0.0,
+                    help="Then stream this long at --rate while mirroring (small batches).")
+    ap.add_argument("--rate", type=int, default=5000)
     a = ap.parse_args()
     from tests_support import write_topology  # type: ignore[import-not-found]
 
@@ -216,7 +257,7 @@ def main() -> None:
         try:
             r = asyncio.run(bench(topo.region("east").kafka.bootstrap,
                                   topo.region("west").kafka.bootstrap, a.records,
-                                  a.compaction_wait_s))
+                                  a.compaction_wait_s, a.stream_s, a.rate))
         finally:
             asyncio.run(LocalStack.down(paths))
     r["git_commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
