@@ -114,9 +114,20 @@ class ProxyConfig(_Model):
                                    "Reloaded on change and on SIGHUP.")
     tls: TlsSettings | None = Field(None, description="TLS / mTLS of the gRPC port; None: "
                                     "plaintext.")
+    primary_lease_s: float = Field(5.0, ge=3.0, description="The primary lease: ordered and "
+                                   "sync writes are taken only while the primary record was "
+                                   "confirmed (read from the own datacenter's Consul, absent "
+                                   "included) within this many seconds, and is not fenced; "
+                                   "otherwise UNAVAILABLE (nearest writes go on). Must not "
+                                   "exceed the controller's `failover.primary_lease_s`, which "
+                                   "a failover waits between fencing and promoting. At least "
+                                   "3 s (the blocking-query wait, a third of it, is at least "
+                                   "1 s).")
     primary_wait_s: float = Field(30.0, gt=0, description="Blocking-query wait on the primary "
-                                  "key.")
-    primary_retry_s: float = Field(1.0, gt=0, description="Pause after Consul did not answer.")
+                                  "key; capped at primary_lease_s / 3 (at least 1 s) so the "
+                                  "key is re-confirmed well within the lease.")
+    primary_retry_s: float = Field(1.0, gt=0, description="Pause after Consul did not answer "
+                                   "(capped at primary_lease_s / 3).")
     kafka: KafkaWriterSettings = KafkaWriterSettings()
     breaker: BreakerSettings = BreakerSettings()
     consul_retry: RetrySettings = RetrySettings(attempts=2, total_s=3.0, call_timeout_s=2.0)

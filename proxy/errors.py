@@ -15,6 +15,8 @@ to gRPC status codes (`grpc_code`).
         ├── Overloaded          in-flight bytes over the bound               RESOURCE_EXHAUSTED *
         ├── DeadlineExceeded    the request's deadline passed                DEADLINE_EXCEEDED *
         ├── NotServing          the proxy is draining                        UNAVAILABLE *
+        ├── PrimaryUnavailable  ordered/sync refused: primary lease run out  UNAVAILABLE *
+        │                       (or never confirmed), or the record fenced
         ├── Unauthenticated     no or unknown bearer token                   UNAUTHENTICATED
         ├── PermissionDenied    the token may not write this topic           PERMISSION_DENIED
         ├── ProxyTaskFailed     a background loop of the server died (it stopped)
@@ -46,6 +48,7 @@ __all__ = [
     "Overloaded",
     "PartitionMismatch",
     "PermissionDenied",
+    "PrimaryUnavailable",
     "ProduceFailed",
     "ProxyError",
     "ProxyTaskFailed",
@@ -173,6 +176,20 @@ class NotServing(ProxyError):
     retriable = True
 
 
+class PrimaryUnavailable(ProxyError):
+    """No region may take ordered and sync writes from this proxy now. `reason` (the metric
+    label): `unconfirmed` (the own datacenter's Consul never answered since start),
+    `lease_expired` (not confirmed within `primary_lease_s`) or `fenced` (a failover is
+    under way: the record names no writable primary). `epoch` is the epoch held."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, reason: str, epoch: int) -> None:
+        self.reason = reason
+        self.epoch = epoch
+        super().__init__(message)
+
+
 class Unauthenticated(ProxyError):
     """No bearer token, a malformed one, or one the auth file does not list. `reason` is
     `missing`, `malformed` or `unknown` (the metric label)."""
@@ -219,6 +236,7 @@ STATUS_TABLE: dict[type[ProxyError], str] = {
     IncompleteSync: "UNAVAILABLE",
     RegionWriteFailed: "UNAVAILABLE",
     NotServing: "UNAVAILABLE",
+    PrimaryUnavailable: "UNAVAILABLE",
     Overloaded: "RESOURCE_EXHAUSTED",
     DeadlineExceeded: "DEADLINE_EXCEEDED",
     Unauthenticated: "UNAUTHENTICATED",

@@ -46,6 +46,23 @@ class ProxyMetrics:
         self.consul_reachable = Gauge("crossdc_proxy_consul_reachable", "1 when the last "
                                       "Consul call answered (else the primary is the last "
                                       "value seen)", registry=r)
+        self.primary_lease_valid = Gauge("crossdc_proxy_primary_lease_valid", "1 while the "
+                                         "primary was confirmed in the own datacenter's "
+                                         "Consul within primary_lease_s (ordered and sync "
+                                         "writes need it, and an unfenced record)",
+                                         registry=r)
+        self.primary_refusals = Counter("crossdc_proxy_primary_refusals", "Ordered and sync "
+                                        "records refused UNAVAILABLE for want of a writable "
+                                        "primary, by reason (unconfirmed: Consul never "
+                                        "answered since start; lease_expired: not confirmed "
+                                        "within the lease; fenced: a failover is under way)",
+                                        ("reason",), registry=r)
+        for reason in ("unconfirmed", "lease_expired", "fenced"):
+            self.primary_refusals.labels(reason)
+        self.peer_consul_reachable = Gauge("crossdc_proxy_peer_consul_reachable", "1 when "
+                                           "the last read of the primary key in another "
+                                           "region's Consul answered", ("region",),
+                                           registry=r)
         self.inflight_bytes = Gauge("crossdc_proxy_inflight_bytes", "Record bytes being "
                                     "written now", registry=r)
         self.rejected = Counter("crossdc_proxy_backpressure_rejections", "Requests refused "

@@ -5,7 +5,15 @@ order (first match wins), then a `default` rule for every other topic; without a
 unmatched topics are refused, and `strict: true` says so explicitly (a default is then an
 error). Per rule: `mode` (ordered | nearest), `sync: true` (ordered only: write the primary,
 then every other region, before the ack; `quorum` regions suffice), `require_key`,
-`max_record_bytes`, and `prefer` (nearest only: the region order to try).
+`max_record_bytes`, and `prefer` (nearest only: the order of the regions to try).
+
+Nearest writes stay local: a proxy writes its own region first. `prefer` orders the OTHER
+regions (only those it names are tried after the own one); the word `local` in it places the
+own region explicitly: `prefer: [west, local]` means west first, then the proxy's own region
+(east's proxy: west, east; west's proxy: west). A `prefer` without `local` keeps the own region
+first, so a policy can never send every proxy's nearest records to one region by accident.
+`local` is a keyword, never a region name: a topology region named `local` cannot be named in
+`prefer` (the policy is refused against such a topology).
 
 `load_policy()` reads a file; a bad one raises `ConfigError` naming file, line and field.
 This module imports no grpc: `dr policy validate` uses it.
@@ -24,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 from crossdc.topology import Topology
 from crossdc.yamlfile import load_model, parse_model
 
-__all__ = ["DefaultRule", "Mode", "Policy", "Rule", "load_policy", "parse_policy"]
+__all__ = ["LOCAL", "DefaultRule", "Mode", "Policy", "Rule", "load_policy", "parse_policy"]
 
 Mode = Literal["ordered", "nearest"]
 """What a rule says; "sync" is `mode: ordered` with `sync: true`."""
@@ -34,6 +42,9 @@ _TOPIC_PATTERN = r"^[A-Za-z0-9._\-*?\[\]!]{1,249}$"
 _RULE_CACHE_MAX = 10_000
 
 RegionRef = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")]
+
+LOCAL = "local"
+"""In a `prefer` list: the proxy's own region (a keyword, not a region name)."""
 
 
 def _is_glob(pattern: str) -> bool:
@@ -58,8 +69,13 @@ class _RuleFields(BaseModel):
     max_record_bytes: int = Field(1_048_576, gt=0, description="Largest record accepted: "
                                   "key + value + headers, bytes.")
     prefer: list[RegionRef] | None = Field(None, min_length=1, description="Nearest only: "
-                                           "regions to try, in order [default: this proxy's "
-                                           "region, then the topology's preference].")
+                                           "the order of the regions tried after this "
+                                           "proxy's own region (only those named are "
+                                           "tried); the word `local` places the own region "
+                                           "explicitly (`[west, local]`: west first, then "
+                                           "the own region); without `local` the own region "
+                                           "is always first [default: the own region, then "
+                                           "the topology's preference].")
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -219,6 +235,12 @@ class Policy(BaseModel):
             targets.append((("default",), self.default))
         for loc, r in targets:
             for k, region in enumerate(r.prefer or []):
+                if region == LOCAL:
+                    if LOCAL in names:
+                        yield (*loc, "prefer", k), (
+                            f"{LOCAL!r} is ambiguous: it means the proxy's own region, and "
+                            f"the topology has a region named {LOCAL!r}; rename that region")
+                    continue
                 if region not in names:
                     yield (*loc, "prefer", k), (f"{region!r} is not a region (regions: "
                                                 f"{', '.join(names)})")

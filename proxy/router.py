@@ -1,14 +1,20 @@
 """Routing: a policy rule turns each record into writes to target regions.
 
 - ordered: the current primary only (epoch from Consul). Not failed over: a down primary is
-  UNAVAILABLE until the controller moves the primary.
+  UNAVAILABLE until the controller moves the primary. `primary()` raises `PrimaryUnavailable`
+  (UNAVAILABLE, counted by reason) while the proxy's primary lease has run out or the record
+  is fenced (`proxy.primary`): no ordered or sync write is then attempted anywhere.
 - sync: the primary first; then every other region (topology preference order) at the SAME
   partition number the primary gave; OK once `quorum` regions (all by default), primary
   included, hold it. Fewer is `IncompleteSync` (status PARTIAL, the regions written named),
   never an ack; a retry with the same idempotency key resumes, writing only the missing
   regions.
-- nearest: the rule's `prefer` list, else this proxy's region then the topology's preference;
-  a region that is not writable (probe, breaker) or fails is skipped for the next one.
+- nearest: this proxy's own region first, then the others: the rule's `prefer` order, else
+  the topology's preference. `prefer` orders the OTHER regions (only those it names are
+  tried); the word `local` in it places the own region explicitly (`[west, local]`: west,
+  then the own region). Without `local` the own region is first, so no `prefer` ever sends
+  every proxy to one region. A region that is not writable (probe, breaker) or fails is
+  skipped for the next one.
 
 Keyed records get `partition_for(key, n)`; ordered and sync need the topic's partition count
 to be the same in every region (checked on each batch against the producers' metadata).
@@ -36,6 +42,7 @@ from proxy.errors import (
     MissingKey,
     NoWritableRegion,
     PartitionMismatch,
+    PrimaryUnavailable,
     ProxyError,
     RecordTooLarge,
     RegionWriteFailed,
@@ -44,7 +51,7 @@ from proxy.errors import (
 from proxy.headers import check_client_headers, dr_headers, new_dr_id, stamp_with
 from proxy.idempotency import IdempotencyWindow, Slot
 from proxy.metrics import ProxyMetrics, observe_many
-from proxy.policy import Policy, Rule
+from proxy.policy import LOCAL, Policy, Rule
 from proxy.writers import Outgoing, RegionWrite, RegionWriter, partition_for
 
 __all__ = ["Incoming", "Outcome", "Router"]
@@ -314,9 +321,13 @@ class Router:
                 await self._primary_modes(mode, topic, idxs, rules, records, outs, ts_ms,
                                           deadline)
         except ProxyError as exc:
+            refused = 0
             for i in idxs:
                 if outs[i].error is None and not self._done(mode, rules[i], outs[i]):
                     outs[i].error = exc
+                    refused += 1
+            if refused and isinstance(exc, PrimaryUnavailable):
+                self.metrics.primary_refusals.labels(exc.reason).inc(refused)
 
     def _done(self, mode: str, rule: Rule | None, out: Outcome) -> bool:
         if mode != "sync":
@@ -391,9 +402,12 @@ class Router:
                                                  or "topic metadata unknown"})
 
         def still_primary() -> str:
-            now = self.primary()
-            return "" if now.epoch == epoch else (f"primary moved to {now.region} "
-                                                  f"(epoch {now.epoch})")
+            try:
+                now = self.primary()
+            except PrimaryUnavailable as exc:
+                return str(exc)
+            return "" if now.epoch == epoch and now.region == prim.region else (
+                f"primary moved to {now.region} (epoch {now.epoch})")
 
         mode_: Mode = "sync" if mode == "sync" else "ordered"
         common = dr_headers(origin=prim.region, ts_ms=ts_ms, mode=mode_, epoch=epoch,
@@ -475,9 +489,19 @@ class Router:
 
     # -- nearest -----------------------------------------------------------------------------
     def nearest_order(self, rule: Rule) -> list[str]:
-        if rule.prefer:
-            return list(rule.prefer)
-        return [self.own, *(r for r in self.topology.preference if r != self.own)]
+        """The regions a nearest write tries, in order: see the module docstring."""
+        own = self.own
+        if not rule.prefer:
+            return [own, *(r for r in self.topology.preference if r != own)]
+        prefer = list(rule.prefer)
+        if LOCAL not in prefer:
+            prefer.insert(0, LOCAL)
+        order: list[str] = []
+        for r in prefer:
+            name = own if r == LOCAL else r
+            if name not in order and (r == LOCAL or r != own):
+                order.append(name)
+        return order
 
     async def _nearest(self, topic: str, rule: Rule, idxs: list[int],
                        records: Sequence[Incoming], outs: list[Outcome], ts_ms: int,

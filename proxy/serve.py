@@ -48,8 +48,10 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 host: str | None = None, grace_s: float = 10.0, register_consul: bool = True,
                 auth_path: Path | None = None, tls: TlsSettings | None = None,
                 ready: asyncio.Event | None = None,
-                registry: CollectorRegistry | None = None) -> None:
+                registry: CollectorRegistry | None = None,
+                primary_lease_s: float = 5.0) -> None:
     """Run the proxy until SIGTERM/SIGINT; ProxyTaskFailed if a background loop fails.
+    `primary_lease_s`: `ProxyConfig.primary_lease_s` (at most the controller's lease).
     `registry`: the Prometheus registry (default: the process's global one)."""
     topology = load_topology(topology_path)
     reg = topology.region(region)
@@ -59,7 +61,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                       metrics_port=reg.proxy.metrics_port if metrics_port is None
                       else metrics_port,
                       grace_s=grace_s, register_consul=register_consul, auth_file=auth_path,
-                      tls=tls)
+                      tls=tls, primary_lease_s=primary_lease_s)
     server = ProxyServer(topology, cfg, policy_path,
                          registry=REGISTRY if registry is None else registry)
     stop = asyncio.Event()
@@ -77,7 +79,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                     auth=str(auth_path) if auth_path else None,
                     tls="off" if tls is None else "mtls" if tls.client_ca_file else "tls",
                     serving=h["serving"], primary=h["primary"], epoch=h["epoch"],
-                    consul_reachable=h["consul_reachable"])
+                    consul_reachable=h["consul_reachable"],
+                    primary_lease_valid=h["primary_lease_valid"])
         if ready is not None:
             ready.set()
         await server.serve_until(stop)

@@ -14,7 +14,9 @@ covers the whole port; with a client CA every caller needs a client certificate.
 Health (`grpc.health.v1`, service "" and "crossdc.v1.Proxy"): SERVING while at least one
 region is writable (producer up, last metadata probe answered, breaker not open) and the
 server is not draining; NOT_SERVING otherwise. `health()` gives the details (regions,
-primary, epoch, whether Consul answers).
+primary, epoch, whether Consul answers, the primary lease). Health does NOT follow the primary
+lease: with Consul unreachable (or the record fenced) ordered and sync writes are refused
+UNAVAILABLE with the reason (`proxy.primary`), while nearest writes, and so SERVING, go on.
 
 Lifecycle: every background loop (`proxy:health` — the region probes and health —,
 `proxy:primary-watch`, `proxy:policy-watch`, `proxy:auth-watch`, and one-shot
@@ -282,19 +284,22 @@ class ProxyServer:
         self.writers = {r.name: RegionWriter(r, config.kafka, config.breaker, self.metrics,
                                              client_id=client_id) for r in topology.regions}
         self.consul = ConsulClient(self.region.consul.http_addr, config.consul_retry)
+        self.peer_consuls = {r.name: ConsulClient(r.consul.http_addr, config.consul_retry)
+                             for r in topology.regions if r.name != config.region}
         self.primary = PrimaryWatcher(self.consul, PrimaryRecord.initial(topology),
-                                      self.metrics, wait_s=config.primary_wait_s,
+                                      self.metrics, lease_s=config.primary_lease_s,
+                                      wait_s=config.primary_wait_s,
                                       retry_s=config.primary_retry_s,
-                                      regions=[r.name for r in topology.regions])
+                                      regions=[r.name for r in topology.regions],
+                                      peers=self.peer_consuls)
         self.auth_store: AuthStore | None = None
         if config.auth_file is not None:
             self.auth_store = AuthStore(config.auth_file, registry=self.registry,
                                         load_timeout_s=config.file_load_timeout_s)
         self.window = IdempotencyWindow(config.idempotency_window_s, config.idempotency_max_keys)
         self.budget = InflightBudget(config.max_inflight_bytes, self.metrics)
-        self.router = Router(config.region, topology, self.writers,
-                             lambda: self.primary.current, self._policy_fn, self.window,
-                             self.metrics)
+        self.router = Router(config.region, topology, self.writers, self.primary.writable,
+                             self._policy_fn, self.window, self.metrics)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._run_task: asyncio.Task[None] | None = None
@@ -529,6 +534,8 @@ class ProxyServer:
                                for n, w in self.writers.items()))
         await self._bounded("primary_watch", self.primary.stop(), deadline)
         await self._bounded("consul", self.consul.close(), deadline)
+        for name, peer in self.peer_consuls.items():
+            await self._bounded(f"consul_{name}", peer.close(), deadline)
         if self.policy_store is not None:
             with contextlib.suppress(ValueError):
                 self.policy_store.on_change.remove(self._policy_changed)
@@ -648,9 +655,12 @@ class ProxyServer:
         p = self.primary.current
         return {
             "region": self.config.region, "serving": bool(self._serving),
-            "primary": p.region, "epoch": p.epoch,
+            "primary": p.region, "epoch": p.epoch, "fenced": p.fenced,
+            "primary_lease_valid": self.primary.lease_valid,
+            "primary_confirmed_age_s": self.primary.confirmed_age_s,
             "consul_reachable": self.primary.consul_reachable,
             "consul_error": self.primary.last_error or None,
+            "peer_consul_errors": {r: e or None for r, e in self.primary.peer_errors.items()},
             "regions": {n: {"writable": w.writable, "reachable": w.reachable,
                             "breaker": w.breaker.state.name.lower(),
                             "why": w.why_not_writable() or None}

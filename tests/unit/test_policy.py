@@ -183,6 +183,22 @@ def test_topology_checks_prefer_regions_and_quorum(topo: Topology) -> None:
     parse_policy(text, "p.yaml")  # without a topology these are not checked
 
 
+def test_prefer_accepts_local_once_and_refuses_it_against_a_region_named_local(
+        topo: Topology) -> None:
+    p = parse_policy("rules:\n  - topic: a\n    mode: nearest\n    prefer: [west, local]\n",
+                     "p.yaml", topo)
+    assert p.rules[0].prefer == ["west", "local"]
+    text = "rules:\n  - topic: a\n    mode: nearest\n    prefer: [local, west, local]\n"
+    assert issues(text) == [f"p.yaml:{line_of(text, 'prefer')} rules[0].prefer: "
+                            "each region at most once; repeated: local"]
+    odd = Topology.model_validate({**topo.model_dump(mode="json"), "regions": [
+        {**r.model_dump(mode="json"), "name": "local" if r.name == "west" else r.name}
+        for r in topo.regions], "preference": ["east", "local"]})
+    text = "rules:\n  - topic: a\n    mode: nearest\n    prefer: [local]\n"
+    [msg] = issues(text, odd)
+    assert "rules[0].prefer[0]: 'local' is ambiguous" in msg
+
+
 def test_quorum_equal_to_region_count_is_fine(topo: Topology) -> None:
     p = parse_policy("rules:\n  - topic: a\n    sync: true\n    quorum: 2\n", "p.yaml", topo)
     assert p.rules[0].quorum == 2
@@ -240,7 +256,10 @@ def test_examples_say_what_the_issue_asks() -> None:
     clicks = load_policy(POLICIES / "clickstream.yaml").rule_for("clickstream.web")
     assert clicks is not None
     assert clicks.dr_mode == "nearest"
-    assert clicks.prefer == ["east", "west"]
+    assert clicks.prefer == ["west", "east"]  # the others' order; own region first
+    audit = load_policy(POLICIES / "clickstream.yaml").rule_for("clickstream.audit")
+    assert audit is not None
+    assert audit.prefer == ["west", "local"]
     demo = load_policy(POLICIES / "default.yaml")
     modes = {t: r.dr_mode for t in ("payments", "payments.refunds", "ledger",
                                     "clickstream.app", "anything")

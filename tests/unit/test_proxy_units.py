@@ -369,3 +369,213 @@ def test_error_table_codes() -> None:
 def test_generated_code_is_fresh() -> None:
     import proxy.api  # noqa: F401  (builds it when missing or stale)
     assert is_fresh()
+
+
+# -- nearest stays local (issue 12) ---------------------------------------------------------
+
+def _rule(prefer: list[str] | None) -> Any:
+    policy = Policy.model_validate({"rules": [{"topic": "t", "mode": "nearest",
+                                               "prefer": prefer}]})
+    return policy.rules[0]
+
+
+@pytest.mark.parametrize(("own", "prefer", "order"), [
+    ("east", None, ["east", "west", "north"]),
+    ("west", None, ["west", "east", "north"]),
+    # prefer without `local` orders the OTHER regions: the own region stays first
+    ("west", ["east", "west"], ["west", "east"]),
+    ("east", ["east", "west"], ["east", "west"]),
+    ("north", ["west"], ["north", "west"]),
+    # `local` places the own region explicitly
+    ("east", ["west", "local"], ["west", "east"]),
+    ("west", ["west", "local"], ["west"]),
+    ("north", ["west", "local", "east"], ["west", "north", "east"]),
+    ("east", ["local", "north"], ["east", "north"]),
+])
+def test_nearest_order_keeps_the_own_region_first_unless_local_places_it(
+        own: str, prefer: list[str] | None, order: list[str]) -> None:
+    assert _router(_writers(), own=own).nearest_order(_rule(prefer)) == order
+
+
+def test_shipped_policies_never_send_every_proxy_to_one_region() -> None:
+    from pathlib import Path
+
+    from proxy.policy import load_policy
+    policies = Path(__file__).parents[2] / "policies"
+    for name in ("default.yaml", "clickstream.yaml"):
+        policy = load_policy(policies / name)
+        rule = policy.rule_for("clickstream.web")
+        assert rule is not None
+        for own in ("east", "west"):
+            assert _router(_writers(), own=own).nearest_order(rule)[0] == own, (name, own)
+
+
+async def test_nearest_on_local_loss_goes_to_the_next_in_prefer_order() -> None:
+    out, = await _router(_writers(north=True), own="north").route(
+        [Incoming("pref", b"k", b"v")], _deadline())  # prefer [north, west]: own north first
+    assert [w.region for w in out.written] == ["west"]
+    out, = await _router(_writers(), own="east").route([Incoming("pref", b"k", b"v")],
+                                                       _deadline())
+    assert [w.region for w in out.written] == ["east"]  # before: north for every proxy
+
+
+# -- the primary lease and the fenced record (issue 12) -------------------------------------
+
+class _FakeConsul:
+    """What PrimaryWatcher calls on a ConsulClient: `http_addr` and `kv_get`."""
+
+    def __init__(self, addr: str, record: PrimaryRecord | None = None) -> None:
+        self.http_addr = addr
+        self.record = record
+        self.fail = ""
+        self.index = 1
+        self.calls = 0
+
+    async def kv_get(self, key: str, *, index: int | None = None,
+                     wait_s: float | None = None) -> tuple[int, Any]:
+        from crossdc.clients.consul import KvEntry
+        from crossdc.errors import ClientError
+        self.calls += 1
+        await asyncio.sleep(0.01 if index is not None else 0)
+        if self.fail:
+            raise ClientError(f"Consul at {self.http_addr}: kv/{key} failed: {self.fail}")
+        entry = None if self.record is None else KvEntry(key, self.record.encode(), self.index)
+        return self.index, entry
+
+
+def _watcher(clock: Clock, consul: Any = None, **kw: Any) -> Any:
+    from proxy.primary import PrimaryWatcher
+    consul = consul or _FakeConsul("127.0.0.1:18500")
+    return PrimaryWatcher(consul, PrimaryRecord(region="east", epoch=0, by="topology"),
+                          ProxyMetrics(), regions=["east", "west", "north"], clock=clock, **kw)
+
+
+def test_lease_refuses_until_confirmed_and_after_it_runs_out() -> None:
+    from proxy.errors import PrimaryUnavailable
+    clock = Clock()
+    w = _watcher(clock)
+    gauge = w._metrics.registry.get_sample_value
+    with pytest.raises(PrimaryUnavailable) as ei:  # never confirmed: no primary at all
+        w.writable()
+    assert ei.value.reason == "unconfirmed"
+    assert "primary not confirmed since start" in str(ei.value)
+    assert code_name(ei.value) == "UNAVAILABLE"
+    assert gauge("crossdc_proxy_primary_lease_valid") == 0
+    w.confirm(10.0)
+    clock.t = 14.9
+    assert w.writable().region == "east"
+    assert gauge("crossdc_proxy_primary_lease_valid") == 1
+    w._reachable(False, "Consul at 127.0.0.1:18500: kv/crossdc/primary failed: "
+                 "ClientConnectorError: refused")
+    clock.t = 16.1
+    with pytest.raises(PrimaryUnavailable) as ei:
+        w.writable()
+    assert ei.value.reason == "lease_expired"
+    assert str(ei.value) == ("primary not confirmed for 6.1 s (lease 5 s): Consul at "
+                             "127.0.0.1:18500 unreachable (kv/crossdc/primary failed: "
+                             "ClientConnectorError: refused); ordered and sync writes "
+                             "refused so two regions never take them")
+    assert gauge("crossdc_proxy_primary_lease_valid") == 0
+    w.confirm(9.0)  # an older read confirms nothing newer
+    assert not w.lease_valid
+    w.confirm(16.0)
+    assert w.writable().region == "east"
+
+
+def test_fenced_record_refuses_then_promote_at_the_same_epoch_replaces_it() -> None:
+    from proxy.errors import PrimaryUnavailable
+    clock = Clock()
+    w = _watcher(clock)
+    w.confirm(0.0)
+    held = PrimaryRecord(region="east", epoch=7)
+    assert w.offer(held)
+    fenced = held.fence("ctl")
+    assert w.offer(fenced)
+    with pytest.raises(PrimaryUnavailable) as ei:
+        w.writable()
+    assert ei.value.reason == "fenced"
+    assert str(ei.value) == "primary fenced at epoch 8: failover from east under way; retry"
+    assert not w.offer(held)                      # a lower epoch never wins
+    promoted = fenced.promote("west", "ctl")
+    assert w.offer(promoted)                      # equal epoch: the promotion supersedes
+    assert (w.writable().region, w.writable().epoch) == ("west", 8)
+    assert not w.offer(fenced)                    # the fence again (a stale DC): ignored
+    assert not w.offer(PrimaryRecord(region="east", epoch=8))  # a second primary at 8: no
+    assert w.writable().region == "west"
+
+
+async def test_router_refuses_ordered_and_sync_without_lease_and_counts_by_reason() -> None:
+    from proxy.errors import PrimaryUnavailable
+    clock = Clock()
+    w = _watcher(clock)
+    ws = _writers()
+    metrics = ProxyMetrics()
+    r = Router("west", TOPO, ws, w.writable, lambda: POLICY,  # type: ignore[arg-type]
+               IdempotencyWindow(60, 1000), metrics)
+    outs = await r.route([Incoming("ord", b"k", b"v"), Incoming("sync", b"k", b"v"),
+                          Incoming("near", b"k", b"v")], _deadline())
+    assert isinstance(outs[0].error, PrimaryUnavailable)
+    assert isinstance(outs[1].error, PrimaryUnavailable)
+    assert outs[2].error is None
+    assert outs[2].written[0].region == "west"
+    assert not ws["east"].sent
+    assert metrics.registry.get_sample_value("crossdc_proxy_primary_refusals_total",
+                                             {"reason": "unconfirmed"}) == 2
+    w.confirm(0.0)
+    w.offer(PrimaryRecord(region="east", epoch=3).fence("ctl"))
+    out, = await r.route([Incoming("ord", b"k", b"v")], _deadline())
+    assert isinstance(out.error, PrimaryUnavailable)
+    assert out.error.reason == "fenced"
+    w.offer(w.current.promote("west", "ctl"))
+    out, = await r.route([Incoming("ord", b"k", b"v")], _deadline())
+    assert out.error is None
+    assert out.epoch == 4
+    (_, sent), = ws["west"].sent[-1:]
+    assert dict(sent.headers)["dr-epoch"] == b"4"
+    clock.t = 5.0
+    out, = await r.route([Incoming("ord", b"k", b"v")], _deadline())
+    assert isinstance(out.error, PrimaryUnavailable)
+    assert out.error.reason == "lease_expired"
+    assert metrics.registry.get_sample_value("crossdc_proxy_primary_refusals_total",
+                                             {"reason": "fenced"}) == 1
+
+
+def test_watch_wait_is_a_third_of_the_lease_and_the_lease_at_least_3_s() -> None:
+    from pydantic import ValidationError
+
+    from proxy.config import ProxyConfig
+    from proxy.primary import watch_wait_s
+    assert watch_wait_s(6.0) == 2.0
+    assert watch_wait_s(6.0, 30.0) == 2.0          # the 30 s default is capped
+    assert watch_wait_s(6.0, 1.5) == 1.5
+    assert watch_wait_s(3.0, 0.2) == 1.0           # Consul's one-second granularity
+    assert ProxyConfig(region="east").primary_lease_s == 5.0
+    with pytest.raises(ValidationError):
+        ProxyConfig(region="east", primary_lease_s=2.0)
+
+
+async def test_watch_confirms_from_own_dc_and_takes_the_newest_record_of_any_dc() -> None:
+    clock = Clock()
+    own = _FakeConsul("own", PrimaryRecord(region="east", epoch=6, by="stale"))
+    peer = _FakeConsul("peer", PrimaryRecord(region="west", epoch=7, by="ctl"))
+    w = _watcher(clock, own, peers={"west": peer}, lease_s=3.0)
+    await w.start(5.0)
+    try:
+        async def newest() -> bool:
+            return bool(w.current.epoch == 7 and w.lease_valid)
+        from kafka_helpers import eventually  # type: ignore[import-not-found]
+        await eventually(newest, 5, "epoch 7 from the peer, lease from own")
+        assert w.writable().region == "west"
+        own.fail = "ClientConnectorError: refused"  # own DC gone: peers do not confirm
+        clock.t = 100.0
+        assert not w.lease_valid
+        peer.record = PrimaryRecord(region="east", epoch=5)   # an older epoch never wins
+        calls = peer.calls
+        await eventually(lambda: _async(peer.calls > calls + 1), 10, "peer polled again")
+        assert w.current.epoch == 7
+    finally:
+        await w.stop()
+
+
+async def _async(v: bool) -> bool:
+    return v
