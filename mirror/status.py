@@ -70,8 +70,10 @@ async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
         ends = await consumer.end_offsets(tps) if tps else {}
         committed = await admin.list_consumer_group_offsets(group)
     finally:
-        await consumer.stop()
-        await admin.close()
+        try:
+            await consumer.stop()
+        finally:
+            await admin.close()
     out = []
     for tp in tps:
         meta = committed.get(tp)
@@ -86,8 +88,8 @@ async def _newest(flow: Flow, bootstrap: str) -> tuple[int | None, float | None]
     pattern = re.compile(flow.topics)
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                          isolation_level="read_committed")
-    await c.start()
     try:
+        await c.start()  # inside: a region that does not answer still gets its client closed
         if tp.topic not in await c.topics():
             return None, None
         c.assign([tp])

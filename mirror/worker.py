@@ -27,7 +27,7 @@ import json
 import re
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from typing import Any
 
 import structlog
@@ -257,22 +257,35 @@ class MirrorWorker:
             return max(0.1, deadline - time.monotonic())
 
         if consumer is not None:
-            with contextlib.suppress(KafkaError, TimeoutError):
-                await asyncio.wait_for(consumer.stop(), left())
+            await self._closing("consumer", consumer.stop(), left())
         if producer is not None:
             self._producer = producer  # _send_sync_queue sends through it
             try:
-                with contextlib.suppress(KafkaError, TimeoutError):
-                    # the next owner resumes from these positions; flushed by the close
-                    await asyncio.wait_for(self._send_sync_queue(), left())
+                # the next owner resumes from these positions; flushed by the close
+                await self._closing("offset-sync flush", self._send_sync_queue(), left())
             finally:
                 self._producer = None
                 await _close_producer(producer, min(_CLOSE_S, left()))
         for admin in admins:
             if admin is not None:
-                with contextlib.suppress(KafkaError, TimeoutError):
-                    await asyncio.wait_for(admin.close(), left())
+                await self._closing("admin", admin.close(), left())
         self.log.info("mirror_stopped")
+
+    async def _closing(self, what: str, aw: Awaitable[None], timeout_s: float) -> None:
+        """One step of closing, bounded; its failure never stops the others. aiokafka may
+        end a close against a dead broker with a CancelledError of its own (an internal
+        request future it cancelled): that is this step failing, unless this task is the
+        one being cancelled."""
+        try:
+            await asyncio.wait_for(aw, timeout_s)
+        except (KafkaError, TimeoutError, OSError) as exc:
+            self.log.warning("mirror_close_failed", client=what, error=repr(exc))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            self.log.warning("mirror_close_failed", client=what, error="cancelled inside "
+                             "the client (its broker is gone)")
 
     @property
     def running(self) -> bool:

@@ -36,7 +36,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _task_name(t: asyncio.Task[object]) -> str:
     coro = t.get_coro()
     where = getattr(coro, "__qualname__", repr(coro))
-    return f"{t.get_name()} ({where})"
+    # Who owns it: a client's id and servers say which client was left open.
+    frame = getattr(coro, "cr_frame", None)
+    owner = frame.f_locals.get("self") if frame is not None else None
+    hints = [f"{k}={getattr(owner, k)!r}" for k in ("_client_id", "_bootstrap_servers")
+             if owner is not None and hasattr(owner, k)]
+    return f"{t.get_name()} ({where}{'; ' + ', '.join(hints) if hints else ''})"
 
 
 async def pending_tasks_since(before: set[asyncio.Task[object]],

@@ -38,7 +38,7 @@ class LeaderSettings(BaseModel):
 
     model_config = _FROZEN
 
-    check_ttl_s: float = Field(3.0, gt=0, description="TTL of the controller's own Consul "
+    check_ttl_s: float = Field(5.0, gt=0, description="TTL of the controller's own Consul "
                                "check, which the lock's session is tied to: a controller "
                                "that dies loses the lock this long after its last beat.")
     lock_delay_s: int = Field(1, ge=0, le=60, description="Consul lock-delay: after a "

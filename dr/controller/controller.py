@@ -317,13 +317,17 @@ class Controller:
 
     async def _maybe_auto(self, cur: PrimaryRecord) -> None:
         f = self.settings.failover
-        if not f.auto or self.gate.closed or cur.fenced:
+        if not f.auto or cur.fenced:
             return
         source = cur.region
         h = self.hysteresis[source]
         if h.status != "down":
             return
+        if self.gate.closed:
+            self.metrics.auto_blocked.labels(reason="gate_closed").inc()
+            return
         if now_ms() - cur.updated_ms < f.wait_period_s * 1000:
+            self.metrics.auto_blocked.labels(reason="wait_period").inc()
             return
         for target in self.topology.preference:
             if target == source or self.hysteresis[target].status not in ("up", "degraded"):
@@ -332,6 +336,7 @@ class Controller:
                 await self.engine.check(source, target, force=False)
             except FailoverRefused as exc:
                 self._log.warning("auto_failover_refused", target=target, error=str(exc))
+                self.metrics.auto_blocked.labels(reason=exc.rule).inc()
                 continue
             record = FailoverRecord(source=source, target=target, automatic=True,
                                     reason=f"{source} down: " + "; ".join(
@@ -345,6 +350,7 @@ class Controller:
             await self._persist(record)
             await self._execute(record)
             return
+        self.metrics.auto_blocked.labels(reason="no_healthy_target").inc()
 
     async def _sync_round(self) -> None:
         if not self.leading or self.sync_hook is None:

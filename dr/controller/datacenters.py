@@ -23,7 +23,7 @@ from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
 from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
 
-__all__ = ["Datacenters", "PrimaryView", "newest"]
+__all__ = ["Datacenters", "PrimaryView", "failure_of", "newest"]
 
 log = structlog.get_logger("crossdc.controller")
 M = TypeVar("M", bound=BaseModel)
@@ -52,6 +52,22 @@ class PrimaryView:
     @property
     def agree(self) -> bool:
         return not self.stale and not self.unreachable
+
+
+def failure_of(res: object) -> str | None:
+    """Why one datacenter's call failed, None if it answered. A child cancelled while this
+    task is not being cancelled (a call the HTTP client gave up on) is that datacenter's
+    failure; this task's own cancellation propagates."""
+    if isinstance(res, ClientError):
+        return str(res)
+    if isinstance(res, asyncio.CancelledError):
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise res
+        return "call cancelled"
+    if isinstance(res, BaseException):
+        raise res
+    return None
 
 
 class Datacenters:
@@ -97,12 +113,11 @@ class Datacenters:
         found: dict[str, M | None] = {}
         errors: dict[str, str] = {}
         for region, res in zip(self.clients, results, strict=True):
-            if isinstance(res, ClientError):
-                errors[region] = str(res)
-            elif isinstance(res, BaseException):
-                raise res
+            why = failure_of(res)
+            if why is not None:
+                errors[region] = why
             else:
-                found[region] = res
+                found[region] = res  # type: ignore[assignment]
         return found, errors
 
     async def put_all(self, key: str, record: BaseModel) -> dict[str, str]:
@@ -112,10 +127,9 @@ class Datacenters:
             *(c.kv_put(key, value) for c in self.clients.values()), return_exceptions=True)
         errors: dict[str, str] = {}
         for region, res in zip(self.clients, results, strict=True):
-            if isinstance(res, ClientError):
-                errors[region] = str(res)
-            elif isinstance(res, BaseException):
-                raise res
+            why = failure_of(res)
+            if why is not None:
+                errors[region] = why
         return errors
 
     # -- the primary record --------------------------------------------------------------
@@ -137,11 +151,10 @@ class Datacenters:
                 invalid[region] = str(res)
                 per[region] = None
                 idx[region] = -1
-            elif isinstance(res, ClientError):
-                down[region] = str(res)
-            elif isinstance(res, BaseException):
-                raise res
+            elif (why := failure_of(res)) is not None:
+                down[region] = why
             else:
+                assert not isinstance(res, BaseException)
                 rec, index = res
                 if rec is not None and rec.region not in names:
                     invalid[region] = f"names region {rec.region!r}, not in the topology"
@@ -178,8 +191,8 @@ class Datacenters:
                 failed[region] = "compare-and-set lost (written meanwhile)"
             elif isinstance(res, CrossdcError):
                 failed[region] = str(res)
-            else:
-                raise res
+            elif (why := failure_of(res)) is not None:
+                failed[region] = why
         return written, failed
 
     async def correct_stale(self, view: PrimaryView) -> list[str]:

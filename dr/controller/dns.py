@@ -21,10 +21,9 @@ from typing import Literal
 import structlog
 
 from crossdc.clients.consul import PreparedQuery
-from crossdc.errors import ClientError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Region, split_hostport
-from dr.controller.datacenters import Datacenters
+from dr.controller.datacenters import Datacenters, failure_of
 from dr.controller.state import RegionHealth
 
 __all__ = ["KAFKA_SERVICE", "PRIMARY_QUERY", "PRIMARY_TAG", "DnsPublisher"]
@@ -73,11 +72,10 @@ class DnsPublisher:
             return_exceptions=True)
         errors: dict[str, str] = {}
         for dc, res in zip(self.dcs.clients, results, strict=True):
-            if isinstance(res, ClientError):
-                errors[dc] = str(res)
+            why = failure_of(res)
+            if why is not None:
+                errors[dc] = why
                 self._published.pop(dc, None)
-            elif isinstance(res, BaseException):
-                raise res
         return errors
 
     async def _publish_dc(self, dc: str, primary: PrimaryRecord, force: bool) -> None:
@@ -124,9 +122,8 @@ class DnsPublisher:
         results = await asyncio.gather(*(one(dc) for dc in self.dcs.clients),
                                        return_exceptions=True)
         for dc, res in zip(self.dcs.clients, results, strict=True):
-            if isinstance(res, ClientError):
+            why = failure_of(res)
+            if why is not None:
                 # Its catalog may have lost our registrations (agent restarted): re-publish.
                 self._published.pop(dc, None)
-                log.debug("dns_health_failed", dc=dc, error=str(res))
-            elif isinstance(res, BaseException):
-                raise res
+                log.debug("dns_health_failed", dc=dc, error=why)

@@ -174,8 +174,12 @@ class RegionProber:
                 self._producer = producer
                 await producer.start()
             if self._consumer is None:
-                consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap,
-                                            enable_auto_commit=False)
+                # Short request deadlines: closing a consumer whose broker died waits for
+                # its in-flight fetch (40 s by default).
+                consumer = AIOKafkaConsumer(
+                    bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+                    request_timeout_ms=int(max(2.0, self.settings.timeout_s * 2) * 1000),
+                    fetch_max_wait_ms=200)
                 self._consumer = consumer
                 await consumer.start()
                 consumer.assign([self._tp])

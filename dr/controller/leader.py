@@ -9,7 +9,8 @@ Takeover time: each lock is held by a Consul session tied to the controller's ow
 check, a TTL check it passes every `check_ttl_s / 3`. Killed, the controller stops passing;
 `check_ttl_s` later the check is critical, Consul ends the session at once and releases the
 lock, and after `lock_delay_s` the next controller takes it: about check_ttl_s + lock_delay_s
-+ one retry interval (3 + 1 + 0.5 s by default, well inside the 15 s target). A session TTL
++ one retry interval (5 + 1 + 0.5 s by default, inside the 15 s target with room for a
+loaded machine; a 3 s TTL lost the lock to scheduling stalls on a 2-core box under load). A session TTL
 alone could not do it: Consul's minimum TTL is 10 s and it waits up to twice the TTL.
 
 In a partition that cuts the datacenters apart, each side's controller holds the lock in the
@@ -74,10 +75,8 @@ class LeaderLock:
 
     async def round(self) -> None:
         """One beat: pass our check everywhere, then take (or keep) the lock in order."""
-        reachable: set[str] = set()
-        for region in self.order:
-            if await self._beat(region):
-                reachable.add(region)
+        beats = await asyncio.gather(*(self._beat(r) for r in self.order))
+        reachable = {r for r, ok in zip(self.order, beats, strict=True) if ok}
         self._reachable = reachable
         holding: set[str] = set()
         lost = False

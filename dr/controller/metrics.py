@@ -68,6 +68,11 @@ class ControllerMetrics:
                                    "after the last sync round (-1: it did not answer).",
                                    ["standby"], registry=r)
 
+        self.auto_blocked = Counter("crossdc_controller_auto_failover_blocked_total",
+                                    "Rounds where the primary was down and automatic "
+                                    "failover did not start, by reason.", ["reason"],
+                                    registry=r)
+
     def set_status(self, region: str, status: str) -> None:
         for s in _STATUSES:
             self.region_status.labels(region=region, status=s).set(1 if s == status else 0)
