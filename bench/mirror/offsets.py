@@ -169,7 +169,7 @@ async def bench(east: str, west: str, n: int, compaction_wait_s: float, stream_s
     # partition, then wait for the cleaner
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-    from kafka_helpers import produce  # type: ignore[import-not-found]
+    from kafka_helpers import produce
     admin = AIOKafkaAdminClient(bootstrap_servers=west)
     await admin.start()
     try:
