@@ -21,6 +21,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from crossdc.aio import cancelled_from_outside
 from crossdc.errors import ClientError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
@@ -166,7 +167,17 @@ class Controller:
     async def _every(self, interval_s: float, fn: Callable[[], Awaitable[None]]) -> None:
         while not self._stop.is_set():
             t0 = time.monotonic()
-            await fn()
+            try:
+                await fn()
+            except asyncio.CancelledError:
+                # A client cancelled one of its own futures under us: that round failed.
+                # (Left alone, a TaskGroup would take the task as cancelled and the loop
+                # would silently be gone.)
+                if cancelled_from_outside():
+                    raise
+                self._log.warning("round_cancelled_inside_a_client",
+                                  task=asyncio.current_task().get_name()  # type: ignore[union-attr]
+                                  )
             left = interval_s - (time.monotonic() - t0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), max(0.0, left))

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
+from crossdc.aio import cancelled_from_outside
 from crossdc.topology import Region
 from dr.controller.config import HealthSettings
 from dr.controller.state import CheckResult, RegionHealth, now_ms
@@ -186,6 +187,18 @@ class RegionProber:
                 await consumer.seek_to_end(self._tp)
 
     async def probe(self) -> Round:
+        """One round; never raises (a failure is a failed check)."""
+        try:
+            return await self._probe()
+        except asyncio.CancelledError:
+            if cancelled_from_outside():
+                raise
+            await self._drop_clients()
+            return Round({"kafka": CheckResult(ok=False, detail="probe cancelled inside "
+                                               "the Kafka client"),
+                          "canary": CheckResult(ok=False, detail="kafka unreachable")})
+
+    async def _probe(self) -> Round:
         checks: dict[str, CheckResult] = {}
         t0 = time.monotonic()
         try:

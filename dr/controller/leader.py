@@ -10,8 +10,8 @@ check, a TTL check it passes every `check_ttl_s / 3`. Killed, the controller sto
 `check_ttl_s` later the check is critical, Consul ends the session at once and releases the
 lock, and after `lock_delay_s` the next controller takes it: about check_ttl_s + lock_delay_s
 + one retry interval (5 + 1 + 0.5 s by default, inside the 15 s target with room for a
-loaded machine; a 3 s TTL lost the lock to scheduling stalls on a 2-core box under load). A session TTL
-alone could not do it: Consul's minimum TTL is 10 s and it waits up to twice the TTL.
+loaded machine). A session TTL alone could not do it: Consul's minimum TTL is 10 s and it
+waits up to twice the TTL; the session's own TTL (renewed every beat) is only a backstop.
 
 In a partition that cuts the datacenters apart, each side's controller holds the lock in the
 datacenters it reaches: two leaders, each writing only its side. The primary record's epochs
@@ -129,7 +129,8 @@ class LeaderLock:
         client = self.dcs.client(region)
         try:
             session = self._sessions.get(region)
-            if session is not None and await client.session_info(session) is None:
+            # Renewed every beat: the TTL is a backstop for a controller whose check lingers.
+            if session is not None and not await client.session_renew(session):
                 session = None
             if session is None:
                 session = await client.session_create(
