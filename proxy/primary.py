@@ -18,7 +18,9 @@ lease and Consul's error, or fenced at epoch N). A failover writes the fenced re
 the lease (+ margin), then promotes: every proxy has either seen the fence or stopped taking
 ordered writes by then. Confirmation needs the own datacenter: the other regions' reads only
 add newer records (a region cut off from its own Consul must stop, whatever the others say).
-Nearest writes never consult any of this.
+Nearest writes never consult any of this. At start, ordered and sync writes also wait for the
+first round of reads of the other regions (each answered or failed), so a proxy whose own
+datacenter still holds the record of before a failover never obeys it even briefly.
 
 A record naming a region the topology lacks is refused (counted,
 `crossdc_proxy_primary_refused_total{reason="unknown_region"}`), so is an undecodable one
@@ -79,6 +81,9 @@ class PrimaryWatcher:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._first = asyncio.Event()
+        self._peers_read = asyncio.Event()  # the first round of peer reads has ended
+        if not self._peers:
+            self._peers_read.set()
         self._confirmed_at: float | None = None
         self._seen: dict[str, PrimaryRecord] = {}
         self._lease_was_valid = False
@@ -113,6 +118,11 @@ class PrimaryWatcher:
         lease has run out (or never held) or the record is fenced."""
         rec = self._current
         age = self.confirmed_age_s
+        if age is not None and age < self.lease_s and not self._peers_read.is_set():
+            raise PrimaryUnavailable("primary not confirmed yet: the other regions' Consul "
+                                     "(" + ", ".join(sorted(self._peers)) + ") not read yet; "
+                                     "ordered and sync writes refused until they answer or "
+                                     "fail", reason="unconfirmed", epoch=rec.epoch)
         if age is None or age >= self.lease_s:
             why = self._consul_why()
             refuse = "ordered and sync writes refused so two regions never take them"
@@ -203,10 +213,12 @@ class PrimaryWatcher:
             self._confirmed_at = sent_at
 
     async def wait_first(self, timeout_s: float) -> bool:
-        """Wait (bounded) until `run()` has read the key once or found Consul unreachable."""
+        """Wait (bounded) until `run()` has read the key once (or found Consul unreachable)
+        in the own datacenter and in every other region's."""
         try:
             async with asyncio.timeout(timeout_s):
                 await self._first.wait()
+                await self._peers_read.wait()
         except TimeoutError:
             return False
         return True
@@ -292,6 +304,7 @@ class PrimaryWatcher:
         while not self._stop.is_set():
             await asyncio.gather(*(self._read_peer(region, client)
                                    for region, client in self._peers.items()))
+            self._peers_read.set()
             await self._pause(self._peer_interval_s)
 
     async def _read_peer(self, region: str, client: ConsulClient) -> None:

@@ -322,24 +322,28 @@ def _dead_region(name: str) -> Topology:
     return free_topology([name])
 
 
-async def test_unavailable_names_the_regions_tried(two_regions, policy_file) -> None:  # type: ignore[no-untyped-def]
-    topo = _merge(two_regions.topology, _dead_region("dead"), primary="dead",
+async def test_unavailable_names_why(two_regions, policy_file) -> None:  # type: ignore[no-untyped-def]
+    dead = _dead_region("dead")
+    topo = _merge(two_regions.topology, dead, primary="dead",
                   preference=["dead", "east", "west"])
-    # the proxy runs in `dead` too: its Consul does not answer, so the topology's primary
-    # (dead, epoch 0) is what it uses
+    # the proxy runs in `dead`: its own Consul never answers, so no primary is confirmed and
+    # ordered and sync writes are refused (before the lease: written to the topology's
+    # primary at epoch 0, a second primary); nearest writes go to the next region
     async with ProxyServer(topo, _cfg("dead", register_consul=False), policy_file) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         stub = pb_grpc.ProxyStub(ch)
+        addr = dead.region("dead").consul.http_addr
         topic = await _topic(two_regions, "ord", partitions=1)
         code, msg = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(topic))))
         assert code == grpc.StatusCode.UNAVAILABLE
-        assert "no writable region for ordered" in msg
-        assert "dead:" in msg
-        # sync: primary down → written nowhere
+        assert f"primary not confirmed since start: Consul at {addr} unreachable" in msg
         st = await _topic(two_regions, "sync", partitions=1)
         code, msg = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(st))))
         assert code == grpc.StatusCode.UNAVAILABLE
-        assert "dead" in msg
+        assert "ordered and sync writes refused" in msg
+        near = await _topic(two_regions, "near", partitions=1)
+        r = (await stub.Produce(pb.ProduceRequest(record=_record(near)))).result
+        assert [w.region for w in r.written] == ["east"]  # dead's Kafka is down: next one
 
 
 async def test_resource_exhausted(two_regions, policy_file) -> None:  # type: ignore[no-untyped-def]

@@ -555,10 +555,14 @@ def test_watch_wait_is_a_third_of_the_lease_and_the_lease_at_least_3_s() -> None
 
 
 async def test_watch_confirms_from_own_dc_and_takes_the_newest_record_of_any_dc() -> None:
+    from proxy.errors import PrimaryUnavailable
     clock = Clock()
     own = _FakeConsul("own", PrimaryRecord(region="east", epoch=6, by="stale"))
     peer = _FakeConsul("peer", PrimaryRecord(region="west", epoch=7, by="ctl"))
     w = _watcher(clock, own, peers={"west": peer}, lease_s=3.0)
+    w.confirm(0.0)  # the own DC alone (its record may be the one of before a failover)
+    with pytest.raises(PrimaryUnavailable, match=r"other regions' Consul \(west\) not read yet"):
+        w.writable()
     await w.start(5.0)
     try:
         async def newest() -> bool:
