@@ -7,18 +7,24 @@ The rules (shared/DESIGN.md, "Record headers"):
 - by default a flow A → B carries only records that originated in A (`forward=False`), so in
   an A ↔ B ↔ C mesh every region receives each record once, from its origin; with
   `forward=True` (chains A → B → C) records from elsewhere are carried on too.
+
+And the epoch rule (`epoch_rule`): into the writable primary at epoch E, an ordered or sync
+record stamped with an older epoch is quarantined, not carried (the divergent tail).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from typing import Literal
 
-from crossdc.headers import DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_TS
+from crossdc.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_TS
+from crossdc.primary import PrimaryRecord
 
-__all__ = ["Headers", "plan"]
+__all__ = ["Decision", "Headers", "epoch_rule", "plan"]
 
 Headers = list[tuple[str, bytes]]
+Decision = Literal["carry", "quarantine"]
 
 
 def plan(headers: Sequence[tuple[str, bytes]], *, source: str, target: str,
@@ -48,3 +54,27 @@ def plan(headers: Sequence[tuple[str, bytes]], *, source: str, target: str,
     return out
 
 
+def epoch_rule(headers: Sequence[tuple[str, bytes]], *, target: str,
+               primary: PrimaryRecord | None) -> Decision:
+    """Whether a record the flow would carry into `target` goes to its topic (`carry`) or to
+    the quarantine (`quarantine`): the divergent tail of a lost primary.
+
+    Only when `target` is the WRITABLE primary at epoch E is an ordered or sync record stamped
+    with an epoch below E kept out of its topic: it was acknowledged by a primary that has since
+    been replaced, and writing it now would put it behind records of the newer epoch. While the
+    primary record is fenced (the failover is draining the old primary) or names another
+    region, or is unknown, everything is carried as before. Records without a readable
+    `dr-epoch` (headerless records, `nearest` ones) are carried."""
+    if primary is None or primary.writable != target:
+        return "carry"
+    dr = {k: v for k, v in headers if k in (DR_MODE, DR_EPOCH)}
+    if dr.get(DR_MODE) not in (b"ordered", b"sync"):
+        return "carry"
+    raw = dr.get(DR_EPOCH)
+    if raw is None:
+        return "carry"
+    try:
+        epoch = int(raw)
+    except ValueError:
+        return "carry"
+    return "quarantine" if epoch < primary.epoch else "carry"

@@ -29,6 +29,10 @@ class MirrorMetrics:
         self.recovered = Counter("crossdc_mirror_recovered", "Records found already on the "
                                  "target after a worker died before recording them (not "
                                  "sent again)", _LABELS, registry=r)
+        self.quarantined = Counter("crossdc_mirror_quarantined_records", "Records of an "
+                                   "older epoch kept out of the writable primary's topic "
+                                   "and written to _crossdc.quarantine (the divergent tail)",
+                                   _LABELS, registry=r)
         self.dead_lettered = Counter("crossdc_mirror_dead_lettered", "Records sent to the "
                                      "dead-letter topic", _LABELS, registry=r)
         self.stopped_partitions = Gauge("crossdc_mirror_stopped_partitions", "Partitions "

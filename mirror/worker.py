@@ -27,7 +27,7 @@ import json
 import re
 import socket
 import time
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -47,9 +47,10 @@ from tenacity import (
 )
 
 from crossdc.headers import DR_ID, DR_PATH, DR_TS
+from crossdc.primary import PrimaryRecord
 from crossdc.topology import Flow
 from mirror.errors import MirrorError, OffsetsUnavailable, RecordTooLarge, WorkerFenced
-from mirror.loop import plan
+from mirror.loop import epoch_rule, plan
 from mirror.metrics import MirrorMetrics
 from mirror.offsets import (
     MAP_PARTITION,
@@ -62,6 +63,8 @@ from mirror.offsets import (
     pos_record,
     sync_topic_name,
 )
+from mirror.primary import PrimaryWatch
+from mirror.quarantine import QUARANTINE_TOPIC, ensure_quarantine_topic, quarantine_headers
 from mirror.topics import TopicPlan, ensure_topic, sync_topics
 
 __all__ = ["MirrorWorker"]
@@ -101,10 +104,17 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
 class MirrorWorker:
     """Run with `async with MirrorWorker(flow, src, dst): await worker.wait()` or
-    `start()` / `stop()`."""
+    `start()` / `stop()`.
+
+    `consul_http_addrs` (the target region's Consul agent first, then the source's): where
+    the worker follows `crossdc/primary` for the epoch rule. While the target is the writable
+    primary at epoch E, an ordered or sync record stamped with an older epoch goes to
+    `_crossdc.quarantine` on the target instead of its topic (mirror.quarantine). Without
+    addresses the worker knows no primary and carries everything as before."""
 
     def __init__(self, flow: Flow, source_bootstrap: str, target_bootstrap: str,
-                 metrics: MirrorMetrics | None = None) -> None:
+                 metrics: MirrorMetrics | None = None, *,
+                 consul_http_addrs: Sequence[str] | None = None) -> None:
         self.flow = flow
         self.source_bootstrap = source_bootstrap
         self.target_bootstrap = target_bootstrap
@@ -152,6 +162,8 @@ class MirrorWorker:
         self._stop_event = asyncio.Event()  # set by stop(): pauses and retries wake on it
         self._fatal: Exception | None = None  # a rebalance callback failed: the loops end
         self._assign_budget_s = _ASSIGN_BUDGET_S
+        self._primary_watch = (PrimaryWatch(consul_http_addrs, log=self.log)
+                               if consul_http_addrs else None)
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
@@ -177,6 +189,10 @@ class MirrorWorker:
         await ensure_sync_topic(self._dst_admin, self.flow.source)
         if self.flow.dead_letter:
             await ensure_topic(self._dst_admin, self.dead_letter_topic, 1)
+        if self._primary_watch is not None:
+            await ensure_quarantine_topic(self._dst_admin)
+            # Known before the first record is carried (bounded: never waits on Consul).
+            await self._primary_watch.refresh()
         self._producer_kw = {"acks": "all", "enable_idempotence": True,
                              "linger_ms": 5, "max_batch_size": 512 * 1024,
                              "max_request_size": self.flow.max_request_bytes}
@@ -269,6 +285,8 @@ class MirrorWorker:
         for admin in admins:
             if admin is not None:
                 await self._closing("admin", admin.close(), left())
+        if self._primary_watch is not None:
+            await self._closing("consul", self._primary_watch.close(), left())
         self.log.info("mirror_stopped")
 
     async def _closing(self, what: str, aw: Awaitable[None], timeout_s: float) -> None:
@@ -286,6 +304,11 @@ class MirrorWorker:
                 raise
             self.log.warning("mirror_close_failed", client=what, error="cancelled inside "
                              "the client (its broker is gone)")
+
+    @property
+    def primary(self) -> PrimaryRecord | None:
+        """The newest primary record the worker has seen (None: none, or no Consul given)."""
+        return None if self._primary_watch is None else self._primary_watch.current
 
     @property
     def running(self) -> bool:
@@ -475,6 +498,9 @@ class MirrorWorker:
                 tg.create_task(self._carry(), name=f"mirror:{label}:carry")
                 tg.create_task(self._discover(), name=f"mirror:{label}:discovery")
                 tg.create_task(self._commit_loop(), name=f"mirror:{label}:commit")
+                if self._primary_watch is not None:
+                    tg.create_task(self._primary_watch.run(self._stop_event),
+                                   name=f"mirror:{label}:primary")
         except BaseExceptionGroup as eg:
             errors = [e for e in eg.exceptions if not isinstance(e, asyncio.CancelledError)]
             if not errors:
@@ -643,6 +669,9 @@ class MirrorWorker:
         # a chunk is a producer batch (its records get consecutive target offsets) or, in
         # one-by-one mode, a single record
         sent: dict[TopicPartition, list[_Chunk]] = {}
+        # per partition, the records written to the quarantine: (source offset, ack future)
+        quarantined: dict[TopicPartition, list[tuple[int, asyncio.Future[Any]]]] = {}
+        primary = self.primary  # one view of the primary for the whole batch
         commit: asyncio.Future[None] | None = None
         pairs: dict[TopicPartition, list[tuple[int, int]]] = {}
         skipped: dict[TopicPartition, int] = {}
@@ -667,6 +696,16 @@ class MirrorWorker:
                                    id_hint=f"{id_prefix}{r.offset}")
                     if headers is None:
                         skipped[tp] = skipped.get(tp, 0) + 1
+                        continue
+                    if primary is not None and epoch_rule(
+                            headers, target=target, primary=primary) == "quarantine":
+                        # The divergent tail: kept apart, never behind newer records.
+                        quarantined.setdefault(tp, []).append((r.offset, await producer.send(
+                            QUARANTINE_TOPIC, key=r.key, value=r.value, partition=0,
+                            timestamp_ms=r.timestamp, headers=quarantine_headers(
+                                headers, source=source, topic=tp.topic,
+                                partition=tp.partition, offset=r.offset,
+                                epoch=primary.epoch))))
                         continue
                     if found:
                         rid = next((v for k, v in headers if k == DR_ID), None)
@@ -724,7 +763,11 @@ class MirrorWorker:
             if not eos:
                 await self._send_sync_queue()
                 await self._flush_sync(producer)
-            await self._wait_acks([f for chunks in sent.values() for _, _, f in chunks])
+            q_futs = [f for v in quarantined.values() for _, f in v]
+            await self._wait_acks([f for chunks in sent.values() for _, _, f in chunks]
+                                  + q_futs)
+            for f in q_futs:
+                f.result()  # a quarantine write that failed fails the attempt
             for tp, chunks in sent.items():
                 for srcs, sizes, fut in chunks:
                     try:
@@ -769,7 +812,7 @@ class MirrorWorker:
             if eos:
                 await _end_transaction(producer, commit)
             else:
-                await self._settle(sent)
+                await self._settle(sent, quarantined)
             raise
         self._segments.update(segments)  # only now: an aborted attempt wrote none
         for tp, recs in batch.items():
@@ -782,6 +825,8 @@ class MirrorWorker:
         for tp, recs in batch.items():
             labels = (source, target, tp.topic)
             m.records.labels(*labels).inc(sum(len(c[0]) for c in sent.get(tp, ())))
+            if quarantined.get(tp):
+                m.quarantined.labels(*labels).inc(len(quarantined[tp]))
             if skipped.get(tp):
                 m.skipped.labels(*labels).inc(skipped[tp])
             m.bytes.labels(*labels).inc(
@@ -795,6 +840,13 @@ class MirrorWorker:
             m.latency.labels(*labels).observe(max(0.0, (ack_ms - dr_ts) / 1000))
         self.log.debug("batch_mirrored", records=sum(len(v) for v in sent.values()),
                        partitions=len(batch))
+        if quarantined:
+            assert primary is not None
+            self.log.warning(
+                "records_quarantined", records=sum(len(v) for v in quarantined.values()),
+                epoch=primary.epoch, quarantine_topic=QUARANTINE_TOPIC,
+                offsets={f"{tp.topic}/{tp.partition}": [o for o, _ in v]
+                         for tp, v in quarantined.items()})
 
     async def _send_sync_queue(self) -> None:
         """At-least-once: send the offset-sync records waiting for a ride."""
@@ -863,20 +915,35 @@ class MirrorWorker:
                 self.log.warning("target_not_answering", waiting_s=waited,
                                  records=len(pending))
 
-    async def _settle(self, sent: dict[TopicPartition, list[_Chunk]]) -> None:
+    async def _settle(self, sent: dict[TopicPartition, list[_Chunk]],
+                      quarantined: dict[TopicPartition, list[tuple[int, asyncio.Future[Any]]]]
+                      ) -> None:
         """After a failed at-least-once attempt: wait for every send to end, keep each
-        partition's acked prefix, count acked records after a failure (sent again)."""
+        partition's acked prefix, count acked records after a failure (sent again). The
+        prefix ends before the first record whose quarantine write failed (the retry starts
+        there, so that record is quarantined after all)."""
         futs = [f for v in sent.values() for _, _, f in v]
+        futs += [f for v in quarantined.values() for _, f in v]
         if futs:
             await asyncio.wait(futs)
+
+        def failed(f: asyncio.Future[Any]) -> bool:
+            return f.cancelled() or f.exception() is not None
+
         for tp, chunks in sent.items():
             prefix = self._acked.setdefault(tp, [])
+            lost = min((o for o, f in quarantined.get(tp, ()) if failed(f)), default=None)
             broken = False
             for srcs, _, f in chunks:
-                ok = not f.cancelled() and f.exception() is None
+                ok = not failed(f)
+                keep = len(srcs) if lost is None else sum(1 for s in srcs if s < lost)
                 if ok and not broken:
                     base = f.result().offset
-                    prefix.extend((s, base + i) for i, s in enumerate(srcs))
+                    prefix.extend((s, base + i) for i, s in enumerate(srcs[:keep]))
+                    if keep < len(srcs):
+                        broken = True
+                        self.metrics.redelivered.labels(self.flow.source, self.flow.target,
+                                                        tp.topic).inc(len(srcs) - keep)
                 elif ok:
                     self.metrics.redelivered.labels(self.flow.source, self.flow.target,
                                                     tp.topic).inc(len(srcs))

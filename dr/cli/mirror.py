@@ -52,8 +52,14 @@ async def _serve(topo: Topology, flows: list[Flow], metrics_port: int | None) ->
     if metrics_port is not None:
         from prometheus_client import start_http_server
         start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    # Each worker follows crossdc/primary in its target's Consul and its source's (the epoch
+    # rule: the divergent tail of a lost primary is quarantined, never carried behind newer
+    # records).
     workers = [MirrorWorker(f, topo.region(f.source).kafka.bootstrap,
-                            topo.region(f.target).kafka.bootstrap, metrics) for f in flows]
+                            topo.region(f.target).kafka.bootstrap, metrics,
+                            consul_http_addrs=[topo.region(f.target).consul.http_addr,
+                                               topo.region(f.source).consul.http_addr])
+               for f in flows]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
