@@ -223,7 +223,11 @@ async def _read_committed(bootstrap: str, tps: list[TopicPartition],
     """
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                          isolation_level="read_committed")
-    await c.start()
+    try:
+        await c.start()
+    except BaseException:
+        await c.stop()  # a failed start leaves its metadata task running
+        raise
     out: list[object] = []
     try:
         if tps[0].topic not in await c.topics():
@@ -324,7 +328,11 @@ async def load_translation(bootstrap: str, source: str, committed: dict[tuple[st
     tp = TopicPartition(sync_topic_name(source), MAP_PARTITION)
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                          isolation_level="read_committed")
-    await c.start()
+    try:
+        await c.start()
+    except BaseException:
+        await c.stop()  # a failed start leaves its metadata task running
+        raise
     try:
         if tp.topic not in await c.topics():
             return OffsetMap()
@@ -466,7 +474,11 @@ async def apply_offsets(group: str, target_bootstrap: str, rows: list[Translated
     c = AIOKafkaConsumer(bootstrap_servers=target_bootstrap, group_id=group,
                          enable_auto_commit=False)
     try:
-        await c.start()
+        try:
+            await c.start()
+        except BaseException:
+            await c.stop()  # a failed start leaves its metadata task running
+            raise
         c.assign(list(offsets))
         async for attempt in AsyncRetrying(**_RETRY):  # type: ignore[arg-type]
             with attempt:

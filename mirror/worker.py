@@ -461,7 +461,11 @@ class MirrorWorker:
         suffix = f",{self.flow.source},{self.flow.target}".encode()
         start = f"{self.flow.source},{self.flow.target}".encode()
         c = AIOKafkaConsumer(bootstrap_servers=self.target_bootstrap, enable_auto_commit=False)
-        await c.start()
+        try:
+            await c.start()
+        except BaseException:
+            await c.stop()  # a failed start leaves its metadata task running
+            raise
         found: collections.deque[tuple[bytes, int]] = collections.deque()
         try:
             c.assign([tp])
