@@ -111,5 +111,7 @@ def replay_command(
 
 
 if __name__ == "__main__":
+    from crossdc.logs import configure_logging
     from dr.exits import run_app
+    configure_logging("console", "warning", quiet_kafka_client=True)
     run_app(tail_app)

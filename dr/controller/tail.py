@@ -146,6 +146,9 @@ class ReplayResult:
 # -- reading -------------------------------------------------------------------------------
 async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[Any]:
     """Every committed record of `topic` up to its end now ([] when it does not exist)."""
+    n = await _partitions(bootstrap, topic, timeout_s)
+    if not n:
+        return []
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                          isolation_level="read_committed",
                          request_timeout_ms=int(timeout_s * 1000))
@@ -153,9 +156,7 @@ async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[Any]
     try:
         async with asyncio.timeout(timeout_s):
             await c.start()
-            if topic not in await c.topics():
-                return []
-            tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+            tps = [TopicPartition(topic, p) for p in range(n)]
             c.assign(tps)
             await c.seek_to_beginning(*tps)
             ends = await c.end_offsets(tps)
@@ -166,6 +167,20 @@ async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[Any]
     finally:
         await c.stop()
     return out
+
+
+async def _partitions(bootstrap: str, topic: str, timeout_s: float) -> int:
+    """`topic`'s partition count, 0 when it does not exist (described, never auto-created)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap,
+                                request_timeout_ms=int(timeout_s * 1000))
+    try:
+        async with asyncio.timeout(timeout_s):
+            await admin.start()
+            described = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    return next((len(d["partitions"]) for d in described
+                 if d["topic"] == topic and d["error_code"] == 0), 0)
 
 
 async def _read(topology: Topology, region: str, topic: str, timeout_s: float) -> list[Any]:
@@ -347,8 +362,8 @@ async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None
                 request_timeout_ms=int(timeout_s * 1000))
             try:
                 async with asyncio.timeout(timeout_s):
-                    await producer.start()
                     await _ensure_replayed_topic(bootstrap)
+                    await producer.start()
             except (KafkaError, OSError, TimeoutError) as exc:
                 raise TailUnavailable(f"the primary {target} ({bootstrap}) cannot take the "
                                       f"replay: {exc!r}") from exc
@@ -366,7 +381,7 @@ async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None
             return result
         assert producer is not None
         result.replayed = await _replay(producer, topology, primary, todo, timeout_s)
-        log.warning("tail_replayed", region=region, primary=target, epoch=primary.epoch,
+        log.info("tail_replayed", region=region, primary=target, epoch=primary.epoch,
                     records=len(result.replayed), already=len(result.already),
                     skipped=len(result.skipped))
         return result
@@ -394,6 +409,10 @@ async def _replay(producer: AIOKafkaProducer, topology: Topology, primary: Prima
     begun = committed = False
     try:
         async with asyncio.timeout(timeout_s):
+            # aiokafka refreshes metadata for the topics it was told of only once one was
+            # added: a batch for a topic known from the bootstrap metadata alone would then
+            # wait forever for its leader. Name every topic this transaction writes.
+            await producer.client.set_topics(sorted({*counts, REPLAYED_TOPIC}))
             await producer.begin_transaction()
             begun = True
             for rec in todo:

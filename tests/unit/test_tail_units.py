@@ -144,7 +144,7 @@ async def test_a_failed_quarantine_write_ends_the_acked_prefix() -> None:
     tp = TopicPartition("t", 0)
     sent = {tp: [([0, 1, 2, 4], [1, 1, 1, 1], _done(100)), ([5], [1], _done(104))]}
     failed = _done(exc=OSError("quarantine write failed"))
-    await w._settle(sent, {tp: [(3, failed)]})  # type: ignore[arg-type]
+    await w._settle(sent, {tp: [(3, failed)]})
     assert w._acked[tp] == [(0, 100), (1, 101), (2, 102)]
     assert w.metrics.redelivered.labels("east", "west", "t")._value.get() == 2
 
@@ -154,5 +154,5 @@ async def test_acked_quarantine_writes_keep_the_whole_prefix() -> None:
                      "127.0.0.1:2")
     tp = TopicPartition("t", 0)
     sent = {tp: [([0, 1, 2, 4], [1, 1, 1, 1], _done(100))]}
-    await w._settle(sent, {tp: [(3, _done(0))]})  # type: ignore[arg-type]
+    await w._settle(sent, {tp: [(3, _done(0))]})
     assert w._acked[tp] == [(0, 100), (1, 101), (2, 102), (4, 103)]
