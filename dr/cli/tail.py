@@ -30,8 +30,11 @@ def _table(title: str, records: list[TailRecord],
     t = Table(title=title)
     for col in ("region", "source", "topic", "partition", "offset", "dr-id", "epoch",
                 "quarantined at", "reason", "replayed"):
+        # topic and dr-id are what an operator copies: folded, never cut short
         t.add_column(col, justify="right" if col in ("partition", "offset", "epoch",
-                                                       "quarantined at") else "left")
+                                                       "quarantined at") else "left",
+                     overflow="fold" if col in ("topic", "dr-id") else "ellipsis",
+                     min_width=len(col))
     if extra is not None:
         t.add_column(extra[0], justify="right")
     for i, r in enumerate(records):
