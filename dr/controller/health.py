@@ -137,17 +137,27 @@ class RegionProber:
     async def _drop_clients(self) -> None:
         admin, producer, consumer = self._admin, self._producer, self._consumer
         self._admin = self._producer = self._consumer = None
-        for name, close in (("admin", admin.close if admin else None),
-                            ("producer", producer.stop if producer else None),
-                            ("consumer", consumer.stop if consumer else None)):
+        for name, obj, close in (("admin", admin, admin.close if admin else None),
+                                 ("producer", producer, producer.stop if producer else None),
+                                 ("consumer", consumer, consumer.stop if consumer else None)):
             if close is None:
                 continue
             try:
                 async with asyncio.timeout(5.0):
                     await close()
-            except (TimeoutError, KafkaError, OSError) as exc:
+            except (TimeoutError, KafkaError, OSError, asyncio.CancelledError) as exc:
+                if isinstance(exc, asyncio.CancelledError) and cancelled_from_outside():
+                    raise
                 log.debug("probe_client_close_failed", region=self.region.name, client=name,
                           error=repr(exc))
+                # Against a dead broker a producer waits to deliver its canary and a
+                # consumer for its fetch before they close their connections; close the
+                # underlying client here, or its metadata task outlives them.
+                inner = getattr(obj, "client", None) or getattr(obj, "_client", None)
+                if inner is not None:
+                    with contextlib.suppress(TimeoutError, KafkaError, OSError):
+                        async with asyncio.timeout(2.0):
+                            await inner.close()
 
     async def _setup(self) -> None:
         """Make the clients that are missing (bounded by SETUP_TIMEOUT_S)."""

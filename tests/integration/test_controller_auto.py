@@ -72,6 +72,18 @@ async def _mirrors(topo: Topology) -> list[MirrorWorker]:
     return out
 
 
+async def _revive(topo: Topology, workers: list[MirrorWorker]) -> None:
+    """Restart mirror workers that ended (a worker whose target stayed down past its
+    assignment budget ends with an error, as `dr mirror run` exits for its supervisor)."""
+    for i, w in enumerate(workers):
+        if not w.running:
+            await w.stop()
+            fresh = MirrorWorker(w.flow, topo.region(w.flow.source).kafka.bootstrap,
+                                 topo.region(w.flow.target).kafka.bootstrap)
+            await fresh.start()
+            workers[i] = fresh
+
+
 async def _done(dcs: Datacenters, since_ms: int) -> FailoverRecord | None:
     rec = await newest_failover(dcs)
     if rec is None or rec.started_ms < since_ms or rec.state == "running":
@@ -159,15 +171,15 @@ async def test_detection_and_rto_with_default_settings(pair: Pair, tmp_path: Pat
                     return any(c.leading for c in ctls) and all(
                         c.hysteresis["east"].status == "up" for c in ctls)
                 await eventually(lead, 90, "a leader that sees east up again")
+                t0 = int(time.time() * 1000)
                 plan = await plan_failover(topo, dcs, east.settings, None, kind="failback",
                                            force=True, by="test")
                 assert plan.record.target == "east"
-                t0 = int(time.time() * 1000)
                 await start_failover(dcs, plan)
 
                 async def back() -> bool:
                     return await _done(dcs, t0) is not None
-                await eventually(back, 60, "failback to east")
+                await eventually(back, 120, "failback to east")
                 fb = await _done(dcs, t0)
                 assert fb is not None
                 assert fb.state == "done", fb.error
@@ -177,6 +189,7 @@ async def test_detection_and_rto_with_default_settings(pair: Pair, tmp_path: Pat
             await produce(topo.region("east").kafka.bootstrap, topic, east_records, acks="all")
 
             async def steady() -> bool:
+                await _revive(topo, workers)
                 lag = await behind(topo, "east", "west", 10.0)
                 lag2 = await behind(topo, "west", "east", 10.0)
                 cur = (await dcs.primary()).current
@@ -210,13 +223,14 @@ async def test_detection_and_rto_with_default_settings(pair: Pair, tmp_path: Pat
             await produce(topo.region("west").kafka.bootstrap, topic,
                           [(b"after%d" % i, b"a", []) for i in range(50)], acks="all")
             await pair.stack.start_kafka("east")
+            await _revive(topo, workers)
 
             async def east_up() -> bool:
                 return all(c.hysteresis["east"].status == "up" for c in ctls)
             await eventually(east_up, 90, "east up again")
+            t1 = int(time.time() * 1000)
             plan = await plan_failover(topo, dcs, east.settings, None, kind="failback",
                                        by="test")
-            t1 = int(time.time() * 1000)
             await start_failover(dcs, plan)
 
             async def back() -> bool:
