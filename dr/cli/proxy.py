@@ -33,6 +33,10 @@ def proxy_serve(
     )] = None,
     host: Annotated[str | None, typer.Option("--host", help="Bind address [default: the "
                                              "endpoint's host].")] = None,
+    primary_lease_s: Annotated[float, typer.Option(
+        "--primary-lease-s", min=3.0, help="Ordered and sync writes only while the primary "
+        "was confirmed in Consul this recently (at most the controllers' "
+        "failover.primary_lease_s).")] = 5.0,
     grace_s: Annotated[float, typer.Option("--grace", help="Drain seconds on SIGTERM.")
                        ] = 10.0,
     no_consul: Annotated[bool, typer.Option("--no-consul", help="Do not register "
@@ -66,7 +70,8 @@ def proxy_serve(
     check_port_free(bind, reg.proxy.metrics_port if metrics_port is None else metrics_port,
                     "metrics", "--metrics-port")
     run(serve(path, region, policy, port=port, metrics_port=metrics_port, host=host,
-               grace_s=grace_s, register_consul=not no_consul, auth_path=auth, tls=tls))
+               grace_s=grace_s, register_consul=not no_consul, auth_path=auth, tls=tls,
+               primary_lease_s=primary_lease_s))
 
 
 def check_port_free(host: str, port: int | None, what: str, option: str) -> None:
