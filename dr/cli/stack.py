@@ -10,6 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from crossdc.settings import RetrySettings
+from crossdc.topology import Topology
 from dr.cli._common import (
     Exit,
     StateDirOpt,
@@ -20,6 +22,7 @@ from dr.cli._common import (
     run,
     topology_for,
 )
+from dr.controller.ops import ControllerView
 from dr.stack.paths import StackPaths
 from dr.status import StackStatus, probe_topology
 from mirror.status import FlowStatus, flows_status
@@ -99,16 +102,65 @@ def status(
         expected = int(str(saved.get("brokers", 1)))
     st = run(probe_topology(topo, str(path), expected, timeout_s))
     flows = run(flows_status(topo, timeout_s * 2)) if topo.flows else []
+    ctl = run(_controller_view(topo))
     if as_json:
         doc = st.model_dump(mode="json")
         doc["flows"] = [f.model_dump(mode="json") for f in flows]
+        doc["controller"] = ctl.model_dump(mode="json")
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         render_status(st)
         if flows:
             render_flows(flows)
+        render_controller(ctl)
     if not st.healthy:
         raise Exit(1)
+
+
+async def _controller_view(topo: Topology) -> ControllerView:
+    from dr.controller.datacenters import Datacenters
+    from dr.controller.ops import controller_view
+    async with Datacenters(topo, RetrySettings(attempts=1, total_s=2.0,
+                                               call_timeout_s=1.5)) as dcs:
+        return await controller_view(dcs)
+
+
+def render_controller(v: ControllerView) -> None:
+    """The controllers' part of `dr status`: who leads, the gate, each region as the leader
+    judges it, and the last failover."""
+    cur = v.current
+    state = ("[red]FENCED (no writable primary)[/]" if cur.fenced else
+             f"[green]{cur.region}[/]")
+    leader = (f"{v.leader.controller_id} ({v.leader.region}, {v.leader.http})" if v.leader
+              else "[yellow]none[/] (no `dr controller run` holds the lock)")
+    gate = (f"[yellow]closed[/] by {v.gate.by}: {v.gate.reason or '-'}" if v.gate.closed
+            else "open")
+    t = Table(title=f"controller — primary {state}, epoch {cur.epoch}", title_justify="left",
+              header_style="bold")
+    t.add_column("what")
+    t.add_column("value")
+    t.add_row("leader", leader)
+    t.add_row("gate (automatic failover)", gate)
+    if v.stale or v.unreachable:
+        t.add_row("datacenters behind", ", ".join(v.stale) or "-")
+        t.add_row("datacenters unreachable", ", ".join(v.unreachable) or "-")
+    colour = {"up": "green", "degraded": "yellow", "down": "red", "unknown": "dim"}
+    for region, h in sorted(v.health.items()):
+        checks = ", ".join(f"{k} {'ok' if c.ok else 'FAILED'}"
+                           + (f" {c.latency_ms:.0f} ms" if c.ok and c.latency_ms else "")
+                           for k, c in h.checks.items())
+        lag = "" if h.mirror_lag_records is None else f"; mirror lag in {h.mirror_lag_records}"
+        t.add_row(f"health {region}", f"[{colour[h.status]}]{h.status}[/] — "
+                  f"{escape(checks)}{lag}")
+    if v.failover is not None:
+        f = v.failover
+        rto = f"RTO {f.rto_s:.2f} s" if f.rto_s is not None else "RTO -"
+        rpo = ("RPO -" if f.rpo_records is None else
+               f"RPO {f.rpo_records}{'' if f.rpo_exact else ' (estimate)'}")
+        step = f" at {f.next_step()}" if f.state == "running" else ""
+        t.add_row("last failover", f"{f.kind} {f.source} → {f.target}: {f.state}{step}; "
+                  f"{rto}, {rpo}{'; ' + escape(f.error) if f.error else ''}")
+    out.print(t)
 
 
 def render_status(st: StackStatus) -> None:
