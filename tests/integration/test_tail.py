@@ -239,3 +239,50 @@ async def test_fenced_primary_drains_as_before_and_refuses_a_replay(  # type: ig
     assert await _quarantined(west, topic) == []
     with pytest.raises(ReplayRefused, match="fenced"):
         await replay_tail(topo, "west", dry_run=True)
+
+
+async def test_a_running_worker_follows_the_promotion(  # type: ignore[no-untyped-def]
+        two_regions, topo: Topology) -> None:
+    """The watch, not only the read at start: a worker running while east is primary carries
+    east's ordered records, learns the promotion of west, then quarantines the older ones."""
+    east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
+    topic = unique("tail-live")
+    await create_topic(east, topic)
+    await create_topic(west, topic)
+    old = PrimaryRecord(region="east", epoch=await _top_epoch(topo) + 1, by="test")
+    await _put(topo, old)
+    flow = Flow(source="east", target="west", topics=topic, discovery_interval_s=1.0,
+                group=unique("mm-tail"))
+    worker = MirrorWorker(flow, east, west, consul_http_addrs=[
+        topo.region("west").consul.http_addr, topo.region("east").consul.http_addr])
+
+    def ordered(rid: str, value: bytes) -> Any:
+        return (b"k", value, [("dr-id", rid.encode()), ("dr-origin", b"east"),
+                              ("dr-mode", b"ordered"), ("dr-epoch", str(old.epoch).encode()),
+                              ("dr-path", b"east")])
+
+    async def values() -> set[bytes]:
+        return {r.value for r in await read_all(west, topic, 1)}
+
+    async with worker:
+        assert worker.primary == old
+        await produce(east, topic, [ordered(unique("a"), b"before")])
+
+        async def carried() -> bool:
+            return b"before" in await values()
+        await eventually(carried, 30, "the record of the current epoch carried")
+
+        epoch = await _fail_over_to_west(topo)
+
+        async def learned() -> bool:
+            p = worker.primary
+            return p is not None and (p.writable, p.epoch) == ("west", epoch)
+        await eventually(learned, 15, "the worker saw the promotion")
+        rid = unique("b")
+        await produce(east, topic, [ordered(rid, b"after")])
+
+        async def quarantined() -> bool:
+            return [dict(r.headers)["dr-id"] for r in await _quarantined(west, topic)] == \
+                [rid.encode()]
+        await eventually(quarantined, 30, "the old-epoch record quarantined")
+    assert await values() == {b"before"}

@@ -156,3 +156,27 @@ async def test_acked_quarantine_writes_keep_the_whole_prefix() -> None:
     sent = {tp: [([0, 1, 2, 4], [1, 1, 1, 1], _done(100))]}
     await w._settle(sent, {tp: [(3, _done(0))]})
     assert w._acked[tp] == [(0, 100), (1, 101), (2, 102), (4, 103)]
+
+
+async def test_an_unreachable_consul_keeps_the_last_record() -> None:
+    import socket
+
+    from structlog.testing import capture_logs
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))  # a port nobody listens on
+    addr = f"127.0.0.1:{s.getsockname()[1]}"
+    try:
+        w = PrimaryWatch([addr], retry_s=0.05)
+        w.current = WEST_5
+        with capture_logs() as logs:
+            await w.refresh(timeout_s=2.0)
+            stop = asyncio.Event()
+            task = asyncio.create_task(w.run(stop))
+            await asyncio.sleep(0)  # the follower tries, fails, pauses on `stop`
+            stop.set()
+            await asyncio.wait_for(task, 10)
+        await w.close()
+    finally:
+        s.close()
+    assert w.current == WEST_5
+    assert [e["event"] for e in logs].count("primary_unreadable") == 1  # once per outage
