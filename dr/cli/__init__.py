@@ -2,9 +2,9 @@
 
 One module per command group (`stack`: setup/up/down/status, `topology`, `policy`, `proxy`,
 `mirror`: mirror and offsets, `controller`: the controller run and failover / failback /
-gate, `sync`: standby metadata); `dr reconcile` lives with its job (`dr.reconcile.cli`) so that
-spark-submit loads neither this package nor grpc. Exit codes: 0 ok, 1 a crossdc error (one
-red paragraph, no traceback), 2 bad input.
+gate, `sync`: standby metadata, `tail`: the divergent tail); `dr reconcile` lives with its
+job (`dr.reconcile.cli`) so that spark-submit loads neither this package nor grpc. Exit
+codes: 0 ok, 1 a crossdc error (one red paragraph, no traceback), 2 bad input.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dr.cli.policy import policy_app
 from dr.cli.proxy import proxy_app
 from dr.cli.stack import stack_commands
 from dr.cli.sync import sync_app
+from dr.cli.tail import tail_app
 from dr.cli.topology import topology_app
 from dr.exits import run_app
 from dr.reconcile.cli import reconcile_command
@@ -42,6 +43,7 @@ app.command("failover")(failover)
 app.command("failback")(failback)
 app.add_typer(gate_app, name="gate")
 app.add_typer(sync_app, name="sync")
+app.add_typer(tail_app, name="tail")
 
 
 @app.callback()

@@ -160,6 +160,10 @@ def render_controller(v: ControllerView) -> None:
         step = f" at {f.next_step()}" if f.state == "running" else ""
         t.add_row("last failover", f"{f.kind} {f.source} → {f.target}: {f.state}{step}; "
                   f"{rto}, {rpo}{'; ' + escape(f.error) if f.error else ''}")
+    if v.tail:
+        t.add_row("divergent tail (quarantined, not replayed)",
+                  ", ".join(f"{r}: {n}" for r, n in sorted(v.tail.items())) +
+                  ("  → `dr tail list`" if any(v.tail.values()) else ""))
     out.print(t)
 
 

@@ -27,6 +27,7 @@ import structlog
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Flow, Topology
 from dr.controller.config import ControllerSettings
@@ -326,9 +327,18 @@ class FailoverEngine:
         return rec.with_step("dns", detail=f"kafka primary tag on {view.current.region}")
 
     async def _report(self, rec: FailoverRecord) -> FailoverRecord:
+        from dr.controller.tail import tail_count
+        try:
+            async with asyncio.timeout(self.settings.failover.measure_timeout_s):
+                counts = await tail_count(self.topology)
+            rec = rec.model_copy(update={"tail_records": sum(counts.values())})
+        except (TimeoutError, CrossdcError, KafkaError, OSError) as exc:
+            log.info("tail_count_failed", error=repr(exc))
         done = rec.with_step("report", detail=(
             f"RTO {rec.rto_s:.2f} s, RPO {rec.rpo_records} record(s)"
-            f"{'' if rec.rpo_exact else ' (estimate)'}" if rec.rto_s is not None else ""))
+            f"{'' if rec.rpo_exact else ' (estimate)'}, divergent tail "
+            f"{'-' if rec.tail_records is None else rec.tail_records}"
+            if rec.rto_s is not None else ""))
         return done.with_step("report", status="done", ended_ms=now_ms()).model_copy(
             update={"state": "done", "ended_ms": now_ms()})
 

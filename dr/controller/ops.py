@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict
 
-from crossdc.errors import ClientError
+from crossdc.errors import ClientError, CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings
@@ -157,6 +158,8 @@ class ControllerView(BaseModel):
     gate: GateRecord
     health: dict[str, RegionHealth]
     failover: FailoverRecord | None
+    tail: dict[str, int] = {}
+    """Quarantined records not yet replayed, per region that answered."""
 
 
 async def controller_view(dcs: Datacenters) -> ControllerView:
@@ -172,6 +175,13 @@ async def controller_view(dcs: Datacenters) -> ControllerView:
                      default=None)
         if newest is not None:
             health[region] = newest
+    from dr.controller.tail import tail_count
+    try:
+        async with asyncio.timeout(5.0):
+            tail = await tail_count(dcs.topology)
+    except (TimeoutError, CrossdcError, KafkaError, OSError):
+        tail = {}
     return ControllerView(primary=view.per_region, unreachable=view.unreachable,
                           current=view.current, stale=view.stale, leader=await leader_of(dcs),
-                          gate=gate, health=health, failover=await newest_failover(dcs))
+                          gate=gate, health=health, failover=await newest_failover(dcs),
+                          tail=tail)

@@ -107,6 +107,9 @@ class FailoverRecord(BaseModel):
                                     "back at failback).")
     rpo_exact: bool = False
     drained_records: int = 0
+    tail_records: int | None = Field(None, description="Quarantined records (the divergent "
+                                     "tail) not yet replayed, in every region, at the "
+                                     "report.")
     groups_moved: int = 0
     steps: list[StepRecord] = Field(default_factory=lambda: [StepRecord(name=s) for s in STEPS])
 
