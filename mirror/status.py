@@ -71,9 +71,11 @@ async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
         committed = await admin.list_consumer_group_offsets(group)
     finally:
         try:
-            await consumer.stop()
+            # shielded: the caller's deadline may fire mid-close, and a half-closed client
+            # keeps its metadata task (a second stop() returns at once)
+            await asyncio.shield(consumer.stop())
         finally:
-            await admin.close()
+            await asyncio.shield(admin.close())
     out = []
     for tp in tps:
         meta = committed.get(tp)
@@ -109,7 +111,7 @@ async def _newest(flow: Flow, bootstrap: str) -> tuple[int | None, float | None]
                     if newest is None or r.timestamp >= newest[0]:
                         newest = (r.timestamp, doc.get("last_dr_ts"))
     finally:
-        await c.stop()
+        await asyncio.shield(c.stop())
     if newest is None:
         return None, None
     appended, dr_ts = newest
