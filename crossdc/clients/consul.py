@@ -28,15 +28,8 @@ import consul.callback
 import consul.exceptions
 import structlog
 from consul.callback import CB
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
 
-from crossdc.errors import CasAmbiguous, ClientError, ClientRefused, CrossdcError
+from crossdc.errors import CasAmbiguous, ClientError, ClientRefused
 from crossdc.settings import RetrySettings
 from crossdc.topology import split_hostport
 
@@ -141,10 +134,6 @@ def cas_outcome(entry: KvEntry | None, value: bytes, cas: int) -> bool | None:
     if cas != 0 and entry.modify_index == cas:
         return None
     return entry.value == value
-
-
-def _retriable(exc: BaseException) -> bool:
-    return isinstance(exc, CrossdcError) and exc.retriable
 
 
 class _CasNotApplied(ClientError):
@@ -261,17 +250,7 @@ class ConsulClient:
                     timeout_s: float | None = None, *, raw: bool = False) -> T:
         """The retry loop: `fn` tried until it answers, a non-retriable error, or the bounds
         of `RetrySettings`. `raw`: `fn` translates its own errors (and bounds its own time)."""
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._retry.attempts) | stop_after_delay(self._retry.total_s),
-            wait=wait_exponential_jitter(multiplier=self._retry.backoff_initial_s,
-                                         max=self._retry.backoff_max_s,
-                                         jitter=self._retry.backoff_initial_s),
-            retry=retry_if_exception(_retriable),
-            before_sleep=lambda rs: log.debug(
-                "consul_retry", call=what, addr=self.http_addr, attempt=rs.attempt_number,
-                of=self._retry.attempts, error=str(rs.outcome.exception() if rs.outcome else "")),
-            reraise=True,
-        )
+        retrying = self._retry.retrying(log, "consul_retry", call=what, addr=self.http_addr)
         async for attempt in retrying:
             with attempt:
                 if raw:

@@ -21,15 +21,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, Records
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.structs import OffsetAndMetadata
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
 
-from crossdc.errors import ClientError, ClientRefused, CrossdcError
+from crossdc.errors import ClientError, ClientRefused
 from crossdc.settings import RetrySettings
 
 __all__ = ["KafkaAdmin", "TopicSpec"]
@@ -46,10 +39,6 @@ class TopicSpec:
     partitions: int
     replication: int = 1
     configs: dict[str, str] | None = None
-
-
-def _retriable(exc: BaseException) -> bool:
-    return isinstance(exc, CrossdcError) and exc.retriable
 
 
 def _raise_codes(what: str, rows: Iterable[tuple[str, int, str | None]]) -> None:
@@ -110,17 +99,8 @@ class KafkaAdmin:
         return self._admin
 
     async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self._retry.attempts) | stop_after_delay(self._retry.total_s),
-            wait=wait_exponential_jitter(multiplier=self._retry.backoff_initial_s,
-                                         max=self._retry.backoff_max_s,
-                                         jitter=self._retry.backoff_initial_s),
-            retry=retry_if_exception(_retriable),
-            before_sleep=lambda rs: log.debug(
-                "kafka_retry", call=what, bootstrap=self.bootstrap, attempt=rs.attempt_number,
-                of=self._retry.attempts, error=str(rs.outcome.exception() if rs.outcome else "")),
-            reraise=True,
-        )
+        retrying = self._retry.retrying(log, "kafka_retry", call=what,
+                                        bootstrap=self.bootstrap)
         async for attempt in retrying:
             with attempt:
                 try:
