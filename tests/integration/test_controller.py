@@ -331,3 +331,27 @@ def test_primary_record_helpers_round_trip() -> None:
     rec = PrimaryRecord(region="east", epoch=1)
     assert PrimaryRecord.decode(rec.fence("x").encode()).fenced
     assert asyncio.iscoroutinefunction(start_failover)
+
+
+async def test_a_failover_that_failed_after_its_fence_is_retried_until_a_primary_is_named(
+        topo: Topology, dcs: Datacenters) -> None:
+    """Never zero writable regions after a failover: a failed one, fenced, is completed."""
+    view = await dcs.primary()
+    fenced = view.current.fence("crashed")
+    await dcs.cas_primary(view, fenced)
+    rec = FailoverRecord(source="east", target="west", force=True, epoch=fenced.epoch)
+    rec = rec.with_step("fence", status="done", started_ms=rec.started_ms,
+                        ended_ms=rec.started_ms)
+    rec = rec.with_step("lease_wait", status="failed", started_ms=rec.started_ms,
+                        ended_ms=rec.started_ms, detail="no datacenter answered")
+    rec = rec.model_copy(update={"state": "failed", "error": "no datacenter answered"})
+    await dcs.put_all(FAILOVER_KEY, rec)
+    assert (await dcs.primary()).current.writable is None, "nobody writable: fenced"
+    async with Controller(topo, fast("east")):
+        async def named() -> bool:
+            return (await dcs.primary()).current.writable == "west"
+        await eventually(named, 40, "the leader completes the failed failover")
+    final = await newest_failover(dcs)
+    assert final is not None
+    assert final.state == "done"
+    assert final.step("lease_wait").status == "done"

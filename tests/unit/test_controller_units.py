@@ -7,6 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from crossdc.primary import PrimaryRecord
+from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings, LeaderSettings
 from dr.controller.health import Hysteresis, Round
 from dr.controller.state import STEPS, CheckResult, FailoverRecord
@@ -19,14 +20,20 @@ def rnd(ok: bool, at_ms: int, proxy_ok: bool = True) -> Round:
 
 def test_hysteresis_needs_n_failures_to_go_down_and_m_successes_to_come_back() -> None:
     h = Hysteresis("east", failures_to_down=3, successes_to_up=2)
-    assert h.observe(rnd(True, 0)) and h.status == "up"
-    assert not h.observe(rnd(False, 100)) and h.status == "up"
-    assert not h.observe(rnd(False, 200)) and h.status == "up"
-    assert h.observe(rnd(False, 300)) and h.status == "down"
+    assert h.observe(rnd(True, 0))
+    assert h.status == "up"
+    assert not h.observe(rnd(False, 100))
+    assert h.status == "up"
+    assert not h.observe(rnd(False, 200))
+    assert h.status == "up"
+    assert h.observe(rnd(False, 300))
+    assert h.status == "down"
     assert h.first_failure_ms == 100, "the fault began at the first failed round of the run"
     assert h.since_ms == 300
-    assert not h.observe(rnd(True, 400)) and h.status == "down", "one good round is not enough"
-    assert h.observe(rnd(True, 500)) and h.status == "up"
+    assert not h.observe(rnd(True, 400))
+    assert h.status == "down", "one good round is not enough"
+    assert h.observe(rnd(True, 500))
+    assert h.status == "up"
     assert h.first_failure_ms is None
 
 
@@ -57,14 +64,16 @@ def test_fence_then_promote_keeps_one_primary_per_epoch() -> None:
     assert (promoted.epoch, promoted.writable) == (5, "west")
     with pytest.raises(ValueError, match="fenced"):
         promoted.promote("east", "c1")
-    assert fenced.supersedes(cur) and promoted.supersedes(fenced)
+    assert fenced.supersedes(cur)
+    assert promoted.supersedes(fenced)
     assert not cur.supersedes(promoted), "an older epoch never wins"
     assert not fenced.supersedes(promoted), "a fence never undoes its own promotion"
 
 
 def test_old_records_without_the_fenced_field_still_decode() -> None:
     rec = PrimaryRecord.decode(b'{"region": "east", "epoch": 3, "updated_ms": 1, "by": "x"}')
-    assert rec.writable == "east" and not rec.fenced
+    assert rec.writable == "east"
+    assert not rec.fenced
 
 
 def test_failover_record_resumes_at_the_first_step_not_done() -> None:
@@ -90,3 +99,43 @@ def test_settings_refuse_a_heartbeat_slower_than_its_ttl() -> None:
         ControllerSettings(region="east", leader=LeaderSettings(check_ttl_s=0.4))
     with pytest.raises(ValidationError, match="extra"):
         ControllerSettings.model_validate({"region": "east", "bogus": 1})
+
+
+def _topology() -> Topology:
+    from dr.stack.ports import free_topology
+    topo: Topology = free_topology(["east", "west"])
+    return topo
+
+
+async def test_automatic_failover_waits_out_the_wait_period_and_the_gate() -> None:
+    """The leader's decision alone (no servers: the engine is never reached when a rule
+    holds the failover back)."""
+    from dr.controller import Controller
+    from dr.controller.config import FailoverSettings
+    from dr.controller.state import GateRecord, now_ms
+
+    topo = _topology()
+    ctl = Controller(topo, ControllerSettings(
+        region="east", failover=FailoverSettings(auto=True, wait_period_s=60)))
+    called: list[str] = []
+
+    async def check(source: str, target: str, force: bool) -> None:
+        called.append(target)
+        raise AssertionError("a held-back failover must not be checked")
+
+    ctl.engine.check = check  # type: ignore[method-assign, assignment]
+    for i in range(3):
+        ctl.hysteresis["east"].observe(rnd(False, i))
+        ctl.hysteresis["west"].observe(rnd(True, i))
+    assert ctl.hysteresis["east"].status == "down"
+
+    recent = PrimaryRecord(region="east", epoch=3, updated_ms=now_ms())
+    await ctl._maybe_auto(recent)
+    assert ctl.metrics.auto_blocked.labels(reason="wait_period")._value.get() == 1
+
+    ctl.gate = GateRecord(closed=True, by="test", reason="maintenance")
+    old = PrimaryRecord(region="east", epoch=3, updated_ms=now_ms() - 120_000)
+    await ctl._maybe_auto(old)
+    assert ctl.metrics.auto_blocked.labels(reason="gate_closed")._value.get() == 1
+    assert called == []
+    await ctl.dcs.close()
