@@ -17,6 +17,8 @@ from pathlib import Path
 import dns.asyncresolver
 import dns.rdatatype
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
 from kafka_helpers import create_topic, eventually, produce, unique  # type: ignore[import-not-found]
 from tests_support import write_topology  # type: ignore[import-not-found]
 
@@ -355,3 +357,97 @@ async def test_a_failover_that_failed_after_its_fence_is_retried_until_a_primary
     assert final is not None
     assert final.state == "done"
     assert final.step("lease_wait").status == "done"
+
+
+def leased(region: str) -> ControllerSettings:
+    """Fast settings with the controller's lease at the proxy's (3 s, its minimum): the fence
+    must outwait every proxy's lease."""
+    s = fast(region)
+    return s.model_copy(update={"failover": s.failover.model_copy(
+        update={"primary_lease_s": 3.0})})
+
+
+POLICY = "strict: true\nrules:\n  - topic: \"ctl-ord-*\"\n    mode: ordered\n"
+
+
+async def test_failover_moves_the_proxies_ordered_writes_and_the_consumer_groups(
+        topo: Topology, dcs: Datacenters, tmp_path: Path) -> None:
+    """End to end: a proxy's ordered writes go to the new primary with the new epoch once the
+    controller has failed over, and a consumer group committed in east resumes in west at
+    exactly the next record."""
+    import grpc
+
+    from proxy.api import pb, pb_grpc
+    from proxy.config import KafkaWriterSettings, ProxyConfig
+    from proxy.server import ProxyServer
+
+    topic = unique("ctl-ord")
+    for r in ("east", "west"):
+        await create_topic(topo.region(r).kafka.bootstrap, topic, 1)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    group = unique("ctl-group")
+    workers = await _mirrors(topo)
+    cfg = ProxyConfig(region="east", register_consul=False, grace_s=2.0, primary_lease_s=3.0,
+                      kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0))
+    try:
+        async with ProxyServer(topo, cfg, policy) as server, \
+                grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch, \
+                Controller(topo, leased("east")), Controller(topo, leased("west")):
+            stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+
+            async def produce_one(i: int) -> object:
+                req = pb.ProduceRequest(record=pb.Record(topic=topic, key=b"k%d" % i,
+                                                         value=b"v%d" % i))
+                return (await stub.Produce(req, timeout=5.0)).result
+
+            before = (await dcs.primary()).current
+            for i in range(20):
+                res = await produce_one(i)
+                assert [w.region for w in res.written] == ["east"]
+            # the group consumed 12 of the 20 in east, then its consumers stopped
+            tp = TopicPartition(topic, 0)
+            c = AIOKafkaConsumer(bootstrap_servers=topo.region("east").kafka.bootstrap,
+                                 group_id=group, enable_auto_commit=False)
+            await c.start()
+            try:
+                c.assign([tp])
+                await c.commit({tp: OffsetAndMetadata(12, "")})
+            finally:
+                await c.stop()
+
+            async def mirrored() -> bool:
+                return (await behind(topo, "east", "west", 10.0)).records == 0
+            await eventually(mirrored, 60, "the mirror copied east's records")
+            plan = await plan_failover(topo, dcs, leased("east"), "west", by="test")
+            await start_failover(dcs, plan)
+
+            async def done() -> bool:
+                rec = await newest_failover(dcs)
+                return rec is not None and rec.id == plan.record.id and rec.state != "running"
+            await eventually(done, 60, "the failover ends")
+            rec = await newest_failover(dcs)
+            assert rec is not None
+            assert rec.state == "done", rec.error
+            assert rec.groups_moved >= 1, rec.step("offsets").detail
+
+            res = await produce_one(100)
+            assert [w.region for w in res.written] == ["west"], res
+            assert res.epoch == before.epoch + 1
+            # the group resumes in west at exactly the 13th record
+            resumed = AIOKafkaConsumer(topic, bootstrap_servers=topo.region("west").kafka.bootstrap,
+                                       group_id=group, enable_auto_commit=False,
+                                       auto_offset_reset="earliest")
+            await resumed.start()
+            try:
+                first = None
+                while first is None:
+                    batch = await resumed.getmany(timeout_ms=1000)
+                    for recs in batch.values():
+                        first = first or recs[0]
+            finally:
+                await resumed.stop()
+            assert (first.key, first.value) == (b"k12", b"v12")
+    finally:
+        for w in workers:
+            await w.stop()
