@@ -92,10 +92,10 @@ def replay_command(
     """Re-produce quarantined records into the current writable primary (same topic, key,
     value; dr-epoch the current epoch; dr-replayed-from their source position). A record is
     replayed once, however often this runs. Refused while the primary is fenced."""
-    if bool(ids) == all_:
-        fail("give --id DR_ID (repeatable) or --all, not both")
     topo, _ = topology_for(topology, paths_for(None))
     region_of(topo, region, "--region")
+    if bool(ids) == all_:
+        fail("give --id DR_ID (repeatable) or --all, not both")
     res = run(replay_tail(topo, region, ids or None, dry_run=dry_run))
     if as_json:
         out.print_json(_result_json(res))
