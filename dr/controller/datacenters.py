@@ -46,6 +46,8 @@ class PrimaryView:
     @property
     def stale(self) -> list[str]:
         """Datacenters that answered with an older record (or none, or an invalid one)."""
+        if all(rec is None for rec in self.per_region.values()) and not self.invalid:
+            return []  # nobody holds a record: nothing is behind (the topology's applies)
         return sorted(r for r, rec in self.per_region.items()
                       if rec is None or rec != self.current)
 

@@ -96,7 +96,9 @@ class DnsPublisher:
                            "Status": "passing"})
         datacenter = self.topology.region(dc).consul.datacenter
         await client.query_upsert(PreparedQuery(
-            name=PRIMARY_QUERY, service=KAFKA_SERVICE, tags=(PRIMARY_TAG,), only_passing=True,
+            # critical (down) instances are always left out; warning (degraded: Kafka
+            # answers, the proxy does not) stays in, as in the tag lookups
+            name=PRIMARY_QUERY, service=KAFKA_SERVICE, tags=(PRIMARY_TAG,), only_passing=False,
             failover_datacenters=self._failover_dcs(dc), dns_ttl_s=0), dc=datacenter)
         self._queries.add(dc)
         self._published[dc] = want
