@@ -165,6 +165,12 @@ def parse_model(model: type[M], text: str, filename: str,
         raise ConfigError([ConfigIssue(filename, None, "", f"not valid YAML: {exc}")]) from None
     except (ValueError, OverflowError) as exc:  # a scalar its type cannot hold (2001-02-30)
         raise ConfigError([ConfigIssue(filename, None, "", f"bad value: {exc}")]) from None
+    except (IndexError, TypeError, KeyError, AttributeError):
+        # PyYAML's constructors fail this way on an explicit tag they cannot build from
+        # the scalar given (`!!int ` with nothing after it): bad input, not our bug.
+        raise ConfigError([ConfigIssue(filename, None, "", "bad value: a tagged value "
+                                       "(like !!int) that cannot be built from its text")]
+                          ) from None
     finally:
         if loader is not None:
             loader.dispose()
