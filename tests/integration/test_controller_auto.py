@@ -112,7 +112,10 @@ async def test_automatic_failover_meets_its_targets_and_fails_back_without_loss(
             async def ready() -> bool:
                 lead = [c for c in ctls if c.leading]
                 lag = await behind(topo, "east", "west", 10.0)
+                # the leader's own measurement too: it is the RPO estimate at the fault
+                known = [c.lags.get(("east", "west")) for c in lead]
                 return len(lead) == 1 and lag.records == 0 and all(
+                    k is not None and k.records == 0 for k in known) and all(
                     c.hysteresis[r].status == "up" for c in ctls for r in ("east", "west"))
             await eventually(ready, 120, "a leader, both regions up, the mirror caught up")
             before = (await dcs.primary()).current
