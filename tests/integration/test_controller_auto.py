@@ -203,7 +203,7 @@ async def test_detection_and_rto_with_default_settings(pair: Pair, tmp_path: Pat
                 waited = time.time() * 1000 - cur.updated_ms > 5000
                 return lag.records == 0 and lag2.records == 0 and waited and all(
                     c.hysteresis[r].status == "up" for c in ctls for r in ("east", "west"))
-            await eventually(steady, 120, "mirrors caught up, wait period over, all up")
+            await eventually(steady, 240, "mirrors caught up, wait period over, all up")
             before = (await dcs.primary()).current
             fault_ms = int(time.time() * 1000)
             await pair.stack.stop_kafka("east", kill=True)
