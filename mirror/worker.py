@@ -404,6 +404,10 @@ class MirrorWorker:
                 if nxt is not None:
                     consumer.seek(tp, nxt.next_src)
                     self._expect[tp] = nxt.next_src
+                    # the advisory group commit may lag the resume point (a commit lost to
+                    # a rebalance or a crash); with nothing new to carry it would stay
+                    # behind for good and show a lag that is not there
+                    self._uncommitted[tp] = nxt.next_src
                     if not self.flow.exactly_once and nxt.dst_next is not None:
                         await self._find_unrecorded(tp, nxt.dst_next)
                 elif not self.flow.exactly_once:
@@ -411,6 +415,7 @@ class MirrorWorker:
                     await self._find_unrecorded(tp, -_FIRST_SCAN)
             self.log.info("mirror_assigned", partitions=len(assigned),
                           resumed=sum(1 for tp in assigned if tp in self._expect))
+        self._maybe_commit()
 
     def _fail(self, exc: Exception) -> None:
         """A rebalance callback failed: the carrying loop raises `exc` (the worker ends)."""
@@ -901,8 +906,16 @@ class MirrorWorker:
                 continue
             try:
                 await consumer.commit(offsets)
-            except KafkaError as exc:  # advisory: the next commit carries newer offsets
+            except KafkaError as exc:
+                # advisory, but not dropped: the partitions still ours keep their offsets
+                # for the next commit (a newer batch's offsets win), else a partition with
+                # nothing more to carry would show its lag for ever
+                owned = consumer.assignment()
+                for tp, off in offsets.items():
+                    if tp in owned:
+                        self._uncommitted.setdefault(tp, off)
                 self.log.info("group_commit_skipped", error=repr(exc))
+                await self._pause(1.0)
 
     async def _wait_acks(self, futs: list[asyncio.Future[Any]]) -> None:
         """Wait for the target's acks. The producer retries by itself while the target is

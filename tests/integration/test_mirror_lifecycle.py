@@ -159,3 +159,48 @@ async def test_dr_mirror_run_flows_exit_non_zero_when_one_fails_and_drain_on_sig
     assert _mirror_tasks() == []
     for w in made:  # both stopped, every client closed
         assert all(c is None for c in _clients(w))
+
+
+async def test_a_resumed_worker_brings_a_stale_group_commit_to_its_resume_point(  # type: ignore[no-untyped-def]
+        two_regions) -> None:
+    """The source group commit is advisory (lag display, drain), but a stale one must heal:
+    a commit lost to a rebalance or a crash, with nothing new to carry afterwards, showed
+    the whole partition as lag for ever (seen as a failback that "could not drain")."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from mirror.status import flow_status
+
+    east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
+    topic = unique("mm-stale")
+    await create_topic(east, topic, partitions=2)
+    await create_topic(west, topic, partitions=2)
+    await produce(east, topic, [(b"k%d" % i, b"v", []) for i in range(40)], acks="all")
+    flow = _flow(topic)
+    w = MirrorWorker(flow, east, west)
+    await w.start()
+    try:
+        async def copied() -> bool:
+            return sum((await end_offsets(west, topic, 2)).values()) == 40
+        await eventually(copied, 60, "the 40 records on west")
+    finally:
+        await w.stop()
+    # the commit lost: the group (now empty) points back at the start
+    c = AIOKafkaConsumer(bootstrap_servers=east, group_id=flow.group, enable_auto_commit=False)
+    await c.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(2)]
+        c.assign(tps)
+        await c.commit({tp: 0 for tp in tps})
+    finally:
+        await c.stop()
+    before = await flow_status(two_regions.topology, flow)
+    assert before.lag_records == 40, before
+    w2 = MirrorWorker(flow, east, west)
+    await w2.start()
+    try:
+        async def healed() -> bool:
+            return (await flow_status(two_regions.topology, flow)).lag_records == 0
+        await eventually(healed, 60, "the group commit at the resume point")
+    finally:
+        await w2.stop()
+    assert sum((await end_offsets(west, topic, 2)).values()) == 40, "nothing sent twice"
