@@ -308,7 +308,7 @@ def test_cli_validate_good_file_prints_one_line() -> None:
     proc = dr("policy", "validate", str(POLICIES / "default.yaml"), "-t", str(TOPOLOGY))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines() == [
-        f"{POLICIES / 'default.yaml'}: valid — 4 rule(s), default ordered, checked against "
+        f"{POLICIES / 'default.yaml'}: valid — 5 rule(s), default ordered, checked against "
         f"{TOPOLOGY}"]
     proc = dr("policy", "validate", str(POLICIES / "ledger.yaml"))
     assert proc.returncode == 0
