@@ -15,7 +15,9 @@ backend, safe in any thread.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["drill_timeline"]
+__all__ = ["BarPanel", "bars", "drill_timeline", "lines"]
 
 DPI = 110
 # Tableau 10: distinguishable, colour-blind friendlier than the default cycle's order.
@@ -46,7 +48,20 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
+def _number(v: float, _pos: object = None) -> str:
+    """Tick labels: 100,000 rather than 100000 or 1e5; 2.5 stays 2.5."""
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.6g}"
+
+
+def _format(fmt: str | Callable[[float], str], v: float) -> str:
+    return fmt(v) if callable(fmt) else fmt.format(v)
+
+
 def _style(ax: Axes) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(_number))
+    ax.yaxis.set_major_formatter(FuncFormatter(_number))
     ax.grid(True, axis="y", color="#dddddd", linewidth=0.8)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
@@ -133,3 +148,128 @@ def drill_timeline(path: Path, *, series: Mapping[str, Sequence[tuple[float, flo
         ax.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=9, frameon=False)
     return _save(fig, path)
 
+
+
+@dataclass(frozen=True)
+class BarPanel:
+    """One panel of grouped bars: for each group (a tick label) one bar per series (a legend
+    entry). A value may be None: no bar (e.g. a contender not run at that size)."""
+
+    title: str
+    groups: Sequence[str]
+    series: Mapping[str, Sequence[float | None]]
+    ylabel: str = ""
+    value_format: str | Callable[[float], str] = "{:,.0f}"
+
+
+def bars(path: Path, panels: Sequence[BarPanel], *, title: str = "",
+         horizontal: bool = False, colors: Mapping[str, str] | None = None,
+         columns: int = 3) -> Path:
+    """Panels of grouped bars as PNG, each bar labelled with its value (`value_format`).
+
+    Vertical bars by default (groups along x), `horizontal` for long group labels (groups
+    down the y axis, read top to bottom). Panels fill rows of at most `columns`. A series
+    keeps its colour across panels (`colors` by series name, else the palette in order of
+    first appearance). Returns path."""
+    names = list(dict.fromkeys(n for p in panels for n in p.series))
+    color = {n: (colors or {}).get(n, PALETTE[i % len(PALETTE)]) for i, n in enumerate(names)}
+    cols = max(1, min(columns, len(panels)))
+    rows = max(1, math.ceil(len(panels) / cols))
+    if horizontal:
+        tallest = max((len(p.groups) * max(len(p.series), 1) for p in panels), default=1)
+        cell_h = max(1.6, 0.28 * tallest + 1.0)
+    else:
+        cell_h = 3.8
+    fig = _figure(min(12.0, 4.2 * cols + 1.5) if not horizontal else 10.0, cell_h * rows + 0.4)
+    if title:
+        fig.suptitle(title, fontsize=12, fontweight="bold", x=0.01, ha="left")
+    for i, panel in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        _bar_panel(ax, panel, color, horizontal)
+    if not panels:
+        ax = fig.add_subplot()
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "nothing to plot", ha="center", va="center", color="#888888")
+    return _save(fig, path)
+
+
+def _bar_panel(ax: Axes, panel: BarPanel, color: Mapping[str, str], horizontal: bool) -> None:
+    _style(ax)
+    if horizontal:
+        ax.grid(True, axis="x", color="#dddddd", linewidth=0.8)
+        ax.grid(False, axis="y")
+    ax.set_title(panel.title, fontsize=10.5, loc="left")
+    n = max(len(panel.series), 1)
+    width = 0.8 / n
+    top = max((v for vals in panel.series.values() for v in vals if v is not None),
+              default=0.0)
+    positions = list(range(len(panel.groups)))
+    for j, (name, vals) in enumerate(panel.series.items()):
+        at = [p - 0.4 + width * (j + 0.5) for p in positions]
+        pairs = [(a, v) for a, v in zip(at, vals, strict=False) if v is not None]
+        if not pairs:
+            continue
+        xs, vs = [a for a, _ in pairs], [float(v) for _, v in pairs]
+        drawn = (ax.barh(xs, vs, height=width * 0.92, color=color[name], label=name)
+                 if horizontal else
+                 ax.bar(xs, vs, width=width * 0.92, color=color[name], label=name))
+        ax.bar_label(drawn, labels=[_format(panel.value_format, v) for v in vs], padding=2,
+                     fontsize=8)
+    legend = len(panel.series) > 1 or (bool(panel.series) and len(panel.groups) <= 1)
+    # Headroom above the tallest bar for its value label and for the legend, which sits in
+    # one row across the top of the panel, clear of the bars.
+    head = 1.15 + (0.12 if legend and not horizontal else 0.0)
+    if horizontal:
+        ax.set_yticks(positions, list(panel.groups))
+        ax.xaxis.set_ticks_position("bottom")
+        ax.invert_yaxis()
+        ax.set_xlim(0, (top or 1.0) * 1.25)
+        ax.set_xlabel(panel.ylabel)
+        ax.tick_params(axis="y", length=0)
+    else:
+        ax.set_xticks(positions, list(panel.groups))
+        ax.set_ylim(0, (top or 1.0) * head)
+        ax.set_ylabel(panel.ylabel)
+        ax.tick_params(axis="x", length=0)
+    if legend:
+        if horizontal:
+            ax.legend(fontsize=8, frameon=False, loc="lower right")
+        else:
+            ax.legend(fontsize=8, frameon=False, loc="upper left",
+                      ncols=min(len(panel.series), 5), handlelength=1.2, columnspacing=1.0)
+
+
+def lines(path: Path, *, series: Mapping[str, Sequence[tuple[float, float]]], title: str,
+          xlabel: str, ylabel: str, value_format: str | None = None,
+          colors: Mapping[str, str] | None = None) -> Path:
+    """y against x as PNG (8x4.5 in), one line with point markers per series; with
+    `value_format` (e.g. "{:.0f} s") each point is labelled with its y. Returns path."""
+    fig = _figure(8, 4.5)
+    ax = fig.add_subplot()
+    _style(ax)
+    ax.grid(True, axis="x", color="#eeeeee", linewidth=0.8)
+    for i, (name, pts) in enumerate(series.items()):
+        ordered = sorted(pts)
+        c = (colors or {}).get(name, PALETTE[i % len(PALETTE)])
+        xs, ys = [x for x, _ in ordered], [y for _, y in ordered]
+        ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.8, color=c, label=name)
+        if value_format:
+            for x, y in ordered:
+                # above-left of the point (the line arrives from the left, usually below);
+                # below-right when another series passes above at the same x
+                under = any(y < oy for other, ops in series.items() if other != name
+                            for ox, oy in ops if ox == x)
+                ax.annotate(value_format.format(y), (x, y), xytext=(5, -6) if under else (-5, 5),
+                            ha="left" if under else "right", va="top" if under else "bottom",
+                            textcoords="offset points", fontsize=8, color=c,
+                            bbox={"boxstyle": "round,pad=0.1", "facecolor": "white",
+                                  "edgecolor": "none", "alpha": 0.8})
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.margins(x=0.08, y=0.12)
+    ax.set_title(title, fontsize=12, fontweight="bold", loc="left")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if series:
+        ax.legend(fontsize=9, frameon=False, loc="upper left")
+    return _save(fig, path)

@@ -18,7 +18,7 @@ from the connect-mirror jars of the same Kafka version (bench/mirror/pom.xml, fe
 
     flock /tmp/crossdc-bench.lock .venv/bin/python bench/mirror/run.py [--records 1000000]
 
-Prints the figures and writes bench/results/mirror.{json,md,svg}.
+Prints the figures and writes bench/results/mirror.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -312,40 +312,25 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
         log.close()
 
 
-def svg(results: dict[str, dict[str, Any]]) -> str:
-    """Two bar groups: throughput (records/s) and p99 latency (ms), one bar per contender."""
+def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Two panels of bars: throughput (records/s) and p99 latency (ms), one bar per contender."""
+    from dr.charts import BarPanel, bars
+
     names = list(results)
     colors = {"mm2": "#e45756", "crossdc": "#4c78a8", "crossdc_eos": "#72b7b2"}
-    w, h, pad = 640, 300, 40
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}">',
-             '<text x="10" y="20" font-weight="bold">MirrorMaker 2 vs crossdc mirror '
-             '(1 KiB records, 12 partitions, 1 task/worker)</text>']
-    panels = [("rps", "throughput, records/s", 0), ("p99_ms", "p99 latency at 10k rec/s, ms",
-                                                     w // 2)]
-    for key, title, x0 in panels:
-        vals = [float(results[n][key]) for n in names]
-        top = max(vals) * 1.15 or 1
-        parts.append(f'<text x="{x0 + pad}" y="45">{title}</text>')
-        bw = (w // 2 - 2 * pad) / len(names)
-        for i, (n, v) in enumerate(zip(names, vals, strict=True)):
-            bh = (h - 2 * pad - 40) * v / top
-            x = x0 + pad + i * bw
-            y = h - pad - bh
-            parts.append(f'<rect x="{x + 4:.0f}" y="{y:.0f}" width="{bw - 8:.0f}" '
-                         f'height="{bh:.0f}" fill="{colors.get(n, "#999")}"/>')
-            parts.append(f'<text x="{x + 6:.0f}" y="{y - 4:.0f}" font-size="11">'
-                         f'{v:,.0f}</text>')
-            parts.append(f'<text x="{x + 6:.0f}" y="{h - pad + 14}" font-size="11">{n}</text>')
-        parts.append(f'<line x1="{x0 + pad}" y1="{h - pad}" x2="{x0 + w // 2 - pad}" '
-                     f'y2="{h - pad}" stroke="black"/>')
-    parts.append("</svg>")
-    return "\n".join(parts)
+    return bars(path, [
+        BarPanel("throughput", ["records/s"],
+                 {n: [float(results[n]["rps"])] for n in names}, ylabel="records / s"),
+        BarPanel("p99 replication latency at 10k rec/s", ["p99 ms"],
+                 {n: [float(results[n]["p99_ms"])] for n in names}, ylabel="ms")],
+        title="MirrorMaker 2 vs crossdc mirror (1 KiB records, 12 partitions, 1 task/worker)",
+        colors=colors)
 
 
 def write_report(flat: dict[str, Any], notes: str = "") -> None:
-    """bench/results/mirror.md (and the SVG) from the figures of one run."""
+    """bench/results/mirror.md (and the PNG chart) from the figures of one run."""
     runs: dict[str, dict[str, Any]] = flat["runs"]
-    (RESULTS / "mirror.svg").write_text(svg(runs))
+    chart(runs, RESULTS / "mirror.png")
     label = {"mm2": "MirrorMaker 2 (dedicated mode, 1 task)",
              "crossdc": "crossdc, at-least-once (1 worker)",
              "crossdc_eos": "crossdc, exactly-once (1 worker)"}
@@ -370,7 +355,7 @@ def write_report(flat: dict[str, Any], notes: str = "") -> None:
                      f"{r['cpu_s_per_m']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
                      f"{r['e2e_p50_ms']:.0f} / {r['e2e_p99_ms']:.0f} | {r['startup_s']} | "
                      f"{r.get('load_avg_1m_at_latency_start', '')} |")
-    lines += ["", "![throughput and p99 latency](mirror.svg)", ""]
+    lines += ["", "![throughput and p99 latency](mirror.png)", ""]
     if notes:
         lines += [notes, ""]
     (RESULTS / "mirror.md").write_text("\n".join(lines))
@@ -385,7 +370,7 @@ def main() -> None:
     ap.add_argument("--only", default="mm2,crossdc,crossdc_eos")
     ap.add_argument("--setup", action="store_true", help="Only fetch the MM2 jars.")
     ap.add_argument("--report-only", action="store_true",
-                    help="Rewrite mirror.md and mirror.svg from mirror.json.")
+                    help="Rewrite mirror.md and mirror.png from mirror.json.")
     ap.add_argument("--notes", default="", help="A paragraph appended to mirror.md.")
     ap.add_argument("--profile", action="store_true",
                     help="Run crossdc under cProfile (bench/results/mirror-<name>.prof); "

@@ -27,7 +27,7 @@ with py-spy (batch and unary 1 KiB) and the top frames are summarised.
 
     flock /tmp/crossdc-bench.lock .venv/bin/python bench/proxy/run.py
 
-Prints the figures and writes bench/results/proxy.{json,md,svg}.
+Prints the figures and writes bench/results/proxy.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -411,70 +411,30 @@ def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
 
 
 # -- plot ---------------------------------------------------------------------------------
-def svg(rows: list[dict[str, Any]], pace: dict[str, dict[str, Any]]) -> str:
-    """Left: records/s per contender for each size; right: paced unary latency."""
-    w, h, pad = 860, 340, 50
-    modes = ["direct", "unary", "batch", "stream", "sdk"]
+def chart(rows: list[dict[str, Any]], pace: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Left: records/s per contender for each record size; right: paced unary latency."""
+    from dr.charts import BarPanel, bars
+
+    modes = [m for m in ("direct", "unary", "batch", "stream", "sdk")
+             if any(r["mode"] == m for r in rows)]
     colors = {"direct": "#4c78a8", "unary": "#e45756", "batch": "#f58518",
-              "stream": "#54a24b", "sdk": "#b279a2", "batch+gc": "#ffbf79",
-              "stream+gc": "#9be28f", "proxy+gc": "#ff9d98"}
+              "stream": "#54a24b", "sdk": "#b279a2", "proxy": "#e45756"}
     sizes = sorted({r["size"] for r in rows})
-    pw = 540  # left panel width
-    ymax = max(r["rps"] for r in rows) * 1.15
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-             f'font-family="sans-serif" font-size="12">',
-             f'<text x="{pad}" y="20" font-weight="bold">records/s, direct aiokafka vs proxy '
-             f'(2 cores shared)</text>',
-             f'<line x1="{pad}" y1="{h - pad}" x2="{pw}" y2="{h - pad}" stroke="black"/>',
-             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>']
-    for frac in (0.25, 0.5, 0.75, 1.0):
-        y = h - pad - (h - 2 * pad) * frac / 1.15
-        parts.append(f'<text x="4" y="{y + 4:.0f}" font-size="10">{ymax * frac / 1.15 / 1000:.0f}k'
-                     f'</text><line x1="{pad}" y1="{y:.0f}" x2="{pw}" y2="{y:.0f}" '
-                     f'stroke="#ddd"/>')
-    group_w = (pw - pad) / len(sizes)
-    bar = group_w / (len(modes) + 1.5)
-    for gi, size in enumerate(sizes):
-        gx = pad + gi * group_w + bar * 0.75
-        parts.append(f'<text x="{gx + bar * 2:.0f}" y="{h - pad + 16}">'
-                     f'{size if size < 1024 else "1 Ki"} B records</text>')
-        for mi, mode in enumerate(modes):
-            r = next((r for r in rows if r["size"] == size and r["mode"] == mode), None)
-            if r is None:
-                continue
-            bh = (h - 2 * pad) * r["rps"] / ymax
-            x = gx + mi * bar
-            parts.append(f'<rect x="{x:.1f}" y="{h - pad - bh:.1f}" width="{bar * 0.9:.1f}" '
-                         f'height="{bh:.1f}" fill="{colors[mode]}"/>'
-                         f'<text x="{x:.1f}" y="{h - pad - bh - 3:.1f}" font-size="9">'
-                         f'{r["rps"] / 1000:.1f}k</text>')
-    for mi, mode in enumerate(modes):
-        parts.append(f'<rect x="{pad + 5 + mi * 60}" y="{pad - 22}" width="10" height="10" '
-                     f'fill="{colors[mode]}"/><text x="{pad + 17 + mi * 60}" y="{pad - 13}" '
-                     f'font-size="10">{mode}</text>')
-    # right panel: paced latency
-    x0, x1 = pw + 60, w - 20
-    lmax = max(max(p["p99_ms"], p["p50_ms"]) for p in pace.values()) * 1.2
-    parts += [f'<text x="{x0 - 20}" y="{pad - 12}" font-weight="bold">unary @ '
-              f'{next(iter(pace.values()))["rate"]}/s, 1 KiB (ms)</text>',
-              f'<line x1="{x0}" y1="{h - pad}" x2="{x1}" y2="{h - pad}" stroke="black"/>',
-              f'<line x1="{x0}" y1="{pad}" x2="{x0}" y2="{h - pad}" stroke="black"/>']
-    slot = (x1 - x0) / 6.5
-    for i, (name, key) in enumerate((("direct", "direct"), ("proxy", "unary"))):
-        if name not in pace:
-            continue
-        for j, q in enumerate(("p50_ms", "p99_ms")):
-            v = pace[name][q]
-            bh = (h - 2 * pad) * v / lmax
-            x = x0 + 10 + (i * 2 + j) * slot
-            parts.append(f'<rect x="{x:.1f}" y="{h - pad - bh:.1f}" width="{slot * 0.8:.1f}" '
-                         f'height="{bh:.1f}" fill="{colors[key]}" '
-                         f'fill-opacity="{0.55 if j == 0 else 1}"/>'
-                         f'<text x="{x:.1f}" y="{h - pad - bh - 3:.1f}" font-size="10">'
-                         f'{v:.0f}</text><text x="{x:.1f}" y="{h - pad + 14 + 11 * j}" '
-                         f'font-size="9">{name} {q[:3]}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts)
+
+    def rps(mode: str, size: int) -> float | None:
+        r = next((r for r in rows if r["size"] == size and r["mode"] == mode), None)
+        return None if r is None else float(r["rps"])
+    panels = [BarPanel("records/s, direct aiokafka vs proxy (2 cores shared)",
+                       [f"{s if s < 1024 else '1 Ki'} B records" for s in sizes],
+                       {m: [rps(m, s) for s in sizes] for m in modes}, ylabel="records / s",
+                       value_format=lambda v: f"{v / 1000:.1f}k")]
+    if pace:
+        rate = next(iter(pace.values()))["rate"]
+        panels.append(BarPanel(f"unary @ {rate}/s, 1 KiB: latency", ["p50", "p99"],
+                               {n: [float(pace[n]["p50_ms"]), float(pace[n]["p99_ms"])]
+                                for n in ("direct", "proxy") if n in pace},
+                               ylabel="ms", value_format="{:.1f}"))
+    return bars(path, panels, colors=colors)
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -736,7 +696,7 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "proxy.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "proxy.svg").write_text(svg(rows, pace))
+    chart(rows, pace, RESULTS / "proxy.png")
     unary_cpu_ms = get("unary")["proxy_cpu_s_per_m"] / 1000
     lines = [
         "# Proxy benchmark", "",
@@ -796,7 +756,7 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
         "`others' cores`: CPU the rest of the machine used during the window (other work on "
         "the box, the west broker, Consul) — this box is shared, so compare rows of one run, "
         "not runs.",
-        "", "![records/s and paced latency](proxy.svg)", ""]
+        "", "![records/s and paced latency](proxy.png)", ""]
     g = res["gc"]
     lines += [
         "## What limits the figure", "",
@@ -867,7 +827,7 @@ def main() -> None:
     ap.add_argument("--paced-seconds", type=float, default=15.0)
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
-    ap.add_argument("--render-only", action="store_true", help="rewrite proxy.md/svg from "
+    ap.add_argument("--render-only", action="store_true", help="rewrite proxy.md/png from "
                     "the last proxy.json (no measuring)")
     a = ap.parse_args()
     a.sizes = [int(s) for s in a.sizes.split(",")]

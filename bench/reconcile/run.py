@@ -10,7 +10,7 @@ exactly the seeded faults.
 
     flock /tmp/crossdc-bench.lock .venv/bin/python bench/reconcile/run.py [--sizes 1,2,3,5]
 
-Prints the figures and writes bench/results/reconcile.{json,md,svg}.
+Prints the figures and writes bench/results/reconcile.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -99,48 +99,19 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
     return a, b, 1 - ss_res / ss_tot
 
 
-def svg(rows: list[dict[str, Any]]) -> str:
+def chart(rows: list[dict[str, Any]], path: Path) -> Path:
     """Seconds vs records per region, one line per implementation."""
-    w, h, pad = 640, 360, 60
-    xmax = max(r["records_per_region"] for r in rows) * 1.05
-    ymax = max(max(r["spark_s"], r["python_s"]) for r in rows) * 1.15
+    from dr.charts import lines
 
-    def pt(x: float, y: float) -> tuple[float, float]:
-        return pad + (w - 2 * pad) * x / xmax, h - pad - (h - 2 * pad) * y / ymax
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-             f'font-family="sans-serif" font-size="12">',
-             '<rect width="100%" height="100%" fill="white"/>',
-             f'<text x="{pad}" y="24" font-size="14" font-weight="bold">Reconciliation wall '
-             f'time vs records per region (2 regions)</text>',
-             f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>',
-             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>',
-             f'<text x="{w / 2 - 60}" y="{h - 15}">records per region (millions)</text>',
-             f'<text x="10" y="{pad - 12}">seconds</text>']
-    for i in range(5):
-        y = ymax * i / 4
-        _, py = pt(0, y)
-        parts.append(f'<line x1="{pad - 4}" y1="{py:.1f}" x2="{w - pad}" y2="{py:.1f}" '
-                     f'stroke="#ddd"/><text x="{pad - 8}" y="{py + 4:.1f}" '
-                     f'text-anchor="end">{y:.0f}</text>')
-    for r in rows:
-        px, _ = pt(r["records_per_region"], 0)
-        parts.append(f'<text x="{px:.1f}" y="{h - pad + 16}" text-anchor="middle">'
-                     f'{r["records_per_region"] / 1e6:g}</text>')
-    for key, color, label in (("spark_s", "#e45756", "Spark local[2] (dr reconcile)"),
-                              ("python_s", "#4c78a8", "Python, 1 process (aiokafka + dict)")):
-        pts = [pt(r["records_per_region"], r[key]) for r in rows]
-        parts.append('<polyline points="' + " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
-                     + f'" fill="none" stroke="{color}" stroke-width="2"/>')
-        for (x, y), r in zip(pts, rows, strict=True):
-            parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}"/>'
-                         f'<text x="{x + 6:.1f}" y="{y - 6:.1f}" fill="{color}">'
-                         f'{r[key]:.0f}s</text>')
-        ly = pad + (18 if key == "python_s" else 0)
-        parts.append(f'<line x1="{pad + 10}" y1="{ly}" x2="{pad + 30}" y2="{ly}" '
-                     f'stroke="{color}" stroke-width="2"/><text x="{pad + 36}" y="{ly + 4}">'
-                     f'{label}</text>')
-    parts.append("</svg>")
-    return "\n".join(parts)
+    def pts(key: str) -> list[tuple[float, float]]:
+        return [(r["records_per_region"] / 1e6, float(r[key])) for r in rows]
+    return lines(path, series={"Spark local[2] (dr reconcile)": pts("spark_s"),
+                               "Python, 1 process (aiokafka + dict)": pts("python_s")},
+                 title="Reconciliation wall time vs records per region (2 regions)",
+                 xlabel="records per region (millions)", ylabel="seconds",
+                 value_format="{:.0f} s",
+                 colors={"Spark local[2] (dr reconcile)": "#e45756",
+                         "Python, 1 process (aiokafka + dict)": "#4c78a8"})
 
 
 async def create_topics(topo: Any, names: list[str], partitions: int) -> None:
@@ -270,7 +241,7 @@ def write_results(rows: list[dict[str, Any]], a: argparse.Namespace, commit: str
               "runs": rows}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "reconcile.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "reconcile.svg").write_text(svg(rows))
+    chart(rows, RESULTS / "reconcile.png")
     growth = big["spark_s"] / first["spark_s"]
     lines = [
         "# Reconciliation benchmark", "",
@@ -306,7 +277,7 @@ def write_results(rows: list[dict[str, Any]], a: argparse.Namespace, commit: str
         f"squares line through the Spark points: {a0:.0f} s fixed + {b0:.1f} s per million "
         f"records per region (r² = {r2:.3f}); Python: {pa:.0f} s + {pb:.1f} s per million "
         f"(r² = {pr2:.3f}).", "",
-        "![time vs records](reconcile.svg)", "",
+        "![time vs records](reconcile.png)", "",
         "Spark stages of the largest run (`dr --log-level info reconcile` logs "
         "`reconcile_stage`):", ""]
     lines += [f"- {stage}: {took} s" for stage, took in big["spark_stages"].items()]

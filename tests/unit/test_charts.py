@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import struct
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
-from dr.charts import DPI, drill_timeline
+from dr.charts import DPI, BarPanel, bars, drill_timeline, lines
+from dr.stack.paths import REPO_ROOT
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -48,3 +51,44 @@ def test_drill_timeline_survives_empty_and_crowded_inputs(tmp_path: Path) -> Non
 def test_importing_charts_does_not_load_matplotlib() -> None:
     code = "import sys, dr.charts; assert 'matplotlib' not in sys.modules, 'loaded'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _bench(name: str) -> ModuleType:
+    """A bench script as a module (they are scripts, not a package), without running it."""
+    path = REPO_ROOT / "bench" / name / "run.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}_run", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+def test_bench_charts_are_pngs(tmp_path: Path) -> None:
+    mirror = _bench("mirror").chart(
+        {"mm2": {"rps": 60_557, "p99_ms": 223}, "crossdc": {"rps": 94_842, "p99_ms": 38}},
+        tmp_path / "mirror.png")
+    rows = [{"size": size, "mode": mode, "rps": rps}
+            for size in (100, 1024) for mode, rps in (("direct", 59_000), ("batch", 52_000))]
+    pace = {"direct": {"rate": 1000, "p50_ms": 3.4, "p99_ms": 6.4},
+            "proxy": {"rate": 1000, "p50_ms": 5.0, "p99_ms": 24.7}}
+    proxy = _bench("proxy").chart(rows, pace, tmp_path / "proxy.png")
+    recon = _bench("reconcile").chart(
+        [{"records_per_region": n * 1_000_000, "spark_s": 50 + 20 * n, "python_s": 25 * n}
+         for n in (1, 2, 3)], tmp_path / "reconcile.png")
+    for out in (mirror, proxy, recon):
+        width, height = png_size(out)
+        assert width > 600, (out, width)
+        assert height > 300, (out, height)
+
+
+def test_bars_and_lines_handle_gaps_and_nothing(tmp_path: Path) -> None:
+    gaps = BarPanel("with a gap", ["a", "b"], {"x": [1.0, None], "y": [None, None]})
+    assert png_size(bars(tmp_path / "gaps.png", [gaps], horizontal=True))[0] == 10 * DPI
+    assert png_size(bars(tmp_path / "none.png", []))[1] > 0
+    assert png_size(lines(tmp_path / "lines.png", series={"a": []}, title="t", xlabel="x",
+                          ylabel="y", value_format="{:.0f}")) == (8 * DPI, int(4.5 * DPI))
