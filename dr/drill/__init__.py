@@ -1,0 +1,1 @@
+"""Failover drills: traffic, faults, the independent count and the report (`dr drill`)."""

@@ -1,0 +1,213 @@
+"""The drill's independent count: read every region back, count copies by `dr-id`, judge.
+
+`read_back()` reads each topic from its beginning to its end offsets (taken when the read
+starts) in every region, `read_committed` (what a consumer sees: copies of aborted
+transactions do not count), and counts the copies of each `dr-id` header: region -> topic ->
+dr-id -> copies. A topic missing in a region reads as empty there.
+
+`judge()` holds the acknowledgement log against that count, per mode:
+
+- acked: distinct dr-ids acknowledged (the same dr-id acked twice, an idempotent retry
+  answered twice, counts once);
+- lost: an acked dr-id absent from EVERY region (every mode promises the record in every
+  region: ordered and nearest once the mirror copied it, sync at the ack). This is the RPO;
+- missing_replicas: an acked dr-id present in some regions but not in all, per region that
+  lacks it (reported apart: the record survives, a copy is missing);
+- duplicates: per region, every copy of a dr-id beyond the first (acked or not);
+- unacked_present: distinct dr-ids held somewhere but never acknowledged (records whose
+  answer was lost: informational, not an error).
+
+`wait_replicated()` re-reads until every acked record is in every region, or a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from crossdc.clients.kafka import KafkaAdmin
+from crossdc.errors import ClientError, CrossdcError
+from crossdc.headers import DR_ID
+from crossdc.topology import Topology
+from dr.drill.traffic import MODES, Ack
+
+__all__ = ["Held", "Judgement", "ModeJudgement", "judge", "read_back", "wait_replicated"]
+
+log = structlog.get_logger("crossdc.drill.count")
+
+Held = dict[str, dict[str, dict[str, int]]]
+"""region -> topic -> dr-id -> copies."""
+
+SAMPLE = 20
+"""dr-ids listed per kind of problem (the counts are exact; the lists are examples)."""
+
+
+async def read_back(topology: Topology, topics: Iterable[str],
+                    timeout_s: float = 60.0) -> Held:
+    """Copies of each dr-id in each topic of each region, read to the end offsets of now.
+    Raises ClientError naming the region when one cannot be read within `timeout_s`."""
+    names = sorted(set(topics))
+    out: Held = {}
+
+    async def one(region: str, bootstrap: str) -> None:
+        try:
+            async with asyncio.timeout(timeout_s):
+                out[region] = await _read_region(bootstrap, names)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            raise ClientError(f"{region} ({bootstrap}): could not read {', '.join(names)} to "
+                              f"the end within {timeout_s:g}s: {exc!r}") from exc
+        except ClientError as exc:
+            raise ClientError(f"{region}: {exc}") from exc
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for r in topology.regions:
+                tg.create_task(one(r.name, r.kafka.bootstrap), name=f"drill:read-back:{r.name}")
+    except* CrossdcError as eg:
+        raise eg.exceptions[0] from eg
+    return {r.name: out[r.name] for r in topology.regions}
+
+
+async def _read_region(bootstrap: str, topics: list[str]) -> dict[str, dict[str, int]]:
+    async with KafkaAdmin(bootstrap) as admin:
+        counts = await admin.partition_counts(topics)
+    held: dict[str, dict[str, int]] = {t: {} for t in topics}
+    tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
+    if not tps:
+        return held
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                         isolation_level="read_committed", client_id="crossdc-drill-count")
+    try:
+        await c.start()
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        todo = {tp for tp in tps if ends[tp] > 0}
+        while todo:
+            for tp, recs in (await c.getmany(*todo, timeout_ms=500)).items():
+                per = held[tp.topic]
+                for rec in recs:
+                    if rec.offset >= ends[tp]:
+                        continue
+                    dr_id = next((v for k, v in rec.headers if k == DR_ID), None)
+                    if dr_id is not None:
+                        key = dr_id.decode(errors="replace")
+                        per[key] = per.get(key, 0) + 1
+            todo = {tp for tp in todo if await c.position(tp) < ends[tp]}
+    finally:
+        await c.stop()
+    return held
+
+
+@dataclass(frozen=True)
+class ModeJudgement:
+    """One mode's figures."""
+
+    mode: str
+    acked: int = 0
+    lost: int = 0
+    missing_replicas: dict[str, int] = field(default_factory=dict)
+    """Region -> acked dr-ids it lacks while another region holds them."""
+    duplicates: int = 0
+    unacked_present: int = 0
+    lost_ids: tuple[str, ...] = ()
+    """Up to SAMPLE lost dr-ids."""
+    duplicate_ids: tuple[str, ...] = ()
+    """Up to SAMPLE duplicated dr-ids."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Every mode's figures, and the totals."""
+
+    modes: dict[str, ModeJudgement]
+    regions: tuple[str, ...]
+
+    @property
+    def rpo_records(self) -> int:
+        return sum(m.lost for m in self.modes.values())
+
+    @property
+    def duplicates(self) -> int:
+        return sum(m.duplicates for m in self.modes.values())
+
+    @property
+    def acked(self) -> int:
+        return sum(m.acked for m in self.modes.values())
+
+    @property
+    def missing_replicas(self) -> int:
+        return sum(sum(m.missing_replicas.values()) for m in self.modes.values())
+
+
+def judge(acks: Iterable[Ack], held: Mapping[str, Mapping[str, Mapping[str, int]]],
+          regions: Sequence[str]) -> Judgement:
+    """Hold the acknowledgements against what the regions hold (see the module docstring).
+    Topics are attributed to modes by the acks; a mode with no ack is absent."""
+    acked: dict[str, dict[tuple[str, str], None]] = {}  # mode -> (topic, dr_id), ordered
+    topic_mode: dict[str, str] = {}
+    for a in acks:
+        acked.setdefault(a.mode, {})[(a.topic, a.dr_id)] = None
+        topic_mode.setdefault(a.topic, a.mode)
+    out: dict[str, ModeJudgement] = {}
+    for mode in sorted(acked, key=lambda m: (MODES.index(m) if m in MODES else len(MODES), m)):
+        ids = acked[mode]
+        lost: list[str] = []
+        missing: Counter[str] = Counter()
+        for topic, dr_id in ids:
+            where = [r for r in regions if held.get(r, {}).get(topic, {}).get(dr_id, 0) > 0]
+            if not where:
+                lost.append(dr_id)
+            elif len(where) < len(regions):
+                missing.update(r for r in regions if r not in where)
+        dupes = 0
+        dupe_ids: list[str] = []
+        present: set[str] = set()
+        for topic in (t for t, m in topic_mode.items() if m == mode):
+            for r in regions:
+                for dr_id, copies in held.get(r, {}).get(topic, {}).items():
+                    if copies > 1:
+                        dupes += copies - 1
+                        if len(dupe_ids) < SAMPLE and dr_id not in dupe_ids:
+                            dupe_ids.append(dr_id)
+                    if copies > 0 and (topic, dr_id) not in ids:
+                        present.add(dr_id)
+        out[mode] = ModeJudgement(mode=mode, acked=len(ids), lost=len(lost),
+                                  missing_replicas=dict(sorted(missing.items())),
+                                  duplicates=dupes, unacked_present=len(present),
+                                  lost_ids=tuple(lost[:SAMPLE]), duplicate_ids=tuple(dupe_ids))
+    return Judgement(modes=out, regions=tuple(regions))
+
+
+def all_replicated(acks: Iterable[Ack], held: Mapping[str, Mapping[str, Mapping[str, int]]],
+                   regions: Sequence[str]) -> bool:
+    """Whether every acked record is held in every region."""
+    return all(held.get(r, {}).get(a.topic, {}).get(a.dr_id, 0) > 0
+               for a in acks for r in regions)
+
+
+async def wait_replicated(topology: Topology, acks: Iterable[Ack], timeout_s: float = 60.0,
+                          *, interval_s: float = 1.0) -> Held:
+    """Read the regions back until every acked record is in every region, or `timeout_s`
+    passed; returns the last read (judge it: what is still missing is then reported)."""
+    acks = list(acks)
+    topics = sorted({a.topic for a in acks})
+    regions = [r.name for r in topology.regions]
+    deadline = time.monotonic() + timeout_s
+    rounds = 0
+    while True:
+        rounds += 1
+        left = max(deadline - time.monotonic(), 5.0)
+        held = await read_back(topology, topics, timeout_s=left)
+        done = all_replicated(acks, held, regions)
+        if done or time.monotonic() + interval_s > deadline:
+            log.info("drill_read_back", rounds=rounds, replicated=done, acked=len(acks))
+            return held
+        await asyncio.sleep(interval_s)

@@ -1,0 +1,447 @@
+"""The drill's traffic: producers writing through the proxies, and the acknowledgement log.
+
+One producer per region writes through its own region's proxy (`proxy.client.AsyncProducer`)
+at an even share of `rate`, cycling over the modes' topics (ordered, sync, nearest), with keys
+`<region>-<n % 64>` (so ordered records keep a per-key order) and values that carry the
+producer's sequence number (`<region>:<mode>:<n>`). Each record's idempotency key, and so its
+`dr-id`, is `<id_prefix>-<region>-<n>`: unique in the run, and readable.
+
+Every acknowledgement is appended at once to the acknowledgement log (JSON lines, one `Ack` a
+line, flushed per line: a crash keeps what was acked). A record that fails (the client's own
+retries spent) is counted in `stats()` with its error, never logged as acked: it is not RPO,
+the client knows it was not accepted.
+
+Moving between proxies: when the producer's current proxy cannot be reached (the call itself
+failed UNAVAILABLE or DEADLINE_EXCEEDED after the client's retries; a proxy that ANSWERED,
+even with a refusal, is reachable), the producer writes through the next region's proxy, as a
+client resolving `crossdc-proxy` through Consul DNS would once the dead proxy's check fails.
+While away, one record every `probe_s` goes to its own proxy; when that one is answered, the
+producer moves back. Every move is counted (`TrafficStats.moves`).
+
+Pacing is a token bucket per producer (at most `burst_s` of catch-up after a stall); sends
+wait only on the client's backpressure, so nothing blocks the event loop. Lifecycle:
+`start()`/`stop()` or `async with`; one TaskGroup (`drill:traffic`) holds a task per
+producer (`drill:traffic:<region>`); `stop()` is idempotent and bounded (`stop_timeout_s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import structlog
+
+from crossdc.clients.kafka import KafkaAdmin, TopicSpec
+from crossdc.topology import Topology
+from dr.errors import DrError
+from proxy.client import AsyncProducer, ProduceResult
+from proxy.errors import ProduceFailed, ProxyError
+
+__all__ = [
+    "MODES",
+    "Ack",
+    "Traffic",
+    "TrafficStats",
+    "create_topics",
+    "drill_topics",
+    "per_second",
+    "read_ack_log",
+]
+
+log = structlog.get_logger("crossdc.drill.traffic")
+
+MODES: tuple[str, ...] = ("ordered", "sync", "nearest")
+"""The routing modes a drill writes, in the order a producer cycles through them."""
+
+_TOPIC_PREFIX = {"ordered": "payments", "sync": "ledger", "nearest": "clickstream"}
+"""Prefixes matched by policies/default.yaml's `payments.*`, `ledger.*`, `clickstream.*`."""
+
+_UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+_DEFAULT_PRODUCER = {"deadline_s": 5.0, "linger_ms": 5.0, "retries": 3,
+                     "retry_backoff_s": 0.1}
+
+
+def drill_topics(run_id: str) -> dict[str, str]:
+    """The run's topics per mode: `payments.drill-<id>` (ordered), `ledger.drill-<id>` (sync),
+    `clickstream.drill-<id>` (nearest); unique per run, so counts are exact."""
+    return {mode: f"{prefix}.drill-{run_id}" for mode, prefix in _TOPIC_PREFIX.items()}
+
+
+async def create_topics(topology: Topology, topics: Iterable[str], partitions: int = 3) -> None:
+    """Create `topics` in every region with `partitions` partitions (one that exists already
+    is fine; one that exists with another partition count is an error: the mirror keeps
+    partition numbers, so the counts must match)."""
+    names = sorted(set(topics))
+    for region in topology.regions:
+        async with KafkaAdmin(region.kafka.bootstrap) as admin:
+            await admin.create_topics([TopicSpec(n, partitions) for n in names], exist_ok=True)
+            counts = await admin.partition_counts(names)
+        wrong = {n: c for n, c in counts.items() if c != partitions}
+        if wrong:
+            raise DrError(f"{region.name}: topics exist with other partition counts than "
+                          f"{partitions}: {wrong}")
+
+
+@dataclass(frozen=True)
+class Ack:
+    """One acknowledged record, as the proxy answered it."""
+
+    dr_id: str
+    mode: str
+    topic: str
+    via: str
+    """The region whose proxy acknowledged it."""
+    written: tuple[tuple[str, int, int], ...]
+    """(region, partition, offset) of each write the proxy made before the ack."""
+    t_ms: int
+    """When the acknowledgement arrived (ms since epoch)."""
+
+    @property
+    def first_region(self) -> str:
+        """The region written first ('' when the proxy listed no write)."""
+        return self.written[0][0] if self.written else ""
+
+    def to_json(self) -> str:
+        return json.dumps({"dr_id": self.dr_id, "mode": self.mode, "topic": self.topic,
+                           "via": self.via, "written": [list(w) for w in self.written],
+                           "t_ms": self.t_ms}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str) -> Ack:
+        d = json.loads(line)
+        return cls(dr_id=d["dr_id"], mode=d["mode"], topic=d["topic"], via=d["via"],
+                   written=tuple((str(r), int(p), int(o)) for r, p, o in d["written"]),
+                   t_ms=int(d["t_ms"]))
+
+
+def read_ack_log(path: Path) -> list[Ack]:
+    """The acknowledgements of a log file. A last line cut short (the writer crashed while
+    writing it) is skipped; a bad line elsewhere is an error naming its line number."""
+    lines = path.read_text().splitlines()
+    out: list[Ack] = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(Ack.from_json(line))
+        except (ValueError, KeyError, TypeError) as exc:
+            if i == len(lines):
+                break
+            raise DrError(f"{path}:{i}: not an acknowledgement: {exc}") from exc
+    return out
+
+
+def per_second(acks: Iterable[Ack], start_ms: int,
+               end_ms: int | None = None) -> dict[str, list[tuple[float, float]]]:
+    """Acknowledgements per second for the timeline, per region WRITTEN FIRST
+    (`written[0][0]`): region -> [(seconds since `start_ms`, acks in that second)], one point
+    per whole second from 0 to `end_ms` (default: the last ack), zeros included, so an
+    outage shows as a drop to zero. Each point sits at its second's middle."""
+    counts: dict[str, Counter[int]] = {}
+    last = -1
+    for a in acks:
+        sec = (a.t_ms - start_ms) // 1000
+        if sec < 0:
+            continue
+        counts.setdefault(a.first_region, Counter())[sec] += 1
+        last = max(last, sec)
+    if end_ms is not None:
+        last = max(last, (end_ms - start_ms - 1) // 1000)
+    return {region: [(s + 0.5, float(c[s])) for s in range(last + 1)]
+            for region, c in sorted(counts.items())}
+
+
+@dataclass(frozen=True)
+class TrafficStats:
+    """What the producers did so far. `acked`, `failed`, `last_error` and `last_ack_ms` are
+    per (mode, producer region): the producer's region, whichever proxy it wrote through."""
+
+    acked: dict[tuple[str, str], int]
+    failed: dict[tuple[str, str], int]
+    last_error: dict[tuple[str, str], str]
+    last_ack_ms: dict[tuple[str, str], int]
+    """Per (mode, producer region): when its last acknowledgement arrived (ms)."""
+    in_flight: int
+    moves: dict[str, int]
+    """Per producer region: how often it changed proxies (away and back both count)."""
+    via: dict[str, str]
+    """Per producer region: the region whose proxy it writes through now."""
+
+    @property
+    def total_acked(self) -> int:
+        return sum(self.acked.values())
+
+    @property
+    def total_failed(self) -> int:
+        return sum(self.failed.values())
+
+
+@dataclass
+class _Producer:
+    region: str
+    candidates: list[str]
+    via: str
+    sent: int = 0
+    moves: int = 0
+    down: dict[str, float] = field(default_factory=dict)
+    next_probe: float = 0.0
+
+
+class Traffic:
+    """Drives the drill's writes through the proxies and logs every acknowledgement.
+
+        async with Traffic({"east": "127.0.0.1:18700", "west": ...}, drill_topics(run),
+                           rate=200, ack_log=folder / "acks.jsonl") as t:
+            ...                     # inject, wait, heal
+        t.stats(); t.acks(); t.per_second()
+    """
+
+    def __init__(self, proxies: Mapping[str, str], topics: Mapping[str, str], *,
+                 rate: float = 200.0, ack_log: Path, token: str | None = None,
+                 id_prefix: str | None = None, probe_s: float = 1.0, burst_s: float = 0.2,
+                 stop_timeout_s: float = 15.0,
+                 producer_options: Mapping[str, Any] | None = None) -> None:
+        if not proxies:
+            raise ValueError("no proxies to write through")
+        unknown = set(topics) - set(MODES)
+        if unknown or not topics:
+            raise ValueError(f"topics must map modes {MODES} to names; got {sorted(topics)}")
+        if rate <= 0:
+            raise ValueError("rate must be > 0")
+        self.proxies = dict(proxies)
+        self.topics = {m: topics[m] for m in MODES if m in topics}
+        self.rate = rate
+        self.ack_log = ack_log
+        self.token = token
+        self.id_prefix = id_prefix or uuid.uuid4().hex[:8]
+        self.probe_s = probe_s
+        self.burst_s = burst_s
+        self.stop_timeout_s = stop_timeout_s
+        self._producer_options = {**_DEFAULT_PRODUCER, **(producer_options or {})}
+        regions = list(self.proxies)
+        self._producers = {
+            r: _Producer(r, [r, *regions[regions.index(r) + 1:], *regions[:regions.index(r)]],
+                         via=r)
+            for r in regions}
+        self._clients: dict[str, AsyncProducer] = {}
+        self._acks: list[Ack] = []
+        self._acked: Counter[tuple[str, str]] = Counter()
+        self._failed: Counter[tuple[str, str]] = Counter()
+        self._last_error: dict[tuple[str, str], str] = {}
+        self._last_ack_ms: dict[tuple[str, str], int] = {}
+        self._in_flight = 0
+        self._log_file: IO[str] | None = None
+        self._stopping = asyncio.Event()
+        self._run_task: asyncio.Task[None] | None = None
+        self._started = False
+        self._closed = False
+        self.started_ms: int | None = None
+        self.stopped_ms: int | None = None
+        self.log = log.bind(proxies=self.proxies, rate=rate)
+
+    async def __aenter__(self) -> Traffic:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the log (appending), the clients, and start the producers."""
+        if self._closed:
+            raise DrError("Traffic was stopped; make a new one")
+        if self._started:
+            return
+        self._started = True
+        self.ack_log.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = self.ack_log.open("a", encoding="utf-8")
+        try:
+            for region, target in self.proxies.items():
+                client = AsyncProducer(target, token=self.token, **self._producer_options)
+                await client.start()
+                self._clients[region] = client
+        except BaseException:
+            await self._close_clients()
+            raise
+        self.started_ms = _now_ms()
+        self._run_task = asyncio.create_task(self._run(), name="drill:traffic")
+        self.log.info("traffic_started", topics=self.topics, ack_log=str(self.ack_log))
+
+    async def stop(self) -> None:
+        """Stop sending, wait for the answers of what was sent (bounded by `stop_timeout_s`),
+        close the clients and the log. Idempotent; safe before `start()`. Raises what ended a
+        producer, if one failed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping.set()
+        error: BaseException | None = None
+        try:
+            if self._run_task is not None:
+                try:
+                    async with asyncio.timeout(self.stop_timeout_s):
+                        await asyncio.shield(self._run_task)
+                except TimeoutError:
+                    self._run_task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._run_task
+                except Exception as exc:  # a producer's failure: raised after the cleanup
+                    error = exc
+            try:
+                async with asyncio.timeout(self.stop_timeout_s):
+                    await self._close_clients()
+            except TimeoutError:
+                self.log.warning("traffic_stop_timeout", in_flight=self._in_flight)
+        finally:
+            self.stopped_ms = _now_ms()
+            if self._log_file is not None:
+                self._log_file.close()
+                self._log_file = None
+            s = self.stats()
+            self.log.info("traffic_stopped", acked=s.total_acked, failed=s.total_failed,
+                          moves=s.moves)
+        if error is not None:
+            raise error
+
+    async def _close_clients(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.stop()
+
+    async def _run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for region in self._producers:
+                tg.create_task(self._produce(self._producers[region]),
+                               name=f"drill:traffic:{region}")
+
+    # -- producing -----------------------------------------------------------------------
+    async def _produce(self, p: _Producer) -> None:
+        loop = asyncio.get_running_loop()
+        rate = self.rate / len(self._producers)
+        tick = max(1.0 / rate, 0.01)
+        burst = max(1.0, rate * self.burst_s)
+        tokens = 1.0
+        last = loop.time()
+        modes = list(self.topics)
+        while not self._stopping.is_set():
+            now = loop.time()
+            tokens = min(burst, tokens + (now - last) * rate)
+            last = now
+            while tokens >= 1.0 and not self._stopping.is_set():
+                tokens -= 1.0
+                await self._send_one(p, modes[p.sent % len(modes)], loop.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), tick)
+
+    async def _send_one(self, p: _Producer, mode: str, now: float) -> None:
+        target = p.via
+        if target != p.region and now >= p.next_probe:
+            target = p.region  # a probe: is the own proxy answering again?
+            p.next_probe = now + self.probe_s
+        n = p.sent
+        p.sent += 1
+        topic = self.topics[mode]
+        dr_id = f"{self.id_prefix}-{p.region}-{n}"
+        client = self._clients[target]
+        try:
+            fut = await client.send(topic, f"{p.region}:{mode}:{n}".encode(),
+                                    key=f"{p.region}-{n % 64}".encode(), idempotency_key=dr_id)
+        except ProxyError as exc:  # the client was closed under us (stop)
+            self._count_failure(p, mode, exc)
+            return
+        self._in_flight += 1
+        fut.add_done_callback(
+            lambda f: self._on_done(f, p, mode, topic, target))
+
+    def _on_done(self, fut: asyncio.Future[ProduceResult], p: _Producer, mode: str,
+                 topic: str, target: str) -> None:
+        self._in_flight -= 1
+        if fut.cancelled():
+            self._count_failure(p, mode, ProxyError("cancelled"))
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self._count_failure(p, mode, exc)
+            if _unreachable(exc):
+                self._mark_down(p, target)
+            else:
+                self._mark_up(p, target)
+            return
+        r = fut.result()
+        ack = Ack(dr_id=r.dr_id, mode=r.mode or mode, topic=topic, via=target,
+                  written=tuple((w.region, w.partition, w.offset) for w in r.written),
+                  t_ms=_now_ms())
+        if ack.mode != mode:
+            self.log.warning("drill_mode_differs", topic=topic, expected=mode, got=ack.mode)
+        self._acks.append(ack)
+        self._acked[(mode, p.region)] += 1
+        self._last_ack_ms[(mode, p.region)] = ack.t_ms
+        if self._log_file is not None:
+            self._log_file.write(ack.to_json() + "\n")
+            self._log_file.flush()
+        self._mark_up(p, target)
+
+    def _count_failure(self, p: _Producer, mode: str, exc: BaseException) -> None:
+        self._failed[(mode, p.region)] += 1
+        self._last_error[(mode, p.region)] = f"via {p.via}: {exc}"
+
+    def _mark_down(self, p: _Producer, target: str) -> None:
+        p.down[target] = time.monotonic()
+        if p.via != target:
+            return  # an older record's failure; the producer has moved already
+        up = [r for r in p.candidates if r not in p.down]
+        # every proxy failed lately: try the next one round the list
+        new = up[0] if up else \
+            p.candidates[(p.candidates.index(target) + 1) % len(p.candidates)]
+        self._move(p, new, reason="unreachable")
+
+    def _mark_up(self, p: _Producer, target: str) -> None:
+        p.down.pop(target, None)
+        if target == p.region and p.via != p.region:
+            self._move(p, p.region, reason="own proxy answers")
+
+    def _move(self, p: _Producer, new: str, reason: str) -> None:
+        if new == p.via:
+            return
+        self.log.info("traffic_moved", producer=p.region, from_=p.via, to=new, reason=reason)
+        p.via = new
+        p.moves += 1
+        p.next_probe = asyncio.get_running_loop().time() + self.probe_s
+
+    # -- figures -------------------------------------------------------------------------
+    def stats(self) -> TrafficStats:
+        return TrafficStats(acked=dict(self._acked), failed=dict(self._failed),
+                            last_error=dict(self._last_error),
+                            last_ack_ms=dict(self._last_ack_ms), in_flight=self._in_flight,
+                            moves={r: p.moves for r, p in self._producers.items()},
+                            via={r: p.via for r, p in self._producers.items()})
+
+    def acks(self) -> Sequence[Ack]:
+        """Every acknowledgement so far, in arrival order (what the log holds)."""
+        return tuple(self._acks)
+
+    def per_second(self) -> dict[str, list[tuple[float, float]]]:
+        """`per_second(self.acks(), start)` up to now (or the stop)."""
+        start = self.started_ms if self.started_ms is not None else _now_ms()
+        return per_second(self._acks, start, self.stopped_ms or _now_ms())
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """The proxy could not be reached: the CALL failed UNAVAILABLE or past its deadline
+    (a per-record refusal has a result: that proxy answered)."""
+    return isinstance(exc, ProduceFailed) and exc.result is None and exc.code in _UNREACHABLE
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
