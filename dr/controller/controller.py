@@ -285,7 +285,7 @@ class Controller:
         gates, _ = await self.dcs.read_all(GATE_KEY, GateRecord)
         self.gate = max((g for g in gates.values() if g is not None),
                         key=lambda g: g.at_ms, default=GateRecord())
-        self.metrics.gate_closed.set(1 if self.gate.closed else 0)
+        self.metrics.set_gate(self.gate.closed, self.gate.at_ms)
 
         records, _ = await self.dcs.read_all(FAILOVER_KEY, FailoverRecord)
         newest = max((r for r in records.values() if r is not None),

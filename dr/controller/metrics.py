@@ -37,6 +37,9 @@ class ControllerMetrics:
                                   registry=r)
         self.gate_closed = Gauge("crossdc_controller_gate_closed",
                                  "1 while the gate stops automatic failover.", registry=r)
+        self.gate_closed_since = Gauge("crossdc_controller_gate_closed_since_seconds",
+                                       "Unix time the gate was closed (0: open); alerts on a "
+                                       "gate left closed.", registry=r)
         self.stale_dcs = Counter("crossdc_controller_stale_datacenters_corrected_total",
                                  "Datacenters found with an older primary record and "
                                  "corrected.", ["region"], registry=r)
@@ -72,6 +75,11 @@ class ControllerMetrics:
                                     "Rounds where the primary was down and automatic "
                                     "failover did not start, by reason.", ["reason"],
                                     registry=r)
+
+    def set_gate(self, closed: bool, at_ms: int) -> None:
+        """The gate as the leader read it (`at_ms`: when it was last opened or closed)."""
+        self.gate_closed.set(1 if closed else 0)
+        self.gate_closed_since.set(at_ms / 1000 if closed else 0)
 
     def set_status(self, region: str, status: str) -> None:
         for s in _STATUSES:

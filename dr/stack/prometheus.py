@@ -1,0 +1,295 @@
+"""A real Prometheus server for the local stack, and the scrape configuration it reads.
+
+`scrape_config(targets)` builds a Prometheus configuration (a dict, dumped as YAML) from the
+daemons a stack runs, each target `(component, region, "host:port")`: one job per component
+(`crossdc-proxy`, `crossdc-mirror`, `crossdc-controller`), and on each target the label
+`home_region` = the region the daemon runs in. Not `region`: the metrics' own `region` label
+(the region a proxy wrote to, the region a controller judged) would collide with it and
+Prometheus would rename theirs to `exported_region`. observability/alerts.yml and the Grafana
+dashboard use exactly these names.
+
+The topology declares only the proxies' metrics ports (`regions[].proxy.metrics_port`);
+mirrors and controllers choose theirs when started (`--metrics-port`, `--http-port`: the
+controller serves /metrics on its HTTP port), so `scrape_targets_from_topology()` gives the
+proxies and the caller adds the daemons it started (`extra=`).
+
+`PrometheusServer` runs the `prometheus` binary (Debian's `prometheus` package) as a
+`ManagedProcess` on a free loopback port, with the alert rules crossdc ships
+(`alerts_path()`, observability/alerts.yml, package data), a small retention and everything
+under the stack's state directory (so `dr down` stops it with the rest):
+
+    <state>/observability/prometheus/prometheus.yml   the scrape configuration
+    <state>/observability/prometheus/rules/           copies of the rule files
+    <state>/observability/prometheus/data/            the TSDB
+    <state>/observability/prometheus/server.json      its port
+    <state>/observability/prometheus/server.log, pid
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import structlog
+import yaml
+
+from crossdc.topology import Topology, split_hostport
+from dr.errors import StackError, StartTimeout, ToolchainMissing
+from dr.stack.paths import StackPaths
+from dr.stack.process import ManagedProcess, check_port_free
+
+__all__ = ["COMPONENTS", "PrometheusServer", "Target", "alerts_path", "dashboard_path",
+           "find_prometheus", "job_name", "scrape_config", "scrape_targets_from_topology"]
+
+log = structlog.get_logger("crossdc.stack.prometheus")
+
+Target = tuple[str, str, str]
+"""(component, region it runs in, "host:port" of its /metrics)."""
+
+COMPONENTS = ("proxy", "mirror", "controller")
+"""The components crossdc's alerts and dashboard know (others get a job too)."""
+
+_OBSERVABILITY = Path(__file__).resolve().parents[1] / "observability"
+
+
+def alerts_path() -> Path:
+    """observability/alerts.yml: in a checkout `dr/observability` links to it; an installed
+    package carries it as package data."""
+    return (_OBSERVABILITY / "alerts.yml").resolve()
+
+
+def dashboard_path() -> Path:
+    """observability/grafana/crossdc.json, the Grafana dashboard (same places)."""
+    return (_OBSERVABILITY / "grafana" / "crossdc.json").resolve()
+
+
+def job_name(component: str) -> str:
+    """The Prometheus job of a component's daemons: `crossdc-<component>`."""
+    return f"crossdc-{component}"
+
+
+def _duration(seconds: float) -> str:
+    ms = max(1, round(seconds * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+
+def scrape_config(targets: Sequence[Target], *, interval_s: float = 2.0,
+                  rule_files: Sequence[Path] = ()) -> dict[str, Any]:
+    """A Prometheus configuration scraping `targets` every `interval_s` (rules evaluated as
+    often), one job per component, each target labelled `home_region`."""
+    if interval_s <= 0:
+        raise StackError(f"scrape interval must be positive, not {interval_s}")
+    by_job: dict[str, dict[str, list[str]]] = {}
+    seen: set[tuple[str, str]] = set()
+    for component, region, address in targets:
+        if not component or not component.replace("-", "").replace("_", "").isalnum():
+            raise StackError(f"scrape target {address!r}: component {component!r} is not a "
+                             f"name (letters, digits, '-', '_')")
+        try:
+            split_hostport(address)
+        except ValueError as exc:
+            raise StackError(f"scrape target of {component} in {region}: {exc}") from exc
+        if (component, address) in seen:
+            continue
+        seen.add((component, address))
+        by_job.setdefault(component, {}).setdefault(region, []).append(address)
+    order = sorted(by_job, key=lambda c: (COMPONENTS.index(c) if c in COMPONENTS
+                                         else len(COMPONENTS), c))
+    return {
+        "global": {"scrape_interval": _duration(interval_s),
+                   "scrape_timeout": _duration(min(interval_s, 10.0)),
+                   "evaluation_interval": _duration(interval_s)},
+        "rule_files": [str(p) for p in rule_files],
+        "scrape_configs": [
+            {"job_name": job_name(component),
+             "static_configs": [{"targets": addresses, "labels": {"home_region": region}}
+                                for region, addresses in by_job[component].items()]}
+            for component in order],
+    }
+
+
+def scrape_targets_from_topology(topology: Topology, *,
+                                 extra: Sequence[Target] = ()) -> list[Target]:
+    """The proxies whose topology entry names a `metrics_port` (on the host of their gRPC
+    endpoint), then `extra` (the mirrors and controllers a caller started)."""
+    out: list[Target] = []
+    for region in topology.regions:
+        if region.proxy.metrics_port is not None:
+            host = split_hostport(region.proxy.endpoint)[0]
+            host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+            out.append(("proxy", region.name, f"{host}:{region.proxy.metrics_port}"))
+    return out + [t for t in extra if t not in out]
+
+
+def find_prometheus() -> Path:
+    """The `prometheus` binary on PATH (ToolchainMissing says how to install it)."""
+    found = shutil.which("prometheus")
+    if found is None:
+        raise ToolchainMissing({"prometheus": "not on PATH (Debian: apt-get install "
+                                "prometheus; compose/local/system-deps.sh does)"})
+    return Path(found)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrometheusServer:
+    """The stack's Prometheus: `start()`, `await wait_ready()`, `url`, `stop()`.
+
+    `start()` is idempotent (a server already running from this state directory is kept,
+    with its port); `set_targets()` rewrites the configuration and reloads a running server
+    (SIGHUP); `stop()` is idempotent and bounded."""
+
+    def __init__(self, paths: StackPaths, targets: Sequence[Target] = (), *,
+                 port: int | None = None, interval_s: float = 2.0,
+                 retention: str = "2h", rule_files: Sequence[Path] | None = None,
+                 binary: Path | None = None) -> None:
+        self.paths = paths
+        self.targets: list[Target] = list(targets)
+        self.interval_s = interval_s
+        self.retention = retention
+        self.rule_files = [alerts_path()] if rule_files is None else list(rule_files)
+        self._binary = binary
+        self._port = port
+        self._proc: ManagedProcess | None = None
+
+    # -- where ---------------------------------------------------------------------------
+    @property
+    def workdir(self) -> Path:
+        return self.paths.state / "observability" / "prometheus"
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "prometheus.yml"
+
+    @property
+    def _server_file(self) -> Path:
+        return self.workdir / "server.json"
+
+    @property
+    def port(self) -> int:
+        """The port it listens on (chosen at the first `start()`, kept while it runs)."""
+        if self._port is None:
+            try:
+                self._port = int(json.loads(self._server_file.read_text("utf-8"))["port"])
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                raise StackError("Prometheus has no port yet: start() it first") from None
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """http://127.0.0.1:<port> (the web UI, /api/v1/..., /alerts, /targets)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- configuration -------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """The configuration it runs with (rule files as copied under its workdir)."""
+        return scrape_config(self.targets, interval_s=self.interval_s,
+                             rule_files=[self.workdir / "rules" / p.name
+                                         for p in self.rule_files])
+
+    def write_config(self) -> None:
+        """Write prometheus.yml and copy the rule files beside it."""
+        rules = self.workdir / "rules"
+        rules.mkdir(parents=True, exist_ok=True)
+        for src in self.rule_files:
+            try:
+                shutil.copyfile(src, rules / src.name)
+            except OSError as exc:
+                raise StackError(f"alert rules {src}: {exc.strerror or exc}") from exc
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text("# written by crossdc (dr/stack/prometheus.py); rewritten at start\n"
+                       + yaml.safe_dump(self.config(), sort_keys=False), encoding="utf-8")
+        tmp.replace(self.config_path)
+
+    def process(self) -> ManagedProcess:
+        if self._proc is None:
+            binary = self._binary or find_prometheus()
+            self._proc = ManagedProcess("prometheus", self.workdir, [
+                str(binary),
+                f"--config.file={self.config_path}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--storage.tsdb.retention.time={self.retention}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+            ])
+        return self._proc
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def running(self) -> bool:
+        return ManagedProcess("prometheus", self.workdir, []).running()
+
+    def start(self) -> None:
+        """Write the configuration and start the server, unless it already runs (then it
+        reloads the configuration). Returns at once: `await wait_ready()`."""
+        if self.running():
+            self.write_config()
+            self.reload()
+            return
+        if self._port is None:
+            self._port = _free_port()
+        else:
+            check_port_free(self._port, "Prometheus", "the port option")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._server_file.write_text(json.dumps({"port": self._port}), encoding="utf-8")
+        self.write_config()
+        self._proc = None
+        self.process().start()
+        log.info("prometheus_started", url=self.url, targets=len(self.targets))
+
+    async def wait_ready(self, timeout_s: float = 30.0) -> None:
+        """Poll /-/ready until it answers 200; ProcessDied at once if the server exited
+        (a bad configuration), StartTimeout at the deadline."""
+        deadline = time.monotonic() + timeout_s
+        pause = 0.1
+        timeout = aiohttp.ClientTimeout(total=2.0)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            while True:
+                self.process().check_alive()
+                try:
+                    async with http.get(f"{self.url}/-/ready") as resp:
+                        if resp.status == 200:
+                            return
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                if time.monotonic() >= deadline:
+                    raise StartTimeout(f"Prometheus did not answer {self.url}/-/ready within "
+                                       f"{timeout_s:.0f}s; see {self.workdir / 'server.log'}")
+                await asyncio.sleep(pause)
+                pause = min(pause * 1.5, 1.0)
+
+    def set_targets(self, targets: Sequence[Target]) -> None:
+        """Scrape `targets` from now on (a running server reloads its configuration)."""
+        self.targets = list(targets)
+        if self.running():
+            self.write_config()
+            self.reload()
+
+    def reload(self) -> bool:
+        """SIGHUP: the server reads prometheus.yml and its rules again; False if not running."""
+        pid = ManagedProcess("prometheus", self.workdir, []).pid()
+        if pid is None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGHUP)
+            return True
+        return False
+
+    def stop(self, timeout_s: float = 10.0) -> bool:
+        """Stop the server (SIGTERM, then SIGKILL after `timeout_s`); True if it ran."""
+        proc = self._proc or ManagedProcess("prometheus", self.workdir, [])
+        return proc.stop(timeout_s)
