@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
-from typing import Annotated
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -23,9 +26,13 @@ from dr.cli._common import (
     topology_for,
 )
 from dr.controller.ops import ControllerView
+from dr.exits import fail
 from dr.stack.paths import StackPaths
 from dr.status import StackStatus, probe_topology
 from mirror.status import FlowStatus, flows_status
+
+if TYPE_CHECKING:
+    from dr.stack.services import ServiceInfo
 
 __all__ = ["stack_commands"]
 
@@ -60,15 +67,39 @@ def up(
     state_dir: StateDirOpt = None,
     timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds to wait for readiness.")
                          ] = 180.0,
+    services: Annotated[bool, typer.Option(
+        "--services", help="Also run a proxy and a controller per region and a supervised "
+        "mirror per flow of the topology (`dr drill`, `make demo`).")] = False,
+    auto_failover: Annotated[bool, typer.Option(
+        "--auto-failover/--no-auto-failover", help="With --services: the controllers fail "
+        "over automatically when the primary is down.")] = True,
+    policy: Annotated[Path | None, typer.Option(
+        "--policy", "-p", help="With --services: the proxies' routing policy [default: "
+        "$CROSSDC_POLICY, else policies/default.yaml].", show_default=False)] = None,
+    controller_config: Annotated[Path | None, typer.Option(
+        "--controller-config", help="With --services: the controllers' settings YAML.")
+                                 ] = None,
 ) -> None:
-    """Start every region (Kafka KRaft + Consul) on loopback and wait until all answer."""
+    """Start every region (Kafka KRaft + Consul) on loopback and wait until all answer;
+    with --services, then the proxies, mirrors and controllers."""
     from dr.stack.local import LocalStack
+    for option, given in (("--policy", policy), ("--controller-config", controller_config)):
+        if given is not None and not given.is_file():
+            fail(f"{option} {given}: no such file")
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
     with err.status("starting the local stack") as status:
         stack = LocalStack(topo, path, brokers=brokers, paths=paths, progress=status.update)
         run(stack.up(timeout_s))
+        if services:
+            from dr.stack.services import Services
+            status.update("starting the proxies, mirrors and controllers")
+            svc = Services(topo, path, paths, policy=policy, auto_failover=auto_failover,
+                           controller_config=controller_config)
+            started = run(svc.up(min(timeout_s, 120.0)))
     err.print(f"[green]up[/]: {len(topo.regions)} region(s) from {path}, state in {paths.state}")
+    if services:
+        err.print(f"[green]services[/]: {', '.join(s.name for s in started)}")
 
 
 @stack_commands.command()
@@ -76,7 +107,8 @@ def down(
     state_dir: StateDirOpt = None,
     purge: Annotated[bool, typer.Option("--purge", help="Also delete data and logs.")] = False,
 ) -> None:
-    """Stop every process of the local stack (Kafka first, then Consul)."""
+    """Stop every process of the local stack: the services (proxies, mirrors, controllers,
+    a Prometheus) first, then Kafka, then Consul."""
     from dr.stack.local import LocalStack
     paths = paths_for(state_dir)
     stopped = run(LocalStack.down(paths, purge=purge))
@@ -103,18 +135,43 @@ def status(
     st = run(probe_topology(topo, str(path), expected, timeout_s))
     flows = run(flows_status(topo, timeout_s * 2)) if topo.flows else []
     ctl = run(_controller_view(topo))
+    services = run(_services(topo, path, paths))
     if as_json:
         doc = st.model_dump(mode="json")
         doc["flows"] = [f.model_dump(mode="json") for f in flows]
         doc["controller"] = ctl.model_dump(mode="json")
+        doc["services"] = [{**asdict(i), "healthy": ok} for i, ok in services]
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         render_status(st)
         if flows:
             render_flows(flows)
         render_controller(ctl)
+        if services:
+            render_services(services)
     if not st.healthy:
         raise Exit(1)
+
+
+async def _services(topo: Topology, path: Path, paths: StackPaths
+                    ) -> list[tuple[ServiceInfo, bool]]:
+    """The services `dr up --services` recorded, and whether each answers now."""
+    from dr.stack.services import Services
+    svc = Services(topo, path, paths)
+    infos = svc.info()
+    oks = await asyncio.gather(*(svc.healthy(i.name, 2.0) for i in infos))
+    return list(zip(infos, oks, strict=True))
+
+
+def render_services(services: list[tuple[ServiceInfo, bool]]) -> None:
+    """The services part of `dr status`: one line each."""
+    t = Table(title="services", title_justify="left", header_style="bold")
+    for col in ("name", "pid", "address", "healthy"):
+        t.add_column(col)
+    for i, ok in services:
+        state = ("[green]yes[/]" if ok else "[red]no[/]") if i.pid else "[red]not running[/]"
+        t.add_row(i.name, str(i.pid or "-"), i.address or i.metrics or "-", state)
+    out.print(t)
 
 
 async def _controller_view(topo: Topology) -> ControllerView:

@@ -7,6 +7,10 @@ region answers (no fixed sleeps). State, data and logs live under one directory:
     <state>/<region>/cluster.json        the region's Kafka cluster id and size
     <state>/<region>/kafka-<n>/          server.properties, data/, server.log, pid
     <state>/<region>/consul/             agent.json, data/, server.log, pid
+    <state>/services.json, services/<name>/   the daemons `Services` runs (dr/stack/services.py)
+
+`LocalStack.down()` stops every process with a pid file one or two levels down, whatever its
+kind (so also the services and a Prometheus a demo started).
 """
 
 from __future__ import annotations
@@ -46,15 +50,28 @@ def read_stack_file(paths: StackPaths) -> dict[str, object] | None:
 
 
 def stack_processes(paths: StackPaths) -> list[ManagedProcess]:
-    """Every server process the state directory knows of (running or not), Kafka first."""
+    """Every process the state directory knows of (running or not), whatever its kind: a
+    `pid` file one or two levels down (`<region>/kafka-1/pid`, `services/proxy-east/pid`,
+    `prometheus/pid`). Ordered for stopping: clients of the servers first (proxies, mirrors,
+    controllers, anything else), then Kafka, then Consul."""
     procs: list[ManagedProcess] = []
     if not paths.state.exists():
         return procs
-    for pid_file in sorted(paths.state.glob("*/*/pid")):
+    for pid_file in sorted([*paths.state.glob("*/pid"), *paths.state.glob("*/*/pid")]):
         workdir = pid_file.parent
-        procs.append(ManagedProcess(f"{workdir.parent.name} {workdir.name}", workdir, []))
-    procs.sort(key=lambda p: 0 if p.workdir.name.startswith("kafka") else 1)
+        name = workdir.name if workdir.parent == paths.state else \
+            f"{workdir.parent.name} {workdir.name}"
+        procs.append(ManagedProcess(name, workdir, []))
+    procs.sort(key=_stop_order)
     return procs
+
+
+def _stop_order(p: ManagedProcess) -> int:
+    if p.workdir.name.startswith("kafka"):
+        return 1
+    if p.workdir.name == "consul":
+        return 2
+    return 0
 
 
 class LocalStack:
@@ -161,12 +178,14 @@ class LocalStack:
 
     def _write_stack_file(self) -> None:
         self.paths.state.mkdir(parents=True, exist_ok=True)
-        self.paths.stack_file.write_text(json.dumps({
+        saved = read_stack_file(self.paths) or {}  # keys others record (kept)
+        saved.update({
             "topology": str(self.topology_path),
             "brokers": self.brokers,
             "started_at": time.time(),
             "regions": [r.name for r in self.topology.regions],
-        }, indent=2), encoding="utf-8")
+        })
+        self.paths.stack_file.write_text(json.dumps(saved, indent=2), encoding="utf-8")
 
     async def wait_ready(self, timeout_s: float = 180.0) -> None:
         """Wait until every region's brokers, quorum, Consul leader and WAN pool answer."""
@@ -219,16 +238,52 @@ class LocalStack:
                 self.kafka_process(n).start()
         await self.wait_kafka_ready(reg, timeout_s)
 
+    def freeze_kafka(self, region: str, node_ids: list[int] | None = None) -> list[str]:
+        """SIGSTOP some or all brokers of a region (hung, not dead); the names frozen."""
+        return [self.kafka_process(n).name for n in self.nodes(self.topology.region(region))
+                if (node_ids is None or n.node_id in node_ids) and self.kafka_process(n).freeze()]
+
+    def thaw_kafka(self, region: str, node_ids: list[int] | None = None) -> list[str]:
+        """SIGCONT the brokers `freeze_kafka` stopped; the names thawed."""
+        return [self.kafka_process(n).name for n in self.nodes(self.topology.region(region))
+                if (node_ids is None or n.node_id in node_ids) and self.kafka_process(n).thaw()]
+
+    def consul_pid(self, region: str) -> int | None:
+        return self.consul_process(self.agent(self.topology.region(region))).pid()
+
+    def freeze_consul(self, region: str) -> None:
+        """SIGSTOP the region's Consul agent: its port stays open, nothing answers."""
+        proc = self.consul_process(self.agent(self.topology.region(region)))
+        if not proc.freeze():
+            raise StackError(f"{proc.name} is not running: nothing to freeze")
+
+    def thaw_consul(self, region: str) -> None:
+        """SIGCONT the region's Consul agent (whether or not it was frozen)."""
+        proc = self.consul_process(self.agent(self.topology.region(region)))
+        if not proc.thaw():
+            raise StackError(f"{proc.name} is not running: nothing to thaw")
+
+    async def wait_consul_ready(self, region: str, timeout_s: float = 60.0) -> None:
+        """Wait until the region's Consul agent answers with a leader and the WAN pool."""
+        reg = self.topology.region(region)
+        proc = self.consul_process(self.agent(reg))
+
+        async def ready() -> bool:
+            return (await probe_consul(reg, len(self.topology.regions), timeout_s=2.0)).healthy
+
+        await _wait_until(ready, f"{region} Consul (leader and WAN pool)", [proc], timeout_s)
+
     # -- down ---------------------------------------------------------------------------
     @staticmethod
     async def down(paths: StackPaths | None = None, *, purge: bool = False) -> list[str]:
-        """Stop every process of the state directory (Kafka, then Consul); names stopped."""
+        """Stop every process of the state directory, whatever its kind: the services
+        (proxies, mirrors, controllers, a Prometheus) first, then Kafka, then Consul; the
+        names of those that ran."""
         paths = paths or StackPaths.default()
         procs = stack_processes(paths)
-        kafka = [p for p in procs if p.workdir.name.startswith("kafka")]
-        others = [p for p in procs if p not in kafka]
         stopped: list[str] = []
-        for group in (kafka, others):
+        for rank in (0, 1, 2):
+            group = [p for p in procs if _stop_order(p) == rank]
             results = await asyncio.gather(*(asyncio.to_thread(p.stop, 30.0) for p in group))
             stopped += [p.name for p, ran in zip(group, results, strict=True) if ran]
         if purge and paths.state.exists():

@@ -166,6 +166,8 @@ class ManagedProcess:
             return False
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL if kill else signal.SIGTERM)
+            # A frozen process (SIGSTOP, a drill's fault) acts on SIGTERM only once it runs.
+            os.killpg(pid, signal.SIGCONT)
         deadline = time.monotonic() + timeout_s
         while self.pid() is not None and time.monotonic() < deadline:
             self._reap()
@@ -181,6 +183,32 @@ class ManagedProcess:
         self.pid_path.unlink(missing_ok=True)
         log.info("process_stopped", process=self.name, pid=pid)
         return True
+
+    def send(self, sig: signal.Signals) -> bool:
+        """Send `sig` to the process (its whole process group); False when it is not running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return False
+        log.info("process_signalled", process=self.name, pid=pid, signal=sig.name)
+        return True
+
+    def freeze(self) -> bool:
+        """SIGSTOP: the process stays, answers nothing (a hung server); False if not running."""
+        return self.send(signal.SIGSTOP)
+
+    def thaw(self) -> bool:
+        """SIGCONT: a frozen process runs on; False if not running."""
+        return self.send(signal.SIGCONT)
+
+    def frozen(self) -> bool:
+        """Whether the process is stopped by a signal (state T)."""
+        pid = self.pid()
+        stat = _proc_stat(pid) if pid is not None else None
+        return stat is not None and stat[0] in ("T", "t")
 
     def _reap(self) -> None:
         """Collect our own child's exit status, so it does not linger as a zombie."""

@@ -193,7 +193,7 @@ def test_prefer_accepts_local_once_and_refuses_it_against_a_region_named_local(
                             "each region at most once; repeated: local"]
     odd = Topology.model_validate({**topo.model_dump(mode="json"), "regions": [
         {**r.model_dump(mode="json"), "name": "local" if r.name == "west" else r.name}
-        for r in topo.regions], "preference": ["east", "local"]})
+        for r in topo.regions], "preference": ["east", "local"], "flows": []})
     text = "rules:\n  - topic: a\n    mode: nearest\n    prefer: [local]\n"
     [msg] = issues(text, odd)
     assert "rules[0].prefer[0]: 'local' is ambiguous" in msg

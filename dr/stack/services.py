@@ -1,0 +1,380 @@
+"""The daemons of the local stack: a proxy and a controller per region, a mirror per flow.
+
+Each is a `dr ...` subprocess (`ManagedProcess`: detached, its own session, found again by its
+pid file), so it outlives the process that started it and another process (`dr drill`,
+`dr down`, `dr status`) finds it through what `up()` recorded:
+
+    <state>/services.json              topology, policy, and per service: kind, region,
+                                       address, metrics port, argv (ports chosen once)
+    <state>/services/<name>/           server.log (JSON logs), pid
+
+    proxy-<region>        dr proxy serve --region R --policy P   (gRPC on the topology's
+                          proxy.endpoint, metrics on its proxy.metrics_port)
+    mirror-<src>-<dst>    dr mirror run --flow SRC:DST --restart  (a worker whose target
+                          stays away is restarted in that process, with bounded backoff)
+    controller-<region>   dr controller run --region R [--auto-failover] --http-port H
+
+`up()` waits until every proxy answers gRPC health SERVING, every controller its /health (and
+one of them leads), every mirror its /metrics. Topics are not created here: the mirror flows
+of the topology (`(payments|ledger|clickstream).*` in policies/topology.local.yaml) carry
+whatever topics of theirs exist, so a caller creates its topics in every region itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import aiohttp
+import structlog
+
+from crossdc.topology import Topology, split_hostport
+from dr.errors import StackError, StartTimeout
+from dr.stack.paths import REPO_ROOT, StackPaths, in_checkout
+from dr.stack.process import ManagedProcess, check_port_free, log_tail
+
+__all__ = ["ServiceInfo", "Services", "default_policy_path"]
+
+log = structlog.get_logger("crossdc.stack.services")
+
+Kind = Literal["proxy", "mirror", "controller"]
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """One daemon of the local stack, as recorded (and its pid now)."""
+
+    name: str            # "proxy-east", "mirror-east-west", "controller-east"
+    kind: str            # "proxy" | "mirror" | "controller"
+    region: str          # the region it runs in (a mirror: its flow's target region)
+    address: str | None  # proxy: gRPC host:port; controller: its http host:port; mirror: None
+    metrics: str | None  # host:port of its Prometheus /metrics endpoint
+    pid: int | None
+
+
+@dataclass(frozen=True)
+class _Spec:
+    """What `services.json` records of one service: enough to start it again."""
+
+    name: str
+    kind: Kind
+    region: str
+    address: str | None
+    metrics: str | None
+    argv: list[str] = field(default_factory=list)
+
+
+def default_policy_path() -> Path | None:
+    """`$CROSSDC_POLICY`, else `policies/default.yaml` in the working directory, else the
+    source checkout's. None when there is none: the policy is not shipped in the package."""
+    env = os.environ.get("CROSSDC_POLICY")
+    if env:
+        return Path(env)
+    rel = Path("policies") / "default.yaml"
+    for cand in (Path.cwd() / rel, REPO_ROOT / rel if in_checkout() else None):
+        if cand is not None and cand.is_file():
+            return cand
+    return None
+
+
+def _free_port(taken: set[int]) -> int:
+    """A loopback port nothing listens on now (and not in `taken`)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in taken:
+            taken.add(port)
+            return port
+    raise StackError("no free loopback port found for a service")
+
+
+class Services:
+    """The proxies, mirrors and controllers of a local stack (see the module docstring)."""
+
+    def __init__(self, topology: Topology, topology_path: Path, paths: StackPaths, *,
+                 policy: Path | None = None, auto_failover: bool = True,
+                 controller_config: Path | None = None) -> None:
+        self.topology = topology
+        self.topology_path = Path(topology_path).resolve()
+        self.paths = paths
+        self.policy = policy
+        self.auto_failover = auto_failover
+        self.controller_config = controller_config
+        self._procs: dict[str, ManagedProcess] = {}
+
+    # -- the record ---------------------------------------------------------------------
+    @property
+    def record_path(self) -> Path:
+        return self.paths.state / "services.json"
+
+    def workdir(self, name: str) -> Path:
+        return self.paths.state / "services" / name
+
+    def _read(self) -> dict[str, _Spec]:
+        try:
+            doc = json.loads(self.record_path.read_text(encoding="utf-8"))
+            return {s["name"]: _Spec(**s) for s in doc["services"]}
+        except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
+            return {}
+
+    def _write(self, specs: dict[str, _Spec], policy: Path) -> None:
+        self.paths.state.mkdir(parents=True, exist_ok=True)
+        doc = {"topology": str(self.topology_path), "policy": str(policy),
+               "auto_failover": self.auto_failover,
+               "controller_config": str(self.controller_config or "") or None,
+               "services": [asdict(s) for s in specs.values()]}
+        tmp = self.record_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc, indent=2), encoding="utf-8")
+        tmp.replace(self.record_path)
+
+    def _plan(self, policy: Path) -> dict[str, _Spec]:
+        """Every service of the topology; ports already recorded are kept, the others are
+        chosen now (free loopback ports)."""
+        old = self._read()
+        taken = {split_hostport(a)[1] for s in old.values() for a in (s.address, s.metrics)
+                 if a}
+
+        def port_of(name: str, attr: Literal["address", "metrics"]) -> int:
+            prev = getattr(old.get(name), attr, None)
+            return split_hostport(prev)[1] if prev else _free_port(taken)
+
+        topo = str(self.topology_path)
+        base = [sys.executable, "-m", "dr.cli", "--log-format", "json", "--log-level", "info"]
+        specs: list[_Spec] = []
+        for r in self.topology.regions:
+            name = f"proxy-{r.name}"
+            mport = r.proxy.metrics_port or port_of(name, "metrics")
+            specs.append(_Spec(name, "proxy", r.name, r.proxy.endpoint, f"127.0.0.1:{mport}",
+                               [*base, "proxy", "serve", "--topology", topo, "--region",
+                                r.name, "--policy", str(policy), "--metrics-port",
+                                str(mport)]))
+        for f in self.topology.flows:
+            name = f"mirror-{f.source}-{f.target}"
+            mport = port_of(name, "metrics")
+            specs.append(_Spec(name, "mirror", f.target, None, f"127.0.0.1:{mport}",
+                               [*base, "mirror", "run", "--topology", topo, "--flow",
+                                f"{f.source}:{f.target}", "--restart", "--metrics-port",
+                                str(mport)]))
+        for r in self.topology.regions:
+            name = f"controller-{r.name}"
+            hport = port_of(name, "address")
+            argv = [*base, "controller", "run", "--topology", topo, "--region", r.name,
+                    "--http-port", str(hport),
+                    "--auto-failover" if self.auto_failover else "--no-auto-failover"]
+            if self.controller_config is not None:
+                argv += ["--config", str(Path(self.controller_config).resolve())]
+            specs.append(_Spec(name, "controller", r.name, f"127.0.0.1:{hport}",
+                               f"127.0.0.1:{hport}", argv))
+        return {s.name: s for s in specs}
+
+    def _proc(self, spec: _Spec) -> ManagedProcess:
+        # One ManagedProcess per service, so a process we started is reaped via its pid.
+        proc = self._procs.get(spec.name)
+        if proc is None or proc.argv != spec.argv:
+            proc = ManagedProcess(spec.name, self.workdir(spec.name), list(spec.argv),
+                                  env={"PYTHONUNBUFFERED": "1"})
+            self._procs[spec.name] = proc
+        return proc
+
+    def _spec(self, name: str) -> _Spec:
+        specs = self._read()
+        if name not in specs:
+            known = ", ".join(specs) or "none (run `dr up --services`)"
+            raise StackError(f"no service {name!r} on this stack; services: {known}")
+        return specs[name]
+
+    # -- reading ------------------------------------------------------------------------
+    def info(self) -> list[ServiceInfo]:
+        """Every recorded service and its pid now (None: not running); works from any
+        process."""
+        return [ServiceInfo(s.name, s.kind, s.region, s.address, s.metrics,
+                            self._proc(s).pid()) for s in self._read().values()]
+
+    def process(self, name: str) -> ManagedProcess:
+        """The process of one recorded service (its log is `.log_path`)."""
+        return self._proc(self._spec(name))
+
+    async def healthy(self, name: str, timeout_s: float = 2.0) -> bool:
+        """Whether the service answers now: a proxy gRPC health SERVING, a controller its
+        /health, a mirror its /metrics (and its process runs)."""
+        spec = self._spec(name)
+        return await self._healthy(spec, timeout_s)
+
+    async def _healthy(self, spec: _Spec, timeout_s: float) -> bool:
+        if not self._proc(spec).running() or self._proc(spec).frozen():
+            return False
+        if spec.kind == "proxy":
+            from dr.controller.grpc_health import check_serving  # grpc: loaded on use
+            assert spec.address is not None
+            try:
+                serving, _ = await check_serving(spec.address, timeout_s)
+            except OSError:
+                return False
+            return serving
+        if spec.kind == "controller":
+            return await self._controller_health(spec, timeout_s) is not None
+        assert spec.metrics is not None
+        return await _http_ok(f"http://{spec.metrics}/metrics", timeout_s)
+
+    async def _controller_health(self, spec: _Spec, timeout_s: float) -> dict[str, object] | None:
+        """A running controller's /health document, or None."""
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)
+                                             ) as http, \
+                    http.get(f"http://{spec.address}/health") as resp:
+                if resp.status != 200:
+                    return None
+                doc: dict[str, object] = await resp.json()
+                return doc
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    async def leader(self, timeout_s: float = 2.0) -> str | None:
+        """The name of the controller that leads now (from each controller's /health)."""
+        ctls = [s for s in self._read().values() if s.kind == "controller"]
+        docs = await asyncio.gather(*(self._controller_health(s, timeout_s) for s in ctls))
+        return next((s.name for s, d in zip(ctls, docs, strict=True)
+                     if d is not None and d.get("leading") is True), None)
+
+    # -- up -----------------------------------------------------------------------------
+    def _policy(self) -> Path:
+        policy = self.policy or default_policy_path()
+        if policy is None:
+            raise StackError("no routing policy for the proxies: pass one (`dr up --services "
+                             "--policy FILE`, or $CROSSDC_POLICY); policies/default.yaml is "
+                             "not in the working directory")
+        if not policy.is_file():
+            raise StackError(f"policy file {policy} does not exist")
+        return policy.resolve()
+
+    async def up(self, timeout_s: float = 120.0) -> list[ServiceInfo]:
+        """Start every service that is not running (idempotent), then wait until each
+        answers and one controller leads. A service that dies or stays silent ends it with an
+        error naming the service and its log's tail; what this call started is stopped."""
+        policy = self._policy()
+        specs = self._plan(policy)
+        recorded = self._read()
+        # A service still running from an earlier `up` keeps running: its recorded command
+        # line is kept (a port in use by itself is no conflict).
+        for name, spec in recorded.items():
+            if name in specs and self._proc(spec).running():
+                specs[name] = spec
+        to_start = [s for s in specs.values() if not self._proc(s).running()]
+        for s in to_start:
+            self._check_ports(s)
+        self._write(specs, policy)
+        started: list[ManagedProcess] = []
+        try:
+            for s in to_start:
+                self._proc(s).start()
+                started.append(self._proc(s))
+            deadline = time.monotonic() + timeout_s
+            await asyncio.gather(*(self._wait(s, deadline) for s in specs.values()))
+            await self._wait_leader(deadline)
+        except BaseException:
+            await asyncio.gather(*(asyncio.to_thread(p.stop, 15.0) for p in started))
+            raise
+        log.info("services_up", services=len(specs), started=len(to_start))
+        return self.info()
+
+    def _check_ports(self, spec: _Spec) -> None:
+        for what, addr in (("address", spec.address), ("metrics", spec.metrics)):
+            if addr and not (what == "metrics" and addr == spec.address):
+                check_port_free(split_hostport(addr)[1], spec.name, f"{spec.name} {what}")
+
+    async def _wait(self, spec: _Spec, deadline: float) -> None:
+        proc = self._proc(spec)
+        what = {"proxy": f"gRPC health SERVING on {spec.address}",
+                "controller": f"/health on {spec.address}",
+                "mirror": f"/metrics on {spec.metrics}"}[spec.kind]
+
+        async def ready() -> bool:
+            return await self._healthy(spec, 2.0)
+
+        await _poll(ready, deadline, proc, f"{spec.name} ({what})")
+
+    async def _wait_leader(self, deadline: float) -> None:
+        ctls = [s for s in self._read().values() if s.kind == "controller"]
+        if not ctls:
+            return
+
+        async def leads() -> bool:
+            return await self.leader() is not None
+
+        await _poll(leads, deadline, None, "a leading controller (" +
+                    ", ".join(s.name for s in ctls) + ")",
+                    [self._proc(s) for s in ctls])
+
+    # -- one service on and off (drills) ------------------------------------------------
+    async def stop(self, name: str, *, kill: bool = False) -> None:
+        """Stop one service: SIGTERM (drain), bounded, then SIGKILL; `kill`: SIGKILL now."""
+        proc = self.process(name)
+        await asyncio.to_thread(proc.stop, 15.0, kill=kill)
+
+    async def start(self, name: str, timeout_s: float = 60.0) -> None:
+        """Start one service again (if it is not running) and wait until it answers."""
+        spec = self._spec(name)
+        proc = self._proc(spec)
+        if not proc.running():
+            self._check_ports(spec)
+            proc.start()
+        await self._wait(spec, time.monotonic() + timeout_s)
+
+    def freeze(self, name: str) -> None:
+        """SIGSTOP one service (hung: its ports stay open, nothing answers)."""
+        proc = self.process(name)
+        if not proc.freeze():
+            raise StackError(f"{name} is not running: nothing to freeze")
+
+    def thaw(self, name: str) -> None:
+        """SIGCONT one service."""
+        proc = self.process(name)
+        if not proc.thaw():
+            raise StackError(f"{name} is not running: nothing to thaw")
+
+    async def down(self) -> list[str]:
+        """Stop every service (SIGTERM, bounded, then SIGKILL); the names that ran. The
+        record stays (its ports are reused by the next `up`)."""
+        procs = [self._proc(s) for s in self._read().values()]
+        ran = await asyncio.gather(*(asyncio.to_thread(p.stop, 15.0) for p in procs))
+        return [p.name for p, r in zip(procs, ran, strict=True) if r]
+
+
+async def _http_ok(url: str, timeout_s: float) -> bool:
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)
+                                         ) as http, http.get(url) as resp:
+            await resp.read()
+            return resp.status == 200
+    except (aiohttp.ClientError, TimeoutError):
+        return False
+
+
+async def _poll(cond: Callable[[], Awaitable[bool]], deadline: float,
+                proc: ManagedProcess | None, what: str,
+                also: list[ManagedProcess] | None = None) -> None:
+    """Poll `cond` to `deadline`; ProcessDied as soon as the process exits, StartTimeout
+    (naming it, with its log's tail) at the end."""
+    procs = ([proc] if proc else []) + (also or [])
+    pause = 0.2
+    while True:
+        for p in procs:
+            p.check_alive()
+        if await cond():
+            return
+        if time.monotonic() >= deadline:
+            tails = "\n".join(f"Last lines of {p.log_path}:\n{log_tail(p.log_path)}"
+                              for p in procs)
+            raise StartTimeout(f"{what} did not answer in time. {tails}".strip())
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.5, 1.0)
+
