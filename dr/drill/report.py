@@ -464,10 +464,11 @@ def render_markdown(report: DrillReport) -> str:
             if m.lost_ids:
                 add(f"Lost {mode} records (examples): "
                     + ", ".join(f"`{i}`" for i in m.lost_ids))
+                add("")
             if m.duplicate_ids:
                 add(f"Duplicated {mode} records (examples): "
                     + ", ".join(f"`{i}`" for i in m.duplicate_ids))
-        add("")
+                add("")
     if r.steps:
         add("## Steps")
         add("")
