@@ -18,11 +18,11 @@ proxies and the caller adds the daemons it started (`extra=`).
 (`alerts_path()`, observability/alerts.yml, package data), a small retention and everything
 under the stack's state directory (so `dr down` stops it with the rest):
 
-    <state>/observability/prometheus/prometheus.yml   the scrape configuration
-    <state>/observability/prometheus/rules/           copies of the rule files
-    <state>/observability/prometheus/data/            the TSDB
-    <state>/observability/prometheus/server.json      its port
-    <state>/observability/prometheus/server.log, pid
+    <state>/prometheus/prometheus.yml   the scrape configuration
+    <state>/prometheus/rules/           copies of the rule files
+    <state>/prometheus/data/            the TSDB
+    <state>/prometheus/server.json      its port
+    <state>/prometheus/server.log, pid
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class PrometheusServer:
     # -- where ---------------------------------------------------------------------------
     @property
     def workdir(self) -> Path:
-        return self.paths.state / "observability" / "prometheus"
+        return self.paths.state / "prometheus"
 
     @property
     def config_path(self) -> Path:

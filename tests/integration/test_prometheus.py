@@ -71,7 +71,7 @@ async def test_prometheus_scrapes_our_metrics_and_evaluates_the_alert_rules(
         prom.start()
         await prom.wait_ready(timeout_s=30)
         assert prom.running()
-        assert (paths.state / "observability" / "prometheus" / "prometheus.yml").is_file()
+        assert (paths.state / "prometheus" / "prometheus.yml").is_file()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
             base = f"{prom.url}/api/v1"
 
@@ -95,7 +95,7 @@ async def test_prometheus_scrapes_our_metrics_and_evaluates_the_alert_rules(
 
             groups = (await api(http, f"{base}/rules"))["groups"]
             assert {g["file"] for g in groups} == {
-                str(paths.state / "observability" / "prometheus" / "rules" / "alerts.yml")}
+                str(paths.state / "prometheus" / "rules" / "alerts.yml")}
             loaded = {r["name"] for g in groups for r in g["rules"]}
             assert {"CrossdcMirrorPartitionStopped", "CrossdcFencedTooLong",
                     "CrossdcNoControllerLeader", "CrossdcGateLeftClosed"} <= loaded
