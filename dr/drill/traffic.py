@@ -19,7 +19,9 @@ While away, one record every `probe_s` goes to its own proxy; when that one is a
 producer moves back. Every move is counted (`TrafficStats.moves`).
 
 Pacing is a token bucket per producer (at most `burst_s` of catch-up after a stall); sends
-wait only on the client's backpressure, so nothing blocks the event loop. Lifecycle:
+wait only on the client's backpressure, so nothing blocks the event loop. The drill opens
+the gRPC channels itself (plaintext; with TLS options the client opens its own) with a
+reconnect backoff of at most 1 s, so a proxy that comes back is seen at once. Lifecycle:
 `start()`/`stop()` or `async with`; one TaskGroup (`drill:traffic`) holds a task per
 producer (`drill:traffic:<region>`); `stop()` is idempotent and bounded (`stop_timeout_s`).
 """
@@ -67,7 +69,13 @@ _TOPIC_PREFIX = {"ordered": "payments", "sync": "ledger", "nearest": "clickstrea
 
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
-_DEFAULT_PRODUCER = {"deadline_s": 5.0, "linger_ms": 5.0, "retries": 3,
+_TLS_OPTIONS = frozenset({"tls", "root_ca", "client_cert", "client_key", "tls_server_name"})
+_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+              ("grpc.max_reconnect_backoff_ms", 1000)]
+"""gRPC's reconnect backoff grows to 120 s by default: a proxy back after a 30 s outage
+would wait for the channel's next try. A drill wants to see it within a second."""
+
+_DEFAULT_PRODUCER: dict[str, Any] = {"deadline_s": 5.0, "linger_ms": 5.0, "retries": 3,
                      "retry_backoff_s": 0.1}
 
 
@@ -234,6 +242,7 @@ class Traffic:
                          via=r)
             for r in regions}
         self._clients: dict[str, AsyncProducer] = {}
+        self._channels: list[grpc.aio.Channel] = []
         self._acks: list[Ack] = []
         self._acked: Counter[tuple[str, str]] = Counter()
         self._failed: Counter[tuple[str, str]] = Counter()
@@ -268,7 +277,12 @@ class Traffic:
         self._log_file = self.ack_log.open("a", encoding="utf-8")
         try:
             for region, target in self.proxies.items():
-                client = AsyncProducer(target, token=self.token, **self._producer_options)
+                opts = dict(self._producer_options)
+                if not _TLS_OPTIONS & set(opts) and "channel" not in opts:
+                    channel = grpc.aio.insecure_channel(target, options=_RECONNECT)
+                    self._channels.append(channel)
+                    opts["channel"] = channel
+                client = AsyncProducer(target, token=self.token, **opts)
                 await client.start()
                 self._clients[region] = client
         except BaseException:
@@ -316,8 +330,13 @@ class Traffic:
 
     async def _close_clients(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            await client.stop()
+        channels, self._channels = self._channels, []
+        try:
+            for client in clients:
+                await client.stop()
+        finally:
+            for channel in channels:
+                await channel.close()
 
     async def _run(self) -> None:
         async with asyncio.TaskGroup() as tg:

@@ -156,7 +156,7 @@ async def test_a_producer_moves_to_another_proxy_and_back_when_its_own_answers(
 
             async def back() -> bool:
                 return traffic.stats().via["west"] == "west"
-            await eventually(back, 30, "west's producer back on its own proxy")
+            await eventually(back, 10, "west's producer back on its own proxy")
             since = len(traffic.acks())
             await eventually(lambda: _via_west(traffic, since), 15, "acks through west again")
         stats = traffic.stats()
