@@ -224,7 +224,6 @@ class PrometheusServer:
                 f"--storage.tsdb.path={self.workdir / 'data'}",
                 f"--storage.tsdb.retention.time={self.retention}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
-                "--web.enable-lifecycle",
                 "--log.level=warn",
             ])
         return self._proc

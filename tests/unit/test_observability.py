@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
+from tests_support import write_topology  # type: ignore[import-not-found]
 
 from dr.controller.metrics import ControllerMetrics
 from dr.errors import StackError
@@ -265,6 +267,30 @@ def test_the_topology_gives_the_proxies_and_the_caller_the_rest() -> None:
     targets = scrape_targets_from_topology(topo, extra=extra)
     assert targets == [
         ("proxy", r.name, f"127.0.0.1:{r.proxy.metrics_port}") for r in topo.regions] + extra
+
+
+@needs_promtool
+def test_dr_prometheus_config_writes_a_config_promtool_accepts(tmp_path: Path) -> None:
+    topo = free_topology(["east", "west"], seed=11)
+    topo_path = write_topology(topo, tmp_path / "topology.yaml")
+    out = tmp_path / "prometheus.yml"
+    res = subprocess.run(
+        [sys.executable, "-m", "dr.cli", "prometheus", "config", "-t", str(topo_path),
+         "--target", "mirror:west:127.0.0.1:9405", "--target", "controller:east:127.0.0.1:9500",
+         "--interval-s", "5", "-o", str(out)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr
+    cfg = yaml.safe_load(out.read_text(encoding="utf-8"))
+    jobs = {j["job_name"]: j["static_configs"] for j in cfg["scrape_configs"]}
+    assert jobs["crossdc-proxy"][1] == {
+        "targets": [f"127.0.0.1:{topo.region('west').proxy.metrics_port}"],
+        "labels": {"home_region": "west"}}
+    assert jobs["crossdc-mirror"] == [{"targets": ["127.0.0.1:9405"],
+                                       "labels": {"home_region": "west"}}]
+    assert cfg["global"]["scrape_interval"] == "5s"
+    assert cfg["rule_files"] == [str(alerts_path())]
+    res = promtool("check", "config", out)
+    assert res.returncode == 0, res.stdout + res.stderr
 
 
 def test_the_rules_and_the_dashboard_ship_with_the_package() -> None:
