@@ -179,7 +179,7 @@ def bars(path: Path, panels: Sequence[BarPanel], *, title: str = "",
         tallest = max((len(p.groups) * max(len(p.series), 1) for p in panels), default=1)
         cell_h = max(1.6, 0.28 * tallest + 1.0)
     else:
-        cell_h = 3.8
+        cell_h = 3.3
     fig = _figure(min(12.0, 4.2 * cols + 1.5) if not horizontal else 10.0, cell_h * rows + 0.4)
     if title:
         fig.suptitle(title, fontsize=12, fontweight="bold", x=0.01, ha="left")
@@ -215,6 +215,11 @@ def _bar_panel(ax: Axes, panel: BarPanel, color: Mapping[str, str], horizontal: 
                  ax.bar(xs, vs, width=width * 0.92, color=color[name], label=name))
         ax.bar_label(drawn, labels=[_format(panel.value_format, v) for v in vs], padding=2,
                      fontsize=8)
+    values = [v for vals in panel.series.values() for v in vals if v is not None]
+    if values and all(float(v).is_integer() for v in values):  # counts: no 0.2 ticks
+        from matplotlib.ticker import MaxNLocator
+
+        (ax.xaxis if horizontal else ax.yaxis).set_major_locator(MaxNLocator(integer=True))
     legend = len(panel.series) > 1 or (bool(panel.series) and len(panel.groups) <= 1)
     # Headroom above the tallest bar for its value label and for the legend, which sits in
     # one row across the top of the panel, clear of the bars.
@@ -227,7 +232,9 @@ def _bar_panel(ax: Axes, panel: BarPanel, color: Mapping[str, str], horizontal: 
         ax.set_xlabel(panel.ylabel)
         ax.tick_params(axis="y", length=0)
     else:
-        ax.set_xticks(positions, list(panel.groups))
+        crowded = sum(len(g) + 2 for g in panel.groups) > 60  # ~ characters across a panel
+        ax.set_xticks(positions, list(panel.groups), rotation=45 if crowded else 0,
+                      ha="right" if crowded else "center")
         ax.set_ylim(0, (top or 1.0) * head)
         ax.set_ylabel(panel.ylabel)
         ax.tick_params(axis="x", length=0)

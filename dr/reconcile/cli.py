@@ -10,17 +10,19 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 
 from crossdc.errors import ConfigError, ConfigIssue
 from crossdc.topology import load_topology
 from crossdc.yamlfile import load_model
-from dr.exits import fail
-from dr.reconcile.errors import ThresholdsPassed
+from dr.exits import Exit, fail
+from dr.reconcile.errors import NotJudgedYet, ThresholdsPassed
 from dr.reconcile.model import Thresholds
 from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
 
-__all__ = ["check_output_dir", "check_state_file", "parse_time", "reconcile_command"]
+__all__ = ["check_output_dir", "check_state_file", "parse_time", "reconcile_command",
+           "thresholds"]
 
 
 def check_output_dir(folder: Path, option: str) -> None:
@@ -60,6 +62,14 @@ def parse_time(value: str | None, option: str) -> int | None:
     return int(dt.timestamp() * 1000)
 
 
+def thresholds(path: Path | None, overrides: dict[str, object]) -> Thresholds:
+    """The defaults (nothing missing, altered or out of order; no duplicate on exactly-once
+    flows), then the thresholds file's keys, then the options given (None: not given)."""
+    limits = load_model(Thresholds, path) if path else Thresholds()
+    update = {k: v for k, v in overrides.items() if v is not None}
+    return Thresholds.model_validate({**limits.model_dump(), **update})
+
+
 def reconcile_command(
     regions: Annotated[str, typer.Option("--regions", "-r",
                                          help="Regions to compare, comma separated: A,B[,C].")],
@@ -92,23 +102,33 @@ def reconcile_command(
     max_latency_p99_ms: Annotated[float | None, typer.Option(min=0)] = None,
     max_unreadable: Annotated[int | None, typer.Option(
         min=0, help="Records retention deleted before they could be compared.")] = None,
+    exactly_once: Annotated[str | None, typer.Option(
+        "--exactly-once", metavar="REGEX",
+        help="Topics whose mirror flows are exactly-once (a duplicate fails them), beyond "
+        "the topology's `exactly_once: true` flows.")] = None,
     max_details: Annotated[int, typer.Option(min=0, help="Cap on each detail list.")] = 1000,
 ) -> None:
     """Compare regions record by record: missing, duplicated, altered, out of order, late.
 
-    Exits 3 when a threshold is passed, 1 on an error, 2 on bad input.
+    By default any missing, altered or out-of-order record fails, and so does a duplicate on
+    an exactly-once flow; a thresholds file or --max-* options change the limits. Exits 0
+    when OK, 3 when a limit is passed, 4 when every record of the window is still in flight
+    (nothing judged yet: the verdict says when to re-run), 1 on an error, 2 on bad input.
     """
     from dr.reconcile.report import print_summary, write_html, write_json
     from dr.reconcile.run import RunSettings, check_regions, run
 
     # Everything a user can get wrong is checked before Spark starts (and before the jars
     # are fetched): a run that fails at its end loses its work.
-    limits = load_model(Thresholds, thresholds_file) if thresholds_file else Thresholds()
-    overrides = {"missing": max_missing, "duplicates": max_duplicates,
-                 "altered": max_altered, "order_violations": max_order_violations,
-                 "headerless_unmatched": max_headerless_unmatched,
-                 "latency_p99_ms": max_latency_p99_ms, "unreadable": max_unreadable}
-    limits = limits.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    try:
+        limits = thresholds(thresholds_file, {
+            "missing": max_missing, "duplicates": max_duplicates, "altered": max_altered,
+            "order_violations": max_order_violations,
+            "headerless_unmatched": max_headerless_unmatched,
+            "latency_p99_ms": max_latency_p99_ms, "unreadable": max_unreadable,
+            "exactly_once_topics": exactly_once})
+    except ValidationError as exc:  # only --exactly-once can fail here (a file fails above)
+        fail(f"--exactly-once {exactly_once!r}: {exc.errors()[0]['msg']}", 2)
     topo_path = topology or default_topology_path()
     if topology is None and not topo_path.is_file():
         fail(no_topology_message(topo_path))
@@ -132,6 +152,8 @@ def reconcile_command(
     write_html(report, out_dir / "report.html")
     print_summary(report, console)
     console.print(f"report: {out_dir / 'report.json'}, {out_dir / 'report.html'}")
-    if report.breaches:
-        raise ThresholdsPassed(", ".join(f"{b.name} {b.value:g} > {b.limit:g}"
-                                         for b in report.breaches))
+    status = report.verdict.status if report.verdict else "ok"
+    if status == "fail":
+        raise Exit(ThresholdsPassed.exit_code)
+    if status == "not_judged":
+        raise Exit(NotJudgedYet.exit_code)

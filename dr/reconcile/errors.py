@@ -4,14 +4,16 @@
     ├── RegionUnreachable   a region's Kafka did not answer
     ├── NoTopics            no topic matches the pattern in any region
     ├── SparkFailed         Spark failed; carries the first line of Spark's own message
-    └── ThresholdsPassed    the report passed a threshold (`dr reconcile` exits 3)
+    ├── ThresholdsPassed    the report passed a threshold (`dr reconcile` exits 3)
+    └── NotJudgedYet        every record of the window is still in flight (exits 4)
 """
 
 from __future__ import annotations
 
 from dr.errors import DrError
 
-__all__ = ["NoTopics", "ReconcileError", "RegionUnreachable", "SparkFailed", "ThresholdsPassed"]
+__all__ = ["NoTopics", "NotJudgedYet", "ReconcileError", "RegionUnreachable", "SparkFailed",
+           "ThresholdsPassed"]
 
 
 class ReconcileError(DrError):
@@ -42,3 +44,10 @@ class ThresholdsPassed(ReconcileError):
     """A count passed its threshold; schedulers alert on exit status 3."""
 
     exit_code = 3
+
+
+class NotJudgedYet(ReconcileError):
+    """Every record of the window is still in flight: nothing was judged (exit status 4; the
+    verdict says when a run would judge them)."""
+
+    exit_code = 4

@@ -323,7 +323,7 @@ class _Comparison:
             headerless_unmatched=sum(p.headerless_unmatched for t in topics
                                      for p in t.partitions),
             in_flight=inv.by_when[AFTER], before_window=inv.by_when[BEFORE],
-            unreadable=sum(unreadable.values()))
+            unreadable=sum(unreadable.values()), in_flight_newest_ms=inv.newest_in_flight)
         if totals.unreadable:
             log.warning("reconcile_unreadable", records=totals.unreadable,
                         partitions=len(unreadable))
@@ -338,7 +338,8 @@ class _Comparison:
                 inv.next_offsets.setdefault(r, {}).setdefault(topic, {})[str(p)] = end
         stats = (rows.groupBy("region", "topic", "partition", "when",
                               F.col("dr_id").isNull().alias("plain"), "origin", "mode")
-                 .agg(F.count(F.lit(1)).alias("n"), F.min("offset").alias("first"))
+                 .agg(F.count(F.lit(1)).alias("n"), F.min("offset").alias("first"),
+                      F.max("event_ms").alias("newest"))
                  .collect())
         origins: set[str] = set()
         for row in stats:
@@ -350,6 +351,7 @@ class _Comparison:
             inv.read[r] += n
             inv.by_when[row["when"]] += n
             if row["when"] == AFTER:  # the next incremental run starts at the first of these
+                inv.newest_in_flight = max(inv.newest_in_flight or 0, row["newest"])
                 marks = inv.next_offsets[r][row["topic"]]
                 key = str(row["partition"])
                 marks[key] = min(marks[key], row["first"])
@@ -596,6 +598,8 @@ class _Inventory:
         self.next_offsets: dict[str, dict[str, dict[str, int]]] = {}
         self.headerless: dict[tuple[str, int, str], int] = {}
         self.headerless_total = 0
+        self.newest_in_flight: int | None = None
+        """Event time (ms) of the newest record after the window's end."""
         self.first_read: dict[tuple[str, str, int], int] = {}
         """Lowest offset read per (region, topic, partition)."""
         self.older_seen: set[tuple[str, str, int]] = set()

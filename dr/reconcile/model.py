@@ -9,9 +9,10 @@ changing the meaning of a field bumps `schema_version`.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -27,6 +28,7 @@ __all__ = [
     "Thresholds",
     "TopicSummary",
     "Totals",
+    "Verdict",
     "Window",
 ]
 
@@ -40,16 +42,37 @@ class _Model(BaseModel):
 class Thresholds(_Model):
     """Largest count allowed before `dr reconcile` exits 3 (None: not checked).
 
-    A thresholds file is YAML with these keys; command-line options override it.
+    By default nothing may be missing, altered or out of order, and a topic fed by an
+    exactly-once flow (`exactly_once: true` in the topology's `flows`, or matching
+    `exactly_once_topics`) may hold no duplicate; duplicates elsewhere are expected of
+    at-least-once delivery and only counted. A thresholds file is YAML with these keys (a
+    key set to null turns its check off); command-line options override it.
     """
 
-    missing: int | None = Field(default=None, ge=0)
-    duplicates: int | None = Field(default=None, ge=0)
-    altered: int | None = Field(default=None, ge=0)
-    order_violations: int | None = Field(default=None, ge=0)
+    missing: int | None = Field(default=0, ge=0)
+    duplicates: int | None = Field(
+        default=None, ge=0, description="duplicates in any topic (default: not checked; "
+        "see duplicates_exactly_once)")
+    duplicates_exactly_once: int | None = Field(
+        default=0, ge=0, description="duplicates in the regions an exactly-once flow writes")
+    altered: int | None = Field(default=0, ge=0)
+    order_violations: int | None = Field(default=0, ge=0)
     headerless_unmatched: int | None = Field(default=None, ge=0)
     latency_p99_ms: float | None = Field(default=None, ge=0)
     unreadable: int | None = Field(default=None, ge=0)
+    exactly_once_topics: str | None = Field(
+        default=None, description="regex (full match) of topics whose mirror flows are "
+        "exactly-once, beyond those the topology's flows declare")
+
+    @field_validator("exactly_once_topics")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return v
 
 
 class Window(_Model):
@@ -183,12 +206,28 @@ class Totals(_Model):
         "run's offsets between its watermark and the log start; a full run's offsets below "
         "the log start when no older record survived; offsets deleted during the run). "
         "Never judged: a count, not silence.")
+    in_flight_newest_ms: int | None = Field(
+        None, description="event time of the newest record in flight (None: none): a run "
+        "after this + grace judges every record in flight now")
 
 
 class Breach(_Model):
     name: str
     value: float
     limit: float
+
+
+class Verdict(_Model):
+    """What the run concluded, in one line a person can act on.
+
+    `ok`: everything judged is within the thresholds; `fail`: a threshold was passed
+    (`dr reconcile` exits 3); `not_judged`: every record of the window is still in flight
+    (exit 4): re-run after `rerun_after_ms`."""
+
+    status: Literal["ok", "fail", "not_judged"]
+    summary: str = Field(description='e.g. "FAIL: 12 missing in west, 3 altered"')
+    rerun_after_ms: int | None = Field(
+        None, description="when a run would judge the records in flight now")
 
 
 class Report(_Model):
@@ -209,7 +248,12 @@ class Report(_Model):
     thresholds: Thresholds
     breaches: list[Breach]
     duration_s: float
+    verdict: Verdict | None = Field(None, description="None only in reports written "
+                                    "before verdicts existed")
 
     @property
     def ok(self) -> bool:
+        """Judged and within every threshold (a window still in flight is not ok)."""
+        if self.verdict is not None:
+            return self.verdict.status == "ok"
         return not self.breaches

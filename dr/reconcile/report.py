@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import base64
 import html
+import tempfile
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from dr.reconcile.model import LatencyStats, Report
+from dr.reconcile.model import Report, Verdict
+from dr.reconcile.verdict import decide
 
 __all__ = ["print_summary", "write_html", "write_json"]
 
@@ -68,13 +73,22 @@ def print_summary(report: Report, console: Console) -> None:
     if tot.unreadable:
         console.print(f"[yellow]unreadable (retention): {tot.unreadable} record(s) the run "
                       f"was asked to compare were deleted before they could be read[/]")
-    if tot.compared == 0 and tot.headerless == 0:
-        console.print("[yellow]nothing to compare in this window[/]")
     for b in report.breaches:
         console.print(f"[red]threshold passed[/]: {b.name} = {b.value:g} > {b.limit:g}")
     if report.details_truncated:
         console.print("[yellow]detail lists were cut at --max-details; counts are complete[/]")
-    console.print("[green]OK[/]" if report.ok else "[red]FAILED[/]")
+    v = _verdict(report)
+    console.print(f"[bold {_RICH[v.status]}]{escape(v.summary)}[/]", soft_wrap=True)
+
+
+_RICH = {"ok": "green", "fail": "red", "not_judged": "yellow"}
+_CSS = {"ok": "ok", "fail": "bad", "not_judged": "wait"}
+
+
+def _verdict(report: Report) -> Verdict:
+    """The run's verdict; a report written before verdicts existed is judged from its
+    breaches alone (no exactly-once knowledge)."""
+    return report.verdict if report.verdict is not None else decide(report)
 
 
 def _warn(v: int) -> str:
@@ -85,31 +99,49 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
-def _bars(title: str, items: list[tuple[str, float]], unit: str, color: str) -> str:
-    """A horizontal bar chart as inline SVG."""
-    if not items:
-        return f"<p><em>{html.escape(title)}: nothing to plot</em></p>"
-    width, bar_h, label_w = 640, 18, 220
-    top = max(v for _, v in items) or 1
-    h = 30 + bar_h * len(items)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{h}" '
-             f'role="img" aria-label="{html.escape(title)}">',
-             f'<text x="0" y="16" font-weight="bold">{html.escape(title)}</text>']
-    for i, (label, v) in enumerate(items):
-        y = 26 + i * bar_h
-        bw = (width - label_w - 80) * v / top
-        parts.append(f'<text x="0" y="{y + 13}" font-size="12">{html.escape(label)}</text>'
-                     f'<rect x="{label_w}" y="{y}" width="{bw:.1f}" height="{bar_h - 4}" '
-                     f'fill="{color}"/><text x="{label_w + bw + 4:.1f}" y="{y + 13}" '
-                     f'font-size="12">{v:,.0f}{" " + unit if unit else ""}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
+def _png(draw: Callable[[Path], Path]) -> str:
+    """An <img> holding the chart `draw` writes, inline (a data URI): the page stays one
+    self-contained file that renders wherever it is opened."""
+    with tempfile.TemporaryDirectory(prefix="crossdc-chart-") as tmp:
+        data = draw(Path(tmp) / "chart.png").read_bytes()
+    return (f'<img alt="chart" style="max-width:100%" '
+            f'src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}">')
 
 
-def _latency_svg(s: LatencyStats) -> str:
-    items = [(f"≤ {b:g} ms", float(c)) for b, c in s.histogram]
-    return _bars(f"latency {s.origin} → {s.region} ({s.count:,} records, p99 "
-                 f"{_ms(s.p99_ms)} ms)", items, "", "#4c78a8")
+_MAX_BARS = 30
+
+
+def _charts(report: Report) -> str:
+    """Missing and duplicates per topic / region (horizontal bars), then the latency
+    histogram of each origin → region pair."""
+    from dr.charts import BarPanel, bars
+
+    out = []
+    rows = [(f"{t.topic} / {r}", float(sum(p.missing[r] for p in t.partitions)),
+             float(sum(p.duplicates[r] for p in t.partitions)))
+            for t in report.topics for r in report.regions]
+    found = sorted((row for row in rows if row[1] or row[2]), key=lambda x: -(x[1] + x[2]))
+    if not found:
+        out.append("<p><em>no missing or duplicate records</em></p>")
+    else:
+        shown = found[:_MAX_BARS]
+        more = f" (the {_MAX_BARS} largest of {len(found)})" if len(found) > _MAX_BARS else ""
+        panel = BarPanel(f"missing and duplicate records per topic / region{more}",
+                         [label for label, _, _ in shown],
+                         {"missing": [m for _, m, _ in shown],
+                          "duplicates": [d for _, _, d in shown]}, ylabel="records")
+        out.append(_png(lambda path: bars(path, [panel], horizontal=True, colors={
+            "missing": "#e45756", "duplicates": "#f58518"})))
+    measured = [s for s in report.latency if s.histogram]
+    if measured:
+        panels = [BarPanel(f"{s.origin} → {s.region}: {s.count:,} records, p99 "
+                           f"{_ms(s.p99_ms)} ms (bars: latency ≤ ms)",
+                           [f"≤{b:g}" for b, _ in s.histogram],
+                           {"records": [float(c) for _, c in s.histogram]},
+                           ylabel="records") for s in measured]
+        out.append(_png(lambda path: bars(path, panels, columns=2,
+                                          title="replication latency (append time - dr-ts)")))
+    return "\n".join(out)
 
 
 def _when(ms: int | None) -> str:
@@ -122,10 +154,6 @@ def write_html(report: Report, path: Path) -> None:
     """A self-contained page: verdict, totals, plots, the per topic/region table, latency
     percentiles, and the detail tables."""
     tot = report.totals
-    per_topic = [(f"{t.topic} / {r}", float(sum(p.missing[r] for p in t.partitions)))
-                 for t in report.topics for r in report.regions]
-    dup_topic = [(f"{t.topic} / {r}", float(sum(p.duplicates[r] for p in t.partitions)))
-                 for t in report.topics for r in report.regions]
 
     def table(title: str, rows: list[dict[str, object]], *, count: bool = True,
               commas: bool = False) -> str:
@@ -155,9 +183,11 @@ def write_html(report: Report, path: Path) -> None:
     latency = [{"origin → region": f"{s.origin} → {s.region}", "records": s.count,
                 "p50 ms": _ms(s.p50_ms), "p95 ms": _ms(s.p95_ms), "p99 ms": _ms(s.p99_ms),
                 "max ms": _ms(s.max_ms), "unmeasured": s.unmeasured} for s in report.latency]
-    verdict = ('<span class="ok">OK</span>' if report.ok else '<span class="bad">FAILED</span>: '
-               + ", ".join(f"{html.escape(b.name)} {b.value:g} &gt; {b.limit:g}"
-                           for b in report.breaches))
+    v = _verdict(report)
+    verdict = f'<div class="verdict {_CSS[v.status]}">{html.escape(v.summary)}</div>'
+    breaches = ("<p>limits passed: " + ", ".join(
+        f"{html.escape(b.name)} {b.value:g} &gt; {b.limit:g}" for b in report.breaches)
+        + "</p>" if report.breaches else "")
     cut = ("<p><em>detail lists were cut at --max-details; counts are complete</em></p>"
            if report.details_truncated else "")
     unreadable_note = (" (deleted before they could be compared: not judged)"
@@ -168,11 +198,17 @@ def write_html(report: Report, path: Path) -> None:
 body{{font-family:sans-serif;margin:2em;max-width:1100px}}
 table{{border-collapse:collapse;margin-bottom:1em}}
 td,th{{border:1px solid #ccc;padding:2px 6px;font-size:13px}} td.n{{text-align:right}}
-th{{background:#f3f3f3}} .ok{{color:#2a7a2a;font-weight:bold}}
-.bad{{color:#c0392b;font-weight:bold}} .plots{{display:flex;flex-wrap:wrap;gap:2em}}</style>
+th{{background:#f3f3f3}}
+.verdict{{font-size:20px;font-weight:bold;padding:12px 16px;border-radius:6px;
+border-left:8px solid;margin:1em 0}}
+.verdict.ok{{color:#1e5e1e;background:#e6f4e6;border-color:#2a7a2a}}
+.verdict.bad{{color:#8e1f14;background:#fbe9e7;border-color:#c0392b}}
+.verdict.wait{{color:#6b4d00;background:#fff5d6;border-color:#d4a017}}
+.plots img{{display:block;margin-bottom:1em}}</style>
 </head><body>
 <h1>crossdc reconciliation: {html.escape(", ".join(report.regions))}</h1>
-<p>{verdict}. Topics matching <code>{html.escape(report.topics_pattern)}</code>; window
+{verdict}{breaches}
+<p>Topics matching <code>{html.escape(report.topics_pattern)}</code>; window
 [{_when(w.since_ms)}, {_when(w.until_ms)}) with {w.grace_s:g} s grace{
     " (incremental)" if w.incremental else ""}; generated {_when(report.generated_at_ms)} in
 {report.duration_s:.1f} s.</p>
@@ -185,12 +221,9 @@ missing <b>{tot.missing:,}</b>, duplicates <b>{tot.duplicates:,}</b>, altered
 <b>{tot.unreadable:,}</b>{unreadable_note}.</p>
 {cut}
 {table("per topic and region", summary, count=False, commas=True)}
-<div class="plots"><div>
-{_bars("missing records per topic / region", per_topic, "", "#e45756")}
-{_bars("duplicate records per topic / region", dup_topic, "", "#f58518")}
-</div><div>
-{"".join(_latency_svg(s) for s in report.latency)}
-</div></div>
+<div class="plots">
+{_charts(report)}
+</div>
 {table("replication latency (append time - dr-ts)", latency, count=False, commas=True)}
 {table("missing", [m.model_dump() for m in report.missing])}
 {table("duplicates", [d.model_dump() for d in report.duplicates])}

@@ -12,8 +12,9 @@ import structlog
 
 from crossdc.errors import ConfigError, ConfigIssue
 from crossdc.topology import Topology
-from dr.reconcile.model import Breach, Report, Thresholds, Window
+from dr.reconcile.model import Report, Thresholds, Window
 from dr.reconcile.survey import survey
+from dr.reconcile.verdict import conclude, exactly_once_pairs, judge
 from dr.reconcile.watermark import Watermarks, load_watermarks, save_watermarks
 
 __all__ = ["RunSettings", "judge", "run"]
@@ -62,16 +63,6 @@ def check_regions(settings: RunSettings) -> None:
         raise ConfigError(issues)
 
 
-def judge(report_totals: dict[str, float], thresholds: Thresholds) -> list[Breach]:
-    """Each threshold set and passed becomes a Breach."""
-    out = []
-    for name, limit in thresholds.model_dump().items():
-        value = report_totals.get(name)
-        if limit is not None and value is not None and value > limit:
-            out.append(Breach(name=name, value=value, limit=limit))
-    return out
-
-
 def run(settings: RunSettings) -> Report:
     """Run the job once; with `state_path`, incrementally from the saved watermarks."""
     from dr.reconcile.job import SparkOptions, compare, now_ms, spark_session, stop_session
@@ -105,14 +96,9 @@ def run(settings: RunSettings) -> Report:
                         max_details=settings.max_details)
     finally:
         stop_session(spark)  # the JVM's context, its cache and its local files go with it
-    p99 = max((x.p99_ms for x in found.latency if x.p99_ms is not None), default=None)
-    values: dict[str, float] = {
-        "missing": found.totals.missing, "duplicates": found.totals.duplicates,
-        "altered": found.totals.altered, "order_violations": found.totals.order_violations,
-        "headerless_unmatched": found.totals.headerless_unmatched,
-        "unreadable": found.totals.unreadable}
-    if p99 is not None:
-        values["latency_p99_ms"] = p99
+    exactly_once = exactly_once_pairs([t.topic for t in found.topics], settings.regions,
+                                      settings.topology.flows,
+                                      settings.thresholds.exactly_once_topics)
     report = Report(
         generated_at_ms=now_ms(), regions=settings.regions, topics_pattern=settings.topics,
         window=Window(since_ms=since, until_ms=until, grace_s=settings.grace_s,
@@ -122,11 +108,13 @@ def run(settings: RunSettings) -> Report:
         order_violations=found.order_violations,
         headerless_unmatched=found.headerless_unmatched, latency=found.latency,
         details_truncated=found.truncated, thresholds=settings.thresholds,
-        breaches=judge(values, settings.thresholds),
-        duration_s=round(time.monotonic() - started, 3))
+        breaches=[], duration_s=round(time.monotonic() - started, 3))
+    report = conclude(report, exactly_once)
     if settings.state_path is not None:
         save_watermarks(settings.state_path,
                         Watermarks(cutoff_ms=until, offsets=found.next_offsets))
     log.info("reconcile_done", compared=report.totals.compared, missing=report.totals.missing,
-             duplicates=report.totals.duplicates, ok=report.ok, duration_s=report.duration_s)
+             duplicates=report.totals.duplicates,
+             verdict=report.verdict.status if report.verdict else None,
+             duration_s=report.duration_s)
     return report

@@ -14,8 +14,8 @@ from rich.console import Console
 
 from crossdc.errors import ConfigError
 from crossdc.yamlfile import load_model
-from dr.reconcile.cli import parse_time
-from dr.reconcile.errors import RegionUnreachable, ThresholdsPassed
+from dr.reconcile.cli import parse_time, thresholds
+from dr.reconcile.errors import NotJudgedYet, RegionUnreachable, ThresholdsPassed
 from dr.reconcile.model import (
     LatencyStats,
     MissingRecord,
@@ -24,11 +24,13 @@ from dr.reconcile.model import (
     Thresholds,
     TopicSummary,
     Totals,
+    Verdict,
     Window,
 )
 from dr.reconcile.report import print_summary, write_html, write_json
 from dr.reconcile.run import RunSettings, check_regions, judge, run
 from dr.reconcile.survey import is_internal, survey
+from dr.reconcile.verdict import conclude, exactly_once_pairs
 from dr.reconcile.watermark import Watermarks, load_watermarks, save_watermarks
 from dr.stack.ports import free_topology
 
@@ -47,8 +49,14 @@ def test_judge_reports_only_passed_thresholds() -> None:
     got = judge({"missing": 2, "duplicates": 3, "latency_p99_ms": 501.5}, limits)
     assert [(b.name, b.value, b.limit) for b in got] == [("missing", 2, 0),
                                                          ("latency_p99_ms", 501.5, 500)]
-    assert judge({"missing": 9}, Thresholds()) == []
-    assert ThresholdsPassed.exit_code == 3
+    # the defaults: missing, altered, order and exactly-once duplicates fail at 1
+    got = judge({"missing": 9, "duplicates": 4, "altered": 1, "order_violations": 1,
+                 "duplicates_exactly_once": 0, "latency_p99_ms": 9e9}, Thresholds())
+    assert [b.name for b in got] == ["missing", "altered", "order_violations"]
+    assert judge({"duplicates_exactly_once": 1}, Thresholds())[0].name == \
+        "duplicates_exactly_once"
+    assert judge({"missing": 9}, Thresholds(missing=None)) == []
+    assert (ThresholdsPassed.exit_code, NotJudgedYet.exit_code) == (3, 4)
 
 
 def test_thresholds_file_errors_name_line_and_field(tmp_path: Path) -> None:
@@ -131,7 +139,8 @@ def _report() -> Report:
                               p95_ms=8, p99_ms=9, max_ms=12,
                               histogram=[(4.0, 5), (8.0, 3), (16.0, 1)])],
         details_truncated=False, thresholds=Thresholds(missing=0),
-        breaches=judge({"missing": 1}, Thresholds(missing=0)), duration_s=1.5)
+        breaches=judge({"missing": 1}, Thresholds(missing=0)), duration_s=1.5,
+        verdict=Verdict(status="fail", summary="FAIL: 1 missing in west"))
 
 
 def test_reports_render(tmp_path: Path) -> None:
@@ -142,10 +151,12 @@ def test_reports_render(tmp_path: Path) -> None:
     assert "payments" in text
     assert "east → west" in text
     assert "threshold passed: missing = 1 > 0" in text
-    assert "FAILED" in text
+    assert "FAIL: 1 missing in west" in text
     write_html(r, tmp_path / "r.html")
     page = (tmp_path / "r.html").read_text()
-    assert page.count("<svg") == 3  # missing, duplicates, one latency histogram
+    assert '<div class="verdict bad">FAIL: 1 missing in west</div>' in page
+    # missing and duplicates per topic / region, then the latency histogram: inline PNGs
+    assert page.count('src="data:image/png;base64,iVBORw0KGgo') == 2
     assert "id-7" in page
     write_json(r, tmp_path / "r.json")
     assert Report.model_validate_json((tmp_path / "r.json").read_text()) == r
@@ -217,3 +228,125 @@ def test_unreadable_is_shown_in_every_face(tmp_path: Path) -> None:
     write_json(r, tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["totals"]["unreadable"] == 7
     assert judge({"unreadable": 7}, Thresholds(unreadable=0))[0].name == "unreadable"
+
+
+# -- verdicts ------------------------------------------------------------------------------
+NOW = 1_700_000_100_000
+
+
+def _found(missing: dict[str, int] | None = None, duplicates: dict[str, int] | None = None,
+           altered: int = 0, order: int = 0, compared: int = 10_000, in_flight: int = 0,
+           newest_ms: int | None = None, limits: Thresholds | None = None,
+           exactly_once: set[tuple[str, str]] | None = None) -> Report:
+    """A report of what the job found on topic `payments`, judged as `run` judges it."""
+    miss = {"east": 0, "west": 0, **(missing or {})}
+    dups = {"east": 0, "west": 0, **(duplicates or {})}
+    part = PartitionSummary(partition=0, expected=compared, present={"east": compared,
+                            "west": compared}, missing=miss, duplicates=dups, altered=altered,
+                            order_violations=order, headerless={"east": 0, "west": 0},
+                            headerless_unmatched=0)
+    report = Report(
+        generated_at_ms=NOW, regions=["east", "west"], topics_pattern="payments",
+        window=Window(since_ms=None, until_ms=NOW - 30_000, grace_s=30, incremental=False),
+        totals=Totals(read={"east": compared + in_flight, "west": compared},
+                      compared=compared, missing=sum(miss.values()),
+                      duplicates=sum(dups.values()), altered=altered, order_violations=order,
+                      headerless=0, headerless_unmatched=0, in_flight=in_flight,
+                      before_window=0, in_flight_newest_ms=newest_ms),
+        topics=[TopicSummary(topic="payments", partitions=[part])], missing=[],
+        duplicates=[], altered=[], order_violations=[], headerless_unmatched=[], latency=[],
+        details_truncated=False, thresholds=limits or Thresholds(), breaches=[],
+        duration_s=1.0)
+    return conclude(report, exactly_once or set())
+
+
+def _verdict(report: Report) -> Verdict:
+    assert report.verdict is not None
+    return report.verdict
+
+
+def test_missing_and_altered_fail_without_any_threshold_given() -> None:
+    v = _verdict(_found(missing={"west": 12, "east": 3}, altered=3, order=2))
+    assert v.status == "fail"
+    assert v.summary == "FAIL: 3 missing in east, 12 in west, 3 altered, 2 order violations"
+
+
+def test_a_clean_window_says_what_was_compared() -> None:
+    r = _found()
+    assert r.ok
+    assert _verdict(r).summary == ("OK: 10,000 records compared, nothing missing, altered or "
+                                   "out of order, no duplicates")
+    assert r.breaches == []
+
+
+def test_duplicates_are_counted_not_failed_on_at_least_once_flows() -> None:
+    v = _verdict(_found(duplicates={"west": 2}))
+    assert v.status == "ok"
+    assert v.summary.endswith("; within limits: 2 duplicates in west (at-least-once flows: "
+                              "duplicates are expected, not checked)")
+
+
+def test_duplicates_fail_on_an_exactly_once_flow() -> None:
+    r = _found(duplicates={"west": 1}, exactly_once={("payments", "west")})
+    assert [(b.name, b.value) for b in r.breaches] == [("duplicates_exactly_once", 1)]
+    assert _verdict(r).summary == "FAIL: 1 duplicate in west (exactly-once flows)"
+    # an exactly-once flow into east does not make west's duplicate a defect
+    assert _found(duplicates={"west": 1}, exactly_once={("payments", "east")}).ok
+
+
+def test_a_raised_limit_is_named_with_what_it_allowed() -> None:
+    r = _found(missing={"west": 3}, limits=Thresholds(missing=5))
+    assert _verdict(r).summary.startswith("OK: 10,000 records compared, nothing altered or "
+                                          "out of order")
+    assert "within limits: 3 missing in west (limit 5)" in _verdict(r).summary
+    r = _found(missing={"west": 3}, altered=1, limits=Thresholds(missing=None))
+    assert _verdict(r).summary == ("FAIL: 1 altered; within limits: 3 missing in west "
+                                   "(not checked)")
+
+
+def test_a_window_all_in_flight_is_not_judged_and_says_when_to_rerun() -> None:
+    newest = NOW - 10_000  # written 10 s ago; 30 s grace: judged from 20 s on
+    r = _found(compared=0, in_flight=40, newest_ms=newest)
+    v = _verdict(r)
+    assert v.status == "not_judged"
+    assert not r.ok
+    assert v.rerun_after_ms == newest + 30_000 + 1
+    assert v.summary.startswith("NOT JUDGED YET: all 40 records of the window are in flight")
+    assert "re-run after 2023-11-14 22:15:20 UTC (in 21 s)" in v.summary
+    # some judged, some in flight: a normal verdict that mentions the rest
+    v = _verdict(_found(compared=5, in_flight=2, newest_ms=newest))
+    assert v.status == "ok"
+    assert v.summary.endswith("; 2 records in flight, judged by a later run")
+    # an empty window is not "not judged": there is nothing to wait for
+    assert _verdict(_found(compared=0)).status == "ok"
+
+
+def test_the_verdict_prints_on_the_terminal() -> None:
+    buf = io.StringIO()
+    print_summary(_found(compared=0, in_flight=1, newest_ms=NOW),
+                  Console(file=buf, width=300, color_system=None))
+    assert "NOT JUDGED YET: all 1 record of the window are in flight" in buf.getvalue()
+
+
+def test_exactly_once_pairs_from_flows_and_the_option() -> None:
+    from crossdc.topology import Flow
+    flows = [Flow(source="east", target="west", topics="pay.*", exactly_once=True),
+             Flow(source="west", target="east", topics="pay.*"),
+             Flow(source="east", target="south", topics=".*", exactly_once=True)]
+    topics = ["payments", "clicks"]
+    assert exactly_once_pairs(topics, ["east", "west"], flows) == {("payments", "west")}
+    assert exactly_once_pairs(topics, ["east", "west"], flows, "click.*") == {
+        ("payments", "west"), ("clicks", "east"), ("clicks", "west")}
+
+
+def test_thresholds_defaults_file_then_options(tmp_path: Path) -> None:
+    assert thresholds(None, {}) == Thresholds(missing=0, altered=0, order_violations=0,
+                                              duplicates_exactly_once=0)
+    f = tmp_path / "limits.yaml"
+    f.write_text("missing: 5\naltered: null\nexactly_once_topics: 'pay.*'\n")
+    got = thresholds(f, {"missing": 7, "duplicates": None})
+    assert (got.missing, got.altered, got.order_violations) == (7, None, 0)
+    assert (got.duplicates, got.exactly_once_topics) == (None, "pay.*")
+    f.write_text("exactly_once_topics: 'pay('\n")
+    with pytest.raises(ConfigError, match=r"exactly_once_topics: .*not a regular expression"):
+        thresholds(f, {})
