@@ -1,0 +1,174 @@
+"""The drill's faults without servers: what each local fault says it would do (--dry-run), the
+hook faults with real /bin/sh commands, and the mirror supervisor's bounded backoff."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from crossdc.topology import Flow, Topology
+from dr.cli.mirror import Restart
+from dr.drill.errors import DrillError, HookFailed
+from dr.drill.faults import SCENARIOS, HookFault, local_fault
+from dr.errors import DrError
+from dr.stack.local import LocalStack
+from dr.stack.paths import REPO_ROOT, StackPaths
+from dr.stack.services import Services
+
+TOPOLOGY = REPO_ROOT / "policies" / "topology.local.yaml"
+POLICY = REPO_ROOT / "policies" / "default.yaml"
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> tuple[LocalStack, Services]:
+    """A local stack and its services as recorded, with nothing running."""
+    from crossdc.topology import load_topology
+    topo: Topology = load_topology(TOPOLOGY)
+    paths = StackPaths(state=tmp_path / "state", cache=tmp_path / "cache")
+    services = Services(topo, TOPOLOGY, paths, policy=POLICY)
+    services._write(services._plan(POLICY), POLICY)  # what `up()` records before starting
+    return LocalStack(topo, TOPOLOGY, paths=paths), services
+
+
+def test_the_record_names_every_service_and_its_ports(local: tuple[LocalStack, Services]
+                                                      ) -> None:
+    _, services = local
+    infos = {i.name: i for i in services.info()}
+    assert sorted(infos) == ["controller-east", "controller-west", "mirror-east-west",
+                             "mirror-west-east", "proxy-east", "proxy-west"]
+    assert infos["proxy-east"].address == "127.0.0.1:18700"
+    assert infos["proxy-east"].metrics == "127.0.0.1:18701"
+    assert infos["mirror-east-west"].region == "west"
+    assert infos["mirror-east-west"].address is None
+    assert all(i.pid is None for i in infos.values())
+    doc = json.loads(services.record_path.read_text())
+    argv = {s["name"]: s["argv"] for s in doc["services"]}
+    assert argv["mirror-west-east"][-5:-1] == ["--flow", "west:east", "--restart",
+                                               "--metrics-port"]
+    assert "--auto-failover" in argv["controller-east"]
+    # ports chosen once: a second plan keeps them
+    again = {s.name: s for s in services._plan(POLICY).values()}
+    assert again["controller-west"].address == infos["controller-west"].address
+
+
+@pytest.mark.parametrize(("scenario", "says"), [
+    ("primary-outage", ["kill -9 every Kafka broker of the primary region east",
+                        "east kafka broker 1 (pid -, 127.0.0.1:19092)",
+                        "proxy and controller stay"]),
+    ("proxy-outage", ["kill -9 proxy-east", "not running now"]),
+    ("mirror-outage", ["mirror-east-west (not running now)", "mirror-west-east"]),
+    ("consul-outage", ["SIGSTOP", "primary region east", "127.0.0.1:18500"]),
+    ("controller-outage", ["leading controller", "controller-east (127.0.0.1:",
+                           "controller-west"]),
+])
+def test_describe_says_what_and_where_and_changes_nothing(
+        local: tuple[LocalStack, Services], scenario: str, says: list[str]) -> None:
+    stack, services = local
+    before = services.record_path.read_text()
+    lines = local_fault(scenario, stack, services, "east").describe()
+    assert len(lines) == 2
+    assert lines[1].startswith("heal: ")
+    for part in says:
+        assert part in lines[0], lines
+    assert services.record_path.read_text() == before
+    assert not list((stack.paths.state).glob("*/*/pid"))
+
+
+def test_every_scenario_has_a_local_fault_and_bad_input_is_a_drill_error(
+        local: tuple[LocalStack, Services]) -> None:
+    stack, services = local
+    assert {local_fault(s, stack, services, "west").scenario for s in SCENARIOS} == \
+        set(SCENARIOS)
+    with pytest.raises(DrillError, match="unknown scenario 'disk-outage'"):
+        local_fault("disk-outage", stack, services, "east")
+    with pytest.raises(DrillError, match="no region 'mars'"):
+        local_fault("proxy-outage", stack, services, "mars")
+    assert issubclass(DrillError, DrError)
+
+
+async def test_a_local_fault_without_its_service_says_so(tmp_path: Path) -> None:
+    from crossdc.topology import load_topology
+    topo = load_topology(TOPOLOGY)
+    paths = StackPaths(state=tmp_path / "state", cache=tmp_path / "cache")
+    stack, services = LocalStack(topo, TOPOLOGY, paths=paths), Services(topo, TOPOLOGY, paths)
+    fault = local_fault("proxy-outage", stack, services, "east")
+    with pytest.raises(DrillError, match=r"no service proxy-east.*dr up --services"):
+        await fault.inject()
+    no_mirrors = Services(topo.model_copy(update={"flows": []}), TOPOLOGY, paths)
+    with pytest.raises(DrillError, match="no mirror process"):
+        await local_fault("mirror-outage", stack, no_mirrors, "east").inject()
+
+
+# -- hooks ---------------------------------------------------------------------------------
+async def test_hook_runs_with_the_drill_environment(tmp_path: Path) -> None:
+    seen = tmp_path / "seen"
+    fault = HookFault("consul-outage",
+                      f'echo "$CROSSDC_SCENARIO $CROSSDC_PRIMARY $CROSSDC_REGIONS $EXTRA" > {seen}',
+                      f"echo healed >> {seen}; echo done", {"EXTRA": "x"},
+                      primary="west", regions=["east", "west"])
+    lines = fault.describe()
+    assert "inject: /bin/sh -c" in lines[0]
+    assert "CROSSDC_PRIMARY=west" in lines[0]
+    assert not seen.exists(), "describe() runs nothing"
+    await fault.inject()
+    assert seen.read_text() == "consul-outage west east,west x\n"
+    await fault.heal()
+    assert seen.read_text().splitlines()[-1] == "healed"
+    assert fault.output["heal"] == "done\n"
+
+
+async def test_hook_failure_names_the_command_and_its_stderr_tail() -> None:
+    cmd = "echo starting; for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo line$i >&2; done; exit 3"
+    fault = HookFault("proxy-outage", cmd, "", {})
+    with pytest.raises(HookFailed) as info:
+        await fault.inject()
+    err = info.value
+    assert isinstance(err, DrillError)
+    assert err.returncode == 3
+    assert err.step == "inject"
+    msg = str(err)
+    assert cmd in msg
+    assert "status 3" in msg
+    assert "line12" in msg
+    assert "line2\n" not in msg, "only the tail"
+    await fault.heal()  # an empty heal command heals nothing, and does not fail
+    assert fault.describe()[1] == "heal: (no command)"
+
+
+async def test_hook_past_its_deadline_is_killed_and_fails(tmp_path: Path) -> None:
+    marker = tmp_path / "after"
+    fault = HookFault("mirror-outage", "true", f"echo slow >&2; sleep 30; touch {marker}", {},
+                      timeout_s=0.5)
+    await fault.inject()
+    with pytest.raises(HookFailed, match="timed out") as info:
+        await fault.heal()
+    assert info.value.returncode is None
+    assert "slow" in info.value.stderr_tail
+    assert not marker.exists()
+
+
+# -- the mirror supervisor's backoff ---------------------------------------------------------
+def test_restart_pauses_double_and_stay_bounded() -> None:
+    r = Restart(first_s=1.0, max_s=30.0)
+    pauses = [r.pause(n) for n in range(1, 12)]
+    assert 0.8 <= pauses[0] <= 1.0
+    assert 1.6 <= pauses[1] <= 2.0
+    assert 3.2 <= pauses[2] <= 4.0
+    assert all(p <= 30.0 for p in pauses)
+    assert pauses[-1] >= 24.0
+
+
+def test_flow_selection_by_name() -> None:
+    import typer
+
+    from crossdc.topology import load_topology
+    from dr.cli.mirror import _flows
+    topo = load_topology(TOPOLOGY)
+    [one] = _flows(topo, None, None, None, None, False, False, 10.0, False, None, ["west:east"])
+    assert isinstance(one, Flow)
+    assert (one.source, one.target, one.discovery_interval_s) == ("west", "east", 2.0)
+    assert one.topics == "(payments|ledger|clickstream).*"
+    with pytest.raises(typer.BadParameter, match="no flow east:mars"):
+        _flows(topo, None, None, None, None, False, False, 10.0, False, None, ["east:mars"])
