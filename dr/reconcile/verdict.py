@@ -155,10 +155,9 @@ def decide(report: Report, exactly_once: Collection[tuple[str, str]] = ()) -> Ve
     if judged == 0 and tot.in_flight:
         return _not_judged(report)
     if judged == 0:
-        return Verdict(status="ok", summary="OK: no records in this window, nothing to judge "
-                       f"({sum(tot.read.values()):,} read, all older than the window)"
-                       if tot.before_window else
-                       "OK: no records in this window, nothing to judge")
+        older = (f" ({_plural(tot.before_window, 'record')} read, all older than the window)"
+                 if tot.before_window else "")
+        return Verdict(status="ok", summary=f"OK: nothing to compare in this window{older}")
     clean = [w for w, n in (("missing", missing), ("altered", tot.altered),
                             ("out of order", tot.order_violations)) if not n]
     text = f"OK: {_plural(tot.compared, 'record')} compared"

@@ -220,7 +220,15 @@ def test_totals_and_latency(report: Report, seeded: Seeded) -> None:
     assert ew.max_ms is not None
     assert 0 <= ew.p50_ms <= ew.p99_ms <= ew.max_ms < 120_000
     assert sum(c for _, c in ew.histogram) == ew.count
-    assert report.ok  # no thresholds given
+    # no thresholds given: the defaults fail missing, altered and out-of-order records; the
+    # duplicate is only counted (no exactly-once flow in this topology)
+    assert not report.ok
+    assert [b.name for b in report.breaches] == ["missing", "altered", "order_violations"]
+    assert report.verdict is not None
+    assert report.verdict.status == "fail"
+    assert report.verdict.summary.startswith(
+        "FAIL: 5 missing in west, 1 altered, 1 order violation; within limits: "
+        "1 duplicate in west (at-least-once flows")
 
 
 def test_incremental_run_judges_only_new_records(two_regions, jars: Path,  # type: ignore[no-untyped-def]
@@ -251,11 +259,18 @@ def test_incremental_run_judges_only_new_records(two_regions, jars: Path,  # typ
     assert second.window.since_ms == first.window.until_ms
     assert second.totals.read == {"east": 1, "west": 0}
     assert (second.totals.compared, second.totals.in_flight) == (0, 1)
+    late_ts = int(dict(new[0][2])["dr-ts"])
+    assert second.verdict is not None
+    assert second.verdict.status == "not_judged"
+    assert second.verdict.rerun_after_ms == late_ts + 60_000 + 1
+    assert "NOT JUDGED YET: all 1 record of the window are in flight" in second.verdict.summary
     assert json.loads(state.read_text())["offsets"]["east"] == {topic: {"0": 5}}
     third = run(_settings(two_regions, topic, jars, state_path=state))
     assert third.window.since_ms == second.window.until_ms
     assert third.totals.read == {"east": 1, "west": 0}
     assert (third.totals.compared, third.totals.missing) == (1, 1)
+    assert third.verdict is not None
+    assert third.verdict.summary == "FAIL: 1 missing in west"
     assert [m.dr_id for m in third.missing] == [dict(new[0][2])["dr-id"].decode()]
     assert json.loads(state.read_text())["offsets"]["east"] == {topic: {"0": 6}}
 
@@ -267,6 +282,9 @@ def test_empty_window_is_an_explicit_report(two_regions, seeded: Seeded,  # type
     assert got.totals.compared == 0
     assert got.totals.in_flight == sum(got.totals.read.values()) > 0
     assert (got.missing, got.latency, got.breaches) == ([], [], [])
+    assert got.verdict is not None
+    assert got.verdict.status == "not_judged"  # not "OK": nothing was compared
+    assert got.verdict.summary.endswith("re-run now with a later --until, or without --until")
 
 
 def test_no_topic_matches_is_a_clear_error(two_regions, jars: Path) -> None:  # type: ignore[no-untyped-def]
@@ -274,34 +292,37 @@ def test_no_topic_matches_is_a_clear_error(two_regions, jars: Path) -> None:  # 
         run(_settings(two_regions, "nothing-here-.*", jars))
 
 
-def test_spark_submit_runs_the_command_and_exits_3_on_a_threshold(  # type: ignore[no-untyped-def]
+def test_spark_submit_fails_a_missing_record_with_no_thresholds_given(  # type: ignore[no-untyped-def]
         two_regions, seeded: Seeded, jars: Path, tmp_path: Path) -> None:
-    """The same module, unchanged, under spark-submit (as on YARN or Kubernetes)."""
+    """The same module, unchanged, under spark-submit (as on YARN or Kubernetes), with no
+    thresholds file and no --max-* option: the default verdict fails, names what was found
+    and exits 3."""
     import pyspark
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     main = Path(__file__).resolve().parents[2] / "dr" / "reconcile" / "__main__.py"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable}
-    limits = tmp_path / "limits.yaml"
-    limits.write_text("missing: 0\nduplicates: 5\n")
     proc = subprocess.run(
         [str(submit), "--master", "local[1]", "--driver-memory", "512m",
          "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
          "--jars", ",".join(str(j) for j in sorted(jars.glob("*.jar"))), str(main),
          "--topology", str(two_regions.topology_path), "--regions", "east,west",
-         "--topics", seeded.faulty, "--grace", "0", "--thresholds", str(limits),
-         "--max-altered", "0", "--out", str(tmp_path / "o")],
+         "--topics", seeded.faulty, "--grace", "0", "--out", str(tmp_path / "o")],
         capture_output=True, text=True, timeout=240, env=env, check=False)
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-3000:]
+    verdict = ("FAIL: 2 missing in west, 1 altered, 1 order violation; within limits: "
+               "1 duplicate in west (at-least-once flows: duplicates are expected, not "
+               "checked), 2 headerless records without a match (not checked)")
+    assert verdict in proc.stdout
     assert "threshold passed: missing = 2 > 0" in proc.stdout
-    assert "threshold passed: altered = 1 > 0" in proc.stdout
     got = json.loads((tmp_path / "o" / "report.json").read_text())
     assert got["schema_version"] == 1
-    assert [b["name"] for b in got["breaches"]] == ["missing", "altered"]
-    assert got["totals"]["missing"] == 2
+    assert [b["name"] for b in got["breaches"]] == ["missing", "altered", "order_violations"]
+    assert got["verdict"] == {"status": "fail", "summary": verdict, "rerun_after_ms": None}
     assert got["totals"]["duplicates"] == 1
     html = (tmp_path / "o" / "report.html").read_text()
-    assert "<svg" in html
+    assert f'<div class="verdict bad">{verdict}</div>' in html
+    assert 'src="data:image/png;base64,' in html
     assert seeded.dropped[0] in html
 
 
