@@ -45,6 +45,8 @@ HEAL_TIMEOUT_S = 120.0
 
 class Fault(Protocol):
     scenario: str
+    targets: tuple[str, ...]
+    """What `inject()` took down (service or process names); empty before it ran."""
 
     def describe(self) -> list[str]:
         """What would be injected, where (for --dry-run); changes nothing."""
