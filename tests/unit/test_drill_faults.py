@@ -172,3 +172,19 @@ def test_flow_selection_by_name() -> None:
     assert one.topics == "(payments|ledger|clickstream).*"
     with pytest.raises(typer.BadParameter, match="no flow east:mars"):
         _flows(topo, None, None, None, None, False, False, 10.0, False, None, ["east:mars"])
+
+
+def test_status_lists_the_services_in_one_short_table(
+        local: tuple[LocalStack, Services], capsys: pytest.CaptureFixture[str]) -> None:
+    from dataclasses import replace
+
+    from dr.cli.stack import render_services
+    _, services = local
+    infos = services.info()
+    rows = [(replace(infos[0], pid=4242), True), *((i, False) for i in infos[1:])]
+    render_services(rows)
+    text = capsys.readouterr().out
+    assert f"{infos[0].name}" in text
+    assert "4242" in text
+    assert "not running" in text
+    assert len(text.strip().splitlines()) <= len(infos) + 5
