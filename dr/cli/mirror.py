@@ -84,7 +84,7 @@ class Restart:
     doubles from `first_s` up to `max_s` (back to `first_s` once a worker ran `reset_s`)."""
 
     first_s: float = 1.0
-    max_s: float = 30.0
+    max_s: float = 10.0
     reset_s: float = 60.0
 
     def pause(self, failures: int) -> float:
@@ -207,7 +207,7 @@ def run(
     restart: Annotated[bool, typer.Option(
         "--restart", help="Supervise the workers here: one that ends with an error (its "
         "target down past its assignment budget, a failed start) is logged and started "
-        "again after a pause doubling from 1 s to 30 s; the command runs until SIGTERM. "
+        "again after a pause doubling from 1 s to 10 s; the command runs until SIGTERM. "
         "Without it, the first error ends the command (exit 1) for an outside supervisor."
     )] = False,
 ) -> None:
