@@ -112,8 +112,11 @@ async def test_admin_topics_and_configs(two_regions: StackInfo) -> None:
         assert entries["cleanup.policy"] == "compact"
         assert entries["retention.ms"] == "3600000"
         await admin.create_partitions({topic: _new_partitions(6)})
-        [desc] = await admin.describe_topics([topic])
-        assert len(desc["partitions"]) == 6
+
+        async def grown() -> bool:  # the controller's metadata reaches the broker a bit later
+            [desc] = await admin.describe_topics([topic])
+            return len(desc["partitions"]) == 6
+        await eventually(grown, 30, "6 partitions described")
     finally:
         await admin.close()
 
