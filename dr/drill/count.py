@@ -189,25 +189,40 @@ def judge(acks: Iterable[Ack], held: Mapping[str, Mapping[str, Mapping[str, int]
 def all_replicated(acks: Iterable[Ack], held: Mapping[str, Mapping[str, Mapping[str, int]]],
                    regions: Sequence[str]) -> bool:
     """Whether every acked record is held in every region."""
-    return all(held.get(r, {}).get(a.topic, {}).get(a.dr_id, 0) > 0
-               for a in acks for r in regions)
+    return unreplicated(acks, held, regions) == 0
+
+
+def unreplicated(acks: Iterable[Ack], held: Mapping[str, Mapping[str, Mapping[str, int]]],
+                 regions: Sequence[str]) -> int:
+    """How many (acked record, region) pairs are still missing."""
+    return sum(1 for a in acks for r in regions
+               if held.get(r, {}).get(a.topic, {}).get(a.dr_id, 0) == 0)
 
 
 async def wait_replicated(topology: Topology, acks: Iterable[Ack], timeout_s: float = 60.0,
-                          *, interval_s: float = 1.0) -> Held:
-    """Read the regions back until every acked record is in every region, or `timeout_s`
-    passed; returns the last read (judge it: what is still missing is then reported)."""
+                          *, interval_s: float = 1.0, settle_s: float | None = 20.0) -> Held:
+    """Read the regions back until every acked record is in every region, `timeout_s`
+    passed, or (`settle_s`) nothing more arrived for that long: records the mirror will
+    never carry (a divergent tail, quarantined at failback) do not hold the drill up to
+    its bound. Returns the last read (judge it: what is still missing is then reported)."""
     acks = list(acks)
     topics = sorted({a.topic for a in acks})
     regions = [r.name for r in topology.regions]
     deadline = time.monotonic() + timeout_s
     rounds = 0
+    best: int | None = None
+    best_at = time.monotonic()
     while True:
         rounds += 1
         left = max(deadline - time.monotonic(), 5.0)
         held = await read_back(topology, topics, timeout_s=left)
-        done = all_replicated(acks, held, regions)
-        if done or time.monotonic() + interval_s > deadline:
-            log.info("drill_read_back", rounds=rounds, replicated=done, acked=len(acks))
+        missing = unreplicated(acks, held, regions)
+        now = time.monotonic()
+        if best is None or missing < best:
+            best, best_at = missing, now
+        stalled = settle_s is not None and now - best_at >= settle_s
+        if missing == 0 or stalled or now + interval_s > deadline:
+            log.info("drill_read_back", rounds=rounds, replicated=missing == 0,
+                     missing=missing, stalled=stalled, acked=len(acks))
             return held
         await asyncio.sleep(interval_s)
