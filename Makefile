@@ -20,10 +20,10 @@ setup: $(STAMP)
 	@bash compose/local/system-deps.sh
 	$(BIN)/dr setup
 
-## The main job: two regions up, then their status.
+## The main job: the whole DR story (two regions, proxies, mirrors, controllers, Prometheus;
+## traffic; a primary-outage drill with automatic failover and failback; Spark reconciliation).
 demo: setup
-	$(BIN)/dr up
-	$(BIN)/dr status
+	$(BIN)/dr demo
 
 ## The whole suite: lint, types, import contracts, unit and integration tests.
 test: setup lint

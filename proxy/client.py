@@ -168,15 +168,19 @@ class AsyncProducer:
         """Send what is queued, wait for every answer, close the channel; idempotent."""
         if self._closed:
             return
-        await self.flush()
-        self._closed = True
-        self._room.set()  # a send() waiting for room raises: closed
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
-        if self._own_channel and self._channel is not None:
-            await self._channel.close()
+        try:
+            await self.flush()
+        finally:
+            # also when the flush is cut short (the caller's deadline): no flusher task and
+            # no channel outlive a stop()
+            self._closed = True
+            self._room.set()  # a send() waiting for room raises: closed
+            if self._flusher is not None:
+                self._flusher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._flusher
+            if self._own_channel and self._channel is not None:
+                await self._channel.close()
 
     # -- sending ---------------------------------------------------------------------------
     async def send(self, topic: str, value: bytes | None, *, key: bytes | None = None,

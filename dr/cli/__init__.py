@@ -15,6 +15,7 @@ import typer
 
 from crossdc.logs import LogFormat, configure_logging
 from dr.cli.controller import controller_app, failback, failover, gate_app
+from dr.cli.demo import demo_command
 from dr.cli.drill import drill_command
 from dr.cli.mirror import mirror_app, offsets_app
 from dr.cli.observe import prometheus_app
@@ -48,6 +49,7 @@ app.add_typer(sync_app, name="sync")
 app.add_typer(tail_app, name="tail")
 app.add_typer(prometheus_app, name="prometheus")
 app.command("drill")(drill_command)
+app.command("demo")(demo_command)
 
 
 @app.callback()

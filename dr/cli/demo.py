@@ -1,0 +1,81 @@
+"""`dr demo`: the whole DR story on this machine (the README's first command)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from dr.cli._common import Exit, StateDirOpt, TopologyOpt, err, out, paths_for, topology_for
+
+__all__ = ["demo_command"]
+
+
+def demo_command(
+    duration_s: Annotated[float, typer.Option(
+        "--duration", min=30, max=1800, help="Seconds of traffic (the drill happens "
+        "inside).")] = 75.0,
+    rate: Annotated[float, typer.Option("--rate", min=1, max=20_000,
+                                        help="Records per second through the proxies.")
+                    ] = 150.0,
+    reports: Annotated[Path, typer.Option("--reports", help="Folder of the reports.")] =
+        Path("reports"),
+    keep: Annotated[bool, typer.Option(
+        "--keep", help="Leave every process running at the end (explore `dr status`, "
+        "Prometheus; `make down` stops them).")] = False,
+    topology: TopologyOpt = None,
+    state_dir: StateDirOpt = None,
+) -> None:
+    """Two regions, proxies, mirrors, controllers and Prometheus; traffic; a primary-outage
+    drill with automatic failover and failback; the Spark reconciliation; the figures.
+    Ctrl-C stops every process it started."""
+    from dr.demo import final_table, run_demo
+    from dr.stack.local import LocalStack, stack_processes
+
+    paths = paths_for(state_dir)
+    topo, path = topology_for(topology, paths)
+    already = [p.name for p in stack_processes(paths) if p.running()]
+    if already:
+        err.print(f"[yellow]a stack is running in {paths.state}[/] ({len(already)} "
+                  "process(es)); the demo uses it and leaves it running", highlight=False)
+    started = time.monotonic()
+
+    def stop(why: str) -> None:
+        if already and why != "interrupted":
+            return
+        stopped = asyncio.run(LocalStack.down(paths))
+        err.print(f"{why}: stopped {len(stopped)} process(es): {', '.join(stopped)}",
+                  highlight=False)
+
+    try:
+        result = asyncio.run(run_demo(topo, path, paths, console=err, duration_s=duration_s,
+                                      rate=rate, reports=reports))
+    except KeyboardInterrupt:
+        stop("interrupted")
+        raise Exit(130) from None
+    except BaseException:
+        if not keep:
+            stop("the demo failed")
+        raise
+    out.print(final_table(result))
+    d = result.drill
+    assert d.files is not None
+    folder = Path(d.files.folder)
+    out.print(f"drill timeline (picture): {folder / d.files.timeline}", highlight=False)
+    out.print(f"drill report: {folder / d.files.markdown} (and {d.files.json_file})",
+              highlight=False)
+    if result.reconcile_html is not None:
+        out.print(f"reconciliation report: {result.reconcile_html}", highlight=False)
+    if result.prometheus:
+        out.print(f"Prometheus: {result.prometheus} (alert rules: observability/alerts.yml; "
+                  "dashboard: observability/grafana/crossdc.json)", highlight=False)
+    out.print(f"the demo took {time.monotonic() - started:.0f} s", highlight=False)
+    if keep:
+        out.print("still running (--keep): `dr status`, `make down` to stop", highlight=False)
+    else:
+        stop("done")
+    if not d.passed:
+        raise Exit(3)
