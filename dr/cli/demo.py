@@ -32,7 +32,7 @@ def demo_command(
     """Two regions, proxies, mirrors, controllers and Prometheus; traffic; a primary-outage
     drill with automatic failover and failback; the Spark reconciliation; the figures.
     Ctrl-C stops every process it started."""
-    from dr.demo import final_table, run_demo
+    from dr.demo import final_table, reconcile_note, run_demo
     from dr.stack.local import LocalStack, stack_processes
 
     paths = paths_for(state_dir)
@@ -61,6 +61,9 @@ def demo_command(
             stop("the demo failed")
         raise
     out.print(final_table(result))
+    note = reconcile_note(result)
+    if note:
+        out.print(note, highlight=False)
     d = result.drill
     assert d.files is not None
     folder = Path(d.files.folder)

@@ -199,12 +199,12 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                          f"{len(plan.proxies)} proxies on {', '.join(topics.values())}")
                 await _warm_up(traffic, topics, config.warmup_s)
             tl.fault_ms = _now_ms()
-            with tl.step("inject"):
-                progress(f"fault: {plan.scenario}")
-                bound.warning("drill_fault_injected")
-                await plan.fault.inject()
             found = _Found()
             try:
+                with tl.step("inject"):  # inside: a half-done injection is healed too
+                    progress(f"fault: {plan.scenario}")
+                    bound.warning("drill_fault_injected")
+                    await plan.fault.inject()
                 with tl.step("recovery"):
                     try:
                         await _recover(plan, dcs, traffic, tl.fault_ms, config, progress, found)
