@@ -8,51 +8,23 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import Deployment, deployment  # type: ignore[import-not-found]
 from kafka_helpers import read_all  # type: ignore[import-not-found]
-from tests_support import write_topology  # type: ignore[import-not-found]
 
-from crossdc.topology import Flow, Topology
 from dr.controller.datacenters import Datacenters
 from dr.drill.report import DrillReport, Thresholds
 from dr.drill.run import DrillConfig, plan_drill, run_drill
-from dr.stack.local import LocalStack
-from dr.stack.paths import REPO_ROOT, StackPaths
-from dr.stack.ports import free_topology
-from dr.stack.services import Services
 
 pytestmark = [pytest.mark.timeout(420)]
-
-TOPICS = "(payments|ledger|clickstream).*"
-
-
-@dataclass
-class Deployment:
-    stack: LocalStack
-    services: Services
-    topology: Topology
 
 
 @pytest.fixture(scope="module")
 async def dep(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Deployment]:
-    root = tmp_path_factory.mktemp("drills")
-    topo = free_topology(["east", "west"]).model_copy(update={"flows": [
-        Flow(source="east", target="west", topics=TOPICS, discovery_interval_s=1.0),
-        Flow(source="west", target="east", topics=TOPICS, discovery_interval_s=1.0)]})
-    path = write_topology(topo, root / "topology.yaml")
-    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
-    stack = LocalStack(topo, path, paths=paths)
-    services = Services(topo, path, paths, policy=REPO_ROOT / "policies" / "default.yaml",
-                        auto_failover=True)
-    try:
-        await stack.up(timeout_s=180)
-        await services.up(timeout_s=120)
-        yield Deployment(stack, services, topo)
-    finally:
-        await LocalStack.down(paths)
+    async with deployment(tmp_path_factory.mktemp("drills"), auto_failover=True) as d:
+        yield d
 
 
 def _config(tmp_path: Path, **thresholds: float) -> DrillConfig:
@@ -125,11 +97,14 @@ async def test_primary_outage_fails_over_and_back_without_losing_a_sync_record(
     assert report.passed, report.breaches
     assert report.primary_before == before
     assert report.primary_after != before, "the controller failed over"
-    assert report.detection_s is not None and report.detection_s <= 3
-    assert report.rto_s is not None and 0 < report.rto_s <= 15
+    assert report.detection_s is not None
+    assert report.detection_s <= 3
+    assert report.rto_s is not None
+    assert 0 < report.rto_s <= 15
     assert report.modes["sync"].lost == 0, "acked sync records are everywhere"
     names = [s.name for s in report.steps]
-    assert "promote" in names and "failback:promote" in names
+    assert "promote" in names
+    assert "failback:promote" in names
     assert await _primary(dep) == before, "failed back"
     _check_counts(report, await _independent(dep, report))
 
@@ -168,7 +143,8 @@ async def test_consul_outage_is_no_failover_and_loses_nothing(
 async def test_controller_outage_hands_the_lead_over(dep: Deployment, tmp_path: Path) -> None:
     report = await _drill(dep, "controller-outage", tmp_path, max_rpo_records=0)
     assert report.passed, report.breaches
-    assert report.leader_before and report.leader_after
+    assert report.leader_before
+    assert report.leader_after
     assert report.leader_before != report.leader_after
     assert report.detection_s is not None, "time until another controller led"
     assert report.rto_s == 0.0, "writes never stopped"

@@ -7,21 +7,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer
+from conftest import Deployment, deployment  # type: ignore[import-not-found]
 from kafka_helpers import consume, create_topic, eventually, produce, unique  # type: ignore[import-not-found]
-from tests_support import write_topology  # type: ignore[import-not-found]
 
-from crossdc.topology import Flow, Topology
 from dr.controller.grpc_health import check_serving
 from dr.drill.faults import local_fault
-from dr.stack.local import LocalStack
-from dr.stack.paths import REPO_ROOT, StackPaths
-from dr.stack.ports import free_topology
 from dr.stack.services import Services
 from dr.status import probe_consul, probe_kafka
 from proxy.client import AsyncProducer
@@ -29,35 +24,13 @@ from proxy.errors import ProduceFailed
 
 pytestmark = [pytest.mark.timeout(300)]
 
-TOPICS = "(payments|ledger|clickstream).*"
-
-
-@dataclass
-class Deployment:
-    stack: LocalStack
-    services: Services
-    topology: Topology
-
-    def bootstrap(self, region: str) -> str:
-        return self.topology.region(region).kafka.bootstrap
 
 
 @pytest.fixture(scope="module")
 async def dep(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Deployment]:
-    root = tmp_path_factory.mktemp("services")
-    topo = free_topology(["east", "west"]).model_copy(update={"flows": [
-        Flow(source="east", target="west", topics=TOPICS, discovery_interval_s=1.0),
-        Flow(source="west", target="east", topics=TOPICS, discovery_interval_s=1.0)]})
-    path = write_topology(topo, root / "topology.yaml")
-    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
-    stack = LocalStack(topo, path, paths=paths)
-    services = Services(topo, path, paths, policy=REPO_ROOT / "policies" / "default.yaml",
-                        auto_failover=False)
-    try:
-        await stack.up(timeout_s=180)
-        yield Deployment(stack, services, topo)
-    finally:
-        await LocalStack.down(paths)  # every process of the state dir, services first
+    async with deployment(tmp_path_factory.mktemp("services"), auto_failover=False,
+                          start_services=False) as d:
+        yield d
 
 
 def _pids(services: Services) -> dict[str, int | None]:

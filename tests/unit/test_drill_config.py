@@ -27,7 +27,9 @@ def test_a_hook_for_an_unknown_scenario_is_refused_naming_file_and_field(
     with pytest.raises(ConfigError) as info:
         load_config(f)
     text = str(info.value)
-    assert "drill.yaml:" in text and "hooks.datacenter-fire" in text and "primary-outage" in text
+    assert "drill.yaml:" in text
+    assert "hooks.datacenter-fire" in text
+    assert "primary-outage" in text
 
 
 def test_a_negative_threshold_is_refused(tmp_path: Path) -> None:
