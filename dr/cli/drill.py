@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -92,8 +93,8 @@ def drill_command(
     report = asyncio.run(main())
     if report is None:
         return
-    if as_json:
-        out.print_json(report.model_dump_json())
+    if as_json:  # plain, never wrapped: a program reads it
+        sys.stdout.write(report.model_dump_json(indent=2) + "\n")
     else:
         out.print(report_table(report))
         assert report.files is not None

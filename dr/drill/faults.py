@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -208,6 +209,10 @@ class _ConsulOutage(_LocalFault):
         log.info("fault_healed", scenario=self.scenario)
 
 
+LEADER_WAIT_S = 60.0
+"""How long controller-outage waits for a leader to kill."""
+
+
 class _ControllerOutage(_LocalFault):
     def describe(self) -> list[str]:
         ctls = [i for i in self.services.info() if i.kind == "controller"]
@@ -217,9 +222,15 @@ class _ControllerOutage(_LocalFault):
 
     async def inject(self) -> None:
         leader = await self.services.leader()
+        deadline = time.monotonic() + LEADER_WAIT_S
+        while leader is None and time.monotonic() < deadline:
+            # a lock just given up (a Consul agent back from an outage) is taken again
+            # within the lock delay and a TTL: ask again
+            await asyncio.sleep(0.5)
+            leader = await self.services.leader()
         if leader is None:
             raise DrillError(f"{self.scenario}: no controller leads now (none of them says "
-                             "so on /health): nothing to kill")
+                             f"so on /health for {LEADER_WAIT_S:g} s): nothing to kill")
         self.targets = (leader,)
         log.warning("fault_inject", scenario=self.scenario, targets=self.targets)
         await self.services.stop(leader, kill=True)

@@ -188,9 +188,15 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
     leader_after: str | None = None
     problems: list[str] = []
     async with Datacenters(topology) as dcs:
-        if plan.scenario == "controller-outage":
-            before = await leader_of(dcs)
-            leader_before = before.controller_id if before else None
+        if plan.scenario in ("primary-outage", "controller-outage"):
+            # the controllers act in these: one must lead before the fault (after an
+            # earlier drill's Consul outage the lock takes a TTL to be held again)
+            progress("waiting for a leading controller")
+            deadline = time.monotonic() + config.recovery_timeout_s
+            while (before := await _quiet(leader_of(dcs))) is None:
+                _check(deadline, "no controller leads: start `dr controller run` in a region")
+                await asyncio.sleep(0.5)  # polls the leader key
+            leader_before = before.controller_id
         await traffic.start()
         traffic_seen(traffic)
         try:

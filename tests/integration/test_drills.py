@@ -5,7 +5,9 @@ by record, by dr-id."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +21,8 @@ from dr.drill.report import DrillReport, Thresholds
 from dr.drill.run import DrillConfig, plan_drill, run_drill
 
 pytestmark = [pytest.mark.timeout(420)]
+
+DR = str(Path(sys.executable).parent / "dr")
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +129,8 @@ async def test_mirror_outage_keeps_writes_flowing_and_catches_up(
         dep: Deployment, tmp_path: Path) -> None:
     report = await _drill(dep, "mirror-outage", tmp_path, max_rpo_records=0)
     assert report.passed, report.breaches
-    assert report.rto_s == 0.0, "writes never stopped"
+    assert report.rto_s is not None
+    assert report.rto_s < 5, "writes go on without the mirrors (a loaded machine may pause)"
     assert report.missing_replicas == 0, "the restarted mirrors carried everything"
     _check_counts(report, await _independent(dep, report))
 
@@ -140,12 +145,43 @@ async def test_consul_outage_is_no_failover_and_loses_nothing(
     _check_counts(report, await _independent(dep, report))
 
 
-async def test_controller_outage_hands_the_lead_over(dep: Deployment, tmp_path: Path) -> None:
-    report = await _drill(dep, "controller-outage", tmp_path, max_rpo_records=0)
-    assert report.passed, report.breaches
+async def test_dry_run_says_what_and_where_and_changes_nothing(dep: Deployment) -> None:
+    before = {i.name: i.pid for i in dep.services.info()}
+    primary = await _primary(dep)
+    proc = await asyncio.create_subprocess_exec(
+        DR, "drill", "--scenario", "primary-outage", "--dry-run",
+        "--state-dir", str(dep.stack.paths.state), "--topology", str(dep.stack.topology_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    text = " ".join(out.decode().split())  # the terminal's wrapping undone
+    assert "dry run" in text
+    assert f"primary region {primary}" in text, text
+    assert {i.name: i.pid for i in dep.services.info()} == before
+    assert await _primary(dep) == primary
+
+
+async def test_controller_outage_hands_the_lead_over_and_a_breach_exits_3(
+        dep: Deployment, tmp_path: Path) -> None:
+    """Through the command: the report as JSON, exit 3 for a threshold it cannot meet
+    (another controller needs the lock's TTL to take over, far above 0.1 s)."""
+    proc = await asyncio.create_subprocess_exec(
+        DR, "drill", "--scenario", "controller-outage", "--duration", "20", "--rate", "120",
+        "--max-detection-s", "0.1", "--max-rpo-records", "0", "--json",
+        "--reports", str(tmp_path / "reports"),
+        "--state-dir", str(dep.stack.paths.state), "--topology", str(dep.stack.topology_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    assert proc.returncode == 3, err.decode()[-2000:]
+    report = DrillReport.model_validate_json(out)
+    assert not report.passed
+    assert [b for b in report.breaches if b.startswith("detection_s")], report.breaches
+    assert "breach" in err.decode()
     assert report.leader_before
     assert report.leader_after
     assert report.leader_before != report.leader_after
     assert report.detection_s is not None, "time until another controller led"
-    assert report.rto_s == 0.0, "writes never stopped"
+    assert report.rto_s is not None
+    assert report.rto_s < 5, "no controller is in the write path"
+    assert report.rpo_records == 0
     _check_counts(report, await _independent(dep, report))

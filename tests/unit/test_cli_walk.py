@@ -40,10 +40,11 @@ MISSING = "/nonexistent/crossdc-missing.yaml"
 GOOD = {  # a good value for each option a variant may need beside the bad one
     "--region": "east", "--regions": "east,west", "--from": "east", "--to": "west",
     "--topics": "t.*", "--policy": POLICY, "--group": "g", "--name": "n",
+    "--scenario": "primary-outage",
 }
 FLAGS = ("--no-consul",)  # never reach out, should a variant get that far
 BAD_REGION = {"--region": "mars", "--regions": "east,mars", "--from": "mars", "--to": "mars"}
-FILE_OPTIONS = ("--topology", "--policy", "--auth", "--thresholds")
+FILE_OPTIONS = ("--topology", "--policy", "--auth", "--thresholds", "--config")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,60 @@
+"""`dr demo` (the README's main command) stops every process it started on Ctrl-C, and says
+so. The demo itself runs to its end in CI (`.ci/run`: `make demo`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import DRILL_TOPICS  # type: ignore[import-not-found]
+from tests_support import write_topology  # type: ignore[import-not-found]
+
+from crossdc.topology import Flow
+from dr.stack.local import LocalStack, stack_processes
+from dr.stack.paths import StackPaths
+from dr.stack.ports import free_topology
+
+pytestmark = [pytest.mark.timeout(480)]
+
+DR = str(Path(sys.executable).parent / "dr")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> None:
+    topo = free_topology(["east", "west"]).model_copy(update={"flows": [
+        Flow(source="east", target="west", topics=DRILL_TOPICS),
+        Flow(source="west", target="east", topics=DRILL_TOPICS)]})
+    path = write_topology(topo, tmp_path / "topology.yaml")
+    state = tmp_path / "state"
+    reports = tmp_path / "reports"
+    proc = await asyncio.create_subprocess_exec(
+        DR, "demo", "--topology", str(path), "--state-dir", str(state),
+        "--reports", str(reports), cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "200"})
+    paths = StackPaths(state=state, cache=StackPaths.default().cache)
+    try:
+        deadline = asyncio.get_running_loop().time() + 240
+        # interrupt in the middle of the drill (its report folder exists: every daemon runs)
+        while not any(reports.glob("*/acks.jsonl")):
+            assert proc.returncode is None, (await proc.communicate())[1].decode()[-3000:]
+            assert asyncio.get_running_loop().time() < deadline, "the drill never started"
+            await asyncio.sleep(0.5)  # polls the folder the demo writes
+        running = [p.name for p in stack_processes(paths) if p.running()]
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 200)  # the drill heals first
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        leftover = await LocalStack.down(paths)  # whatever a failure left behind
+    text = " ".join(err.decode().split())
+    assert proc.returncode == 130, text[-3000:]
+    assert "interrupted: stopped" in text, text[-3000:]
+    assert not leftover, "all stopped by the demo itself"
+    for name in running:
+        assert name in text, f"{name} named as stopped"
