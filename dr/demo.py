@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from crossdc.errors import CrossdcError
 from crossdc.topology import Topology
 from dr.controller.datacenters import Datacenters
+from dr.drill.display import live_drill
 from dr.drill.report import DrillReport, Thresholds
-from dr.drill.run import DrillConfig, plan_drill, run_drill
+from dr.drill.run import DrillConfig, DrillPlan, plan_drill, run_drill
 from dr.drill.traffic import Traffic
 from dr.stack.local import LocalStack
 from dr.stack.paths import StackPaths
@@ -115,27 +115,19 @@ async def _start_prometheus(paths: StackPaths, infos: list[object],
     return prom.url
 
 
-async def _drill_with_display(topology: Topology, plan: object, cfg: DrillConfig, live: _Live,
-                              console: Console, duration_s: float, rate: float
+async def _drill_with_display(topology: Topology, plan: DrillPlan, cfg: DrillConfig,
+                              live: _Live, console: Console, duration_s: float, rate: float
                               ) -> DrillReport:
-    from dr.cli.drill import traffic_table
-
-    def render() -> Group:
-        t = traffic_table(live.traffic)
-        t.title = f"{live.phase}  ({time.monotonic() - live.started:.0f} s)"
+    """The drill under the live table, with the primary and the mirror lag above it."""
+    def header() -> Text:
         lag = ", ".join(f"{k} {'?' if v is None else v}" for k, v in sorted(live.lags.items()))
-        head = Text.from_markup(
+        return Text.from_markup(
             f"primary [bold]{live.primary}[/] (epoch {live.epoch})   mirror lag (records): "
             f"{lag or '…'}")
-        return Group(head, t)
 
-    done = asyncio.Event()
-
-    async def watch() -> None:
+    async def watch(done: asyncio.Event) -> None:
         from mirror.status import flow_status
         async with Datacenters(topology) as dcs:
-            # `done`, not only cancellation, ends the loop: on Python 3.11 a cancel that
-            # races a timeout inside a read can come out as a TimeoutError (swallowed here)
             while not done.is_set():
                 with contextlib.suppress(CrossdcError, TimeoutError):
                     cur = (await asyncio.wait_for(dcs.primary(), 10)).current
@@ -147,29 +139,9 @@ async def _drill_with_display(topology: Topology, plan: object, cfg: DrillConfig
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(done.wait(), 1.0)  # the display's pace
 
-    with Live(render(), console=console, refresh_per_second=4) as screen:
-        def progress(text: str) -> None:
-            live.phase = text
-            screen.update(render())
-
-        def seen(t: Traffic) -> None:
-            live.traffic = t
-
-        async def refresh() -> None:
-            while not done.is_set():
-                screen.update(render())
-                await asyncio.sleep(0.5)  # the display's pace
-
-        tasks = [asyncio.create_task(refresh(), name="demo:display"),
-                 asyncio.create_task(watch(), name="demo:watch")]
-        try:
-            return await run_drill(topology, plan, cfg, duration_s=duration_s,  # type: ignore[arg-type]
-                                   rate=rate, progress=progress, traffic_seen=seen)
-        finally:
-            done.set()
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+    return await live_drill(console, lambda progress, seen: run_drill(
+        topology, plan, cfg, duration_s=duration_s, rate=rate, progress=progress,
+        traffic_seen=seen), header=header, beside=watch)
 
 
 def _reconcile(topology: Topology, topology_path: Path, paths: StackPaths,

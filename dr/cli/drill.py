@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Group
-from rich.live import Live
-from rich.table import Table
 
 from dr.cli._common import Exit, StateDirOpt, TopologyOpt, err, out, paths_for, topology_for
 
 if TYPE_CHECKING:
+    from crossdc.topology import Topology
     from dr.drill.report import DrillReport
-    from dr.drill.traffic import Traffic
+    from dr.drill.run import DrillConfig, DrillPlan
 
-__all__ = ["drill_command", "report_table", "traffic_table"]
+__all__ = ["drill_command"]
 
 SCENARIO_HELP = ("primary-outage | proxy-outage | mirror-outage | consul-outage | "
                  "controller-outage")
@@ -62,6 +58,7 @@ def drill_command(
     """Drive traffic through the proxies, inject the scenario's fault, wait for recovery,
     heal, fail back, count every acknowledged record in every region and report RTO and
     RPO (exit 3 when a threshold is breached)."""
+    from dr.drill.display import report_table
     from dr.drill.faults import SCENARIOS
     from dr.drill.report import load_thresholds
     from dr.drill.run import load_config, plan_drill
@@ -124,95 +121,11 @@ def _local(topo: object, path: Path, paths: object) -> tuple[object | None, obje
     return stack, (services if services.info() else None)
 
 
-async def _with_live(topo: object, plan: object, cfg: object, duration_s: float,
+async def _with_live(topo: Topology, plan: DrillPlan, cfg: DrillConfig, duration_s: float,
                      rate: float) -> DrillReport:
     """Run the drill with a live table: phase, acknowledgements per mode and region."""
+    from dr.drill.display import live_drill
     from dr.drill.run import run_drill
-    phase = ["starting"]
-    traffic: list[Traffic] = []
-    started = time.monotonic()
-
-    def render() -> Table:
-        t = traffic_table(traffic[0] if traffic else None)
-        t.title = f"{phase[0]}  ({time.monotonic() - started:.0f} s)"
-        return t
-
-    with Live(render(), console=err, refresh_per_second=4, transient=False) as live:
-        def progress(text: str) -> None:
-            phase[0] = text
-            live.update(render())
-
-        async def refresh() -> None:
-            while True:
-                live.update(render())
-                await asyncio.sleep(0.5)  # the display's pace
-
-        ticker = asyncio.create_task(refresh(), name="drill:display")
-        try:
-            return await run_drill(topo, plan, cfg, duration_s=duration_s,  # type: ignore[arg-type]
-                                   rate=rate, progress=progress,
-                                   traffic_seen=traffic.append)
-        finally:
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
-
-
-def traffic_table(traffic: Traffic | None) -> Table:
-    """Acknowledged / failed records per mode and producer region, and each producer's
-    proxy."""
-    t = Table(title_justify="left")
-    t.add_column("mode")
-    if traffic is None:
-        t.add_row("(no traffic yet)")
-        return t
-    st = traffic.stats()
-    regions = sorted(traffic.proxies)
-    for r in regions:
-        t.add_column(f"{r} acked", justify="right")
-        t.add_column(f"{r} failed", justify="right")
-    for mode in traffic.topics:
-        cells = []
-        for r in regions:
-            cells.append(f"{st.acked.get((mode, r), 0):,}")
-            failed = st.failed.get((mode, r), 0)
-            cells.append(f"[red]{failed:,}[/]" if failed else "0")
-        t.add_row(mode, *cells)
-    via = ", ".join(f"{r} via {st.via.get(r, r)}" for r in regions)
-    t.caption = f"producers: {via}; in flight {st.in_flight}"
-    return t
-
-
-def report_table(report: DrillReport) -> Group:
-    """The drill's figures, then one row per mode."""
-    t = Table(title=f"drill {report.scenario} ({report.run_id}): "
-              + ("[green]passed[/]" if report.passed else "[red]FAILED[/]"),
-              title_justify="left")
-    t.add_column("figure")
-    t.add_column("value", justify="right")
-
-    def s(v: float | None) -> str:
-        return "—" if v is None else f"{v:.2f} s"
-
-    t.add_row("primary", f"{report.primary_before} → {report.primary_after}")
-    t.add_row("detection", s(report.detection_s))
-    t.add_row("RTO (ordered writes acked again, every producer)", s(report.rto_s))
-    t.add_row("RPO (acked records lost)", f"{report.rpo_records:,}")
-    t.add_row("duplicates", f"{report.duplicates:,}")
-    t.add_row("acknowledged records", f"{report.acked_records:,}")
-    t.add_row("failed sends (not acked)", f"{report.failed_records:,}")
-    t.add_row("missing replicas", f"{report.missing_replicas:,}")
-    if report.leader_before or report.leader_after:
-        t.add_row("controller leader", f"{report.leader_before} → {report.leader_after}")
-    m = Table(title="per mode", title_justify="left")
-    for col in ("mode", "acked", "lost", "duplicates", "missing replicas",
-                "longest write gap", "writes again after"):
-        m.add_column(col, justify="left" if col == "mode" else "right")
-    for mode, f in report.modes.items():
-        m.add_row(mode, f"{f.acked:,}", f"{f.lost:,}", f"{f.duplicates:,}",
-                  f"{sum(f.missing_replicas.values()):,}", s(f.max_write_gap_s),
-                  s(f.recovery_s))
-    return Group(t, m)
-
-
-def report_json(report: DrillReport) -> str:
-    return json.dumps(json.loads(report.model_dump_json()), indent=2)
+    return await live_drill(err, lambda progress, seen: run_drill(
+        topo, plan, cfg, duration_s=duration_s, rate=rate, progress=progress,
+        traffic_seen=seen))
