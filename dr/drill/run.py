@@ -26,7 +26,7 @@ from dr.controller.config import ControllerSettings
 from dr.controller.datacenters import Datacenters
 from dr.controller.errors import ControllerError
 from dr.controller.ops import leader_of, newest_failover, plan_failover, start_failover
-from dr.controller.state import FailoverRecord
+from dr.controller.state import HEALTH_PREFIX, FailoverRecord, RegionHealth
 from dr.drill.count import Judgement, judge, wait_replicated
 from dr.drill.errors import DrillError
 from dr.drill.faults import SCENARIOS, Fault, HookFault, local_fault
@@ -197,6 +197,9 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                 _check(deadline, "no controller leads: start `dr controller run` in a region")
                 await asyncio.sleep(0.5)  # polls the leader key
             leader_before = before.controller_id
+        if plan.scenario == "primary-outage":
+            await _failover_ready(dcs, plan.standby, time.monotonic() + config.recovery_timeout_s,
+                                  progress)
         await traffic.start()
         traffic_seen(traffic)
         try:
@@ -352,6 +355,22 @@ async def _flowing(traffic: Traffic, since_ms: int, modes: Iterable[str],
         _check(deadline, "no acknowledgement for " + ", ".join(
             f"{m} from {r}" for m, r in sorted(want - got)) + " within the recovery bound")
         await asyncio.sleep(0.2)  # polls the driver's counters
+
+
+async def _failover_ready(dcs: Datacenters, standby: str, deadline: float,
+                          progress: Progress) -> None:
+    """Until the leader has published the standby up with a measured mirror lag: without a
+    figure for how far behind it is, the controller refuses to fail over automatically (a
+    fresh deployment needs a few seconds of lag rounds)."""
+    progress(f"waiting for the leader to know how far {standby} is behind")
+    while True:
+        records, _ = await dcs.read_all(HEALTH_PREFIX + standby, RegionHealth)
+        seen = [h for h in records.values() if h is not None]
+        if any(h.status == "up" and h.mirror_lag_records is not None for h in seen):
+            return
+        _check(deadline, f"the leading controller never published {standby} up with a "
+               "measured mirror lag: it would refuse an automatic failover")
+        await asyncio.sleep(0.5)  # polls the health the leader publishes
 
 
 def _killed(plan: DrillPlan) -> set[str]:
