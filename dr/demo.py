@@ -24,7 +24,7 @@ from rich.text import Text
 from crossdc.errors import CrossdcError
 from crossdc.topology import Topology
 from dr.controller.datacenters import Datacenters
-from dr.drill.display import live_drill
+from dr.drill.display import live_drill, seconds
 from dr.drill.report import DrillReport, Thresholds
 from dr.drill.run import DrillConfig, DrillPlan, plan_drill, run_drill
 from dr.drill.traffic import Traffic
@@ -62,7 +62,7 @@ class _Live:
 async def run_demo(topology: Topology, topology_path: Path, paths: StackPaths, *,
                    console: Console, duration_s: float = 75.0, rate: float = 150.0,
                    reports: Path = Path("reports"), say: Callable[[str], None] | None = None,
-                   ) -> DemoResult:
+                   policy: Path | None = None) -> DemoResult:
     """Bring everything up, run the drill with a live display, reconcile, and return the
     figures. The caller stops the stack (`LocalStack.down(paths)`)."""
     note = say or (lambda s: console.print(s, highlight=False))
@@ -72,7 +72,7 @@ async def run_demo(topology: Topology, topology_path: Path, paths: StackPaths, *
         await stack.up(timeout_s=240)
     note("[bold]2/5[/] a proxy and a controller (automatic failover) per region, a "
          "supervised mirror per flow")
-    services = Services(topology, topology_path, paths, auto_failover=True)
+    services = Services(topology, topology_path, paths, auto_failover=True, policy=policy)
     with console.status("starting proxies, mirrors and controllers"):
         infos = await services.up(timeout_s=180)
     for i in infos:
@@ -176,12 +176,9 @@ def final_table(result: DemoResult) -> Table:
     t.add_column("what")
     t.add_column("figure", justify="right")
 
-    def s(v: float | None) -> str:
-        return "—" if v is None else f"{v:.2f} s"
-
     t.add_row("primary", f"{d.primary_before} → {d.primary_after} → {d.primary_before}")
-    t.add_row("detection (fault → region judged down)", s(d.detection_s))
-    t.add_row("RTO (fault → ordered writes acknowledged again)", s(d.rto_s))
+    t.add_row("detection (fault → region judged down)", seconds(d.detection_s))
+    t.add_row("RTO (fault → ordered writes acknowledged again)", seconds(d.rto_s))
     for mode, f in d.modes.items():
         t.add_row(f"RPO {mode} (acknowledged, in no region)", f"{f.lost:,}")
     t.add_row("duplicates (extra copies)", f"{d.duplicates:,}")

@@ -15,11 +15,16 @@ from rich.table import Table
 from dr.drill.report import DrillReport
 from dr.drill.traffic import Traffic
 
-__all__ = ["live_drill", "report_table", "traffic_table"]
+__all__ = ["live_drill", "report_table", "seconds", "traffic_table"]
 
 T = TypeVar("T")
 Progress = Callable[[str], None]
 Seen = Callable[[Traffic], None]
+
+
+def seconds(v: float | None) -> str:
+    """A duration for a table: `1.23 s`, or `—` when not measured."""
+    return "—" if v is None else f"{v:.2f} s"
 
 
 async def live_drill(console: Console, run: Callable[[Progress, Seen], Awaitable[T]], *,
@@ -96,12 +101,9 @@ def report_table(report: DrillReport) -> Group:
     t.add_column("figure")
     t.add_column("value", justify="right")
 
-    def s(v: float | None) -> str:
-        return "—" if v is None else f"{v:.2f} s"
-
     t.add_row("primary", f"{report.primary_before} → {report.primary_after}")
-    t.add_row("detection", s(report.detection_s))
-    t.add_row("RTO (ordered writes acked again, every producer)", s(report.rto_s))
+    t.add_row("detection", seconds(report.detection_s))
+    t.add_row("RTO (ordered writes acked again, every producer)", seconds(report.rto_s))
     t.add_row("RPO (acked records lost)", f"{report.rpo_records:,}")
     t.add_row("duplicates", f"{report.duplicates:,}")
     t.add_row("acknowledged records", f"{report.acked_records:,}")
@@ -115,6 +117,6 @@ def report_table(report: DrillReport) -> Group:
         m.add_column(col, justify="left" if col == "mode" else "right")
     for mode, f in report.modes.items():
         m.add_row(mode, f"{f.acked:,}", f"{f.lost:,}", f"{f.duplicates:,}",
-                  f"{sum(f.missing_replicas.values()):,}", s(f.max_write_gap_s),
-                  s(f.recovery_s))
+                  f"{sum(f.missing_replicas.values()):,}", seconds(f.max_write_gap_s),
+                  seconds(f.recovery_s))
     return Group(t, m)

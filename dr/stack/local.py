@@ -25,11 +25,11 @@ from pathlib import Path
 import structlog
 
 from crossdc.topology import Region, Topology
-from dr.errors import StackError, StartTimeout
+from dr.errors import StackError
 from dr.stack.consul import ConsulAgent
 from dr.stack.kafka import KafkaNode, cluster_id_for, kafka_nodes
 from dr.stack.paths import StackPaths
-from dr.stack.process import ManagedProcess
+from dr.stack.process import ManagedProcess, poll_while_alive
 from dr.stack.toolchain import check_toolchain, ensure_consul, ensure_kafka_libs
 from dr.status import probe_consul, probe_kafka
 
@@ -294,17 +294,8 @@ class LocalStack:
 async def _wait_until(cond: Callable[[], Awaitable[bool]], what: str,
                       procs: list[ManagedProcess], timeout_s: float) -> None:
     """Poll `cond` until true; ProcessDied as soon as a process exits, StartTimeout at the end."""
-    deadline = time.monotonic() + timeout_s
-    pause = 0.2
-    while True:
-        for p in procs:
-            p.check_alive()
-        if await cond():
-            return
-        if time.monotonic() >= deadline:
-            names = ", ".join(p.name for p in procs)
-            raise StartTimeout(
-                f"{what} did not answer within {timeout_s:.0f}s. Its processes ({names}) are "
+    def message() -> str:
+        names = ", ".join(p.name for p in procs)
+        return (f"{what} did not answer within {timeout_s:.0f}s. Its processes ({names}) are "
                 f"running; see their server.log files under {procs[0].workdir.parent}.")
-        await asyncio.sleep(pause)
-        pause = min(pause * 1.5, 1.0)
+    await poll_while_alive(cond, procs, time.monotonic() + timeout_s, message)

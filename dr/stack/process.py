@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-from dr.errors import PortTaken, ProcessDied
+from dr.errors import PortTaken, ProcessDied, StartTimeout
 
 __all__ = ["ManagedProcess", "check_port_free", "first_error", "log_tail", "port_holder"]
 
@@ -222,3 +224,19 @@ class ManagedProcess:
             return
         if pid:
             self._exit_code = os.waitstatus_to_exitcode(status)
+
+
+async def poll_while_alive(cond: Callable[[], Awaitable[bool]], procs: Sequence[ManagedProcess],
+                           deadline: float, on_timeout: Callable[[], str]) -> None:
+    """Poll `cond` until true: ProcessDied as soon as one of `procs` exits, StartTimeout
+    with `on_timeout()` once `deadline` (time.monotonic) passes. Backs off 0.2 s → 1 s."""
+    pause = 0.2
+    while True:
+        for p in procs:
+            p.check_alive()
+        if await cond():
+            return
+        if time.monotonic() >= deadline:
+            raise StartTimeout(on_timeout())
+        await asyncio.sleep(pause)
+        pause = min(pause * 1.5, 1.0)

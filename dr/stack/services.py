@@ -37,9 +37,9 @@ import aiohttp
 import structlog
 
 from crossdc.topology import Topology, split_hostport
-from dr.errors import StackError, StartTimeout
+from dr.errors import StackError
 from dr.stack.paths import REPO_ROOT, StackPaths, in_checkout
-from dr.stack.process import ManagedProcess, check_port_free, log_tail
+from dr.stack.process import ManagedProcess, check_port_free, log_tail, poll_while_alive
 
 __all__ = ["ServiceInfo", "Services", "default_policy_path"]
 
@@ -365,16 +365,10 @@ async def _poll(cond: Callable[[], Awaitable[bool]], deadline: float,
     """Poll `cond` to `deadline`; ProcessDied as soon as the process exits, StartTimeout
     (naming it, with its log's tail) at the end."""
     procs = ([proc] if proc else []) + (also or [])
-    pause = 0.2
-    while True:
-        for p in procs:
-            p.check_alive()
-        if await cond():
-            return
-        if time.monotonic() >= deadline:
-            tails = "\n".join(f"Last lines of {p.log_path}:\n{log_tail(p.log_path)}"
-                              for p in procs)
-            raise StartTimeout(f"{what} did not answer in time. {tails}".strip())
-        await asyncio.sleep(pause)
-        pause = min(pause * 1.5, 1.0)
+
+    def message() -> str:
+        tails = "\n".join(f"Last lines of {p.log_path}:\n{log_tail(p.log_path)}"
+                          for p in procs)
+        return f"{what} did not answer in time. {tails}".strip()
+    await poll_while_alive(cond, procs, deadline, message)
 
