@@ -67,6 +67,12 @@ check 2 1 -- dr offsets translate --group g --from mars --to west -t topology.ya
 check 2 1 -- dr mirror run --from mars --to west --topics x -t topology.yaml
 check 2 1 -- dr mirror run --from east --to east --topics x -t topology.yaml
 check 2 1 -- dr mirror run --from east --to west --topics '([' -t topology.yaml
+check 2 1 -- dr drill --scenario datacenter-fire -t topology.yaml
+check 2 1 -- dr drill --scenario primary-outage -t topology.yaml --max-rto-s -1
+check 2 1 -- dr drill --scenario primary-outage -t topology.yaml --config /nonexistent
+check 1 1 -- dr drill --scenario primary-outage -t topology.yaml --dry-run
+check 2 1 -- dr demo -t topology.yaml
+check 2 1 -- dr prometheus config --target bad
 
 rm -rf "$work"
 [[ -n "${CLEAN_VENV_DIR:-}" ]] || rm -rf "$base"

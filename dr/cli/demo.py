@@ -26,6 +26,9 @@ def demo_command(
     keep: Annotated[bool, typer.Option(
         "--keep", help="Leave every process running at the end (explore `dr status`, "
         "Prometheus; `make down` stops them).")] = False,
+    policy: Annotated[Path | None, typer.Option(
+        "--policy", "-p", help="The proxies' routing policy [default: $CROSSDC_POLICY, else "
+        "policies/default.yaml].", show_default=False)] = None,
     topology: TopologyOpt = None,
     state_dir: StateDirOpt = None,
 ) -> None:
@@ -33,7 +36,17 @@ def demo_command(
     drill with automatic failover and failback; the Spark reconciliation; the figures.
     Ctrl-C stops every process it started."""
     from dr.demo import final_table, reconcile_note, run_demo
+    from dr.exits import fail
     from dr.stack.local import LocalStack, stack_processes
+    from dr.stack.services import default_policy_path
+
+    # before anything starts: a demo that fails after bringing up the stack loses minutes
+    policy = policy or default_policy_path()
+    if policy is None:
+        fail("no routing policy for the proxies: run from the checkout, pass --policy FILE or "
+             "set $CROSSDC_POLICY (policies/default.yaml is not in the working directory)")
+    if not policy.is_file():
+        fail(f"--policy {policy}: no such file")
 
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
@@ -52,7 +65,7 @@ def demo_command(
 
     try:
         result = asyncio.run(run_demo(topo, path, paths, console=err, duration_s=duration_s,
-                                      rate=rate, reports=reports))
+                                      rate=rate, reports=reports, policy=policy))
     except KeyboardInterrupt:
         stop("interrupted")
         raise Exit(130) from None
