@@ -7,7 +7,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test setup lint unit integration down clean
+.PHONY: demo test test-more chaos setup lint unit integration down clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +28,15 @@ demo: setup
 ## The whole suite: lint, types, import contracts, unit and integration tests.
 test: setup lint
 	$(BIN)/pytest
+
+## Beyond the 20 minutes of `make test` (CI runs it after the demo): the Spark standalone cluster,
+## the SCRAM/TLS stack, and the reduced chaos set.
+test-more: setup
+	$(BIN)/pytest -m "slow or chaos"
+
+## The full chaos suite under load (3 brokers per region; regenerates docs/reliability.md).
+chaos: setup
+	CROSSDC_CHAOS=full $(BIN)/pytest -m chaos
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

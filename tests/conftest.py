@@ -27,7 +27,9 @@ LEAK_GRACE_S = 2.0
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).parts
-        if "integration" in parts:
+        if "chaos" in parts:
+            item.add_marker(pytest.mark.chaos)
+        elif "integration" in parts:
             item.add_marker(pytest.mark.integration)
         elif "unit" in parts:
             item.add_marker(pytest.mark.unit)
