@@ -12,6 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from crossdc.security import KafkaSecurity
 from crossdc.yamlfile import load_model
 
 __all__ = [
@@ -130,6 +131,8 @@ class Region(_Model):
     proxy: ProxySettings
     local: LocalSettings | None = Field(
         None, description="Ports for the local stack; required by `dr up`.")
+    security: KafkaSecurity | None = Field(
+        None, description="SASL/SCRAM (over TLS) to this region's brokers; none: PLAINTEXT.")
 
     @property
     def kafka_port(self) -> int:
