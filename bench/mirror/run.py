@@ -63,8 +63,8 @@ def tree_cpu_s(pid: int) -> float:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
             except OSError:
                 continue
             stats[int(entry)] = fields
@@ -249,6 +249,12 @@ def crossdc_command(tpath: Path, topics: str, group: str, eos: bool,
             "--worker-id", "bench", *(["--exactly-once"] if eos else [])]
 
 
+def ceiling_command(east: str, west: str, topics: str, group: str) -> list[str]:
+    """The plain librdkafka copy loop (bench/mirror/ceiling.py) in its own process."""
+    return [sys.executable, str(HERE / "ceiling.py"), "--from", east, "--to", west,
+            "--topics", topics.replace("|", ","), "--group", group]
+
+
 def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s: float,
                   log_path: Path, group: str | None) -> dict[str, Any]:
     east = topo.region("east").kafka.bootstrap
@@ -261,6 +267,7 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
                             start_new_session=True)
     try:
         t_first = cpu_first = None
+        load_copy = 0.0
         deadline = time.monotonic() + 1800
         while True:
             if proc.poll() is not None:
@@ -270,6 +277,7 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
             arrived = sum(asyncio.run(ends(west, tp_topic)).values())
             if t_first is None and arrived > 0:
                 t_first, cpu_first = time.monotonic(), tree_cpu_s(proc.pid)
+                load_copy = os.getloadavg()[0]
             if group is None:
                 done = arrived >= n
             else:  # crossdc: its group commit follows the target write (EOS ends hold markers)
@@ -298,6 +306,7 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
                "max_ms": max(lat) if lat else None,
                "e2e_p50_ms": pct(e2e, 0.50), "e2e_p99_ms": pct(e2e, 0.99),
                "latency_phase_cpu_s": round(cpu_end - cpu_done, 1),
+               "load_avg_1m_at_copy_start": round(load_copy, 2),
                "load_avg_1m_at_latency_start": round(load, 2)}
         print(f"[{name}] latency p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms "
               f"({len(lat)} records)", flush=True)
@@ -317,13 +326,15 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
     from dr.charts import BarPanel, bars
 
     names = list(results)
-    colors = {"mm2": "#e45756", "crossdc": "#4c78a8", "crossdc_eos": "#72b7b2"}
+    colors = {"ceiling": "#9d755d", "mm2": "#e45756", "crossdc": "#4c78a8",
+              "crossdc_eos": "#72b7b2"}
     return bars(path, [
         BarPanel("throughput", ["records/s"],
                  {n: [float(results[n]["rps"])] for n in names}, ylabel="records / s"),
         BarPanel("p99 replication latency at 10k rec/s", ["p99 ms"],
                  {n: [float(results[n]["p99_ms"])] for n in names}, ylabel="ms")],
-        title="MirrorMaker 2 vs crossdc mirror (1 KiB records, 12 partitions, 1 task/worker)",
+        title="plain librdkafka copy (ceiling) vs MirrorMaker 2 vs crossdc mirror "
+              "(1 KiB records, 12 partitions, 1 process each)",
         colors=colors)
 
 
@@ -331,14 +342,20 @@ def write_report(flat: dict[str, Any], notes: str = "") -> None:
     """bench/results/mirror.md (and the PNG chart) from the figures of one run."""
     runs: dict[str, dict[str, Any]] = flat["runs"]
     chart(runs, RESULTS / "mirror.png")
-    label = {"mm2": "MirrorMaker 2 (dedicated mode, 1 task)",
+    label = {"ceiling": "ceiling: plain librdkafka copy loop (1 process)",
+             "mm2": "MirrorMaker 2 (dedicated mode, 1 task)",
              "crossdc": "crossdc, at-least-once (1 worker)",
              "crossdc_eos": "crossdc, exactly-once (1 worker)"}
-    lines = ["# Mirror benchmark: MirrorMaker 2 vs crossdc", "",
+    ceiling = flat.get("ceiling_rps")
+    load = flat.get("load_avg") or {}
+    lines = ["# Mirror benchmark: the ceiling, MirrorMaker 2 and crossdc", "",
              f"One run (`bench/mirror/run.py`, commit `{flat['git_commit']}`), two local "
              f"regions started for it (Kafka 4.1.1, one broker each, 512 MB heap), "
-             f"{flat['machine']}, shared with other work (1-minute load average at the start "
-             "of each latency phase in the table). Each contender copies its own topic of "
+             f"{flat['machine']}, shared with other work"
+             + (f" (load average 1/5/15 min {' / '.join(map(str, load['before']))} before "
+                f"the run, {' / '.join(map(str, load['after']))} after it; 1-minute load at "
+                "the start of each copy and latency phase in the table)" if load else "")
+             + ". Each contender copies its own topic of "
              f"{flat['records']:,} records of {flat['record_bytes']} bytes over "
              f"{flat['partitions']} partitions, written before it starts; then east gets "
              f"{flat['latency_rate_rps']:,} records/s for {flat['latency_seconds']:.0f} s "
@@ -347,13 +364,24 @@ def write_report(flat: dict[str, Any], notes: str = "") -> None:
              "Replication latency = west append time - east append time of each record (both "
              "topics LogAppendTime; for crossdc that is target append time - `dr-ts`); "
              "end-to-end adds the east produce.", "",
-             "| | records/s | MB/s | CPU s per M records | replication p50 ms | p99 ms | "
-             "end-to-end p50 / p99 ms | start-up s | load avg |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "**The ceiling** is the same copy done by the fastest plain client here: a "
+             "librdkafka (confluent-kafka) consume -> produce loop in one Python process "
+             "(`bench/mirror/ceiling.py`) with the mirror's batch settings (fetches of 64 MiB, "
+             "4 MiB per partition, at most 20,000 records per batch; idempotent producer, "
+             "acks=all, linger 5 ms, 512 KiB batches), each batch acknowledged before the "
+             "source offsets are committed (at-least-once, like crossdc's default). It adds "
+             "nothing the mirror adds (dr-* headers, offset-sync records, loop detection, "
+             "fencing, metrics), so it bounds what a one-process copier can do on this box "
+             "and these two brokers.", "",
+             "| | records/s | of ceiling | MB/s | CPU s per M records | replication p50 ms "
+             "| p99 ms | end-to-end p50 / p99 ms | start-up s | load avg copy / latency |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
-        lines.append(f"| {label.get(name, name)} | {r['rps']:,} | {r['mb_s']} | "
+        frac = f"{r['rps'] / ceiling:.2f}x" if ceiling else "-"
+        lines.append(f"| {label.get(name, name)} | {r['rps']:,} | {frac} | {r['mb_s']} | "
                      f"{r['cpu_s_per_m']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
                      f"{r['e2e_p50_ms']:.0f} / {r['e2e_p99_ms']:.0f} | {r['startup_s']} | "
+                     f"{r.get('load_avg_1m_at_copy_start', '-')} / "
                      f"{r.get('load_avg_1m_at_latency_start', '')} |")
     lines += ["", "![throughput and p99 latency](mirror.png)", ""]
     if notes:
@@ -367,7 +395,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--rate", type=int, default=10_000)
     ap.add_argument("--latency-s", type=float, default=30.0)
-    ap.add_argument("--only", default="mm2,crossdc,crossdc_eos")
+    ap.add_argument("--only", default="ceiling,mm2,crossdc,crossdc_eos")
     ap.add_argument("--setup", action="store_true", help="Only fetch the MM2 jars.")
     ap.add_argument("--report-only", action="store_true",
                     help="Rewrite mirror.md and mirror.png from mirror.json.")
@@ -383,7 +411,7 @@ def main() -> None:
     if a.setup:
         print(libs)
         return
-    from kafka_helpers import create_topic  # type: ignore[import-not-found]
+    from kafka_helpers import create_topic  # type: ignore[import-not-found,unused-ignore]
     from tests_support import write_topology  # type: ignore[import-not-found]
 
     from dr.stack.local import LocalStack
@@ -391,6 +419,7 @@ def main() -> None:
     from dr.stack.ports import free_topology
 
     names = a.only.split(",")
+    load_before = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-mirror-") as tmp_s:
         tmp = Path(tmp_s)
@@ -420,6 +449,9 @@ def main() -> None:
                 topics = f"tp-{name}|lat-{name}"
                 if name == "mm2":
                     cmd, group = mm2_command(libs, tmp, east, west, topics, 1), None
+                elif name == "ceiling":
+                    group = f"bench-{name}"
+                    cmd = ceiling_command(east, west, topics, group)
                 else:
                     group = f"bench-{name}"
                     prof = RESULTS / f"mirror-{name}.prof" if a.profile else None
@@ -440,6 +472,12 @@ def main() -> None:
         flat[f"{name}_cpu_s_per_m"] = r["cpu_s_per_m"]
         flat[f"{name}_p50_ms"] = r["p50_ms"]
         flat[f"{name}_p99_ms"] = r["p99_ms"]
+    ceiling = flat.get("ceiling_rps")
+    if ceiling:
+        for name in ("mm2", "crossdc", "crossdc_eos"):
+            if f"{name}_rps" in flat:
+                flat[f"{name}_vs_ceiling"] = round(flat[f"{name}_rps"] / ceiling, 2)
+    flat["load_avg"] = {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}
     flat["runs"] = results
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "mirror.json").write_text(json.dumps(flat, indent=2) + "\n")
