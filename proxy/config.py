@@ -86,6 +86,19 @@ class ProxyConfig(_Model):
                                       "(deadline 10 s x 4 tries, ~45 s) up to ~22k "
                                       "records/s per proxy; above that rate a retry may "
                                       "come after its key was forgotten and write again.")
+    idempotency_log: bool = Field(False, description="Share idempotency outcomes with the "
+                                  "region's other proxies and workers through the compacted "
+                                  "topic `idempotency_log_topic` in the own region's Kafka "
+                                  "(`proxy.idempotency`): a retry that reaches another "
+                                  "process is still answered from the first result.")
+    idempotency_log_topic: str = Field("_crossdc.proxy.idempotency", description="The "
+                                       "shared idempotency log (internal: never mirrored).")
+    idempotency_log_wait_s: float = Field(2.0, gt=0, description="Longest a retried call "
+                                          "waits for the shared log to be read up to its "
+                                          "end; beyond it the local window decides alone "
+                                          "(counted, logged).")
+    reuse_port: bool = Field(False, description="Bind the gRPC port with SO_REUSEPORT, so "
+                             "several worker processes serve one port (`--workers`).")
     stream_window: int = Field(64, gt=0, description="Batches of one stream in flight at once "
                                "(acks stay in order).")
     grace_s: float = Field(10.0, ge=0, description="Drain time on stop (SIGTERM).")

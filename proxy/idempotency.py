@@ -10,17 +10,59 @@ key) tuple — no per-key object with an asyncio.Event (that is made only for a 
 another request waits on while it is being written). The router stores results as tuples of
 strings and ints, which the cyclic collector stops tracking, so a full window costs RSS but
 not collector time. Measured ~0.5 KB of RSS per remembered key with 36-character keys (it
-was ~1.9 KB with a Slot and an Event per key)."""
+was ~1.9 KB with a Slot and an Event per key).
+
+Shared across processes (`IdempotencyLog`, `ProxyConfig.idempotency_log`): the window is per
+process, so a retry that reaches another worker of the proxy (`--workers N`: a reconnect lands
+on any worker) or another proxy of the region would not find the first attempt. Every window
+therefore appends its outcomes (results, and the partial writes of a failed sync) to a
+compacted topic in the own region's Kafka, `_crossdc.proxy.idempotency` (key: topic + NUL +
+idempotency key; internal: never mirrored), and tails that topic into its own window
+(`learn`). A call the client marks as a retry (metadata `dr-attempt` >= 2: the SDK sets it)
+first waits until this process has read the log up to its end offset as read AFTER the call
+arrived (`catch_up`): every outcome appended before the retry arrived is then in the window,
+so a finished write is answered as a duplicate and a partial sync resumes with the missing
+regions only. A first attempt does not wait (nothing can be known about a fresh key), so the
+hot path pays only the append (batched, not awaited). Partial writes are awaited until
+acknowledged before the call answers (the client retries them at once); results are not
+(the client retries a result only when its answer was lost).
+
+What is left (stated, not hidden): (1) a process killed between Kafka's ack of the records
+and the append of their outcome (a few ms: the append is batched with the producer's linger)
+leaves nothing in the log: a retry elsewhere writes again (at-least-once, as before); (2) a
+retry that reaches another process while the first attempt is STILL being written there (the
+client lost its connection, not its deadline: the proxy answers before the deadline) does not
+wait for it and may write again; (3) when the log cannot be read up to its end within
+`idempotency_log_wait_s` (own region's Kafka down) the retry is decided on the local window
+alone, counted in crossdc_proxy_idempotency_log_errors_total{step="catch_up"}."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["IdempotencyWindow", "Slot"]
+import structlog
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from crossdc.clients.kafka import KafkaAdmin, TopicSpec, kafka_kw
+from crossdc.errors import CrossdcError
+from crossdc.settings import RetrySettings
+from proxy.writers import RegionWrite
+
+if TYPE_CHECKING:
+    from proxy.metrics import ProxyMetrics
+
+__all__ = ["IdempotencyLog", "IdempotencyWindow", "LogUnavailable", "Slot"]
+
+log = structlog.get_logger("crossdc.proxy.idempotency")
 
 
 class Slot:
@@ -63,6 +105,8 @@ class IdempotencyWindow:
         self._partials: OrderedDict[tuple[str, str], tuple[Any, float]] = OrderedDict()
         # no entry can expire before this (the oldest entry's time + window_s)
         self._expire_at = float("inf")
+        # the region-shared log this window appends to and learns from (None: local only)
+        self.log: IdempotencyLog | None = None
 
     def __len__(self) -> int:
         return len(self._done) + len(self._inflight)
@@ -129,6 +173,8 @@ class IdempotencyWindow:
             self._expire_at = now + self.window_s
         if len(done) + len(self._inflight) > self.max_keys:
             done.popitem(last=False)
+        if self.log is not None:
+            self.log.publish(k, result=result)
         if slot._event is not None:
             slot._event.set()
 
@@ -144,6 +190,331 @@ class IdempotencyWindow:
                 self._expire_at = now + self.window_s
             if len(self._partials) > self.max_keys:
                 self._partials.popitem(last=False)
+            if self.log is not None:
+                self.log.publish(slot.key, partial=partial)
         else:
             self._partials.pop(slot.key, None)
         slot._release()
+
+    def learn(self, key: tuple[str, str], *, result: Any = None, partial: Any = None,
+              age_s: float = 0.0) -> bool:
+        """An outcome another process appended to the shared log `age_s` ago: kept like one
+        of ours (a result, else partial writes to resume from), unless this process knows the
+        key already (written or being written here) or it is older than the window."""
+        if key in self._inflight or key in self._done or age_s > self.window_s:
+            return False
+        now = self._clock()
+        at = now - max(0.0, age_s)
+        if result is not None:
+            self._partials.pop(key, None)
+            self._done[key] = (result, at)
+            if len(self._done) + len(self._inflight) > self.max_keys:
+                self._done.popitem(last=False)
+        elif partial:
+            self._partials.pop(key, None)
+            self._partials[key] = (partial, at)
+            if len(self._partials) > self.max_keys:
+                self._partials.popitem(last=False)
+        else:
+            return False
+        self._expire_at = min(self._expire_at, at + self.window_s)
+        return True
+
+
+class LogUnavailable(CrossdcError):
+    """The shared idempotency log cannot be read up to its end now."""
+
+
+LOG_PARTITION = 0
+
+
+class IdempotencyLog:
+    """The region-shared idempotency log of one process (see the module docstring).
+
+    `start()` makes the objects (never fails: the own region's Kafka may be down); `run()`
+    (task `proxy:idempotency-log` of the server) connects, creates the topic if missing, reads
+    it from `window_s` ago, then tails it and appends what `publish()` queued; `stop()` sends
+    what is queued (bounded) and closes. `catch_up()` waits until the log was read up to its
+    end offset as read after the call; `LogUnavailable` when it cannot be (not connected, too
+    slow)."""
+
+    def __init__(self, bootstrap: str | list[str], topic: str, window: IdempotencyWindow,
+                 metrics: ProxyMetrics, *, client_id: str, replication: int | None = None,
+                 wait_s: float = 2.0, retry_s: float = 1.0) -> None:
+        self.bootstrap = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
+        self.topic = topic
+        self.window = window
+        self.metrics = metrics
+        self.client_id = client_id
+        self.replication = replication
+        self.wait_s = wait_s
+        self.retry_s = retry_s
+        self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._tp = TopicPartition(topic, LOG_PARTITION)
+        self._producer: AIOKafkaProducer | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._ready = False
+        self._pos = -1
+        self._advanced = asyncio.Event()
+        self._queue: list[tuple[bytes, bytes, asyncio.Future[None] | None]] = []
+        self._waiters: set[asyncio.Future[None]] = set()  # partial outcomes not acked yet
+        self._wake = asyncio.Event()
+        self._query: asyncio.Future[int] | None = None
+        self._closed = False
+        self.log = log.bind(topic=topic)
+        window.log = self
+
+    # -- publishing ------------------------------------------------------------------------
+    def publish(self, key: tuple[str, str], *, result: Any = None, partial: Any = None) -> None:
+        """Queue an outcome for the log (not awaited; a partial write's answer waits for
+        `published()`)."""
+        if self._closed:
+            return
+        body: dict[str, Any] = {"o": self.origin}
+        waiter: asyncio.Future[None] | None = None
+        if result is not None:
+            body["r"] = list(result)
+        else:
+            body["p"] = [list(w) for w in partial]
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.add(waiter)
+            waiter.add_done_callback(self._waiters.discard)
+        self._queue.append((f"{key[0]}\0{key[1]}".encode(),
+                            json.dumps(body, separators=(",", ":")).encode(), waiter))
+        self._wake.set()
+
+    async def published(self, deadline: float) -> None:
+        """Until every partial outcome queued so far is acknowledged by Kafka (or failed,
+        or the deadline passed: then logged and counted)."""
+        if not self._waiters:
+            return
+        waiters = list(self._waiters)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await asyncio.gather(*waiters, return_exceptions=True)
+        except TimeoutError:
+            self.metrics.idem_log_errors.labels("append").inc()
+            self.log.warning("idempotency_log_append_slow", waiters=len(waiters))
+
+    async def _send_queued(self, producer: AIOKafkaProducer) -> None:
+        items, self._queue = self._queue, []
+        if not items:
+            return
+        waiters = [w for _, _, w in items if w is not None]
+        batch = producer.create_batch()
+        futures: list[asyncio.Future[Any]] = []
+        for key, value, _ in items:
+            if batch.append(key=key, value=value, timestamp=None) is None:
+                futures.append(await producer.send_batch(batch, self.topic,
+                                                         partition=LOG_PARTITION))
+                batch = producer.create_batch()
+                batch.append(key=key, value=value, timestamp=None)
+        futures.append(await producer.send_batch(batch, self.topic, partition=LOG_PARTITION))
+        n = len(items)
+
+        def done(_: Any) -> None:
+            if not all(f.done() for f in futures):
+                return
+            errors = [f.exception() for f in futures if not f.cancelled() and f.exception()]
+            if errors:
+                self.metrics.idem_log_errors.labels("append").inc()
+                self.log.warning("idempotency_log_append_failed", records=n,
+                                 error=repr(errors[0]))
+            else:
+                self.metrics.idem_log_appends.inc(n)
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+        for f in futures:
+            f.add_done_callback(done)
+
+    # -- reading ---------------------------------------------------------------------------
+    def _apply(self, key: bytes, value: bytes | None, timestamp_ms: int) -> None:
+        if value is None:
+            return
+        try:
+            body = json.loads(value)
+            topic, _, ikey = key.decode().partition("\0")
+            if body.get("o") == self.origin:
+                return
+            age = max(0.0, time.time() - timestamp_ms / 1000)
+            if "r" in body:
+                learned = self.window.learn((topic, ikey), result=tuple(body["r"]), age_s=age)
+            else:
+                learned = self.window.learn(
+                    (topic, ikey), partial=[RegionWrite(str(r), int(p), int(o))
+                                            for r, p, o in body["p"]], age_s=age)
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
+            self.metrics.idem_log_errors.labels("tail").inc()
+            self.log.warning("idempotency_log_bad_record", error=repr(exc))
+            return
+        if learned:
+            self.metrics.idem_log_learned.inc()
+
+    async def _read_end(self) -> int:
+        consumer = self._consumer
+        if consumer is None or not self._ready:
+            raise LogUnavailable("the shared idempotency log is not connected")
+        try:
+            ends = await consumer.end_offsets([self._tp])
+        except KafkaError as exc:
+            raise LogUnavailable(f"end offset: {exc.__class__.__name__}: {exc}") from exc
+        return int(ends[self._tp])
+
+    async def _fresh_end(self) -> int:
+        """The log's end offset as read by a request sent after this call began (concurrent
+        callers share one: a request already running may have been sent too early, so it
+        is waited for and the next one shared)."""
+        before = self._query
+        if before is not None and not before.done():
+            await asyncio.wait({before})
+        q = self._query
+        if q is None or q is before:
+            q = self._query = asyncio.ensure_future(self._read_end())
+            q.add_done_callback(_retrieve)
+        return await asyncio.shield(q)
+
+    async def catch_up(self, deadline: float) -> None:
+        """Until this process has read the log up to its end (as of now): every outcome
+        appended before this call is then in the window. LogUnavailable when it cannot be
+        within `deadline` (monotonic)."""
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout_at(deadline):
+                end = await self._fresh_end()
+                while self._pos < end:
+                    await self._advanced.wait()
+        except TimeoutError:
+            raise LogUnavailable("the shared idempotency log was not read up to its end in "
+                                 "time") from None
+        finally:
+            self.metrics.idem_catch_up.observe(time.perf_counter() - t0)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Nothing to connect yet: `run()` does (the own region's Kafka may be down)."""
+
+    async def run(self) -> None:
+        """Connect (retried every `retry_s`), then tail the log and send what is queued."""
+        while True:
+            if await self._connect():
+                break
+            await asyncio.sleep(self.retry_s)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._tail(), name="proxy:idempotency-tail")
+            tg.create_task(self._sender(), name="proxy:idempotency-append")
+
+    async def _connect(self) -> bool:
+        try:
+            async with KafkaAdmin(self.bootstrap, RetrySettings(attempts=1, total_s=5.0,
+                                                                call_timeout_s=5.0),
+                                  client_id=self.client_id) as admin:
+                replication = self.replication or min(3, await admin.broker_count())
+                await admin.create_topics([TopicSpec(
+                    self.topic, 1, replication,
+                    {"cleanup.policy": "compact,delete",
+                     "retention.ms": str(int(self.window.window_s * 2000)),
+                     "segment.ms": str(int(max(60.0, self.window.window_s) * 1000))})],
+                    exist_ok=True)
+            producer = AIOKafkaProducer(**kafka_kw(self.bootstrap), acks="all",
+                                        enable_idempotence=True, linger_ms=2,
+                                        client_id=self.client_id)
+            consumer = AIOKafkaConsumer(**kafka_kw(self.bootstrap), group_id=None,
+                                        enable_auto_commit=False, fetch_max_wait_ms=100,
+                                        client_id=self.client_id)
+        except (CrossdcError, KafkaError, OSError) as exc:
+            self.log.warning("idempotency_log_unreachable", error=str(exc))
+            return False
+        try:
+            async with asyncio.timeout(10.0):
+                await producer.start()
+                await consumer.start()
+                consumer.assign([self._tp])
+                since = int((time.time() - self.window.window_s) * 1000)
+                found = await consumer.offsets_for_times({self._tp: since})
+                at = found.get(self._tp)
+                if at is None:
+                    await consumer.seek_to_end(self._tp)
+                else:
+                    consumer.seek(self._tp, at.offset)
+                self._pos = await consumer.position(self._tp)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            await producer.stop()
+            await consumer.stop()
+            self.log.warning("idempotency_log_unreachable", error=repr(exc))
+            return False
+        if self._closed:  # stop() ran meanwhile
+            await producer.stop()
+            await consumer.stop()
+            return False
+        self._producer, self._consumer = producer, consumer
+        self._ready = True
+        self.log.info("idempotency_log_connected", from_offset=self._pos)
+        return True
+
+    async def _tail(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        tp = self._tp
+        while True:
+            try:
+                data = await consumer.getmany(tp, timeout_ms=500)
+            except KafkaError as exc:
+                self.metrics.idem_log_errors.labels("tail").inc()
+                self.log.warning("idempotency_log_read_failed", error=repr(exc))
+                await asyncio.sleep(self.retry_s)
+                continue
+            for msgs in data.values():
+                for m in msgs:
+                    self._apply(m.key or b"", m.value, m.timestamp)
+            self._pos = await consumer.position(tp)
+            advanced, self._advanced = self._advanced, asyncio.Event()
+            advanced.set()
+
+    async def _sender(self) -> None:
+        producer = self._producer
+        assert producer is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._send_queued(producer)
+            except KafkaError as exc:
+                self.metrics.idem_log_errors.labels("append").inc()
+                self.log.warning("idempotency_log_append_failed", error=repr(exc))
+
+    async def stop(self, deadline: float | None = None) -> None:
+        """Send what is queued (bounded by `deadline`), close; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._ready = False
+        producer, self._producer = self._producer, None
+        consumer, self._consumer = self._consumer, None
+        if self._query is not None and not self._query.done():
+            self._query.cancel()
+        limit = None if deadline is None else max(0.1, deadline - time.monotonic())
+        if producer is not None:
+            try:
+                async with asyncio.timeout(limit):
+                    await self._send_queued(producer)
+                    await producer.stop()
+            except (KafkaError, TimeoutError) as exc:
+                self.log.warning("idempotency_log_close_incomplete", error=repr(exc))
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(1.0):
+                        await producer.client.close()
+        for w in list(self._waiters):
+            if not w.done():
+                w.set_result(None)
+        self._queue = []
+        if consumer is not None:
+            with contextlib.suppress(KafkaError, TimeoutError):
+                async with asyncio.timeout(limit):
+                    await consumer.stop()
+
+
+def _retrieve(f: asyncio.Future[Any]) -> None:
+    if not f.cancelled():
+        f.exception()

@@ -1,4 +1,13 @@
-"""Prometheus metrics of the proxy (policy reload metrics live with the PolicyStore)."""
+"""Prometheus metrics of the proxy (policy reload metrics live with the PolicyStore).
+
+With `dr proxy serve --workers N` (N > 1) every worker process writes its metrics to files
+under PROMETHEUS_MULTIPROC_DIR (prometheus-client's multiprocess mode) and the supervisor
+serves them together on the one metrics port: counters and histograms are summed over the
+workers (dead ones included: a restart loses no count), and each gauge says how its workers'
+values combine (`multiprocess_mode`, over live workers only): `serving` and the breaker state
+take the max (any worker serving; the worst breaker), reachability and the primary lease the
+min (one worker that cannot reach Consul shows), in-flight bytes the sum. Outside multiprocess
+mode the modes change nothing. `WorkerMetrics` are the supervisor's own."""
 
 from __future__ import annotations
 
@@ -6,7 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-__all__ = ["ProxyMetrics", "observe_many"]
+__all__ = ["ProxyMetrics", "WorkerMetrics", "observe_many"]
 
 _BUCKETS = (.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
 
@@ -35,22 +44,22 @@ class ProxyMetrics:
                                   "idempotency window (not written again)", registry=r)
         self.breaker_state = Gauge("crossdc_proxy_breaker_state", "Circuit breaker per "
                                    "region: 0 closed, 1 half-open, 2 open", ("region",),
-                                   registry=r)
+                                   registry=r, multiprocess_mode="livemax")
         self.region_reachable = Gauge("crossdc_proxy_region_reachable", "1 when the last "
                                       "metadata probe of the region's Kafka answered",
-                                      ("region",), registry=r)
+                                      ("region",), registry=r, multiprocess_mode="livemin")
         self.primary_epoch = Gauge("crossdc_proxy_primary_epoch", "Primary epoch in use",
-                                   registry=r)
+                                   registry=r, multiprocess_mode="livemax")
         self.primary_region = Gauge("crossdc_proxy_primary", "1 for the region in use as "
-                                    "primary", ("region",), registry=r)
+                                    "primary", ("region",), registry=r, multiprocess_mode="livemax")
         self.consul_reachable = Gauge("crossdc_proxy_consul_reachable", "1 when the last "
                                       "Consul call answered (else the primary is the last "
-                                      "value seen)", registry=r)
+                                      "value seen)", registry=r, multiprocess_mode="livemin")
         self.primary_lease_valid = Gauge("crossdc_proxy_primary_lease_valid", "1 while the "
                                          "primary was confirmed in the own datacenter's "
                                          "Consul within primary_lease_s (ordered and sync "
                                          "writes need it, and an unfenced record)",
-                                         registry=r)
+                                         registry=r, multiprocess_mode="livemin")
         self.primary_refusals = Counter("crossdc_proxy_primary_refusals", "Ordered and sync "
                                         "records refused UNAVAILABLE for want of a writable "
                                         "primary, by reason (unconfirmed: Consul never "
@@ -62,9 +71,9 @@ class ProxyMetrics:
         self.peer_consul_reachable = Gauge("crossdc_proxy_peer_consul_reachable", "1 when "
                                            "the last read of the primary key in another "
                                            "region's Consul answered", ("region",),
-                                           registry=r)
+                                           registry=r, multiprocess_mode="livemin")
         self.inflight_bytes = Gauge("crossdc_proxy_inflight_bytes", "Record bytes being "
-                                    "written now", registry=r)
+                                    "written now", registry=r, multiprocess_mode="livesum")
         self.rejected = Counter("crossdc_proxy_backpressure_rejections", "Requests refused "
                                 "with RESOURCE_EXHAUSTED", registry=r)
         self.auth_refusals = Counter("crossdc_proxy_auth_refusals", "Calls or records "
@@ -88,8 +97,43 @@ class ProxyMetrics:
         self.task_failures = Counter("crossdc_proxy_task_failures", "Background loops of the "
                                      "server that failed (the server then stops)", ("task",),
                                      registry=r)
+        self.idem_log_appends = Counter("crossdc_proxy_idempotency_log_appends", "Outcomes "
+                                        "appended to the region-shared idempotency log",
+                                        registry=r)
+        self.idem_log_learned = Counter("crossdc_proxy_idempotency_log_learned", "Outcomes "
+                                        "of other workers or proxies read from the shared "
+                                        "idempotency log into this window", registry=r)
+        self.idem_log_errors = Counter("crossdc_proxy_idempotency_log_errors", "Shared "
+                                       "idempotency log failures, by step (append, tail, "
+                                       "catch_up: a retry then decided on the local window "
+                                       "alone)", ("step",), registry=r)
+        for step in ("append", "tail", "catch_up"):
+            self.idem_log_errors.labels(step)
+        self.idem_catch_up = Histogram("crossdc_proxy_idempotency_catch_up_seconds", "A "
+                                       "retried call waiting for the shared idempotency log "
+                                       "to be read up to its end", registry=r,
+                                       buckets=_BUCKETS)
         self.serving = Gauge("crossdc_proxy_serving", "1 when health says SERVING",
-                             registry=r)
+                             registry=r, multiprocess_mode="livemax")
+
+
+class WorkerMetrics:
+    """The supervisor's metrics (`dr proxy serve --workers N`), served next to the workers'."""
+
+    def __init__(self, registry: CollectorRegistry, workers: int) -> None:
+        r = registry
+        self.configured = Gauge("crossdc_proxy_workers", "Worker processes configured",
+                                registry=r)
+        self.configured.set(workers)
+        self.alive = Gauge("crossdc_proxy_workers_alive", "Worker processes running",
+                           registry=r)
+        self.workers_serving = Gauge("crossdc_proxy_workers_serving", "Worker processes "
+                                     "whose health says SERVING", registry=r)
+        self.restarts = Counter("crossdc_proxy_worker_restarts", "Worker processes that "
+                                "ended without being asked to and were started again, by "
+                                "worker index", ("worker",), registry=r)
+        for i in range(workers):
+            self.restarts.labels(str(i))
 
 
 def observe_many(child: Any, value: float, n: int) -> None:

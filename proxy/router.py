@@ -49,7 +49,7 @@ from proxy.errors import (
     UnknownTopic,
 )
 from proxy.headers import check_client_headers, dr_headers, new_dr_id, stamp_with
-from proxy.idempotency import IdempotencyWindow, Slot
+from proxy.idempotency import IdempotencyLog, IdempotencyWindow, LogUnavailable, Slot
 from proxy.metrics import ProxyMetrics, observe_many
 from proxy.policy import LOCAL, Policy, Rule
 from proxy.writers import Outgoing, RegionWrite, RegionWriter, partition_for
@@ -186,9 +186,15 @@ class Router:
         self._latency_children: dict[str, Any] = {}
 
     # -- entry -----------------------------------------------------------------------------
-    async def route(self, records: Sequence[Incoming], deadline: float) -> list[Outcome]:
-        """Write `records`; one Outcome per record, in order. `deadline` is monotonic."""
+    async def route(self, records: Sequence[Incoming], deadline: float, *,
+                    retry: bool = False) -> list[Outcome]:
+        """Write `records`; one Outcome per record, in order. `deadline` is monotonic.
+        `retry`: the client says the call is a retry: the region-shared idempotency log (if
+        any) is read up to its end first (`proxy.idempotency`)."""
         t0 = time.perf_counter()
+        shared = self.window.log
+        if retry and shared is not None:
+            await self._catch_up(shared, deadline)
         ts_ms = int(time.time() * 1000)
         policy = self.policy()
         outs = [Outcome(r.idempotency_key or new_dr_id("")) for r in records]
@@ -234,6 +240,8 @@ class Router:
                     self.window.finish(slot, o.remembered())
                 else:
                     self.window.fail(slot, partial=list(o.written) or None)
+        if shared is not None and slots:  # partial writes: in the log before the answer
+            await shared.published(deadline)
         for i, j in aliases.items():
             outs[i] = outs[j].copy_as_duplicate()
         dt = time.perf_counter() - t0
@@ -246,6 +254,16 @@ class Router:
             for mode, n in per_mode.items():
                 observe_many(self._latency(mode), dt, n)
         return outs
+
+    async def _catch_up(self, shared: IdempotencyLog, deadline: float) -> None:
+        """Read the shared idempotency log up to its end (bounded); when it cannot be, the
+        local window decides alone (counted, logged)."""
+        limit = min(deadline, time.monotonic() + shared.wait_s)
+        try:
+            await shared.catch_up(limit)
+        except LogUnavailable as exc:
+            self.metrics.idem_log_errors.labels("catch_up").inc()
+            log.warning("idempotency_log_catch_up_failed", error=str(exc))
 
     def _latency(self, mode: str) -> Any:
         """The request-latency histogram child of `mode` (bound once)."""

@@ -67,7 +67,7 @@ from proxy.errors import (
     Unauthenticated,
     grpc_code,
 )
-from proxy.idempotency import IdempotencyWindow
+from proxy.idempotency import IdempotencyLog, IdempotencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.policy import Policy
 from proxy.primary import PrimaryWatcher
@@ -297,6 +297,11 @@ class ProxyServer:
             self.auth_store = AuthStore(config.auth_file, registry=self.registry,
                                         load_timeout_s=config.file_load_timeout_s)
         self.window = IdempotencyWindow(config.idempotency_window_s, config.idempotency_max_keys)
+        self.idem_log = (IdempotencyLog(self.region.kafka.bootstrap_servers,
+                                        config.idempotency_log_topic, self.window,
+                                        self.metrics, client_id=client_id,
+                                        wait_s=config.idempotency_log_wait_s)
+                         if config.idempotency_log else None)
         self.budget = InflightBudget(config.max_inflight_bytes, self.metrics)
         self.router = Router(config.region, topology, self.writers, self.primary.writable,
                              self._policy_fn, self.window, self.metrics)
@@ -356,6 +361,8 @@ class ProxyServer:
         self._raise_if_failed()
         self._tg = tg_ready.result()
         self._spawn("proxy:primary-watch", self.primary.run())
+        if self.idem_log is not None:
+            self._spawn("proxy:idempotency-log", self.idem_log.run())
         if self.policy_store is not None and self._own_store:
             self._spawn("proxy:policy-watch", self.policy_store.run())
         if self.auth_store is not None:
@@ -363,7 +370,8 @@ class ProxyServer:
         await self.primary.wait_first(5.0)
         self._raise_if_failed()
         await self._check_policy_topics()
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(options=[("grpc.so_reuseport",
+                                           1 if self.config.reuse_port else 0)])
         _add_servicer(server, _Servicer(self))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
@@ -527,6 +535,8 @@ class ProxyServer:
                         "proxy:") and t is not asyncio.current_task()))
             elif not run.cancelled() and run.exception() is not None:
                 self.log.error("proxy_run_failed", error=repr(run.exception()))
+        if self.idem_log is not None:
+            await self._bounded("idempotency_log", self.idem_log.stop(deadline), deadline)
         if self._service_id is not None:
             await self._bounded("consul_deregister",
                                 self.consul.deregister_service(self._service_id), deadline)
@@ -624,7 +634,10 @@ class ProxyServer:
             else:
                 self.budget.try_acquire(size)
             try:
-                outs = await self.router.route(records, deadline) if records else []
+                outs = (await self.router.route(records, deadline,
+                                                retry=self.idem_log is not None
+                                                and _is_retry(context))
+                        if records else [])
             finally:
                 await self.budget.release(size)
         except ProxyError as exc:
@@ -719,6 +732,14 @@ class ProxyServer:
                 await self.router.partition_counts(rule.topic, time.monotonic() + 2.0)
             except ProxyError as exc:
                 self.log.warning("policy_topic_not_writable", topic=rule.topic, error=str(exc))
+
+
+def _is_retry(context: grpc.aio.ServicerContext) -> bool:
+    """The client marks a retried call with `dr-attempt` metadata >= 2 (the SDK does)."""
+    for key, val in context.invocation_metadata() or ():
+        if key == "dr-attempt":
+            return val not in ("", "0", "1")
+    return False
 
 
 def _tls_mode(config: ProxyConfig) -> str:
