@@ -23,13 +23,14 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest
 from aiokafka.structs import OffsetAndMetadata
 
 from crossdc.errors import ClientError, ClientRefused
@@ -38,6 +39,7 @@ from crossdc.settings import RetrySettings
 from crossdc.topology import Region, Topology
 
 __all__ = [
+    "AclBinding",
     "KafkaAdmin",
     "TopicSpec",
     "kafka_kw",
@@ -140,6 +142,33 @@ class TopicSpec:
     partitions: int
     replication: int = 1
     configs: dict[str, str] | None = None
+
+
+# Kafka's wire codes (org.apache.kafka.common.acl / resource enums)
+_RESOURCE = {"topic": 2, "group": 3, "cluster": 4, "transactional_id": 5}
+_PATTERN = {"LITERAL": 3, "PREFIXED": 4}
+_OPERATION = {"ALL": 2, "READ": 3, "WRITE": 4, "CREATE": 5, "DELETE": 6, "ALTER": 7,
+              "DESCRIBE": 8, "CLUSTER_ACTION": 9, "DESCRIBE_CONFIGS": 10,
+              "ALTER_CONFIGS": 11, "IDEMPOTENT_WRITE": 12}
+_PERMISSION = {"DENY": 2, "ALLOW": 3}
+
+
+@dataclass(frozen=True)
+class AclBinding:
+    """One Kafka ACL: `principal` may (ALLOW) or may not (DENY) do `operation` on the
+    resource (`name` a literal name, `*` for all, or a prefix with pattern PREFIXED)."""
+
+    resource: Literal["topic", "group", "cluster", "transactional_id"]
+    name: str
+    principal: str
+    operation: str
+    permission: Literal["ALLOW", "DENY"] = "ALLOW"
+    pattern: Literal["LITERAL", "PREFIXED"] = "LITERAL"
+    host: str = "*"
+
+    def codes(self) -> tuple[int, str, int, str, str, int, int]:
+        return (_RESOURCE[self.resource], self.name, _PATTERN[self.pattern], self.principal,
+                self.host, _OPERATION[self.operation], _PERMISSION[self.permission])
 
 
 def _raise_codes(what: str, rows: Iterable[tuple[str, int, str | None]]) -> None:
@@ -298,6 +327,40 @@ class KafkaAdmin:
         """Delete each partition's records below the offset; the new log start offsets."""
         return dict(await self._call("delete records", lambda: self._a.delete_records(
             {tp: RecordsToDelete(off) for tp, off in before.items()})))
+
+    # -- ACLs (aiokafka's admin client has no ACL calls: its protocol structs, sent here) --
+    async def create_acls(self, bindings: list[AclBinding]) -> None:
+        """Create each ACL (one that exists already is fine: Kafka keeps one copy)."""
+        async def create() -> None:
+            for b in bindings:
+                resp = await self._a._send_request(CreateAclsRequest(*b.codes()))
+                _raise_codes("create acl", [(str(b), r[0], r[1])
+                                            for r in resp.creation_responses])
+
+        await self._call(f"create {len(bindings)} acl(s)", create)
+
+    async def delete_acls(self, bindings: list[AclBinding]) -> int:
+        """Delete exactly these ACLs (absent ones are fine); how many were deleted."""
+        async def delete() -> int:
+            n = 0
+            for b in bindings:
+                resp = await self._a._send_request(DeleteAclsRequest(*b.codes()))
+                _raise_codes("delete acl", [(str(b), r[0], r[1])
+                                            for r in resp.filter_responses])
+                n += sum(len(r[2]) for r in resp.filter_responses)
+            return n
+
+        return await self._call(f"delete {len(bindings)} acl(s)", delete)
+
+    async def has_acl(self, binding: AclBinding) -> bool:
+        """Whether exactly this ACL exists."""
+        async def describe() -> bool:
+            resp = await self._a._send_request(DescribeAclsRequest(*binding.codes()))
+            _raise_codes("describe acls", [(str(binding), resp.error_code,
+                                            resp.error_message)])
+            return any(acls for *_res, acls in resp.resources)
+
+        return await self._call("describe acls", describe)
 
     # -- consumer groups -------------------------------------------------------------------
     async def consumer_groups(self) -> list[str]:

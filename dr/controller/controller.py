@@ -307,6 +307,9 @@ class Controller:
                 await self._persist(retry)
                 await self._execute(retry)
                 return
+        if self.engine.kafka_fence.enabled:  # the fence in Kafka, as the record says
+            await self.engine.kafka_fence.reconcile(cur, skip={
+                r for r, h in self.hysteresis.items() if h.status == "down"})
         await self._maybe_auto(cur)
 
     async def _execute(self, record: FailoverRecord) -> None:

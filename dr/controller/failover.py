@@ -30,6 +30,7 @@ from aiokafka.errors import KafkaError
 from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Flow, Topology
+from dr.controller.acl import KafkaFence
 from dr.controller.config import ControllerSettings
 from dr.controller.datacenters import Datacenters
 from dr.controller.errors import FailoverRefused, StepFailed
@@ -97,6 +98,8 @@ class FailoverEngine:
         """Raises (NotLeader) when this controller may no longer act; checked before each
         step."""
         self.by = f"controller:{settings.controller_id}"
+        self.kafka_fence = KafkaFence(topology)
+        """The fence in Kafka (ACLs) of the regions with SASL/SCRAM (dr/controller/acl.py)."""
 
     # -- checks --------------------------------------------------------------------------
     async def measure_behind(self, source: str, target: str) -> Behind:
@@ -222,6 +225,8 @@ class FailoverEngine:
                 detail = f"epoch {fenced.epoch} fenced in {', '.join(written)}"
                 if failed:
                     detail += "; not in " + ", ".join(f"{r} ({e})" for r, e in failed.items())
+                detail += await self.kafka_fence.on_fence(
+                    rec.source, reachable=not self.is_down(rec.source))
                 return rec.model_copy(update={"epoch": fenced.epoch}).with_step(
                     "fence", detail=detail)
             # Every CAS lost: someone wrote meanwhile; look again.
@@ -311,9 +316,11 @@ class FailoverEngine:
                 raise StepFailed("promote", f"expected epoch {rec.epoch} fenced, found "
                                  f"epoch {cur.epoch} ({cur.region}, fenced={cur.fenced})")
             promoted = cur.promote(rec.target, self.by)
+            lifted = await self.kafka_fence.on_promote(rec.target)  # before it is named
             written, failed = await self.dcs.cas_primary(view, promoted)
             if written:
                 detail = f"{rec.target} primary at epoch {rec.epoch} in {', '.join(written)}"
+                detail += lifted
                 if failed:
                     detail += "; not yet in " + ", ".join(failed)
                 return rec.with_step("promote", detail=detail)

@@ -1,0 +1,206 @@
+"""Kafka ACLs: what each crossdc principal may do, and the fence in Kafka itself.
+
+With SASL/SCRAM on (a region's `security:` in the topology), each component connects as its
+own principal (crossdc.security.PRINCIPALS) and the brokers enforce ACLs
+(StandardAuthorizer, `allow.everyone.if.no.acl.found=false`). `component_acls()` is what
+each may do; `dr up` grants it as the brokers' super user.
+
+The fence, in Kafka: the proxies' principal may write the ordered topics of a region only
+while that region is the writable primary. `KafkaFence.reconcile(primary)` makes every
+secure region's ACLs say so: DENY WRITE for User:crossdc-proxy on each ordered topic of a
+region that is not the writable primary (a fenced record: of every region), none on the
+primary's. The mirror's principal is not named by a deny, so it keeps carrying records
+in. The failover's fence step denies the old primary at once; its promote step lifts the
+target's deny before naming it; the leading controller reconciles every second, so a region
+that was unreachable at the fence gets its deny as soon as it answers again (and before any
+promote of it: a promote names only a region its engine lifted the deny of, after the fenced
+state was applied), and topics created later are covered within a round.
+
+Ordered means: the routing policy's rule for the topic is `ordered` without `sync`. Sync
+topics are written by the proxies into every region (dual-write), so they cannot be denied
+in standbys; `nearest` topics are the proxies' own region's. Without a policy file every
+topic counts as ordered (the policy's default mode). Internal topics (`_` prefix) are left
+alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import structlog
+
+from crossdc.clients.kafka import AclBinding, KafkaAdmin, kafka_principal
+from crossdc.errors import CrossdcError
+from crossdc.primary import PrimaryRecord
+from crossdc.security import ADMIN, CONTROLLER, MIRROR, PROXY, RECONCILE
+from crossdc.settings import RetrySettings
+from crossdc.topology import Region, Topology
+
+__all__ = ["KafkaFence", "component_acls", "grant_component_acls", "proxy_deny"]
+
+log = structlog.get_logger("crossdc.controller.acl")
+
+
+def _user(principal: str) -> str:
+    return f"User:{principal}"
+
+
+def component_acls() -> list[AclBinding]:
+    """ALLOW bindings for every component principal (all topics: `*`)."""
+    out: list[AclBinding] = []
+
+    def allow(principal: str, resource: str, ops: list[str]) -> None:
+        name = "kafka-cluster" if resource == "cluster" else "*"
+        out.extend(AclBinding(resource, name, _user(principal), op)  # type: ignore[arg-type]
+                   for op in ops)
+
+    # proxy: produce (idempotent) to any topic; nothing else
+    allow(PROXY, "topic", ["WRITE", "DESCRIBE"])
+    allow(PROXY, "cluster", ["IDEMPOTENT_WRITE"])
+    # mirror: read sources, write/create targets, its groups, offset syncs, transactions
+    allow(MIRROR, "topic", ["ALL"])
+    allow(MIRROR, "group", ["ALL"])
+    allow(MIRROR, "transactional_id", ["ALL"])
+    allow(MIRROR, "cluster", ["IDEMPOTENT_WRITE", "DESCRIBE", "DESCRIBE_CONFIGS"])
+    # controller: health canaries, consumer group offsets, tails, and the ACLs of the fence
+    allow(CONTROLLER, "topic", ["ALL"])
+    allow(CONTROLLER, "group", ["ALL"])
+    allow(CONTROLLER, "transactional_id", ["ALL"])
+    allow(CONTROLLER, "cluster", ["ALL"])
+    # reconciliation: read only
+    allow(RECONCILE, "topic", ["READ", "DESCRIBE", "DESCRIBE_CONFIGS"])
+    allow(RECONCILE, "group", ["READ", "DESCRIBE"])
+    return out
+
+
+def proxy_deny(topic: str) -> AclBinding:
+    """The fence on one topic: the proxies' principal may not write it."""
+    return AclBinding("topic", topic, _user(PROXY), "WRITE", permission="DENY")
+
+
+async def grant_component_acls(region: Region, retry: RetrySettings | None = None) -> None:
+    """Grant `component_acls()` in the region's cluster, as the super user."""
+    with kafka_principal(ADMIN):
+        async with KafkaAdmin(region.kafka.bootstrap, retry) as admin:
+            await admin.create_acls(component_acls())
+    log.info("component_acls_granted", region=region.name, acls=len(component_acls()))
+
+
+class KafkaFence:
+    """The proxies' write fence in Kafka for the secure regions of a topology."""
+
+    def __init__(self, topology: Topology, policy_path: Path | None = None, *,
+                 timeout_s: float = 3.0) -> None:
+        self.topology = topology
+        self.regions = [r for r in topology.regions if r.security is not None]
+        self.policy_path = policy_path if policy_path is not None or not self.regions \
+            else _policy_path()
+        self.timeout_s = timeout_s
+        # one try, bounded: a region that does not answer is tried again next round
+        self.retry = RetrySettings(attempts=1, total_s=timeout_s * 2, call_timeout_s=timeout_s)
+        self.denied: dict[str, set[str]] = {}
+        """Per region, the topics this process last saw denied (a cache; Kafka is the
+        truth: `deny`/`allow` are idempotent)."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.regions)
+
+    def _ordered(self, topics: list[str]) -> list[str]:
+        topics = [t for t in topics if not t.startswith("_")]
+        if self.policy_path is None or not self.policy_path.is_file():
+            return topics
+        from proxy.policy import load_policy
+        policy = load_policy(self.policy_path, self.topology)
+        out = []
+        for t in topics:
+            rule = policy.rule_for(t)
+            if rule is not None and rule.dr_mode == "ordered":
+                out.append(t)
+        return out
+
+    async def deny(self, region: str) -> list[str]:
+        """Deny the proxies WRITE on every ordered topic of `region` (idempotent); the
+        topics newly denied. ClientError when the region does not answer."""
+        reg = self.topology.region(region)
+        if reg.security is None:
+            return []
+        async with KafkaAdmin(reg.kafka.bootstrap, self.retry) as admin:
+            topics = self._ordered(await admin.list_topics())
+            new = [t for t in topics if t not in self.denied.get(region, set())]
+            if new:
+                await admin.create_acls([proxy_deny(t) for t in new])
+        self.denied.setdefault(region, set()).update(new)
+        if new:
+            log.warning("kafka_fence_denied", target_region=region, topics=new)
+        return new
+
+    async def allow(self, region: str) -> int:
+        """Lift the proxies' denies in `region` (every topic's); how many were lifted."""
+        reg = self.topology.region(region)
+        if reg.security is None:
+            return 0
+        async with KafkaAdmin(reg.kafka.bootstrap, self.retry) as admin:
+            topics = await admin.list_topics()
+            n = await admin.delete_acls([proxy_deny(t) for t in topics])
+        self.denied[region] = set()
+        if n:
+            log.warning("kafka_fence_lifted", target_region=region, acls=n)
+        return n
+
+    async def on_fence(self, region: str, *, reachable: bool = True) -> str:
+        """The failover's fence step: deny the old primary now if it answers (else the
+        leader's next rounds do, as soon as it does); a note for the step's detail."""
+        if not self.enabled or self.topology.region(region).security is None:
+            return ""
+        if reachable:
+            try:
+                denied = await self.deny(region)
+                return f"; Kafka: proxies denied writes in {region} ({len(denied)} topic(s))"
+            except (CrossdcError, OSError, TimeoutError) as exc:
+                log.warning("kafka_fence_pending", target_region=region, error=str(exc))
+        return f"; Kafka deny in {region} pending (applied when it answers)"
+
+    async def on_promote(self, region: str) -> str:
+        """The promote step, before naming `region`: lift its deny (best effort: else the
+        leader's next round does)."""
+        if not self.enabled or self.topology.region(region).security is None:
+            return ""
+        try:
+            await self.allow(region)
+            return f"; Kafka: proxies may write {region} again"
+        except (CrossdcError, OSError, TimeoutError) as exc:
+            log.warning("kafka_unfence_pending", target_region=region, error=str(exc))
+            return f"; Kafka deny in {region} still there (lifted when it answers)"
+
+    async def reconcile(self, primary: PrimaryRecord, skip: set[str] | None = None
+                        ) -> dict[str, str]:
+        """Every secure region's denies as `primary` says (the writable primary: none;
+        every other region: its ordered topics). Regions in `skip` (judged down) and those
+        that do not answer are left for a later round; the errors, by region."""
+        errors: dict[str, str] = {}
+
+        async def one(region: Region) -> None:
+            if skip and region.name in skip:
+                return
+            try:
+                if primary.fenced or primary.region != region.name:
+                    await self.deny(region.name)
+                elif self.denied.get(region.name) != set():
+                    await self.allow(region.name)
+            except (CrossdcError, OSError, TimeoutError) as exc:
+                errors[region.name] = str(exc)
+
+        await asyncio.gather(*(one(r) for r in self.regions))
+        return errors
+
+
+def _policy_path() -> Path | None:
+    """The routing policy the proxies run: $CROSSDC_POLICY, else `policies/default.yaml`."""
+    env = os.environ.get("CROSSDC_POLICY")
+    if env:
+        return Path(env)
+    from dr.stack.services import default_policy_path
+    return default_policy_path()
