@@ -19,6 +19,7 @@ from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, Field
 
 from crossdc.clients.consul import ConsulClient
+from crossdc.clients.kafka import kafka_kw
 from crossdc.clients.kafka_quorum import describe_quorum
 from crossdc.clients.primary import read_primary
 from crossdc.errors import ClientError
@@ -154,7 +155,7 @@ def effective_primary(topology: Topology, views: dict[str, PrimaryView]) -> Prim
 async def probe_kafka(region: Region, expected: int | None, timeout_s: float) -> KafkaStatus:
     """Brokers and quorum of one region; failures land in `error`, never raise."""
     admin = AIOKafkaAdminClient(
-        bootstrap_servers=region.kafka.bootstrap, request_timeout_ms=int(timeout_s * 1000),
+        **kafka_kw(region.kafka.bootstrap), request_timeout_ms=int(timeout_s * 1000),
         client_id="crossdc-status")
     try:
         async with asyncio.timeout(timeout_s):

@@ -47,6 +47,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
 
+from crossdc.clients.kafka import kafka_kw
 from mirror.errors import OffsetsError, OffsetsUnavailable
 from mirror.topics import ensure_topic
 
@@ -221,7 +222,7 @@ async def _read_committed(bootstrap: str, tps: list[TopicPartition],
     that died mid-transaction holds it until the transaction times out), so this waits for
     it; giving up is an error, never a silently partial answer.
     """
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
                          isolation_level="read_committed")
     try:
         await c.start()
@@ -326,7 +327,7 @@ async def load_translation(bootstrap: str, source: str, committed: dict[tuple[st
     """
     pick = _Pick(committed)
     tp = TopicPartition(sync_topic_name(source), MAP_PARTITION)
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
                          isolation_level="read_committed")
     try:
         await c.start()
@@ -408,7 +409,7 @@ class Translated:
 async def translate_group(group: str, source: str, source_bootstrap: str,
                           target_bootstrap: str) -> list[Translated]:
     """The group's committed offsets on the source, translated through the sync topic."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=source_bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_kw(source_bootstrap))
     try:
         await admin.start()
         committed = await admin.list_consumer_group_offsets(group)
@@ -442,7 +443,7 @@ _RETRY = {"stop": stop_after_delay(30),
 
 async def group_members(bootstrap: str, group: str) -> tuple[str, int]:
     """(state, number of members) of a consumer group."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap))
     try:
         await admin.start()
         async for attempt in AsyncRetrying(**_RETRY):  # type: ignore[arg-type]
@@ -471,7 +472,7 @@ async def apply_offsets(group: str, target_bootstrap: str, rows: list[Translated
                for r in rows if r.target_offset is not None}
     if not offsets:
         return 0
-    c = AIOKafkaConsumer(bootstrap_servers=target_bootstrap, group_id=group,
+    c = AIOKafkaConsumer(**kafka_kw(target_bootstrap), group_id=group,
                          enable_auto_commit=False)
     try:
         try:

@@ -18,6 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict
 
+from crossdc.clients.kafka import kafka_kw
 from crossdc.topology import Flow, Topology
 from mirror.offsets import MAP_PARTITION, sync_topic_name
 from mirror.topics import is_internal
@@ -55,8 +56,8 @@ class FlowStatus(_Out):
 
 
 async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap))
+    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False)
     try:
         await admin.start()
         await consumer.start()
@@ -88,7 +89,7 @@ async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
 async def _newest(flow: Flow, bootstrap: str) -> tuple[int | None, float | None]:
     tp = TopicPartition(sync_topic_name(flow.source), MAP_PARTITION)
     pattern = re.compile(flow.topics)
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
                          isolation_level="read_committed")
     try:
         await c.start()  # inside: a region that does not answer still gets its client closed

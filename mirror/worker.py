@@ -46,6 +46,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from crossdc.clients.kafka import kafka_kw
 from crossdc.headers import DR_ID, DR_PATH, DR_TS
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Flow
@@ -182,8 +183,8 @@ class MirrorWorker:
                       worker_id=self.worker_id, topics=sorted(self._topics.partitions))
 
     async def _open(self) -> None:
-        self._src_admin = AIOKafkaAdminClient(bootstrap_servers=self.source_bootstrap)
-        self._dst_admin = AIOKafkaAdminClient(bootstrap_servers=self.target_bootstrap)
+        self._src_admin = AIOKafkaAdminClient(**kafka_kw(self.source_bootstrap))
+        self._dst_admin = AIOKafkaAdminClient(**kafka_kw(self.target_bootstrap))
         await self._src_admin.start()
         await self._dst_admin.start()
         await ensure_sync_topic(self._dst_admin, self.flow.source)
@@ -201,7 +202,7 @@ class MirrorWorker:
             self._producer_kw["transaction_timeout_ms"] = _TXN_TIMEOUT_MS
         await self._new_producer()
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.source_bootstrap, group_id=self.group,
+            **kafka_kw(self.source_bootstrap), group_id=self.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed" if self.flow.exactly_once
             else "read_uncommitted", max_partition_fetch_bytes=4 * 1024 * 1024,
@@ -224,7 +225,7 @@ class MirrorWorker:
             self._sync_unacked = [(k, v, p, f if f is not None and f.done() and
                                    not f.cancelled() and f.exception() is None else None)
                                   for k, v, p, f in self._sync_unacked]
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.target_bootstrap,
+        self._producer = AIOKafkaProducer(**kafka_kw(self.target_bootstrap),
                                           **self._producer_kw)
         await self._producer.start()
 
@@ -465,7 +466,7 @@ class MirrorWorker:
         `pos:` record (a worker died before recording them), so they are not sent again."""
         suffix = f",{self.flow.source},{self.flow.target}".encode()
         start = f"{self.flow.source},{self.flow.target}".encode()
-        c = AIOKafkaConsumer(bootstrap_servers=self.target_bootstrap, enable_auto_commit=False)
+        c = AIOKafkaConsumer(**kafka_kw(self.target_bootstrap), enable_auto_commit=False)
         try:
             await c.start()
         except BaseException:

@@ -37,6 +37,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from crossdc.clients.kafka import kafka_kw
 from crossdc.topology import Region
 from proxy.breaker import BreakerState, CircuitBreaker
 from proxy.config import BreakerSettings, KafkaWriterSettings
@@ -128,7 +129,7 @@ class RegionWriter:
                 return True
             s = self.settings
             producer = AIOKafkaProducer(
-                bootstrap_servers=self.region.kafka.bootstrap_servers, acks="all",
+                **kafka_kw(self.region.kafka.bootstrap_servers), acks="all",
                 enable_idempotence=True, linger_ms=s.linger_ms, max_batch_size=s.max_batch_bytes,
                 max_request_size=s.max_request_bytes, request_timeout_ms=s.request_timeout_ms,
                 metadata_max_age_ms=s.metadata_max_age_ms, client_id=self.client_id)

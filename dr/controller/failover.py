@@ -27,6 +27,7 @@ import structlog
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from crossdc.clients.kafka import kafka_kw
 from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Flow, Topology
@@ -352,7 +353,7 @@ class FailoverEngine:
 
 async def _user_groups(bootstrap: str, timeout_s: float) -> list[str]:
     """Consumer groups that users run (not the mirror's own)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap,
+    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap),
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):

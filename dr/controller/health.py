@@ -20,6 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from crossdc.aio import cancelled_from_outside
+from crossdc.clients.kafka import kafka_kw
 from crossdc.topology import Region
 from dr.controller.config import HealthSettings
 from dr.controller.state import CheckResult, RegionHealth, now_ms
@@ -166,7 +167,7 @@ class RegionProber:
         async with asyncio.timeout(self.SETUP_TIMEOUT_S):
             if self._admin is None:
                 admin = AIOKafkaAdminClient(
-                    bootstrap_servers=self._bootstrap,
+                    **kafka_kw(self._bootstrap),
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
                 self._admin = admin  # kept even if start fails: stop() closes it
                 await admin.start()
@@ -180,7 +181,7 @@ class RegionProber:
                             self.settings.canary_topic, 1, 1,
                             topic_configs={"retention.ms": "3600000"})])
                 producer = AIOKafkaProducer(
-                    bootstrap_servers=self._bootstrap, acks="all", linger_ms=0,
+                    **kafka_kw(self._bootstrap), acks="all", linger_ms=0,
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
                 self._producer = producer
                 await producer.start()
@@ -188,7 +189,7 @@ class RegionProber:
                 # Short request deadlines: closing a consumer whose broker died waits for
                 # its in-flight fetch (40 s by default).
                 consumer = AIOKafkaConsumer(
-                    bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+                    **kafka_kw(self._bootstrap), enable_auto_commit=False,
                     request_timeout_ms=int(max(2.0, self.settings.timeout_s * 2) * 1000),
                     fetch_max_wait_ms=200)
                 self._consumer = consumer

@@ -33,6 +33,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from crossdc.clients.kafka import kafka_kw
 from crossdc.headers import DR_EPOCH, DR_ID, DR_PATH
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
@@ -149,7 +150,7 @@ async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[Any]
     n = await _partitions(bootstrap, topic, timeout_s)
     if not n:
         return []
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
                          isolation_level="read_committed",
                          request_timeout_ms=int(timeout_s * 1000))
     out: list[Any] = []
@@ -171,7 +172,7 @@ async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[Any]
 
 async def _partitions(bootstrap: str, topic: str, timeout_s: float) -> int:
     """`topic`'s partition count, 0 when it does not exist (described, never auto-created)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap,
+    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap),
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):
@@ -357,7 +358,7 @@ async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None
             # Started (init_transactions) before the markers are read: a replay still
             # running is fenced by now, or its commit is visible to what we read next.
             producer = AIOKafkaProducer(
-                bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                **kafka_kw(bootstrap), acks="all", enable_idempotence=True,
                 transactional_id=f"crossdc-tail-replay-{target}",
                 request_timeout_ms=int(timeout_s * 1000))
             try:
@@ -391,7 +392,7 @@ async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None
 
 
 async def _ensure_replayed_topic(bootstrap: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap))
     try:
         await admin.start()
         await ensure_replayed_topic(admin)
@@ -448,7 +449,7 @@ async def _replay(producer: AIOKafkaProducer, topology: Topology, primary: Prima
 async def _partition_counts(bootstrap: str, topics: set[str], region: str,
                             timeout_s: float) -> dict[str, int]:
     """Partitions of each topic in the primary (described, never auto-created)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap,
+    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap),
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):

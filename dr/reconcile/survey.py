@@ -15,6 +15,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from crossdc.clients.kafka import kafka_kw
 from crossdc.topology import Topology
 from dr.reconcile.errors import NoTopics, RegionUnreachable
 
@@ -39,9 +40,9 @@ class RegionSurvey:
 
 async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
                          timeout_s: float) -> RegionSurvey:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap,
+    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap),
                                 request_timeout_ms=int(timeout_s * 1000))
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
