@@ -11,7 +11,10 @@ room beyond that (one record larger than the byte bound still goes when nothing 
 A record that fails with UNAVAILABLE (no writable region, incomplete sync, proxy draining) or
 a call refused with UNAVAILABLE or RESOURCE_EXHAUSTED is sent again with the SAME idempotency
 key (one is generated when the caller gives none), so the proxy's idempotency window turns a
-retry of something that did land into the first result instead of a second copy. Other codes
+retry of something that did land into the first result instead of a second copy. A retry
+carries `dr-attempt: N` metadata (N >= 2): a proxy sharing its idempotency window with the
+region's other processes then reads the shared log up to its end before deciding, so the
+retry is recognised even when it reaches another worker or another proxy. Other codes
 fail the record's future with `ProduceFailed` (`.code`, a grpc.StatusCode).
 
 Security: `token="cdc_..."` sends `authorization: Bearer <token>` metadata on every call.
@@ -269,7 +272,9 @@ class AsyncProducer:
             try:
                 resp = await self._stub.ProduceBatch(
                     pb.ProduceBatchRequest(records=[p.record for p in todo]),
-                    timeout=self.deadline_s, metadata=self._metadata)
+                    timeout=self.deadline_s,
+                    metadata=self._metadata if attempt == 1
+                    else (*self._metadata, ("dr-attempt", str(attempt))))
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 if code in _RETRY_CODES and attempt <= self.retries:

@@ -5,6 +5,9 @@ SIGTERM → health NOT_SERVING, new calls refused, calls in flight finish (up to
 producers flushed, Consul registration removed, exit 0. A background loop of the server that
 fails stops it (NOT_SERVING, port closed) and `serve()` raises `ProxyTaskFailed` after the
 same bounded cleanup: `dr proxy serve` exits non-zero instead of limping.
+
+`serve()` runs one server in this process (`--workers 1`, and each worker of
+`--workers N`: see `proxy.workers`, whose supervisor calls `serve_workers`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import asyncio
 import contextlib
 import gc
 import signal
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -22,7 +27,7 @@ from crossdc.topology import load_topology, split_hostport
 from proxy.config import ProxyConfig, TlsSettings
 from proxy.server import ProxyServer
 
-__all__ = ["serve", "tune_gc"]
+__all__ = ["serve", "serve_workers", "tune_gc"]
 
 log = structlog.get_logger("crossdc.proxy.serve")
 
@@ -49,10 +54,16 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 auth_path: Path | None = None, tls: TlsSettings | None = None,
                 ready: asyncio.Event | None = None,
                 registry: CollectorRegistry | None = None,
-                primary_lease_s: float = 5.0) -> None:
+                primary_lease_s: float = 5.0, reuse_port: bool = False,
+                idempotency_log: bool = False,
+                watch: Callable[[ProxyServer], Coroutine[Any, Any, None]] | None = None,
+                ) -> None:
     """Run the proxy until SIGTERM/SIGINT; ProxyTaskFailed if a background loop fails.
     `primary_lease_s`: `ProxyConfig.primary_lease_s` (at most the controller's lease).
-    `registry`: the Prometheus registry (default: the process's global one)."""
+    `registry`: the Prometheus registry (default: the process's global one).
+    `reuse_port`, `idempotency_log`: the ProxyConfig fields. `watch(server)`: a coroutine
+    run while serving (a worker reports its health to the supervisor with it), cancelled
+    when the drain begins."""
     topology = load_topology(topology_path)
     reg = topology.region(region)
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
@@ -61,7 +72,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                       metrics_port=reg.proxy.metrics_port if metrics_port is None
                       else metrics_port,
                       grace_s=grace_s, register_consul=register_consul, auth_file=auth_path,
-                      tls=tls, primary_lease_s=primary_lease_s)
+                      tls=tls, primary_lease_s=primary_lease_s, reuse_port=reuse_port,
+                      idempotency_log=idempotency_log)
     server = ProxyServer(topology, cfg, policy_path,
                          registry=REGISTRY if registry is None else registry)
     stop = asyncio.Event()
@@ -83,10 +95,58 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                     primary_lease_valid=h["primary_lease_valid"])
         if ready is not None:
             ready.set()
-        await server.serve_until(stop)
+        watcher = (asyncio.create_task(watch(server), name="proxy:watch")
+                   if watch is not None else None)
+        try:
+            await server.serve_until(stop)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.wait({watcher})
         log.warning("proxy_draining", grace_s=grace_s)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
         await server.stop()
+
+
+async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, workers: int,
+                        port: int | None = None, metrics_port: int | None = None,
+                        host: str | None = None, grace_s: float = 10.0,
+                        register_consul: bool = True, auth_path: Path | None = None,
+                        tls: TlsSettings | None = None, primary_lease_s: float = 5.0,
+                        idempotency_log: bool = True, log_format: str = "console",
+                        log_level: str = "warning",
+                        ready: asyncio.Event | None = None) -> None:
+    """`workers` server processes on one port (SO_REUSEPORT) under a supervisor in this
+    process, until SIGTERM/SIGINT (all drain; exit 0); SIGHUP is passed on to every worker.
+    ProxyTaskFailed when a worker cannot start (`proxy.workers`)."""
+    from proxy.workers import ProxySupervisor, WorkerSpec
+
+    topology = load_topology(topology_path)
+    reg = topology.region(region)
+    ep_host, ep_port = split_hostport(reg.proxy.endpoint)
+    cfg = ProxyConfig(region=region, host=host or ep_host,
+                      port=ep_port if port is None else port,
+                      metrics_port=reg.proxy.metrics_port if metrics_port is None
+                      else metrics_port,
+                      grace_s=grace_s, register_consul=register_consul, auth_file=auth_path,
+                      tls=tls, primary_lease_s=primary_lease_s, reuse_port=True,
+                      idempotency_log=idempotency_log)
+    spec = WorkerSpec(topology=topology_path, region=region, policy=policy_path,
+                      host=cfg.host, port=cfg.port, grace_s=grace_s, auth=auth_path, tls=tls,
+                      primary_lease_s=primary_lease_s, idempotency_log=idempotency_log,
+                      log_format=log_format, log_level=log_level)
+    supervisor = ProxySupervisor(topology, cfg, spec, workers)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, supervisor.forward_sighup)
+    try:
+        await supervisor.run(stop, ready=ready)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            with contextlib.suppress(Exception):
+                loop.remove_signal_handler(sig)

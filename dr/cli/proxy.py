@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from crossdc.clients.kafka import set_kafka_principal
+from crossdc.security import PROXY
 from crossdc.topology import split_hostport
 from dr.cli._common import TopologyOpt, err, paths_for, region_of, run, topology_for
 from dr.exits import fail
@@ -22,6 +25,7 @@ proxy_app = typer.Typer(help="The gRPC routing proxy of a region.", no_args_is_h
 
 @proxy_app.command("serve")
 def proxy_serve(
+    ctx: typer.Context,
     region: Annotated[str, typer.Option("--region", "-r", help="This proxy's region.")],
     policy: Annotated[Path, typer.Option("--policy", "-p", help="Routing policy file "
                                          "(reloaded on change and on SIGHUP).")],
@@ -51,6 +55,14 @@ def proxy_serve(
                                                  "(PEM).")] = None,
     tls_client_ca: Annotated[Path | None, typer.Option(
         "--tls-client-ca", help="CA (PEM) client certificates must chain to: mTLS.")] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Server processes on the one port (SO_REUSEPORT), "
+        "supervised: a dead one is restarted; 1: a single process [default: the core "
+        "count].")] = None,
+    shared_idempotency: Annotated[bool, typer.Option(
+        "--shared-idempotency/--local-idempotency", help="Share idempotency outcomes with "
+        "the region's other proxies and workers (a compacted topic in the region's Kafka), "
+        "so a retry reaching another process is not written twice.")] = True,
 ) -> None:
     """Run the region's routing proxy until SIGTERM (drain); SIGHUP reloads the policy (and
     the auth file)."""
@@ -58,6 +70,7 @@ def proxy_serve(
     # `import dr.cli`, and a typo is answered even where the proxy cannot be loaded.
     topo, path = topology_for(topology, paths_for(None))
     reg = region_of(topo, region, "--region")
+    set_kafka_principal(PROXY)  # its own Kafka principal (SASL/SCRAM regions)
     from proxy.config import TlsSettings
     from proxy.serve import serve
     if (tls_cert is None) != (tls_key is None) or (tls_client_ca and tls_cert is None):
@@ -69,9 +82,20 @@ def proxy_serve(
     check_port_free(bind, ep_port if port is None else port, "gRPC", "--port")
     check_port_free(bind, reg.proxy.metrics_port if metrics_port is None else metrics_port,
                     "metrics", "--metrics-port")
-    run(serve(path, region, policy, port=port, metrics_port=metrics_port, host=host,
-               grace_s=grace_s, register_consul=not no_consul, auth_path=auth, tls=tls,
-               primary_lease_s=primary_lease_s))
+    n = workers if workers is not None else (os.cpu_count() or 1)
+    if n == 1:
+        run(serve(path, region, policy, port=port, metrics_port=metrics_port, host=host,
+                  grace_s=grace_s, register_consul=not no_consul, auth_path=auth, tls=tls,
+                  primary_lease_s=primary_lease_s, idempotency_log=shared_idempotency))
+        return
+    from proxy.serve import serve_workers
+    root = ctx.parent.params if ctx.parent is not None else {}
+    run(serve_workers(path, region, policy, workers=n, port=port, metrics_port=metrics_port,
+                      host=host, grace_s=grace_s, register_consul=not no_consul,
+                      auth_path=auth, tls=tls, primary_lease_s=primary_lease_s,
+                      idempotency_log=shared_idempotency,
+                      log_format=str(root.get("log_format") or "console"),
+                      log_level=str(root.get("log_level") or "warning")))
 
 
 def check_port_free(host: str, port: int | None, what: str, option: str) -> None:
