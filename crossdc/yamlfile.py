@@ -75,6 +75,24 @@ else:  # pragma: no cover - PyYAML built without libyaml: the pure-Python reader
             Parser.__init__(self)
 
 
+class _BadValue(Exception):
+    """A scalar its tag or type cannot hold (`2001-02-30`, a 5000-digit integer, `!!int ''`),
+    with the node it came from (for the line and the field)."""
+
+    def __init__(self, message: str, node: yaml.Node) -> None:
+        super().__init__(message)
+        self.node = node
+
+
+def _value_message(exc: Exception) -> str:
+    if isinstance(exc, (IndexError, TypeError, KeyError, AttributeError)):
+        # PyYAML's constructors fail this way on an explicit tag they cannot build from
+        # the scalar given (`!!int ` with nothing after it): bad input, not our bug.
+        return "a tagged value (like !!int) that cannot be built from its text"
+    msg = str(exc).split(";")[0]  # drop Python's advice (sys.set_int_max_str_digits)
+    return msg or exc.__class__.__name__
+
+
 class _BoundedLoader(_Parser, Composer, SafeConstructor, Resolver):
     """libyaml's parser (fast) under PyYAML's composer (which can be bounded: depth, time)
     and safe constructor."""
@@ -94,6 +112,15 @@ class _BoundedLoader(_Parser, Composer, SafeConstructor, Resolver):
 
     def _mark(self) -> Any:
         return getattr(self.peek_event(), "start_mark", None)
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        try:
+            return SafeConstructor.construct_object(self, node, deep)
+        except (_BadValue, yaml.MarkedYAMLError):
+            raise
+        except (ValueError, OverflowError, IndexError, TypeError, KeyError,
+                AttributeError) as exc:
+            raise _BadValue(_value_message(exc), node) from None
 
     def compose_node(self, parent: Any, index: Any) -> Any:
         self._composed += 1
@@ -142,6 +169,7 @@ def parse_model(model: type[M], text: str, filename: str,
     if size > limits.max_bytes:
         raise ConfigError([ConfigIssue(filename, None, "", _too_big(size, limits))])
     loader: _BoundedLoader | None = None
+    root: yaml.Node | None = None
     try:
         loader = _BoundedLoader(text, limits)  # the reader checks the characters here
         root = loader.get_single_node()
@@ -162,18 +190,23 @@ def parse_model(model: type[M], text: str, filename: str,
             [ConfigIssue(filename, line, "", f"not valid YAML: {exc.problem}")]
         ) from None
     except yaml.YAMLError as exc:  # e.g. a control character the reader refuses
-        raise ConfigError([ConfigIssue(filename, None, "", f"not valid YAML: {exc}")]) from None
-    except (ValueError, OverflowError) as exc:  # a scalar its type cannot hold (2001-02-30)
-        raise ConfigError([ConfigIssue(filename, None, "", f"bad value: {exc}")]) from None
-    except (IndexError, TypeError, KeyError, AttributeError):
-        # PyYAML's constructors fail this way on an explicit tag they cannot build from
-        # the scalar given (`!!int ` with nothing after it): bad input, not our bug.
-        raise ConfigError([ConfigIssue(filename, None, "", "bad value: a tagged value "
-                                       "(like !!int) that cannot be built from its text")]
+        line = None
+        position = getattr(exc, "position", None)  # a ReaderError: a character offset
+        if isinstance(position, int):
+            line = text[:position].count("\n") + 1
+        what = str(exc).split("\n")[0]  # not the reader's `in "<unicode string>"` line
+        raise ConfigError([ConfigIssue(filename, line, "", f"not valid YAML: {what}")]
                           ) from None
+    except _BadValue as exc:  # a scalar its type cannot hold: located like the others
+        loc = _loc_of(root, exc.node) if root is not None else ()
+        raise ConfigError([ConfigIssue(filename, exc.node.start_mark.line + 1,
+                                       format_loc(loc), f"bad value: {exc}")]) from None
+    except (ValueError, OverflowError) as exc:  # outside any node (should not happen)
+        raise ConfigError([ConfigIssue(filename, None, "", f"bad value: {exc}")]) from None
     finally:
         if loader is not None:
             loader.dispose()
+    assert root is not None
     try:
         result = model.model_validate(data)
     except pydantic.ValidationError as exc:
@@ -275,6 +308,28 @@ def _node_at(root: yaml.Node, loc: tuple[int | str, ...]) -> yaml.Node | None:
             return node
         node = child
     return node
+
+
+def _loc_of(root: yaml.Node, target: yaml.Node) -> tuple[int | str, ...]:
+    """The first path from `root` to `target` (a key node: its mapping's path and name);
+    () when not found. Aliased nodes are walked once."""
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, tuple[int | str, ...]]] = [(root, ())]
+    while stack:
+        node, loc = stack.pop()
+        if node is target:
+            return loc
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            for key, value in reversed(node.value):
+                if key is target:
+                    return (*loc, _key_name(key))
+                stack.append((value, (*loc, _key_name(key))))
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend((item, (*loc, i)) for i, item in reversed(list(enumerate(node.value))))
+    return ()
 
 
 def _key_name(key: yaml.Node) -> str:
