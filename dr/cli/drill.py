@@ -15,11 +15,13 @@ if TYPE_CHECKING:
     from crossdc.topology import Topology
     from dr.drill.report import DrillReport
     from dr.drill.run import DrillConfig, DrillPlan
+    from dr.stack.netns import NetNamespaces
 
 __all__ = ["drill_command"]
 
 SCENARIO_HELP = ("primary-outage | proxy-outage | mirror-outage | consul-outage | "
-                 "controller-outage")
+                 "controller-outage | leader-kill | brokers-freeze | failover-leader-kill | "
+                 "consul-stop | partition | proxy-kill (docs/drills.md)")
 EXIT_BREACH = 3
 """The drill ran and its report breaches a threshold."""
 
@@ -116,9 +118,19 @@ def _local(topo: object, path: Path, paths: object) -> tuple[object | None, obje
         return None, None
     brokers = saved.get("brokers", 1)
     stack = LocalStack(topo, path, paths=paths,  # type: ignore[arg-type]
-                       brokers=brokers if isinstance(brokers, int) else 1)
+                       brokers=brokers if isinstance(brokers, int) else 1,
+                       netns=_netns(saved))
     services = Services(topo, path, paths)  # type: ignore[arg-type]
     return stack, (services if services.info() else None)
+
+
+def _netns(saved: dict[str, object]) -> NetNamespaces | None:
+    """The network namespaces a stack file records (`partition` cuts them), else None."""
+    from dr.stack.netns import NetNamespaces
+    rec = saved.get("netns")
+    if not isinstance(rec, dict):
+        return None
+    return NetNamespaces(str(rec["tag"]), [str(r) for r in rec["regions"]])
 
 
 async def _with_live(topo: Topology, plan: DrillPlan, cfg: DrillConfig, duration_s: float,

@@ -18,6 +18,12 @@ dr-id -> copies. A topic missing in a region reads as empty there.
   answer was lost: informational, not an error).
 
 `wait_replicated()` re-reads until every acked record is in every region, or a deadline.
+
+`read_epochs()` and `split_brain()`: the split-brain check. Every ordered record carries the
+epoch of the primary record its proxy wrote under (`dr-epoch`) and the region it was first
+written in (`dr-origin`); read back from every region (mirrored copies keep both headers),
+at most one origin may appear per epoch. Two origins under one epoch mean two regions
+accepted ordered writes at once: split brain.
 """
 
 from __future__ import annotations
@@ -34,11 +40,12 @@ from aiokafka.errors import KafkaError
 
 from crossdc.clients.kafka import KafkaAdmin
 from crossdc.errors import ClientError, CrossdcError
-from crossdc.headers import DR_ID
+from crossdc.headers import DR_EPOCH, DR_ID, DR_ORIGIN
 from crossdc.topology import Topology
 from dr.drill.traffic import MODES, Ack
 
-__all__ = ["Held", "Judgement", "ModeJudgement", "judge", "read_back", "wait_replicated"]
+__all__ = ["Held", "Judgement", "ModeJudgement", "judge", "read_back", "read_epochs",
+           "split_brain", "wait_replicated"]
 
 log = structlog.get_logger("crossdc.drill.count")
 
@@ -226,3 +233,61 @@ async def wait_replicated(topology: Topology, acks: Iterable[Ack], timeout_s: fl
                      missing=missing, stalled=stalled, acked=len(acks))
             return held
         await asyncio.sleep(interval_s)
+
+
+Epochs = dict[str, dict[str, int]]
+"""epoch (text) -> origin region -> records (distinct dr-ids) written under it."""
+
+
+async def read_epochs(topology: Topology, topic: str, timeout_s: float = 60.0) -> Epochs:
+    """The (epoch, origin) pairs of `topic`'s records, read back from EVERY region (a record
+    mirrored or not counts once per dr-id). Raises ClientError when a region cannot be read."""
+    seen: dict[str, dict[str, set[str]]] = {}
+
+    async def one(bootstrap: str) -> None:
+        async with asyncio.timeout(timeout_s):
+            for headers in await _read_headers(bootstrap, topic):
+                epoch = headers.get(DR_EPOCH, "?")
+                origin = headers.get(DR_ORIGIN, "?")
+                seen.setdefault(epoch, {}).setdefault(origin, set()).add(headers.get(DR_ID, ""))
+
+    for r in topology.regions:
+        try:
+            await one(r.kafka.bootstrap)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            raise ClientError(f"{r.name} ({r.kafka.bootstrap}): could not read the epochs of "
+                              f"{topic}: {exc!r}") from exc
+    return {e: {o: len(ids) for o, ids in sorted(by.items())}
+            for e, by in sorted(seen.items(), key=lambda kv: (len(kv[0]), kv[0]))}
+
+
+def split_brain(epochs: Epochs) -> list[str]:
+    """Each epoch under which more than one region accepted ordered writes, said in a line."""
+    return [f"epoch {e}: ordered records first written in {', '.join(sorted(by))} "
+            f"({', '.join(f'{o}: {n}' for o, n in sorted(by.items()))})"
+            for e, by in epochs.items() if len(by) > 1]
+
+
+async def _read_headers(bootstrap: str, topic: str) -> list[dict[str, str]]:
+    async with KafkaAdmin(bootstrap) as admin:
+        counts = await admin.partition_counts([topic])
+    tps = [TopicPartition(topic, p) for p in range(counts.get(topic, 0))]
+    out: list[dict[str, str]] = []
+    if not tps:
+        return out
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                         isolation_level="read_committed", client_id="crossdc-drill-epochs")
+    try:
+        await c.start()
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        todo = {tp for tp in tps if ends[tp] > 0}
+        while todo:
+            for tp, recs in (await c.getmany(*todo, timeout_ms=500)).items():
+                out += [{k: v.decode(errors="replace") for k, v in rec.headers}
+                        for rec in recs if rec.offset < ends[tp]]
+            todo = {tp for tp in todo if await c.position(tp) < ends[tp]}
+    finally:
+        await c.stop()
+    return out

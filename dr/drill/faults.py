@@ -9,6 +9,26 @@
     controller-outage  kill -9 the LEADING controller (as the controllers' /health say);
                        heal: start it, wait until it answers
 
+The chaos suite's faults (tests/chaos/, docs/reliability.md):
+
+    leader-kill        kill -9 the broker of the primary region that leads the most
+                       partitions of the drill's ordered topic (3 brokers a region: acks=all
+                       keeps every acknowledged record); heal: start it, wait for the cluster
+    brokers-freeze     SIGSTOP every broker of the primary region (hung, ports open) for the
+                       outage; heal: SIGCONT, wait until the cluster answers
+    failover-leader-kill  kill -9 every broker of the primary region, then, once the
+                       controller's failover record shows a step in progress, kill -9 the
+                       controller leading it; the next leader must finish it; heal: start
+                       the brokers and the controller
+    proxy-kill         kill -9 the primary region's first proxy while the region runs another
+                       (`Services(proxies_per_region=2)`): its producers find the other one
+                       through Consul (crossdc-proxy, passing) and move there; heal: restart
+    consul-stop        kill -9 the primary region's Consul agent (port closed); heal: start
+                       it, wait until it answers with a leader and the WAN pool
+    partition          cut the primary region's network (its namespace's veth down: the
+                       stack runs each region in a network namespace, dr/stack/netns.py);
+                       heal: link up, wait until every region answers
+
 Each fault's `describe()` says what it would do without doing it (`dr drill --dry-run`);
 `targets` names what `inject()` took down (services: "proxy-east", "controller-west", ...;
 Kafka nodes and Consul agents by their process name) once it ran. A `HookFault` runs the
@@ -38,7 +58,8 @@ __all__ = ["HEAL_TIMEOUT_S", "SCENARIOS", "Fault", "HookFault", "local_fault"]
 log = structlog.get_logger("crossdc.drill.faults")
 
 SCENARIOS = ("primary-outage", "proxy-outage", "mirror-outage", "consul-outage",
-             "controller-outage")
+             "controller-outage", "leader-kill", "brokers-freeze", "failover-leader-kill",
+             "consul-stop", "partition", "proxy-kill")
 
 HEAL_TIMEOUT_S = 120.0
 """How long a local heal waits for the part to answer again."""
@@ -65,7 +86,9 @@ def local_fault(scenario: str, stack: LocalStack, services: Services, primary: s
     kinds: dict[str, type[_LocalFault]] = {
         "primary-outage": _PrimaryOutage, "proxy-outage": _ProxyOutage,
         "mirror-outage": _MirrorOutage, "consul-outage": _ConsulOutage,
-        "controller-outage": _ControllerOutage}
+        "controller-outage": _ControllerOutage, "leader-kill": _LeaderKill,
+        "brokers-freeze": _BrokersFreeze, "failover-leader-kill": _FailoverLeaderKill,
+        "consul-stop": _ConsulStop, "partition": _Partition, "proxy-kill": _ProxyKill}
     if scenario not in kinds:
         raise DrillError(f"unknown scenario {scenario!r} (one of {', '.join(SCENARIOS)})")
     try:
@@ -86,6 +109,8 @@ class _LocalFault:
         self.primary = primary
         self.targets: tuple[str, ...] = ()
         self.heal_timeout_s = HEAL_TIMEOUT_S
+        self.topics: dict[str, str] = {}
+        """The drill's topics per mode (set by the drill before `inject()`)."""
 
     def describe(self) -> list[str]:
         raise NotImplementedError
@@ -156,6 +181,22 @@ class _ProxyOutage(_LocalFault):
     async def heal(self) -> None:
         await self._start([self.name])
         log.info("fault_healed", scenario=self.scenario)
+
+
+class _ProxyKill(_ProxyOutage):
+    """kill -9 one proxy of the primary region while another of the region serves."""
+
+    def describe(self) -> list[str]:
+        return [*super().describe(), "the region's producers find another of its proxies "
+                "through Consul (crossdc-proxy, passing checks) and move there"]
+
+    async def inject(self) -> None:
+        others = [i for i in self.services.info() if i.kind == "proxy"
+                  and i.region == self.primary and i.name != self.name and i.pid]
+        if not others:
+            raise DrillError(f"{self.scenario}: {self.primary} runs no other proxy than "
+                             f"{self.name} (start the services with 2 proxies a region)")
+        await super().inject()
 
 
 class _MirrorOutage(_LocalFault):
@@ -239,6 +280,215 @@ class _ControllerOutage(_LocalFault):
         if not self.targets:
             return
         await self._start(self.targets)
+        log.info("fault_healed", scenario=self.scenario)
+
+
+async def partition_leaders(bootstrap: str, topic: str) -> dict[int, int]:
+    """partition -> the node id leading it, from the cluster's metadata."""
+    from aiokafka.admin import AIOKafkaAdminClient  # aiokafka: loaded on use
+    from aiokafka.errors import KafkaError
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    try:
+        await admin.start()
+        topics = await admin.describe_topics([topic])
+    except (KafkaError, OSError) as exc:
+        raise DrillError(f"{bootstrap}: could not read the leaders of {topic}: {exc!r}") from exc
+    finally:
+        await admin.close()
+    out: dict[int, int] = {}
+    for t in topics:
+        for p in t.get("partitions", []):
+            leader = p.get("leader", p.get("leader_id", -1))
+            if leader is not None and leader >= 0:
+                out[int(p.get("partition", p.get("partition_index", 0)))] = int(leader)
+    return out
+
+
+class _LeaderKill(_LocalFault):
+    """kill -9 the broker leading the most partitions of the ordered topic in the primary."""
+
+    killed: int | None = None
+
+    def describe(self) -> list[str]:
+        return [f"kill -9 the broker of the primary region {self.primary} that leads the most "
+                f"partitions of the drill's ordered topic (found at inject time; "
+                f"{self.stack.brokers} broker(s) a region)",
+                "heal: start it again, wait until the cluster is whole"]
+
+    async def inject(self) -> None:
+        if self.stack.brokers < 3:
+            raise DrillError(f"{self.scenario}: needs 3 brokers a region (`dr up --brokers 3`); "
+                             f"this stack has {self.stack.brokers}")
+        topic = self.topics.get("ordered")
+        if not topic:
+            raise DrillError(f"{self.scenario}: no ordered topic to find a leader of")
+        reg = self.stack.topology.region(self.primary)
+        leaders = await partition_leaders(reg.kafka.bootstrap, topic)
+        if not leaders:
+            raise DrillError(f"{self.scenario}: {topic} has no leader in {self.primary}")
+        counts: dict[int, int] = {}
+        for node in leaders.values():
+            counts[node] = counts.get(node, 0) + 1
+        self.killed = max(sorted(counts), key=lambda n: counts[n])
+        victim = next(n for n in self.stack.nodes(reg) if n.node_id == self.killed)
+        self.targets = (self.stack.kafka_process(victim).name,)
+        log.warning("fault_inject", scenario=self.scenario, targets=self.targets,
+                    leaders=leaders)
+        await self.stack.stop_kafka(self.primary, [self.killed], kill=True)
+
+    async def heal(self) -> None:
+        if self.killed is None:
+            return
+        try:
+            await self.stack.start_kafka(self.primary, [self.killed],
+                                         timeout_s=self.heal_timeout_s)
+        except StackError as exc:
+            raise DrillError(f"{self.scenario}: heal failed: {exc}") from exc
+        log.info("fault_healed", scenario=self.scenario)
+
+
+class _BrokersFreeze(_LocalFault):
+    """SIGSTOP every broker of the primary: hung, not dead (ports open, nothing answers)."""
+
+    def describe(self) -> list[str]:
+        reg = self.stack.topology.region(self.primary)
+        names = ", ".join(self.stack.kafka_process(n).name for n in self.stack.nodes(reg))
+        return [f"freeze (SIGSTOP) every Kafka broker of the primary region {self.primary} "
+                f"({names}) for the outage: ports open, nothing answers",
+                "heal: SIGCONT, wait until its cluster answers"]
+
+    async def inject(self) -> None:
+        log.warning("fault_inject", scenario=self.scenario, region=self.primary)
+        self.targets = tuple(self.stack.freeze_kafka(self.primary))
+        if not self.targets:
+            raise DrillError(f"{self.scenario}: no broker of {self.primary} is running")
+
+    async def heal(self) -> None:
+        self.stack.thaw_kafka(self.primary)
+        try:
+            await self.stack.wait_kafka_ready(self.stack.topology.region(self.primary),
+                                              self.heal_timeout_s)
+        except StackError as exc:
+            raise DrillError(f"{self.scenario}: heal failed: {exc}") from exc
+        log.info("fault_healed", scenario=self.scenario)
+
+
+FAILOVER_STEP_WAIT_S = 90.0
+"""How long failover-leader-kill waits for the failover to show a step in progress."""
+
+
+class _FailoverLeaderKill(_PrimaryOutage):
+    """A primary outage, then kill -9 of the controller leading the failover mid-way."""
+
+    killed_controller: str | None = None
+    killed_at_step: str | None = None
+
+    def describe(self) -> list[str]:
+        return [*super().describe()[:1],
+                "then, once the failover record shows a step in progress, kill -9 the "
+                "leading controller; the next leader must finish the failover",
+                f"heal: start the brokers of {self.primary} and the killed controller"]
+
+    async def inject(self) -> None:
+        from dr.controller.datacenters import Datacenters  # the controller's: on use
+        from dr.controller.ops import newest_failover
+        from dr.controller.state import FailoverRecord
+        fault_ms = int(time.time() * 1000)
+        await super().inject()
+        deadline = time.monotonic() + FAILOVER_STEP_WAIT_S
+        rec: FailoverRecord | None = None
+        async with Datacenters(self.stack.topology) as dcs:
+            while True:
+                with contextlib.suppress(Exception):  # a datacenter may be away: ask again
+                    rec = await newest_failover(dcs)
+                if (rec is not None and rec.started_ms >= fault_ms - 1000
+                        and rec.state == "running"
+                        and any(st.status == "running" for st in rec.steps)):
+                    break
+                if rec is not None and rec.started_ms >= fault_ms - 1000 \
+                        and rec.state != "running":
+                    raise DrillError(f"{self.scenario}: the failover {rec.id} ended "
+                                     f"({rec.state}) before a step was seen in progress")
+                if time.monotonic() > deadline:
+                    raise DrillError(f"{self.scenario}: no failover step in progress within "
+                                     f"{FAILOVER_STEP_WAIT_S:g} s")
+                await asyncio.sleep(0.05)  # polls the failover record the leader writes
+        leader = await self.services.leader()
+        if leader is None:
+            raise DrillError(f"{self.scenario}: no controller says it leads mid-failover")
+        self.killed_at_step = next(st.name for st in rec.steps if st.status == "running")
+        self.killed_controller = leader
+        self.targets = (*self.targets, leader)
+        log.warning("fault_inject_controller", scenario=self.scenario, controller=leader,
+                    failover=rec.id, step=self.killed_at_step)
+        await self.services.stop(leader, kill=True)
+
+    async def heal(self) -> None:
+        await super().heal()
+        if self.killed_controller is not None:
+            await self._start([self.killed_controller])
+
+
+class _ConsulStop(_LocalFault):
+    """kill -9 the primary region's Consul agent (its port closed), then start it."""
+
+    def describe(self) -> list[str]:
+        pid = self.stack.consul_pid(self.primary)
+        return [f"kill -9 the Consul agent of the primary region {self.primary} "
+                f"(pid {pid or '-'}): its ports close",
+                "heal: start it again, wait until it answers with a leader and the WAN pool"]
+
+    async def inject(self) -> None:
+        proc = self.stack.consul_process(self.stack.agent(
+            self.stack.topology.region(self.primary)))
+        self.targets = (proc.name,)
+        log.warning("fault_inject", scenario=self.scenario, targets=self.targets)
+        await asyncio.to_thread(proc.stop, 10.0, kill=True)
+
+    async def heal(self) -> None:
+        proc = self.stack.consul_process(self.stack.agent(
+            self.stack.topology.region(self.primary)))
+        if not proc.running():
+            proc.start()
+        try:
+            await self.stack.wait_consul_ready(self.primary, self.heal_timeout_s)
+        except StackError as exc:
+            raise DrillError(f"{self.scenario}: heal failed: {exc}") from exc
+        log.info("fault_healed", scenario=self.scenario)
+
+
+class _Partition(_LocalFault):
+    """The primary region's network cut off (its namespace's link down), then healed."""
+
+    def describe(self) -> list[str]:
+        net = getattr(self.stack, "netns", None)
+        where = (f"namespace {net.namespace(self.primary)}, link {net.host_link(self.primary)}"
+                 if net is not None else "needs a stack run in network namespaces "
+                 "(`dr up --netns`)")
+        return [f"partition the primary region {self.primary} from the rest ({where}): "
+                "its link down", "heal: link up, wait until every region answers"]
+
+    async def inject(self) -> None:
+        net = getattr(self.stack, "netns", None)
+        if net is None:
+            raise DrillError(f"{self.scenario}: the stack does not run its regions in network "
+                             "namespaces (start it with `dr up --netns`, as root)")
+        self.targets = (net.host_link(self.primary),)
+        log.warning("fault_inject", scenario=self.scenario, targets=self.targets)
+        try:
+            await net.cut(self.primary)
+        except StackError as exc:
+            raise DrillError(f"{self.scenario}: {exc}") from exc
+
+    async def heal(self) -> None:
+        net = getattr(self.stack, "netns", None)
+        if net is None or not self.targets:
+            return
+        try:
+            await net.heal(self.primary)
+            await self.stack.wait_ready(self.heal_timeout_s)
+        except StackError as exc:
+            raise DrillError(f"{self.scenario}: heal failed: {exc}") from exc
         log.info("fault_healed", scenario=self.scenario)
 
 

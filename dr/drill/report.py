@@ -191,6 +191,10 @@ class DrillReport(BaseModel):
 
     leader_before: str | None = Field(None, description="controller-outage: who led before.")
     leader_after: str | None = Field(None, description="controller-outage: who leads after.")
+    epochs: dict[str, dict[str, int]] = Field(default_factory=dict, description=(
+        "Ordered records read back from every region: epoch -> origin region -> records."))
+    split_brain: list[str] = Field(default_factory=list, description=(
+        "Epochs under which more than one region accepted ordered writes (must be empty)."))
 
     @classmethod
     def build(cls, *, scenario: str, run_id: str, timeline: TimelineLike,

@@ -27,7 +27,7 @@ from dr.controller.datacenters import Datacenters
 from dr.controller.errors import ControllerError
 from dr.controller.ops import leader_of, newest_failover, plan_failover, start_failover
 from dr.controller.state import HEALTH_PREFIX, FailoverRecord, RegionHealth
-from dr.drill.count import Judgement, judge, wait_replicated
+from dr.drill.count import Judgement, judge, read_epochs, split_brain, wait_replicated
 from dr.drill.errors import DrillError
 from dr.drill.faults import SCENARIOS, Fault, HookFault, local_fault
 from dr.drill.report import (
@@ -44,13 +44,24 @@ __all__ = ["DrillConfig", "DrillPlan", "Hook", "plan_drill", "run_drill"]
 log = structlog.get_logger("crossdc.drill")
 T = TypeVar("T")
 
-RECOVER_AFTER_HEAL = frozenset({"consul-outage"})
+RECOVER_AFTER_HEAL = frozenset({"consul-outage", "consul-stop"})
 """Scenarios whose writes are not expected back before the heal: a proxy whose Consul
 agent is away cannot confirm its lease, so it refuses ordered writes until the agent
 answers again (fencing by lease: safety first). Their RTO runs to the first acks after it."""
 
 Scenario = Literal["primary-outage", "proxy-outage", "mirror-outage", "consul-outage",
-                   "controller-outage"]
+                   "controller-outage", "leader-kill", "brokers-freeze",
+                   "failover-leader-kill", "consul-stop", "partition", "proxy-kill"]
+
+FAILOVER_SCENARIOS = frozenset({"primary-outage", "brokers-freeze", "failover-leader-kill",
+                                "partition"})
+"""Scenarios whose recovery is the controller's automatic failover (then failback)."""
+
+DISCOVER_SCENARIOS = frozenset({"proxy-kill"})
+"""Scenarios whose producers look for another proxy of their own region through Consul."""
+
+PROXY_SERVICE = "crossdc-proxy"
+"""The proxies' Consul service (proxy/server.py registers it, tagged with the region)."""
 
 
 class Hook(BaseModel):
@@ -143,7 +154,7 @@ async def plan_drill(topology: Topology, scenario: str, config: DrillConfig, *,
     proxies = dict(config.proxies)
     if not proxies and services is not None:
         proxies = {s.region: s.address for s in services.info()  # type: ignore[attr-defined]
-                   if s.kind == "proxy" and s.address}
+                   if s.kind == "proxy" and s.address and s.name == f"proxy-{s.region}"}
     if len(proxies) < len(topology.regions):
         missing = sorted({r.name for r in topology.regions} - set(proxies))
         raise DrillError(f"no proxy known for {', '.join(missing)}: start them with "
@@ -157,6 +168,10 @@ async def plan_drill(topology: Topology, scenario: str, config: DrillConfig, *,
         fault = HookFault(scenario, hook.inject, hook.heal, env)
     elif stack is not None and services is not None:
         fault = local_fault(scenario, stack, services, primary)  # type: ignore[arg-type]
+        # a loaded machine restarts a broker slowly (JVM start, log recovery): the heal
+        # waits as long as recovery may
+        fault.heal_timeout_s = max(fault.heal_timeout_s,  # type: ignore[attr-defined]
+                                   config.recovery_timeout_s)
     else:
         raise DrillError(f"no hook for {scenario} in the drill file and no local stack "
                          "running: give `hooks: {" + scenario + ": {inject: ..., heal: ...}}`")
@@ -181,14 +196,24 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
     tl = Timeline(started_ms=_now_ms())
     bound = log.bind(scenario=plan.scenario, run=run_id, primary=plan.primary)
     await create_topics(topology, topics.values())
-    traffic = Traffic(plan.proxies, topics, rate=rate, ack_log=folder / "acks.jsonl")
+    dcs_ref: list[Datacenters] = []
+
+    async def discover(region: str) -> list[str]:
+        """The region's healthy proxies, as Consul's health API lists them."""
+        _, found = await dcs_ref[0].client(region).service_instances(
+            PROXY_SERVICE, tags=[region], passing=True)
+        return [f"{i.address}:{i.port}" for i in found]
+
+    traffic = Traffic(plan.proxies, topics, rate=rate, ack_log=folder / "acks.jsonl",
+                      discover=discover if plan.scenario in DISCOVER_SCENARIOS else None)
     failover: FailoverRecord | None = None
     failback: FailoverRecord | None = None
     leader_before: str | None = None
     leader_after: str | None = None
     problems: list[str] = []
     async with Datacenters(topology) as dcs:
-        if plan.scenario in ("primary-outage", "controller-outage"):
+        dcs_ref.append(dcs)
+        if plan.scenario in FAILOVER_SCENARIOS | {"controller-outage"}:
             # the controllers act in these: one must lead before the fault (after an
             # earlier drill's Consul outage the lock takes a TTL to be held again)
             progress("waiting for a leading controller")
@@ -197,7 +222,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                 _check(deadline, "no controller leads: start `dr controller run` in a region")
                 await asyncio.sleep(0.5)  # polls the leader key
             leader_before = before.controller_id
-        if plan.scenario == "primary-outage":
+        if plan.scenario in FAILOVER_SCENARIOS:
             await _failover_ready(dcs, plan.standby, time.monotonic() + config.recovery_timeout_s,
                                   progress)
         await traffic.start()
@@ -212,6 +237,8 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
             try:
                 with tl.step("inject"):  # inside: a half-done injection is healed too
                     progress(f"fault: {plan.scenario}")
+                    if hasattr(plan.fault, "topics"):
+                        plan.fault.topics = dict(topics)
                     bound.warning("drill_fault_injected")
                     await plan.fault.inject()
                 with tl.step("recovery"):
@@ -264,9 +291,18 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
             held = await wait_replicated(topology, acks, config.replicate_timeout_s)
         with tl.step("judge"):
             judgement = judge(acks, held, [r.name for r in topology.regions])
+            try:
+                epochs = await read_epochs(topology, topics["ordered"],
+                                           timeout_s=config.replicate_timeout_s)
+            except CrossdcError as exc:
+                problems.append(f"the split-brain check could not read the epochs: {exc}")
+                epochs = {}
     tl.ended_ms = _now_ms()
     report = _report(plan, run_id, tl, traffic, acks, judgement, failover, failback,
                      leader_before, leader_after, config.thresholds)
+    brains = split_brain(epochs)
+    report = report.model_copy(update={"epochs": epochs, "split_brain": brains})
+    problems += [f"split brain: {b}" for b in brains]
     if problems:  # the drill itself did not go as the scenario says: it fails
         report = report.model_copy(update={"passed": False,
                                            "breaches": [*problems, *report.breaches],
@@ -293,9 +329,13 @@ async def _warm_up(traffic: Traffic, topics: Mapping[str, str], seconds: float) 
         if modes >= set(topics):
             break
         if time.monotonic() > deadline:
-            raise DrillError("no acknowledgements for " + ", ".join(
-                sorted(set(topics) - modes)) + " within 30 s of traffic: are the proxies "
-                "serving and the primary writable? (`dr status`)")
+            missing = sorted(set(topics) - modes)
+            errors = "; ".join(f"{m} from {r}: {e}" for (m, r), e in sorted(
+                st.last_error.items()) if m in missing)
+            raise DrillError("no acknowledgements for " + ", ".join(missing) +
+                             " within 30 s of traffic: are the proxies serving and the "
+                             "primary writable? (`dr status`)" +
+                             (f"; last errors: {errors}" if errors else ""))
         await asyncio.sleep(0.2)  # polls the driver's counters
     await asyncio.sleep(seconds)  # a steady stretch before the fault, for the picture
 
@@ -315,7 +355,7 @@ async def _recover(plan: DrillPlan, dcs: Datacenters, traffic: Traffic, fault_ms
     every producer (the RTO). Sync writes need every region of their quorum, so a region
     that is down stops them until the heal: they are waited for after it."""
     deadline = time.monotonic() + config.recovery_timeout_s
-    if plan.scenario == "primary-outage":
+    if plan.scenario in FAILOVER_SCENARIOS:
         progress("waiting for the controller to fail over")
         while True:
             rec = await _quiet(newest_failover(dcs))
@@ -327,6 +367,14 @@ async def _recover(plan: DrillPlan, dcs: Datacenters, traffic: Traffic, fault_ms
         if rec.state != "done":
             raise DrillError(f"the failover {rec.id} failed: {rec.error}")
         progress(f"failed over to {rec.target} (epoch {rec.epoch})")
+        if plan.scenario == "failover-leader-kill":
+            while True:  # the controller that finished it
+                rec2 = await _quiet(leader_of(dcs))
+                if rec2 is not None and f"controller-{rec2.region}" not in _killed(plan):
+                    found.leader = rec2.controller_id
+                    break
+                _check(deadline, "no other controller took the lead within the recovery bound")
+                await asyncio.sleep(0.2)  # polls the leader key
     elif plan.scenario == "controller-outage":
         progress("waiting for another controller to lead")
         while True:

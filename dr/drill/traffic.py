@@ -18,6 +18,11 @@ client resolving `crossdc-proxy` through Consul DNS would once the dead proxy's 
 While away, one record every `probe_s` goes to its own proxy; when that one is answered, the
 producer moves back. Every move is counted (`TrafficStats.moves`).
 
+With `discover` (region -> the addresses of its healthy proxies, as Consul's health API
+lists `crossdc-proxy`), a producer whose own proxy is unreachable first asks it for another
+proxy of ITS OWN region and moves there (target `<region>@<address>`), as a client of a
+region with several proxies would; only when there is none does it move to another region.
+
 Pacing is a token bucket per producer (at most `burst_s` of catch-up after a stall); sends
 wait only on the client's backpressure, so nothing blocks the event loop. The drill opens
 the gRPC channels itself (plaintext; with TLS options the client opens its own) with a
@@ -34,7 +39,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -43,6 +48,7 @@ import grpc
 import structlog
 
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
+from crossdc.errors import CrossdcError
 from crossdc.topology import Topology
 from dr.errors import DrError
 from proxy.client import AsyncProducer, ProduceResult
@@ -203,6 +209,7 @@ class _Producer:
     moves: int = 0
     down: dict[str, float] = field(default_factory=dict)
     next_probe: float = 0.0
+    discovering: bool = False
 
 
 class Traffic:
@@ -218,7 +225,8 @@ class Traffic:
                  rate: float = 200.0, ack_log: Path, token: str | None = None,
                  id_prefix: str | None = None, probe_s: float = 1.0, burst_s: float = 0.2,
                  stop_timeout_s: float = 15.0,
-                 producer_options: Mapping[str, Any] | None = None) -> None:
+                 producer_options: Mapping[str, Any] | None = None,
+                 discover: Callable[[str], Awaitable[list[str]]] | None = None) -> None:
         if not proxies:
             raise ValueError("no proxies to write through")
         unknown = set(topics) - set(MODES)
@@ -242,6 +250,8 @@ class Traffic:
                          via=r)
             for r in regions}
         self._clients: dict[str, AsyncProducer] = {}
+        self.discover = discover
+        self._discovery: set[asyncio.Task[None]] = set()
         self._channels: list[grpc.aio.Channel] = []
         self._acks: list[Ack] = []
         self._acked: Counter[tuple[str, str]] = Counter()
@@ -277,20 +287,23 @@ class Traffic:
         self._log_file = self.ack_log.open("a", encoding="utf-8")
         try:
             for region, target in self.proxies.items():
-                opts = dict(self._producer_options)
-                if not _TLS_OPTIONS & set(opts) and "channel" not in opts:
-                    channel = grpc.aio.insecure_channel(target, options=_RECONNECT)
-                    self._channels.append(channel)
-                    opts["channel"] = channel
-                client = AsyncProducer(target, token=self.token, **opts)
-                await client.start()
-                self._clients[region] = client
+                await self._open(region, target)
         except BaseException:
             await self._close_clients()
             raise
         self.started_ms = _now_ms()
         self._run_task = asyncio.create_task(self._run(), name="drill:traffic")
         self.log.info("traffic_started", topics=self.topics, ack_log=str(self.ack_log))
+
+    async def _open(self, key: str, target: str) -> None:
+        opts = dict(self._producer_options)
+        if not _TLS_OPTIONS & set(opts) and "channel" not in opts:
+            channel = grpc.aio.insecure_channel(target, options=_RECONNECT)
+            self._channels.append(channel)
+            opts["channel"] = channel
+        client = AsyncProducer(target, token=self.token, **opts)
+        await client.start()
+        self._clients[key] = client
 
     async def stop(self) -> None:
         """Stop sending, wait for the answers of what was sent (bounded by `stop_timeout_s`),
@@ -301,6 +314,11 @@ class Traffic:
         self._closed = True
         self._stopping.set()
         error: BaseException | None = None
+        for task in list(self._discovery):
+            task.cancel()
+        for task in list(self._discovery):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         try:
             if self._run_task is not None:
                 try:
@@ -419,6 +437,13 @@ class Traffic:
         p.down[target] = time.monotonic()
         if p.via != target:
             return  # an older record's failure; the producer has moved already
+        if (self.discover is not None and _region_of(target) == p.region
+                and not p.discovering and not self._stopping.is_set()):
+            p.discovering = True
+            task = asyncio.get_running_loop().create_task(
+                self._find_own(p), name=f"drill:traffic:discover:{p.region}")
+            self._discovery.add(task)
+            task.add_done_callback(self._discovery.discard)
         up = [r for r in p.candidates if r not in p.down]
         # every proxy failed lately: try the next one round the list
         new = up[0] if up else \
@@ -429,6 +454,34 @@ class Traffic:
         p.down.pop(target, None)
         if target == p.region and p.via != p.region:
             self._move(p, p.region, reason="own proxy answers")
+
+    async def _find_own(self, p: _Producer) -> None:
+        """Another healthy proxy of the producer's own region (through `discover`): open a
+        client for it and move there."""
+        assert self.discover is not None
+        try:
+            known = {self.proxies[p.region]} | {k.split("@", 1)[1] for k in self._clients
+                                                 if "@" in k}
+            down = {self._address(k) for k in p.down}
+            for addr in await self.discover(p.region):
+                key = f"{p.region}@{addr}"
+                if addr in down or self._stopping.is_set():
+                    continue
+                if addr not in known:
+                    await self._open(key, addr)
+                if key not in p.candidates:
+                    p.candidates.insert(1, key)
+                p.down.pop(key, None)
+                self._move(p, key, reason="another proxy of the region, found through Consul")
+                return
+            self.log.info("traffic_no_other_proxy", producer=p.region)
+        except (CrossdcError, ProxyError, OSError) as exc:  # asked again at the next failure
+            self.log.warning("traffic_discover_failed", producer=p.region, error=str(exc))
+        finally:
+            p.discovering = False
+
+    def _address(self, key: str) -> str:
+        return key.split("@", 1)[1] if "@" in key else self.proxies.get(key, key)
 
     def _move(self, p: _Producer, new: str, reason: str) -> None:
         if new == p.via:
@@ -454,6 +507,11 @@ class Traffic:
         """`per_second(self.acks(), start)` up to now (or the stop)."""
         start = self.started_ms if self.started_ms is not None else _now_ms()
         return per_second(self._acks, start, self.stopped_ms or _now_ms())
+
+
+def _region_of(target: str) -> str:
+    """The region of a producer's target: `east` or `east@127.0.0.1:7001`."""
+    return target.split("@", 1)[0]
 
 
 def _unreachable(exc: BaseException) -> bool:

@@ -102,13 +102,19 @@ class Services:
 
     def __init__(self, topology: Topology, topology_path: Path, paths: StackPaths, *,
                  policy: Path | None = None, auto_failover: bool = True,
-                 controller_config: Path | None = None) -> None:
+                 controller_config: Path | None = None, proxies_per_region: int = 1,
+                 proxy_workers: int | None = None) -> None:
         self.topology = topology
         self.topology_path = Path(topology_path).resolve()
         self.paths = paths
         self.policy = policy
         self.auto_failover = auto_failover
         self.controller_config = controller_config
+        self.proxies_per_region = proxies_per_region
+        """More than 1: `proxy-<region>-2`, ... beside `proxy-<region>` (free loopback ports;
+        each registers itself in its region's Consul as crossdc-proxy)."""
+        self.proxy_workers = proxy_workers
+        """`dr proxy serve --workers N` (None: the command's default)."""
         self._procs: dict[str, ManagedProcess] = {}
 
     # -- the record ---------------------------------------------------------------------
@@ -150,13 +156,22 @@ class Services:
         topo = str(self.topology_path)
         base = [sys.executable, "-m", "dr.cli", "--log-format", "json", "--log-level", "info"]
         specs: list[_Spec] = []
+        workers = [] if self.proxy_workers is None else ["--workers", str(self.proxy_workers)]
         for r in self.topology.regions:
             name = f"proxy-{r.name}"
             mport = r.proxy.metrics_port or port_of(name, "metrics")
             specs.append(_Spec(name, "proxy", r.name, r.proxy.endpoint, f"127.0.0.1:{mport}",
                                [*base, "proxy", "serve", "--topology", topo, "--region",
                                 r.name, "--policy", str(policy), "--metrics-port",
-                                str(mport)]))
+                                str(mport), *workers]))
+            for i in range(2, self.proxies_per_region + 1):
+                extra = f"{name}-{i}"
+                gport, xport = port_of(extra, "address"), port_of(extra, "metrics")
+                specs.append(_Spec(extra, "proxy", r.name, f"127.0.0.1:{gport}",
+                                   f"127.0.0.1:{xport}",
+                                   [*base, "proxy", "serve", "--topology", topo, "--region",
+                                    r.name, "--policy", str(policy), "--port", str(gport),
+                                    "--metrics-port", str(xport), *workers]))
         for f in self.topology.flows:
             name = f"mirror-{f.source}-{f.target}"
             mport = port_of(name, "metrics")
