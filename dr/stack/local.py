@@ -28,6 +28,7 @@ from crossdc.topology import Region, Topology
 from dr.errors import StackError
 from dr.stack.consul import ConsulAgent
 from dr.stack.kafka import KafkaNode, cluster_id_for, kafka_nodes
+from dr.stack.netns import NetNamespaces, teardown_recorded, wrap_agent, wrap_node
 from dr.stack.paths import StackPaths
 from dr.stack.process import ManagedProcess, poll_while_alive
 from dr.stack.toolchain import check_toolchain, ensure_consul, ensure_kafka_libs
@@ -78,7 +79,8 @@ class LocalStack:
     """Every region of `topology` run on this machine, `brokers` Kafka nodes each."""
 
     def __init__(self, topology: Topology, topology_path: Path, *, brokers: int = 1,
-                 paths: StackPaths | None = None, progress: Progress | None = None) -> None:
+                 paths: StackPaths | None = None, progress: Progress | None = None,
+                 netns: NetNamespaces | None = None) -> None:
         if brokers < 1:
             raise StackError("--brokers must be at least 1")
         missing = [r.name for r in topology.regions if r.local is None]
@@ -92,19 +94,25 @@ class LocalStack:
         self.paths = paths or StackPaths.default()
         self._say = progress or (lambda _m: None)
         self._procs: dict[str, ManagedProcess] = {}
+        self.netns = netns
+        """Each region's Kafka and Consul in its own network namespace (dr/stack/netns.py)."""
 
     # -- parts --------------------------------------------------------------------------
     def nodes(self, region: Region) -> list[KafkaNode]:
         from dr.stack.toolchain import kafka_libs_dir
         idx = self.topology.regions.index(region)
-        return kafka_nodes(region, idx, self.brokers, self.paths.region_dir(region.name),
-                           kafka_libs_dir(self.paths), self.paths.log4j_config)
+        nodes = kafka_nodes(region, idx, self.brokers, self.paths.region_dir(region.name),
+                            kafka_libs_dir(self.paths), self.paths.log4j_config)
+        if self.netns is not None:
+            return [wrap_node(n, self.netns) for n in nodes]
+        return nodes
 
     def agent(self, region: Region) -> ConsulAgent:
         from dr.stack.toolchain import consul_binary
         idx = self.topology.regions.index(region)
-        return ConsulAgent(self.topology, region, idx, self.paths.region_dir(region.name) /
-                           "consul", consul_binary(self.paths))
+        agent = ConsulAgent(self.topology, region, idx, self.paths.region_dir(region.name) /
+                            "consul", consul_binary(self.paths))
+        return agent if self.netns is None else wrap_agent(agent, self.netns)
 
     def _proc(self, name: str, factory: Callable[[], ManagedProcess]) -> ManagedProcess:
         # Keep one ManagedProcess per server so a process we started is polled via its Popen.
@@ -139,6 +147,8 @@ class LocalStack:
         await asyncio.to_thread(ensure_kafka_libs, self.paths, self._say)
         await asyncio.to_thread(ensure_consul, self.paths, self._say)
 
+        if self.netns is not None:
+            await asyncio.to_thread(self.netns.setup)
         to_format: list[tuple[KafkaNode, str]] = []
         to_start: list[ManagedProcess] = []
         # Check every port before starting anything, so a conflict leaves nothing half-up.
@@ -185,6 +195,8 @@ class LocalStack:
             "started_at": time.time(),
             "regions": [r.name for r in self.topology.regions],
         })
+        if self.netns is not None:
+            saved["netns"] = {"tag": self.netns.tag, "regions": self.netns.regions}
         self.paths.stack_file.write_text(json.dumps(saved, indent=2), encoding="utf-8")
 
     async def wait_ready(self, timeout_s: float = 180.0) -> None:
@@ -286,6 +298,7 @@ class LocalStack:
             group = [p for p in procs if _stop_order(p) == rank]
             results = await asyncio.gather(*(asyncio.to_thread(p.stop, 30.0) for p in group))
             stopped += [p.name for p, ran in zip(group, results, strict=True) if ran]
+        await asyncio.to_thread(teardown_recorded, read_stack_file(paths))
         if purge and paths.state.exists():
             shutil.rmtree(paths.state)
         return stopped
