@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import json
 import os
 import shutil
@@ -65,15 +66,29 @@ POLICY = "strict: true\nrules:\n  - topic: \"bench-*\"\n    mode: ordered\n"
 
 # -- measuring ----------------------------------------------------------------------------
 def pid_cpu_s(pid: int | None) -> float:
-    """utime + stime of one process (all its threads), seconds; 0 when unknown."""
+    """utime + stime of a process, all its threads and its live descendants (a proxy with
+    --workers N is a supervisor and N worker processes), seconds; 0 when unknown."""
     if pid is None:
         return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK
+    children: dict[int, list[int]] = {}
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry)] = fields
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, []))
+        f = stats.get(p)
+        if f:
+            total += int(f[11]) + int(f[12])  # utime, stime (fields 14, 15 of stat)
+    return total / CLK
 
 
 def machine_busy_s() -> float:
@@ -281,7 +296,7 @@ async def run_sdk(target: str, topic: str, value: bytes, win: Window) -> None:
             await sem.acquire()
             sent = time.monotonic()
             fut = await p.send(topic, value, key=KEYS[i % len(KEYS)])
-            fut.add_done_callback(lambda f, s=sent: acked(f, s))
+            fut.add_done_callback(functools.partial(lambda s, f: acked(f, s), sent))
             i += 1
         for _ in range(INFLIGHT):
             await sem.acquire()
@@ -317,13 +332,133 @@ async def paced(send_one: Callable[[int], Awaitable[Any]], rate: int, seconds: f
     await asyncio.gather(*tasks)
     c1 = {k: pid_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
     measured = n - n_warm
-    return {"rate": rate, "requests": measured, "errors": len(errors),
+    return {"rate": rate, "requests": measured, "errors": len(errors), "lat_raw": lat,
+            "proxy_cpu_s": c1.get("proxy", 0) - c0.get("proxy", 0),
+            "machine_busy_s": c1["machine"] - c0["machine"], "seconds": seconds,
             "first_error": errors[0] if errors else "",
             "p50_ms": round(pct(lat, 0.50) * 1e3, 2), "p90_ms": round(pct(lat, 0.90) * 1e3, 2),
             "p99_ms": round(pct(lat, 0.99) * 1e3, 2), "p999_ms": round(pct(lat, 0.999) * 1e3, 2),
             "max_ms": round(max(lat) * 1e3, 2) if lat else None,
             "proxy_cpu_util": round((c1.get("proxy", 0) - c0.get("proxy", 0)) / seconds, 2),
             "machine_busy_cores": round((c1["machine"] - c0["machine"]) / seconds, 2)}
+
+
+def summary(lat: list[float]) -> dict[str, Any]:
+    return {"p50_ms": round(pct(lat, 0.50) * 1e3, 3), "p90_ms": round(pct(lat, 0.90) * 1e3, 3),
+            "p99_ms": round(pct(lat, 0.99) * 1e3, 3),
+            "p999_ms": round(pct(lat, 0.999) * 1e3, 3),
+            "max_ms": round(max(lat) * 1e3, 2) if lat else None}
+
+
+async def paced_ab(fns: dict[str, Callable[[int], Awaitable[Any]]], rate: int, block_s: float,
+                   blocks: int, pids: dict[str, int | None]) -> dict[str, dict[str, Any]]:
+    """Paced open loop at `rate` for each contender in alternating blocks (A B A B ...), so
+    load that drifts on the shared box hits both alike; the first block of each starts with
+    a 1 s warm-up that is not counted."""
+    parts: dict[str, list[dict[str, Any]]] = {name: [] for name in fns}
+    offset = 0
+    for b in range(blocks):
+        for name, fn in fns.items():
+            base = offset
+
+            async def shifted(i: int, fn: Callable[[int], Awaitable[Any]] = fn,
+                              base: int = base) -> Any:
+                return await fn(base + i)
+            parts[name].append(await paced(shifted, rate, block_s, 1.0 if b == 0 else 0.2,
+                                           pids))
+            offset += int(rate * (block_s + 1.0))
+    out: dict[str, dict[str, Any]] = {}
+    for name, ps in parts.items():
+        lat = [x for p in ps for x in p["lat_raw"]]
+        secs = sum(p["seconds"] for p in ps)
+        out[name] = {"rate": rate, "requests": len(lat), "blocks": blocks, "block_s": block_s,
+                     "errors": sum(p["errors"] for p in ps),
+                     "first_error": next((p["first_error"] for p in ps if p["first_error"]), ""),
+                     **summary(lat),
+                     "proxy_cpu_util": round(sum(p["proxy_cpu_s"] for p in ps) / secs, 3),
+                     "proxy_cpu_ms_per_call": round(sum(p["proxy_cpu_s"] for p in ps)
+                                                    / max(1, len(lat)) * 1e3, 3),
+                     "machine_busy_cores": round(sum(p["machine_busy_s"] for p in ps) / secs,
+                                                 2)}
+    return out
+
+
+async def load_step(target: str, topic: str, size: int, rate: int, a: argparse.Namespace,
+                    pids: dict[str, int | None]) -> dict[str, Any]:
+    """`a.gen_procs` generator processes (bench/proxy/loadgen.py), `rate` requests/s between
+    them, `a.gen_channels` channels each; p99 over all their requests after the warm-up."""
+    start_at = time.time() + 3.0  # after the generators' imports
+    procs = [await asyncio.create_subprocess_exec(
+        sys.executable, str(HERE / "loadgen.py"), "--target", target,
+        "--rate", str(rate / a.gen_procs), "--seconds", str(a.cap_seconds),
+        "--warmup", str(a.cap_warmup), "--channels", str(a.gen_channels), "--topic", topic,
+        "--size", str(size), "--index", str(k), "--start-at", str(start_at),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT)
+        for k in range(a.gen_procs)]
+    outs = asyncio.gather(*(p.communicate() for p in procs))
+    await asyncio.sleep(max(0.0, start_at + a.cap_warmup - time.time()))
+    c0 = {k: pid_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
+    await asyncio.sleep(a.cap_seconds)
+    c1 = {k: pid_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
+    gens = []
+    for p, (out, err) in zip(procs, await outs, strict=True):
+        if p.returncode != 0:
+            raise SystemExit(f"load generator failed: {err.decode()[-2000:]}")
+        gens.append(json.loads(out))
+    lat = [x / 1e3 for g in gens for x in g["lat_ms"]]
+    calls = rate * a.cap_seconds
+    proxy_cpu = c1.get("proxy", 0) - c0.get("proxy", 0)
+    row = {"rate": rate, "requests": len(lat), "errors": sum(g["errors"] for g in gens),
+           "first_error": next((g["first_error"] for g in gens if g["first_error"]), ""),
+           **summary(lat),
+           "generator_lag_p99_ms": max(g["lag_p99_ms"] for g in gens),
+           "generator_cpu_util": [round(g["cpu_s"] / a.cap_seconds, 2) for g in gens],
+           "proxy_cpu_util": round(proxy_cpu / a.cap_seconds, 2),
+           "proxy_cpu_ms_per_call": round(proxy_cpu / calls * 1e3, 3),
+           "broker_cpu_util": round((c1.get("broker", 0) - c0.get("broker", 0))
+                                    / a.cap_seconds, 2),
+           "machine_busy_cores": round((c1["machine"] - c0["machine"]) / a.cap_seconds, 2),
+           "load_avg_1m": round(os.getloadavg()[0], 2)}
+    row["ok"] = row["errors"] == 0 and row["p99_ms"] < a.cap_p99_ms
+    return row
+
+
+async def capacity(target: str, topic: str, size: int, a: argparse.Namespace,
+                   pids: dict[str, int | None], label: str) -> dict[str, Any]:
+    """The highest paced unary rate whose p99 stays under `a.cap_p99_ms`: rates grow by
+    `a.cap_factor` from `a.cap_start` until one fails, then one step halfway back (if the
+    first rate fails, rates halve until one holds)."""
+    steps: list[dict[str, Any]] = []
+    best: dict[str, Any] | None = None
+    rate = a.cap_start
+    failed: dict[str, Any] | None = None
+    while rate <= a.cap_max:
+        st = await load_step(target, topic, size, rate, a, pids)
+        steps.append(st)
+        print(json.dumps({"capacity": label, **st}), flush=True)
+        if not st["ok"]:
+            failed = st
+            break
+        best = st
+        rate = int(rate * a.cap_factor)
+    while best is None and failed is not None and failed["rate"] // 2 >= 50:
+        st = await load_step(target, topic, size, failed["rate"] // 2, a, pids)
+        steps.append(st)  # the first rate already fails (a loaded box): halve until one holds
+        print(json.dumps({"capacity": label, **st}), flush=True)
+        if st["ok"]:
+            best = st
+        else:
+            failed = st
+    if failed is not None and best is not None:
+        mid = (best["rate"] + failed["rate"]) // 2
+        if mid > best["rate"]:
+            st = await load_step(target, topic, size, mid, a, pids)
+            steps.append(st)
+            print(json.dumps({"capacity": label, **st}), flush=True)
+            if st["ok"]:
+                best = st
+    return {"label": label, "capacity_rps": best["rate"] if best else 0,
+            "at_capacity": best, "first_failing": failed, "steps": steps}
 
 
 # -- the proxy process --------------------------------------------------------------------
@@ -334,12 +469,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def proxy_commands(tpath: Path, policy: Path, port: int) -> list[tuple[list[str], str]]:
-    """`dr proxy serve` when the CLI has it, then the fallback script."""
+def workers_supported() -> bool:
+    """Whether this checkout's `dr proxy serve` has --workers."""
+    dr = str(Path(sys.executable).parent / "dr")
+    probe = subprocess.run([dr, "proxy", "serve", "--help"], capture_output=True, text=True,
+                           check=False, env={**os.environ, "COLUMNS": "200"})
+    return probe.returncode == 0 and "--workers" in probe.stdout
+
+
+def proxy_commands(tpath: Path, policy: Path, port: int,
+                   workers: int = 1) -> list[tuple[list[str], str]]:
+    """`dr proxy serve` when the CLI has it, then the fallback script (one process). With
+    --workers in the CLI, the worker count is always passed (its default is the core
+    count); more than one worker without it: no command."""
     dr = str(Path(sys.executable).parent / "dr")
     args = ["--topology", str(tpath), "--region", "east", "--policy", str(policy),
             "--port", str(port)]
     cmds = [([sys.executable, str(HERE / "serve.py"), *args], "bench/proxy/serve.py")]
+    if workers_supported():
+        return [([dr, "proxy", "serve", *args, "--workers", str(workers)],
+                 f"dr proxy serve --workers {workers}"), *cmds[:workers == 1]]
+    if workers > 1:
+        return []
     probe = subprocess.run([dr, "proxy", "serve", "--help"], capture_output=True, check=False)
     if probe.returncode == 0:
         cmds.insert(0, ([dr, "proxy", "serve", *args], "dr proxy serve"))
@@ -411,30 +562,45 @@ def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
 
 
 # -- plot ---------------------------------------------------------------------------------
-def chart(rows: list[dict[str, Any]], pace: dict[str, dict[str, Any]], path: Path) -> Path:
-    """Left: records/s per contender for each record size; right: paced unary latency."""
-    from dr.charts import BarPanel, bars
+COLORS = {"direct": "#4c78a8", "unary": "#e45756", "batch": "#f58518", "stream": "#54a24b",
+          "sdk": "#b279a2", "proxy": "#e45756"}
 
+
+def charts(rows: list[dict[str, Any]], pace: dict[str, dict[str, Any]],
+           caps: dict[str, Any]) -> list[Path]:
+    """proxy.png: records/s per contender; proxy-paced.png: unary latency at the paced rate,
+    direct vs proxy; proxy-capacity.png: unary p99 against the offered rate per worker
+    count."""
+    from dr.charts import BarPanel, bars, lines
+
+    out = []
     modes = [m for m in ("direct", "unary", "batch", "stream", "sdk")
              if any(r["mode"] == m for r in rows)]
-    colors = {"direct": "#4c78a8", "unary": "#e45756", "batch": "#f58518",
-              "stream": "#54a24b", "sdk": "#b279a2", "proxy": "#e45756"}
     sizes = sorted({r["size"] for r in rows})
 
     def rps(mode: str, size: int) -> float | None:
         r = next((r for r in rows if r["size"] == size and r["mode"] == mode), None)
         return None if r is None else float(r["rps"])
-    panels = [BarPanel("records/s, direct aiokafka vs proxy (2 cores shared)",
-                       [f"{s if s < 1024 else '1 Ki'} B records" for s in sizes],
-                       {m: [rps(m, s) for s in sizes] for m in modes}, ylabel="records / s",
-                       value_format=lambda v: f"{v / 1000:.1f}k")]
+    out.append(bars(RESULTS / "proxy.png", [BarPanel(
+        "records/s, direct aiokafka vs proxy (closed loop, 2 cores shared)",
+        [f"{s if s < 1024 else '1 Ki'} B records" for s in sizes],
+        {m: [rps(m, s) for s in sizes] for m in modes}, ylabel="records / s",
+        value_format=lambda v: f"{v / 1000:.1f}k")], colors=COLORS))
     if pace:
         rate = next(iter(pace.values()))["rate"]
-        panels.append(BarPanel(f"unary @ {rate}/s, 1 KiB: latency", ["p50", "p99"],
-                               {n: [float(pace[n]["p50_ms"]), float(pace[n]["p99_ms"])]
-                                for n in ("direct", "proxy") if n in pace},
-                               ylabel="ms", value_format="{:.1f}"))
-    return bars(path, panels, colors=colors)
+        out.append(bars(RESULTS / "proxy-paced.png", [BarPanel(
+            f"unary at a paced {rate}/s, 1 KiB: latency", ["p50", "p90", "p99"],
+            {n: [float(pace[n]["p50_ms"]), float(pace[n]["p90_ms"]), float(pace[n]["p99_ms"])]
+             for n in ("direct", "proxy") if n in pace}, ylabel="ms",
+            value_format="{:.2f}")], colors=COLORS))
+    series = {c["label"]: [(float(st["rate"]), float(st["p99_ms"])) for st in c["steps"]]
+              for c in caps.values() if c.get("steps")}
+    if series:
+        out.append(lines(RESULTS / "proxy-capacity.png", series=series,
+                         title="unary p99 against the offered rate (capacity: p99 < 50 ms)",
+                         xlabel="offered requests / s (open loop)", ylabel="p99 ms",
+                         value_format="{:.0f}"))
+    return out
 
 
 # -- main ---------------------------------------------------------------------------------
@@ -442,8 +608,9 @@ class ProxyProc:
     """One proxy process: `dr proxy serve` (or the fallback script), or the GC-tuned variant."""
 
     def __init__(self, tpath: Path, policy: Path, log: Path, *,
-                 gc_stats: Path | None = None) -> None:
+                 gc_stats: Path | None = None, workers: int = 1) -> None:
         self.tpath, self.policy, self.log = tpath, policy, log
+        self.workers = workers
         self.gc_stats = gc_stats
         self.proc: asyncio.subprocess.Process | None = None
         self.how = ""
@@ -456,10 +623,12 @@ class ProxyProc:
     async def start(self) -> None:
         port = free_port()
         self.target = f"127.0.0.1:{port}"
-        cmds = proxy_commands(self.tpath, self.policy, port)
+        cmds = proxy_commands(self.tpath, self.policy, port, self.workers)
         if self.gc_stats:
             cmds = [([*cmds[-1][0], "--gc-stats", str(self.gc_stats)],
                      "bench/proxy/serve.py --gc-stats")]
+        if not cmds:
+            raise SystemExit(f"no command runs {self.workers} proxy workers")
         for cmd, how in cmds:
             with self.log.open("wb") as lf:
                 self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=lf,
@@ -510,8 +679,19 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     topo = free_topology(["east", "west"])
     tpath = write_topology(topo, tmp / "topology.yaml")
+    stack_tpath = tpath
+    # The proxies under test get a topology without the proxy metrics port (no Prometheus
+    # HTTP endpoint: not measured here). With --workers N, as of 57adf57, each worker calls
+    # proxy.serve.serve(metrics_port=None), which means "the topology's port", and so binds
+    # the supervisor's metrics port and dies (EADDRINUSE): reported, not fixed here.
+    import yaml
+    doc = yaml.safe_load(tpath.read_text())
+    for region in doc.get("regions", []):
+        (region.get("proxy") or {}).pop("metrics_port", None)
+    tpath = tmp / "topology-proxy.yaml"
+    tpath.write_text(yaml.safe_dump(doc, sort_keys=False))
     paths = StackPaths(state=tmp / "state", cache=StackPaths.default().cache)
-    stack = LocalStack(topo, tpath, paths=paths)
+    stack = LocalStack(topo, stack_tpath, paths=paths)
     policy = tmp / "policy.yaml"
     policy.write_text(POLICY)
     proxies: list[ProxyProc] = []
@@ -562,7 +742,7 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             pids = {"proxy": px.pid, "broker": broker_pid}
             topic, value = topics[size], os.urandom(size)
             async with grpc.aio.insecure_channel(px.target) as ch:
-                stub = pb_grpc.ProxyStub(ch)
+                stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
                 fns: dict[str, Callable[[Window], Awaitable[None]]] = {
                     "direct": lambda w: run_direct(producer, topic, value, w),
                     "unary": lambda w: run_unary(stub, pb, topic, value, w),
@@ -582,13 +762,33 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                         idempotency_key=ids.next())
                         await stub.Produce(pb.ProduceRequest(record=rec), timeout=5)
 
-                    todo = [("direct", direct_one), ("proxy", proxy_one)]
-                    for name, fn in todo:
-                        pace[name] = await paced(fn, a.rate, a.paced_seconds, 1.0, pids)
-                        pace[name]["size"] = size
+                    got = await paced_ab({"direct": direct_one, "proxy": proxy_one}, a.rate,
+                                         a.paced_seconds / a.paced_blocks, a.paced_blocks,
+                                         pids)
+                    for name, r in got.items():
+                        pace[name] = {**r, "size": size}
                         print(json.dumps({"paced": name, **pace[name]}), flush=True)
+                    if a.capacity:
+                        caps["1"] = await capacity(px.target, topic, size, a, pids, "1 worker")
             await px.stop()
             return px.how
+
+        async def capacity_n(size: int, workers: int) -> None:
+            """Unary capacity with `dr proxy serve --workers N` (a fresh proxy)."""
+            px = ProxyProc(tpath, policy, tmp / f"proxy-w{workers}.log", workers=workers)
+            proxies.append(px)
+            try:
+                await px.start()
+            except SystemExit as exc:
+                print(f"no {workers}-worker proxy: {exc}", flush=True)
+                caps[str(workers)] = {"label": f"{workers} workers", "capacity_rps": None,
+                                      "why": str(exc)}
+                return
+            pids = {"proxy": px.pid, "broker": broker_pid}
+            caps[str(workers)] = await capacity(px.target, topics[size], size, a, pids,
+                                                f"{workers} workers")
+            caps[str(workers)]["server"] = px.how
+            await px.stop()
 
         async def profile_proxy(size: int) -> None:
             """The same ProxyServer (untuned) with GC accounting: a batch run for the share
@@ -600,7 +800,7 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             pids = {"proxy": px.pid, "broker": broker_pid}
             topic, value = topics[size], os.urandom(size)
             async with grpc.aio.insecure_channel(px.target) as ch:
-                stub = pb_grpc.ProxyStub(ch)
+                stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
                 await asyncio.sleep(1.0)
                 g0 = px.gc()
                 row = await measure("batch (GC accounted)", size,
@@ -644,14 +844,18 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     print(f"py-spy failed: {err.decode()[-500:]}", flush=True)
 
         gc_info: dict[str, Any] = {}
+        caps: dict[str, Any] = {}
         big = max(a.sizes)
         for size in a.sizes:
             how = await phase(size, ["direct", "unary", "batch", "stream", "sdk"],
                               paced_too=size == big)
+        if a.capacity and a.workers > 1:
+            await capacity_n(big, a.workers)
         if a.profile:
             await profile_proxy(big)
         await producer.stop()
         return {"rows": rows, "pace": pace, "profiles": profiles, "server": how, "gc": gc_info,
+                "capacity": caps, "workers": a.workers,
                 "load_avg": {"before": load_before,
                              "after": [round(x, 2) for x in os.getloadavg()]}}
     finally:
@@ -662,64 +866,149 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
     rows, pace, profiles = res["rows"], res["pace"], res["profiles"]
+    caps: dict[str, Any] = res.get("capacity") or {}
+    workers = res.get("workers") or a.workers
     commit = res.get("git_commit") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
         check=False).stdout.strip()
     dirty = res.get("proxy_uncommitted_at_run") or subprocess.run(
-        ["git", "status", "--porcelain", "proxy/"], capture_output=True, text=True, cwd=ROOT,
-        check=False).stdout.split()[1::2]
-    big = max(a.sizes)
+        ["git", "status", "--porcelain", "proxy/", "dr/cli/proxy.py"], capture_output=True,
+        text=True, cwd=ROOT, check=False).stdout.split()[1::2]
+    big = max(r["size"] for r in rows)
 
     def get(mode: str, size: int = big) -> dict[str, Any]:
         return next(r for r in rows if r["mode"] == mode and r["size"] == size)
 
     d = get("direct")
-    added = round(pace["proxy"]["p99_ms"] - pace["direct"]["p99_ms"], 2)
+    pd, pp = pace["direct"], pace["proxy"]
+    added99 = round(pp["p99_ms"] - pd["p99_ms"], 3)
+    added50 = round(pp["p50_ms"] - pd["p50_ms"], 3)
     load = res.get("load_avg") or {}
+    cap1 = (caps.get("1") or {}).get("capacity_rps")
+    capn = (caps.get(str(workers)) or {}).get("capacity_rps")
     result = {
+        "paced_rate": pace["proxy"]["rate"], "unary_added_p50_ms": added50,
+        "unary_added_p99_ms": added99,
+        "batch_vs_direct": round(get("batch")["rps"] / d["rps"], 2),
+        "stream_vs_direct": round(get("stream")["rps"] / d["rps"], 2),
+        "capacity_rps_1_worker": cap1, "capacity_rps_n_workers": capn, "workers": workers,
+        "capacity_p99_limit_ms": a.cap_p99_ms,
+        "git_commit": commit, "proxy_uncommitted_at_run": dirty,
+        "load_avg": load, "record_bytes": big,
         "direct_rps": d["rps"], "proxy_unary_rps": get("unary")["rps"],
         "proxy_batch_rps": get("batch")["rps"], "proxy_stream_rps": get("stream")["rps"],
         "proxy_sdk_rps": get("sdk")["rps"],
-        "batch_vs_direct": round(get("batch")["rps"] / d["rps"], 2),
-        "stream_vs_direct": round(get("stream")["rps"] / d["rps"], 2),
-        "direct_p99_ms": pace["direct"]["p99_ms"], "proxy_unary_p99_ms": pace["proxy"]["p99_ms"],
-        "unary_added_p99_ms": added, "paced_rate": a.rate, "record_bytes": big,
+        "direct_paced_p50_ms": pd["p50_ms"], "direct_paced_p99_ms": pd["p99_ms"],
+        "proxy_paced_p50_ms": pp["p50_ms"], "proxy_paced_p99_ms": pp["p99_ms"],
+        "proxy_cpu_ms_per_unary_call": {
+            "closed_loop": round(get("unary")["proxy_cpu_s_per_m"] / 1000, 3),
+            "paced": pp["proxy_cpu_ms_per_call"],
+            **{f"at_capacity_{k}_worker{'s' if k != '1' else ''}":
+               c["at_capacity"]["proxy_cpu_ms_per_call"]
+               for k, c in caps.items() if c.get("at_capacity")}},
         "proxy_cpu_s_per_million": {r["mode"]: r["proxy_cpu_s_per_m"] for r in rows
                                     if r["size"] == big and r["mode"] != "direct"},
-        "git_commit": commit, "proxy_uncommitted_at_run": dirty, "server": res["server"],
-        "machine": f"{os.cpu_count()} cores shared by client, proxy and both brokers",
-        "load_avg": load,
-        "runs": rows, "paced": pace, "gc": res["gc"],
+        "server": res["server"],
+        "machine": f"{os.cpu_count()} cores shared by the load generators, the proxy, both "
+                   "brokers and other helpers' work",
+        "runs": rows, "paced": pace, "capacity": caps, "gc": res["gc"],
         "profiles": {m: {"samples": p["samples"], "rps_under_profiler": p["rps_under_profiler"],
                          "inclusive": p["inclusive"], "top_self": p["top_self"][:10]}
                      for m, p in profiles.items()},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "proxy.json").write_text(json.dumps(result, indent=2) + "\n")
-    chart(rows, pace, RESULTS / "proxy.png")
-    unary_cpu_ms = get("unary")["proxy_cpu_s_per_m"] / 1000
+    charts(rows, pace, caps)
+
+    def ok(cond: bool) -> str:
+        return "met" if cond else "**missed**"
     lines = [
         "# Proxy benchmark", "",
         f"Direct aiokafka producer vs the routing proxy, one run on one pair of local clusters "
-        f"(Kafka 4.1.1, one broker per region, 512 MB heap; Consul 1.22), commit `{commit}`"
+        f"(Kafka 4.1.1, one broker per region, 512 MB heap; Consul), commit `{commit}`"
         + (f" (uncommitted changes in {', '.join(dirty)} at run time)" if dirty else "") +
-        f". **{os.cpu_count()} cores shared by everything**: the benchmark client, the proxy "
-        f"process ({res['server']}) and both brokers; the figures are what this box gives, "
-        "not what the proxy would do with a core of its own."
-        + (f" Load average (1/5/15 min) {' / '.join(map(str, load['before']))} before the "
-           f"run, {' / '.join(map(str, load['after']))} after it (other work on the box)."
-           if load else ""), "",
+        f". **{os.cpu_count()} cores shared by everything**: the load generators, the proxy "
+        f"({res['server']}), both brokers and other helpers' JVM stacks"
+        + (f"; load average (1/5/15 min) {' / '.join(map(str, load['before']))} before the "
+           f"run, {' / '.join(map(str, load['after']))} after it" if load else "")
+        + ". The figures are what this box gives, not what the proxy would do with cores of "
+        "its own.", "",
+        "## Summary", "",
+        "| figure | value | target |", "|---|---|---|",
+        f"| unary added p50 at a paced {pp['rate']}/s | {added50:.2f} ms "
+        f"(proxy {pp['p50_ms']:.2f} vs direct {pd['p50_ms']:.2f}) | <= 1 ms: "
+        f"{ok(added50 <= 1)} |",
+        f"| unary added p99 at a paced {pp['rate']}/s | {added99:.2f} ms "
+        f"(proxy {pp['p99_ms']:.2f} vs direct {pd['p99_ms']:.2f}) | <= 3 ms: "
+        f"{ok(added99 <= 3)} |",
+        f"| unary capacity, 1 worker (p99 < {a.cap_p99_ms:g} ms) | "
+        f"{cap1 if cap1 is not None else '-'} requests/s | |",
+        f"| unary capacity, {workers} workers | "
+        + (f"{capn} requests/s" if capn is not None else "not measured: "
+           + str((caps.get(str(workers)) or {}).get("why", ""))[:80])
+        + " | grows with workers where cores "
+        f"allow: {ok(bool(capn and cap1 and capn > cap1)) if capn is not None else '-'} |",
+        f"| batch vs direct ({big} B) | {result['batch_vs_direct']}x | >= 0.9x: "
+        f"{ok(result['batch_vs_direct'] >= 0.9)} |",
+        f"| stream vs direct ({big} B) | {result['stream_vs_direct']}x | >= 0.9x: "
+        f"{ok(result['stream_vs_direct'] >= 0.9)} |",
+        f"| proxy CPU per unary call | {pp['proxy_cpu_ms_per_call']:.2f} ms paced, "
+        f"{result['proxy_cpu_ms_per_unary_call']['closed_loop']:.2f} ms closed loop | |", "",
+        f"## Unary latency at a paced {pp['rate']} requests/s", "",
+        f"Open loop, {big} B records: request i is due at t0 + i/rate and timed from that due "
+        f"time (a late send is not hidden). Direct and proxy alternate in {pp['blocks']} "
+        f"blocks of {pp['block_s']:g} s each (A B A B ...), so load that drifts on the "
+        f"shared box hits both alike; {pp['requests']:,} requests each. The direct producer "
+        "uses the proxy's own producer settings (acks=all, idempotent, linger 2 ms), so the "
+        "difference is the gRPC hop and the proxy's work.", "",
+        "| | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors | proxy cores | machine "
+        "busy cores |", "|---|---|---|---|---|---|---|---|---|",
+        f"| direct aiokafka | {pd['p50_ms']} | {pd['p90_ms']} | {pd['p99_ms']} | "
+        f"{pd['p999_ms']} | {pd['max_ms']} | {pd['errors']} | - | {pd['machine_busy_cores']} |",
+        f"| proxy `Produce` | {pp['p50_ms']} | {pp['p90_ms']} | {pp['p99_ms']} | "
+        f"{pp['p999_ms']} | {pp['max_ms']} | {pp['errors']} | {pp['proxy_cpu_util']} | "
+        f"{pp['machine_busy_cores']} |", "",
+        "![paced latency](proxy-paced.png)", ""]
+    if caps:
+        lines += [
+            f"## Unary capacity: 1 worker and {workers} workers", "",
+            f"Open-loop `Produce` at rising rates (x{a.cap_factor:g} from {a.cap_start}, then "
+            f"one step halfway back after the first failure), {a.gen_procs} load-generator "
+            f"processes (`bench/proxy/loadgen.py`) with {a.gen_channels} gRPC channels each "
+            "(SO_REUSEPORT spreads connections over the workers, not calls); each step "
+            f"{a.cap_warmup:g} s warm-up then {a.cap_seconds:g} s counted. Capacity = the "
+            f"highest rate with p99 < {a.cap_p99_ms:g} ms and no errors. `gen lag p99` is how "
+            "late the generators sent (if it grows, the generator, not the proxy, is behind); "
+            "`gen cores` their CPU.", "",
+            "| proxy | offered /s | p50 ms | p99 ms | errors | proxy CPU ms/call | proxy "
+            "cores | broker cores | gen cores | gen lag p99 ms | machine busy | load 1m |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c in caps.values():
+            for st in c.get("steps", []):
+                lines.append(
+                    f"| {c['label']} | {st['rate']:,} | {st['p50_ms']:.1f} | "
+                    f"{st['p99_ms']:.1f}{'' if st['ok'] else ' (fail)'} | {st['errors']} | "
+                    f"{st['proxy_cpu_ms_per_call']:.2f} | {st['proxy_cpu_util']} | "
+                    f"{st['broker_cpu_util']} | "
+                    f"{' + '.join(map(str, st['generator_cpu_util']))} | "
+                    f"{st['generator_lag_p99_ms']} | {st['machine_busy_cores']} | "
+                    f"{st['load_avg_1m']} |")
+            if not c.get("steps"):
+                lines.append(f"| {c['label']} | not measured: {c.get('why', '')[:120]} "
+                             "| | | | | | | | | | |")
+        lines += ["", "![capacity](proxy-capacity.png)", ""]
+    lines += [
+        "## Throughput, closed loop", "",
         f"Policy `bench-*: ordered` (every record to the primary, east, where the direct "
-        f"producer writes too); {PARTITIONS} partitions, 1,000 keys; acks=all, idempotent "
-        f"producers, linger 2 ms (the proxy's default, used for the direct producer too). "
-        f"Each proxy record carries a 36-character idempotency key (the SDK's default), and "
-        f"the proxy adds six dr-* headers (~110 bytes) to every record it writes. Closed loop: "
-        f"{a.warmup:g} s warm-up then {a.seconds:g} s counted; direct and SDK keep at most "
-        f"{INFLIGHT:,} records unacknowledged, batch runs {BATCH_CONCURRENCY} calls of "
-        f"{BATCH} records, stream one stream of {BATCH}-record batches with {STREAM_WINDOW} "
-        f"unacked, unary {UNARY_CONCURRENCY} calls in flight. Latency is per record, send to "
-        f"ack (under full load, so it includes queueing). CPU s per million records: utime + "
-        f"stime from /proc over the counted window.", "",
+        f"producer writes too); {PARTITIONS} partitions, 1,000 keys. Each proxy record "
+        "carries a 36-character idempotency key (the SDK's default), and the proxy adds six "
+        f"dr-* headers (~110 bytes) to every record it writes. {a.warmup:g} s warm-up then "
+        f"{a.seconds:g} s counted; direct and SDK keep at most {INFLIGHT:,} records "
+        f"unacknowledged, batch runs {BATCH_CONCURRENCY} calls of {BATCH} records, stream one "
+        f"stream of {BATCH}-record batches with {STREAM_WINDOW} unacked, unary "
+        f"{UNARY_CONCURRENCY} calls in flight, all on one 1-worker proxy. Latency is per "
+        "record, send to ack, under full load (queueing included). CPU s per million "
+        "records: utime + stime from /proc over the counted window.", "",
         "| contender | record | records/s | vs direct | MB/s | p50 ms | p99 ms | proxy CPU "
         "s/M | client CPU s/M | broker CPU s/M | proxy cores | others' cores |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -731,80 +1020,20 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
                      f"{r['client_cpu_s_per_m']} | {r['broker_cpu_s_per_m']} | "
                      f"{r['proxy_cpu_util'] if r['mode'] != 'direct' else '-'} | "
                      f"{r['others_cores']} |")
-    pd, pp = pace["direct"], pace["proxy"]
-    lines += [
-        "", f"Unary latency at a fixed {a.rate:,} requests/s ({big} B records, open loop: "
-        f"each request is due at t0 + i/rate and timed from that due time; 1 s warm-up, then "
-        f"{pp['requests']:,} requests):", "",
-        "| | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors |",
-        "|---|---|---|---|---|---|---|",
-        f"| direct aiokafka | {pd['p50_ms']} | {pd['p90_ms']} | {pd['p99_ms']} | "
-        f"{pd['p999_ms']} | {pd['max_ms']} | {pd['errors']} |",
-        f"| proxy `Produce` | {pp['p50_ms']} | {pp['p90_ms']} | {pp['p99_ms']} | "
-        f"{pp['p999_ms']} | {pp['max_ms']} | {pp['errors']} |", "",
-        f"p99 added by the proxy: **{added} ms** (target: at most 1 ms); p50 added: "
-        f"{pp['p50_ms'] - pd['p50_ms']:.2f} ms. Proxy CPU at this rate: "
-        f"{pp['proxy_cpu_util']} of a core; machine busy {pp['machine_busy_cores']} of "
-        f"{os.cpu_count()} cores.", "",
-        f"Targets ({big} B): batch **{result['batch_vs_direct']}x** and stream "
-        f"**{result['stream_vs_direct']}x** direct (target at least 0.9x; below 0.7x is a "
-        f"defect); unary p99 added at {a.rate:,}/s **{added} ms** (target at most 1 ms).", "",
-        "First run of this benchmark (commit `ddb89eb`, load average 10-14): batch 0.46x, "
-        "stream 0.39x, unary 565 records/s at 0.9 ms of proxy CPU per call, 36% of the "
-        "proxy's CPU in the garbage collector, unary failing at 1,000/s. What changed since "
-        "is below.", "",
-        "`others' cores`: CPU the rest of the machine used during the window (other work on "
-        "the box, the west broker, Consul) — this box is shared, so compare rows of one run, "
-        "not runs.",
-        "", "![records/s and paced latency](proxy.png)", ""]
+    lines += ["", "`others' cores`: CPU the rest of the machine used during the window (other "
+              "work on the box, the west broker, Consul).", "",
+              "![records/s](proxy.png)", ""]
     g = res["gc"]
-    lines += [
-        "## What limits the figure", "",
-        "**What was fixed.** (1) The garbage collector: `dr proxy serve` calls "
-        "`proxy.serve.tune_gc()` after start (`gc.freeze()`, threshold 10,000/20/20), and "
-        "the idempotency window keeps finished keys as flat tuples of strings and ints "
-        "(about 0.5 KB per key, measured, instead of 1.9 KB with a Slot and an "
-        "asyncio.Event each; the collector stops tracking them). (2) aiokafka's per-record "
-        "send path: records of one partition in one call go into producer batches the proxy "
-        "builds (`create_batch`/`send_batch`, one future per batch, offsets base + index); "
-        "lone records still use `send()` so they share the producer's current batch. (3) "
-        "Per-record Python: the idempotency claim without `asyncio.timeout_at` unless the "
-        "key is being written, partition counts from cached metadata without a `gather`, "
-        "the rule looked up once per topic per call, murmur2 partitions remembered per key, "
-        "the constant dr-* headers built once per write, results filled into the response "
-        "in place, metrics updated once per call. (4) Unary: the tenacity retry loop is "
-        "built only after a failed attempt, no `gather` for a single group, no structlog "
-        "context binding per dispatch, metric children bound once. Each step's measured "
-        "figure is in its commit message. uvloop was measured (same CPU per record and per "
-        "call within noise: grpc's aio server does its own polling) and not added.", ""]
     if g:
         lines += [
-            f"**Garbage collection now.** In a batch run with the shipped settings ({big} B, "
-            f"{g['rps']:,} records/s; `bench/proxy/serve.py --gc-stats`, the CPU time of each "
-            f"collection measured inside the process) the collector took "
-            f"**{g['gc_share'] * 100:.0f}% of the proxy's CPU** "
+            f"**Garbage collection.** In a batch run ({big} B, {g['rps']:,} records/s; "
+            "`bench/proxy/serve.py --gc-stats` measures each collection inside the process) "
+            f"the collector took **{g['gc_share'] * 100:.0f}% of the proxy's CPU** "
             f"({g['collections'][0]:,} / {g['collections'][1]:,} / {g['collections'][2]:,} "
-            f"collections of generation 0 / 1 / 2, {g['gc_cpu_s'][0]} / {g['gc_cpu_s'][1]} / "
-            f"{g['gc_cpu_s'][2]} CPU s of {g['proxy_cpu_s']} s); it was 36% in the first "
-            "run.", ""]
-    lines += [
-        "**Batch and stream.** The proxy is one Python process doing, per record, what the "
-        "direct producer does (Kafka record encoding, now in batches) plus gRPC/protobuf "
-        "decode and encode, validation, the idempotency window and the dr-* headers: "
-        f"{get('batch')['proxy_cpu_s_per_m']} / {get('stream')['proxy_cpu_s_per_m']} CPU s "
-        f"per million records (batch / stream) against the direct client's "
-        f"{d['client_cpu_s_per_m']}. When the proxy's core is the bottleneck (proxy cores "
-        "column near 1.0), that per-record cost is the limit; the profile below shows no "
-        "single dominant frame left (protobuf decode, the window, batch append, the "
-        "router's per-record objects).", "",
-        f"**Unary.** About {unary_cpu_ms:.2f} ms of proxy CPU per `Produce` call (table). "
-        "More than half of it is below Python: grpc's aio server (its Cython layer, its "
-        "poller thread waking the event loop, one `sendmsg` per response) and a produce "
-        "request to the broker every linger period; py-spy shows it as `Handle._run` and "
-        "`Thread.run` self time. At 1,000 requests/s that is "
-        f"{pp['proxy_cpu_util']} of a core for the proxy alone, on a box whose 2 cores also "
-        "run the load generator and both brokers, so the open-loop p99 carries queueing "
-        "delay whenever the box is busy.", ""]
+            f"collections of generation 0 / 1 / 2).", ""]
+    notes = HERE / "notes.md"
+    if notes.exists():
+        lines += [notes.read_text().rstrip(), ""]
     for mode, p in profiles.items():
         lines += [f"## Profile: {mode}, {big} B (py-spy, {p['samples']:,} samples, "
                   f"{p['rps_under_profiler']:,} records/s while sampled)", "",
@@ -820,11 +1049,24 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--sizes", default="100,1024", help="record value sizes, bytes")
+    ap.add_argument("--sizes", default="1024", help="record value sizes, bytes")
     ap.add_argument("--seconds", type=float, default=10.0, help="counted seconds per run")
     ap.add_argument("--warmup", type=float, default=2.0, help="uncounted seconds first")
-    ap.add_argument("--rate", type=int, default=1000, help="paced unary requests/s")
-    ap.add_argument("--paced-seconds", type=float, default=15.0)
+    ap.add_argument("--rate", type=int, default=300, help="paced unary requests/s")
+    ap.add_argument("--paced-seconds", type=float, default=24.0,
+                    help="counted seconds per contender, in --paced-blocks alternating blocks")
+    ap.add_argument("--paced-blocks", type=int, default=4)
+    ap.add_argument("--no-capacity", dest="capacity", action="store_false")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 2,
+                    help="N of the N-worker capacity run [default: the core count]")
+    ap.add_argument("--cap-start", type=int, default=400)
+    ap.add_argument("--cap-factor", type=float, default=1.25)
+    ap.add_argument("--cap-max", type=int, default=20_000)
+    ap.add_argument("--cap-p99-ms", type=float, default=50.0)
+    ap.add_argument("--cap-seconds", type=float, default=8.0)
+    ap.add_argument("--cap-warmup", type=float, default=2.0)
+    ap.add_argument("--gen-procs", type=int, default=2, help="load-generator processes")
+    ap.add_argument("--gen-channels", type=int, default=4, help="gRPC channels per generator")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
     ap.add_argument("--render-only", action="store_true", help="rewrite proxy.md/png from "
@@ -835,7 +1077,8 @@ def main() -> None:
         last = json.loads((RESULTS / "proxy.json").read_text())
         write_results({"rows": last["runs"], "pace": last["paced"], "gc": last["gc"],
                        "profiles": last["profiles"], "server": last["server"],
-                       "load_avg": last.get("load_avg"),
+                       "load_avg": last.get("load_avg"), "capacity": last.get("capacity"),
+                       "workers": last.get("workers"),
                        "git_commit": last["git_commit"],
                        "proxy_uncommitted_at_run": last["proxy_uncommitted_at_run"]}, a)
         return
