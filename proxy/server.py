@@ -9,7 +9,9 @@ metadata naming a token of the auth file (UNAUTHENTICATED otherwise; a stream is
 it opens and again per batch, so a revoked token stops at its next batch), and each record's
 topic must match one of the token's patterns (PERMISSION_DENIED: the RPC status for Produce,
 that record's result in a batch). Health and reflection need no token. TLS (`config.tls`)
-covers the whole port; with a client CA every caller needs a client certificate.
+covers the whole port; with a client CA every caller needs a client certificate. Renewed
+certificate, key and CA files are picked up without a restart (`proxy.tls.ReloadingTls`:
+new handshakes get them; open connections keep theirs).
 
 Health (`grpc.health.v1`, service "" and "crossdc.v1.Proxy"): SERVING while at least one
 region is writable (producer up, last metadata probe answered, breaker not open) and the
@@ -49,7 +51,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
 from crossdc.clients.consul import ConsulClient
-from crossdc.errors import ConfigError, ConfigIssue, CrossdcError
+from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from proxy.api import SERVICE_NAME, pb, pb_grpc
@@ -73,6 +75,7 @@ from proxy.policy import Policy
 from proxy.primary import PrimaryWatcher
 from proxy.reload import PolicyStore
 from proxy.router import Incoming, Outcome, Router
+from proxy.tls import ReloadingTls
 from proxy.writers import RegionWriter
 
 __all__ = ["CONSUL_SERVICE", "ProxyServer"]
@@ -293,6 +296,7 @@ class ProxyServer:
                                       regions=[r.name for r in topology.regions],
                                       peers=self.peer_consuls)
         self.auth_store: AuthStore | None = None
+        self.tls: ReloadingTls | None = None
         if config.auth_file is not None:
             self.auth_store = AuthStore(config.auth_file, registry=self.registry,
                                         load_timeout_s=config.file_load_timeout_s)
@@ -351,7 +355,10 @@ class ProxyServer:
             self.policy_store.on_change.append(self._policy_changed)
         if self.auth_store is not None:
             await self.auth_store.load()
-        credentials = _server_credentials(self.config)
+        credentials = None
+        if self.config.tls is not None:  # follows renewed files (proxy.tls)
+            self.tls = ReloadingTls(self.config.tls, registry=self.registry)
+            credentials = self.tls.credentials()
         await asyncio.gather(*(w.start() for w in self.writers.values()))
         tg_ready: asyncio.Future[asyncio.TaskGroup] = \
             asyncio.get_running_loop().create_future()
@@ -767,29 +774,6 @@ def _consul_check(config: ProxyConfig, port: int) -> dict[str, Any]:
                            tls_skip_verify=config.consul_check_tls_skip_verify, timeout="2s",
                            deregister="1m")
     return check
-
-
-def _read_pem(path: Path, what: str) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError([ConfigIssue(str(path), None, what, f"cannot read: {exc}")]
-                          ) from exc
-    if b"-----BEGIN " not in data:
-        raise ConfigError([ConfigIssue(str(path), None, what, "not a PEM file")])
-    return data
-
-
-def _server_credentials(config: ProxyConfig) -> grpc.ServerCredentials | None:
-    tls = config.tls
-    if tls is None:
-        return None
-    cert = _read_pem(tls.cert_file, "tls.cert_file")
-    key = _read_pem(tls.key_file, "tls.key_file")
-    ca = (_read_pem(tls.client_ca_file, "tls.client_ca_file")
-          if tls.client_ca_file is not None else None)
-    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
-                                       require_client_auth=ca is not None)
 
 
 def _free_port(host: str) -> int:

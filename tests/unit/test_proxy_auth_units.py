@@ -180,15 +180,15 @@ def test_consul_check_per_tls_mode(tmp_path: Path) -> None:
 
 
 def test_tls_files_are_checked_when_the_server_starts(tmp_path: Path) -> None:
-    from proxy.server import _server_credentials
+    from proxy.tls import read_tls
     (tmp_path / "c.pem").write_text("not a certificate")
     cfg = ProxyConfig(region="east", tls=TlsSettings(cert_file=tmp_path / "c.pem",
                                                      key_file=tmp_path / "k.pem"))
     with pytest.raises(ConfigError, match=r"c\.pem tls\.cert_file: not a PEM file"):
-        _server_credentials(cfg)
+        read_tls(cfg.tls)  # type: ignore[arg-type]
     (tmp_path / "c.pem").write_text("-----BEGIN CERTIFICATE-----\n")
     with pytest.raises(ConfigError, match=r"k\.pem tls\.key_file: cannot read"):
-        _server_credentials(cfg)
+        read_tls(cfg.tls)  # type: ignore[arg-type]
 
 
 def test_client_cert_and_key_go_together() -> None:
