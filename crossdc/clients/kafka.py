@@ -331,24 +331,25 @@ class KafkaAdmin:
     # -- ACLs (aiokafka's admin client has no ACL calls: its protocol structs, sent here) --
     async def create_acls(self, bindings: list[AclBinding]) -> None:
         """Create each ACL (one that exists already is fine: Kafka keeps one copy)."""
+        async def one(b: AclBinding) -> None:
+            resp = await self._a._send_request(CreateAclsRequest(*b.codes()))
+            _raise_codes("create acl", [(str(b), r[0], r[1]) for r in resp.creation_responses])
+
         async def create() -> None:
-            for b in bindings:
-                resp = await self._a._send_request(CreateAclsRequest(*b.codes()))
-                _raise_codes("create acl", [(str(b), r[0], r[1])
-                                            for r in resp.creation_responses])
+            # one binding a request (aiokafka's request takes one), sent together
+            await asyncio.gather(*(one(b) for b in bindings))
 
         await self._call(f"create {len(bindings)} acl(s)", create)
 
     async def delete_acls(self, bindings: list[AclBinding]) -> int:
         """Delete exactly these ACLs (absent ones are fine); how many were deleted."""
+        async def one(b: AclBinding) -> int:
+            resp = await self._a._send_request(DeleteAclsRequest(*b.codes()))
+            _raise_codes("delete acl", [(str(b), r[0], r[1]) for r in resp.filter_responses])
+            return sum(len(r[2]) for r in resp.filter_responses)
+
         async def delete() -> int:
-            n = 0
-            for b in bindings:
-                resp = await self._a._send_request(DeleteAclsRequest(*b.codes()))
-                _raise_codes("delete acl", [(str(b), r[0], r[1])
-                                            for r in resp.filter_responses])
-                n += sum(len(r[2]) for r in resp.filter_responses)
-            return n
+            return sum(await asyncio.gather(*(one(b) for b in bindings)))
 
         return await self._call(f"delete {len(bindings)} acl(s)", delete)
 

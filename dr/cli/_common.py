@@ -11,6 +11,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from crossdc.clients.kafka import use_topology
 from crossdc.topology import Region, Topology, load_topology
 from dr.exits import Exit, fail
 from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
@@ -54,7 +55,9 @@ def topology_for(path: Path | None, paths: StackPaths | None = None) -> tuple[To
         path = default_topology_path()
         if not path.is_file():
             fail(no_topology_message(path))
-    return load_topology(path), path
+    topo = load_topology(path)
+    use_topology(topo)  # the regions' SASL/SCRAM over TLS, for every Kafka client
+    return topo, path
 
 
 def region_of(topo: Topology, name: str, option: str) -> Region:

@@ -13,6 +13,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from crossdc.clients.kafka import set_kafka_principal
+from crossdc.security import CONTROLLER
 from crossdc.topology import Topology
 from crossdc.yamlfile import load_model
 from dr.cli._common import TopologyOpt, err, out, paths_for, run, topology_for
@@ -64,6 +66,7 @@ def controller_run(
     from dr.controller.sync import standby_sync
     topo, path = topology_for(topology, paths_for(None))
     _region(topo, region, "--region")
+    set_kafka_principal(CONTROLLER)  # its own Kafka principal (SASL/SCRAM regions)
     settings = _settings(region, config, auto_failover, http_port)
 
     async def main() -> None:

@@ -16,6 +16,8 @@ from prometheus_client import Counter
 from rich.console import Console
 from rich.table import Table
 
+from crossdc.clients.kafka import set_kafka_principal
+from crossdc.security import MIRROR
 from crossdc.topology import Flow, Topology
 from dr.cli._common import TopologyOpt, paths_for, region_of, topology_for
 from mirror.errors import MirrorError
@@ -213,6 +215,7 @@ def run(
 ) -> None:
     """Replicate topics source → target (or the topology's flows) until stopped."""
     topo, _ = topology_for(topology, paths_for(None))
+    set_kafka_principal(MIRROR)  # its own Kafka principal (SASL/SCRAM regions)
     flows = _flows(topo, source, target, topics, group, exactly_once, forward,
                    discovery_interval, dead_letter, worker_id, flow)
     asyncio.run(_serve(topo, flows, metrics_port, Restart() if restart else None))

@@ -79,6 +79,10 @@ def up(
     controller_config: Annotated[Path | None, typer.Option(
         "--controller-config", help="With --services: the controllers' settings YAML.")
                                  ] = None,
+    secure: Annotated[bool, typer.Option(
+        "--secure", help="Brokers on SASL/SCRAM over TLS with ACLs (a throwaway CA and "
+        "passwords under <state>/secrets; the topology used is written to "
+        "<state>/topology.secure.yaml). See docs/security.md.")] = False,
 ) -> None:
     """Start every region (Kafka KRaft + Consul) on loopback and wait until all answer;
     with --services, then the proxies, mirrors and controllers."""
@@ -88,6 +92,9 @@ def up(
             fail(f"{option} {given}: no such file")
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
+    if secure:
+        from dr.stack.tls import write_secure_topology
+        topo, path = write_secure_topology(topo, paths.state)
     with err.status("starting the local stack") as status:
         stack = LocalStack(topo, path, brokers=brokers, paths=paths, progress=status.update)
         run(stack.up(timeout_s))

@@ -82,6 +82,8 @@ def proxy_deny(topic: str) -> AclBinding:
 
 async def grant_component_acls(region: Region, retry: RetrySettings | None = None) -> None:
     """Grant `component_acls()` in the region's cluster, as the super user."""
+    # generous: right after start-up the quorum may still be slow to commit
+    retry = retry or RetrySettings(attempts=5, total_s=90.0, call_timeout_s=30.0)
     with kafka_principal(ADMIN):
         async with KafkaAdmin(region.kafka.bootstrap, retry) as admin:
             await admin.create_acls(component_acls())

@@ -13,7 +13,9 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
+from crossdc.clients.kafka import set_kafka_principal
 from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.security import RECONCILE
 from crossdc.topology import load_topology
 from crossdc.yamlfile import load_model
 from dr.exits import Exit, fail
@@ -132,6 +134,7 @@ def reconcile_command(
     topo_path = topology or default_topology_path()
     if topology is None and not topo_path.is_file():
         fail(no_topology_message(topo_path))
+    set_kafka_principal(RECONCILE)  # its own Kafka principal (SASL/SCRAM regions)
     settings = RunSettings(
         topology=load_topology(topo_path), topology_path=str(topo_path),
         regions=[r.strip() for r in regions.split(",") if r.strip()], topics=topics,

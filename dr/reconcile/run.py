@@ -10,6 +10,7 @@ from pathlib import Path
 
 import structlog
 
+from crossdc.clients.kafka import use_topology
 from crossdc.errors import ConfigError, ConfigIssue
 from crossdc.topology import Topology
 from dr.reconcile.model import Report, Thresholds, Window
@@ -68,6 +69,7 @@ def run(settings: RunSettings) -> Report:
     from dr.reconcile.job import SparkOptions, compare, now_ms, spark_session, stop_session
 
     check_regions(settings)
+    use_topology(settings.topology)  # SASL/SCRAM over TLS where the topology says
     started = time.monotonic()
     marks = load_watermarks(settings.state_path) if settings.state_path else None
     until = settings.until_ms if settings.until_ms is not None \

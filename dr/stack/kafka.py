@@ -9,9 +9,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from crossdc.security import ADMIN, PRINCIPALS
 from crossdc.topology import Region
 from dr.errors import SetupFailed, StackError
 from dr.stack.process import ManagedProcess, check_port_free, log_tail
+from dr.stack.tls import BROKER_CN, StackSecrets
 
 __all__ = ["KafkaNode", "kafka_nodes"]
 
@@ -37,6 +39,16 @@ class KafkaNode:
     workdir: Path
     libs: Path
     log4j_config: Path
+
+    @property
+    def secrets(self) -> StackSecrets | None:
+        """The region's secrets when its topology asks for SASL/SCRAM over TLS."""
+        sec = self.region.security
+        return None if sec is None else StackSecrets.of(sec)
+
+    @property
+    def keystore_name(self) -> str:
+        return f"{self.region.name}-kafka-{self.node_id}"
 
     @property
     def port(self) -> int:
@@ -93,8 +105,40 @@ class KafkaNode:
             # a stray produce or fetch.
             "auto.create.topics.enable": "false",
         }
+        if self.secrets is not None:
+            props.update(self.secure_properties(self.secrets))
         props.update(self.region.local.kafka.extra_properties)
         return props
+
+    def secure_properties(self, sec: StackSecrets) -> dict[str, str]:
+        """Clients (and brokers between them) on SASL_SSL with SCRAM-SHA-512; the KRaft
+        controller listener on mutual TLS (SCRAM users live in the metadata log the
+        controllers serve, so SCRAM cannot guard it); ACLs enforced, nothing allowed
+        without one. The admin password is in this file: it is written mode 0600."""
+        assert self.region.security is not None
+        mech = self.region.security.mechanism
+        jaas = ("org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f'username="{ADMIN}" password="{sec.password(ADMIN)}";')
+        return {
+            "listeners": f"SASL_SSL://127.0.0.1:{self.port},"
+                         f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"SASL_SSL://127.0.0.1:{self.port}",
+            "inter.broker.listener.name": "SASL_SSL",
+            "listener.security.protocol.map": "SASL_SSL:SASL_SSL,CONTROLLER:SSL",
+            "sasl.enabled.mechanisms": mech,
+            "sasl.mechanism.inter.broker.protocol": mech,
+            f"listener.name.sasl_ssl.{mech.lower()}.sasl.jaas.config": jaas,
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(sec.keystore(self.keystore_name)),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(sec.ca_file),
+            "listener.name.controller.ssl.client.auth": "required",
+            "ssl.principal.mapping.rules": "RULE:^CN=([a-zA-Z0-9.-]+)$/$1/,DEFAULT",
+            "authorizer.class.name":
+                "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users": f"User:{ADMIN};User:{BROKER_CN}",
+            "allow.everyone.if.no.acl.found": "false",
+        }
 
     def ports(self) -> list[tuple[int, str, str]]:
         """(port, what, topology field) for the port check before start."""
@@ -125,7 +169,12 @@ class KafkaNode:
 
     def write_config(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.secrets is not None:
+            self.secrets.ensure([self.keystore_name])
         text = "".join(f"{k}={v}\n" for k, v in self.properties().items())
+        # owner-only from the start: a secure node's file holds the admin password
+        self.properties_path.touch(mode=0o600, exist_ok=True)
+        self.properties_path.chmod(0o600)
         self.properties_path.write_text(text, encoding="utf-8")
 
     def formatted(self) -> bool:
@@ -134,11 +183,20 @@ class KafkaNode:
     async def format(self, cluster_id: str) -> None:
         """`kafka-storage.sh format` for this node (static quorum: no --standalone)."""
         out_path = self.workdir / "format.log"
+        scram: list[str] = []
+        if self.secrets is not None and self.region.security is not None:
+            # The SCRAM users exist from the first metadata record (KRaft: no ZooKeeper to
+            # add them to before the brokers start). The passwords pass on the formatter's
+            # command line (a local, short-lived process of the same user).
+            mech = self.region.security.mechanism
+            for p in PRINCIPALS:
+                scram += ["--add-scram",
+                          f"{mech}=[name={p},password={self.secrets.password(p)}]"]
         with out_path.open("wb") as out:
             proc = await asyncio.create_subprocess_exec(
                 "java", "-Xmx256m", f"-Dlog4j2.configurationFile={self.log4j_config}",
                 "-cp", f"{self.libs}/*", "kafka.tools.StorageTool", "format",
-                "-t", cluster_id, "-c", str(self.properties_path),
+                "-t", cluster_id, "-c", str(self.properties_path), *scram,
                 stdout=out, stderr=asyncio.subprocess.STDOUT, cwd=self.workdir)
             try:
                 code = await proc.wait()

@@ -23,7 +23,7 @@ from pathlib import Path
 from crossdc.security import PRINCIPALS, KafkaSecurity
 from crossdc.topology import Topology
 
-__all__ = ["BROKER_CN", "StackSecrets", "secure_topology"]
+__all__ = ["BROKER_CN", "StackSecrets", "secure_topology", "write_secure_topology"]
 
 BROKER_CN = "kafka-broker"
 _DAYS = 825
@@ -129,9 +129,7 @@ class StackSecrets:
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         now = dt.datetime.now(dt.UTC)
         cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([
-                    x509.NameAttribute(NameOID.COMMON_NAME, BROKER_CN),
-                    x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, node_name)]))
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, BROKER_CN)]))
                 .issuer_name(ca_cert.subject).public_key(key.public_key())
                 .serial_number(x509.random_serial_number())
                 .not_valid_before(now - dt.timedelta(minutes=5))
@@ -148,6 +146,22 @@ class StackSecrets:
                + cert.public_bytes(serialization.Encoding.PEM)
                + ca_cert.public_bytes(serialization.Encoding.PEM))
         _write_private(self.keystore(node_name), pem)
+
+
+def write_secure_topology(topology: Topology, state: Path) -> tuple[Topology, Path]:
+    """`dr up --secure`: the topology with every region on SASL/SCRAM over TLS, its secrets
+    in `<state>/secrets`, written to `<state>/topology.secure.yaml` (passwords: file names
+    only). Later commands find it through the stack's record."""
+    import yaml
+
+    from crossdc.clients.kafka import use_topology
+    secure = secure_topology(topology, StackSecrets(state.resolve() / "secrets"))
+    path = state.resolve() / "topology.secure.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("# written by `dr up --secure`\n" + yaml.safe_dump(
+        secure.model_dump(mode="json", exclude_none=True), sort_keys=False), encoding="utf-8")
+    use_topology(secure)
+    return secure, path
 
 
 def secure_topology(topology: Topology, secrets_: StackSecrets) -> Topology:
