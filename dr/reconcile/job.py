@@ -45,6 +45,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from crossdc.clients.kafka import spark_kafka_options
 from dr.reconcile.errors import SparkFailed
 from dr.reconcile.model import (
     AlteredRecord,
@@ -167,7 +168,7 @@ def _read_region(spark: SparkSession, s: RegionSurvey,
         starting.setdefault(topic, {})[str(p)] = a
         ending.setdefault(topic, {})[str(p)] = b
     df = (spark.read.format("kafka")
-          .option("kafka.bootstrap.servers", s.bootstrap)
+          .options(**spark_kafka_options(s.bootstrap))  # servers (and SASL/SCRAM, TLS)
           .option("assign", json.dumps(assign))
           .option("startingOffsets", json.dumps(starting))
           .option("endingOffsets", json.dumps(ending))

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import structlog
 
+from crossdc.clients.kafka import kafka_principal, use_topology
+from crossdc.security import ADMIN
 from crossdc.topology import Region, Topology
 from dr.errors import StackError
 from dr.stack.consul import ConsulAgent
@@ -92,6 +94,7 @@ class LocalStack:
         self.topology_path = Path(topology_path).resolve()
         self.brokers = brokers
         self.paths = paths or StackPaths.default()
+        use_topology(topology)  # which brokers speak SASL/SCRAM over TLS
         self._say = progress or (lambda _m: None)
         self._procs: dict[str, ManagedProcess] = {}
         self.netns = netns
@@ -140,7 +143,16 @@ class LocalStack:
                 f"or use another --state-dir.")
 
     async def up(self, timeout_s: float = 180.0) -> None:
-        """Start whatever is not running, then wait until every region answers."""
+        """Start whatever is not running, then wait until every region answers (a region
+        with `security:` as the brokers' super user, then its components' ACLs granted)."""
+        from dr.controller.acl import grant_component_acls
+        with kafka_principal(ADMIN):
+            await self._up(timeout_s)
+            for region in self.topology.regions:
+                if region.security is not None:
+                    await grant_component_acls(region)
+
+    async def _up(self, timeout_s: float) -> None:
         self._check_not_other_stack()
         check_toolchain(self.paths)
         self.paths.cache.mkdir(parents=True, exist_ok=True)
