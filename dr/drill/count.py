@@ -38,7 +38,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from crossdc.clients.kafka import KafkaAdmin
+from crossdc.clients.kafka import KafkaAdmin, kafka_kw
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.headers import DR_EPOCH, DR_ID, DR_ORIGIN
 from crossdc.topology import Topology
@@ -89,7 +89,7 @@ async def _read_region(bootstrap: str, topics: list[str]) -> dict[str, dict[str,
     tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
     if not tps:
         return held
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
                          isolation_level="read_committed", client_id="crossdc-drill-count")
     try:
         await c.start()
@@ -275,7 +275,7 @@ async def _read_headers(bootstrap: str, topic: str) -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     if not tps:
         return out
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
                          isolation_level="read_committed", client_id="crossdc-drill-epochs")
     try:
         await c.start()
