@@ -48,6 +48,7 @@ from typing import Protocol
 
 import structlog
 
+from crossdc.clients.kafka import kafka_kw
 from dr.drill.errors import DrillError, HookFailed
 from dr.errors import StackError
 from dr.stack.local import LocalStack
@@ -287,7 +288,7 @@ async def partition_leaders(bootstrap: str, topic: str) -> dict[int, int]:
     """partition -> the node id leading it, from the cluster's metadata."""
     from aiokafka.admin import AIOKafkaAdminClient  # aiokafka: loaded on use
     from aiokafka.errors import KafkaError
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=10_000)
+    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap), request_timeout_ms=10_000)
     try:
         await admin.start()
         topics = await admin.describe_topics([topic])
