@@ -164,7 +164,9 @@ class PrimaryWatcher:
 
     def _publish(self) -> None:
         self._metrics.primary_epoch.set(self._current.epoch)
-        self._metrics.primary_region.clear()
+        self._metrics.primary_region.clear()  # a no-op in multiprocess mode (--workers): so
+        for region in self._regions or ():     # every known region is set explicitly
+            self._metrics.primary_region.labels(region).set(0)
         self._metrics.primary_region.labels(self._current.region).set(1)
         self._metrics.consul_reachable.set(1 if self.consul_reachable else 0)
 

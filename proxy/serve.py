@@ -55,13 +55,14 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 ready: asyncio.Event | None = None,
                 registry: CollectorRegistry | None = None,
                 primary_lease_s: float = 5.0, reuse_port: bool = False,
-                idempotency_log: bool = False,
+                idempotency_log: bool = False, serve_metrics: bool = True,
                 watch: Callable[[ProxyServer], Coroutine[Any, Any, None]] | None = None,
                 ) -> None:
     """Run the proxy until SIGTERM/SIGINT; ProxyTaskFailed if a background loop fails.
     `primary_lease_s`: `ProxyConfig.primary_lease_s` (at most the controller's lease).
     `registry`: the Prometheus registry (default: the process's global one).
-    `reuse_port`, `idempotency_log`: the ProxyConfig fields. `watch(server)`: a coroutine
+    `reuse_port`, `idempotency_log`: the ProxyConfig fields. `serve_metrics` False: no
+    metrics port (a worker's supervisor serves its metrics). `watch(server)`: a coroutine
     run while serving (a worker reports its health to the supervisor with it), cancelled
     when the drain begins."""
     topology = load_topology(topology_path)
@@ -69,8 +70,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
     cfg = ProxyConfig(region=region, host=host or ep_host,
                       port=ep_port if port is None else port,
-                      metrics_port=reg.proxy.metrics_port if metrics_port is None
-                      else metrics_port,
+                      metrics_port=None if not serve_metrics else reg.proxy.metrics_port
+                      if metrics_port is None else metrics_port,
                       grace_s=grace_s, register_consul=register_consul, auth_file=auth_path,
                       tls=tls, primary_lease_s=primary_lease_s, reuse_port=reuse_port,
                       idempotency_log=idempotency_log)

@@ -44,6 +44,7 @@ import socket
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -391,10 +392,13 @@ def worker_main(argv: list[str]) -> int:
     _die_with_parent(int(parent) if parent else None)
     configure_logging(spec.log_format, spec.log_level, quiet_kafka_client=True)
     structlog.contextvars.bind_contextvars(worker=spec.index)
+    # label children are cleared on policy changes; in multiprocess mode that is a no-op
+    # (the values stay in the files) and prometheus-client warns at each one
+    warnings.filterwarnings("ignore", message="Clearing labels has not been implemented")
     try:
         use_topology(load_topology(spec.topology))  # SASL/SCRAM regions, as the CLI does
         asyncio.run(serve(spec.topology, spec.region, spec.policy, port=spec.port,
-                          metrics_port=None, host=spec.host, grace_s=spec.grace_s,
+                          serve_metrics=False, host=spec.host, grace_s=spec.grace_s,
                           register_consul=False, auth_path=spec.auth, tls=spec.tls,
                           primary_lease_s=spec.primary_lease_s, reuse_port=True,
                           idempotency_log=spec.idempotency_log, watch=_report))
