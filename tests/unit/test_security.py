@@ -1,0 +1,223 @@
+"""SASL/SCRAM over TLS settings (crossdc/security.py), how clients get them
+(crossdc/clients/kafka.py), the stack's secrets and broker settings, the components' ACLs and
+the fence's decisions (dr/controller/acl.py). The brokers themselves:
+tests/integration/test_secure_stack.py."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from crossdc.clients.kafka import (
+    AclBinding,
+    kafka_kw,
+    kafka_principal,
+    principal_name,
+    security_for,
+    spark_kafka_options,
+    use_topology,
+)
+from crossdc.errors import ConfigError
+from crossdc.primary import PrimaryRecord
+from crossdc.security import ADMIN, CONTROLLER, MIRROR, PRINCIPALS, PROXY, RECONCILE, KafkaSecurity
+from crossdc.topology import Topology, load_topology
+from dr.controller.acl import KafkaFence, component_acls, proxy_deny
+from dr.stack.paths import REPO_ROOT
+from dr.stack.tls import BROKER_CN, StackSecrets, secure_topology
+
+TOPOLOGY = REPO_ROOT / "policies" / "topology.local.yaml"
+POLICY = REPO_ROOT / "policies" / "default.yaml"
+
+
+@pytest.fixture(scope="module")
+def secrets(tmp_path_factory: pytest.TempPathFactory) -> StackSecrets:
+    s = StackSecrets(tmp_path_factory.mktemp("tls") / "secrets")  # RSA keys: made once
+    s.ensure(["east-kafka-1"])
+    return s
+
+
+@pytest.fixture
+def topo(secrets: StackSecrets) -> Iterator[Topology]:
+    plain = load_topology(TOPOLOGY)
+    secure = secure_topology(plain, secrets)
+    use_topology(secure)
+    yield secure
+    use_topology(plain)
+
+
+def test_security_needs_somewhere_to_read_passwords_from(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="credentials_dir"):
+        KafkaSecurity()
+    with pytest.raises(ValidationError, match="go together"):
+        KafkaSecurity(username="x")
+    with pytest.raises(ValidationError):
+        KafkaSecurity(credentials_dir=tmp_path, protocol="PLAINTEXT")
+
+
+def test_each_principal_reads_its_own_password_and_repr_hides_it(secrets: StackSecrets
+                                                                 ) -> None:
+    sec = secrets.security()
+    for p in PRINCIPALS:
+        cred = sec.credentials(p)
+        assert cred.username == p
+        assert cred.password == secrets.password(p)
+        assert cred.password not in repr(cred)
+        assert cred.password not in str(cred)
+    assert len({secrets.password(p) for p in PRINCIPALS}) == len(PRINCIPALS)
+
+
+def test_a_missing_or_empty_password_file_is_one_clear_error(tmp_path: Path) -> None:
+    sec = KafkaSecurity(credentials_dir=tmp_path)
+    with pytest.raises(ConfigError, match=r"crossdc-proxy\.password.*cannot read"):
+        sec.credentials(PROXY)
+    (tmp_path / "crossdc-proxy.password").write_text("\n")
+    with pytest.raises(ConfigError, match="empty"):
+        sec.credentials(PROXY)
+    pinned = KafkaSecurity(username="me", password_file=tmp_path / "me.pw")
+    (tmp_path / "me.pw").write_text("s3cret\n")
+    assert pinned.credentials(PROXY).username == "me"  # pinned wins over the component's
+
+
+def test_secrets_are_owner_only_and_made_once(secrets: StackSecrets) -> None:
+    assert secrets.folder.stat().st_mode & 0o777 == 0o700
+    for f in [secrets.ca_key, secrets.keystore("east-kafka-1"),
+              *(secrets.password_file(p) for p in PRINCIPALS)]:
+        assert f.stat().st_mode & 0o077 == 0, f
+    before = {p: secrets.password(p) for p in PRINCIPALS}
+    ca = secrets.ca_file.read_bytes()
+    secrets.ensure(["east-kafka-1", "east-kafka-2"])
+    assert {p: secrets.password(p) for p in PRINCIPALS} == before
+    assert secrets.ca_file.read_bytes() == ca
+    assert secrets.keystore("east-kafka-2").exists()
+
+
+def test_broker_certificate_names_loopback_and_chains_to_the_ca(secrets: StackSecrets) -> None:
+    from cryptography import x509
+    pem = secrets.keystore("east-kafka-1").read_bytes()
+    assert pem.startswith(b"-----BEGIN PRIVATE KEY-----")  # PKCS#8, as Kafka's PEM store reads
+    cert = x509.load_pem_x509_certificates(pem[pem.index(b"-----BEGIN CERTIFICATE"):])[0]
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in san.get_values_for_type(x509.DNSName)
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert cert.subject.rfc4514_string() == f"CN={BROKER_CN}"
+    ca = x509.load_pem_x509_certificate(secrets.ca_file.read_bytes())
+    cert.verify_directly_issued_by(ca)
+
+
+def test_kafka_kw_adds_the_regions_security_for_the_current_principal(
+        topo: Topology, monkeypatch: pytest.MonkeyPatch) -> None:
+    import crossdc.clients.kafka as ck
+    monkeypatch.setattr(ck, "_process_principal", None)  # as a process that names none
+    monkeypatch.delenv("CROSSDC_KAFKA_PRINCIPAL", raising=False)
+    east = topo.region("east").kafka.bootstrap
+    kw = kafka_kw(east)
+    assert kw["bootstrap_servers"] == east
+    assert (kw["security_protocol"], kw["sasl_mechanism"]) == ("SASL_SSL", "SCRAM-SHA-512")
+    assert kw["sasl_plain_username"] == principal_name() == CONTROLLER
+    assert isinstance(kw["ssl_context"], ssl.SSLContext)
+    assert kw["ssl_context"].check_hostname
+    with kafka_principal(PROXY):
+        assert kafka_kw(east)["sasl_plain_username"] == PROXY
+        assert kafka_kw([east])["sasl_plain_username"] == PROXY
+    assert kafka_kw(topo.region("west"))["sasl_plain_username"] == CONTROLLER
+    monkeypatch.setenv("CROSSDC_KAFKA_PRINCIPAL", MIRROR)  # the operator's choice
+    assert kafka_kw(east)["sasl_plain_username"] == MIRROR
+    use_topology(load_topology(TOPOLOGY))  # plain again: PLAINTEXT, nothing added
+    assert kafka_kw(east) == {"bootstrap_servers": east}
+    assert security_for(east) is None
+
+
+def test_spark_options_carry_scram_and_the_pem_truststore(topo: Topology,
+                                                          secrets: StackSecrets) -> None:
+    with kafka_principal(RECONCILE):
+        opts = spark_kafka_options(topo.region("east").kafka.bootstrap)
+    assert opts["kafka.security.protocol"] == "SASL_SSL"
+    assert opts["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
+    assert opts["kafka.ssl.truststore.type"] == "PEM"
+    assert opts["kafka.ssl.truststore.location"] == str(secrets.ca_file)
+    assert f'username="{RECONCILE}"' in opts["kafka.sasl.jaas.config"]
+    assert "ScramLoginModule required" in opts["kafka.sasl.jaas.config"]
+
+
+def test_brokers_enforce_acls_and_only_admin_and_brokers_are_super_users(
+        topo: Topology, tmp_path: Path) -> None:
+    from dr.stack.kafka import kafka_nodes
+    [node] = kafka_nodes(topo.region("east"), 0, 1, tmp_path / "east", tmp_path, tmp_path)
+    props = node.properties()
+    assert props["super.users"] == f"User:{ADMIN};User:{BROKER_CN}"
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["authorizer.class.name"].endswith("StandardAuthorizer")
+    assert props["listeners"].startswith("SASL_SSL://127.0.0.1:")
+    assert props["listener.security.protocol.map"] == "SASL_SSL:SASL_SSL,CONTROLLER:SSL"
+    assert props["listener.name.controller.ssl.client.auth"] == "required"
+    node.write_config()
+    assert node.properties_path.stat().st_mode & 0o077 == 0  # it holds the admin password
+
+
+def test_each_component_gets_what_it_needs_and_the_proxy_no_more() -> None:
+    acls = component_acls()
+    assert all(a.permission == "ALLOW" for a in acls)
+    by: dict[str, set[tuple[str, str]]] = {}
+    for a in acls:
+        by.setdefault(a.principal, set()).add((a.resource, a.operation))
+    assert by[f"User:{PROXY}"] == {("topic", "WRITE"), ("topic", "DESCRIBE"),
+                                   ("cluster", "IDEMPOTENT_WRITE")}
+    assert not any(op in ("WRITE", "ALL") for _, op in by[f"User:{RECONCILE}"])
+    assert ("topic", "ALL") in by[f"User:{MIRROR}"]
+    assert ("cluster", "ALL") in by[f"User:{CONTROLLER}"]  # ALTER: it writes the fence's ACLs
+    assert f"User:{ADMIN}" not in by
+
+
+def test_the_fence_is_a_literal_deny_of_write_for_the_proxies_only() -> None:
+    d = proxy_deny("payments")
+    assert (d.resource, d.name, d.pattern, d.principal, d.operation, d.permission) == (
+        "topic", "payments", "LITERAL", f"User:{PROXY}", "WRITE", "DENY")
+    assert d.codes() == (2, "payments", 3, f"User:{PROXY}", "*", 4, 2)
+    assert AclBinding("cluster", "kafka-cluster", "User:x", "ALTER").codes()[0] == 4
+
+
+def test_ordered_topics_follow_the_policy(topo: Topology) -> None:
+    fence = KafkaFence(topo, POLICY)
+    assert fence.enabled
+    got = fence._ordered(["payments", "payments.x", "ledger", "ledger.y", "clickstream.z",
+                          "_crossdc.canary", "__consumer_offsets", "other"])
+    # ledger* are sync (written everywhere); clickstream nearest; `other` takes the default
+    assert got == ["payments", "payments.x", "other"]
+    assert KafkaFence(load_topology(TOPOLOGY)).enabled is False
+
+
+class _Recording(KafkaFence):
+    def __init__(self, topology: Topology) -> None:
+        super().__init__(topology, POLICY)
+        self.calls: list[tuple[str, str]] = []
+
+    async def deny(self, region: str) -> list[str]:
+        self.calls.append(("deny", region))
+        self.denied.setdefault(region, set()).add("payments")
+        return ["payments"]
+
+    async def allow(self, region: str) -> int:
+        self.calls.append(("allow", region))
+        self.denied[region] = set()
+        return 1
+
+
+async def test_reconcile_denies_every_region_but_the_writable_primary(topo: Topology) -> None:
+    fence = _Recording(topo)
+    east = PrimaryRecord.initial(topo)
+    assert east.region == "east"
+    await fence.reconcile(east)
+    assert sorted(fence.calls) == [("allow", "east"), ("deny", "west")]
+    fence.calls.clear()
+    await fence.reconcile(east)  # the primary's lift is remembered; denies are re-checked
+    assert fence.calls == [("deny", "west")]
+    fence.calls.clear()
+    await fence.reconcile(east.fence("test"))  # fenced: nobody writes ordered topics
+    assert sorted(fence.calls) == [("deny", "east"), ("deny", "west")]
+    fence.calls.clear()
+    await fence.reconcile(east.fence("test"), skip={"east"})  # judged down: left for later
+    assert fence.calls == [("deny", "west")]
