@@ -1,14 +1,111 @@
-"""structlog, configured once per process: console for people, JSON for machines."""
+"""structlog, configured once per process: console for people, JSON for machines.
+
+Secrets never reach a log line: `redact_secrets` (a processor every log line, structlog's
+and the libraries' stdlib logging alike, goes through last before rendering) replaces
+
+- the value of any field whose name says it holds a secret (`password`, `token_value`,
+  `authorization`, `sasl_plain_password`, `*_secret`, `private_key`, ...; not `token`, which
+  names a token's holder, nor `key`, a record's key), and
+- every occurrence of a registered secret value (`register_secret`: a SASL password once
+  read, a bearer token a client holds) anywhere in the event, a field, an exception's text,
+
+with `[redacted]`, in nested dicts, lists and tuples too. `redact(text)` does the second for
+any text a command prints or writes (reports, `dr status`)."""
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
-from typing import Literal
+import threading
+from collections.abc import MutableMapping
+from typing import Any, Literal
 
 import structlog
 
-__all__ = ["LogFormat", "configure_logging"]
+__all__ = ["REDACTED", "LogFormat", "configure_logging", "forget_secrets", "redact",
+           "redact_secrets", "register_secret"]
+
+REDACTED = "[redacted]"
+
+_SECRET_FIELD = re.compile(
+    r"(^|[_.-])(password|passwd|pwd|secret|secrets|authorization|bearer|credentials?|"
+    r"private_key|api_key|token_value|sasl_plain_password|jaas([_.]config)?)$|"
+    r"(_password|_secret|_passwd)$", re.IGNORECASE)
+_MIN_SECRET = 6
+"""Shorter values are not registered: redacting every "abc" would garble the logs."""
+
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+_pattern: re.Pattern[str] | None = None
+
+
+def register_secret(value: str | bytes | None) -> None:
+    """Never log `value` (nor print it through `redact`) in this process from now on."""
+    global _pattern
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    if not value or len(value) < _MIN_SECRET:
+        return
+    with _secrets_lock:
+        if value in _secrets:
+            return
+        _secrets.add(value)
+        # longest first, so a secret that contains another is replaced whole
+        _pattern = re.compile("|".join(re.escape(v) for v in
+                                       sorted(_secrets, key=len, reverse=True)))
+
+
+def forget_secrets() -> None:
+    """Clear the registered values (tests)."""
+    global _pattern
+    with _secrets_lock:
+        _secrets.clear()
+        _pattern = None
+
+
+def is_secret_field(name: str) -> bool:
+    """Whether a field called `name` holds a secret (its value is never logged)."""
+    return bool(_SECRET_FIELD.search(name))
+
+
+def redact(text: str) -> str:
+    """`text` with every registered secret value replaced by `[redacted]`."""
+    pattern = _pattern
+    if pattern is None or not text:
+        return text
+    return pattern.sub(REDACTED, text)
+
+
+def _scrub(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, str):
+        return redact(value)
+    if depth > 8:
+        return value
+    if isinstance(value, dict):
+        return {k: (REDACTED if isinstance(k, str) and is_secret_field(k) and v
+                    else _scrub(v, depth + 1)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_scrub(v, depth + 1) for v in value)
+    if isinstance(value, bytes):
+        return _scrub(value.decode("utf-8", "replace"), depth) if _pattern else value
+    if isinstance(value, BaseException):  # rendered later: render it now, scrubbed
+        return redact(f"{value.__class__.__name__}: {value}")
+    return value
+
+
+def redact_secrets(_logger: Any, _method: str,
+                   event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """The structlog processor (see the module docstring)."""
+    for name in list(event):
+        value = event[name]
+        if name in ("exc_info", "stack_info") and not isinstance(value, str):
+            continue  # rendered by format_exc_info, which runs first
+        if is_secret_field(name) and value:
+            event[name] = REDACTED
+        else:
+            event[name] = _scrub(value)
+    return event
 
 LogFormat = Literal["console", "json"]
 
@@ -30,8 +127,10 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info", *,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: structlog.typing.Processor
+    # exceptions become text first, so the redaction sees them too
+    processors.append(structlog.processors.format_exc_info)
+    processors.append(redact_secrets)
     if fmt == "json":
-        processors.append(structlog.processors.format_exc_info)
         renderer = structlog.processors.JSONRenderer()
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())

@@ -141,7 +141,10 @@ def _write_cert(cert: x509.Certificate, path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    d = tmp_path_factory.mktemp("pki")
+    return _make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def _make_pki(d: Path) -> Pki:
     ca_key, rogue_ca_key = _key(), _key()
     ca = _cert("crossdc test CA", ca_key, None, ca_key, ca=True)
     rogue_ca = _cert("rogue CA", rogue_ca_key, None, rogue_ca_key, ca=True)
@@ -444,3 +447,84 @@ async def test_dr_proxy_serve_with_auth_and_tls(two_regions, files, pki: Pki) ->
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+# -- certificates renewed on disk ----------------------------------------------------------
+
+async def test_renewed_certificates_are_used_without_a_restart(  # type: ignore[no-untyped-def]
+        two_regions, files, pki: Pki, tmp_path: Path) -> None:
+    """The server's certificate, key and client CA are replaced on disk by ones from a new CA:
+    new connections get them (a client trusting only the new CA, with a client certificate
+    from it, connects; the old CA's clients no longer do), per-token topic permissions still
+    hold, and files that do not match are refused while the running ones stay."""
+    import os
+    import shutil
+
+    policy, auth = files
+    (tmp_path / "new").mkdir()
+    new = _make_pki(tmp_path / "new")
+    live = tmp_path / "live"
+    live.mkdir()
+    for src, name in ((pki.server_cert, "server.pem"), (pki.server_key, "server.key"),
+                      (pki.ca, "ca.pem")):
+        shutil.copy(src, live / name)
+    tls = TlsSettings(cert_file=live / "server.pem", key_file=live / "server.key",
+                      client_ca_file=live / "ca.pem")
+    topic = await _topic(two_regions, "auth-ok")
+
+    def replace(src: Path, name: str) -> None:  # how a renewal tool writes: atomically
+        shutil.copy(src, live / f".{name}.tmp")
+        os.replace(live / f".{name}.tmp", live / name)
+
+    def reloads(result: str) -> float:
+        return server.registry.get_sample_value("crossdc_proxy_tls_reloads_total",
+                                                {"result": result}) or 0.0
+
+    old_client = {"root_ca": pki.ca, "client_cert": pki.client_cert,
+                  "client_key": pki.client_key}
+    new_client = {"root_ca": new.ca, "client_cert": new.client_cert,
+                  "client_key": new.client_key}
+    async with ProxyServer(two_regions.topology, _cfg("east", tls=tls, auth_file=auth),
+                           policy) as server:
+        target = f"127.0.0.1:{server.port}"
+        assert (await _produce(target, topic, token=WRITER, **old_client)).written
+        with pytest.raises(ProduceFailed) as ei:  # the new CA's client: not yet
+            await _produce(target, topic, token=WRITER, **new_client)
+        assert ei.value.code == grpc.StatusCode.UNAVAILABLE
+        assert reloads("accepted") == 1
+
+        replace(new.server_key, "server.key")   # a key without its certificate yet:
+        assert server.tls is not None           # refused, the running files stay
+        assert not server.tls.check()
+        assert reloads("refused") == 1
+        assert (await _produce(target, topic, token=WRITER, **old_client)).written
+
+        replace(new.server_cert, "server.pem")
+        replace(new.ca, "ca.pem")
+
+        async def new_ca_connects() -> bool:
+            try:
+                await _produce(target, topic, token=WRITER, **new_client)
+            except ProduceFailed as exc:
+                if exc.code != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                return False
+            return True
+
+        await eventually(new_ca_connects, 15, "a client of the new CA connecting")
+        assert reloads("accepted") >= 2
+        with pytest.raises(ProduceFailed) as ei:  # the old CA is no longer trusted
+            await _produce(target, topic, token=WRITER, **old_client)
+        assert ei.value.code == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(ProduceFailed) as ei:  # tokens and their topics still enforced
+            await _produce(target, topic, token=OTHER, **new_client)
+        assert ei.value.code == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(ProduceFailed) as ei:
+            await _produce(target, topic, **new_client)
+        assert ei.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+        (live / "server.pem").write_text("-----BEGIN CERTIFICATE-----\ntruncated")
+        assert not server.tls.check()            # half-written: refused, still serving
+        assert reloads("refused") == 2
+        assert (await _produce(target, topic, token=WRITER, **new_client)).written
+    assert len(await read_all(two_regions.bootstrap("east"), topic, 1)) == 4
