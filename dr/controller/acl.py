@@ -42,6 +42,9 @@ __all__ = ["KafkaFence", "component_acls", "grant_component_acls", "proxy_deny"]
 
 log = structlog.get_logger("crossdc.controller.acl")
 
+PROXY_INTERNAL_PREFIX = "_crossdc.proxy."
+"""Topics the proxies keep for themselves (created, read and written by them)."""
+
 
 def _user(principal: str) -> str:
     return f"User:{principal}"
@@ -59,6 +62,9 @@ def component_acls() -> list[AclBinding]:
     # proxy: produce (idempotent) to any topic; nothing else
     allow(PROXY, "topic", ["WRITE", "DESCRIBE"])
     allow(PROXY, "cluster", ["IDEMPOTENT_WRITE"])
+    # ... and its own internal topics (the shared idempotency store, proxy/idempotency.py)
+    out.extend(AclBinding("topic", PROXY_INTERNAL_PREFIX, _user(PROXY), op, pattern="PREFIXED")
+               for op in ("CREATE", "READ", "DESCRIBE_CONFIGS"))
     # mirror: read sources, write/create targets, its groups, offset syncs, transactions
     allow(MIRROR, "topic", ["ALL"])
     allow(MIRROR, "group", ["ALL"])

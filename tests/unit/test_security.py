@@ -165,7 +165,11 @@ def test_each_component_gets_what_it_needs_and_the_proxy_no_more() -> None:
     for a in acls:
         by.setdefault(a.principal, set()).add((a.resource, a.operation))
     assert by[f"User:{PROXY}"] == {("topic", "WRITE"), ("topic", "DESCRIBE"),
-                                   ("cluster", "IDEMPOTENT_WRITE")}
+                                   ("cluster", "IDEMPOTENT_WRITE"), ("topic", "CREATE"),
+                                   ("topic", "READ"), ("topic", "DESCRIBE_CONFIGS")}
+    # beyond writing, only its own internal topics (by prefix)
+    assert {a.name for a in acls if a.principal == f"User:{PROXY}" and
+            a.operation in ("CREATE", "READ", "DESCRIBE_CONFIGS")} == {"_crossdc.proxy."}
     assert not any(op in ("WRITE", "ALL") for _, op in by[f"User:{RECONCILE}"])
     assert ("topic", "ALL") in by[f"User:{MIRROR}"]
     assert ("cluster", "ALL") in by[f"User:{CONTROLLER}"]  # ALTER: it writes the fence's ACLs
