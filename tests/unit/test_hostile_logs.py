@@ -81,3 +81,56 @@ def test_configured_logging_redacts_structlog_stdlib_and_tracebacks(
     if fmt == "json":
         lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
         assert {line["event"] for line in lines} >= {"login", "boom"}
+
+
+def test_a_logged_kafka_client_config_shows_no_password(
+        tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    """The SASL/SCRAM settings a component builds its clients with (crossdc.security), were
+    they ever logged whole, show no password: by field name, and by value once registered."""
+    from pathlib import Path
+
+    from crossdc.security import KafkaSecurity
+    folder = Path(str(tmp_path))
+    (folder / "proxy.password").write_text(SECRET + "\n")
+    sec = KafkaSecurity(protocol="SASL_PLAINTEXT", credentials_dir=folder)
+    configure_logging("json", "info")
+    register_secret(sec.credentials("proxy").password)
+    structlog.get_logger("t").info("kafka_client", **sec.aiokafka_kwargs("proxy"),
+                                   java=sec.java_properties("proxy"))
+    err = capsys.readouterr().err
+    assert SECRET not in err
+    assert '"sasl_plain_password": "[redacted]"' in err
+    assert '"sasl_plain_username": "proxy"' in err
+
+
+def test_reports_and_status_have_no_field_for_a_secret() -> None:
+    """What reports (drill, reconcile) and `dr status` write is a model: none of them has a
+    field that holds a secret, so no secret can be written through them."""
+    from pydantic import BaseModel
+
+    from crossdc.logs import is_secret_field
+    from dr.drill.report import DrillReport
+    from dr.reconcile.model import Report
+    from dr.status import StackStatus
+
+    def fields(model: type[BaseModel], seen: set[type]) -> list[str]:
+        if model in seen:
+            return []
+        seen.add(model)
+        out = []
+        for name, info in model.model_fields.items():
+            out.append(f"{model.__name__}.{name}")
+            for arg in _types(info.annotation):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    out += fields(arg, seen)
+        return out
+
+    names = [f for m in (DrillReport, Report, StackStatus) for f in fields(m, set())]
+    assert len(names) > 30
+    assert not [n for n in names if is_secret_field(n.rsplit(".", 1)[1])]
+
+
+def _types(annotation: object) -> list[object]:
+    import typing
+    args = typing.get_args(annotation)
+    return [annotation, *(t for a in args for t in _types(a))]
