@@ -679,19 +679,8 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     topo = free_topology(["east", "west"])
     tpath = write_topology(topo, tmp / "topology.yaml")
-    stack_tpath = tpath
-    # The proxies under test get a topology without the proxy metrics port (no Prometheus
-    # HTTP endpoint: not measured here). With --workers N, as of 57adf57, each worker calls
-    # proxy.serve.serve(metrics_port=None), which means "the topology's port", and so binds
-    # the supervisor's metrics port and dies (EADDRINUSE): reported, not fixed here.
-    import yaml
-    doc = yaml.safe_load(tpath.read_text())
-    for region in doc.get("regions", []):
-        (region.get("proxy") or {}).pop("metrics_port", None)
-    tpath = tmp / "topology-proxy.yaml"
-    tpath.write_text(yaml.safe_dump(doc, sort_keys=False))
     paths = StackPaths(state=tmp / "state", cache=StackPaths.default().cache)
-    stack = LocalStack(topo, stack_tpath, paths=paths)
+    stack = LocalStack(topo, tpath, paths=paths)
     policy = tmp / "policy.yaml"
     policy.write_text(POLICY)
     proxies: list[ProxyProc] = []
