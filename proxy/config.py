@@ -53,8 +53,8 @@ class BreakerSettings(_Model):
 
 class TlsSettings(_Model):
     """TLS for the gRPC port (every service on it: Proxy, health, reflection). With
-    `client_ca_file`, clients must present a certificate signed by that CA (mTLS). The files
-    are read at start; a new certificate needs a restart."""
+    `client_ca_file`, clients must present a certificate signed by that CA (mTLS). Renewed
+    files are picked up without a restart (proxy.tls: new connections get them)."""
 
     cert_file: Path = Field(description="Server certificate chain, PEM.")
     key_file: Path = Field(description="Server private key, PEM.")
