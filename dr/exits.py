@@ -16,9 +16,12 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from crossdc.errors import ConfigError, CrossdcError
+from crossdc.errors import ConfigError, ConfigIssue, CrossdcError
 
-__all__ = ["Exit", "fail", "fail_line", "run_app"]
+__all__ = ["COMMAND_LINE", "Exit", "fail", "fail_line", "run_app"]
+
+COMMAND_LINE = "command line"
+"""The `file` of a ConfigIssue about an option rather than a file."""
 
 _err = Console(stderr=True)
 
@@ -42,6 +45,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+def _option_issue(issue: ConfigIssue) -> str:
+    """An issue about an option: `--max-rto-s: ...` (file "command line", field the option)
+    or `--regions mars: ...` (file the option, field the value)."""
+    if issue.file == COMMAND_LINE:
+        return f"{issue.field}: {issue.message}" if issue.field else issue.message
+    return f"{issue.file} {issue.field}: {issue.message}" if issue.field else \
+        f"{issue.file}: {issue.message}"
+
+
 def _validation_line(exc: ValidationError) -> str:
     parts = []
     for e in exc.errors(include_url=False):
@@ -59,6 +71,10 @@ def run_app(app: typer.Typer) -> None:
     except Exit as exc:
         sys.exit(exc.code)
     except ConfigError as exc:
+        if exc.issues and all(i.file == COMMAND_LINE or i.file.startswith("--")
+                              for i in exc.issues):
+            # options a model refused (e.g. `--max-rto-s -1`): name the options, not a file
+            fail("; ".join(_option_issue(i) for i in exc.issues), exc.exit_code)
         if len(exc.issues) == 1 and not exc.more:  # one problem: one line
             _err.print(f"[red]invalid file:[/] {escape(str(exc.issues[0]))}", highlight=False,
                        soft_wrap=True)

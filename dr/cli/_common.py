@@ -16,8 +16,8 @@ from crossdc.topology import Region, Topology, load_topology
 from dr.exits import Exit, fail
 from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
 
-__all__ = ["Exit", "StateDirOpt", "TopologyOpt", "err", "out", "paths_for", "region_of", "run",
-           "topology_for"]
+__all__ = ["Exit", "StateDirOpt", "TopologyOpt", "check_files", "err", "out", "paths_for",
+           "region_of", "run", "topology_for"]
 
 T = TypeVar("T")
 
@@ -67,3 +67,19 @@ def region_of(topo: Topology, name: str, option: str) -> Region:
         return topo.region(name)
     except KeyError as exc:
         raise typer.BadParameter(str(exc.args[0]), param_hint=option) from None
+
+
+def check_files(topo: Topology, *, policy: Path | None = None, auth: Path | None = None,
+                tls: Any = None) -> None:
+    """Validate the files a command hands to processes it starts (a policy against the
+    topology, an auth file, TLS files) before anything starts: a bad one is one line naming
+    file, line and field (exit 2), not a child that fails, or restarts, later."""
+    if policy is not None:
+        from proxy.policy import load_policy
+        load_policy(policy, topo)
+    if auth is not None:
+        from proxy.auth import load_auth
+        load_auth(auth)
+    if tls is not None:
+        from proxy.tls import read_tls
+        read_tls(tls)

@@ -9,7 +9,16 @@ from typing import Annotated
 
 import typer
 
-from dr.cli._common import Exit, StateDirOpt, TopologyOpt, err, out, paths_for, topology_for
+from dr.cli._common import (
+    Exit,
+    StateDirOpt,
+    TopologyOpt,
+    check_files,
+    err,
+    out,
+    paths_for,
+    topology_for,
+)
 
 __all__ = ["demo_command"]
 
@@ -50,6 +59,7 @@ def demo_command(
 
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
+    check_files(topo, policy=policy)  # its content too, before anything starts
     already = [p.name for p in stack_processes(paths) if p.running()]
     if already:
         err.print(f"[yellow]a stack is running in {paths.state}[/] ({len(already)} "

@@ -15,7 +15,15 @@ from rich.markup import escape
 from crossdc.clients.kafka import set_kafka_principal
 from crossdc.security import PROXY
 from crossdc.topology import split_hostport
-from dr.cli._common import TopologyOpt, err, paths_for, region_of, run, topology_for
+from dr.cli._common import (
+    TopologyOpt,
+    check_files,
+    err,
+    paths_for,
+    region_of,
+    run,
+    topology_for,
+)
 from dr.exits import fail
 
 __all__ = ["proxy_app"]
@@ -77,6 +85,7 @@ def proxy_serve(
         fail("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
     tls = (TlsSettings(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
            if tls_cert is not None and tls_key is not None else None)
+    check_files(topo, policy=policy, auth=auth, tls=tls)  # before any worker starts
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
     bind = host or ep_host
     check_port_free(bind, ep_port if port is None else port, "gRPC", "--port")

@@ -19,6 +19,7 @@ from dr.cli._common import (
     Exit,
     StateDirOpt,
     TopologyOpt,
+    check_files,
     err,
     out,
     paths_for,
@@ -92,6 +93,7 @@ def up(
             fail(f"{option} {given}: no such file")
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
+    check_files(topo, policy=policy)  # its content too, before anything starts
     if secure:
         from dr.stack.tls import write_secure_topology
         topo, path = write_secure_topology(topo, paths.state)

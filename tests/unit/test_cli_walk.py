@@ -4,12 +4,14 @@ never a traceback.
 The command tree is read from the typer app itself, so a command added later is walked too:
 each command and group gets an unknown option; each command with a region option gets a
 region the topology does not have; each command with a file option or argument gets a file
-that does not exist. Every variant carries exactly one bad input, so none of them may get as
-far as doing anything; as a safety net the commands see a topology (`$CROSSDC_TOPOLOGY`) whose
-ports nothing listens on, and an empty state and cache folder.
+that does not exist and a file that is not valid YAML; each number option gets a value that
+is not a number, one below its minimum, and (the `--max-*` limits) a negative one. Only a
+variant about a file may say "invalid file". Every variant carries exactly one bad input, so
+none of them may get as far as doing anything; as a safety net the commands see a topology
+(`$CROSSDC_TOPOLOGY`) whose ports nothing listens on, and an empty state and cache folder.
 
 Each variant runs in a process of its own, with its own exit status, stdout and stderr, and a
-deadline. Starting ~40 interpreters that each import the CLI (seconds each on a busy machine)
+deadline. Starting ~130 interpreters that each import the CLI (seconds each on a busy machine)
 would be slow, so one driver process (this file run as a script) imports the CLI once and
 forks a child per variant, which runs the console-script entry point as `dr` would: what it
 raises goes to `sys.excepthook` (a traceback on stderr) exactly as in a fresh interpreter.
@@ -45,6 +47,9 @@ GOOD = {  # a good value for each option a variant may need beside the bad one
 FLAGS = ("--no-consul",)  # never reach out, should a variant get that far
 BAD_REGION = {"--region": "mars", "--regions": "east,mars", "--from": "mars", "--to": "mars"}
 FILE_OPTIONS = ("--topology", "--policy", "--auth", "--thresholds", "--config")
+BAD_FILE = "@BAD_FILE@"
+"""Placeholder for a file that exists and is not valid YAML (the test writes it)."""
+BAD_YAML = "regions: [unclosed\n  - {: \n"
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,16 @@ def _walk(cmd: object, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], obj
     for name, sub in sorted((getattr(cmd, "commands", None) or {}).items()):
         found += _walk(sub, (*path, name))
     return found
+
+
+def _number_type(p: object) -> type | None:
+    bare = getattr(p, "bare_type", None)
+    t = bare() if callable(bare) else getattr(getattr(p, "type", None), "name", None)
+    if t in (int, "integer", "integer range"):
+        return int
+    if t in (float, "float", "float range"):
+        return float
+    return None
 
 
 def _options(cmd: object) -> dict[str, object]:
@@ -99,6 +114,16 @@ def _variants(entry: tuple[str, ...], path: tuple[str, ...], cmd: object) -> lis
             out.append(Variant(argv(name, BAD_REGION[name]), f"bad region in {name}", "mars"))
         if name in FILE_OPTIONS or name == "<file>":
             out.append(Variant(argv(name, MISSING), f"missing file in {name}", MISSING))
+            out.append(Variant(argv(name, BAD_FILE), f"bad file in {name}", BAD_FILE))
+        p = opts[name]
+        if name.startswith("--") and _number_type(p) is not None:
+            out.append(Variant(argv(name, "twelve"), f"not a number in {name}", name))
+            low = getattr(p, "min", None)
+            if low is not None:
+                out.append(Variant(argv(name, str(low - 1)), f"below the minimum in {name}",
+                                   name))
+            elif name.startswith("--max-"):
+                out.append(Variant(argv(name, "-1"), f"negative limit in {name}", name))
     return out
 
 
@@ -125,7 +150,9 @@ def test_the_walk_covers_every_command() -> None:
     whys = {v.why for v in variants}
     assert {"bad region in --region", "bad region in --from", "bad region in --to",
             "bad region in --regions", "missing file in --topology", "missing file in <file>",
-            "missing file in --policy"} <= whys
+            "missing file in --policy", "bad file in --topology", "bad file in <file>",
+            "not a number in --rate", "below the minimum in --duration",
+            "negative limit in --max-rto-s"} <= whys
 
 
 @dataclass(frozen=True)
@@ -207,6 +234,7 @@ def _run_forked(variants: list[dict[str, object]], deadline_s: float,
             for i, v in enumerate(variants)]
 
 
+@pytest.mark.timeout(600)  # ~130 variants; seconds on a quiet machine, minutes on a busy one
 def test_every_command_answers_bad_input_with_one_paragraph(tmp_path: Path) -> None:
     topo = write_topology(free_topology(["east", "west"]), tmp_path / "topology.yaml")
     env = {**os.environ, "CROSSDC_TOPOLOGY": str(topo),
@@ -215,10 +243,14 @@ def test_every_command_answers_bad_input_with_one_paragraph(tmp_path: Path) -> N
            # the checkout holding this test, and tests/ (tests_support)
            "PYTHONPATH": os.pathsep.join(str(Path(__file__).resolve().parents[i])
                                          for i in (2, 1))}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(BAD_YAML)
+    variants = [Variant(tuple(a.replace(BAD_FILE, str(bad)) for a in v.argv), v.why,
+                        v.must_name.replace(BAD_FILE, str(bad))) for v in _all_variants()]
     todo = tmp_path / "variants.json"
-    todo.write_text(json.dumps([asdict(v) for v in _all_variants()]))
+    todo.write_text(json.dumps([asdict(v) for v in variants]))
     driver = subprocess.run([sys.executable, __file__, str(todo)], capture_output=True,
-                            text=True, env=env, cwd=tmp_path, timeout=240, check=False)
+                            text=True, env=env, cwd=tmp_path, timeout=560, check=False)
     assert driver.returncode == 0, driver.stderr[-2000:]
     results = [Result(**r) for r in json.loads(driver.stdout)]
     assert len(results) == len(_all_variants())
@@ -237,6 +269,8 @@ def test_every_command_answers_bad_input_with_one_paragraph(tmp_path: Path) -> N
                             f"{r.stderr}")
         elif r.must_name not in r.stderr:
             problems.append(f"{shown} ({r.why}): does not name {r.must_name!r}:\n{r.stderr}")
+        elif "invalid file" in r.stderr and "file" not in r.why:
+            problems.append(f"{shown} ({r.why}): calls an option a file:\n{r.stderr}")
     assert not problems, "\n\n".join(problems)
 
 
@@ -256,5 +290,5 @@ def test_bad_region_lists_the_regions(option: str) -> None:
 
 if __name__ == "__main__":  # the driver of test_every_command_answers_bad_input_...
     _variants_in = json.loads(Path(sys.argv[1]).read_text())
-    _done = _run_forked(_variants_in, deadline_s=60.0, parallel=2)
+    _done = _run_forked(_variants_in, deadline_s=90.0, parallel=4)
     sys.stdout.write(json.dumps([asdict(r) for r in _done]))
