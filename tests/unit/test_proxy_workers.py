@@ -1,0 +1,244 @@
+"""The worker supervisor of `dr proxy serve --workers N` (with stand-in worker processes: the
+real ones are tested in tests/integration/test_proxy_workers.py), and the pure parts of the
+region-shared idempotency log (what a process learns from it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import stat
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from crossdc.topology import load_topology
+from proxy.config import ProxyConfig
+from proxy.errors import ProxyTaskFailed
+from proxy.idempotency import IdempotencyLog, IdempotencyWindow
+from proxy.metrics import ProxyMetrics
+from proxy.workers import ProxySupervisor, WorkerSpec
+from proxy.writers import RegionWrite
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPOLOGY = ROOT / "policies" / "topology.local.yaml"
+
+# A stand-in worker: says it serves (as a real worker does, on stdout), then waits for
+# SIGTERM and exits 0. FAKE_WORKER=fail: exits 3 before serving.
+FAKE = f"""#!{sys.executable}
+import json, os, signal, sys, time
+spec = json.loads(sys.argv[-1])
+if os.environ.get("FAKE_WORKER") == "fail":
+    sys.exit(3)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+print(json.dumps({{"serving": True, "pid": os.getpid()}}), flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path) -> str:
+    path = tmp_path / "fake-python"
+    path.write_text(FAKE)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def _supervisor(python: str, workers: int = 2, **kw: Any) -> ProxySupervisor:
+    topo = load_topology(TOPOLOGY)
+    cfg = ProxyConfig(region="east", host="127.0.0.1", port=0, metrics_port=None,
+                      register_consul=False, grace_s=1.0, close_timeout_s=1.0)
+    spec = WorkerSpec(topology=TOPOLOGY, region="east", policy=Path("p.yaml"),
+                      host="127.0.0.1", port=0)
+    return ProxySupervisor(topo, cfg, spec, workers, python=python, restart_backoff_s=0.01,
+                           **kw)
+
+
+@pytest.fixture
+async def running(fake_python: str) -> AsyncIterator[tuple[ProxySupervisor, asyncio.Event,
+                                                           asyncio.Task[None]]]:
+    sup = _supervisor(fake_python)
+    stop, ready = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(sup.run(stop, ready=ready), name="test:supervisor")
+    try:
+        async with asyncio.timeout(30):
+            await ready.wait()
+        yield sup, stop, task
+    finally:
+        stop.set()
+        async with asyncio.timeout(30):
+            await asyncio.wait({task})
+
+
+async def _until(cond: Any, what: str, timeout_s: float = 20.0) -> None:
+    """Poll `cond` to a deadline (the supervisor's state changes as its workers report)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                if cond():
+                    return
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"{what} not reached within {timeout_s}s") from None
+
+
+def _metric(sup: ProxySupervisor, line_start: str) -> float:
+    for line in generate_latest(sup.registry).decode().splitlines():
+        if line.startswith(line_start + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{line_start} not exported")
+
+
+async def test_every_worker_starts_on_one_reserved_port_and_reports_serving(
+        running: Any) -> None:
+    sup, _, _ = running
+    assert sup.port > 0  # port 0: one picked and held for every worker
+    await _until(lambda: sup.health()["serving"], "serving")
+    h = sup.health()
+    assert [w["alive"] for w in h["workers"]] == [True, True]
+    assert len({w["pid"] for w in h["workers"]}) == 2
+    await _until(lambda: _metric(sup, "crossdc_proxy_workers_serving") == 2, "gauge")
+    assert _metric(sup, "crossdc_proxy_workers_alive") == 2
+    assert _metric(sup, "crossdc_proxy_workers") == 2
+
+
+async def test_a_dead_worker_is_restarted_counted_and_logged(running: Any) -> None:
+    from structlog.testing import capture_logs
+    sup, _, _ = running
+    old = sup.states[1].pid
+    with capture_logs() as logs:
+        os.kill(old, signal.SIGKILL)
+        await _until(lambda: sup.states[1].restarts == 1 and sup.states[1].serving
+                     and sup.states[1].pid != old, "restarted")
+    assert _metric(sup, 'crossdc_proxy_worker_restarts_total{worker="1"}') == 1
+    assert _metric(sup, 'crossdc_proxy_worker_restarts_total{worker="0"}') == 0
+    died = [e for e in logs if e["event"] == "proxy_worker_died"]
+    assert [(e["worker"], e["pid"], e["exit_code"]) for e in died] == \
+        [(1, old, -signal.SIGKILL)]
+    again = [e for e in logs if e["event"] == "proxy_worker_restarted"]
+    assert [e["worker"] for e in again] == [1]
+    assert sup.states[0].restarts == 0
+
+
+async def test_stop_drains_every_worker_and_ends_cleanly(running: Any) -> None:
+    sup, stop, task = running
+    pids = [s.pid for s in sup.states]
+    metrics_dir = sup.metrics_dir
+    assert metrics_dir is not None
+    assert metrics_dir.is_dir()
+    stop.set()
+    async with asyncio.timeout(20):
+        await task
+    assert [s.last_exit for s in sup.states] == [0, 0]
+    assert sup.drain_s is not None
+    assert sup.drain_s < 5
+    assert sup.states[0].restarts == sup.states[1].restarts == 0  # a drain is no death
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not metrics_dir.exists()
+    assert not sup.health()["serving"]
+
+
+async def test_a_worker_that_never_serves_stops_the_supervisor(
+        fake_python: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_WORKER", "fail")
+    sup = _supervisor(fake_python, workers=1, max_start_failures=3)
+    with pytest.raises(ProxyTaskFailed) as ei:
+        async with asyncio.timeout(30):
+            await sup.run(asyncio.Event())
+    assert "worker 0 ended 3 times in a row before serving (last exit code 3)" in \
+        str(ei.value)
+    assert sup.states[0].restarts == 3
+
+
+def test_a_worker_is_told_its_index_and_the_port(fake_python: str) -> None:
+    spec = WorkerSpec(topology=TOPOLOGY, region="east", policy=Path("p.yaml"),
+                      host="127.0.0.1", port=0)
+    told = json.loads(spec.model_copy(update={"index": 1, "port": 7001}).model_dump_json())
+    assert (told["index"], told["port"]) == (1, 7001)
+    with pytest.raises(ValueError, match="at least 1"):
+        _supervisor(fake_python, workers=0)
+
+
+# -- the shared idempotency log: what a process learns ------------------------------------
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def test_an_outcome_learned_from_the_log_answers_a_retry_here() -> None:
+    clock = _Clock()
+    w = IdempotencyWindow(60.0, 100, clock=clock)
+    log = IdempotencyLog("127.0.0.1:1", "_crossdc.proxy.idempotency", w,
+                         ProxyMetrics(CollectorRegistry()), client_id="t")
+    result = ("id-1", "nearest", None, "east", 0, 41)
+    other = json.dumps({"o": "another-process", "r": list(result)}).encode()
+    log._apply(b"orders\0id-1", other, int(time.time() * 1000))
+    slot = w.claim_nowait("orders", "id-1")
+    assert slot is not None
+    assert not slot.owner
+    assert slot.result == result
+    # a partial sync of another process: the retry here resumes from it
+    part = json.dumps({"o": "another-process", "p": [["east", 2, 7]]}).encode()
+    log._apply(b"ledger\0tx-1", part, int(time.time() * 1000))
+    slot = w.claim_nowait("ledger", "tx-1")
+    assert slot is not None
+    assert slot.owner
+    assert slot.partial == [RegionWrite("east", 2, 7)]
+    # our own appends, and outcomes older than the window, are not learned
+    mine = json.dumps({"o": log.origin, "r": list(result)}).encode()
+    log._apply(b"orders\0id-2", mine, int(time.time() * 1000))
+    old = int((time.time() - 120) * 1000)
+    log._apply(b"orders\0id-3", other, old)
+    assert w.claim_nowait("orders", "id-2").owner  # type: ignore[union-attr]
+    assert w.claim_nowait("orders", "id-3").owner  # type: ignore[union-attr]
+    # a record that does not decode is counted, not fatal
+    log._apply(b"orders\0id-4", b"{not json", 0)
+    assert log.metrics.idem_log_errors.labels("tail")._value.get() == 1
+
+
+async def test_a_key_written_here_is_not_overwritten_by_the_log() -> None:
+    w = IdempotencyWindow(60.0, 100)
+    mine = w.claim_nowait("t", "k")
+    assert mine is not None
+    assert mine.owner
+    assert not w.learn(("t", "k"), result=("x",))  # being written here
+    w.finish(mine, ("ours",))
+    assert not w.learn(("t", "k"), result=("theirs",))
+    again = w.claim_nowait("t", "k")
+    assert again is not None
+    assert again.result == ("ours",)
+
+
+async def test_finished_and_partial_outcomes_are_queued_for_the_log() -> None:
+    w = IdempotencyWindow(60.0, 100)
+    log = IdempotencyLog("127.0.0.1:1", "_crossdc.proxy.idempotency", w,
+                         ProxyMetrics(CollectorRegistry()), client_id="t")
+    a = w.claim_nowait("t", "a")
+    b = w.claim_nowait("t", "b")
+    assert a is not None
+    assert b is not None
+    w.finish(a, ("a", "nearest", None, "east", 0, 1))
+    w.fail(b, partial=[RegionWrite("east", 0, 2)])
+    queued = [(k, json.loads(v)) for k, v, _ in log._queue]
+    assert [k for k, _ in queued] == [b"t\0a", b"t\0b"]
+    assert queued[0][1]["r"] == ["a", "nearest", None, "east", 0, 1]
+    assert queued[1][1]["p"] == [["east", 0, 2]]
+    # a partial write's answer waits for its append (here: until stop() gives up on it)
+    waiting = asyncio.create_task(log.published(asyncio.get_running_loop().time() + 5))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    await log.stop()
+    await waiting
