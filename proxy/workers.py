@@ -25,7 +25,8 @@ the same gRPC port with SO_REUSEPORT: the kernel spreads new connections over th
 - SIGTERM/SIGINT: every worker gets SIGTERM and drains (NOT_SERVING, calls in flight finish,
   producers flushed, clients closed, exit 0); bounded: a worker still running after
   `grace_s + close_timeout_s + 5 s` is killed. SIGHUP is passed on (policy and auth reload).
-- a worker dies with its supervisor (PR_SET_PDEATHSIG), so none is left serving alone.
+- a worker dies with its supervisor (PR_SET_PDEATHSIG: SIGKILL, as the supervisor was when
+  it ends without draining them, e.g. `kill -9`), so none is left serving alone.
 
 Idempotency across workers (and the region's other proxies) goes through the shared log of
 `proxy.idempotency` (`idempotency_log`, on by default with the command).
@@ -355,11 +356,11 @@ class ProxySupervisor:
 
 # -- the worker process ------------------------------------------------------------------------
 def _die_with_parent(parent: int | None) -> None:
-    """SIGTERM this process when the supervisor dies (Linux), and end now if it already
-    has: a worker never serves on alone."""
+    """SIGKILL this process when the supervisor dies (Linux): a `kill -9` of the proxy ends
+    all of it at once, as it did with one process. End now if it already has."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     if parent is not None and os.getppid() != parent:
         raise SystemExit(1)
 

@@ -112,6 +112,7 @@ async def _produce(port: int, topic: str, n: int, channels: int) -> int:
     return ok
 
 
+@pytest.mark.slow  # starts three worker processes (~30 s, more on a loaded machine)
 async def test_two_workers_serve_one_port_restart_a_dead_one_and_drain(  # type: ignore[no-untyped-def]
         two_regions, policy_file: Path) -> None:
     port, mport = _free_port(), _free_port()
