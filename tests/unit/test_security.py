@@ -225,3 +225,19 @@ async def test_reconcile_denies_every_region_but_the_writable_primary(topo: Topo
     fence.calls.clear()
     await fence.reconcile(east.fence("test"), skip={"east"})  # judged down: left for later
     assert fence.calls == [("deny", "west")]
+
+
+def test_dr_up_secure_writes_a_topology_naming_files_not_passwords(tmp_path: Path) -> None:
+    from dr.stack.tls import write_secure_topology
+    plain = load_topology(TOPOLOGY)
+    try:
+        topo, path = write_secure_topology(plain, tmp_path / "state")
+        assert path == (tmp_path / "state" / "topology.secure.yaml").resolve()
+        assert load_topology(path) == topo
+        for r in topo.regions:
+            assert r.security is not None
+            assert r.security.credentials_dir == (tmp_path / "state" / "secrets").resolve()
+        assert "password" not in path.read_text()
+        assert security_for(topo.regions[0].kafka.bootstrap) == topo.regions[0].security
+    finally:
+        use_topology(plain)
