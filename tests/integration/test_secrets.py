@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -71,7 +72,7 @@ async def test_tokens_never_reach_logs_metrics_or_status(two_regions, tmp_path: 
             stub = pb_grpc.ProxyStub(ch)
 
             async def produce(authorization: str, topic_: str,
-                              headers: list[object] | None = None) -> grpc.StatusCode:
+                              headers: list[Any] | None = None) -> grpc.StatusCode:
                 try:
                     await stub.Produce(pb.ProduceRequest(record=pb.Record(
                         topic=topic_, key=b"k", value=b"v", headers=headers or [])),
