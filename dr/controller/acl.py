@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import structlog
@@ -108,6 +109,10 @@ class KafkaFence:
         self.timeout_s = timeout_s
         # one try, bounded: a region that does not answer is tried again next round
         self.retry = RetrySettings(attempts=1, total_s=timeout_s * 2, call_timeout_s=timeout_s)
+        self.interval_s = 3.0
+        """Between two reconciliations of an unchanged primary record (each opens a SASL
+        connection per region); a changed record is acted on at once."""
+        self._last: tuple[PrimaryRecord, float] | None = None
         self.denied: dict[str, set[str]] = {}
         """Per region, the topics this process last saw denied (a cache; Kafka is the
         truth: `deny`/`allow` are idempotent)."""
@@ -189,6 +194,11 @@ class KafkaFence:
         every other region: its ordered topics). Regions in `skip` (judged down) and those
         that do not answer are left for a later round; the errors, by region."""
         errors: dict[str, str] = {}
+        now = time.monotonic()
+        if self._last is not None and self._last[0] == primary and \
+                now - self._last[1] < self.interval_s:
+            return errors
+        self._last = (primary, now)
 
         async def one(region: Region) -> None:
             if skip and region.name in skip:

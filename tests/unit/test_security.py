@@ -212,6 +212,7 @@ class _Recording(KafkaFence):
 
 async def test_reconcile_denies_every_region_but_the_writable_primary(topo: Topology) -> None:
     fence = _Recording(topo)
+    fence.interval_s = 0.0  # every call reconciles (the controller calls it each lead round)
     east = PrimaryRecord.initial(topo)
     assert east.region == "east"
     await fence.reconcile(east)
@@ -225,6 +226,13 @@ async def test_reconcile_denies_every_region_but_the_writable_primary(topo: Topo
     fence.calls.clear()
     await fence.reconcile(east.fence("test"), skip={"east"})  # judged down: left for later
     assert fence.calls == [("deny", "west")]
+
+    gated = _Recording(topo)  # the controller's pace: an unchanged record every 3 s
+    await gated.reconcile(east)
+    await gated.reconcile(east)
+    assert gated.calls.count(("deny", "west")) == 1
+    await gated.reconcile(east.fence("test"))  # a new record: at once
+    assert ("deny", "east") in gated.calls
 
 
 def test_dr_up_secure_writes_a_topology_naming_files_not_passwords(tmp_path: Path) -> None:
