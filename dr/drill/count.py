@@ -42,7 +42,7 @@ from crossdc.clients.kafka import KafkaAdmin, kafka_kw
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.headers import DR_EPOCH, DR_ID, DR_ORIGIN
 from crossdc.topology import Topology
-from dr.drill.traffic import MODES, Ack
+from dr.drill.traffic import ADMIN_RETRY, MODES, Ack
 
 __all__ = ["Held", "Judgement", "ModeJudgement", "judge", "read_back", "read_epochs",
            "split_brain", "wait_replicated"]
@@ -83,7 +83,7 @@ async def read_back(topology: Topology, topics: Iterable[str],
 
 
 async def _read_region(bootstrap: str, topics: list[str]) -> dict[str, dict[str, int]]:
-    async with KafkaAdmin(bootstrap) as admin:
+    async with KafkaAdmin(bootstrap, ADMIN_RETRY) as admin:
         counts = await admin.partition_counts(topics)
     held: dict[str, dict[str, int]] = {t: {} for t in topics}
     tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
@@ -269,7 +269,7 @@ def split_brain(epochs: Epochs) -> list[str]:
 
 
 async def _read_headers(bootstrap: str, topic: str) -> list[dict[str, str]]:
-    async with KafkaAdmin(bootstrap) as admin:
+    async with KafkaAdmin(bootstrap, ADMIN_RETRY) as admin:
         counts = await admin.partition_counts([topic])
     tps = [TopicPartition(topic, p) for p in range(counts.get(topic, 0))]
     out: list[dict[str, str]] = []

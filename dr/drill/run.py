@@ -44,10 +44,12 @@ __all__ = ["DrillConfig", "DrillPlan", "Hook", "plan_drill", "run_drill"]
 log = structlog.get_logger("crossdc.drill")
 T = TypeVar("T")
 
-RECOVER_AFTER_HEAL = frozenset({"consul-outage", "consul-stop"})
+RECOVER_AFTER_HEAL = frozenset({"consul-outage", "consul-stop", "partition"})
 """Scenarios whose writes are not expected back before the heal: a proxy whose Consul
 agent is away cannot confirm its lease, so it refuses ordered writes until the agent
-answers again (fencing by lease: safety first). Their RTO runs to the first acks after it."""
+answers again (fencing by lease: safety first). Their RTO runs to the first acks after it.
+A partition strands the cut region's proxies the same way (their Consul is on the other
+side): the failover is waited for, the stranded producers' ordered writes after the heal."""
 
 Scenario = Literal["primary-outage", "proxy-outage", "mirror-outage", "consul-outage",
                    "controller-outage", "leader-kill", "brokers-freeze",
@@ -260,6 +262,15 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                     tl.healed_ms = _now_ms()
                     bound.warning("drill_fault_healed")
             failover, leader_after = found.failover, found.leader
+            if failover is None and plan.scenario not in FAILOVER_SCENARIOS:
+                # a fault that must not move the primary: did the controller fail over
+                # anyway? (reported, and failed back so the next drill starts as this did)
+                failover = await _unexpected_failover(dcs, tl.started_ms, config)
+                if failover is not None:
+                    problems.append(
+                        f"unexpected failover {failover.id} {failover.source} → "
+                        f"{failover.target} ({failover.reason or 'automatic'}): "
+                        f"{plan.scenario} must not move the primary")
             with tl.step("all_modes"):
                 progress("waiting for writes of every mode from every region again")
                 try:
@@ -419,6 +430,19 @@ async def _failover_ready(dcs: Datacenters, standby: str, deadline: float,
         _check(deadline, f"the leading controller never published {standby} up with a "
                "measured mirror lag: it would refuse an automatic failover")
         await asyncio.sleep(0.5)  # polls the health the leader publishes
+
+
+async def _unexpected_failover(dcs: Datacenters, since_ms: int, config: DrillConfig
+                               ) -> FailoverRecord | None:
+    """A failover started since `since_ms` (waited for until it ends, bounded), or None."""
+    deadline = time.monotonic() + config.recovery_timeout_s
+    while True:
+        rec = await _quiet(newest_failover(dcs))
+        if rec is None or rec.kind != "failover" or rec.started_ms < since_ms:
+            return None
+        if rec.state != "running" or time.monotonic() > deadline:
+            return rec
+        await asyncio.sleep(0.2)  # polls the failover record the leader writes
 
 
 def _killed(plan: DrillPlan) -> set[str]:

@@ -49,6 +49,7 @@ import structlog
 
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
 from crossdc.errors import CrossdcError
+from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
 from dr.errors import DrError
 from proxy.client import AsyncProducer, ProduceResult
@@ -85,6 +86,13 @@ _DEFAULT_PRODUCER: dict[str, Any] = {"deadline_s": 5.0, "linger_ms": 5.0, "retri
                      "retry_backoff_s": 0.1}
 
 
+ADMIN_RETRY = RetrySettings(attempts=8, total_s=120.0, call_timeout_s=20.0,
+                            backoff_initial_s=0.5, backoff_max_s=5.0)
+"""A drill's admin calls (topic creation, the read-back's partition counts) are few: they
+wait out a loaded cluster (a machine running six brokers on two cores answers in seconds,
+not milliseconds) instead of failing the drill."""
+
+
 def drill_topics(run_id: str) -> dict[str, str]:
     """The run's topics per mode: `payments.drill-<id>` (ordered), `ledger.drill-<id>` (sync),
     `clickstream.drill-<id>` (nearest); unique per run, so counts are exact."""
@@ -97,7 +105,7 @@ async def create_topics(topology: Topology, topics: Iterable[str], partitions: i
     partition numbers, so the counts must match)."""
     names = sorted(set(topics))
     for region in topology.regions:
-        async with KafkaAdmin(region.kafka.bootstrap) as admin:
+        async with KafkaAdmin(region.kafka.bootstrap, ADMIN_RETRY) as admin:
             await admin.create_topics([TopicSpec(n, partitions) for n in names], exist_ok=True)
             counts = await admin.partition_counts(names)
         wrong = {n: c for n, c in counts.items() if c != partitions}

@@ -100,6 +100,8 @@ def row(fault: str, r: DrillReport, bound_s: float) -> Row:
         f"{r.missing_replicas} replicas missing (divergent tail, quarantined at failback)"
         if r.failback_ms is not None else f"no: {r.missing_replicas} replicas missing")
     rec = "not measured" if r.rto_s is None else f"{r.rto_s:.1f} s (bound {bound_s:g} s)"
+    if r.primary_after != r.primary_before and fault in NO_FAILOVER:
+        rec += f"; unexpected failover {r.primary_before} → {r.primary_after}"
     return Row(fault=fault, load=LOAD, acked=r.acked_records, lost=r.rpo_records,
                duplicated=f"{r.duplicates} ({dups})" if dups else "0", recover=rec,
                split_brain="none" if not r.split_brain else "; ".join(r.split_brain),
@@ -117,6 +119,10 @@ def check_common(r: DrillReport, bound_s: float) -> None:
 
 
 
+
+NO_FAILOVER = frozenset({"leader-kill", "proxy-kill", "mirror-kill (at-least-once)",
+                         "mirror-kill (exactly-once)", "consul-stop"})
+"""Faults after which the primary must not have moved."""
 
 RUN_TOPICS: dict[str, list[str]] = {}
 """fault -> the drill's topics, for the reconciliation job run once at the suite's end."""
