@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     import grpc
 
 __all__ = [
+    "MAX_MESSAGE_CHARS",
     "STATUS_TABLE",
     "DeadlineExceeded",
     "IncompleteSync",
@@ -59,11 +60,32 @@ __all__ = [
     "UnknownTopic",
     "code_name",
     "grpc_code",
+    "shown",
 ]
 
 
+MAX_MESSAGE_CHARS = 1024
+"""A message is cut to this: it travels as the gRPC status details, in the trailing metadata,
+and a message over the client's metadata limit (8 KiB soft, 16 KiB hard) reaches it as
+RESOURCE_EXHAUSTED (or, between the two, at random) instead of the status it explains
+(found by the hostile tests: a 10,000-character topic name echoed back)."""
+_NAME_CHARS = 120
+
+
+def shown(name: str) -> str:
+    """`repr(name)` for a message, cut when long: names come from clients."""
+    if len(name) <= _NAME_CHARS:
+        return repr(name)
+    return f"{name[:_NAME_CHARS]!r}... ({len(name)} characters)"
+
+
 class ProxyError(CrossdcError):
-    """Root of the proxy's errors."""
+    """Root of the proxy's errors. The message is cut to `MAX_MESSAGE_CHARS`."""
+
+    def __init__(self, *args: object) -> None:
+        if len(args) == 1 and isinstance(args[0], str) and len(args[0]) > MAX_MESSAGE_CHARS:
+            args = (f"{args[0][:MAX_MESSAGE_CHARS]}... ({len(args[0])} characters)",)
+        super().__init__(*args)
 
 
 class InvalidRecord(ProxyError):
@@ -79,7 +101,7 @@ class MissingKey(InvalidRecord):
 
     def __init__(self, topic: str, mode: str) -> None:
         self.mode = mode
-        super().__init__(f"topic {topic!r} is routed {mode}: records need a key "
+        super().__init__(f"topic {shown(topic)} is routed {mode}: records need a key "
                          f"(per-key order is kept by partition)", topic=topic)
 
 
@@ -87,21 +109,21 @@ class RecordTooLarge(InvalidRecord):
     def __init__(self, topic: str, size: int, limit: int) -> None:
         self.size = size
         self.limit = limit
-        super().__init__(f"record for {topic!r} is {size} bytes (key + value + headers); "
+        super().__init__(f"record for {shown(topic)} is {size} bytes (key + value + headers); "
                          f"the rule allows {limit}", topic=topic)
 
 
 class ReservedHeader(InvalidRecord):
     def __init__(self, topic: str, name: str) -> None:
         self.header = name
-        super().__init__(f"header {name!r} is reserved: names starting with 'dr-' are "
+        super().__init__(f"header {shown(name)} is reserved: names starting with 'dr-' are "
                          f"stamped by the proxy", topic=topic)
 
 
 class UnknownTopic(ProxyError):
     def __init__(self, topic: str, why: str) -> None:
         self.topic = topic
-        super().__init__(f"topic {topic!r}: {why}")
+        super().__init__(f"topic {shown(topic)}: {why}")
 
 
 class PartitionMismatch(ProxyError):
@@ -110,9 +132,9 @@ class PartitionMismatch(ProxyError):
     def __init__(self, topic: str, counts: Mapping[str, int]) -> None:
         self.topic = topic
         self.counts = dict(counts)
-        shown = ", ".join(f"{r}={n}" for r, n in sorted(counts.items()))
-        super().__init__(f"topic {topic!r} has different partition counts across regions "
-                         f"({shown}); ordered and sync writes are refused until they match")
+        listed = ", ".join(f"{r}={n}" for r, n in sorted(counts.items()))
+        super().__init__(f"topic {shown(topic)} has different partition counts across regions "
+                         f"({listed}); ordered and sync writes are refused until they match")
 
 
 class RegionWriteFailed(ProxyError):
@@ -136,7 +158,7 @@ class NoWritableRegion(ProxyError):
         self.mode = mode
         self.tried = dict(tried)
         what = "; ".join(f"{r}: {why}" for r, why in tried.items()) or "no region to try"
-        super().__init__(f"no writable region for {mode} write to {topic!r}; tried {what}")
+        super().__init__(f"no writable region for {mode} write to {shown(topic)}; tried {what}")
 
 
 class IncompleteSync(ProxyError):
@@ -153,7 +175,7 @@ class IncompleteSync(ProxyError):
         ok = ", ".join(f"{w.region} (partition {w.partition}, offset {w.offset})"
                        for w in written) or "no region"
         bad = "; ".join(f"{r}: {why}" for r, why in failed.items())
-        super().__init__(f"sync write to {topic!r} incomplete: written to {ok}; "
+        super().__init__(f"sync write to {shown(topic)} incomplete: written to {ok}; "
                          f"not written to {bad}; {needed} region(s) needed")
 
 
@@ -205,7 +227,7 @@ class PermissionDenied(ProxyError):
     def __init__(self, topic: str, token_name: str) -> None:
         self.topic = topic
         self.token_name = token_name
-        super().__init__(f"token {token_name!r} may not write topic {topic!r}")
+        super().__init__(f"token {token_name!r} may not write topic {shown(topic)}")
 
 
 class ProxyTaskFailed(ProxyError):
