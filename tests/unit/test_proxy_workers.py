@@ -30,13 +30,15 @@ ROOT = Path(__file__).resolve().parents[2]
 TOPOLOGY = ROOT / "policies" / "topology.local.yaml"
 
 # A stand-in worker: says it serves (as a real worker does, on stdout), then waits for
-# SIGTERM and exits 0. FAKE_WORKER=fail: exits 3 before serving.
+# SIGTERM and exits 0; on SIGHUP it reports NOT_SERVING. FAKE_WORKER=fail: exits 3 before
+# serving.
 FAKE = f"""#!{sys.executable}
 import json, os, signal, sys, time
 spec = json.loads(sys.argv[-1])
 if os.environ.get("FAKE_WORKER") == "fail":
     sys.exit(3)
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+signal.signal(signal.SIGHUP, lambda *_: print(json.dumps({{"serving": False}}), flush=True))
 print(json.dumps({{"serving": True, "pid": os.getpid()}}), flush=True)
 while True:
     time.sleep(0.05)
@@ -125,6 +127,15 @@ async def test_a_dead_worker_is_restarted_counted_and_logged(running: Any) -> No
     again = [e for e in logs if e["event"] == "proxy_worker_restarted"]
     assert [e["worker"] for e in again] == [1]
     assert sup.states[0].restarts == 0
+
+
+async def test_sighup_is_passed_on_to_every_worker(running: Any) -> None:
+    sup, _, _ = running
+    await _until(lambda: all(s.serving for s in sup.states), "serving")
+    sup.forward_sighup()
+    await _until(lambda: not any(s.serving for s in sup.states), "every worker got SIGHUP")
+    assert not sup.health()["serving"]
+    assert all(s.alive for s in sup.states)
 
 
 async def test_stop_drains_every_worker_and_ends_cleanly(running: Any) -> None:
