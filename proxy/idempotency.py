@@ -240,7 +240,8 @@ class IdempotencyLog:
 
     def __init__(self, bootstrap: str | list[str], topic: str, window: IdempotencyWindow,
                  metrics: ProxyMetrics, *, client_id: str, replication: int | None = None,
-                 wait_s: float = 2.0, retry_s: float = 1.0) -> None:
+                 wait_s: float = 2.0, retry_s: float = 1.0,
+                 max_queued: int = 100_000) -> None:
         self.bootstrap = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
         self.topic = topic
         self.window = window
@@ -248,12 +249,14 @@ class IdempotencyLog:
         self.client_id = client_id
         self.replication = replication
         self.wait_s = wait_s
+        self.max_queued = max_queued  # outcomes waiting to be appended; the oldest dropped
         self.retry_s = retry_s
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._tp = TopicPartition(topic, LOG_PARTITION)
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._ready = False
+        self._connected = asyncio.Event()
         self._pos = -1
         self._advanced = asyncio.Event()
         self._queue: list[tuple[bytes, bytes, asyncio.Future[None] | None]] = []
@@ -270,6 +273,11 @@ class IdempotencyLog:
         `published()`)."""
         if self._closed:
             return
+        if len(self._queue) >= self.max_queued:  # Kafka down a long time: bounded memory
+            _, _, dropped = self._queue.pop(0)
+            if dropped is not None:
+                dropped.set_result(None)
+            self.metrics.idem_log_errors.labels("append").inc()
         body: dict[str, Any] = {"o": self.origin}
         waiter: asyncio.Future[None] | None = None
         if result is not None:
@@ -375,13 +383,18 @@ class IdempotencyLog:
             q.add_done_callback(_retrieve)
         return await asyncio.shield(q)
 
+    @property
+    def connected(self) -> bool:
+        return self._ready
+
     async def catch_up(self, deadline: float) -> None:
         """Until this process has read the log up to its end (as of now): every outcome
-        appended before this call is then in the window. LogUnavailable when it cannot be
-        within `deadline` (monotonic)."""
+        appended before this call is then in the window (a log still connecting is waited
+        for). LogUnavailable when it cannot be within `deadline` (monotonic)."""
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout_at(deadline):
+                await self._connected.wait()  # just started: the log is being connected
                 end = await self._fresh_end()
                 while self._pos < end:
                     await self._advanced.wait()
@@ -450,6 +463,7 @@ class IdempotencyLog:
             return False
         self._producer, self._consumer = producer, consumer
         self._ready = True
+        self._connected.set()
         self.log.info("idempotency_log_connected", from_offset=self._pos)
         return True
 
