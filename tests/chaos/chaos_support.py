@@ -81,7 +81,7 @@ async def chaos_stack(root: Path) -> AsyncIterator[ChaosStack]:
 
 
 RATE = 60.0
-LOAD = f"{RATE:g} rec/s, 3 modes, 2 regions, 3 brokers each"
+LOAD = "{rate:g} rec/s, 3 modes, 2 regions, {brokers} broker(s) each"
 
 
 async def drill(chaos: ChaosStack, scenario: str, tmp_path: Path, *, duration_s: float = 25,
@@ -94,7 +94,7 @@ async def drill(chaos: ChaosStack, scenario: str, tmp_path: Path, *, duration_s:
     return await run_drill(chaos.topology, plan, cfg, duration_s=duration_s, rate=RATE)
 
 
-def row(fault: str, r: DrillReport, bound_s: float) -> Row:
+def row(fault: str, r: DrillReport, bound_s: float, brokers: int = BROKERS) -> Row:
     dups = ", ".join(f"{m} {f.duplicates}" for m, f in r.modes.items() if f.duplicates)
     conv = "yes" if r.missing_replicas == 0 else (
         f"{r.missing_replicas} replicas missing (divergent tail, quarantined at failback)"
@@ -102,7 +102,8 @@ def row(fault: str, r: DrillReport, bound_s: float) -> Row:
     rec = "not measured" if r.rto_s is None else f"{r.rto_s:.1f} s (bound {bound_s:g} s)"
     if r.primary_after != r.primary_before and fault in NO_FAILOVER:
         rec += f"; unexpected failover {r.primary_before} → {r.primary_after}"
-    return Row(fault=fault, load=LOAD, acked=r.acked_records, lost=r.rpo_records,
+    return Row(fault=fault, load=LOAD.format(rate=RATE, brokers=brokers),
+               acked=r.acked_records, lost=r.rpo_records,
                duplicated=f"{r.duplicates} ({dups})" if dups else "0", recover=rec,
                split_brain="none" if not r.split_brain else "; ".join(r.split_brain),
                converged=conv)
