@@ -545,7 +545,8 @@ async def test_dr_proxy_serve_reload_and_drain(two_regions, tmp_path) -> None:  
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "dr.cli", "proxy", "serve", "--topology",
         str(two_regions.topology_path), "--region", "east", "--policy", str(policy),
-        "--no-consul", "--grace", "2", stderr=asyncio.subprocess.PIPE)
+        "--no-consul", "--grace", "2", "--workers", "1",  # workers: test_proxy_workers.py
+        stderr=asyncio.subprocess.PIPE)
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             hs = health_pb2_grpc.HealthStub(ch)

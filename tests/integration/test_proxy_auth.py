@@ -419,7 +419,7 @@ async def test_dr_proxy_serve_with_auth_and_tls(two_regions, files, pki: Pki) ->
         sys.executable, "-m", "dr.cli", "--log-format", "json", "proxy", "serve", "--topology",
         str(two_regions.topology_path), "--region", "east", "--policy", str(policy),
         "--port", str(port), "--metrics-port", "0", "--no-consul", "--grace", "1",
-        "--auth", str(auth), "--tls-cert", str(pki.server_cert), "--tls-key",
+        "--workers", "1", "--auth", str(auth), "--tls-cert", str(pki.server_cert), "--tls-key",
         str(pki.server_key), "--tls-client-ca", str(pki.ca), stderr=asyncio.subprocess.PIPE)
     target = f"127.0.0.1:{port}"
     try:
