@@ -91,6 +91,9 @@ def reconcile_command(
     driver_memory: Annotated[str, typer.Option(
         help="Spark driver heap (local mode: the whole job's heap; ~2g holds 5M records "
         "per region with spill to local disk).")] = "2g",
+    executor_memory: Annotated[str | None, typer.Option(
+        help="Heap of each executor with a cluster --master (spark://HOST:7077) "
+        "[default: Spark's 1g].", show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for report.json and "
                                           "report.html.")] = Path("reconcile-report"),
     thresholds_file: Annotated[Path | None, typer.Option(
@@ -140,6 +143,7 @@ def reconcile_command(
         regions=[r.strip() for r in regions.split(",") if r.strip()], topics=topics,
         since_ms=parse_time(since, "--since"), until_ms=parse_time(until, "--until"),
         grace_s=grace, state_path=state, master=master, driver_memory=driver_memory,
+        executor_memory=executor_memory,
         max_details=max_details, thresholds=limits)
     check_regions(settings)
     if state is not None:

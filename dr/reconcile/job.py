@@ -7,17 +7,20 @@ which also pairs a headerless original with the copy a mirror stamped with heade
 
 Only built-in Spark SQL expressions run on the records (no Python UDF): the content hash is
 `xxhash64` over the key, the value and the user headers, and one hash aggregation per record
-id (fixed-width buffers only: counts, first offsets and hash bounds per region) yields
-presence, duplicates and alterations at once. The driver only ever collects small aggregates
-and detail lists capped by `max_details`.
+id (fixed-width keys and buffers only: the dr-id as two 64-bit hashes, counts, first offsets
+and hash bounds per region) yields presence, duplicates and alterations at once. Regions and
+topics travel as small integer codes. The driver only ever collects small aggregates and
+detail lists capped by `max_details`.
 
 Plan (a run is a handful of Spark jobs over one cached read of the regions):
-1. read each region's pinned offset ranges, keep compact columns, cache (`rows`);
-2. inventory: counts per region/partition/window side, next offsets, distinct origins/modes;
+1. read each region's pinned offset ranges (`minPartitions`: at least two input tasks per
+   core), keep compact columns, cache (`rows`);
+2. inventory: counts per region/partition/window side, next offsets, distinct origins;
 3. latency: a fine histogram per origin → region (exact to 0.1 %), percentiles on the driver;
 4. per dr-id aggregate (`ids`, cached): copies, first offset and hash bounds per region;
-5. per partition counts from `ids`; detail lists only where a count is non-zero;
-6. order: a window over the ordered/sync copies of one key, in origin order.
+5. per partition counts from `ids`; detail rows only where a count is non-zero;
+6. order: a window over the ordered/sync copies of one key, in origin order;
+7. details: one pass over `rows` reads back the dr-id, key and offsets of the named records.
 
 Records the run was asked to compare but that retention deleted first are never silence:
 Spark reads with `failOnDataLoss=false` (a range that moved under it must not kill a long run),
@@ -83,6 +86,8 @@ class SparkOptions:
     shuffle_partitions: int = 8
     driver_memory: str = "2g"
     local_dir: Path | None = None
+    executor_memory: str | None = None
+    """Heap of each executor on a cluster master (`spark://...`); None: Spark's 1g."""
 
 
 def spark_session(opts: SparkOptions) -> SparkSession:
@@ -101,6 +106,8 @@ def spark_session(opts: SparkOptions) -> SparkSession:
                    .config("spark.sql.shuffle.partitions", str(opts.shuffle_partitions)))
         if opts.local_dir is not None:
             builder = builder.config("spark.local.dir", str(opts.local_dir))
+        if opts.executor_memory is not None:
+            builder = builder.config("spark.executor.memory", opts.executor_memory)
         if opts.jars_dir is not None:
             jars = sorted(str(p) for p in opts.jars_dir.glob("*.jar"))
             builder = builder.config("spark.jars", ",".join(jars))
@@ -152,10 +159,11 @@ def _first_line(exc: BaseException) -> str:
 
 
 DR_HEADERS = ("dr-id", "dr-origin", "dr-ts", "dr-mode", "dr-epoch", "dr-path")
+ID_SALT = 0x5EED_C0DE_D1FF  # seeds the second of the two 64-bit hashes of a dr-id
 
 
-def _read_region(spark: SparkSession, s: RegionSurvey,
-                 start: dict[tuple[str, int], int]) -> DataFrame | None:
+def _read_region(spark: SparkSession, s: RegionSurvey, ri: int, topic_codes: dict[str, int],
+                 start: dict[tuple[str, int], int], min_partitions: int) -> DataFrame | None:
     parts = {tp: (max(start.get(tp, s.start[tp]), s.start[tp]), s.end[tp]) for tp in s.end}
     parts = {tp: ab for tp, ab in parts.items() if ab[1] > ab[0]}
     if not parts:
@@ -174,6 +182,9 @@ def _read_region(spark: SparkSession, s: RegionSurvey,
           .option("endingOffsets", json.dumps(ending))
           .option("includeHeaders", "true")
           .option("failOnDataLoss", "false")
+          # enough input tasks for every core, even when a region has few, big partitions
+          # (a partition's offset range is split into pieces read in parallel)
+          .option("minPartitions", str(max(min_partitions, len(parts))))
           # big fetches: one request brings many batches (the defaults fetch 1 MB a partition)
           .option("kafka.max.partition.fetch.bytes", str(16 << 20))
           .option("kafka.fetch.max.bytes", str(64 << 20))
@@ -181,37 +192,54 @@ def _read_region(spark: SparkSession, s: RegionSurvey,
     # The headers as a map (last value wins for a repeated name; spark_session sets the
     # dedup policy): code-generated lookups, no lambda per header.
     df = df.withColumn("h", F.map_from_entries("headers"))
-
-    def header(name: str) -> Column:
-        return F.col("h")[name].cast("string")
+    h = F.col("h")
     # Content hash: key, value and user headers (in order), with null markers so that
     # (key=null, value=x) and (key=x, value=null) differ. dr-* headers are left out (the
-    # mirror stamps and extends them): array_except drops exactly the dr-* entries.
-    dr_entries = F.array(*[F.struct(F.lit(n).alias("key"), F.col("h")[n].alias("value"))
+    # mirror stamps and extends them): array_except drops exactly the dr-* entries. Most
+    # records carry no user header (all their headers are distinct dr-* ones): they skip
+    # array_except (a null array hashes like an empty one).
+    dr_entries = F.array(*[F.struct(F.lit(n).alias("key"), h[n].alias("value"))
                            for n in DR_HEADERS])
+    dr_present = sum((h[n].isNotNull().cast("int") for n in DR_HEADERS[1:]),
+                     h[DR_HEADERS[0]].isNotNull().cast("int"))
+    user = F.when(F.size("headers") == dr_present, F.lit(None)) \
+        .otherwise(F.array_except("headers", dr_entries))
     content = F.xxhash64(F.col("key").isNull(), F.col("key"), F.col("value").isNull(),
-                         F.col("value"), F.array_except("headers", dr_entries))
-    dr_ts = header("dr-ts").try_cast("bigint")
+                         F.col("value"), user)
+    dr_ts = h["dr-ts"].cast("string").try_cast("bigint")
     ts_ms = F.unix_millis("timestamp")
+    rid = h["dr-id"]
+    # The record identity through every shuffle: two 64-bit hashes of the dr-id (128 bits,
+    # fixed width; a collision among a billion ids has odds below 1e-20). The dr-id itself
+    # stays in the cache, read back only for the few records a report names.
     return df.select(
-        F.lit(s.region).alias("region"), "topic", "partition", "offset",
+        F.lit(ri).cast("tinyint").alias("ri"), _code(F.col("topic"), list(topic_codes))
+        .cast("int").alias("tc"), "partition", "offset",
         F.coalesce(dr_ts, ts_ms).alias("event_ms"),
         # replication latency, measurable only where the broker stamped the append time
         F.when(F.col("timestampType") == LOG_APPEND_TIME, ts_ms - dr_ts).alias("lat_ms"),
-        "key", header("dr-id").alias("dr_id"), header("dr-origin").alias("origin"),
-        dr_ts.isNotNull().alias("has_ts"), header("dr-mode").alias("mode"),
-        content.alias("chash"))
+        F.when(rid.isNotNull(), F.xxhash64(rid)).alias("id1"),
+        F.when(rid.isNotNull(), F.xxhash64(F.lit(ID_SALT), rid)).alias("id2"),
+        h["dr-origin"].cast("string").alias("origin"), dr_ts.isNotNull().alias("has_ts"),
+        _code(h["dr-mode"].cast("string"), list(MODES)).cast("tinyint").alias("mc"),
+        F.when(F.col("key").isNotNull(), F.xxhash64("key")).alias("kh"),
+        content.alias("chash"), rid.alias("dr_id"), "key")
 
 
-def _rows(spark: SparkSession, surveys: dict[str, RegionSurvey],
+ROW_SCHEMA = ("ri tinyint, tc int, partition int, offset long, event_ms long, lat_ms long, "
+              "id1 long, id2 long, origin string, has_ts boolean, mc tinyint, kh long, "
+              "chash long, dr_id binary, key binary")
+
+
+def _rows(spark: SparkSession, surveys: dict[str, RegionSurvey], topic_codes: dict[str, int],
           start_offsets: dict[str, dict[tuple[str, int], int]], since_ms: int | None,
           until_ms: int) -> DataFrame:
-    schema = ("region string, topic string, partition int, offset long, event_ms long, "
-              "lat_ms long, key binary, dr_id string, origin string, has_ts boolean, "
-              "mode string, chash long")
-    frames = [f for r in surveys
-              if (f := _read_region(spark, surveys[r], start_offsets.get(r, {}))) is not None]
-    rows = frames[0] if frames else spark.createDataFrame([], schema)
+    # every core reads: at least 2 input tasks per core over all regions
+    per_region = -(-2 * spark.sparkContext.defaultParallelism // max(1, len(surveys)))
+    frames = [f for i, r in enumerate(surveys)
+              if (f := _read_region(spark, surveys[r], i, topic_codes,
+                                    start_offsets.get(r, {}), per_region)) is not None]
+    rows = frames[0] if frames else spark.createDataFrame([], ROW_SCHEMA)
     for f in frames[1:]:
         rows = rows.unionByName(f)
     t = F.col("event_ms")
@@ -258,14 +286,40 @@ def unreadable_counts(surveys: dict[str, RegionSurvey],
     return out
 
 
+Ref = tuple[int, int, int, int]
+"""A record identity in the job: (topic code, partition, id1, id2)."""
+
+
+@dataclass
+class _Named:
+    """What the report prints of a record it names (read back from the cache)."""
+
+    dr_id: str
+    key_hex: str
+    offsets: dict[int, list[int]]
+    """Region index → the record's offsets there."""
+
+
+def _ref(row: Any, a: str = "id1", b: str = "id2") -> Ref:
+    return (row["tc"], row["partition"], row[a], row[b])
+
+
 class _Comparison:
     def __init__(self, spark: SparkSession, surveys: dict[str, RegionSurvey],
                  max_details: int) -> None:
         self.spark = spark
         self.surveys = surveys
         self.regions = list(surveys)
+        self.topics = sorted({t for s in surveys.values() for (t, _) in s.end})
+        """Topic names by code (`tc`); sorted, so code order is name order."""
         self.max_details = max_details
         self.truncated = False
+        by_name = sorted(range(len(self.regions)), key=lambda i: self.regions[i])
+        rank = F.when(F.col("ri") == by_name[0], 0)
+        for n, i in enumerate(by_name[1:], 1):
+            rank = rank.when(F.col("ri") == i, n)
+        self.region_rank = rank
+        """`ri` → the region's rank by name (details list regions in name order)."""
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -274,7 +328,7 @@ class _Comparison:
         yield
         log.info("reconcile_stage", stage=name, took_s=round(time.monotonic() - started, 2))
 
-    def take(self, df: DataFrame, order: list[str]) -> list[Any]:
+    def take(self, df: DataFrame, order: list[Column | str]) -> list[Any]:
         """At most `max_details` rows, in order (a top-k per partition, not a full sort)."""
         rows = df.orderBy(*order).limit(self.max_details + 1).collect()
         self.truncated |= len(rows) > self.max_details
@@ -282,14 +336,16 @@ class _Comparison:
 
     def run(self, since_ms: int | None, until_ms: int,
             start_offsets: dict[str, dict[tuple[str, int], int]]) -> Findings:
-        rows = _rows(self.spark, self.surveys, start_offsets, since_ms, until_ms).persist()
+        codes = {t: i for i, t in enumerate(self.topics)}
+        rows = _rows(self.spark, self.surveys, codes, start_offsets, since_ms,
+                     until_ms).persist()
         try:
             with self.stage("read_and_inventory"):
                 inv = self.inventory(rows)
             inw = self.inw = rows.filter(F.col("when") == IN)
             with self.stage("latency"):
-                latency = _latency(inw)
-            plain = inw.filter(F.col("dr_id").isNull())
+                latency = _latency(inw, self.regions)
+            plain = inw.filter(F.col("id1").isNull())
             with self.stage("headerless"):
                 lonely_counts, lonely = self.headerless(inw, plain, inv.headerless_total)
             ids = self.per_id(inw, inv).persist()
@@ -299,13 +355,17 @@ class _Comparison:
                 with self.stage("missing"):
                     missing_counts, missing = self.missing(ids, plain, inv, counts)
                 with self.stage("duplicates"):
-                    duplicates = self.duplicates(ids, counts)
+                    dups = self.duplicates(ids, counts)
                 with self.stage("altered"):
-                    altered = self.altered(ids, inv, counts)
+                    altered = self.altered(ids, counts)
                 with self.stage("order"):
-                    order_counts, order = self.order(ids, inv)
+                    order_counts, order = self.order(ids)
             finally:
                 ids.unpersist()
+            refs = {_ref(r) for r in (*missing, *dups, *altered, *order)}
+            refs |= {_ref(o, "prev1", "prev2") for o in order}
+            with self.stage("details"):  # one pass over the cache for every named record
+                named = self.resolve(refs)
         finally:
             rows.unpersist()
         unreadable = unreadable_counts(self.surveys, start_offsets, inv.first_read,
@@ -328,8 +388,10 @@ class _Comparison:
         if totals.unreadable:
             log.warning("reconcile_unreadable", records=totals.unreadable,
                         partitions=len(unreadable))
-        return Findings(totals, topics, missing, duplicates, altered, order, lonely, latency,
-                        self.truncated, inv.next_offsets, unreadable)
+        return Findings(totals, topics, self.missing_rows(missing, inv, named),
+                        self.duplicate_rows(dups, named), self.altered_rows(altered, inv, named),
+                        self.order_rows(order, inv, named), lonely, latency, self.truncated,
+                        inv.next_offsets, unreadable)
 
     # -- 2. inventory -------------------------------------------------------------------
     def inventory(self, rows: DataFrame) -> _Inventory:
@@ -337,15 +399,15 @@ class _Comparison:
         for (r, s) in self.surveys.items():
             for (topic, p), end in s.end.items():
                 inv.next_offsets.setdefault(r, {}).setdefault(topic, {})[str(p)] = end
-        stats = (rows.groupBy("region", "topic", "partition", "when",
-                              F.col("dr_id").isNull().alias("plain"), "origin", "mode")
+        stats = (rows.groupBy("ri", "tc", "partition", "when",
+                              F.col("id1").isNull().alias("plain"), "origin")
                  .agg(F.count(F.lit(1)).alias("n"), F.min("offset").alias("first"),
                       F.max("event_ms").alias("newest"))
                  .collect())
         origins: set[str] = set()
         for row in stats:
-            r, n = row["region"], row["n"]
-            at = (r, row["topic"], row["partition"])
+            r, n, topic = self.regions[row["ri"]], row["n"], self.topics[row["tc"]]
+            at = (r, topic, row["partition"])
             inv.first_read[at] = min(inv.first_read.get(at, row["first"]), row["first"])
             if row["when"] == BEFORE:
                 inv.older_seen.add(at)
@@ -353,11 +415,11 @@ class _Comparison:
             inv.by_when[row["when"]] += n
             if row["when"] == AFTER:  # the next incremental run starts at the first of these
                 inv.newest_in_flight = max(inv.newest_in_flight or 0, row["newest"])
-                marks = inv.next_offsets[r][row["topic"]]
+                marks = inv.next_offsets[r][topic]
                 key = str(row["partition"])
                 marks[key] = min(marks[key], row["first"])
             elif row["when"] == IN and row["plain"]:
-                tp = (row["topic"], row["partition"], r)
+                tp = (topic, row["partition"], r)
                 inv.headerless[tp] = inv.headerless.get(tp, 0) + n
                 inv.headerless_total += n
             elif row["when"] == IN and row["origin"] is not None:
@@ -369,20 +431,19 @@ class _Comparison:
     def per_id(self, inw: DataFrame, inv: _Inventory) -> DataFrame:
         """Per (topic, partition, dr-id): for each region i, copies n_i, first offset o_i and
         the smallest/largest content hash lo_i/hi_i; the origin as an index into
-        `inv.names`, the mode, and a hash of the key (for the order check)."""
+        `inv.names`, the mode, and a hash of the key (for the order check). Every grouping
+        key and buffer is fixed width (the dr-id as two 64-bit hashes)."""
         aggs = []
-        for i, r in enumerate(self.regions):
-            here = F.col("region") == r
+        for i in range(len(self.regions)):
+            here = F.col("ri") == i
             aggs += [F.sum(here.cast("int")).alias(f"n{i}"),
                      F.min(F.when(here, F.col("offset"))).alias(f"o{i}"),
                      F.min(F.when(here, F.col("chash"))).alias(f"lo{i}"),
                      F.max(F.when(here, F.col("chash"))).alias(f"hi{i}")]
-        origin_code = _code(F.col("origin"), inv.names)
-        aggs += [F.max(origin_code).alias("oc"),
-                 F.max(_code(F.col("mode"), list(MODES))).alias("mc"),
-                 F.min(F.when(F.col("key").isNotNull(), F.xxhash64("key"))).alias("kh")]
-        ids = (inw.filter(F.col("dr_id").isNotNull())
-               .groupBy("topic", "partition", "dr_id").agg(*aggs))
+        aggs += [F.max(_code(F.col("origin"), inv.names)).alias("oc"),
+                 F.max("mc").alias("mc"), F.min("kh").alias("kh")]
+        ids = (inw.filter(F.col("id1").isNotNull())
+               .groupBy("tc", "partition", "id1", "id2").agg(*aggs))
         n = len(self.regions)
         ref = F.coalesce(_pick(F.col("oc"), [F.col(f"lo{i}") for i in range(n)]),
                          F.least(*[F.col(f"lo{i}") for i in range(n)]))
@@ -400,8 +461,8 @@ class _Comparison:
             aggs += [F.sum((F.col(f"n{i}") == 0).cast("int")).alias(f"lack{i}"),
                      F.sum((F.col(f"n{i}") > 1).cast("int")).alias(f"dup{i}")]
         out: dict[tuple[str, int], dict[str, Any]] = {}
-        for row in ids.groupBy("topic", "partition").agg(*aggs).collect():
-            out[(row["topic"], row["partition"])] = {
+        for row in ids.groupBy("tc", "partition").agg(*aggs).collect():
+            out[(self.topics[row["tc"]], row["partition"])] = {
                 "expected": row["expected"], "altered": row["altered"],
                 "lacking": {r: row[f"lack{i}"] for i, r in enumerate(self.regions)},
                 "duplicates": {r: row[f"dup{i}"] for i, r in enumerate(self.regions)}}
@@ -409,18 +470,18 @@ class _Comparison:
 
     def _lacking(self, ids: DataFrame) -> DataFrame:
         """One row per (dr-id, region without a copy of it)."""
-        regions = F.array(*[F.when(F.col(f"n{i}") == 0, F.lit(r))
-                            for i, r in enumerate(self.regions)])
+        regions = F.array(*[F.when(F.col(f"n{i}") == 0, F.lit(i).cast("tinyint"))
+                            for i in range(len(self.regions))])
         none = F.lit(False)
         for i in range(len(self.regions)):
             none = none | (F.col(f"n{i}") == 0)
         return (ids.filter(none)
-                .select("topic", "partition", "dr_id", "oc", "mc", "origin_offset", "href",
-                        F.explode(F.array_compact(regions)).alias("region")))
+                .select("tc", "partition", "id1", "id2", "oc", "mc", "origin_offset", "href",
+                        F.explode(F.array_compact(regions)).alias("ri")))
 
     def missing(self, ids: DataFrame, plain: DataFrame, inv: _Inventory,
                 counts: dict[tuple[str, int], dict[str, Any]]
-                ) -> tuple[dict[tuple[str, int, str], int], list[MissingRecord]]:
+                ) -> tuple[dict[tuple[str, int, str], int], list[Any]]:
         """Lacking copies, less those a headerless original of the same content stands for
         (a record written straight into a region, stamped with dr-* headers by the mirror)."""
         lacking = {(t, p, r): n for (t, p), c in counts.items()
@@ -429,77 +490,91 @@ class _Comparison:
             return {}, []
         absent = self._lacking(ids)
         if inv.headerless_total:
-            originals = plain.select("topic", "partition", "region",
+            originals = plain.select("tc", "partition", "ri",
                                      F.col("chash").alias("href")).distinct()
-            absent = absent.join(originals, ["topic", "partition", "region", "href"],
-                                 "left_anti")
-            lacking = {(r["topic"], r["partition"], r["region"]): r["count"] for r in
-                       absent.groupBy("topic", "partition", "region").count().collect()}
+            absent = absent.join(originals, ["tc", "partition", "ri", "href"], "left_anti")
+            lacking = {(self.topics[r["tc"]], r["partition"], self.regions[r["ri"]]): r["count"]
+                       for r in absent.groupBy("tc", "partition", "ri").count().collect()}
             if not lacking:
                 return {}, []
+        return lacking, self.take(absent, ["tc", "partition", self.region_rank,
+                                           "origin_offset", "id1", "id2"])
+
+    def missing_rows(self, got: list[Any], inv: _Inventory,
+                     named: dict[Ref, _Named]) -> list[MissingRecord]:
         names = inv.names
-        got = self.take(absent, ["topic", "partition", "region", "origin_offset", "dr_id"])
         rows = [MissingRecord(
-            topic=m["topic"], partition=m["partition"], region=m["region"], dr_id=m["dr_id"],
+            topic=self.topics[m["tc"]], partition=m["partition"],
+            region=self.regions[m["ri"]], dr_id=named[_ref(m)].dr_id,
             mode=MODES[m["mc"]] if m["mc"] is not None else None,
             origin=names[m["oc"]] if m["oc"] is not None else None,
             origin_partition=m["partition"] if m["origin_offset"] is not None else None,
             origin_offset=m["origin_offset"]) for m in got]
-        return lacking, rows
+        return sorted(rows, key=lambda m: (
+            m.topic, m.partition, m.region, m.origin_offset is not None,
+            m.origin_offset or 0, m.dr_id))
 
-    def _keys(self, wanted: set[tuple[str, int, str]]) -> dict[tuple[str, int, str], str]:
-        """The record key (hex) of a few dr-ids, read back from the cached records."""
-        if not wanted:
+    def resolve(self, refs: set[Ref]) -> dict[Ref, _Named]:
+        """The dr-id, key (hex) and offsets per region of a few records, read back from the
+        cached records in one pass (only here do the 36-character ids leave the cache)."""
+        if not refs:
             return {}
-        df = self.spark.createDataFrame(sorted(wanted),
-                                        "topic string, partition int, dr_id string")
-        got = (self.inw.join(F.broadcast(df), ["topic", "partition", "dr_id"])
-               .groupBy("topic", "partition", "dr_id")
-               .agg(F.hex(F.min("key")).alias("key_hex")).collect())
-        return {(g["topic"], g["partition"], g["dr_id"]): g["key_hex"] or "" for g in got}
+        wanted = self.spark.createDataFrame(sorted(refs),
+                                            "tc int, partition int, id1 long, id2 long")
+        out: dict[Ref, _Named] = {}
+        for g in (self.inw.join(F.broadcast(wanted), ["tc", "partition", "id1", "id2"])
+                  .groupBy("tc", "partition", "id1", "id2", "ri")
+                  .agg(F.min("dr_id").alias("dr_id"), F.hex(F.min("key")).alias("key_hex"),
+                       F.collect_list("offset").alias("offsets")).collect()):
+            got = out.setdefault(_ref(g), _Named(
+                bytes(g["dr_id"]).decode("utf-8", "replace"), g["key_hex"] or "", {}))
+            got.offsets[g["ri"]] = sorted(g["offsets"])
+            if g["key_hex"] and (not got.key_hex or g["key_hex"] < got.key_hex):
+                got.key_hex = g["key_hex"]
+        return out
 
     def duplicates(self, ids: DataFrame,
-                   counts: dict[tuple[str, int], dict[str, Any]]) -> list[DuplicateRecord]:
-        inw = self.inw
+                   counts: dict[tuple[str, int], dict[str, Any]]) -> list[Any]:
         if not any(n for c in counts.values() for n in c["duplicates"].values()):
             return []
-        regions = F.array(*[F.when(F.col(f"n{i}") > 1, F.lit(r))
-                            for i, r in enumerate(self.regions)])
-        dups = (ids.filter(F.array_size(F.array_compact(regions)) > 0)
-                .select("topic", "partition", "dr_id",
-                        F.explode(F.array_compact(regions)).alias("region")))
-        got = self.take(dups, ["topic", "partition", "region", "dr_id"])
-        wanted = self.spark.createDataFrame(
-            [(d["topic"], d["partition"], d["dr_id"], d["region"]) for d in got],
-            "topic string, partition int, dr_id string, region string")
-        offsets = {(o["topic"], o["partition"], o["dr_id"], o["region"]): sorted(o["offsets"])
-                   for o in (inw.join(F.broadcast(wanted),
-                                      ["topic", "partition", "dr_id", "region"])
-                             .groupBy("topic", "partition", "dr_id", "region")
-                             .agg(F.collect_list("offset").alias("offsets")).collect())}
-        out = [DuplicateRecord(topic=d["topic"], partition=d["partition"], region=d["region"],
-                               dr_id=d["dr_id"], count=len(o), offsets=o)
-               for d in got
-               for o in [offsets[(d["topic"], d["partition"], d["dr_id"], d["region"])]]]
+        regions = F.array_compact(F.array(*[
+            F.when(F.col(f"n{i}") > 1, F.lit(i).cast("tinyint"))
+            for i in range(len(self.regions))]))
+        dups = (ids.filter(F.array_size(regions) > 0)
+                .select("tc", "partition", "id1", "id2",
+                        F.explode(regions).alias("ri")))
+        return self.take(dups, ["tc", "partition", self.region_rank, "id1", "id2"])
+
+    def duplicate_rows(self, got: list[Any], named: dict[Ref, _Named]
+                       ) -> list[DuplicateRecord]:
+        out = [DuplicateRecord(topic=self.topics[d["tc"]], partition=d["partition"],
+                               region=self.regions[d["ri"]], dr_id=named[_ref(d)].dr_id,
+                               count=len(o), offsets=o)
+               for d in got for o in [named[_ref(d)].offsets[d["ri"]]]]
         return sorted(out, key=lambda d: (d.topic, d.partition, d.region, d.offsets[0]))
 
-    def altered(self, ids: DataFrame, inv: _Inventory,
-                counts: dict[tuple[str, int], dict[str, Any]]) -> list[AlteredRecord]:
+    def altered(self, ids: DataFrame,
+                counts: dict[tuple[str, int], dict[str, Any]]) -> list[Any]:
         if not any(c["altered"] for c in counts.values()):
             return []
         differs = F.array_compact(F.array(*[
             F.when((F.col(f"lo{i}") != F.col("href")) | (F.col(f"hi{i}") != F.col("href")),
                    F.lit(r)) for i, r in enumerate(self.regions)]))
-        got = self.take(ids.filter(F.col("altered"))
-                        .select("topic", "partition", "dr_id", "oc", differs.alias("differ")),
-                        ["topic", "partition", "dr_id"])
-        return [AlteredRecord(topic=a["topic"], partition=a["partition"], dr_id=a["dr_id"],
+        return self.take(ids.filter(F.col("altered"))
+                         .select("tc", "partition", "id1", "id2", "oc",
+                                 differs.alias("differ")),
+                         ["tc", "partition", "id1", "id2"])
+
+    def altered_rows(self, got: list[Any], inv: _Inventory,
+                     named: dict[Ref, _Named]) -> list[AlteredRecord]:
+        rows = [AlteredRecord(topic=self.topics[a["tc"]], partition=a["partition"],
+                              dr_id=named[_ref(a)].dr_id,
                               origin=inv.names[a["oc"]] if a["oc"] is not None else None,
                               regions=sorted(a["differ"])) for a in got]
+        return sorted(rows, key=lambda a: (a.topic, a.partition, a.dr_id))
 
     # -- 6. order -----------------------------------------------------------------------
-    def order(self, ids: DataFrame, inv: _Inventory
-              ) -> tuple[dict[tuple[str, int], int], list[OrderViolation]]:
+    def order(self, ids: DataFrame) -> tuple[dict[tuple[str, int], int], list[Any]]:
         """Ordered/sync records of one key, taken in their origin's order: a copy whose
         offset in a region is below the previous one's is a violation (the pair is named)."""
         n = len(self.regions)
@@ -507,55 +582,60 @@ class _Comparison:
                              & F.col("kh").isNotNull()
                              & (F.col("oc") < n) & F.col("origin_offset").isNotNull())
         copies = (ordered.select(
-            "topic", "partition", "dr_id", "oc", "kh", "origin_offset",
+            "tc", "partition", "id1", "id2", "oc", "kh", "origin_offset",
             F.inline(F.array(*[F.struct(F.lit(i).alias("ri"), F.col(f"o{i}").alias("off"))
                                for i in range(n)])))
             .filter((F.col("ri") != F.col("oc")) & F.col("off").isNotNull()))
-        w = Window.partitionBy("topic", "partition", "ri", "oc", "kh").orderBy("origin_offset")
+        w = Window.partitionBy("tc", "partition", "ri", "oc", "kh").orderBy("origin_offset")
         inversions = (copies.withColumn("prev_off", F.lag("off").over(w))
-                      .withColumn("prev_id", F.lag("dr_id").over(w))
+                      .withColumn("prev1", F.lag("id1").over(w))
+                      .withColumn("prev2", F.lag("id2").over(w))
                       .filter(F.col("off") < F.col("prev_off"))
-                      .select("topic", "partition", "ri", "oc", "origin_offset", "prev_id",
-                              "dr_id")).persist()
+                      .select("tc", "partition", "ri", "oc", "origin_offset", "prev1",
+                              "prev2", "id1", "id2")).persist()
         try:
-            counts = {(r["topic"], r["partition"]): r["count"] for r in
-                      inversions.groupBy("topic", "partition").count().collect()}
+            counts = {(self.topics[r["tc"]], r["partition"]): r["count"] for r in
+                      inversions.groupBy("tc", "partition").count().collect()}
             if not counts:
                 return {}, []
-            got = self.take(inversions, ["topic", "partition", "ri", "origin_offset"])
+            got = self.take(inversions, ["tc", "partition", "ri", "origin_offset"])
         finally:
             inversions.unpersist()
-        keys = self._keys({(o["topic"], o["partition"], o["dr_id"]) for o in got})
-        return counts, [OrderViolation(
-            topic=o["topic"], partition=o["partition"], region=self.regions[o["ri"]],
-            origin=inv.names[o["oc"]],
-            key=keys.get((o["topic"], o["partition"], o["dr_id"]), ""),
-            first_id=o["prev_id"], second_id=o["dr_id"]) for o in got]
+        return counts, got
+
+    def order_rows(self, got: list[Any], inv: _Inventory,
+                   named: dict[Ref, _Named]) -> list[OrderViolation]:
+        return [OrderViolation(
+            topic=self.topics[o["tc"]], partition=o["partition"],
+            region=self.regions[o["ri"]], origin=inv.names[o["oc"]],
+            key=named[_ref(o)].key_hex, first_id=named[_ref(o, "prev1", "prev2")].dr_id,
+            second_id=named[_ref(o)].dr_id) for o in got]
 
     # -- headerless records: present by content in every region? ------------------------
     def headerless(self, inw: DataFrame, plain: DataFrame, total: int
                    ) -> tuple[dict[tuple[str, int], int], list[HeaderlessMismatch]]:
         if not total:
             return {}, []
-        contents = plain.select("topic", "partition", "chash").distinct()
+        contents = plain.select("tc", "partition", "chash").distinct()
         if total <= 1_000_000:
             contents = F.broadcast(contents)
-        lonely = (inw.join(contents, ["topic", "partition", "chash"])
-                  .groupBy("topic", "partition", "chash", "region").count()
-                  .groupBy("topic", "partition", "chash")
-                  .agg(F.map_from_entries(F.collect_list(F.struct("region", "count")))
+        lonely = (inw.join(contents, ["tc", "partition", "chash"])
+                  .groupBy("tc", "partition", "chash", "ri").count()
+                  .groupBy("tc", "partition", "chash")
+                  .agg(F.map_from_entries(F.collect_list(F.struct("ri", "count")))
                        .alias("counts"), F.count(F.lit(1)).alias("nreg"))
                   .filter(F.col("nreg") < len(self.regions))).persist()
         try:
-            counts = {(r["topic"], r["partition"]): r["count"] for r in
-                      lonely.groupBy("topic", "partition").count().collect()}
-            got = self.take(lonely, ["topic", "partition", "chash"]) if counts else []
+            counts = {(self.topics[r["tc"]], r["partition"]): r["count"] for r in
+                      lonely.groupBy("tc", "partition").count().collect()}
+            got = self.take(lonely, ["tc", "partition", "chash"]) if counts else []
         finally:
             lonely.unpersist()
         return counts, [HeaderlessMismatch(
-            topic=h["topic"], partition=h["partition"],
+            topic=self.topics[h["tc"]], partition=h["partition"],
             content_hash=f"{h['chash'] & 0xFFFFFFFFFFFFFFFF:016x}",
-            counts={r: int(h["counts"].get(r, 0)) for r in self.regions}) for h in got]
+            counts={r: int(h["counts"].get(i, 0)) for i, r in enumerate(self.regions)})
+            for h in got]
 
     # -- the per topic/partition table --------------------------------------------------
     def summaries(self, counts: dict[tuple[str, int], dict[str, Any]],
@@ -626,21 +706,23 @@ def _pick(index: Column, cols: list[Column]) -> Column:
 
 
 # -- 3. latency -----------------------------------------------------------------------
-def _latency(inw: DataFrame) -> list[LatencyStats]:
+def _latency(inw: DataFrame, regions: list[str]) -> list[LatencyStats]:
     """Target append time - dr-ts per (origin, region), for copies outside their origin.
 
     Latencies are counted exactly below 1 s and to three significant digits above, so the
     distribution collected to the driver stays small (a few thousand buckets at most) and
     the percentiles are exact to 0.1 %."""
-    copies = inw.filter(F.col("dr_id").isNotNull() & F.col("has_ts")
-                        & F.col("origin").isNotNull() & (F.col("region") != F.col("origin")))
+    home = F.coalesce(_code(F.col("origin"), regions), F.lit(-1))
+    copies = inw.filter(F.col("id1").isNotNull() & F.col("has_ts")
+                        & F.col("origin").isNotNull() & (F.col("ri") != home))
     lat = F.col("lat_ms")
     scale = F.pow(F.lit(10.0), F.floor(F.log10(lat.cast("double"))) - 2)
     bucket = F.when(lat.isNull(), F.lit(None).cast("bigint")) \
         .when(lat < 1000, lat).otherwise((F.round(lat / scale) * scale).cast("bigint"))
     dist: dict[tuple[str, str], list[tuple[int | None, int]]] = {}
-    for row in copies.groupBy("origin", "region", bucket.alias("b")).count().collect():
-        dist.setdefault((row["origin"], row["region"]), []).append((row["b"], row["count"]))
+    for row in copies.groupBy("origin", "ri", bucket.alias("b")).count().collect():
+        dist.setdefault((row["origin"], regions[row["ri"]]), []).append(
+            (row["b"], row["count"]))
     return [latency_stats(o, r, d) for (o, r), d in sorted(dist.items())]
 
 

@@ -37,6 +37,7 @@ class RunSettings:
     state_path: Path | None = None
     master: str = "local[2]"
     driver_memory: str = "2g"
+    executor_memory: str | None = None
     jars_dir: Path | None = None
     max_details: int = 1000
     thresholds: Thresholds = field(default_factory=Thresholds)
@@ -92,7 +93,8 @@ def run(settings: RunSettings) -> Report:
     log.info("reconcile_start", regions=settings.regions, topics=settings.topics,
              since_ms=since, until_ms=until, incremental=marks is not None)
     spark = spark_session(SparkOptions(master=settings.master, jars_dir=settings.jars_dir,
-                                       driver_memory=settings.driver_memory))
+                                       driver_memory=settings.driver_memory,
+                                       executor_memory=settings.executor_memory))
     try:
         found = compare(spark, surveys, since_ms=since, until_ms=until, start_offsets=starts,
                         max_details=settings.max_details)
