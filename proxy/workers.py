@@ -221,6 +221,8 @@ class ProxySupervisor:
     async def _announce(self, ready: asyncio.Event | None) -> None:
         """Once every worker started: log, tell `ready`; once one serves: register."""
         await self._all_started.wait()
+        if self._stop.is_set():  # stopped before every worker started
+            return
         self.log.warning("proxy_serving", workers=self.workers,
                          endpoint=f"{self.config.host}:{self.port}",
                          metrics_port=self.metrics_port,
@@ -231,6 +233,8 @@ class ProxySupervisor:
         if not self.config.register_consul:
             return
         await self._any_serving.wait()
+        if self._stop.is_set():
+            return
         self._consul = ConsulClient(self.region.consul.http_addr, self.config.consul_retry)
         from proxy.server import CONSUL_SERVICE, _consul_check
         sid = f"{CONSUL_SERVICE}-{self.config.region}-{self.config.host}-{self.port}"
@@ -271,6 +275,8 @@ class ProxySupervisor:
                         s.proc.kill()
             await asyncio.wait(pending)
         self.drain_s = time.monotonic() - t0
+        self._all_started.set()  # wake `_announce` if it still waits: it sees the stop
+        self._any_serving.set()
         self.log.warning("proxy_drained", seconds=round(self.drain_s, 3),
                          exits=[s.last_exit for s in self.states])
 

@@ -170,6 +170,16 @@ async def test_a_worker_that_never_serves_stops_the_supervisor(
     assert sup.states[0].restarts == 3
 
 
+async def test_a_stop_before_every_worker_started_still_ends(fake_python: str) -> None:
+    sup = _supervisor(fake_python)
+    stop = asyncio.Event()
+    stop.set()
+    async with asyncio.timeout(30):
+        await sup.run(stop)
+    assert all(s.restarts == 0 for s in sup.states)
+    assert not any(s.alive for s in sup.states)
+
+
 def test_a_worker_is_told_its_index_and_the_port(fake_python: str) -> None:
     spec = WorkerSpec(topology=TOPOLOGY, region="east", policy=Path("p.yaml"),
                       host="127.0.0.1", port=0)
