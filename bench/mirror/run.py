@@ -386,6 +386,9 @@ def write_report(flat: dict[str, Any], notes: str = "") -> None:
     lines += ["", "![throughput and p99 latency](mirror.png)", ""]
     if notes:
         lines += [notes, ""]
+    notes_md = HERE / "notes.md"
+    if notes_md.exists():  # the analysis of the run, kept beside the script
+        lines += [notes_md.read_text().rstrip(), ""]
     (RESULTS / "mirror.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
