@@ -35,7 +35,7 @@ async def topic(two_regions) -> str:  # type: ignore[no-untyped-def]
     altered and two of one key swapped; one headerless record in both; sync records of
     west in both."""
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
-    name = unique("rcc")
+    name: str = unique("rcc")
     for boot in (east, west):
         await create_topic(boot, name, partitions=2, configs=APPEND)
     now = int(time.time() * 1000)
