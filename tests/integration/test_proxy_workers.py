@@ -58,8 +58,8 @@ def _free_port() -> int:
 
 
 def _scrape(port: int) -> str:
-    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                  timeout=5).read().decode()
+    return str(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                      timeout=5).read().decode())
 
 
 def _samples(text: str, name: str) -> dict[str, float]:
@@ -102,7 +102,7 @@ async def _produce(port: int, topic: str, n: int, channels: int) -> int:
     chans = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for _ in range(channels)]
     try:
         for i in range(n):
-            stub = pb_grpc.ProxyStub(chans[i % channels])
+            stub = pb_grpc.ProxyStub(chans[i % channels])  # type: ignore[no-untyped-call]
             r = await stub.Produce(pb.ProduceRequest(record=pb.Record(
                 topic=topic, key=b"k%d" % i, value=b"v")), timeout=10)
             ok += r.result.status == pb.STATUS_OK
@@ -233,7 +233,7 @@ async def two_servers(two_regions, policy_file: Path  # type: ignore[no-untyped-
 
 async def _stub(server: ProxyServer) -> tuple[grpc.aio.Channel, Any]:
     ch = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-    return ch, pb_grpc.ProxyStub(ch)
+    return ch, pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
 
 
 async def test_a_retry_reaching_another_process_is_answered_not_written(  # type: ignore[no-untyped-def]
