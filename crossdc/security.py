@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.logs import register_secret
 
 __all__ = [
     "ADMIN",
@@ -113,6 +114,7 @@ class KafkaSecurity(BaseModel):
         if not password:
             raise ConfigError([ConfigIssue(str(path), None, "password",
                                            f"the password file of {name!r} is empty")])
+        register_secret(password)  # a password in free text (an error, a client repr) is cut too
         return Credentials(name, password)
 
     def ssl_context(self) -> ssl.SSLContext | None:

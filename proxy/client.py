@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from crossdc.logs import register_secret
 from proxy.api import pb, pb_grpc
 from proxy.errors import ProduceFailed, ProxyError
 from proxy.headers import uuid7
@@ -113,6 +114,7 @@ class AsyncProducer:
                  client_key: bytes | str | Path | None = None,
                  tls_server_name: str | None = None) -> None:
         self.target = target
+        register_secret(token)  # never in this process's logs, even inside an error's text
         self._metadata: tuple[tuple[str, str], ...] = (
             (("authorization", f"Bearer {token}"),) if token else ())
         self._credentials: grpc.ChannelCredentials | None = None
