@@ -29,6 +29,11 @@ class HealthSettings(BaseModel):
                                  "down region is up again.")
     canary: bool = Field(True, description="Produce and consume a canary record each round.")
     canary_topic: str = Field("_crossdc.canary", description="Internal topic of the canary.")
+    canary_grace_s: float = Field(15.0, ge=0, description="While the region's Kafka still "
+                                  "answers metadata, a failing canary downs it only after "
+                                  "this long: one broker's death stalls acks=all writes until "
+                                  "Kafka fences it (broker.session.timeout.ms, 9 s), which is "
+                                  "no reason to fail over.")
     proxy: bool = Field(True, description="Ask the region's proxy for its gRPC health (a "
                         "failed proxy makes the region degraded, not down).")
 

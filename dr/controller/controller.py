@@ -72,9 +72,10 @@ class Controller:
         self.me = LeaderRecord(controller_id=settings.controller_id, region=settings.region,
                                since_ms=now_ms())
         self.lock: LeaderLock | None = None
-        self.hysteresis = {r.name: Hysteresis(r.name, settings.health.failures_to_down,
-                                              settings.health.successes_to_up)
-                           for r in topology.regions}
+        self.hysteresis = {r.name: Hysteresis(
+            r.name, settings.health.failures_to_down, settings.health.successes_to_up,
+            canary_grace_ms=int(settings.health.canary_grace_s * 1000))
+            for r in topology.regions}
         self.probers = {r.name: RegionProber(r, settings.health, settings.controller_id)
                         for r in topology.regions}
         self.lags: dict[tuple[str, str], Behind] = {}

@@ -49,17 +49,31 @@ class Round:
     def degraded(self) -> bool:
         return self.ok and not all(c.ok for c in self.checks.values())
 
+    @property
+    def canary_only(self) -> bool:
+        """Failed, but Kafka answered metadata: the cluster is there, a write path is not."""
+        kafka = self.checks.get("kafka")
+        return not self.ok and kafka is not None and kafka.ok
+
 
 class Hysteresis:
     """N consecutive failed rounds make a region down; M consecutive good ones bring it back.
 
+    A run of rounds where only the canary failed (Kafka still answered metadata) downs the
+    region only once it has lasted `canary_grace_ms`: a region of several brokers that lost
+    one stalls acks=all writes until Kafka fences that broker and elects new leaders, and
+    failing over from a cluster that heals itself in seconds would be the outage. Until then
+    the region is degraded.
+
     The first failed round of a run is remembered (`first_failure_ms`): it is the best
     estimate of when the fault began, which RTO is measured from."""
 
-    def __init__(self, region: str, failures_to_down: int, successes_to_up: int) -> None:
+    def __init__(self, region: str, failures_to_down: int, successes_to_up: int,
+                 canary_grace_ms: int = 0) -> None:
         self.region = region
         self.failures_to_down = failures_to_down
         self.successes_to_up = successes_to_up
+        self.canary_grace_ms = canary_grace_ms
         self.status: Literal["up", "degraded", "down", "unknown"] = "unknown"
         self.since_ms = now_ms()
         self.failures = 0
@@ -83,8 +97,12 @@ class Hysteresis:
             self.successes = 0
             if self.first_failure_ms is None:
                 self.first_failure_ms = rnd.at_ms
-            if self.failures >= self.failures_to_down:
+            in_grace = (rnd.canary_only and
+                        rnd.at_ms - self.first_failure_ms < self.canary_grace_ms)
+            if self.failures >= self.failures_to_down and not in_grace:
                 self.status = "down"
+            elif in_grace and self.status == "up":
+                self.status = "degraded"
         if self.status != before:
             self.since_ms = rnd.at_ms
             return True
@@ -176,9 +194,13 @@ class RegionProber:
             if self._producer is None:
                 topics = await self._admin.list_topics()
                 if self.settings.canary_topic not in topics:
+                    # Replicated where the region has the brokers: a canary on one broker
+                    # would call the region down for as long as that broker is.
+                    cluster = await self._admin.describe_cluster()
+                    rf = max(1, min(3, len(cluster.get("brokers", []))))
                     with contextlib.suppress(TopicAlreadyExistsError):
                         await self._admin.create_topics([NewTopic(
-                            self.settings.canary_topic, 1, 1,
+                            self.settings.canary_topic, 1, rf,
                             topic_configs={"retention.ms": "3600000"})])
                 producer = AIOKafkaProducer(
                     **kafka_kw(self._bootstrap), acks="all", linger_ms=0,

@@ -56,6 +56,39 @@ def test_a_failing_proxy_degrades_a_region_but_never_downs_it() -> None:
     assert h.status == "up"
 
 
+def test_a_failing_canary_with_kafka_answering_downs_a_region_only_after_the_grace() -> None:
+    # One broker of three killed: metadata answers, acks=all writes stall until Kafka fences
+    # it. Seen in the chaos suite as a false failover before the grace existed.
+    h = Hysteresis("east", failures_to_down=3, successes_to_up=1, canary_grace_ms=15_000)
+    h.observe(rnd(True, 0))
+
+    def canary_failed(at_ms: int) -> Round:
+        return Round({"kafka": CheckResult(ok=True), "canary": CheckResult(ok=False)},
+                     at_ms=at_ms)
+
+    for t in range(500, 14_001, 500):
+        h.observe(canary_failed(t))
+        assert h.status == "degraded", t
+    assert h.observe(canary_failed(15_500))
+    assert h.status == "down", "a canary still failing after the grace downs the region"
+    assert h.first_failure_ms == 500
+    # Kafka itself gone after canary-only rounds: the usual N rounds, no grace
+    g = Hysteresis("east", failures_to_down=3, successes_to_up=1, canary_grace_ms=15_000)
+    g.observe(rnd(True, 0))
+    g.observe(canary_failed(500))
+    g.observe(rnd(False, 1000))
+    g.observe(rnd(False, 1500))
+    assert g.status == "down"
+    # and the cluster healing within the grace brings it straight back
+    k = Hysteresis("east", failures_to_down=3, successes_to_up=1, canary_grace_ms=15_000)
+    k.observe(rnd(True, 0))
+    for t in (500, 1000, 1500, 2000):
+        k.observe(canary_failed(t))
+    k.observe(rnd(True, 2500))
+    assert k.status == "up"
+    assert k.first_failure_ms is None
+
+
 def test_fence_then_promote_keeps_one_primary_per_epoch() -> None:
     cur = PrimaryRecord(region="east", epoch=4)
     fenced = cur.fence("c1")
