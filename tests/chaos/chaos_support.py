@@ -21,6 +21,7 @@ from tests_support import write_topology  # type: ignore[import-not-found]
 from crossdc.topology import Flow, Topology
 from dr.drill.report import DrillReport, Thresholds
 from dr.drill.run import DrillConfig, plan_drill, run_drill
+from dr.drill.traffic import read_ack_log
 from dr.stack.local import LocalStack
 from dr.stack.paths import REPO_ROOT, StackPaths
 from dr.stack.ports import free_topology
@@ -129,17 +130,30 @@ RUN_TOPICS: dict[str, list[str]] = {}
 """fault -> the drill's topics, for the reconciliation job run once at the suite's end."""
 
 
+RUN_ACKED: dict[str, set[str]] = {}
+"""fault -> the dr-ids its drill's clients were told were acknowledged."""
+
+
 def remember(fault: str, report: DrillReport) -> None:
     RUN_TOPICS[fault] = list(report.topics.values())
+    if report.files is not None:
+        log = Path(report.files.folder) / "acks.jsonl"
+        RUN_ACKED[fault] = {a.dr_id for a in read_ack_log(log)}
 
 
 @dataclass
 class Reconciled:
     missing: int
     duplicates: int
+    missing_ids: frozenset[str] = frozenset()
 
     def cell(self) -> str:
         return f"missing {self.missing}, duplicates {self.duplicates}"
+
+    def missing_acked(self, acked: set[str]) -> set[str]:
+        """The missing dr-ids the clients were told were acknowledged (the others are
+        records whose sends failed, e.g. a sync write that reached one region only)."""
+        return set(self.missing_ids) & acked
 
 
 def reconcile(chaos: ChaosStack, runs: dict[str, list[str]]) -> dict[str, Reconciled]:
@@ -163,8 +177,12 @@ def reconcile(chaos: ChaosStack, runs: dict[str, list[str]]) -> dict[str, Reconc
         per_topic[t.topic] = Reconciled(
             missing=sum(sum(p.missing.values()) for p in t.partitions),
             duplicates=sum(sum(p.duplicates.values()) for p in t.partitions))
+    ids: dict[str, set[str]] = {}
+    for m in report.missing:
+        ids.setdefault(m.topic, set()).add(m.dr_id)
     out = {}
     for fault, ts in runs.items():
         got = [per_topic.get(t, Reconciled(0, 0)) for t in ts]
-        out[fault] = Reconciled(sum(g.missing for g in got), sum(g.duplicates for g in got))
+        out[fault] = Reconciled(sum(g.missing for g in got), sum(g.duplicates for g in got),
+                                frozenset(i for t in ts for i in ids.get(t, ())))
     return out
