@@ -103,7 +103,7 @@ class Services:
     def __init__(self, topology: Topology, topology_path: Path, paths: StackPaths, *,
                  policy: Path | None = None, auto_failover: bool = True,
                  controller_config: Path | None = None, proxies_per_region: int = 1,
-                 proxy_workers: int | None = None) -> None:
+                 proxy_workers: int | None = 1) -> None:
         self.topology = topology
         self.topology_path = Path(topology_path).resolve()
         self.paths = paths
@@ -114,7 +114,8 @@ class Services:
         """More than 1: `proxy-<region>-2`, ... beside `proxy-<region>` (free loopback ports;
         each registers itself in its region's Consul as crossdc-proxy)."""
         self.proxy_workers = proxy_workers
-        """`dr proxy serve --workers N` (None: the command's default)."""
+        """`dr proxy serve --workers N` (None: the command's default, one per core). One on
+        the local stack: every region's processes share this machine's cores."""
         self._procs: dict[str, ManagedProcess] = {}
 
     # -- the record ---------------------------------------------------------------------
