@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber
 from aiokafka.partitioner import murmur2
 from tenacity import (
     AsyncRetrying,
@@ -108,6 +108,8 @@ class RegionWriter:
         self._producer: AIOKafkaProducer | None = None
         self._reachable = False
         self._closed = False
+        self._renew = False
+        """A batch came back OutOfOrderSequenceNumber: the next attempt uses a new producer."""
         self._last_error = "not started"
         self._refreshed: dict[str, float] = {}
         self._lookups: dict[str, asyncio.Future[bool]] = {}
@@ -166,6 +168,21 @@ class RegionWriter:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     await producer.client.close()
+
+    async def _renew_producer(self) -> None:
+        """Replace the producer (after OutOfOrderSequenceNumber); the old one is closed,
+        bounded: its refused batches have nothing left to deliver."""
+        async with self._lock:
+            if not self._renew or self._closed:
+                return
+            self._renew = False
+            old, self._producer = self._producer, None
+        self.log.warning("producer_renewed", why="OutOfOrderSequenceNumber")
+        if old is not None:
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                async with asyncio.timeout(self.settings.probe_timeout_s * 2):
+                    await old.stop()
+        await self.start()
 
     def _set_reachable(self, ok: bool, why: str) -> None:
         if ok != self._reachable:
@@ -370,6 +387,8 @@ class RegionWriter:
         built here (`create_batch`/`send_batch`: one future per batch, offsets base + index),
         which skips aiokafka's per-record send path; the others go through `send()`, which
         lets a lone record share the producer's current batch of its partition."""
+        if self._renew:
+            await self._renew_producer()
         producer = self._producer
         if producer is None:
             err = RegionWriteFailed(self.name, topic, self.why_not_writable())
@@ -521,6 +540,14 @@ class RegionWriter:
         if error is None:
             md = fut.result()
             results[i] = RegionWrite(self.name, md.partition, md.offset)
+        elif isinstance(error, OutOfOrderSequenceNumber):
+            # The broker refused the batch (nothing written), and aiokafka does not repair the
+            # gap it leaves in the idempotent sequence: every later batch of that partition
+            # would fail the same way (seen when a killed partition leader came back). A new
+            # producer id starts clean; the records are retried with it.
+            self._renew = True
+            results[i] = RegionWriteFailed(self.name, topic, f"{error.__class__.__name__}: {error}")
+            retry.append(i)
         elif isinstance(error, KafkaError):
             results[i] = self._translate(topic, error)
             if error.retriable:

@@ -363,3 +363,51 @@ async def test_async_producer_bounds_pending_bytes() -> None:
     finally:
         stub.release.set()
         await p.stop()
+
+
+async def test_writer_renews_its_producer_after_out_of_order_sequence() -> None:
+    # A killed partition leader that came back left the proxy's idempotent producer failing
+    # every batch of that partition with OutOfOrderSequenceNumber (chaos suite, leader-kill);
+    # aiokafka does not repair the gap. The writer must retry the records with a new producer.
+    from aiokafka.errors import OutOfOrderSequenceNumber
+    from aiokafka.structs import RecordMetadata
+
+    from proxy.config import BreakerSettings, KafkaWriterSettings
+    from proxy.writers import Outgoing, RegionWrite, RegionWriter
+
+    class StandIn:
+        def __init__(self, fail: bool) -> None:
+            self.fail, self.sent, self.stopped = fail, 0, False
+
+        async def send(self, topic: str, **kw: Any) -> asyncio.Future[Any]:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            if self.fail:
+                fut.set_exception(OutOfOrderSequenceNumber())
+            else:
+                fut.set_result(RecordMetadata(topic, 0, None, self.sent, -1, None, 0))
+                self.sent += 1
+            return fut
+
+        async def stop(self) -> None:
+            self.stopped = True
+
+    w = RegionWriter(TOPO.region("east"), KafkaWriterSettings(), BreakerSettings(),
+                     ProxyMetrics(), client_id="t")
+    wedged, fresh = StandIn(fail=True), StandIn(fail=False)
+    w._producer = wedged  # a stand-in
+    w._reachable = True
+    started: list[int] = []
+
+    async def start() -> bool:
+        started.append(1)
+        w._producer = fresh  # a stand-in
+        return True
+
+    w.start = start  # type: ignore[method-assign]
+    item = Outgoing(b"k", b"v", [], 0, 2)
+    out = await w.write("payments", [item], mode="ordered",
+                        deadline=time.monotonic() + 5)
+    assert type(out[0]) is RegionWrite, out
+    assert started == [1], "one new producer"
+    assert wedged.stopped, "the wedged producer is closed"
+    assert fresh.sent == 1
