@@ -14,7 +14,9 @@ loaded machine). A session TTL alone could not do it: Consul's minimum TTL is 10
 waits up to twice the TTL; the session's own TTL (renewed every beat) is only a backstop.
 
 In a partition that cuts the datacenters apart, each side's controller holds the lock in the
-datacenters it reaches: two leaders, each writing only its side. The primary record's epochs
+datacenters it reaches: two leaders, each writing only its side. A controller that cannot
+reach its own datacenter holds no lock anywhere (it could not lead, and would keep the others
+from it). The primary record's epochs
 keep that safe (the fence bumps the epoch; the higher one wins when the sides meet again);
 see runbooks/split-brain.md.
 """
@@ -79,7 +81,14 @@ class LeaderLock:
         reachable = {r for r, ok in zip(self.order, beats, strict=True) if ok}
         self._reachable = reachable
         holding: set[str] = set()
-        lost = False
+        lost = self.me.region not in reachable
+        if lost:
+            # Cut off from our own datacenter we cannot lead, and a lock we keep elsewhere
+            # would stop the controllers that can (the chaos suite's partition: the cut
+            # region's controller still held the other datacenters' keys, so nobody led and
+            # nothing failed over until the heal).
+            for region in list(self._sessions):
+                await self._release_one(region)
         for region in self.order:
             if region not in reachable:
                 continue

@@ -172,3 +172,78 @@ async def test_automatic_failover_waits_out_the_wait_period_and_the_gate() -> No
     assert ctl.metrics.auto_blocked.labels(reason="gate_closed")._value.get() == 1
     assert called == []
     await ctl.dcs.close()
+
+
+class _Consul:
+    """A datacenter's Consul as the leader lock sees it: one lock key, sessions, reachable
+    or cut off (a stand-in: the lock against real Consul is tests/integration/test_controller)."""
+
+    def __init__(self) -> None:
+        self.reachable = True
+        self.holder: str | None = None
+        self.sessions: dict[str, str] = {}  # session -> controller
+
+    def _up(self) -> None:
+        from crossdc.errors import ClientError
+        if not self.reachable:
+            raise ClientError("unreachable")
+
+    async def register_service(self, *a: object, **kw: object) -> None:
+        self._up()
+
+    async def check_pass(self, *a: object) -> None:
+        self._up()
+
+    async def session_create(self, name: str, **kw: object) -> str:
+        self._up()
+        sid = f"s{len(self.sessions)}"
+        self.sessions[sid] = name
+        return sid
+
+    async def session_renew(self, sid: str) -> bool:
+        self._up()
+        return sid in self.sessions
+
+    async def session_destroy(self, sid: str) -> None:
+        self._up()
+        self.sessions.pop(sid, None)
+        if self.holder == sid:
+            self.holder = None
+
+    async def kv_acquire(self, key: str, sid: str, value: bytes) -> bool:
+        self._up()
+        if self.holder in (None, sid):
+            self.holder = sid
+            return True
+        return False
+
+
+async def test_a_controller_cut_off_from_its_own_datacenter_lets_the_others_lead() -> None:
+    # The chaos suite's partition: east's Consul cut off, both controllers outside it. East's
+    # controller kept west's key, so west's could not lead and nothing failed over.
+    from dr.controller.leader import LeaderLock
+    from dr.controller.state import LeaderRecord
+
+    consuls = {"east": _Consul(), "west": _Consul()}
+
+    class Dcs:
+        topology = _topology()
+
+        def client(self, region: str) -> _Consul:
+            return consuls[region]
+
+    def lock(region: str) -> LeaderLock:
+        return LeaderLock(Dcs(), LeaderSettings(), LeaderRecord(  # type: ignore[arg-type]
+            controller_id=f"c-{region}", region=region, since_ms=0))
+
+    east, west = lock("east"), lock("west")
+    await east.round()
+    await west.round()
+    assert east.leading
+    assert not west.leading
+    consuls["east"].reachable = False
+    await east.round()
+    assert not east.leading
+    assert consuls["west"].holder is None, "east's controller let go of west's key"
+    await west.round()
+    assert west.leading, "west's controller leads the side it reaches"
