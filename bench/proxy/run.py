@@ -567,7 +567,7 @@ COLORS = {"direct": "#4c78a8", "unary": "#e45756", "batch": "#f58518", "stream":
 
 
 def charts(rows: list[dict[str, Any]], pace: dict[str, dict[str, Any]],
-           caps: dict[str, Any]) -> list[Path]:
+           caps: dict[str, Any], out_dir: Path = RESULTS) -> list[Path]:
     """proxy.png: records/s per contender; proxy-paced.png: unary latency at the paced rate,
     direct vs proxy; proxy-capacity.png: unary p99 against the offered rate per worker
     count."""
@@ -581,14 +581,14 @@ def charts(rows: list[dict[str, Any]], pace: dict[str, dict[str, Any]],
     def rps(mode: str, size: int) -> float | None:
         r = next((r for r in rows if r["size"] == size and r["mode"] == mode), None)
         return None if r is None else float(r["rps"])
-    out.append(bars(RESULTS / "proxy.png", [BarPanel(
+    out.append(bars(out_dir / "proxy.png", [BarPanel(
         "records/s, direct aiokafka vs proxy (closed loop, 2 cores shared)",
         [f"{s if s < 1024 else '1 Ki'} B records" for s in sizes],
         {m: [rps(m, s) for s in sizes] for m in modes}, ylabel="records / s",
         value_format=lambda v: f"{v / 1000:.1f}k")], colors=COLORS))
     if pace:
         rate = next(iter(pace.values()))["rate"]
-        out.append(bars(RESULTS / "proxy-paced.png", [BarPanel(
+        out.append(bars(out_dir / "proxy-paced.png", [BarPanel(
             f"unary at a paced {rate}/s, 1 KiB: latency", ["p50", "p90", "p99"],
             {n: [float(pace[n]["p50_ms"]), float(pace[n]["p90_ms"]), float(pace[n]["p99_ms"])]
              for n in ("direct", "proxy") if n in pace}, ylabel="ms",
@@ -596,7 +596,7 @@ def charts(rows: list[dict[str, Any]], pace: dict[str, dict[str, Any]],
     series = {c["label"]: [(float(st["rate"]), float(st["p99_ms"])) for st in c["steps"]]
               for c in caps.values() if c.get("steps")}
     if series:
-        out.append(lines(RESULTS / "proxy-capacity.png", series=series,
+        out.append(lines(out_dir / "proxy-capacity.png", series=series,
                          title="unary p99 against the offered rate (capacity: p99 < 50 ms)",
                          xlabel="offered requests / s (open loop)", ylabel="p99 ms",
                          value_format="{:.0f}"))

@@ -74,13 +74,18 @@ def test_bench_charts_are_pngs(tmp_path: Path) -> None:
         tmp_path / "mirror.png")
     rows = [{"size": size, "mode": mode, "rps": rps}
             for size in (100, 1024) for mode, rps in (("direct", 59_000), ("batch", 52_000))]
-    pace = {"direct": {"rate": 1000, "p50_ms": 3.4, "p99_ms": 6.4},
-            "proxy": {"rate": 1000, "p50_ms": 5.0, "p99_ms": 24.7}}
-    proxy = _bench("proxy").chart(rows, pace, tmp_path / "proxy.png")
+    pace = {"direct": {"rate": 300, "p50_ms": 3.4, "p90_ms": 5.0, "p99_ms": 6.4},
+            "proxy": {"rate": 300, "p50_ms": 5.0, "p90_ms": 9.0, "p99_ms": 24.7}}
+    caps = {n: {"label": f"{n} worker(s)",
+                "steps": [{"rate": r, "p99_ms": r / 20 * n} for r in (400, 500, 625)]}
+            for n in (1, 2)}
+    proxy_charts = _bench("proxy").charts(rows, pace, caps, tmp_path)
+    assert [p.name for p in proxy_charts] == ["proxy.png", "proxy-paced.png",
+                                              "proxy-capacity.png"]
     recon = _bench("reconcile").chart(
         [{"records_per_region": n * 1_000_000, "spark_s": 50 + 20 * n, "python_s": 25 * n}
          for n in (1, 2, 3)], tmp_path / "reconcile.png")
-    for out in (mirror, proxy, recon):
+    for out in (mirror, *proxy_charts, recon):
         width, height = png_size(out)
         assert width > 600, (out, width)
         assert height > 300, (out, height)
