@@ -63,7 +63,9 @@ async def _independent(dep: Deployment, report: DrillReport) -> dict[str, int]:
                     c[dr_id.decode()] += 1
         copies[region.name] = c
     lost = sum(1 for i in ids if all(copies[r][i] == 0 for r in copies))
-    dups = sum(max(0, copies[r][i] - 1) for r in copies for i in ids)
+    # the report's definition: every copy beyond the first, acked or not (a send that failed
+    # during the failover may still have landed twice)
+    dups = sum(max(0, n - 1) for r in copies for n in copies[r].values())
     per_mode = Counter(a["mode"] for a in {a["dr_id"]: a for a in acked}.values())
     return {"acked": len(ids), "lost": lost, "duplicates": dups, **per_mode}
 
