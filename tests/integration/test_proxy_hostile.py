@@ -35,7 +35,8 @@ from kafka_helpers import create_topic, eventually, unique  # type: ignore[impor
 from proxy.api import SERVICE_NAME, pb, pb_grpc
 
 # the first test of a file waits for the session stack (minutes on a busy machine)
-pytestmark = pytest.mark.timeout(900)
+# slow: a real `dr proxy serve` of its own; CI runs it in `make test-more`
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 POLICY = """\
 strict: true

@@ -24,7 +24,8 @@ from proxy.api import pb, pb_grpc
 from proxy.auth import hash_token, new_token
 
 # the first test of a file waits for the session stack (minutes on a busy machine)
-pytestmark = pytest.mark.timeout(900)
+# slow: a real `dr proxy serve` of its own; CI runs it in `make test-more`
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 WRITER, OTHER, UNKNOWN = new_token(), new_token(), new_token()
 MALFORMED = "Basic " + new_token()
