@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -82,15 +82,17 @@ async def read_back(topology: Topology, topics: Iterable[str],
     return {r.name: out[r.name] for r in topology.regions}
 
 
-async def _read_region(bootstrap: str, topics: list[str]) -> dict[str, dict[str, int]]:
+async def _records(bootstrap: str, topics: list[str],
+                   client_id: str) -> AsyncIterator[tuple[str, list[tuple[str, bytes]]]]:
+    """(topic, headers) of every record of `topics` up to their end offsets now (committed
+    only: a transaction's markers take offsets, so reading stops at positions, not counts)."""
     async with KafkaAdmin(bootstrap, ADMIN_RETRY) as admin:
         counts = await admin.partition_counts(topics)
-    held: dict[str, dict[str, int]] = {t: {} for t in topics}
     tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
     if not tps:
-        return held
+        return
     c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
-                         isolation_level="read_committed", client_id="crossdc-drill-count")
+                         isolation_level="read_committed", client_id=client_id)
     try:
         await c.start()
         c.assign(tps)
@@ -99,17 +101,22 @@ async def _read_region(bootstrap: str, topics: list[str]) -> dict[str, dict[str,
         todo = {tp for tp in tps if ends[tp] > 0}
         while todo:
             for tp, recs in (await c.getmany(*todo, timeout_ms=500)).items():
-                per = held[tp.topic]
                 for rec in recs:
-                    if rec.offset >= ends[tp]:
-                        continue
-                    dr_id = next((v for k, v in rec.headers if k == DR_ID), None)
-                    if dr_id is not None:
-                        key = dr_id.decode(errors="replace")
-                        per[key] = per.get(key, 0) + 1
+                    if rec.offset < ends[tp]:
+                        yield tp.topic, list(rec.headers)
             todo = {tp for tp in todo if await c.position(tp) < ends[tp]}
     finally:
         await c.stop()
+
+
+async def _read_region(bootstrap: str, topics: list[str]) -> dict[str, dict[str, int]]:
+    held: dict[str, dict[str, int]] = {t: {} for t in topics}
+    async for topic, headers in _records(bootstrap, topics, "crossdc-drill-count"):
+        dr_id = next((v for k, v in headers if k == DR_ID), None)
+        if dr_id is not None:
+            per = held[topic]
+            key = dr_id.decode(errors="replace")
+            per[key] = per.get(key, 0) + 1
     return held
 
 
@@ -269,25 +276,5 @@ def split_brain(epochs: Epochs) -> list[str]:
 
 
 async def _read_headers(bootstrap: str, topic: str) -> list[dict[str, str]]:
-    async with KafkaAdmin(bootstrap, ADMIN_RETRY) as admin:
-        counts = await admin.partition_counts([topic])
-    tps = [TopicPartition(topic, p) for p in range(counts.get(topic, 0))]
-    out: list[dict[str, str]] = []
-    if not tps:
-        return out
-    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
-                         isolation_level="read_committed", client_id="crossdc-drill-epochs")
-    try:
-        await c.start()
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        ends = await c.end_offsets(tps)
-        todo = {tp for tp in tps if ends[tp] > 0}
-        while todo:
-            for tp, recs in (await c.getmany(*todo, timeout_ms=500)).items():
-                out += [{k: v.decode(errors="replace") for k, v in rec.headers}
-                        for rec in recs if rec.offset < ends[tp]]
-            todo = {tp for tp in todo if await c.position(tp) < ends[tp]}
-    finally:
-        await c.stop()
-    return out
+    return [{k: v.decode(errors="replace") for k, v in headers}
+            async for _, headers in _records(bootstrap, [topic], "crossdc-drill-epochs")]
