@@ -40,9 +40,24 @@ def _block_free(base: int) -> bool:
     return True
 
 
+def _ephemeral_low(default: int = 32768) -> int:
+    """The lowest port the kernel hands out to outgoing connections."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+
+
 def free_topology(names: list[str], *, primary: str | None = None, seed: int | None = None,
-                  low: int = 20000, high: int = 60000) -> Topology:
-    """A topology for `names` whose every port is free now (blocks of `BLOCK` ports)."""
+                  low: int = 20000, high: int | None = None) -> Topology:
+    """A topology for `names` whose every port is free now (blocks of `BLOCK` ports).
+
+    Below the kernel's ephemeral range by default: a port free when checked there can be
+    taken by any outgoing connection before the server binds it (seen: a 3-broker stack's
+    controller port, taken while six brokers were connecting to each other)."""
+    if high is None:
+        high = max(low + 40 * BLOCK, min(60000, _ephemeral_low()))
     rng = random.Random(seed)
     regions = []
     used: set[int] = set()
