@@ -12,7 +12,7 @@ import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -32,6 +32,7 @@ log = structlog.get_logger("crossdc.controller.health")
 # What makes a region down: its Kafka does not answer, or cannot take and return a record.
 # A failing proxy only degrades it (the region's data path is still there).
 CRITICAL = ("kafka", "canary")
+_METADATA_TRIES = 3  # brokers asked per metadata check, each picked at random by aiokafka
 
 
 @dataclass
@@ -260,7 +261,7 @@ class RegionProber:
         assert self._admin is not None
         try:
             async with asyncio.timeout(self.settings.timeout_s):
-                meta = await self._admin.describe_cluster()
+                meta = await self._ask_any_broker(self._admin)
             brokers = len(meta.get("brokers", []))
             return CheckResult(ok=brokers > 0, latency_ms=_ms(t0),
                                detail=f"{brokers} broker(s), controller "
@@ -268,6 +269,21 @@ class RegionProber:
         except (TimeoutError, KafkaError, OSError) as exc:
             return CheckResult(ok=False, latency_ms=_ms(t0),
                                detail=f"metadata: {exc.__class__.__name__} {exc}".strip())
+
+    @staticmethod
+    async def _ask_any_broker(admin: AIOKafkaAdminClient) -> dict[str, Any]:
+        """Cluster metadata from any broker that answers. aiokafka sends each request to a
+        random known broker: a region that lost one of three would otherwise fail a third of
+        its rounds until Kafka and the client forget the dead one, and three in a row down
+        the region (the chaos suite's leader-kill saw exactly that)."""
+        for attempt in range(1, _METADATA_TRIES + 1):
+            try:
+                meta: dict[str, Any] = await admin.describe_cluster()
+                return meta
+            except (KafkaError, OSError):
+                if attempt == _METADATA_TRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     async def _canary(self) -> CheckResult:
         """Produce a record and read it back: the region takes and serves data."""

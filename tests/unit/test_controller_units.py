@@ -247,3 +247,26 @@ async def test_a_controller_cut_off_from_its_own_datacenter_lets_the_others_lead
     assert consuls["west"].holder is None, "east's controller let go of west's key"
     await west.round()
     assert west.leading, "west's controller leads the side it reaches"
+
+
+async def test_the_metadata_check_asks_other_brokers_when_one_is_dead() -> None:
+    # aiokafka sends each admin request to a random known broker: with one of three dead,
+    # a third of the rounds failed and three in a row downed the region (chaos: leader-kill).
+    from aiokafka.errors import NodeNotReadyError
+
+    from dr.controller.health import RegionProber
+
+    class Admin:
+        def __init__(self, dead_picks: int) -> None:
+            self.dead_picks, self.asked = dead_picks, 0
+
+        async def describe_cluster(self) -> dict[str, object]:
+            self.asked += 1
+            if self.asked <= self.dead_picks:
+                raise NodeNotReadyError("node 1")
+            return {"brokers": [2, 3], "controller_id": 2}
+
+    meta = await RegionProber._ask_any_broker(Admin(dead_picks=2))  # type: ignore[arg-type]
+    assert meta["brokers"] == [2, 3]
+    with pytest.raises(NodeNotReadyError):
+        await RegionProber._ask_any_broker(Admin(dead_picks=99))  # type: ignore[arg-type]
