@@ -18,7 +18,7 @@ from kafka_helpers import create_topic, produce, unique  # type: ignore[import-n
 
 from dr.reconcile.cluster import StandaloneCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # Spark local + a standalone cluster
 
 APPEND = {"message.timestamp.type": "LogAppendTime"}
 
