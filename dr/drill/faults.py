@@ -324,9 +324,14 @@ class _LeaderKill(_LocalFault):
         if not topic:
             raise DrillError(f"{self.scenario}: no ordered topic to find a leader of")
         reg = self.stack.topology.region(self.primary)
-        leaders = await partition_leaders(reg.kafka.bootstrap, topic)
-        if not leaders:
-            raise DrillError(f"{self.scenario}: {topic} has no leader in {self.primary}")
+        # a loaded region may not have elected the new topic's leaders yet (seen in CI's
+        # rehearsal): ask again until a deadline
+        deadline = time.monotonic() + 60
+        while not (leaders := await partition_leaders(reg.kafka.bootstrap, topic)):
+            if time.monotonic() > deadline:
+                raise DrillError(f"{self.scenario}: {topic} has no leader in {self.primary} "
+                                 "after 60 s")
+            await asyncio.sleep(1.0)
         counts: dict[int, int] = {}
         for node in leaders.values():
             counts[node] = counts.get(node, 0) + 1
