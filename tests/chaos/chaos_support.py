@@ -134,16 +134,8 @@ RUN_ACKED: dict[str, set[str]] = {}
 """fault -> the dr-ids its drill's clients were told were acknowledged."""
 
 
-FAILED_OVER: set[str] = set()
-"""Faults during which the primary moved although it must not have (a known controller
-defect, xfailed): ordered records the old primary acknowledged just before the fence stay
-there only (the divergent tail), so those faults' regions do not converge."""
-
-
 def remember(fault: str, report: DrillReport) -> None:
     RUN_TOPICS[fault] = list(report.topics.values())
-    if fault in NO_FAILOVER and report.primary_after != report.primary_before:
-        FAILED_OVER.add(fault)
     if report.files is not None:
         log = Path(report.files.folder) / "acks.jsonl"
         RUN_ACKED[fault] = {a.dr_id for a in read_ack_log(log)}

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 from chaos_results import record, update_reconciliation  # type: ignore[import-not-found]
 from chaos_support import (  # type: ignore[import-not-found]
-    FAILED_OVER,
     FULL,
     RUN_ACKED,
     RUN_TOPICS,
@@ -33,15 +32,11 @@ from dr.drill.traffic import Ack
 
 pytestmark = [pytest.mark.timeout(600)]
 
-KNOWN_FALSE_FAILOVER = (
-    "known (controller): the leading controller's canary writes to a partition the killed "
-    "broker led; NodeNotReadyError three times in ~2 s judges the whole region down before "
-    "Kafka's election ends on a loaded machine, and it fails over (seen 2026-11-23)")
 full_only = pytest.mark.skipif(not FULL, reason="full chaos set only (CROSSDC_CHAOS=full)")
 
 
-# Full set only until its last failure is understood (2026-11-24, on a loaded machine, after the
-# health fixes; see docs/reliability.md): CI's reduced set must be green to land anything.
+# Full set only: re-run since the health fixes only on a loaded machine, where it failed before
+# its fault (the topic had no leader yet; the fault now waits for one). See docs/reliability.md.
 @full_only
 async def test_leader_kill_keeps_every_acknowledged_record(chaos: ChaosStack,
                                                            tmp_path: Path) -> None:
@@ -54,8 +49,7 @@ async def test_leader_kill_keeps_every_acknowledged_record(chaos: ChaosStack,
     remember("leader-kill", r)
     assert not r.split_brain, r.split_brain
     assert r.rpo_records == 0, "acks=all: no acknowledged record lost"
-    if r.primary_after != r.primary_before:
-        pytest.xfail(KNOWN_FALSE_FAILOVER)
+    assert r.primary_after == r.primary_before, "one broker's death is no failover"
     check_common(r, bound)
     assert r.missing_replicas == 0, "every region converged"
     for mode in ("ordered", "sync", "nearest"):
@@ -178,8 +172,6 @@ async def test_reconciliation_job_agrees(chaos: ChaosStack) -> None:
         update_reconciliation(fault, rec.cell())
     for fault in ("leader-kill", "proxy-kill", "mirror-kill (at-least-once)",
                   "mirror-kill (exactly-once)", "consul-stop"):
-        # a fault xfailed on the known false failover leaves a divergent tail (its drill
-        # still asserted that no acknowledged record is absent from every region)
-        if fault in found and fault not in FAILED_OVER:
+        if fault in found:
             lost = found[fault].missing_acked(RUN_ACKED.get(fault, set()))
             assert not lost, (fault, sorted(lost)[:20])
