@@ -39,6 +39,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+from bench.cpu import tree_cpu_s  # noqa: E402
+
 HERE = Path(__file__).parent
 RESULTS = ROOT / "bench" / "results"
 PARTITIONS = 12
@@ -54,29 +56,6 @@ def mm2_libs() -> Path:
     dest = _pom_dir(StackPaths.default().cache, "mm2", pom, "kafka.version", "libs")
     return _maven_copy(pom, dest, what="MirrorMaker 2 jars", expect="connect-mirror-*.jar",
                        progress=print)
-
-
-def tree_cpu_s(pid: int) -> float:
-    """utime + stime of a process and its live descendants, seconds."""
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry)] = fields
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(children.get(p, []))
-        f = stats.get(p)
-        if f:
-            total += int(f[11]) + int(f[12])  # utime, stime (fields 14, 15 of stat)
-    return total / CLK
 
 
 async def produce_backlog(bootstrap: str, topic: str, n: int) -> None:

@@ -51,6 +51,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+from bench.cpu import machine_busy_s, tree_cpu_s  # noqa: E402
+
 HERE = Path(__file__).parent
 RESULTS = ROOT / "bench" / "results"
 CLK = os.sysconf("SC_CLK_TCK")
@@ -65,39 +67,6 @@ POLICY = "strict: true\nrules:\n  - topic: \"bench-*\"\n    mode: ordered\n"
 
 
 # -- measuring ----------------------------------------------------------------------------
-def pid_cpu_s(pid: int | None) -> float:
-    """utime + stime of a process, all its threads and its live descendants (a proxy with
-    --workers N is a supervisor and N worker processes), seconds; 0 when unknown."""
-    if pid is None:
-        return 0.0
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry)] = fields
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(children.get(p, []))
-        f = stats.get(p)
-        if f:
-            total += int(f[11]) + int(f[12])  # utime, stime (fields 14, 15 of stat)
-    return total / CLK
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (all cores), from /proc/stat."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return (sum(v[:8]) - v[3] - v[4]) / CLK  # minus idle and iowait
-
-
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -128,7 +97,7 @@ class Window:
         loop.call_at(self.te, self._mark)
 
     def _mark(self) -> None:
-        cpu = {name: pid_cpu_s(pid) for name, pid in self.pids.items()}
+        cpu = {name: tree_cpu_s(pid) for name, pid in self.pids.items()}
         cpu["client"] = time.process_time()
         cpu["machine"] = machine_busy_s()
         self.marks.append((time.monotonic(), cpu))
@@ -324,13 +293,13 @@ async def paced(send_one: Callable[[int], Awaitable[Any]], rate: int, seconds: f
     for i in range(n):
         due = t0 + i / rate
         if i == n_warm:
-            c0 = {k: pid_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
+            c0 = {k: tree_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
         delay = due - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(i, due)))
     await asyncio.gather(*tasks)
-    c1 = {k: pid_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
+    c1 = {k: tree_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
     measured = n - n_warm
     return {"rate": rate, "requests": measured, "errors": len(errors), "lat_raw": lat,
             "proxy_cpu_s": c1.get("proxy", 0) - c0.get("proxy", 0),
@@ -397,9 +366,9 @@ async def load_step(target: str, topic: str, size: int, rate: int, a: argparse.N
         for k in range(a.gen_procs)]
     outs = asyncio.gather(*(p.communicate() for p in procs))
     await asyncio.sleep(max(0.0, start_at + a.cap_warmup - time.time()))
-    c0 = {k: pid_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
+    c0 = {k: tree_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
     await asyncio.sleep(a.cap_seconds)
-    c1 = {k: pid_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
+    c1 = {k: tree_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
     gens = []
     for p, (out, err) in zip(procs, await outs, strict=True):
         if p.returncode != 0:
