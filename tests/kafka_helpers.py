@@ -113,3 +113,23 @@ async def read_all(bootstrap: str, topic: str, partitions: int,
         return out
     finally:
         await c.stop()
+
+
+async def until_serving(channel: Any, proc: asyncio.subprocess.Process, log: Any,
+                        timeout_s: float = 90.0) -> None:
+    """Wait until the `dr proxy serve` process `proc` answers SERVING on `channel`; fail with
+    the end of its `log` (a Path) if it exits first."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    hs = health_pb2_grpc.HealthStub(channel)
+
+    async def serving() -> bool:
+        assert proc.returncode is None, log.read_text()[-3000:]
+        try:
+            r = await hs.Check(health_pb2.HealthCheckRequest(), timeout=1)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
+
+    await eventually(serving, timeout_s, "dr proxy serve answering SERVING")

@@ -17,8 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from kafka_helpers import create_topic, eventually, unique  # type: ignore[import-not-found]
+from kafka_helpers import create_topic, unique, until_serving  # type: ignore[import-not-found]
 
 from proxy.api import pb, pb_grpc
 from proxy.auth import hash_token, new_token
@@ -59,17 +58,7 @@ async def test_tokens_never_reach_logs_metrics_or_status(two_regions, tmp_path: 
     captured: list[str] = []
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            hs = health_pb2_grpc.HealthStub(ch)
-
-            async def serving() -> bool:
-                assert proc.returncode is None, log.read_text()[-3000:]
-                try:
-                    r = await hs.Check(health_pb2.HealthCheckRequest(), timeout=1)
-                except grpc.aio.AioRpcError:
-                    return False
-                return bool(r.status == health_pb2.HealthCheckResponse.SERVING)
-
-            await eventually(serving, 90, "dr proxy serve answering SERVING")
+            await until_serving(ch, proc, log)
             stub = pb_grpc.ProxyStub(ch)
 
             async def produce(authorization: str, topic_: str,
