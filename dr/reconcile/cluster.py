@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from types import TracebackType
 import structlog
 
 from dr.reconcile.errors import SparkFailed
+from dr.stack.ports import free_port
 
 __all__ = ["StandaloneCluster", "spark_class"]
 
@@ -43,10 +43,7 @@ def spark_class() -> Path:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
+    return free_port(host=HOST)
 
 
 class StandaloneCluster:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+import socket
 
 from crossdc.topology import Topology
 from dr.errors import PortTaken, StackError
 from dr.stack.process import check_port_free
 
-__all__ = ["BLOCK", "free_topology"]
+__all__ = ["BLOCK", "free_port", "free_topology"]
 
 # Ports of one region, as offsets into its block: up to 9 brokers and 9 controllers.
 _KAFKA, _CONTROLLER, _HTTP, _DNS, _SERVER, _LAN, _WAN, _PROXY, _METRICS = 0, 9, 18, 19, 20, 21, \
@@ -72,3 +73,32 @@ def free_topology(names: list[str], *, primary: str | None = None, seed: int | N
             raise StackError(f"no free block of {BLOCK} loopback ports found for region {name}")
     return Topology.model_validate(
         {"regions": regions, "preference": list(names), "primary": primary or names[0]})
+
+
+# Single ports (a service's address or metrics, a test's proxy) come from below the region
+# blocks, which start at 20000: both stay out of the kernel's ephemeral range.
+_SINGLE_LOW, _SINGLE_HIGH = 10000, 20000
+
+
+def free_port(taken: set[int] | None = None, *, host: str = "127.0.0.1") -> int:
+    """A port nothing holds on `host` now, outside the kernel's ephemeral range.
+
+    Binding port 0 would hand out an ephemeral port: free when checked, yet any outgoing
+    connection may take it before the server binds it, or while a killed service is down
+    and about to be restarted on the same port (seen: a mirror's metrics port, taken between
+    a drill's kill and its heal). `taken` holds ports already promised; the new one is added."""
+    taken = taken if taken is not None else set()
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.randrange(_SINGLE_LOW, _SINGLE_HIGH)
+        if port in taken:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        taken.add(port)
+        return port
+    raise StackError(f"no free port found on {host} between {_SINGLE_LOW} and {_SINGLE_HIGH}")

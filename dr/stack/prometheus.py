@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,6 +45,7 @@ import yaml
 from crossdc.topology import Topology, split_hostport
 from dr.errors import StackError, StartTimeout, ToolchainMissing
 from dr.stack.paths import StackPaths
+from dr.stack.ports import free_port
 from dr.stack.process import ManagedProcess, check_port_free
 
 __all__ = ["COMPONENTS", "PrometheusServer", "Target", "alerts_path", "dashboard_path",
@@ -138,12 +138,6 @@ def find_prometheus() -> Path:
         raise ToolchainMissing({"prometheus": "not on PATH (Debian: apt-get install "
                                 "prometheus; compose/local/system-deps.sh does)"})
     return Path(found)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PrometheusServer:
@@ -240,7 +234,7 @@ class PrometheusServer:
             self.reload()
             return
         if self._port is None:
-            self._port = _free_port()
+            self._port = free_port()
         else:
             check_port_free(self._port, "Prometheus", "the port option")
         self.workdir.mkdir(parents=True, exist_ok=True)

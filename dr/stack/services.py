@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -39,6 +38,7 @@ import structlog
 from crossdc.topology import Topology, split_hostport
 from dr.errors import StackError
 from dr.stack.paths import REPO_ROOT, StackPaths, in_checkout
+from dr.stack.ports import free_port
 from dr.stack.process import ManagedProcess, check_port_free, log_tail, poll_while_alive
 
 __all__ = ["ServiceInfo", "Services", "default_policy_path"]
@@ -83,18 +83,6 @@ def default_policy_path() -> Path | None:
         if cand is not None and cand.is_file():
             return cand
     return None
-
-
-def _free_port(taken: set[int]) -> int:
-    """A loopback port nothing listens on now (and not in `taken`)."""
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in taken:
-            taken.add(port)
-            return port
-    raise StackError("no free loopback port found for a service")
 
 
 class Services:
@@ -152,7 +140,7 @@ class Services:
 
         def port_of(name: str, attr: Literal["address", "metrics"]) -> int:
             prev = getattr(old.get(name), attr, None)
-            return split_hostport(prev)[1] if prev else _free_port(taken)
+            return split_hostport(prev)[1] if prev else free_port(taken)
 
         topo = str(self.topology_path)
         base = [sys.executable, "-m", "dr.cli", "--log-format", "json", "--log-level", "info"]

@@ -8,7 +8,6 @@ per dr-id equal those of an independent consumption (kafka_helpers.read_all)."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -20,6 +19,7 @@ from kafka_helpers import eventually, read_all  # type: ignore[import-not-found]
 from crossdc.topology import Flow, Topology
 from dr.drill.count import judge, read_back, wait_replicated
 from dr.drill.traffic import MODES, Traffic, create_topics, drill_topics, read_ack_log
+from dr.stack.ports import free_port
 from mirror import MirrorWorker
 from proxy.config import KafkaWriterSettings, ProxyConfig
 from proxy.server import ProxyServer
@@ -34,12 +34,6 @@ def _cfg(region: str, port: int = 0) -> ProxyConfig:
     return ProxyConfig(region=region, port=port, consul_check_interval_s=1.0,
                        primary_wait_s=5.0, grace_s=2.0,
                        kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _proxy(topology: Topology, region: str, port: int = 0) -> ProxyServer:
@@ -136,7 +130,7 @@ async def _at_least(traffic: Traffic, n: int) -> bool:
 async def test_a_producer_moves_to_another_proxy_and_back_when_its_own_answers(
         run: tuple[Topology, dict[str, str]], tmp_path: Path) -> None:
     topology, topics = run
-    west_port = _free_port()  # nothing listens there yet: west's proxy is "down"
+    west_port = free_port()  # nothing listens there yet: west's proxy is "down"
     east = await _proxy(topology, "east")
     west: ProxyServer | None = None
     ack_log = tmp_path / "acks.jsonl"

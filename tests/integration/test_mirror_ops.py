@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -31,6 +30,7 @@ from kafka_helpers import (  # type: ignore[import-not-found]
 from tests_support import write_topology  # type: ignore[import-not-found]
 
 from crossdc.topology import Flow
+from dr.stack.ports import free_port
 from mirror import MirrorMetrics, MirrorWorker, RecordTooLarge
 from mirror.offsets import load_offset_map
 
@@ -56,12 +56,6 @@ def _total(metrics: MirrorMetrics, name: str) -> float:
 
 async def _async(value: bool) -> bool:
     return value
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_scale_out_exactly_once_through_rebalances(two_regions) -> None:  # type: ignore[no-untyped-def]
@@ -139,7 +133,7 @@ async def test_at_least_once_kill_9_bounded_counted_duplicates(two_regions,  # t
             n += 300
             await asyncio.sleep(0.05)
     producing = asyncio.create_task(keep_producing())
-    port = _free_port()
+    port = free_port()
     group = unique("alo")
     cmd = [DR, "mirror", "run", "--topology", str(two_regions.topology_path), "--from",
            "east", "--to", "west", "--topics", topic, "--group", group,

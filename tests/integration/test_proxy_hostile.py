@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import time
 import urllib.request
@@ -32,6 +31,7 @@ import grpc
 import pytest
 from kafka_helpers import create_topic, eventually, unique, until_serving  # type: ignore[import-not-found]
 
+from dr.stack.ports import free_port
 from proxy.api import SERVICE_NAME, pb, pb_grpc
 
 # the first test of a file waits for the session stack (minutes on a busy machine)
@@ -56,12 +56,6 @@ memory (glibc arenas), so RSS is never exact; a leak of the requests themselves 
 more (a round sends ~70 MiB)."""
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss_mib(pid: int) -> float:
@@ -94,7 +88,7 @@ class Proxy:
 async def proxy(two_regions, tmp_path: Path) -> AsyncIterator[Proxy]:  # type: ignore[no-untyped-def]
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
-    port, mport = _free_port(), _free_port()
+    port, mport = free_port(), free_port()
     log = tmp_path / "proxy.log"
     with log.open("wb") as f:
         proc = await asyncio.create_subprocess_exec(

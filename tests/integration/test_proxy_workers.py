@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 import time
 import urllib.request
@@ -27,6 +26,7 @@ import grpc
 import pytest
 from kafka_helpers import create_topic, eventually, read_all, unique  # type: ignore[import-not-found]
 
+from dr.stack.ports import free_port
 from proxy.api import pb, pb_grpc
 from proxy.config import BreakerSettings, KafkaWriterSettings, ProxyConfig
 from proxy.server import ProxyServer
@@ -49,12 +49,6 @@ def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p = tmp_path_factory.mktemp("policy") / "policy.yaml"
     p.write_text(POLICY)
     return p
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _scrape(port: int) -> str:
@@ -115,7 +109,7 @@ async def _produce(port: int, topic: str, n: int, channels: int) -> int:
 @pytest.mark.slow  # starts three worker processes (~30 s, more on a loaded machine)
 async def test_two_workers_serve_one_port_restart_a_dead_one_and_drain(  # type: ignore[no-untyped-def]
         two_regions, policy_file: Path) -> None:
-    port, mport = _free_port(), _free_port()
+    port, mport = free_port(), free_port()
     topic = unique("near-workers")
     for r in two_regions.topology.regions:
         await create_topic(r.kafka.bootstrap, topic, partitions=2)

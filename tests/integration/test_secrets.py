@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -19,6 +18,7 @@ import grpc
 import pytest
 from kafka_helpers import create_topic, unique, until_serving  # type: ignore[import-not-found]
 
+from dr.stack.ports import free_port
 from proxy.api import pb, pb_grpc
 from proxy.auth import hash_token, new_token
 
@@ -28,12 +28,6 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 WRITER, OTHER, UNKNOWN = new_token(), new_token(), new_token()
 MALFORMED = "Basic " + new_token()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_tokens_never_reach_logs_metrics_or_status(two_regions, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -46,7 +40,7 @@ async def test_tokens_never_reach_logs_metrics_or_status(two_regions, tmp_path: 
     auth.write_text(f"tokens:\n  - name: writer\n    sha256: {hash_token(WRITER)}\n"
                     f"    topics: ['sec-ok-*']\n  - name: other\n    sha256: "
                     f"{hash_token(OTHER)}\n    topics: [elsewhere]\n")
-    port, mport = _free_port(), _free_port()
+    port, mport = free_port(), free_port()
     log = tmp_path / "proxy.log"
     with log.open("wb") as f:
         proc = await asyncio.create_subprocess_exec(

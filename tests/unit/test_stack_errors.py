@@ -120,6 +120,25 @@ def test_free_topology_is_valid_and_distinct() -> None:
     assert topo.preference == ["a", "b", "c"]
 
 
+def test_free_port_stays_out_of_the_ephemeral_range_and_skips_taken_ones() -> None:
+    """A service restarted on its old port must find it free: ports the kernel hands to
+    outgoing connections are never chosen (a drill's heal once failed on exactly that)."""
+    from dr.stack.ports import _ephemeral_low, free_port
+    taken: set[int] = set()
+    ports = [free_port(taken) for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert set(ports) == taken
+    assert all(p < _ephemeral_low() and p < 20000 for p in ports)
+    held = socket.socket()
+    held.bind(("127.0.0.1", ports[0]))
+    held.listen()
+    try:
+        for _ in range(100):
+            assert free_port() != ports[0]
+    finally:
+        held.close()
+
+
 def test_cluster_ids_never_look_like_an_option() -> None:
     from dr.stack.kafka import _new_cluster_id
     ids = {_new_cluster_id() for _ in range(5000)}
