@@ -8,12 +8,16 @@ import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from crossdc.security import ADMIN, PRINCIPALS
 from crossdc.topology import Region
 from dr.errors import SetupFailed, StackError
 from dr.stack.process import ManagedProcess, check_port_free, log_tail
 from dr.stack.tls import BROKER_CN, StackSecrets
+
+if TYPE_CHECKING:
+    from dr.stack.toxiproxy import WanLink
 
 __all__ = ["KafkaNode", "kafka_nodes"]
 
@@ -39,6 +43,8 @@ class KafkaNode:
     workdir: Path
     libs: Path
     log4j_config: Path
+    wan: WanLink | None = None
+    """A `WAN` listener more, advertised at a Toxiproxy port (dr/stack/toxiproxy.py)."""
 
     @property
     def secrets(self) -> StackSecrets | None:
@@ -107,8 +113,24 @@ class KafkaNode:
         }
         if self.secrets is not None:
             props.update(self.secure_properties(self.secrets))
+        if self.wan is not None:
+            props.update(self.wan_properties(props))
         props.update(self.region.local.kafka.extra_properties)
         return props
+
+    def wan_properties(self, props: dict[str, str]) -> dict[str, str]:
+        """The `WAN` listener (PLAINTEXT) on its own port, advertised at its Toxiproxy port:
+        a client that bootstraps there keeps going through Toxiproxy."""
+        assert self.wan is not None
+        if self.secrets is not None:
+            raise StackError(f"{self.name}: simulated WAN latency needs a PLAINTEXT stack")
+        return {
+            "listeners": f"{props['listeners']},WAN://127.0.0.1:{self.wan.listener_port}",
+            "advertised.listeners": f"{props['advertised.listeners']},"
+                                    f"WAN://127.0.0.1:{self.wan.proxy_port}",
+            "listener.security.protocol.map":
+                f"{props['listener.security.protocol.map']},WAN:PLAINTEXT",
+        }
 
     def secure_properties(self, sec: StackSecrets) -> dict[str, str]:
         """Clients (and brokers between them) on SASL_SSL with SCRAM-SHA-512; the KRaft
@@ -149,7 +171,9 @@ class KafkaNode:
              f"{self.node_id - 1})"),
             (self.controller_port, f"{self.name} controller listener",
              f"regions[{i}].local.kafka.controller_port"),
-        ]
+        ] + ([] if self.wan is None else [
+            (self.wan.listener_port, f"{self.name} WAN listener",
+             "<state>/toxiproxy/wan.json")])
 
     def process(self) -> ManagedProcess:
         assert self.region.local is not None

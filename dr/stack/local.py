@@ -20,6 +20,7 @@ import json
 import shutil
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 
 import structlog
@@ -34,6 +35,7 @@ from dr.stack.netns import NetNamespaces, teardown_recorded, wrap_agent, wrap_no
 from dr.stack.paths import StackPaths
 from dr.stack.process import ManagedProcess, poll_while_alive
 from dr.stack.toolchain import check_toolchain, ensure_consul, ensure_kafka_libs
+from dr.stack.toxiproxy import Wan
 from dr.status import probe_consul, probe_kafka
 
 __all__ = ["LocalStack", "read_stack_file", "stack_processes"]
@@ -82,7 +84,7 @@ class LocalStack:
 
     def __init__(self, topology: Topology, topology_path: Path, *, brokers: int = 1,
                  paths: StackPaths | None = None, progress: Progress | None = None,
-                 netns: NetNamespaces | None = None) -> None:
+                 netns: NetNamespaces | None = None, wan: Wan | None = None) -> None:
         if brokers < 1:
             raise StackError("--brokers must be at least 1")
         missing = [r.name for r in topology.regions if r.local is None]
@@ -99,6 +101,8 @@ class LocalStack:
         self._procs: dict[str, ManagedProcess] = {}
         self.netns = netns
         """Each region's Kafka and Consul in its own network namespace (dr/stack/netns.py)."""
+        self.wan = wan
+        """Every broker with a WAN listener behind Toxiproxy (dr/stack/toxiproxy.py)."""
 
     # -- parts --------------------------------------------------------------------------
     def nodes(self, region: Region) -> list[KafkaNode]:
@@ -106,6 +110,8 @@ class LocalStack:
         idx = self.topology.regions.index(region)
         nodes = kafka_nodes(region, idx, self.brokers, self.paths.region_dir(region.name),
                             kafka_libs_dir(self.paths), self.paths.log4j_config)
+        if self.wan is not None:
+            nodes = [replace(n, wan=self.wan.link(region.name, n.node_id)) for n in nodes]
         if self.netns is not None:
             return [wrap_node(n, self.netns) for n in nodes]
         return nodes
@@ -193,6 +199,9 @@ class LocalStack:
             self._write_stack_file()
             self._say("Waiting for every region to answer")
             await self.wait_ready(timeout_s)
+            if self.wan is not None:
+                self._say("Starting Toxiproxy (the simulated WAN)")
+                await self.wan.up()
         except BaseException:
             # A failed `up` leaves nothing half-started behind; what ran before stays.
             await asyncio.gather(*(asyncio.to_thread(p.stop, 30.0) for p in to_start))

@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -91,7 +91,8 @@ class Services:
     def __init__(self, topology: Topology, topology_path: Path, paths: StackPaths, *,
                  policy: Path | None = None, auto_failover: bool = True,
                  controller_config: Path | None = None, proxies_per_region: int = 1,
-                 proxy_workers: int | None = 1) -> None:
+                 proxy_workers: int | None = 1,
+                 region_topologies: Mapping[str, Path] | None = None) -> None:
         self.topology = topology
         self.topology_path = Path(topology_path).resolve()
         self.paths = paths
@@ -104,6 +105,11 @@ class Services:
         self.proxy_workers = proxy_workers
         """`dr proxy serve --workers N` (None: the command's default, one per core). One on
         the local stack: every region's processes share this machine's cores."""
+        self.region_topologies = {r: Path(p).resolve()
+                                  for r, p in (region_topologies or {}).items()}
+        """Region → the topology file that region's proxy, mirrors and controller start
+        with (its view of the others, e.g. through a simulated WAN: dr/stack/toxiproxy.py);
+        a region not listed uses `topology_path`."""
         self._procs: dict[str, ManagedProcess] = {}
 
     # -- the record ---------------------------------------------------------------------
@@ -142,7 +148,9 @@ class Services:
             prev = getattr(old.get(name), attr, None)
             return split_hostport(prev)[1] if prev else free_port(taken)
 
-        topo = str(self.topology_path)
+        def topo_of(region: str) -> str:
+            return str(self.region_topologies.get(region, self.topology_path))
+
         base = [sys.executable, "-m", "dr.cli", "--log-format", "json", "--log-level", "info"]
         specs: list[_Spec] = []
         workers = [] if self.proxy_workers is None else ["--workers", str(self.proxy_workers)]
@@ -150,28 +158,28 @@ class Services:
             name = f"proxy-{r.name}"
             mport = r.proxy.metrics_port or port_of(name, "metrics")
             specs.append(_Spec(name, "proxy", r.name, r.proxy.endpoint, f"127.0.0.1:{mport}",
-                               [*base, "proxy", "serve", "--topology", topo, "--region",
-                                r.name, "--policy", str(policy), "--metrics-port",
+                               [*base, "proxy", "serve", "--topology", topo_of(r.name),
+                                "--region", r.name, "--policy", str(policy), "--metrics-port",
                                 str(mport), *workers]))
             for i in range(2, self.proxies_per_region + 1):
                 extra = f"{name}-{i}"
                 gport, xport = port_of(extra, "address"), port_of(extra, "metrics")
                 specs.append(_Spec(extra, "proxy", r.name, f"127.0.0.1:{gport}",
                                    f"127.0.0.1:{xport}",
-                                   [*base, "proxy", "serve", "--topology", topo, "--region",
-                                    r.name, "--policy", str(policy), "--port", str(gport),
-                                    "--metrics-port", str(xport), *workers]))
+                                   [*base, "proxy", "serve", "--topology", topo_of(r.name),
+                                    "--region", r.name, "--policy", str(policy), "--port",
+                                    str(gport), "--metrics-port", str(xport), *workers]))
         for f in self.topology.flows:
             name = f"mirror-{f.source}-{f.target}"
             mport = port_of(name, "metrics")
             specs.append(_Spec(name, "mirror", f.target, None, f"127.0.0.1:{mport}",
-                               [*base, "mirror", "run", "--topology", topo, "--flow",
+                               [*base, "mirror", "run", "--topology", topo_of(f.target), "--flow",
                                 f"{f.source}:{f.target}", "--restart", "--metrics-port",
                                 str(mport)]))
         for r in self.topology.regions:
             name = f"controller-{r.name}"
             hport = port_of(name, "address")
-            argv = [*base, "controller", "run", "--topology", topo, "--region", r.name,
+            argv = [*base, "controller", "run", "--topology", topo_of(r.name), "--region", r.name,
                     "--http-port", str(hport),
                     "--auto-failover" if self.auto_failover else "--no-auto-failover"]
             if self.controller_config is not None:

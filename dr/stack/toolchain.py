@@ -7,6 +7,8 @@
   go.mod replaces its nested modules (api, sdk, ...) with local folders that the module zip
   does not contain, so `go install module@version` refuses; we copy the module source, drop
   those replace directives (the published nested modules are used) and `go build`.
+- Toxiproxy (simulated WAN latency, only for a stack that asks for it): its Go module
+  `cmd/server`, built the same way on first use → `<cache>/toxiproxy-<v>/toxiproxy-server`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -29,17 +32,23 @@ from dr.stack.paths import StackPaths
 __all__ = [
     "CONSUL_MODULE",
     "CONSUL_VERSION",
+    "TOXIPROXY_MODULE",
+    "TOXIPROXY_VERSION",
     "check_toolchain",
     "consul_binary",
     "ensure_consul",
     "ensure_kafka_libs",
     "ensure_spark_kafka_jars",
+    "ensure_toxiproxy",
     "kafka_libs_dir",
     "spark_kafka_jars_dir",
+    "toxiproxy_binary",
 ]
 
 CONSUL_MODULE = "github.com/hashicorp/consul"
 CONSUL_VERSION = "v1.22.0"
+TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2"
+TOXIPROXY_VERSION = "v2.5.0"
 
 log = structlog.get_logger("crossdc.stack")
 
@@ -155,42 +164,83 @@ def ensure_spark_kafka_jars(paths: StackPaths, progress: Progress | None = None)
 
 def ensure_consul(paths: StackPaths, progress: Progress | None = None) -> Path:
     """Build the pinned Consul from its Go module once; return the binary's path."""
-    binary = consul_binary(paths)
+    return _go_build(GoBinary("Consul", CONSUL_MODULE, CONSUL_VERSION, ".",
+                              consul_binary(paths), ["version"]), paths, progress)
+
+
+def toxiproxy_binary(paths: StackPaths) -> Path:
+    return paths.cache / f"toxiproxy-{TOXIPROXY_VERSION}" / "toxiproxy-server"
+
+
+def ensure_toxiproxy(paths: StackPaths, progress: Progress | None = None) -> Path:
+    """Build the pinned toxiproxy-server from its Go module once (only a stack with
+    simulated WAN latency needs it); return the binary's path."""
+    return _go_build(GoBinary("Toxiproxy", TOXIPROXY_MODULE, TOXIPROXY_VERSION, "./cmd/server",
+                              toxiproxy_binary(paths), ["-version"],
+                              ldflags=f"-X {TOXIPROXY_MODULE}.Version="
+                                      f"{TOXIPROXY_VERSION.lstrip('v')}"),
+                     paths, progress)
+
+
+@dataclass(frozen=True)
+class GoBinary:
+    """A program built from a published Go module at a pinned version."""
+
+    what: str
+    module: str
+    version: str
+    package: str
+    """The main package inside the module (`.`, `./cmd/server`)."""
+    binary: Path
+    version_args: list[str]
+    """Arguments that make the built program print its version (checked)."""
+    ldflags: str = ""
+
+
+def _go_build(spec: GoBinary, paths: StackPaths, progress: Progress | None) -> Path:
+    """Build `spec` with the machine's Go once (module source copied, its local replace
+    directives dropped so the published nested modules are used); return the binary."""
+    binary = spec.binary
     if binary.exists():
         return binary
+    if shutil.which("go") is None:
+        raise ToolchainMissing({"go": f"not found on PATH; Go 1.23 or newer builds "
+                                      f"{spec.what} from its Go module (https://go.dev/doc/install)"})
     say = progress or (lambda _m: None)
-    say(f"Building Consul {CONSUL_VERSION} from its Go module (first run only, a few minutes)")
-    log.info("consul_build", version=CONSUL_VERSION, into=str(binary))
+    say(f"Building {spec.what} {spec.version} from its Go module (first run only, "
+        "a few minutes)")
+    log.info("go_build", what=spec.what, version=spec.version, into=str(binary))
     env = dict(os.environ)
     env["GOFLAGS"] = "-mod=mod -buildvcs=false"
     # The checksum database is another host that may not answer here; module zips still come
-    # from the module proxy, and go.sum pins what Consul itself lists.
+    # from the module proxy, and go.sum pins what the module itself lists.
     env.setdefault("GOSUMDB", "off")
-    out = _run(["go", "mod", "download", "-json", f"{CONSUL_MODULE}@{CONSUL_VERSION}"],
-               env=env, what="Downloading the Consul Go module")
+    out = _run(["go", "mod", "download", "-json", f"{spec.module}@{spec.version}"],
+               env=env, what=f"Downloading the {spec.what} Go module")
     src_dir = Path(json.loads(out)["Dir"])
     paths.cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="consul-src-", dir=paths.cache) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"{spec.what.lower()}-src-", dir=paths.cache) as tmp:
         work = Path(tmp) / "src"
         shutil.copytree(src_dir, work)
         for p in [work, *work.rglob("*")]:
             if not p.is_symlink():
                 p.chmod(p.stat().st_mode | 0o200)
         mod = json.loads(_run(["go", "mod", "edit", "-json"], cwd=work, env=env,
-                              what="Reading Consul's go.mod"))
+                              what=f"Reading {spec.what}'s go.mod"))
         local = [r["Old"]["Path"] for r in mod.get("Replace") or []
                  if r["New"]["Path"].startswith(".")]
         if local:
             _run(["go", "mod", "edit", *[f"-dropreplace={p}" for p in local]], cwd=work, env=env,
-                 what="Dropping Consul's local replace directives")
-        say("Compiling Consul (go build)")
-        staged = Path(tmp) / "consul"
-        _run(["go", "build", "-trimpath", "-o", str(staged), "."], cwd=work, env=env,
-             what="Building Consul with go build")
-        version = _run([str(staged), "version"], what="Checking the built Consul")
-        if CONSUL_VERSION.lstrip("v") not in version:
-            raise SetupFailed(f"built Consul reports {version.splitlines()[0]!r}, "
-                              f"expected {CONSUL_VERSION}")
+                 what=f"Dropping {spec.what}'s local replace directives")
+        say(f"Compiling {spec.what} (go build)")
+        staged = Path(tmp) / binary.name
+        flags = [f"-ldflags={spec.ldflags}"] if spec.ldflags else []
+        _run(["go", "build", "-trimpath", *flags, "-o", str(staged), spec.package], cwd=work,
+             env=env, what=f"Building {spec.what} with go build")
+        version = _run([str(staged), *spec.version_args], what=f"Checking the built {spec.what}")
+        if spec.version.lstrip("v") not in version:
+            raise SetupFailed(f"built {spec.what} reports {version.splitlines()[0]!r}, "
+                              f"expected {spec.version}")
         binary.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(staged), binary)
     return binary
