@@ -40,6 +40,11 @@ class ProxyMetrics:
                                          registry=r, buckets=_BUCKETS)
         self.results = Counter("crossdc_proxy_results", "Record results by gRPC code",
                                ("code",), registry=r)
+        self.heap_trims = Counter("crossdc_proxy_heap_trims", "malloc_trim calls after "
+                                  "bursts (proxy.heap)", registry=r)
+        self.heap_trimmed_bytes = Counter("crossdc_proxy_heap_trimmed_bytes", "RSS given "
+                                          "back to the OS by malloc_trim (proxy.heap)",
+                                          registry=r)
         self.duplicates = Counter("crossdc_proxy_idempotent_hits", "Records answered from the "
                                   "idempotency window (not written again)", registry=r)
         self.breaker_state = Gauge("crossdc_proxy_breaker_state", "Circuit breaker per "

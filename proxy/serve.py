@@ -24,6 +24,7 @@ import structlog
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from crossdc.topology import load_topology, split_hostport
+from proxy import memdebug
 from proxy.config import ProxyConfig, TlsSettings
 from proxy.server import ProxyServer
 
@@ -86,6 +87,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
     try:
         await server.start()
         tune_gc()
+        memdebug.install(loop)  # CROSSDC_PROXY_MEMDEBUG only
         h = server.health()
         log.warning("proxy_serving", region=region, endpoint=f"{cfg.host}:{server.port}",
                     metrics_port=server.metrics_port, policy=str(policy_path),
@@ -106,7 +108,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 await asyncio.wait({watcher})
         log.warning("proxy_draining", grace_s=grace_s)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
         await server.stop()

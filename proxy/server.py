@@ -21,7 +21,8 @@ lease: with Consul unreachable (or the record fenced) ordered and sync writes ar
 UNAVAILABLE with the reason (`proxy.primary`), while nearest writes, and so SERVING, go on.
 
 Lifecycle: every background loop (`proxy:health` — the region probes and health —,
-`proxy:primary-watch`, `proxy:policy-watch`, `proxy:auth-watch`, and one-shot
+`proxy:primary-watch`, `proxy:policy-watch`, `proxy:auth-watch`, `proxy:heap-trim` (freed
+native memory back to the OS after bursts: `proxy.heap`), and one-shot
 `proxy:policy-topics` / `proxy:reload` tasks) runs in ONE asyncio.TaskGroup held by the task
 `proxy:run`. A loop that fails (or ends) stops the component: it is logged and counted
 (`crossdc_proxy_task_failures_total{task}`), health goes NOT_SERVING, the gRPC server stops,
@@ -69,6 +70,7 @@ from proxy.errors import (
     Unauthenticated,
     grpc_code,
 )
+from proxy.heap import HeapTrimmer
 from proxy.idempotency import IdempotencyLog, IdempotencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.policy import Policy
@@ -307,6 +309,8 @@ class ProxyServer:
                                         wait_s=config.idempotency_log_wait_s)
                          if config.idempotency_log else None)
         self.budget = InflightBudget(config.max_inflight_bytes, self.metrics)
+        self.heap = HeapTrimmer(self.metrics, interval_s=config.heap_trim_interval_s,
+                                min_free_bytes=config.heap_trim_min_free_bytes)
         self.router = Router(config.region, topology, self.writers, self.primary.writable,
                              self._policy_fn, self.window, self.metrics)
         self._server: grpc.aio.Server | None = None
@@ -374,6 +378,8 @@ class ProxyServer:
             self._spawn("proxy:policy-watch", self.policy_store.run())
         if self.auth_store is not None:
             self._spawn("proxy:auth-watch", self.auth_store.run())
+        if self.heap.malloc is not None and self.heap.interval_s > 0:  # glibc only
+            self._spawn("proxy:heap-trim", self.heap.run())
         await self.primary.wait_first(5.0)
         self._raise_if_failed()
         await self._check_policy_topics()
