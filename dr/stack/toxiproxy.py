@@ -257,7 +257,8 @@ class Wan:
         from dr.stack.toolchain import toxiproxy_binary
         return ManagedProcess("toxiproxy", self.workdir,
                               [str(toxiproxy_binary(self.paths)), "-host", HOST,
-                               "-port", str(self.api_port)])
+                               "-port", str(self.api_port)],
+                              env={"LOG_LEVEL": "info"})  # trace: a line per connection
 
     async def up(self, timeout_s: float = 60.0) -> None:
         """Build the binary if needed, start the server unless it runs, wait until it
