@@ -162,6 +162,8 @@ class MirrorWorker:
         self._stopper: asyncio.Task[None] | None = None  # the one stop under way or done
         self._stop_event = asyncio.Event()  # set by stop(): pauses and retries wake on it
         self._fatal: Exception | None = None  # a rebalance callback failed: the loops end
+        self._carry_task: asyncio.Task[None] | None = None
+        self._woke_carry = False  # _fail cancelled the carrying loop to end the worker
         self._assign_budget_s = _ASSIGN_BUDGET_S
         self._primary_watch = (PrimaryWatch(consul_http_addrs, log=self.log)
                                if consul_http_addrs else None)
@@ -358,11 +360,16 @@ class MirrorWorker:
                 self.log.info("topic_resumed", topic=topic)
         if set(plan_.partitions) != set(self._topics.partitions) or not \
                 self._consumer.subscription():
-            if plan_.partitions:
-                self._consumer.subscribe(topics=sorted(plan_.partitions),
-                                         listener=_Rebalance(self))
-            else:
-                self._consumer.unsubscribe()
+            # Never in the middle of an assignment callback (it holds the lock): a new
+            # subscription drops the assignment the callback is seeking in, and aiokafka's
+            # seek then fails an assertion (chaos suite: a drill's topics appeared while the
+            # worker was assigned; the worker stopped copying).
+            async with self._lock:
+                if plan_.partitions:
+                    self._consumer.subscribe(topics=sorted(plan_.partitions),
+                                             listener=_Rebalance(self))
+                else:
+                    self._consumer.unsubscribe()
             self.log.info("mirror_topics", topics=sorted(plan_.partitions),
                           stopped=sorted(plan_.stopped))
         self._topics = plan_
@@ -420,9 +427,16 @@ class MirrorWorker:
 
     def _fail(self, exc: Exception) -> None:
         """A rebalance callback failed: the carrying loop raises `exc` (the worker ends)."""
-        self.log.error("rebalance_callback_failed", error=repr(exc))
+        self.log.error("rebalance_callback_failed", error=repr(exc), exc_info=exc)
         if self._fatal is None:
             self._fatal = exc
+            # The carrying loop may wait in getmany for an assignment that does not come
+            # (aiokafka waits without a deadline while a reassignment is in progress): wake
+            # it, so that the worker ends with `exc` and `--restart` starts a new one.
+            task = self._carry_task
+            if task is not None and not task.done():
+                self._woke_carry = True
+                task.cancel()
 
     async def _load_positions(self) -> dict[tuple[str, int], Position] | None:
         """The resume points, retried while the target cannot be read, but never beyond
@@ -505,7 +519,7 @@ class MirrorWorker:
         label = self._flow_label
         try:
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(self._carry(), name=f"mirror:{label}:carry")
+                self._carry_task = tg.create_task(self._carry(), name=f"mirror:{label}:carry")
                 tg.create_task(self._discover(), name=f"mirror:{label}:discovery")
                 tg.create_task(self._commit_loop(), name=f"mirror:{label}:commit")
                 if self._primary_watch is not None:
@@ -522,6 +536,18 @@ class MirrorWorker:
             raise first from None
 
     async def _carry(self) -> None:
+        try:
+            await self._carry_loop()
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            # cancelled by _fail alone (not by stop or the TaskGroup as well): end with the
+            # callback's error instead
+            if self._woke_carry and self._fatal is not None and task is not None \
+                    and task.uncancel() == 0:
+                raise self._fatal from None
+            raise
+
+    async def _carry_loop(self) -> None:
         consumer = self._consumer
         assert consumer is not None
         while not self._stop_event.is_set():

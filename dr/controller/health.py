@@ -139,13 +139,30 @@ class RegionProber:
         self.region = region
         self.settings = settings
         self.controller_id = controller_id
-        self._bootstrap = region.kafka.bootstrap
+        self._configured = list(region.kafka.bootstrap_servers)
+        self._learned: list[str] = []
         self._admin: AIOKafkaAdminClient | None = None
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._tp = TopicPartition(settings.canary_topic, 0)
         self._closed = False
         self._failed_rounds = 0
+
+    def bootstrap_servers(self) -> list[str]:
+        """The configured servers, then every broker the last metadata answer named.
+
+        The clients are renewed after failed rounds; bootstrapping again from the configured
+        servers alone calls a region down when those are the brokers that died, though the
+        others serve (the chaos suite's leader-kill: a 3-broker region whose topology named
+        its first broker only). A client that keeps its metadata does the same."""
+        return list(dict.fromkeys([*self._configured, *self._learned]))
+
+    def learn(self, meta: dict[str, Any]) -> None:
+        """Remember the brokers a metadata answer named (see `bootstrap_servers`)."""
+        learned = [f"{b['host']}:{b['port']}" for b in meta.get("brokers", [])
+                   if isinstance(b, dict) and b.get("host") and b.get("port")]
+        if learned:
+            self._learned = learned
 
     async def stop(self) -> None:
         """Close every client; idempotent."""
@@ -186,7 +203,7 @@ class RegionProber:
         async with asyncio.timeout(self.SETUP_TIMEOUT_S):
             if self._admin is None:
                 admin = AIOKafkaAdminClient(
-                    **kafka_kw(self._bootstrap),
+                    **kafka_kw(self.bootstrap_servers()),
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
                 self._admin = admin  # kept even if start fails: stop() closes it
                 await admin.start()
@@ -204,7 +221,7 @@ class RegionProber:
                             self.settings.canary_topic, 1, rf,
                             topic_configs={"retention.ms": "3600000"})])
                 producer = AIOKafkaProducer(
-                    **kafka_kw(self._bootstrap), acks="all", linger_ms=0,
+                    **kafka_kw(self.bootstrap_servers()), acks="all", linger_ms=0,
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
                 self._producer = producer
                 await producer.start()
@@ -212,7 +229,7 @@ class RegionProber:
                 # Short request deadlines: closing a consumer whose broker died waits for
                 # its in-flight fetch (40 s by default).
                 consumer = AIOKafkaConsumer(
-                    **kafka_kw(self._bootstrap), enable_auto_commit=False,
+                    **kafka_kw(self.bootstrap_servers()), enable_auto_commit=False,
                     request_timeout_ms=int(max(2.0, self.settings.timeout_s * 2) * 1000),
                     fetch_max_wait_ms=200)
                 self._consumer = consumer
@@ -262,6 +279,7 @@ class RegionProber:
         try:
             async with asyncio.timeout(self.settings.timeout_s):
                 meta = await self._ask_any_broker(self._admin)
+            self.learn(meta)
             brokers = len(meta.get("brokers", []))
             return CheckResult(ok=brokers > 0, latency_ms=_ms(t0),
                                detail=f"{brokers} broker(s), controller "

@@ -270,3 +270,24 @@ async def test_the_metadata_check_asks_other_brokers_when_one_is_dead() -> None:
     assert meta["brokers"] == [2, 3]
     with pytest.raises(NodeNotReadyError):
         await RegionProber._ask_any_broker(Admin(dead_picks=99))  # type: ignore[arg-type]
+
+
+def test_the_prober_bootstraps_again_from_every_broker_it_has_seen() -> None:
+    # The chaos suite's leader-kill: a 3-broker region whose topology named its first broker
+    # only; that broker died, the prober renewed its clients after failed canary rounds and
+    # could bootstrap from nothing else, so the controller failed the region over.
+    from dr.controller.config import HealthSettings
+    from dr.controller.health import RegionProber
+
+    region = _topology().region("east")
+    prober = RegionProber(region, HealthSettings(), "c1")
+    first = region.kafka.bootstrap_servers[0]
+    assert prober.bootstrap_servers() == [first]
+    prober.learn({"brokers": [{"node_id": 1, "host": "127.0.0.1", "port": 1},
+                              {"node_id": 2, "host": "127.0.0.1", "port": 2},
+                              {"node_id": 3, "host": "127.0.0.1", "port": 3}]})
+    assert prober.bootstrap_servers() == [first, "127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+    prober.learn({"brokers": []})  # an answer naming nobody forgets nothing
+    assert len(prober.bootstrap_servers()) == 4
+    prober.learn({"brokers": [{"node_id": 2, "host": "127.0.0.1", "port": 2}]})
+    assert prober.bootstrap_servers() == [first, "127.0.0.1:2"]

@@ -85,3 +85,103 @@ async def test_stop_is_idempotent_and_safe_before_start() -> None:
     assert not w.running
     with pytest.raises(MirrorError, match="cannot be started again"):
         await w.start()
+
+
+class _Consumer:
+    """What the worker asks of its consumer here: subscribe, and a getmany that waits for an
+    assignment that never comes (aiokafka's, while a reassignment is in progress)."""
+
+    def __init__(self) -> None:
+        self.subscribed: list[list[str]] = []
+        self.seeks: list[tuple[TopicPartition, int]] = []
+
+    def subscription(self) -> set[str]:
+        return {t for ts in self.subscribed[-1:] for t in ts}
+
+    def subscribe(self, topics: list[str], listener: object) -> None:
+        self.subscribed.append(topics)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+    async def stop(self) -> None:
+        pass
+
+    async def getmany(self, timeout_ms: int = 0, max_records: int = 0) -> dict[object, object]:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_discovery_never_resubscribes_during_an_assignment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chaos suite, brokers-freeze: a drill's topics appeared while the worker read its resume
+    points; discovery subscribed anew mid-callback, aiokafka's seek then failed an assertion
+    (the assignment it seeks in was gone) and the worker stopped copying."""
+    from mirror.offsets import Position
+    from mirror.topics import TopicPlan
+
+    release = asyncio.Event()
+    consumer = _Consumer()
+
+    async def load_positions(bootstrap: str, source: str, *,
+                             timeout_s: float = 90.0) -> dict[object, object]:
+        await release.wait()
+        assert consumer.subscribed == [], "subscribed anew in the middle of an assignment"
+        return {("t", 0): Position(next_src=7, dst_next=None)}
+
+    async def sync_topics(*args: object, **kw: object) -> TopicPlan:
+        return TopicPlan({"t": 1, "t2": 1}, {})
+
+    monkeypatch.setattr(worker_mod, "load_positions", load_positions)
+    monkeypatch.setattr(worker_mod, "sync_topics", sync_topics)
+    w = MirrorWorker(Flow(source="east", target="west", topics="t.*", group="g",
+                          exactly_once=True), "127.0.0.1:1", "127.0.0.1:1")
+    w._consumer = consumer  # type: ignore[assignment]
+    w._src_admin = w._dst_admin = object()  # type: ignore[assignment]
+    assigning = asyncio.create_task(w._on_assigned([TopicPartition("t", 0)]))
+    async def holding() -> bool:
+        return w._lock.locked()
+
+    await eventually(holding, 5, "the callback holds the lock")
+    refresh = asyncio.create_task(w._refresh_topics())
+    await asyncio.sleep(0)  # let discovery run up to the lock
+    assert consumer.subscribed == []
+    release.set()
+    async with asyncio.timeout(5):
+        await assigning
+        await refresh
+    assert consumer.seeks == [(TopicPartition("t", 0), 7)]
+    assert consumer.subscribed == [["t", "t2"]]
+    assert w._fatal is None
+    w._src_admin = w._dst_admin = None
+    await w.stop()
+
+
+async def test_a_failed_callback_ends_the_worker_even_while_getmany_waits() -> None:
+    """The callback's error must end the worker (so `--restart` starts a new one); the
+    carrying loop waited in getmany for an assignment that never came, for minutes."""
+    from mirror.topics import TopicPlan
+    w = MirrorWorker(_FLOW, "127.0.0.1:1", "127.0.0.1:1")
+    w._consumer = _Consumer()  # type: ignore[assignment]
+    w._topics = TopicPlan({"t": 1}, {})
+    w._carry_task = asyncio.create_task(w._carry())
+    await asyncio.sleep(0.05)  # in getmany
+    assert not w._carry_task.done()
+    w._fail(AssertionError("seek without an assignment"))
+    async with asyncio.timeout(3):
+        with pytest.raises(AssertionError, match="seek without an assignment"):
+            await w._carry_task
+    await w.stop()
+
+
+async def test_stop_still_cancels_the_carrying_loop() -> None:
+    from mirror.topics import TopicPlan
+    w = MirrorWorker(_FLOW, "127.0.0.1:1", "127.0.0.1:1")
+    w._consumer = _Consumer()  # type: ignore[assignment]
+    w._topics = TopicPlan({"t": 1}, {})
+    task = w._carry_task = asyncio.create_task(w._carry())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await w.stop()
