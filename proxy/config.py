@@ -101,9 +101,9 @@ class ProxyConfig(_Model):
                              "several worker processes serve one port (`--workers`).")
     stream_window: int = Field(64, gt=0, description="Batches of one stream in flight at once "
                                "(acks stay in order).")
-    heap_trim_interval_s: float = Field(5.0, ge=0, description="How often the proxy checks "
-                                        "how much freed memory malloc keeps, and gives it "
-                                        "back to the OS (proxy.heap); 0: never.")
+    heap_trim_interval_s: float = Field(5.0, ge=0, description="How often the proxy runs a "
+                                        "full garbage collection and gives the freed memory "
+                                        "malloc keeps back to the OS (proxy.heap); 0: never.")
     heap_trim_min_free_bytes: int = Field(8 * 1024 * 1024, ge=0, description="Trim from "
                                           "this many freed bytes kept by malloc on.")
     grace_s: float = Field(10.0, ge=0, description="Drain time on stop (SIGTERM).")

@@ -3,7 +3,7 @@ environment variable).
 
 `CROSSDC_PROXY_MEMDEBUG=1 dr proxy serve ...` starts `tracemalloc` (1 frame) when serving
 begins; each SIGUSR2 then runs a full garbage collection and logs one `proxy_memory` event:
-RSS (before and after the collection, and the objects it freed), what Python's allocator
+RSS (before and after the collection, and the objects it freed, by type), what Python's allocator
 holds (`tracemalloc` traced bytes), glibc's view of the native heap (`mallinfo2`: bytes in
 use, bytes freed but kept), the thread, task and gc counts, and the top growth since the
 previous SIGUSR2 (source lines by bytes, object types by count). Python-level growth shows up
@@ -46,7 +46,13 @@ class MemDebug:
 
     def report(self) -> dict[str, Any]:
         rss_before_gc = rss_bytes() // 1024
-        collected = gc.collect()
+        gc.set_debug(gc.DEBUG_SAVEALL)  # what the collection finds, by type
+        try:
+            collected = gc.collect()
+            garbage = collections.Counter(type(o).__name__ for o in gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
         snap = tracemalloc.take_snapshot().filter_traces(
             (tracemalloc.Filter(False, tracemalloc.__file__),))
         types = collections.Counter(type(o).__name__ for o in gc.get_objects())
@@ -55,8 +61,9 @@ class MemDebug:
             "rss_before_gc_kib": rss_before_gc, "gc_collected": collected,
             "rss_kib": rss_bytes() // 1024, "py_traced_kib": traced // 1024,
             "py_peak_kib": peak // 1024, "threads": threading.active_count(),
-            "gc_objects": sum(types.values()), "gc_garbage": len(gc.garbage),
-            "gc_count": gc.get_count(), "tasks": len(asyncio.all_tasks())}
+            "gc_objects": sum(types.values()),
+            "gc_count": gc.get_count(), "tasks": len(asyncio.all_tasks()),
+            "gc_collected_types": [f"{t} {n}" for t, n in garbage.most_common(TOP)]}
         if self.malloc is not None:
             mi = self.malloc.info()
             out.update(in_use_kib=mi.uordblks // 1024, free_kept_kib=mi.fordblks // 1024,

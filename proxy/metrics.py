@@ -45,6 +45,9 @@ class ProxyMetrics:
         self.heap_trimmed_bytes = Counter("crossdc_proxy_heap_trimmed_bytes", "RSS given "
                                           "back to the OS by malloc_trim (proxy.heap)",
                                           registry=r)
+        self.gc_collected = Counter("crossdc_proxy_gc_collected_objects", "Unreachable "
+                                    "objects (reference cycles) found by the periodic full "
+                                    "collection (proxy.heap)", registry=r)
         self.duplicates = Counter("crossdc_proxy_idempotent_hits", "Records answered from the "
                                   "idempotency window (not written again)", registry=r)
         self.breaker_state = Gauge("crossdc_proxy_breaker_state", "Circuit breaker per "

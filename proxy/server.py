@@ -21,8 +21,8 @@ lease: with Consul unreachable (or the record fenced) ordered and sync writes ar
 UNAVAILABLE with the reason (`proxy.primary`), while nearest writes, and so SERVING, go on.
 
 Lifecycle: every background loop (`proxy:health` — the region probes and health —,
-`proxy:primary-watch`, `proxy:policy-watch`, `proxy:auth-watch`, `proxy:heap-trim` (freed
-native memory back to the OS after bursts: `proxy.heap`), and one-shot
+`proxy:primary-watch`, `proxy:policy-watch`, `proxy:auth-watch`, `proxy:heap-trim` (a full gc
+and freed native memory back to the OS after bursts: `proxy.heap`), and one-shot
 `proxy:policy-topics` / `proxy:reload` tasks) runs in ONE asyncio.TaskGroup held by the task
 `proxy:run`. A loop that fails (or ends) stops the component: it is logged and counted
 (`crossdc_proxy_task_failures_total{task}`), health goes NOT_SERVING, the gRPC server stops,
@@ -378,7 +378,7 @@ class ProxyServer:
             self._spawn("proxy:policy-watch", self.policy_store.run())
         if self.auth_store is not None:
             self._spawn("proxy:auth-watch", self.auth_store.run())
-        if self.heap.malloc is not None and self.heap.interval_s > 0:  # glibc only
+        if self.heap.interval_s > 0:  # trims only with glibc
             self._spawn("proxy:heap-trim", self.heap.run())
         await self.primary.wait_first(5.0)
         self._raise_if_failed()
