@@ -42,8 +42,9 @@ def tune_gc() -> None:
     (700, 10, 10) full collections ran about once a second over the whole heap. Called once
     the server has started: everything allocated so far (modules, grpc, producers) is moved
     to the permanent generation (`gc.freeze`) and never scanned again, and the youngest
-    generation is collected every 10,000 net allocations instead of 700. Cycles are still
-    collected; the proxy's request path creates few of them."""
+    generation is collected every 10,000 net allocations instead of 700. The oldest
+    generation then almost never is: cycles that got old (grpc's per-call objects of calls
+    open a while) are collected by the periodic full collection of `proxy.heap` instead."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLD)
