@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -118,6 +119,24 @@ class Hysteresis:
                             at_ms=self.last.at_ms if self.last else now_ms())
 
 
+T = TypeVar("T")
+
+
+async def _any_broker(call: Callable[[], Awaitable[T]]) -> T:
+    """`call` (an admin request) answered by any broker. aiokafka sends each admin request to
+    a random known broker, the dead one included until Kafka fences it (about 9 s): a region
+    that lost one of three would otherwise fail a third of its rounds, and three in a row
+    down the region (the chaos suite's leader-kill saw it twice: the metadata check, then the
+    clients renewed after failed canary rounds listing topics)."""
+    for attempt in range(1, _METADATA_TRIES + 1):
+        try:
+            return await call()
+        except (KafkaError, OSError):
+            if attempt == _METADATA_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _ms(t0: float) -> float:
     return round((time.monotonic() - t0) * 1000, 2)
 
@@ -210,11 +229,11 @@ class RegionProber:
             if not self.settings.canary:
                 return
             if self._producer is None:
-                topics = await self._admin.list_topics()
+                topics = await _any_broker(self._admin.list_topics)
                 if self.settings.canary_topic not in topics:
                     # Replicated where the region has the brokers: a canary on one broker
                     # would call the region down for as long as that broker is.
-                    cluster = await self._admin.describe_cluster()
+                    cluster = await self._ask_any_broker(self._admin)
                     rf = max(1, min(3, len(cluster.get("brokers", []))))
                     with contextlib.suppress(TopicAlreadyExistsError):
                         await self._admin.create_topics([NewTopic(
@@ -290,18 +309,9 @@ class RegionProber:
 
     @staticmethod
     async def _ask_any_broker(admin: AIOKafkaAdminClient) -> dict[str, Any]:
-        """Cluster metadata from any broker that answers. aiokafka sends each request to a
-        random known broker: a region that lost one of three would otherwise fail a third of
-        its rounds until Kafka and the client forget the dead one, and three in a row down
-        the region (the chaos suite's leader-kill saw exactly that)."""
-        for attempt in range(1, _METADATA_TRIES + 1):
-            try:
-                meta: dict[str, Any] = await admin.describe_cluster()
-                return meta
-            except (KafkaError, OSError):
-                if attempt == _METADATA_TRIES:
-                    raise
-        raise AssertionError("unreachable")
+        """Cluster metadata from any broker that answers (see `_any_broker`)."""
+        meta: dict[str, Any] = await _any_broker(admin.describe_cluster)
+        return meta
 
     async def _canary(self) -> CheckResult:
         """Produce a record and read it back: the region takes and serves data."""

@@ -291,3 +291,23 @@ def test_the_prober_bootstraps_again_from_every_broker_it_has_seen() -> None:
     assert len(prober.bootstrap_servers()) == 4
     prober.learn({"brokers": [{"node_id": 2, "host": "127.0.0.1", "port": 2}]})
     assert prober.bootstrap_servers() == [first, "127.0.0.1:2"]
+
+
+async def test_the_clients_renewed_after_failed_rounds_list_topics_from_any_broker() -> None:
+    # leader-kill, second re-run: after failed canary rounds the prober renewed its clients;
+    # listing topics went to the dead broker, the set-up failed, the region was called down.
+    from aiokafka.errors import NodeNotReadyError
+
+    from dr.controller.health import _any_broker
+
+    asked = 0
+
+    async def list_topics() -> list[str]:
+        nonlocal asked
+        asked += 1
+        if asked <= 2:
+            raise NodeNotReadyError("node 1")
+        return ["_crossdc.canary"]
+
+    assert await _any_broker(list_topics) == ["_crossdc.canary"]
+    assert asked == 3
