@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import statistics
 import sys
 import time
 import urllib.request
@@ -58,11 +57,13 @@ RSS_TOLERANCE_MIB = 24.0
 """Growth allowed over the warm baseline: RSS is never exact (what is in use at the moment
 of reading, pages of arenas split by live allocations); a leak of the requests themselves
 is far more (a round sends ~70 MiB)."""
-PLATEAU_MIB = 6.0
-"""The long run: the trimmed RSS of the last rounds may exceed that of rounds 3-6 (medians)
-by this much at most. Measured on 20 rounds of 500 clients: 105-112 MiB by round 3, then
-109-116 (one round at 116.4) up to round 20; without the trimmer RSS went 110 -> 137-142
-(and 110.9 -> 145.7 in 10 rounds on another run)."""
+SETTLED_TOLERANCE_MIB = 16.0
+"""The long run: the RSS after each round's trim may exceed the trimmed warm baseline by
+this much at most. Measured, 500 clients a round, baseline ~100 MiB: it rises to a plateau
++8-12 MiB by rounds 5-9 and stays there (12 rounds: 100.2, 100.2, 103.3, 104.2, 108.6,
+111.9, 108.9, 108.9, 109.1, 110.0, 108.7, 106.5, 105.9; a 10-round run of this test: max
++13.5). Before proxy.heap RSS never came back (110.9 -> 145.7 MiB in 10 rounds on a quiet
+machine); with the trim alone (no full gc) the trimmed RSS kept rising, +35 in 25 rounds."""
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
@@ -292,12 +293,9 @@ async def _run(two_regions, proxy: Proxy, rounds: int, clients: int, *,  # type:
         assert settled_ok, (f"RSS {end_mib:.1f} MiB > baseline {base_mib:.1f} + "
                             f"{RSS_TOLERANCE_MIB:g} MiB")
         if per_round:
-            over = [p for p in settled if p > base_mib + RSS_TOLERANCE_MIB]
-            assert not over, f"trimmed RSS over the baseline + tolerance: {settled}"
-            early, late = statistics.median(settled[2:6]), statistics.median(settled[-4:])
-            assert late - early <= PLATEAU_MIB, (
-                f"still growing: trimmed RSS {early:.1f} MiB at rounds 3-6, {late:.1f} MiB "
-                f"in the last 4 (> +{PLATEAU_MIB:g}): {settled}")
+            over = [p for p in settled if p > base_mib + SETTLED_TOLERANCE_MIB]
+            assert not over, (f"trimmed RSS over the trimmed baseline {base_mib:.1f} + "
+                              f"{SETTLED_TOLERANCE_MIB:g} MiB: {settled}")
         await hostile.good(pb_grpc.ProxyStub(ch))
 
     async def gave_back() -> bool:  # the trimmer ran and returned memory to the OS
@@ -321,9 +319,9 @@ async def test_hostile_requests_get_their_codes_and_memory_comes_back(  # type: 
     await _run(two_regions, proxy, rounds=2, clients=200)
 
 
-# The long run belongs with the long runs (`make chaos`): 10 rounds of 500 clients, the
-# RSS settled (trimmed) after each, which must level off (PLATEAU_MIB). Before proxy.heap
-# it grew about 3.5 MiB a round and never came back (glibc kept the freed memory).
+# The long run belongs with the long runs (`make chaos`): 10 rounds of 500 clients, the RSS
+# settled (trimmed) after each must stay near the baseline (SETTLED_TOLERANCE_MIB). Before
+# proxy.heap it grew about 3.5 MiB a round and never came back.
 @pytest.mark.slow
 @pytest.mark.skipif(os.environ.get("CROSSDC_CHAOS", "").lower() != "full",
                     reason="long run: `make chaos` (CROSSDC_CHAOS=full)")
