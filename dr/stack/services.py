@@ -36,7 +36,7 @@ import aiohttp
 import structlog
 
 from crossdc.topology import Topology, split_hostport
-from dr.errors import StackError
+from dr.errors import PortTaken, StackError
 from dr.stack.paths import REPO_ROOT, StackPaths, in_checkout
 from dr.stack.ports import free_port
 from dr.stack.process import ManagedProcess, check_port_free, log_tail, poll_while_alive
@@ -83,6 +83,10 @@ def default_policy_path() -> Path | None:
         if cand is not None and cand.is_file():
             return cand
     return None
+
+
+RELEASE_WAIT_S = 10.0
+"""How long a restart waits for the service's old ports to be released."""
 
 
 class Services:
@@ -337,9 +341,27 @@ class Services:
         spec = self._spec(name)
         proc = self._proc(spec)
         if not proc.running():
-            self._check_ports(spec)
+            await self._ports_released(spec, min(RELEASE_WAIT_S, timeout_s))
             proc.start()
         await self._wait(spec, time.monotonic() + timeout_s)
+
+    async def _ports_released(self, spec: _Spec, wait_s: float) -> None:
+        """The service's ports free, waiting up to `wait_s` for them: a service restarted right
+        after it stopped can find its port still held for a moment by what its old process
+        left behind (seen in the chaos suite: a mirror's metrics port, not listened on by
+        anyone, refused right after the stop). Still held after that: PortTaken."""
+        deadline = time.monotonic() + wait_s
+        pause = 0.05
+        while True:
+            try:
+                self._check_ports(spec)
+                return
+            except PortTaken:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("service_port_held", service=spec.name, retry_in_s=pause)
+            await asyncio.sleep(pause)  # polls the port until the deadline
+            pause = min(1.0, pause * 2)
 
     def freeze(self, name: str) -> None:
         """SIGSTOP one service (hung: its ports stay open, nothing answers)."""

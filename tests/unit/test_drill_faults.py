@@ -188,3 +188,35 @@ def test_status_lists_the_services_in_one_short_table(
     assert "4242" in text
     assert "not running" in text
     assert len(text.strip().splitlines()) <= len(infos) + 5
+
+
+async def test_a_restart_waits_for_the_old_ports_then_names_the_holder(
+        local: tuple[LocalStack, Services]) -> None:
+    """Chaos suite: a mirror restarted right after its stop found its metrics port still held
+    for a moment; the restart now waits for the port (bounded), and still refuses a port
+    that stays taken."""
+    import asyncio
+    import socket
+
+    from crossdc.topology import split_hostport
+    from dr.errors import PortTaken
+
+    _, services = local
+    spec = services._spec("mirror-east-west")
+    assert spec.metrics is not None
+    port = split_hostport(spec.metrics)[1]
+    held = socket.socket()
+    held.bind(("127.0.0.1", port))
+    held.listen()
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.5, held.close)  # the old process's socket goes away after a moment
+    await services._ports_released(spec, 5.0)  # returns once it is free
+    assert held.fileno() == -1
+    held = socket.socket()
+    held.bind(("127.0.0.1", port))
+    held.listen()
+    try:
+        with pytest.raises(PortTaken, match=str(port)):
+            await services._ports_released(spec, 0.3)
+    finally:
+        held.close()
