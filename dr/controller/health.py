@@ -61,11 +61,12 @@ class Round:
 class Hysteresis:
     """N consecutive failed rounds make a region down; M consecutive good ones bring it back.
 
-    A run of rounds where only the canary failed (Kafka still answered metadata) downs the
-    region only once it has lasted `canary_grace_ms`: a region of several brokers that lost
-    one stalls acks=all writes until Kafka fences that broker and elects new leaders, and
-    failing over from a cluster that heals itself in seconds would be the outage. Until then
-    the region is degraded.
+    A run of failed rounds that are not all Kafka failures (in some only the canary failed,
+    Kafka still answered metadata) downs the region only once it has lasted
+    `canary_grace_ms`: a region of several brokers that lost one stalls acks=all writes
+    until Kafka fences that broker and elects new leaders, and failing over from a cluster
+    that heals itself in seconds would be the outage. Until then the region is degraded.
+    N rounds in a row where Kafka itself failed down it at once (a dead cluster).
 
     The first failed round of a run is remembered (`first_failure_ms`): it is the best
     estimate of when the fault began, which RTO is measured from."""
@@ -79,6 +80,7 @@ class Hysteresis:
         self.status: Literal["up", "degraded", "down", "unknown"] = "unknown"
         self.since_ms = now_ms()
         self.failures = 0
+        self.hard_failures = 0
         self.successes = 0
         self.first_failure_ms: int | None = None
         self.last: Round | None = None
@@ -89,7 +91,7 @@ class Hysteresis:
         before = self.status
         if rnd.ok:
             self.successes += 1
-            self.failures = 0
+            self.failures = self.hard_failures = 0
             if self.status in ("unknown", "up", "degraded") or \
                     self.successes >= self.successes_to_up:
                 self.status = "degraded" if rnd.degraded else "up"
@@ -97,13 +99,17 @@ class Hysteresis:
         else:
             self.failures += 1
             self.successes = 0
+            # Rounds where Kafka itself failed, in a row: a canary-only run counts for the
+            # grace, never towards these (a metadata answer lost to the dying broker in the
+            # middle of a canary-only run downed the region at once: chaos, leader-kill).
+            self.hard_failures = 0 if rnd.canary_only else self.hard_failures + 1
             if self.first_failure_ms is None:
                 self.first_failure_ms = rnd.at_ms
-            in_grace = (rnd.canary_only and
-                        rnd.at_ms - self.first_failure_ms < self.canary_grace_ms)
-            if self.failures >= self.failures_to_down and not in_grace:
+            past_grace = rnd.at_ms - self.first_failure_ms >= self.canary_grace_ms
+            if self.hard_failures >= self.failures_to_down or \
+                    (self.failures >= self.failures_to_down and past_grace):
                 self.status = "down"
-            elif in_grace and self.status == "up":
+            elif rnd.canary_only and self.status == "up":
                 self.status = "degraded"
         if self.status != before:
             self.since_ms = rnd.at_ms
