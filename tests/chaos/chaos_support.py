@@ -150,6 +150,15 @@ class Reconciled:
     def cell(self) -> str:
         return f"missing {self.missing}, duplicates {self.duplicates}"
 
+    def agrees_with(self, fault: str, report: DrillReport) -> None:
+        """The job against the drill's own read-back (two independent counts): the
+        acknowledged records the job finds missing somewhere are exactly the replicas the
+        read-back found missing (none where every region converged; otherwise the
+        divergent tail the failback quarantined, each missing from one region)."""
+        lost = self.missing_acked(RUN_ACKED.get(fault, set()))
+        assert len(lost) == report.missing_replicas, (fault, report.missing_replicas,
+                                                      sorted(lost)[:20])
+
     def missing_acked(self, acked: set[str]) -> set[str]:
         """The missing dr-ids the clients were told were acknowledged (the others are
         records whose sends failed, e.g. a sync write that reached one region only)."""

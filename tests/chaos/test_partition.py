@@ -13,13 +13,16 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from chaos_results import record  # type: ignore[import-not-found]
+from chaos_results import record, update_reconciliation  # type: ignore[import-not-found]
 from chaos_support import (  # type: ignore[import-not-found]
     PROXY_WORKERS,
+    RUN_TOPICS,
     ChaosStack,
     chaos_topology,
     check_common,
     drill,
+    reconcile,
+    remember,
     row,
 )
 from tests_support import write_topology  # type: ignore[import-not-found]
@@ -72,3 +75,9 @@ async def test_partition_of_the_primary_fails_over_without_split_brain(
     assert r.failback_ms is not None, "failed back after the heal"
     assert "failback:promote" in [s.name for s in r.steps]
     assert r.modes["sync"].lost == 0
+    # every acknowledged record where its mode promises, by the Spark reconciliation job
+    remember("partition", r)
+    found = await asyncio.to_thread(reconcile, netns_stack,
+                                    {"partition": RUN_TOPICS["partition"]})
+    update_reconciliation("partition", found["partition"].cell())
+    found["partition"].agrees_with("partition", r)

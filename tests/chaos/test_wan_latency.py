@@ -25,14 +25,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
-from chaos_results import record  # type: ignore[import-not-found]
+from chaos_results import record, update_reconciliation  # type: ignore[import-not-found]
 from chaos_support import (  # type: ignore[import-not-found]
     FULL,
     PROXY_WORKERS,
     RATE,
+    RUN_TOPICS,
     ChaosStack,
     chaos_topology,
     check_common,
+    reconcile,
+    remember,
     row,
 )
 from kafka_helpers import eventually  # type: ignore[import-not-found]
@@ -249,3 +252,8 @@ async def test_wan_latency_slows_but_loses_nothing_and_moves_no_primary(
     assert statistics.median(during) >= 2 * (LATENCY_MS - JITTER_MS), \
         "a remote write waits at least a round trip"
     assert statistics.median(after) < statistics.median(during), "latency gone after removal"
+    # every acknowledged record in every region, by the Spark reconciliation job too
+    remember(FAULT, r)
+    found = await asyncio.to_thread(reconcile, wan_stack.chaos, {FAULT: RUN_TOPICS[FAULT]})
+    update_reconciliation(FAULT, found[FAULT].cell())
+    found[FAULT].agrees_with(FAULT, r)
