@@ -248,9 +248,11 @@ def _bar_panel(ax: Axes, panel: BarPanel, color: Mapping[str, str], horizontal: 
 
 def lines(path: Path, *, series: Mapping[str, Sequence[tuple[float, float]]], title: str,
           xlabel: str, ylabel: str, value_format: str | None = None,
-          colors: Mapping[str, str] | None = None) -> Path:
+          colors: Mapping[str, str] | None = None, log_y: bool = False,
+          limit: tuple[float, str] | None = None) -> Path:
     """y against x as PNG (8x4.5 in), one line with point markers per series; with
-    `value_format` (e.g. "{:.0f} s") each point is labelled with its y. Returns path."""
+    `value_format` (e.g. "{:.0f} s") each point is labelled with its y; `log_y` for values
+    spanning decades; `limit` (y, label) draws a dashed threshold. Returns path."""
     fig = _figure(8, 4.5)
     ax = fig.add_subplot()
     _style(ax)
@@ -272,7 +274,16 @@ def lines(path: Path, *, series: Mapping[str, Sequence[tuple[float, float]]], ti
                             bbox={"boxstyle": "round,pad=0.1", "facecolor": "white",
                                   "edgecolor": "none", "alpha": 0.8})
     ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
+    if log_y:
+        from matplotlib.ticker import FuncFormatter
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(_number))
+    else:
+        ax.set_ylim(bottom=0)
+    if limit is not None:
+        ax.axhline(limit[0], color="#999999", linestyle="--", linewidth=1)
+        ax.annotate(limit[1], (0, limit[0]), xytext=(4, 3), textcoords="offset points",
+                    fontsize=8, color="#666666", xycoords=("axes fraction", "data"))
     ax.margins(x=0.08, y=0.12)
     ax.set_title(title, fontsize=12, fontweight="bold", loc="left")
     ax.set_xlabel(xlabel)

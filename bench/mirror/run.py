@@ -312,8 +312,8 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
                  {n: [float(results[n]["rps"])] for n in names}, ylabel="records / s"),
         BarPanel("p99 replication latency at 10k rec/s", ["p99 ms"],
                  {n: [float(results[n]["p99_ms"])] for n in names}, ylabel="ms")],
-        title="plain librdkafka copy (ceiling) vs MirrorMaker 2 vs crossdc mirror "
-              "(1 KiB records, 12 partitions, 1 process each)",
+        title="ceiling (plain librdkafka copy) vs MirrorMaker 2 vs crossdc: "
+              "1 KiB records, 12 partitions",
         colors=colors)
 
 

@@ -567,8 +567,8 @@ def charts(rows: list[dict[str, Any]], pace: dict[str, dict[str, Any]],
     if series:
         out.append(lines(out_dir / "proxy-capacity.png", series=series,
                          title="unary p99 against the offered rate (capacity: p99 < 50 ms)",
-                         xlabel="offered requests / s (open loop)", ylabel="p99 ms",
-                         value_format="{:.0f}"))
+                         xlabel="offered requests / s (open loop)", ylabel="p99 ms (log)",
+                         value_format="{:.0f}", log_y=True, limit=(50.0, "capacity limit")))
     return out
 
 
