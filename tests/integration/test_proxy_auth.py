@@ -185,6 +185,18 @@ async def stub(authed: ProxyServer) -> AsyncIterator[Any]:
         yield pb_grpc.ProxyStub(ch)
 
 
+def _sync_stream_code(port: int, requests: list[Any]) -> grpc.StatusCode:
+    """The status a sync-API ProduceStream without a token ends with."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        try:
+            for _ in stub.ProduceStream(iter(requests), timeout=30):
+                pass
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return,attr-defined]
+    raise AssertionError("the stream ended without an error")
+
+
 async def test_no_token_is_unauthenticated_on_every_rpc(two_regions, authed, stub) -> None:  # type: ignore[no-untyped-def]
     topic = await _topic(two_regions, "auth-ok")
     before = _refusals(authed, "missing")
@@ -194,13 +206,13 @@ async def test_no_token_is_unauthenticated_on_every_rpc(two_regions, authed, stu
     code, _ = await _code_of(stub.ProduceBatch(pb.ProduceBatchRequest(records=[_rec(topic)])))
     assert code == grpc.StatusCode.UNAUTHENTICATED
 
-    async def one() -> AsyncIterator[Any]:
-        yield pb.ProduceBatchRequest(records=[_rec(topic)])
-
-    with pytest.raises(grpc.aio.AioRpcError) as ei:
-        async for _ in stub.ProduceStream(one()):
-            pass
-    assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    # The stream is read with the sync client: grpc.aio's client reports INTERNAL ("Failed
+    # execute_batch") instead of the server's status when its write loses the race with the
+    # server's early abort (grpc/grpc#36066, fix pending in #43486). The server's status is
+    # what this test is about; the sync client always reports it.
+    code = await asyncio.to_thread(_sync_stream_code, authed.port,
+                                   [pb.ProduceBatchRequest(records=[_rec(topic)])])
+    assert code == grpc.StatusCode.UNAUTHENTICATED
     assert _refusals(authed, "missing") == before + 3
     assert sum((await end_offsets(two_regions.bootstrap("east"), topic)).values()) == 0
 
