@@ -30,7 +30,8 @@ test: setup lint
 	$(BIN)/pytest
 
 ## Beyond the 20 minutes of `make test` (CI runs it after the demo): the Spark standalone cluster,
-## the SCRAM/TLS stack, and the reduced chaos set.
+## the SCRAM/TLS stack, a three-broker region, Ctrl-C in the demo, spark-submit's exit codes,
+## and the reduced chaos set.
 test-more: setup
 	$(BIN)/pytest -m "slow or chaos"
 

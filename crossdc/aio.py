@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-__all__ = ["cancelled_from_outside"]
+__all__ = ["cancelled_from_outside", "checkpoint"]
 
 
 def cancelled_from_outside() -> bool:
@@ -17,3 +17,16 @@ def cancelled_from_outside() -> bool:
     the real one."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def checkpoint() -> None:
+    """Raise `CancelledError` when the running task was asked to stop and the request got
+    lost on the way.
+
+    On Python 3.11 `asyncio.wait_for` swallows a cancel that arrives as the awaited future
+    completes (gh-86296, fixed in 3.12), and libraries use it everywhere (aiokafka, grpc):
+    a Ctrl-C then vanishes and a long job runs to its end. The request is still counted in
+    `Task.cancelling()`, so a job that calls this between its steps stops at the next one."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() > 0:
+        raise asyncio.CancelledError

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from crossdc.aio import checkpoint
 from crossdc.errors import CrossdcError
 from crossdc.topology import Topology
 from dr.controller.datacenters import Datacenters
@@ -79,6 +80,7 @@ async def run_demo(topology: Topology, topology_path: Path, paths: StackPaths, *
         note(f"    {i.name:<18} pid {i.pid}  {i.address or '':<22} metrics {i.metrics}")
     prom_url = await _start_prometheus(paths, list(infos), note)
 
+    checkpoint()
     note("[bold]3/5[/] traffic through both proxies, then a primary-outage drill: the "
          "primary's brokers are killed, the controller fails over, they come back, the "
          "drill fails back")
@@ -88,9 +90,11 @@ async def run_demo(topology: Topology, topology_path: Path, paths: StackPaths, *
     live = _Live()
     drill = await _drill_with_display(topology, plan, cfg, live, console, duration_s, rate)
 
+    checkpoint()  # a Ctrl-C lost on the way (Python 3.11) stops the demo here
     note("[bold]4/5[/] Spark reconciliation of the drill's topics in every region")
     html, verdict, status_ = await asyncio.to_thread(
         _reconcile, topology, topology_path, paths, drill, console)
+    checkpoint()
     note("[bold]5/5[/] done")
     return DemoResult(drill=drill, reconcile_html=html, reconcile_verdict=verdict,
                       reconcile_status=status_, prometheus=prom_url, lags=live.lags)

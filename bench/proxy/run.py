@@ -55,6 +55,8 @@ from bench.cpu import machine_busy_s, tree_cpu_s  # noqa: E402
 
 HERE = Path(__file__).parent
 RESULTS = ROOT / "bench" / "results"
+# extra `dr proxy serve` arguments (--serve-arg, e.g. --local-idempotency for a comparison)
+EXTRA_SERVE_ARGS: list[str] = []
 CLK = os.sysconf("SC_CLK_TCK")
 PARTITIONS = 6
 KEYS = [b"key-%04d" % i for i in range(1000)]
@@ -453,7 +455,7 @@ def proxy_commands(tpath: Path, policy: Path, port: int,
     count); more than one worker without it: no command."""
     dr = str(Path(sys.executable).parent / "dr")
     args = ["--topology", str(tpath), "--region", "east", "--policy", str(policy),
-            "--port", str(port)]
+            "--port", str(port), *EXTRA_SERVE_ARGS]
     cmds = [([sys.executable, str(HERE / "serve.py"), *args], "bench/proxy/serve.py")]
     if workers_supported():
         return [([dr, "proxy", "serve", *args, "--workers", str(workers)],
@@ -536,12 +538,13 @@ COLORS = {"direct": "#4c78a8", "unary": "#e45756", "batch": "#f58518", "stream":
 
 
 def charts(rows: list[dict[str, Any]], pace: dict[str, dict[str, Any]],
-           caps: dict[str, Any], out_dir: Path = RESULTS) -> list[Path]:
+           caps: dict[str, Any], out_dir: Path | None = None) -> list[Path]:
     """proxy.png: records/s per contender; proxy-paced.png: unary latency at the paced rate,
     direct vs proxy; proxy-capacity.png: unary p99 against the offered rate per worker
     count."""
     from dr.charts import BarPanel, bars, lines
 
+    out_dir = RESULTS if out_dir is None else out_dir
     out = []
     modes = [m for m in ("direct", "unary", "batch", "stream", "sdk")
              if any(r["mode"] == m for r in rows)]
@@ -1029,7 +1032,16 @@ def main() -> None:
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
     ap.add_argument("--render-only", action="store_true", help="rewrite proxy.md/png from "
                     "the last proxy.json (no measuring)")
+    ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
+                    help="an extra `dr proxy serve` argument (repeatable), e.g. "
+                         "--serve-arg=--local-idempotency")
+    ap.add_argument("--out", type=Path, default=None, help="write the results here instead "
+                    "of bench/results (experiments that must not replace the official figures)")
     a = ap.parse_args()
+    global RESULTS
+    if a.out is not None:
+        RESULTS = a.out
+    EXTRA_SERVE_ARGS.extend(a.serve_arg)
     a.sizes = [int(s) for s in a.sizes.split(",")]
     if a.render_only:
         last = json.loads((RESULTS / "proxy.json").read_text())

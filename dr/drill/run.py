@@ -19,6 +19,7 @@ from typing import Literal, TypeVar
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
+from crossdc.aio import checkpoint
 from crossdc.errors import CrossdcError
 from crossdc.topology import Topology
 from crossdc.yamlfile import load_model
@@ -116,6 +117,10 @@ class DrillPlan:
         return lines + [f"inject/heal: {d}" for d in self.fault.describe()]
 
 
+# steps that run while the drill is being stopped (a cancel is pending): never cut short
+CLEANUP_STEPS = frozenset({"heal", "stop_traffic"})
+
+
 @dataclass
 class Timeline:
     """The drill's own moments, ms since the epoch."""
@@ -130,6 +135,8 @@ class Timeline:
 
     @contextlib.contextmanager
     def step(self, name: str):  # type: ignore[no-untyped-def]
+        if name not in CLEANUP_STEPS:
+            checkpoint()  # a Ctrl-C swallowed on the way stops the drill here (then healed)
         t0 = _now_ms()
         try:
             yield

@@ -18,7 +18,8 @@ from dr.stack.local import LocalStack, stack_processes
 from dr.stack.paths import StackPaths
 from dr.stack.ports import free_topology
 
-pytestmark = [pytest.mark.timeout(480)]
+# slow: `make test-more` (CI runs it after the demo, which is the same story end to end)
+pytestmark = [pytest.mark.timeout(480), pytest.mark.slow]
 
 DR = str(Path(sys.executable).parent / "dr")
 ROOT = Path(__file__).resolve().parents[2]

@@ -292,6 +292,7 @@ def test_no_topic_matches_is_a_clear_error(two_regions, jars: Path) -> None:  # 
         run(_settings(two_regions, "nothing-here-.*", jars))
 
 
+@pytest.mark.slow  # a second Spark JVM through spark-submit (~75 s): `make test-more`
 def test_spark_submit_fails_a_missing_record_with_no_thresholds_given(  # type: ignore[no-untyped-def]
         two_regions, seeded: Seeded, jars: Path, tmp_path: Path) -> None:
     """The same module, unchanged, under spark-submit (as on YARN or Kubernetes), with no

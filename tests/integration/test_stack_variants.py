@@ -25,6 +25,7 @@ def _stack(tmp_path: Path, topo: Topology, brokers: int) -> tuple[LocalStack, St
     return LocalStack(topo, path, brokers=brokers, paths=paths), paths
 
 
+@pytest.mark.slow  # a third stack of its own (~40 s): `make test-more`
 async def test_three_broker_region(tmp_path: Path) -> None:
     data = free_topology(["solo"]).model_dump(mode="json")
     data["regions"][0]["local"]["kafka"]["heap_mb"] = 384

@@ -220,3 +220,40 @@ async def test_a_restart_waits_for_the_old_ports_then_names_the_holder(
             await services._ports_released(spec, 0.3)
     finally:
         held.close()
+
+
+# -- a Ctrl-C swallowed on the way still stops the drill ---------------------------------
+
+async def test_a_swallowed_cancel_stops_the_drill_at_its_next_step_but_not_its_heal() -> None:
+    import asyncio
+    import contextlib
+
+    from dr.drill.run import Timeline
+
+    tl = Timeline()
+    entered: list[str] = []
+
+    async def drill() -> None:
+        # what Python 3.11's wait_for does when the awaited future just completed:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(10)
+        try:
+            with tl.step("warmup"):
+                entered.append("warmup")
+        finally:
+            with tl.step("heal"):
+                entered.append("heal")
+
+    task = asyncio.create_task(drill())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert entered == ["heal"]
+    assert [s[0] for s in tl.steps] == ["heal"]
+
+
+async def test_checkpoint_is_silent_without_a_cancel_request() -> None:
+    from crossdc.aio import checkpoint
+
+    checkpoint()  # no exception: nobody asked this task to stop

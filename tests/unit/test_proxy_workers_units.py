@@ -205,29 +205,41 @@ async def test_an_outcome_learned_from_the_log_answers_a_retry_here() -> None:
     log = IdempotencyLog("127.0.0.1:1", "_crossdc.proxy.idempotency", w,
                          ProxyMetrics(CollectorRegistry()), client_id="t")
     result = ("id-1", "nearest", None, "east", 0, 41)
-    other = json.dumps({"o": "another-process", "r": list(result)}).encode()
-    log._apply(b"orders\0id-1", other, int(time.time() * 1000))
+    now_ms = int(time.time() * 1000)
+    other = [("o", b"another-process")]
+    # one record carries many outcomes: a result, and a partial sync to resume from
+    chunk = json.dumps([["orders", "id-1", list(result)],
+                        ["ledger", "tx-1", None, [["east", 2, 7]]]]).encode()
+    log._apply(b"another-process:1", chunk, now_ms, other)
     slot = w.claim_nowait("orders", "id-1")
     assert slot is not None
     assert not slot.owner
     assert slot.result == result
-    # a partial sync of another process: the retry here resumes from it
-    part = json.dumps({"o": "another-process", "p": [["east", 2, 7]]}).encode()
-    log._apply(b"ledger\0tx-1", part, int(time.time() * 1000))
     slot = w.claim_nowait("ledger", "tx-1")
     assert slot is not None
     assert slot.owner
     assert slot.partial == [RegionWrite("east", 2, 7)]
-    # our own appends, and outcomes older than the window, are not learned
-    mine = json.dumps({"o": log.origin, "r": list(result)}).encode()
-    log._apply(b"orders\0id-2", mine, int(time.time() * 1000))
+    assert log.metrics.idem_log_learned._value.get() == 2
+    # a one-outcome record of an earlier version is still read
+    legacy = json.dumps({"o": "another-process", "r": list(result)}).encode()
+    log._apply(b"orders\0id-0", legacy, now_ms)
+    assert not w.claim_nowait("orders", "id-0").owner  # type: ignore[union-attr]
+    # our own appends (skipped by their header, undecoded), and outcomes older than the
+    # window, are not learned
+    mine = json.dumps([["orders", "id-2", list(result)]]).encode()
+    log._apply(f"{log.origin}:1".encode(), mine, now_ms, [("o", log.origin.encode())])
+    log._apply(f"{log.origin}:2".encode(), b"{not even json", now_ms,
+               [("o", log.origin.encode())])
     old = int((time.time() - 120) * 1000)
-    log._apply(b"orders\0id-3", other, old)
+    log._apply(b"another-process:2", json.dumps([["orders", "id-3", list(result)]]).encode(),
+               old, other)
     assert w.claim_nowait("orders", "id-2").owner  # type: ignore[union-attr]
     assert w.claim_nowait("orders", "id-3").owner  # type: ignore[union-attr]
+    assert log.metrics.idem_log_errors.labels("tail")._value.get() == 0
     # a record that does not decode is counted, not fatal
-    log._apply(b"orders\0id-4", b"{not json", 0)
-    assert log.metrics.idem_log_errors.labels("tail")._value.get() == 1
+    log._apply(b"another-process:3", b"{not json", 0, other)
+    log._apply(b"another-process:4", b'[["t"]]', 0, other)
+    assert log.metrics.idem_log_errors.labels("tail")._value.get() == 2
 
 
 async def test_a_key_written_here_is_not_overwritten_by_the_log() -> None:
@@ -253,10 +265,10 @@ async def test_finished_and_partial_outcomes_are_queued_for_the_log() -> None:
     assert b is not None
     w.finish(a, ("a", "nearest", None, "east", 0, 1))
     w.fail(b, partial=[RegionWrite("east", 0, 2)])
-    queued = [(k, json.loads(v)) for k, v, _ in log._queue]
-    assert [k for k, _ in queued] == [b"t\0a", b"t\0b"]
-    assert queued[0][1]["r"] == ["a", "nearest", None, "east", 0, 1]
-    assert queued[1][1]["p"] == [["east", 0, 2]]
+    # one log record for both (what _send_queued encodes), naming them by topic and key
+    entries = json.loads(json.dumps([e for _, e, _ in log._queue]))
+    assert entries == [["t", "a", ["a", "nearest", None, "east", 0, 1]],
+                       ["t", "b", None, [["east", 0, 2]]]]
     # a partial write's answer waits for its append (here: until stop() gives up on it)
     waiting = asyncio.create_task(log.published(asyncio.get_running_loop().time() + 5))
     await asyncio.sleep(0)
