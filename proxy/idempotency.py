@@ -30,9 +30,15 @@ hot path pays only the append (batched, not awaited). Partial writes are awaited
 acknowledged before the call answers (the client retries them at once); results are not
 (the client retries a result only when its answer was lost).
 
+Results linger `linger_s` (20 ms) before they are appended, so one log record carries every
+outcome of that time, and the tail's fetches wait up to `fetch_wait_ms` (50 ms) for data: a
+process then appends and fetches a bounded number of times a second whatever its call rate
+(one record and one fetch per call cost more CPU than the call; bench/proxy). The SDK's first
+retry comes 100 ms after a failure, later than both.
+
 What is left (stated, not hidden): (1) a process killed between Kafka's ack of the records
-and the append of their outcome (a few ms: the append is batched with the producer's linger)
-leaves nothing in the log: a retry elsewhere writes again (at-least-once, as before); (2) a
+and the append of their outcome (up to `linger_s` plus an append's round trip) leaves
+nothing in the log: a retry elsewhere writes again (at-least-once, as before); (2) a
 retry that reaches another process while the first attempt is STILL being written there (the
 client lost its connection, not its deadline: the proxy answers before the deadline) does not
 wait for it and may write again; (3) when the log cannot be read up to its end within
@@ -246,7 +252,8 @@ class IdempotencyLog:
     def __init__(self, bootstrap: str | list[str], topic: str, window: IdempotencyWindow,
                  metrics: ProxyMetrics, *, client_id: str, replication: int | None = None,
                  wait_s: float = 2.0, retry_s: float = 1.0,
-                 max_queued: int = 100_000) -> None:
+                 max_queued: int = 100_000, linger_s: float = 0.02,
+                 fetch_wait_ms: int = 50) -> None:
         self.bootstrap = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
         self.topic = topic
         self.window = window
@@ -256,6 +263,8 @@ class IdempotencyLog:
         self.wait_s = wait_s
         self.max_queued = max_queued  # outcomes waiting to be appended; the oldest dropped
         self.retry_s = retry_s
+        self.linger_s = linger_s
+        self.fetch_wait_ms = fetch_wait_ms
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._tp = TopicPartition(topic, LOG_PARTITION)
         self._producer: AIOKafkaProducer | None = None
@@ -455,8 +464,12 @@ class IdempotencyLog:
                                         enable_idempotence=True, linger_ms=2,
                                         max_batch_size=1 << 19,
                                         client_id=self.client_id)
+            # the broker holds a fetch until `fetch_wait_ms` has passed (or 1 MB is there):
+            # a bounded number of fetches a second whatever the call rate
             consumer = AIOKafkaConsumer(**kafka_kw(self.bootstrap), group_id=None,
-                                        enable_auto_commit=False, fetch_max_wait_ms=100,
+                                        enable_auto_commit=False,
+                                        fetch_max_wait_ms=self.fetch_wait_ms,
+                                        fetch_min_bytes=1 << 20,
                                         client_id=self.client_id)
         except (CrossdcError, KafkaError, OSError) as exc:
             self.log.warning("idempotency_log_unreachable", error=str(exc))
@@ -513,6 +526,11 @@ class IdempotencyLog:
         assert producer is not None
         while True:
             await self._wake.wait()
+            if not self._waiters:
+                # results linger so one record carries many: one record (and one fetch in
+                # every other process) per call cost more CPU than the call itself; a partial
+                # write is sent at once (its answer waits for the append)
+                await asyncio.sleep(self.linger_s)
             self._wake.clear()
             try:
                 await self._send_queued(producer)
