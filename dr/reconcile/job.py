@@ -90,6 +90,9 @@ class SparkOptions:
     """Heap of each executor on a cluster master (`spark://...`); None: Spark's 1g."""
 
 
+CACHE_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
+
+
 def spark_session(opts: SparkOptions) -> SparkSession:
     """A session for the job; under spark-submit, the submitted configuration rules.
 
@@ -119,6 +122,12 @@ def spark_session(opts: SparkOptions) -> SparkSession:
     try:
         spark.sparkContext.setLogLevel("ERROR")
         spark.conf.set("spark.sql.mapKeyDedupPolicy", "LAST_WIN")  # a header name given twice
+        if not spark.sparkContext.getConf().contains(CACHE_COMPRESSED):
+            # The cache is read a few times, then dropped: choosing a compression per column
+            # (dictionary and run-length trials over every value) cost a fifth of the read
+            # stage's CPU and bought nothing (bench/results/reconcile.md). A value given to
+            # spark-submit still rules.
+            spark.conf.set(CACHE_COMPRESSED, "false")
     except (PySparkException, Py4JError) as exc:
         stop_session(spark)
         raise SparkFailed(f"Spark did not start (master {opts.master}): "

@@ -385,3 +385,25 @@ def test_records_deleted_by_retention_are_counted_not_silent(  # type: ignore[no
     console = Console(record=True, width=200)
     print_summary(second, console)
     assert "unreadable (retention): 3 record(s)" in console.export_text()
+
+
+def test_session_caches_uncompressed_unless_told() -> None:
+    """The job's session turns off the cache's per-column compression (a fifth of the read
+    stage's CPU, bench/results/reconcile.md); a value the user configured is kept."""
+    from pyspark import SparkConf
+
+    from dr.reconcile.job import CACHE_COMPRESSED, SparkOptions, spark_session, stop_session
+
+    spark = spark_session(SparkOptions(master="local[1]", driver_memory="512m"))
+    try:
+        assert spark.conf.get(CACHE_COMPRESSED) == "false"
+    finally:
+        stop_session(spark)
+    conf = SparkConf().set(CACHE_COMPRESSED, "true")
+    from pyspark.sql import SparkSession
+    spark = SparkSession.builder.config(conf=conf).master("local[1]").getOrCreate()
+    try:  # the job's session on a context the user configured (as spark-submit does)
+        assert spark_session(SparkOptions(master="local[1]")).conf.get(
+            CACHE_COMPRESSED) == "true"
+    finally:
+        stop_session(spark)
