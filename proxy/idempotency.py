@@ -15,25 +15,36 @@ was ~1.9 KB with a Slot and an Event per key).
 Shared across processes (`IdempotencyLog`, `ProxyConfig.idempotency_log`): the window is per
 process, so a retry that reaches another worker of the proxy (`--workers N`: a reconnect lands
 on any worker) or another proxy of the region would not find the first attempt. Every window
-therefore appends its outcomes (results, and the partial writes of a failed sync) to a
-topic in the own region's Kafka, `_crossdc.proxy.idempotency` (internal: never mirrored;
-kept twice the window), and tails that topic into its own window. A log record carries up
-to `CHUNK` outcomes as one JSON list of `[topic, key, result | null, partial writes]`, its key
-is `<origin>:<seq>` and its header `o` names the writing process, so each process skips its
-own records undecoded; one-outcome records of earlier versions (key topic + NUL + key) are
-still read (`learn`). A call the client marks as a retry (metadata `dr-attempt` >= 2: the SDK
-sets it) first waits until this process has read the log up to its end offset as read AFTER the call
-arrived (`catch_up`): every outcome appended before the retry arrived is then in the window,
-so a finished write is answered as a duplicate and a partial sync resumes with the missing
-regions only. A first attempt does not wait (nothing can be known about a fresh key), so the
-hot path pays only the append (batched, not awaited). Partial writes are awaited until
-acknowledged before the call answers (the client retries them at once); results are not
-(the client retries a result only when its answer was lost).
+therefore appends its outcomes (results, and the partial writes of a failed sync) to a topic
+in the own region's Kafka, `_crossdc.proxy.idempotency` (internal: never mirrored; kept twice
+the window), and reads that topic into its own window when a retry needs it. A log record
+carries up to `CHUNK` outcomes as one JSON list of `[topic, key, result | null, partial
+writes]`, its key is `<origin>:<seq>` and its header `o` names the writing process, so each
+process skips its own records undecoded; one-outcome records of earlier versions (key topic +
+NUL + key) are still read (`learn`). A call the client marks as a retry (metadata
+`dr-attempt` >= 2: the SDK sets it) first waits until this process has read the log up to its
+end offset as read AFTER the call arrived (`catch_up`): every outcome appended before the
+retry arrived is then in the window, so a finished write is answered as a duplicate and a
+partial sync resumes with the missing regions only. A first attempt does not wait (nothing
+can be known about a fresh key), so the hot path pays only the append (batched, not
+awaited). Partial writes are awaited until acknowledged before the call answers (the client
+retries them at once); results are not (the client retries a result only when its answer was
+lost).
+
+The log is read on demand, not tailed all the time: with no retry, a process only appends.
+The first retry resumes the reader from the oldest outcome still inside the window (or from
+where it stopped, if later), and it keeps reading while retries come; `tail_idle_s` (30 s)
+after the last one it pauses again (aiokafka's fetcher then stops fetching). A retry storm
+(a worker died, its clients reconnect elsewhere) pays one catch-up per process. Tailing all
+the time cost every worker a fetch every 50 ms and the decoding of every other worker's
+outcomes: with 2 workers, unary capacity was 300/s with the log and 703/s without it
+(bench/proxy, `--local-idempotency`).
 
 Results linger `linger_s` (20 ms) before they are appended, so one log record carries every
-outcome of that time, and the tail's fetches wait up to `fetch_wait_ms` (50 ms) for data: a
-process then appends and fetches a bounded number of times a second whatever its call rate
-(one record and one fetch per call cost more CPU than the call; bench/proxy). The SDK's first
+outcome of that time, and the reader's fetches wait up to `fetch_wait_ms` (50 ms) for data:
+a process then appends (and, while reading, fetches) a bounded number of times a second
+whatever its call rate (one record and one fetch per call cost more CPU than the call;
+bench/proxy). The SDK's first
 retry comes 100 ms after a failure, later than both.
 
 What is left (stated, not hidden): (1) a process killed between Kafka's ack of the records
@@ -243,17 +254,17 @@ class IdempotencyLog:
     """The region-shared idempotency log of one process (see the module docstring).
 
     `start()` makes the objects (never fails: the own region's Kafka may be down); `run()`
-    (task `proxy:idempotency-log` of the server) connects, creates the topic if missing, reads
-    it from `window_s` ago, then tails it and appends what `publish()` queued; `stop()` sends
-    what is queued (bounded) and closes. `catch_up()` waits until the log was read up to its
+    (task `proxy:idempotency-log` of the server) connects, creates the topic if missing and
+    appends what `publish()` queued; `stop()` sends what is queued (bounded) and closes.
+    `catch_up()` (a retry) has the log read, from `window_s` ago at the earliest, up to its
     end offset as read after the call; `LogUnavailable` when it cannot be (not connected, too
-    slow)."""
+    slow). Reading pauses `tail_idle_s` after the last retry."""
 
     def __init__(self, bootstrap: str | list[str], topic: str, window: IdempotencyWindow,
                  metrics: ProxyMetrics, *, client_id: str, replication: int | None = None,
                  wait_s: float = 2.0, retry_s: float = 1.0,
                  max_queued: int = 100_000, linger_s: float = 0.02,
-                 fetch_wait_ms: int = 50) -> None:
+                 fetch_wait_ms: int = 50, tail_idle_s: float = 30.0) -> None:
         self.bootstrap = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
         self.topic = topic
         self.window = window
@@ -265,6 +276,8 @@ class IdempotencyLog:
         self.retry_s = retry_s
         self.linger_s = linger_s
         self.fetch_wait_ms = fetch_wait_ms
+        # never pause while a retry may still be waiting for the reader
+        self.tail_idle_s = max(tail_idle_s, 2 * wait_s)
         self.origin = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._tp = TopicPartition(topic, LOG_PARTITION)
         self._producer: AIOKafkaProducer | None = None
@@ -273,6 +286,9 @@ class IdempotencyLog:
         self._connected = asyncio.Event()
         self._pos = -1
         self._advanced = asyncio.Event()
+        self._demand = asyncio.Event()  # a retry wants the log read
+        self._last_demand = float("-inf")
+        self._tailing = False
         self._origin_b = self.origin.encode()
         self._headers = [(ORIGIN_HEADER, self._origin_b)]
         self._seq = 0
@@ -417,6 +433,11 @@ class IdempotencyLog:
     def connected(self) -> bool:
         return self._ready
 
+    @property
+    def reading(self) -> bool:
+        """Whether the log is being read (from a retry until `tail_idle_s` after the last)."""
+        return self._tailing
+
     async def catch_up(self, deadline: float) -> None:
         """Until this process has read the log up to its end (as of now): every outcome
         appended before this call is then in the window (a log still connecting is waited
@@ -425,6 +446,8 @@ class IdempotencyLog:
         try:
             async with asyncio.timeout_at(deadline):
                 await self._connected.wait()  # just started: the log is being connected
+                self._last_demand = time.monotonic()
+                self._demand.set()
                 end = await self._fresh_end()
                 while self._pos < end:
                     await self._advanced.wait()
@@ -479,14 +502,7 @@ class IdempotencyLog:
                 await producer.start()
                 await consumer.start()
                 consumer.assign([self._tp])
-                since = int((time.time() - self.window.window_s) * 1000)
-                found = await consumer.offsets_for_times({self._tp: since})
-                at = found.get(self._tp)
-                if at is None:
-                    await consumer.seek_to_end(self._tp)
-                else:
-                    consumer.seek(self._tp, at.offset)
-                self._pos = await consumer.position(self._tp)
+                consumer.pause(self._tp)  # read on demand (`_tail`)
         except (KafkaError, OSError, TimeoutError) as exc:
             await producer.stop()
             await consumer.stop()
@@ -499,14 +515,40 @@ class IdempotencyLog:
         self._producer, self._consumer = producer, consumer
         self._ready = True
         self._connected.set()
-        self.log.info("idempotency_log_connected", from_offset=self._pos)
+        self.log.info("idempotency_log_connected")
         return True
+
+    async def _resume(self, consumer: AIOKafkaConsumer) -> None:
+        """Read again from the oldest outcome inside the window, or from where reading
+        stopped if that is later (what was read since is still in the window)."""
+        tp = self._tp
+        since = int((time.time() - self.window.window_s) * 1000)
+        found = await consumer.offsets_for_times({tp: since})
+        at = found.get(tp)
+        start = at.offset if at is not None else (await consumer.end_offsets([tp]))[tp]
+        start = max(start, self._pos)
+        consumer.seek(tp, start)
+        consumer.resume(tp)
+        self._pos = start
+        self._tailing = True
+        advanced, self._advanced = self._advanced, asyncio.Event()
+        advanced.set()  # a retry waiting for an end already reached goes on at once
+        self.log.info("idempotency_log_reading", from_offset=start)
 
     async def _tail(self) -> None:
         consumer = self._consumer
         assert consumer is not None
         tp = self._tp
         while True:
+            if not self._tailing:
+                await self._demand.wait()
+                try:
+                    await self._resume(consumer)
+                except KafkaError as exc:
+                    self.metrics.idem_log_errors.labels("tail").inc()
+                    self.log.warning("idempotency_log_read_failed", error=repr(exc))
+                    await asyncio.sleep(self.retry_s)
+                    continue
             try:
                 data = await consumer.getmany(tp, timeout_ms=500)
             except KafkaError as exc:
@@ -520,6 +562,11 @@ class IdempotencyLog:
             self._pos = await consumer.position(tp)
             advanced, self._advanced = self._advanced, asyncio.Event()
             advanced.set()
+            if time.monotonic() - self._last_demand > self.tail_idle_s:
+                consumer.pause(tp)  # no retry for a while: stop fetching
+                self._tailing = False
+                self._demand.clear()
+                self.log.info("idempotency_log_paused", at_offset=self._pos)
 
     async def _sender(self) -> None:
         producer = self._producer

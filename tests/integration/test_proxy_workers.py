@@ -242,18 +242,35 @@ async def test_a_retry_reaching_another_process_is_answered_not_written(  # type
         first = (await astub.Produce(pb.ProduceRequest(record=rec), timeout=10)).result
         assert first.status == pb.STATUS_OK
         assert not first.duplicate
+        assert b.idem_log is not None
+        # no retry yet: b only appends, it does not read the log (nor learn a's outcome)
+        assert not b.idem_log.reading
+        assert b.metrics.idem_log_learned._value.get() == 0
+        b.idem_log.tail_idle_s = 2 * b.idem_log.wait_s  # pause soon after the retry
+
+        # a client retries a result only when its answer was lost, 100 ms later at the
+        # soonest (the SDK): by then the first attempt's outcome is appended (it lingers
+        # `linger_s`, 20 ms, to share a log record with others)
+        async def appended() -> bool:
+            return bool(a.metrics.idem_log_appends._value.get() >= 1)
+        await eventually(appended, 10, "a's outcome appended to the log")
         retry = (await bstub.Produce(pb.ProduceRequest(record=rec), timeout=10,
                                      metadata=RETRY)).result
         assert retry.duplicate
         assert [(w.region, w.partition, w.offset) for w in retry.written] == \
             [(w.region, w.partition, w.offset) for w in first.written]
         assert retry.dr_id == first.dr_id
+        assert b.idem_log.reading  # the retry had the log read up to its end
     finally:
         await ach.close()
         await bch.close()
     recs = await read_all(two_regions.bootstrap("east"), topic, 1)
     assert [r.value for r in recs] == [b"once"]
     assert b.metrics.idem_log_learned._value.get() >= 1
+
+    async def paused() -> bool:
+        return not b.idem_log.reading  # type: ignore[union-attr]
+    await eventually(paused, 30, "b's reader paused after the last retry")
 
 
 async def test_a_partial_sync_retried_through_another_process_writes_only_the_missing(  # type: ignore[no-untyped-def]
