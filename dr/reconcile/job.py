@@ -78,7 +78,7 @@ class SparkOptions:
     """How the local session is built (ignored under spark-submit, which rules itself).
 
     Local mode runs every task inside the driver JVM, so `driver_memory` is the whole
-    heap: the cached read of the regions (about 60 bytes a record) and the per-id
+    heap: the cached read of the regions (about 130 bytes a record) and the per-id
     aggregate live there, and what does not fit spills to local disk."""
 
     master: str = "local[2]"
