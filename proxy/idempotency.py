@@ -44,8 +44,7 @@ Results linger `linger_s` (20 ms) before they are appended, so one log record ca
 outcome of that time, and the reader's fetches wait up to `fetch_wait_ms` (50 ms) for data:
 a process then appends (and, while reading, fetches) a bounded number of times a second
 whatever its call rate (one record and one fetch per call cost more CPU than the call;
-bench/proxy). The SDK's first
-retry comes 100 ms after a failure, later than both.
+bench/proxy). The SDK's first retry comes 100 ms after a failure, later than both.
 
 What is left (stated, not hidden): (1) a process killed between Kafka's ack of the records
 and the append of their outcome (up to `linger_s` plus an append's round trip) leaves
@@ -531,9 +530,13 @@ class IdempotencyLog:
         consumer.resume(tp)
         self._pos = start
         self._tailing = True
-        advanced, self._advanced = self._advanced, asyncio.Event()
-        advanced.set()  # a retry waiting for an end already reached goes on at once
+        self._advance()  # a retry waiting for an end already reached goes on at once
         self.log.info("idempotency_log_reading", from_offset=start)
+
+    def _advance(self) -> None:
+        """Wake every `catch_up` waiting for `_pos` to move."""
+        advanced, self._advanced = self._advanced, asyncio.Event()
+        advanced.set()
 
     async def _tail(self) -> None:
         consumer = self._consumer
@@ -560,8 +563,7 @@ class IdempotencyLog:
                 for m in msgs:
                     self._apply(m.key or b"", m.value, m.timestamp, m.headers)
             self._pos = await consumer.position(tp)
-            advanced, self._advanced = self._advanced, asyncio.Event()
-            advanced.set()
+            self._advance()
             if time.monotonic() - self._last_demand > self.tail_idle_s:
                 consumer.pause(tp)  # no retry for a while: stop fetching
                 self._tailing = False

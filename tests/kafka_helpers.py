@@ -43,9 +43,9 @@ async def create_topic(bootstrap: str, name: str, partitions: int = 1, replicati
         # CreateTopics answers once the controller committed the topic; a broker's metadata
         # may lag behind, and a client asking it at once hears "unknown topic"
         async def led() -> bool:
-            got = await admin.describe_topics([name])
-            parts = got[0].get("partitions") or [] if got else []
-            return (got[0].get("error_code") == 0 and len(parts) == partitions
+            got = (await admin.describe_topics([name]) or [{}])[0]
+            parts = got.get("partitions") or []
+            return (got.get("error_code") == 0 and len(parts) == partitions
                     and all(p.get("leader", -1) >= 0 for p in parts))
         await eventually(led, 15.0, f"topic {name} with a leader for every partition")
     finally:

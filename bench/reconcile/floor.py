@@ -22,6 +22,8 @@ from dr.stack.toolchain import ensure_spark_kafka_jars
 
 
 def main() -> None:
+    if len(sys.argv) < 4:
+        raise SystemExit("usage: floor.py BOOTSTRAP_A BOOTSTRAP_B TOPIC [TOPIC ...]")
     a, b, *topics = sys.argv[1:]
     spark = spark_session(SparkOptions(jars_dir=ensure_spark_kafka_jars(StackPaths.default()),
                                        driver_memory="1g"))

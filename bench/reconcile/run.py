@@ -177,6 +177,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-reconcile-") as tmp:
         topo = free_topology(["east", "west"])
         tpath = write_topology(topo, Path(tmp) / "topology.yaml")
+
+        def reconcile_cmd(k: int) -> list[str]:
+            """`dr reconcile` over the first k topics (the master and memory are added)."""
+            return [dr, "--log-format", "json", "--log-level", "info", "reconcile",
+                    "--topology", str(tpath), "--regions", "east,west",
+                    "--topics", f"bench-[0-{k - 1}]", "--grace", "0"]
         paths = StackPaths(state=Path(tmp) / "state", cache=StackPaths.default().cache)
         stack = LocalStack(topo, tpath, paths=paths)
         asyncio.run(stack.up(timeout_s=180))
@@ -204,9 +210,7 @@ def main() -> None:
                 chosen = topics[:k]
                 n = k * a.per_topic
                 out = Path(tmp) / f"out-{k}"
-                job = [dr, "--log-format", "json", "--log-level", "info", "reconcile",
-                       "--topology", str(tpath), "--regions", "east,west",
-                       "--topics", f"bench-[0-{k - 1}]", "--grace", "0"]
+                job = reconcile_cmd(k)
                 settle()
                 s_took, s_rss, _, s_load = measured(
                     [*job, "--master", "local[2]", "--driver-memory", a.driver_memory,
@@ -254,9 +258,7 @@ def main() -> None:
             if cluster is not None:
                 cluster.start()
                 for k, row in zip(sizes, rows, strict=True):
-                    job = [dr, "--log-format", "json", "--log-level", "info", "reconcile",
-                           "--topology", str(tpath), "--regions", "east,west",
-                           "--topics", f"bench-[0-{k - 1}]", "--grace", "0"]
+                    job = reconcile_cmd(k)
                     out = Path(tmp) / f"out-{k}-sa"
                     settle()
                     c_took, _, _, c_load = measured(
