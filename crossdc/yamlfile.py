@@ -186,6 +186,12 @@ def parse_model(model: type[M], text: str, filename: str,
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else None
+        if "maximum nesting depth" in (exc.problem or ""):
+            # libyaml's own limit (1,000 levels, enforced since PyYAML 6.0.4's wheels) can
+            # fire before the composer's lower one: the same refusal, said the same way
+            raise ConfigError([ConfigIssue(
+                filename, line, "", f"refused: nested deeper than {limits.max_depth} levels"
+            )]) from None
         raise ConfigError(
             [ConfigIssue(filename, line, "", f"not valid YAML: {exc.problem}")]
         ) from None

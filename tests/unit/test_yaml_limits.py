@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
 from crossdc.errors import ConfigError
 from crossdc.topology import Topology, load_topology
@@ -89,11 +91,26 @@ def test_duplicate_keys_are_capped_too() -> None:
     assert (err.issues[0].line, err.issues[0].field) == (2, "a")
 
 
-def test_deep_nesting_is_refused_with_its_line() -> None:
-    err = refusal("regions:\n  x: " + "[" * 5000 + "]" * 5000 + "\n")
+@pytest.mark.parametrize("depth", [65, 100, 5000])
+def test_deep_nesting_is_refused_with_its_line(depth: int) -> None:
+    # 5000 passes libyaml's own limit (1,000, in PyYAML >= 6.0.4's parser) too: the
+    # refusal reads the same whichever limit fires first
+    err = refusal("regions:\n  x: " + "[" * depth + "]" * depth + "\n")
     [issue] = err.issues
-    assert "nested deeper than 64 levels" in issue.message
+    assert issue.message == "refused: nested deeper than 64 levels"
     assert issue.line == 2
+
+
+class Nested(BaseModel):
+    regions: dict[str, Any]
+
+
+def test_nesting_just_under_the_limit_is_read() -> None:
+    got = parse_model(Nested, "regions:\n  x: " + "[" * 62 + "]" * 62 + "\n", "t.yaml")
+    depth, value = 0, got.regions["x"]
+    while isinstance(value, list) and value:
+        depth, value = depth + 1, value[0]
+    assert depth == 61  # the innermost [] is the empty list `value` stopped at
 
 
 def test_an_alias_inside_its_own_anchor_is_refused() -> None:
