@@ -41,11 +41,21 @@ class PrimaryRecord(BaseModel):
     by: str = Field("", description="Who wrote it (controller id, operator, test).")
     fenced: bool = Field(False, description="No writable primary: a failover away from "
                          "`region` is under way; ordered and sync writes are refused.")
+    lease_s: float = Field(0.0, ge=0, description="The lease the controller waits out before "
+                           "it promotes: a proxy whose own lease is longer refuses ordered and "
+                           "sync writes (0: not stated, an older writer).")
+    write_s: float = Field(0.0, ge=0, description="The longest ordered or sync write the "
+                           "controller waits for after the lease: a proxy starts such a write "
+                           "only with this much lease left, and bounds it by this (0: not "
+                           "stated).")
 
     @classmethod
-    def initial(cls, topology: Topology) -> PrimaryRecord:
-        """What a missing key means: the topology's primary at epoch 0."""
-        return cls(region=topology.primary, epoch=0, updated_ms=0, by="topology")
+    def initial(cls, topology: Topology, *, lease_s: float = 0.0, write_s: float = 0.0
+                ) -> PrimaryRecord:
+        """The topology's primary at epoch 0: what the leader writes at a first start (a
+        missing key confirms no lease: the proxies wait for it)."""
+        return cls(region=topology.primary, epoch=0, updated_ms=0, by="topology",
+                   lease_s=lease_s, write_s=write_s)
 
     @classmethod
     def decode(cls, raw: bytes) -> PrimaryRecord:
@@ -69,10 +79,14 @@ class PrimaryRecord(BaseModel):
         return PrimaryRecord(region=region, epoch=self.epoch + 1,
                              updated_ms=int(time.time() * 1000), by=by)
 
-    def fence(self, by: str) -> PrimaryRecord:
-        """Epoch + 1 with no writable primary (`region` keeps the one being left)."""
-        return PrimaryRecord(region=self.region, epoch=self.epoch + 1,
-                             updated_ms=int(time.time() * 1000), by=by, fenced=True)
+    def fence(self, by: str, *, lease_s: float = 0.0, write_s: float = 0.0,
+              epoch: int | None = None) -> PrimaryRecord:
+        """Epoch + 1 (or `epoch`, when resolving a conflict above several records) with no
+        writable primary (`region` keeps the one being left); `lease_s` and `write_s`: what
+        the controller waits out before it promotes (the proxies check theirs against it)."""
+        return PrimaryRecord(region=self.region, epoch=self.epoch + 1 if epoch is None else epoch,
+                             updated_ms=int(time.time() * 1000), by=by, fenced=True,
+                             lease_s=lease_s, write_s=write_s)
 
     def promote(self, region: str, by: str) -> PrimaryRecord:
         """Name `region` primary at this (fenced) record's epoch."""
@@ -80,7 +94,8 @@ class PrimaryRecord(BaseModel):
             raise ValueError(f"promote() needs a fenced record; epoch {self.epoch} names "
                              f"{self.region} writable")
         return PrimaryRecord(region=region, epoch=self.epoch,
-                             updated_ms=int(time.time() * 1000), by=by, fenced=False)
+                             updated_ms=int(time.time() * 1000), by=by, fenced=False,
+                             lease_s=self.lease_s, write_s=self.write_s)
 
     def supersedes(self, other: PrimaryRecord) -> bool:
         """Whether this record replaces `other` where both are seen: a higher epoch, or the

@@ -17,6 +17,7 @@ from crossdc.yamlfile import load_model
 
 __all__ = [
     "ConsulSettings",
+    "Datacenter",
     "Flow",
     "KafkaSettings",
     "LocalConsulSettings",
@@ -25,6 +26,8 @@ __all__ = [
     "ProxySettings",
     "Region",
     "Topology",
+    "Witness",
+    "WitnessLocalSettings",
     "load_topology",
     "split_hostport",
 ]
@@ -140,6 +143,32 @@ class Region(_Model):
         return split_hostport(self.kafka.bootstrap_servers[0])[1]
 
 
+class WitnessLocalSettings(_Model):
+    """How `dr up` runs a witness on one machine (its Consul agent's ports)."""
+
+    consul: LocalConsulSettings
+
+
+class Witness(_Model):
+    """A witness datacenter: a Consul datacenter with no Kafka, no proxy and no data, only
+    there to make a majority (two regions and one witness: three datacenters, so either
+    region with the witness outvotes the other). One small Consul agent."""
+
+    name: RegionName
+    consul: ConsulSettings
+    local: WitnessLocalSettings | None = Field(
+        None, description="Ports for the local stack; required by `dr up`.")
+
+
+class Datacenter(_Model):
+    """One Consul datacenter the controller and the proxies count in a majority: a region's
+    or a witness's."""
+
+    name: str
+    consul: ConsulSettings
+    witness: bool = False
+
+
 class Flow(_Model):
     """One direction of replication, source region → target region."""
 
@@ -187,6 +216,10 @@ class Topology(_Model):
     primary: RegionName = Field(description="The region that starts as primary.")
     flows: list[Flow] = Field(default_factory=list, description="Mirror flows "
                               "(`dr mirror run` with no --from runs them all).")
+    witnesses: list[Witness] = Field(
+        default_factory=list, description="Witness datacenters (Consul only) that count in "
+        "the majority beside the regions' datacenters: two regions need one for a failover "
+        "to be decided on a majority side.")
 
     # Field validators (not one model validator) so each error points at its own line.
     @field_validator("regions")
@@ -229,6 +262,35 @@ class Topology(_Model):
                     raise ValueError(f"flow {f.source} -> {f.target}: {end!r} is not a region "
                                      f"(regions: {', '.join(names)})")
         return v
+
+    @field_validator("witnesses")
+    @classmethod
+    def _witnesses(cls, v: list[Witness], info: ValidationInfo) -> list[Witness]:
+        regions = info.data.get("regions", [])
+        names = [r.name for r in regions] + [w.name for w in v]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"a witness needs a name no region or other witness has; "
+                             f"repeated: {', '.join(dupes)}")
+        dcs = [r.consul.datacenter for r in regions] + [w.consul.datacenter for w in v]
+        dupes = sorted({d for d in dcs if dcs.count(d) > 1})
+        if dupes:
+            raise ValueError(f"each witness needs its own consul.datacenter; shared: "
+                             f"{', '.join(dupes)}")
+        return v
+
+    @property
+    def datacenters(self) -> list[Datacenter]:
+        """Every Consul datacenter that votes: the regions' (topology order), then the
+        witnesses'."""
+        return ([Datacenter(name=r.name, consul=r.consul) for r in self.regions]
+                + [Datacenter(name=w.name, consul=w.consul, witness=True)
+                   for w in self.witnesses])
+
+    @property
+    def majority(self) -> int:
+        """How many datacenters make a majority (more than half of `datacenters`)."""
+        return (len(self.regions) + len(self.witnesses)) // 2 + 1
 
     def region(self, name: str) -> Region:
         """The region called `name`; KeyError names the known regions."""

@@ -1,18 +1,18 @@
-"""What each region's Kafka and Consul say about themselves right now (`dr status`), and
-which region is primary as Consul KV holds it.
+"""What each region's Kafka and Consul, and each witness's Consul, say about themselves
+right now (`dr status`), and which region is primary as Consul KV holds it.
 
-The primary is read from `crossdc/primary` in every reachable datacenter (each region's own
-Consul agent): a failover moves it there, not in the topology file. The record that
-supersedes the others (the highest epoch; at one epoch, the promotion over the fenced step)
-is the primary, as the proxies converge on it; datacenters holding different records are
-flagged. Only when no reachable datacenter holds the key is the topology's primary shown,
-with a note (epoch 0, as `PrimaryRecord.initial`)."""
+The primary is read from `crossdc/primary` in every reachable datacenter (each region's and
+each witness's own Consul agent): a failover moves it there, not in the topology file. The
+record that supersedes the others (the highest epoch; at one epoch, the promotion over the
+fenced step) is the primary, as the proxies converge on it; datacenters holding different
+records are flagged. Only when no reachable datacenter holds the key is the topology's
+primary shown, with a note (epoch 0, as `PrimaryRecord.initial`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Literal
+from typing import Literal, Protocol
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
@@ -25,10 +25,18 @@ from crossdc.clients.primary import read_primary
 from crossdc.errors import ClientError
 from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
 from crossdc.settings import RetrySettings
-from crossdc.topology import Region, Topology
+from crossdc.topology import ConsulSettings, Region, Topology, Witness
 
 __all__ = ["ConsulStatus", "KafkaStatus", "PrimaryStatus", "PrimaryView", "RegionStatus",
-           "StackStatus", "effective_primary", "probe_primary", "probe_topology"]
+           "StackStatus", "WitnessStatus", "effective_primary", "probe_primary",
+           "probe_topology"]
+
+
+class HasConsul(Protocol):
+    """A region, a witness or a `Datacenter`: anything with a Consul datacenter."""
+
+    @property
+    def consul(self) -> ConsulSettings: ...
 
 
 class _Out(BaseModel):
@@ -109,11 +117,23 @@ class RegionStatus(_Out):
         description="crossdc/primary as this region's datacenter holds it.")
 
 
+class WitnessStatus(_Out):
+    """A witness datacenter (Consul only, no Kafka): healthy when its agent has a leader and
+    sees every datacenter in the WAN pool."""
+
+    witness: str
+    healthy: bool
+    consul: ConsulStatus
+    primary_record: PrimaryView = Field(
+        description="crossdc/primary as this witness's datacenter holds it.")
+
+
 class StackStatus(_Out):
     topology: str
-    healthy: bool
+    healthy: bool = Field(description="Every region and every witness is healthy.")
     primary: PrimaryStatus
     regions: list[RegionStatus]
+    witnesses: list[WitnessStatus] = Field(default_factory=list)
 
 
 def _describe(view: PrimaryView) -> str:
@@ -178,8 +198,10 @@ async def probe_kafka(region: Region, expected: int | None, timeout_s: float) ->
             await admin.close()
 
 
-async def probe_consul(region: Region, wan_expected: int, timeout_s: float) -> ConsulStatus:
-    """Leader and WAN pool of one region's Consul; failures land in `error`, never raise."""
+async def probe_consul(region: HasConsul, wan_expected: int, timeout_s: float
+                       ) -> ConsulStatus:
+    """Leader and WAN pool of one region's (or witness's) Consul; failures land in `error`,
+    never raise."""
     retry = RetrySettings(attempts=1, total_s=timeout_s, call_timeout_s=timeout_s)
     async with ConsulClient(region.consul.http_addr, retry) as client:
         try:
@@ -195,9 +217,9 @@ async def probe_consul(region: Region, wan_expected: int, timeout_s: float) -> C
         wan_expected=wan_expected)
 
 
-async def probe_primary(region: Region, timeout_s: float) -> PrimaryView:
-    """`crossdc/primary` in the KV of one region's datacenter (asked of its own agent);
-    failures land in `error`, never raise."""
+async def probe_primary(region: HasConsul, timeout_s: float) -> PrimaryView:
+    """`crossdc/primary` in the KV of one region's (or witness's) datacenter (asked of its
+    own agent); failures land in `error`, never raise."""
     retry = RetrySettings(attempts=1, total_s=timeout_s, call_timeout_s=timeout_s)
     async with ConsulClient(region.consul.http_addr, retry) as client:
         try:
@@ -212,20 +234,34 @@ async def probe_primary(region: Region, timeout_s: float) -> PrimaryView:
 
 async def probe_topology(topology: Topology, source: str, brokers_expected: int | None = None,
                          timeout_s: float = 5.0) -> StackStatus:
-    """Probe every region concurrently."""
+    """Probe every region and witness concurrently."""
+    wan = len(topology.datacenters)
 
     async def one(region: Region) -> tuple[KafkaStatus, ConsulStatus, PrimaryView]:
         return await asyncio.gather(
             probe_kafka(region, brokers_expected, timeout_s),
-            probe_consul(region, len(topology.regions), timeout_s),
+            probe_consul(region, wan, timeout_s),
             probe_primary(region, timeout_s))
 
-    probed = await asyncio.gather(*(one(r) for r in topology.regions))
-    primary = effective_primary(topology, {r.name: view for r, (_, _, view)
-                                           in zip(topology.regions, probed, strict=True)})
+    async def witness(w: Witness) -> tuple[ConsulStatus, PrimaryView]:
+        return await asyncio.gather(probe_consul(w, wan, timeout_s),
+                                    probe_primary(w, timeout_s))
+
+    probed, wprobed = await asyncio.gather(
+        asyncio.gather(*(one(r) for r in topology.regions)),
+        asyncio.gather(*(witness(w) for w in topology.witnesses)))
+    views = {r.name: view for r, (_, _, view) in zip(topology.regions, probed, strict=True)}
+    views.update({w.name: view for w, (_, view) in
+                  zip(topology.witnesses, wprobed, strict=True)})
+    primary = effective_primary(topology, views)
     regions = [RegionStatus(region=r.name, primary=r.name == primary.region and
                             not primary.fenced, healthy=kafka.healthy and consul.healthy,
                             kafka=kafka, consul=consul, primary_record=view)
                for r, (kafka, consul, view) in zip(topology.regions, probed, strict=True)]
-    return StackStatus(topology=source, healthy=all(r.healthy for r in regions),
-                       primary=primary, regions=regions)
+    witnesses = [WitnessStatus(witness=w.name, healthy=consul.healthy, consul=consul,
+                               primary_record=view)
+                 for w, (consul, view) in zip(topology.witnesses, wprobed, strict=True)]
+    return StackStatus(topology=source,
+                       healthy=all(r.healthy for r in regions)
+                       and all(w.healthy for w in witnesses),
+                       primary=primary, regions=regions, witnesses=witnesses)

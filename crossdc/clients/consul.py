@@ -14,6 +14,7 @@ read-back that fails too raises `CasAmbiguous`.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,7 @@ __all__ = [
     "QueryResult",
     "ServiceInstance",
     "SessionInfo",
+    "TxnResult",
     "WanMember",
     "cas_outcome",
 ]
@@ -123,6 +125,18 @@ class QueryResult:
     datacenter: str
     failovers: int
     instances: list[ServiceInstance] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TxnResult:
+    """What a held write (`ConsulClient.kv_put_held`) came to."""
+
+    ok: bool
+    """Applied: the session held the lock and (with `cas`) the key was still at `cas`."""
+    why: str = ""
+    """Consul's reasons when it rolled back (the lock not held, the index moved on)."""
+    modify_index: int = 0
+    """The key's ModifyIndex after the write (when applied)."""
 
 
 def cas_outcome(entry: KvEntry | None, value: bytes, cas: int) -> bool | None:
@@ -338,6 +352,71 @@ class ConsulClient:
                 raise _CasNotApplied(f"{what}: no answer ({lost}); the key is still at "
                                      f"{cas}") from lost
             return outcome
+
+        try:
+            return await self._call(what, attempt, raw=True)
+        except _CasNotApplied as exc:
+            raise CasAmbiguous(f"{exc}; gave up after {self._retry.attempts} tries, and the "
+                               f"last write may still apply") from exc
+
+    async def kv_put_held(self, key: str, value: bytes, *, lock_key: str, session: str,
+                          cas: int | None = None, dc: str | None = None) -> TxnResult:
+        """Write `key` only while `session` holds the lock on `lock_key` (and, with `cas`, only
+        if `key` is still at that ModifyIndex): one Consul transaction, so a writer that lost
+        its lock can never write. Not applied: `TxnResult(ok=False, why=...)`. An answer lost
+        on the way is resolved as for `kv_put` with `cas` (the key read back); without `cas`
+        the write is sent again (it is idempotent while the lock is held)."""
+        ops: list[dict[str, Any]] = [
+            {"KV": {"Verb": "check-session", "Key": lock_key, "Session": session}},
+            {"KV": {"Verb": "set" if cas is None else "cas", "Key": key,
+                    "Value": base64.b64encode(value).decode(),
+                    **({} if cas is None else {"Index": cas})}}]
+        what = f"txn kv/{key} held by {session[:8]}" + ("" if cas is None else f" cas={cas}")
+        http = self._client.http
+
+        def answer(r: Any) -> TxnResult:
+            if r.code == 409:
+                body = json.loads(r.body or "{}")
+                errs = [str(e.get("What", e)) for e in body.get("Errors") or ()]
+                return TxnResult(False, "; ".join(errs) or "rolled back")
+            consul.callback.CB._status(r)
+            body = json.loads(r.body or "{}")
+            index = 0
+            for res in body.get("Results") or ():
+                kv = (res or {}).get("KV") or {}
+                if kv.get("Key") == key:
+                    index = int(kv.get("ModifyIndex") or 0)
+            return TxnResult(True, modify_index=index)
+
+        async def send() -> TxnResult:
+            return await self._once(what, lambda: http.put(
+                answer, "/v1/txn", params=_dc(dc), data=json.dumps(ops)))
+
+        if cas is None:
+            return await self._call(what, send, raw=True)
+
+        async def attempt() -> TxnResult:
+            try:
+                return await send()
+            except ClientRefused:
+                raise
+            except ClientError as exc:
+                lost: ClientError = exc
+            try:
+                _, raw = await self._once(f"kv/{key} read-back", lambda: self._client.kv.get(
+                    key, dc=dc, consistency="consistent"))
+            except ClientError as exc:
+                raise CasAmbiguous(f"{what}: no answer ({lost}), and reading the key back "
+                                   f"failed: {exc}") from exc
+            entry = None if raw is None else _entry(key, raw)
+            outcome = cas_outcome(entry, value, cas)
+            log.info("consul_txn_resolved", key=key, cas=cas, outcome=outcome, error=str(lost))
+            if outcome is None:
+                raise _CasNotApplied(f"{what}: no answer ({lost}); the key is still at "
+                                     f"{cas}") from lost
+            if outcome and entry is not None:
+                return TxnResult(True, modify_index=entry.modify_index)
+            return TxnResult(False, "written meanwhile (read back after a lost answer)")
 
         try:
             return await self._call(what, attempt, raw=True)

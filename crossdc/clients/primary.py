@@ -8,10 +8,11 @@ from crossdc.primary import PRIMARY_KEY, PrimaryRecord
 __all__ = ["read_primary", "write_primary"]
 
 
-async def read_primary(consul: ConsulClient, *, dc: str | None = None
-                       ) -> tuple[PrimaryRecord | None, int]:
-    """`(record or None when absent, ModifyIndex to CAS against; 0 when absent)`."""
-    _, entry = await consul.kv_get(PRIMARY_KEY, dc=dc)
+async def read_primary(consul: ConsulClient, *, dc: str | None = None,
+                       consistent: bool = False) -> tuple[PrimaryRecord | None, int]:
+    """`(record or None when absent, ModifyIndex to CAS against; 0 when absent)`;
+    `consistent`: through the datacenter's Raft leader with a quorum check."""
+    _, entry = await consul.kv_get(PRIMARY_KEY, dc=dc, consistent=consistent)
     if entry is None:
         return None, 0
     return PrimaryRecord.decode(entry.value), entry.modify_index

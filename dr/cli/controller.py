@@ -37,12 +37,14 @@ def _region(topo: Topology, region: str, option: str) -> None:
 
 
 def _settings(region: str, config: Path | None, auto: bool | None,
-              http_port: int | None) -> ControllerSettings:
+              http_port: int | None, http_host: str | None = None) -> ControllerSettings:
     base = (load_model(ControllerSettings, config) if config is not None
             else ControllerSettings(region=region))
     update: dict[str, object] = {"region": region}
     if http_port is not None:
         update["http_port"] = http_port
+    if http_host is not None:
+        update["http_host"] = http_host
     if auto is not None:
         update["failover"] = base.failover.model_copy(update={"auto": auto})
     return ControllerSettings.model_validate({**base.model_dump(), **update})
@@ -60,6 +62,10 @@ def controller_run(
     http_port: Annotated[int | None, typer.Option(
         "--http-port", help="Port of /health and /metrics [default: the config's, else "
         "any free one].", show_default=False)] = None,
+    http_host: Annotated[str | None, typer.Option(
+        "--http-host", help="Bind address of /health and /metrics (also the address the "
+        "controller advertises) [default: the config's, else 127.0.0.1].",
+        show_default=False)] = None,
 ) -> None:
     """Run the region's controller until SIGTERM (one of the regions' controllers leads)."""
     from dr.controller.controller import Controller
@@ -67,7 +73,7 @@ def controller_run(
     topo, path = topology_for(topology, paths_for(None))
     _region(topo, region, "--region")
     set_kafka_principal(CONTROLLER)  # its own Kafka principal (SASL/SCRAM regions)
-    settings = _settings(region, config, auto_failover, http_port)
+    settings = _settings(region, config, auto_failover, http_port, http_host)
 
     async def main() -> None:
         ctl = Controller(topo, settings, topology_path=path, sync=standby_sync)
@@ -107,9 +113,9 @@ def _render_steps(rec: FailoverRecord) -> Table:
 
 
 def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dry_run: bool,
-           reason: str, timeout_s: float) -> None:
+           reason: str, timeout_s: float, yes: bool = False) -> None:
     from dr.controller.datacenters import Datacenters
-    from dr.controller.ops import follow, plan_failover, start_failover
+    from dr.controller.ops import execute_forced, follow, plan_failover, start_failover
     topo, _ = topology_for(topology, paths_for(None))
     if target is not None:
         _region(topo, target, "--to")
@@ -127,11 +133,21 @@ def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dr
                       f"{plan.view.current.epoch} → {plan.view.current.epoch + 1}); "
                       f"{plan.record.target} behind by {lag_txt}"
                       f"{'; forced' if force else ''}")
+            if plan.record.risk:
+                err.print(f"[red]risk:[/] {escape(plan.record.risk)}", highlight=False)
             if dry_run:
                 for i, line in enumerate(plan.steps, 1):
                     out.print(f"  {i}. {escape(line)}", highlight=False)
                 out.print("[dim]dry run: nothing changed[/]")
                 return None
+            if plan.record.risk and not yes and not typer.confirm(
+                    f"Take this risk and {kind} to {plan.record.target}?", default=False,
+                    err=True):
+                fail("nothing changed (not confirmed)", 1)
+            if not plan.view.has_majority:
+                # No controller can lead without a majority: this command executes it.
+                err.print("no majority: executing the failover here", highlight=False)
+                return await execute_forced(topo, dcs, settings, plan)
             await start_failover(dcs, plan)
             last: list[str] = []
 
@@ -160,7 +176,11 @@ def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dr
 
 TargetOpt = Annotated[str, typer.Option("--to", help="The region to make primary.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Fail over even to a target "
-                                        "further behind than the bounds.")]
+                                        "further behind than the bounds, or with no majority "
+                                        "of datacenters answering (the prompt names the "
+                                        "risk; the record keeps it).")]
+YesOpt = Annotated[bool, typer.Option("--yes", help="Take the risk a forced failover names "
+                                      "without being asked.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan and what each "
                                          "step would change; change nothing.")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (kept in the record).")]
@@ -168,21 +188,21 @@ TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to follow 
 
 
 def failover(target: TargetOpt, topology: TopologyOpt = None, force: ForceOpt = False,
-             dry_run: DryRunOpt = False, reason: ReasonOpt = "", timeout_s: TimeoutOpt = 120.0
-             ) -> None:
+             dry_run: DryRunOpt = False, reason: ReasonOpt = "", timeout_s: TimeoutOpt = 120.0,
+             yes: YesOpt = False) -> None:
     """Move the primary to another region: fence, wait out the lease, drain, move group
     offsets, promote, switch DNS (executed by the leading controller, followed here)."""
-    _drive(topology, target, "failover", force, dry_run, reason, timeout_s)
+    _drive(topology, target, "failover", force, dry_run, reason, timeout_s, yes)
 
 
 def failback(target: Annotated[str | None, typer.Option(
                  "--to", help="[default: the region the last failover left]",
                  show_default=False)] = None,
              topology: TopologyOpt = None, force: ForceOpt = False,
-             dry_run: DryRunOpt = False, reason: ReasonOpt = "", timeout_s: TimeoutOpt = 120.0
-             ) -> None:
+             dry_run: DryRunOpt = False, reason: ReasonOpt = "", timeout_s: TimeoutOpt = 120.0,
+             yes: YesOpt = False) -> None:
     """Move the primary back to the region the last failover left (once it has caught up)."""
-    _drive(topology, target, "failback", force, dry_run, reason, timeout_s)
+    _drive(topology, target, "failback", force, dry_run, reason, timeout_s, yes)
 
 
 def _gate(closed: bool, topology: Path | None, reason: str) -> None:

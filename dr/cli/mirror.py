@@ -131,7 +131,7 @@ async def _supervise(topo: Topology, flow: Flow, metrics: MirrorMetrics,
 
 
 async def _serve(topo: Topology, flows: list[Flow], metrics_port: int | None,
-                 restart: Restart | None = None) -> None:
+                 restart: Restart | None = None, metrics_host: str = "127.0.0.1") -> None:
     """Every flow's worker in one TaskGroup. Without `restart`, a worker failing (or failing
     to start) stops the others and its error ends the command (exit 1, for a supervisor);
     with it, each flow's worker is restarted after a bounded pause (`_supervise`).
@@ -142,7 +142,7 @@ async def _serve(topo: Topology, flows: list[Flow], metrics_port: int | None,
                        registry=metrics.registry)
     if metrics_port is not None:
         from prometheus_client import start_http_server
-        start_http_server(metrics_port, addr="127.0.0.1", registry=metrics.registry)
+        start_http_server(metrics_port, addr=metrics_host, registry=metrics.registry)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = (signal.SIGINT, signal.SIGTERM)
@@ -200,6 +200,8 @@ def run(
         "--dead-letter", help="Send records too large for the target to "
         "_crossdc.dead-letter.<source> instead of stopping their partition.")] = False,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics.")] = None,
+    metrics_host: Annotated[str, typer.Option(help="Bind address of the metrics.")
+                            ] = "127.0.0.1",
     worker_id: Annotated[str | None, typer.Option(
         help="This worker's id in its group [default: the host name]. Exactly-once: each "
         "worker of a group needs its own; a restarted worker keeps it.")] = None,
@@ -218,7 +220,8 @@ def run(
     set_kafka_principal(MIRROR)  # its own Kafka principal (SASL/SCRAM regions)
     flows = _flows(topo, source, target, topics, group, exactly_once, forward,
                    discovery_interval, dead_letter, worker_id, flow)
-    asyncio.run(_serve(topo, flows, metrics_port, Restart() if restart else None))
+    asyncio.run(_serve(topo, flows, metrics_port, Restart() if restart else None,
+                       metrics_host))
 
 
 @offsets_app.command("translate")

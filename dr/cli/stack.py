@@ -29,7 +29,7 @@ from dr.cli._common import (
 from dr.controller.ops import ControllerView
 from dr.exits import fail
 from dr.stack.paths import StackPaths
-from dr.status import StackStatus, probe_topology
+from dr.status import ConsulStatus, PrimaryView, StackStatus, probe_topology
 from mirror.status import FlowStatus, flows_status
 
 if TYPE_CHECKING:
@@ -85,8 +85,8 @@ def up(
         "passwords under <state>/secrets; the topology used is written to "
         "<state>/topology.secure.yaml). See docs/security.md.")] = False,
 ) -> None:
-    """Start every region (Kafka KRaft + Consul) on loopback and wait until all answer;
-    with --services, then the proxies, mirrors and controllers."""
+    """Start every region (Kafka KRaft + Consul) and every witness (Consul only) on loopback
+    and wait until all answer; with --services, then the proxies, mirrors and controllers."""
     from dr.stack.local import LocalStack
     for option, given in (("--policy", policy), ("--controller-config", controller_config)):
         if given is not None and not given.is_file():
@@ -106,7 +106,10 @@ def up(
             svc = Services(topo, path, paths, policy=policy, auto_failover=auto_failover,
                            controller_config=controller_config)
             started = run(svc.up(min(timeout_s, 120.0)))
-    err.print(f"[green]up[/]: {len(topo.regions)} region(s) from {path}, state in {paths.state}")
+    witnesses = (f" and {len(topo.witnesses)} witness(es) "
+                 f"({', '.join(w.name for w in topo.witnesses)})" if topo.witnesses else "")
+    err.print(f"[green]up[/]: {len(topo.regions)} region(s){witnesses} from {path}, state in "
+              f"{paths.state}")
     if services:
         err.print(f"[green]services[/]: {', '.join(s.name for s in started)}")
 
@@ -132,8 +135,8 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout")] = 5.0,
 ) -> None:
-    """Show each region's Kafka brokers and quorum, Consul leader and WAN pool. Exit 1 if
-    any region is unhealthy."""
+    """Show each region's Kafka brokers and quorum, Consul leader and WAN pool, and each
+    witness's Consul. Exit 1 if any region or witness is unhealthy."""
     from dr.stack.local import read_stack_file
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
@@ -233,8 +236,29 @@ def render_controller(v: ControllerView) -> None:
     out.print(t)
 
 
+def _ok(b: bool) -> str:
+    return "[green]✔[/]" if b else "[red]✘[/]"
+
+
+def _consul_rows(t: Table, c: ConsulStatus, view: PrimaryView, agree: bool) -> None:
+    """A datacenter's Consul rows (a region's or a witness's): leader, WAN pool, the primary
+    record its KV holds."""
+    ok = _ok
+    t.add_row("consul", "datacenter", f"{c.datacenter} @ {c.http_addr}", "")
+    t.add_row("", "leader", c.leader or "none", ok(bool(c.leader)))
+    t.add_row("", "WAN members alive / datacenters",
+              f"{len(c.wan_members)} / {c.wan_expected}  {', '.join(c.wan_members)}",
+              ok(len(c.wan_members) >= c.wan_expected))
+    if c.error:
+        t.add_row("", "error", f"[red]{c.error}[/]", ok(False))
+    held = {"set": f"{view.region}, epoch {view.epoch}{' (fenced)' if view.fenced else ''}",
+            "absent": "not set", "unreadable": f"unreadable: {view.error}"}[view.state]
+    t.add_row("", "primary record (KV crossdc/primary)", escape(held),
+              ok(view.state != "unreadable" and agree))
+
+
 def render_status(st: StackStatus) -> None:
-    """The `dr status` tables: one per region."""
+    """The `dr status` tables: one per region, then one per witness."""
     for r in st.regions:
         mark = "[green]healthy[/]" if r.healthy else "[red]UNHEALTHY[/]"
         title = f"region {r.region}{' (primary)' if r.primary else ''} — {mark}"
@@ -244,10 +268,7 @@ def render_status(st: StackStatus) -> None:
         t.add_column("value")
         t.add_column("ok")
         k, c = r.kafka, r.consul
-
-        def ok(b: bool) -> str:
-            return "[green]✔[/]" if b else "[red]✘[/]"
-
+        ok = _ok
         exp = k.brokers_expected if k.brokers_expected is not None else len(k.quorum_voters)
         t.add_row("kafka", "bootstrap", k.bootstrap, "")
         t.add_row("", "brokers up / expected",
@@ -258,18 +279,15 @@ def render_status(st: StackStatus) -> None:
                   if k.quorum_leader is not None else "none", ok(k.quorum_leader is not None))
         if k.error:
             t.add_row("", "error", f"[red]{k.error}[/]", ok(False))
-        t.add_row("consul", "datacenter", f"{c.datacenter} @ {c.http_addr}", "")
-        t.add_row("", "leader", c.leader or "none", ok(bool(c.leader)))
-        t.add_row("", "WAN members alive / regions",
-                  f"{len(c.wan_members)} / {c.wan_expected}  {', '.join(c.wan_members)}",
-                  ok(len(c.wan_members) >= c.wan_expected))
-        if c.error:
-            t.add_row("", "error", f"[red]{c.error}[/]", ok(False))
-        v = r.primary_record
-        held = {"set": f"{v.region}, epoch {v.epoch}{' (fenced)' if v.fenced else ''}",
-                "absent": "not set", "unreadable": f"unreadable: {v.error}"}[v.state]
-        t.add_row("", "primary record (KV crossdc/primary)", escape(held),
-                  ok(v.state != "unreadable" and st.primary.agree))
+        _consul_rows(t, c, r.primary_record, st.primary.agree)
+        out.print(t)
+    for w in st.witnesses:
+        mark = "[green]healthy[/]" if w.healthy else "[red]UNHEALTHY[/]"
+        t = Table(title=f"witness {w.witness} (Consul only) — {mark}", title_justify="left",
+                  show_header=True, header_style="bold")
+        for col in ("component", "check", "value", "ok"):
+            t.add_column(col)
+        _consul_rows(t, w.consul, w.primary_record, st.primary.agree)
         out.print(t)
     p = st.primary
     where = ("from Consul KV" if p.source == "consul" else
@@ -280,7 +298,12 @@ def render_status(st: StackStatus) -> None:
     if p.note:
         color = "yellow" if p.agree else "red"
         out.print(f"[{color}]{escape(p.note)}[/]")
-    verdict = "[green]all regions healthy[/]" if st.healthy else "[red]some regions unhealthy[/]"
+    if st.witnesses:
+        verdict = ("[green]all regions healthy, and every witness[/]" if st.healthy else
+                   "[red]some regions or witnesses unhealthy[/]")
+    else:
+        verdict = ("[green]all regions healthy[/]" if st.healthy else
+                   "[red]some regions unhealthy[/]")
     out.print(verdict)
 
 

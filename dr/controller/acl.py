@@ -114,8 +114,8 @@ class KafkaFence:
         connection per region); a changed record is acted on at once."""
         self._last: tuple[PrimaryRecord, float] | None = None
         self.denied: dict[str, set[str]] = {}
-        """Per region, the topics this process last saw denied (a cache; Kafka is the
-        truth: `deny`/`allow` are idempotent)."""
+        """Per region, the topics this process last denied (for reports only: every
+        decision reads Kafka's ACLs)."""
 
     @property
     def enabled(self) -> bool:
@@ -142,10 +142,13 @@ class KafkaFence:
             return []
         async with KafkaAdmin(reg.kafka.bootstrap, self.retry) as admin:
             topics = self._ordered(await admin.list_topics())
-            new = [t for t in topics if t not in self.denied.get(region, set())]
+            # Kafka is asked every time, never a cache: a fence that another process (an
+            # earlier leader) began must still deny every topic here.
+            have = await asyncio.gather(*(admin.has_acl(proxy_deny(t)) for t in topics))
+            new = [t for t, there in zip(topics, have, strict=True) if not there]
             if new:
                 await admin.create_acls([proxy_deny(t) for t in new])
-        self.denied.setdefault(region, set()).update(new)
+        self.denied[region] = set(topics)
         if new:
             log.warning("kafka_fence_denied", target_region=region, topics=new)
         return new
@@ -206,8 +209,8 @@ class KafkaFence:
             try:
                 if primary.fenced or primary.region != region.name:
                     await self.deny(region.name)
-                elif self.denied.get(region.name) != set():
-                    await self.allow(region.name)
+                else:
+                    await self.allow(region.name)  # idempotent: whatever Kafka holds
             except (CrossdcError, OSError, TimeoutError) as exc:
                 errors[region.name] = str(exc)
 

@@ -67,7 +67,20 @@ class FailoverSettings(BaseModel):
                                    "primary was confirmed this recently. The fence waits it "
                                    "out.")
     lease_margin_s: float = Field(0.5, ge=0, description="Added to the lease wait (clock "
-                                  "and scheduling slack).")
+                                  "rate and scheduling slack).")
+    primary_write_s: float = Field(2.0, gt=0, description="The longest ordered or sync "
+                                   "write: a proxy starts one only with this much of its lease "
+                                   "left and bounds it by this; the fence waits primary_lease_s "
+                                   "+ primary_write_s + lease_margin_s.")
+    step_timeout_s: float = Field(20.0, gt=0, description="Longest any failover step but the "
+                                  "lease wait and the drain may take; past it the step fails "
+                                  "(with its reason) and the leader retries it.")
+    offsets_timeout_s: float = Field(15.0, gt=0, description="Longest the offsets step spends "
+                                     "on all consumer groups together (the standby sync's "
+                                     "offsets stand for the groups not reached).")
+    lag_max_age_s: float = Field(60.0, gt=0, description="An automatic failover trusts a "
+                                 "mirror-lag figure (kept in Consul by the leader that measured "
+                                 "it) only this old; older, it is refused and says so.")
     drain_timeout_s: float = Field(10.0, ge=0, description="How long to wait for the mirror "
                                    "to copy the old primary's last records when it answers.")
     measure_timeout_s: float = Field(10.0, gt=0, description="Deadline of one measurement "

@@ -19,10 +19,11 @@ from types import TracebackType
 
 import structlog
 from aiohttp import web
+from aiokafka.errors import KafkaError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from crossdc.aio import cancelled_from_outside
-from crossdc.errors import ClientError
+from crossdc.errors import ClientError, CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings
@@ -39,8 +40,11 @@ from dr.controller.state import (
     HEALTH_PREFIX,
     FailoverRecord,
     GateRecord,
+    LagRecord,
     LeaderRecord,
     RegionHealth,
+    lag_key,
+    newest_failover_of,
     now_ms,
 )
 
@@ -85,7 +89,15 @@ class Controller:
         self.engine = FailoverEngine(
             topology, settings, self.dcs, self._persist,
             last_behind=lambda s, t: self.lags.get((s, t)), publish_dns=self._publish_dns,
-            is_down=lambda r: self.hysteresis[r].status == "down", guard=self._guard)
+            is_down=lambda r: self.hysteresis[r].status == "down", guard=self._guard,
+            sessions=self._sessions)
+        self.why_no_auto = ""
+        """Why an automatic failover would not run now ("" when nothing stops it)."""
+        self._primary_seen: tuple[tuple[int, str, bool], float] | None = None
+        """The primary record (epoch, region, fenced) and when this process first saw it
+        (monotonic): the wait period counts from there, never from another host's clock."""
+        self._lags_loaded = False
+        self._last_observe = 0.0
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
@@ -222,7 +234,7 @@ class Controller:
         verdicts = self.health()
         await self.dns.health(verdicts)
         for region, v in verdicts.items():
-            await self.dcs.put_all(HEALTH_PREFIX + region, v)
+            await self.dcs.put_all(HEALTH_PREFIX + region, v, sessions=self._sessions())
 
     async def _lag_round(self) -> None:
         if not self.leading:
@@ -236,17 +248,58 @@ class Controller:
                 self.lags[(flow.source, flow.target)] = b
                 self.metrics.mirror_lag.labels(source=flow.source, target=flow.target).set(
                     b.records)
+                # Kept in KV (bound to the lock) so the next leader can judge a failover.
+                await self.dcs.put_all(
+                    lag_key(flow.source, flow.target),
+                    LagRecord(source=flow.source, target=flow.target, records=b.records,
+                              last_copy_age_s=b.last_copy_age_s, at_ms=b.at_ms,
+                              by=self.settings.controller_id),
+                    sessions=self._sessions())
+        for (src, dst), b in self.lags.items():
+            self.metrics.lag_age.labels(source=src, target=dst).set((now_ms() - b.at_ms) / 1000)
 
     # -- the leader's work ---------------------------------------------------------------
     def _guard(self) -> None:
         if not self.leading:
             raise NotLeader(f"{self.settings.controller_id} no longer leads")
 
-    async def _persist(self, record: FailoverRecord) -> None:
-        errors = await self.dcs.put_all(FAILOVER_KEY, record)
-        if len(errors) == len(self.dcs.clients):
-            raise StepFailed("persist", "no datacenter answers: " + "; ".join(errors.values()))
+    def _sessions(self) -> dict[str, str]:
+        """The leader's lock session per datacenter where it holds the lock now (every write
+        of the leader is a transaction that checks it)."""
+        return self.lock.sessions if self.lock is not None else {}
+
+    async def _persist(self, record: FailoverRecord) -> FailoverRecord:
+        """Write the failover record (sequence + 1) in a majority: by compare-and-set, bound
+        to the leader's lock, never over a newer record of another failover."""
+        record = record.model_copy(update={"seq": record.seq + 1})
+        found, _ = await self.dcs.read_indexed(FAILOVER_KEY, FailoverRecord)
+        cas: dict[str, int] = {}
+        for dc, (index, held) in found.items():
+            if held is not None and held.id != record.id and held.order > record.order:
+                self._log.warning("failover_record_superseded", failover=record.id,
+                                  newer=held.id, dc=dc)
+                continue
+            cas[dc] = index
+        written, errors = await self.dcs.put_all(FAILOVER_KEY, record,
+                                                 sessions=self._sessions(), cas=cas)
+        if len(written) < self.dcs.majority:
+            raise StepFailed("persist", f"failover record written in {len(written)} "
+                             f"datacenter(s), a majority is {self.dcs.majority}: "
+                             + "; ".join(f"{r}: {e}" for r, e in errors.items()))
         self.last_failover = record
+        return record
+
+    async def sync_may_commit(self) -> bool:
+        """Right before the standby sync commits offsets: still leading, no failover record
+        open, and the primary unchanged (read again)."""
+        if not self.leading or self.view is None:
+            return False
+        records, _ = await self.dcs.read_all(FAILOVER_KEY, FailoverRecord)
+        newest_rec = newest_failover_of(records.values())
+        if newest_rec is not None and newest_rec.state != "done":
+            return False
+        view = await self.dcs.primary()
+        return view.has_majority and view.current == self.view.current
 
     async def _publish_dns(self, primary: PrimaryRecord) -> None:
         errors = await self.dns.publish(primary, force=True)
@@ -255,23 +308,79 @@ class Controller:
 
     async def _lead_round(self) -> None:
         self.metrics.leader.set(1 if self.leading else 0)
-        if not self.leading:
-            return
         try:
+            if not self.leading:
+                self._lags_loaded = False  # a future leadership reads them afresh
+                await self._follow_round()
+                return
             await self._lead_once()
         except NotLeader:
             self._log.warning("leadership_lost_mid_work")
-        except ClientError as exc:
-            self._log.info("lead_round_failed", error=str(exc))
+        except (CrossdcError, KafkaError, OSError, TimeoutError) as exc:
+            # Whatever a round meets (a step's persist without a majority, a broker gone
+            # mid-call) fails that round, never the controller: the next one retries.
+            self._log.warning("lead_round_failed", error=f"{exc.__class__.__name__}: {exc}")
+
+    def _observe(self, view: PrimaryView) -> None:
+        """Note the primary record and when this process first saw it (monotonic)."""
+        cur = view.current
+        key = (cur.epoch, cur.region, cur.fenced)
+        if self._primary_seen is None or self._primary_seen[0] != key:
+            self._primary_seen = (key, time.monotonic())
+        self.metrics.datacenters_answering.set(len(view.per_region))
+        self.metrics.datacenters_majority.set(view.majority)
+        self.metrics.has_majority.set(1 if view.has_majority else 0)
+
+    async def _follow_round(self) -> None:
+        """Not leading: read the primary now and then, so that when this controller takes
+        over, its wait period already counts from when the record appeared here."""
+        if time.monotonic() - self._last_observe < 2.0:
+            return
+        self._last_observe = time.monotonic()
+        view = await self.dcs.primary()
+        self.view = view
+        self._observe(view)
+        if not view.has_majority:
+            self.why_no_auto = (f"only {len(view.per_region)} of {len(self.dcs.clients)} "
+                                f"datacenters answer (a majority is {view.majority})")
+        elif self.lock is not None and self.lock.why_not:
+            self.why_no_auto = f"not the leader: {self.lock.why_not}"
+
+    async def _load_lags(self) -> None:
+        """A new leader takes over the mirror-lag figures its predecessor kept in KV."""
+        for flow in self.topology.flows:
+            found, _ = await self.dcs.read_all(lag_key(flow.source, flow.target), LagRecord)
+            kept = max((r for r in found.values() if r is not None), key=lambda r: r.at_ms,
+                       default=None)
+            mine = self.lags.get((flow.source, flow.target))
+            if kept is not None and (mine is None or kept.at_ms > mine.at_ms):
+                self.lags[(flow.source, flow.target)] = Behind(
+                    kept.records, kept.last_copy_age_s, kept.at_ms,
+                    error=f"kept by {kept.by}", measured=False)
+        self._lags_loaded = True
 
     async def _lead_once(self) -> None:
         view = await self.dcs.primary()
         self.view = view
+        self._observe(view)
+        if not view.has_majority:
+            self.why_no_auto = (f"only {len(view.per_region)} of {len(self.dcs.clients)} "
+                                f"datacenters answer (a majority is {view.majority}): no "
+                                "automatic failover on a minority side")
+            self.metrics.auto_blocked.labels(reason="no_majority").inc()
+            return
+        sessions = self._sessions()
+        f = self.settings.failover
         if all(rec is None for rec in view.per_region.values()) and not view.invalid:
-            # First start: make the topology's primary explicit at epoch 0.
-            await self.dcs.cas_primary(view, PrimaryRecord.initial(self.topology))
+            # First start: make the topology's primary explicit at epoch 0 (a missing key
+            # renews no proxy's lease).
+            await self.dcs.cas_primary(view, PrimaryRecord.initial(
+                self.topology, lease_s=f.primary_lease_s, write_s=f.primary_write_s),
+                sessions=sessions)
             view = await self.dcs.primary()
             self.view = view
+        if not self._lags_loaded:
+            await self._load_lags()
         cur = view.current
         self.metrics.epoch.set(cur.epoch)
         self.metrics.fenced.set(1 if cur.fenced else 0)
@@ -279,18 +388,18 @@ class Controller:
         for r in self.topology.regions:
             self.metrics.primary.labels(region=r.name).set(
                 1 if r.name == cur.region and not cur.fenced else 0)
-        for region in await self.dcs.correct_stale(view):
+        for region in await self.dcs.correct_stale(view, sessions=sessions):
             self.metrics.stale_dcs.labels(region=region).inc()
-        await self.dns.publish(cur)
+        if not view.conflict:
+            await self.dns.publish(cur)
 
         gates, _ = await self.dcs.read_all(GATE_KEY, GateRecord)
         self.gate = max((g for g in gates.values() if g is not None),
-                        key=lambda g: g.at_ms, default=GateRecord())
+                        key=lambda g: (g.seq, g.at_ms), default=GateRecord())
         self.metrics.set_gate(self.gate.closed, self.gate.at_ms)
 
         records, _ = await self.dcs.read_all(FAILOVER_KEY, FailoverRecord)
-        newest = max((r for r in records.values() if r is not None),
-                     key=lambda r: r.updated_ms, default=None)
+        newest = newest_failover_of(records.values())
         if newest is not None:
             self.last_failover = newest
             if newest.state == "running":
@@ -305,13 +414,35 @@ class Controller:
                 if step is not None:
                     retry = retry.with_step(step, status="pending")
                 self._log.warning("failover_retry", failover=newest.id, step=step)
-                await self._persist(retry)
+                retry = await self._persist(retry)
                 await self._execute(retry)
                 return
+        if view.conflict:
+            await self._resolve_conflict(view)
+            return
         if self.engine.kafka_fence.enabled:  # the fence in Kafka, as the record says
             await self.engine.kafka_fence.reconcile(cur, skip={
                 r for r, h in self.hysteresis.items() if h.status == "down"})
         await self._maybe_auto(cur)
+
+    async def _resolve_conflict(self, view: PrimaryView) -> None:
+        """Two datacenters name different writable regions at one epoch (a split healed):
+        fence above every epoch, then promote the most preferred region that is up."""
+        cur = view.current
+        target = next((r for r in self.topology.preference
+                       if self.hysteresis[r].status in ("up", "degraded")), None)
+        if target is None:
+            self.why_no_auto = (f"epoch {cur.epoch} names {', '.join(view.conflict)} in "
+                                "different datacenters and no region is up to promote")
+            return
+        self._log.error("primary_conflict", epoch=cur.epoch, regions=list(view.conflict),
+                        target=target)
+        record = FailoverRecord(source=cur.region, target=target, automatic=True,
+                                reason=f"epoch {cur.epoch} names "
+                                f"{' and '.join(view.conflict)} in different datacenters",
+                                requested_by=self.engine.by, from_epoch=cur.epoch)
+        record = await self._persist(record)
+        await self._execute(record)
 
     async def _execute(self, record: FailoverRecord) -> None:
         self._log.warning("failover_executing", failover=record.id, source=record.source,
@@ -332,6 +463,7 @@ class Controller:
 
     async def _maybe_auto(self, cur: PrimaryRecord) -> None:
         f = self.settings.failover
+        self.why_no_auto = "" if f.auto else "automatic failover is off"
         if not f.auto or cur.fenced:
             return
         source = cur.region
@@ -339,9 +471,13 @@ class Controller:
         if h.status != "down":
             return
         if self.gate.closed:
+            self.why_no_auto = f"the gate is closed ({self.gate.reason or self.gate.by})"
             self.metrics.auto_blocked.labels(reason="gate_closed").inc()
             return
-        if now_ms() - cur.updated_ms < f.wait_period_s * 1000:
+        seen_s = time.monotonic() - self._primary_seen[1] if self._primary_seen else 0.0
+        if seen_s < f.wait_period_s:
+            self.why_no_auto = (f"the primary record is {seen_s:.1f} s old here (wait "
+                                f"period {f.wait_period_s:g} s)")
             self.metrics.auto_blocked.labels(reason="wait_period").inc()
             return
         for target in self.topology.preference:
@@ -352,20 +488,23 @@ class Controller:
             except FailoverRefused as exc:
                 self._log.warning("auto_failover_refused", target=target, error=str(exc))
                 self.metrics.auto_blocked.labels(reason=exc.rule).inc()
+                self.why_no_auto = str(exc)
                 continue
             record = FailoverRecord(source=source, target=target, automatic=True,
                                     reason=f"{source} down: " + "; ".join(
                                         f"{k}: {c.detail}" for k, c in
                                         (h.last.checks.items() if h.last else ()) if not c.ok),
-                                    requested_by=self.engine.by,
+                                    requested_by=self.engine.by, from_epoch=cur.epoch,
                                     fault_ms=h.first_failure_ms, detected_ms=h.since_ms)
             self._log.warning("auto_failover", source=source, target=target,
                               detection_s=(h.since_ms - (h.first_failure_ms or h.since_ms))
                               / 1000)
-            await self._persist(record)
+            record = await self._persist(record)
             await self._execute(record)
             return
         self.metrics.auto_blocked.labels(reason="no_healthy_target").inc()
+        if not self.why_no_auto:
+            self.why_no_auto = f"{source} is down and no standby is up"
 
     async def _sync_round(self) -> None:
         if not self.leading or self.sync_hook is None:
@@ -394,6 +533,11 @@ class Controller:
         body = {
             "controller": self.settings.controller_id, "region": self.settings.region,
             "leading": self.leading,
+            "why_not_leading": (self.lock.why_not if self.lock is not None else "not started")
+            if not self.leading else "",
+            "majority": self.dcs.majority,
+            "datacenters_answering": sorted(self.view.per_region) if self.view else [],
+            "automatic_failover_blocked": self.why_no_auto,
             "primary": self.view.current.model_dump() if self.view else None,
             "gate": self.gate.model_dump(),
             "regions": {r: v.model_dump() for r, v in self.health().items()},

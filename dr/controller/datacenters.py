@@ -1,14 +1,20 @@
-"""Every region's Consul datacenter at once: read a key everywhere, write it everywhere that
-answers, and bring a datacenter that comes back with older state up to date.
+"""Every Consul datacenter at once (the regions' and the witnesses'): read a key everywhere,
+write it where it answers, count the majority, and bring a datacenter that comes back with
+older state up to date.
 
 Consul KV is per datacenter and not replicated between them, so the controller talks to each
-region's agent (its `consul.http_addr`) and treats the newest record as the truth.
+datacenter's agent (its `consul.http_addr`). Agreement comes from majorities
+(`Topology.majority` of `Topology.datacenters`): the fence and the promote are done only once
+written in a majority, and every write the leader makes is a transaction that checks its own
+lock session in that datacenter (`sessions=`), so a controller that lost the lock can never
+write. A same-epoch conflict (two datacenters naming different writable regions at one
+epoch) counts as fenced; the leader resolves it by fencing at the highest epoch + 1.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
@@ -22,8 +28,9 @@ from crossdc.errors import ClientError, CrossdcError
 from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
 from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
+from dr.controller.state import LEADER_KEY
 
-__all__ = ["Datacenters", "PrimaryView", "failure_of", "newest"]
+__all__ = ["Datacenters", "PrimaryView", "failure_of", "newest", "newest_primary"]
 
 log = structlog.get_logger("crossdc.controller")
 M = TypeVar("M", bound=BaseModel)
@@ -41,7 +48,28 @@ class PrimaryView:
     invalid: dict[str, str]
     """Region → why its value is not a valid record naming a known region."""
     current: PrimaryRecord
-    """The newest record seen (the topology's primary at epoch 0 when none is)."""
+    """The newest record seen (the topology's primary at epoch 0 when none is); a fenced
+    record at that epoch when datacenters disagree on the writable region there."""
+    majority: int = 1
+    """How many datacenters make a majority."""
+    conflict: tuple[str, ...] = ()
+    """The writable regions two or more datacenters name at the newest epoch ("" when they
+    agree)."""
+
+    @property
+    def answered(self) -> list[str]:
+        """Datacenters that answered (absent and invalid values included)."""
+        return sorted(self.per_region)
+
+    @property
+    def has_majority(self) -> bool:
+        """Whether a majority of datacenters answered (what the leader may act on)."""
+        return len(self.per_region) >= self.majority
+
+    @property
+    def holding_current(self) -> list[str]:
+        """Datacenters that hold exactly `current`."""
+        return sorted(r for r, rec in self.per_region.items() if rec == self.current)
 
     @property
     def stale(self) -> list[str]:
@@ -73,12 +101,14 @@ def failure_of(res: object) -> str | None:
 
 
 class Datacenters:
-    """One ConsulClient per region; use as `async with Datacenters(topology) as dcs:`."""
+    """One ConsulClient per datacenter (regions, then witnesses); use as
+    `async with Datacenters(topology) as dcs:`."""
 
     def __init__(self, topology: Topology, retry: RetrySettings | None = None) -> None:
         self.topology = topology
-        self.clients = {r.name: ConsulClient(r.consul.http_addr, retry)
-                        for r in topology.regions}
+        self.clients = {d.name: ConsulClient(d.consul.http_addr, retry)
+                        for d in topology.datacenters}
+        self.majority = topology.majority
 
     async def __aenter__(self) -> Datacenters:
         return self
@@ -100,7 +130,7 @@ class Datacenters:
         (logged), so a hand-edited key never stops the controller."""
 
         async def one(region: str) -> M | None:
-            _, entry = await self.clients[region].kv_get(key)
+            _, entry = await self.clients[region].kv_get(key, consistent=True)
             if entry is None:
                 return None
             try:
@@ -122,17 +152,72 @@ class Datacenters:
                 found[region] = res  # type: ignore[assignment]
         return found, errors
 
-    async def put_all(self, key: str, record: BaseModel) -> dict[str, str]:
-        """Write `record` to every datacenter that answers; region → error for the others."""
-        value = record.model_dump_json().encode()
-        results = await asyncio.gather(
-            *(c.kv_put(key, value) for c in self.clients.values()), return_exceptions=True)
+    async def read_indexed(self, key: str, model: type[M]
+                           ) -> tuple[dict[str, tuple[int, M | None]], dict[str, str]]:
+        """`(datacenter → (ModifyIndex, record or None), datacenter → error)`: what a
+        compare-and-set needs (index 0: absent; an invalid value is None with its index)."""
+
+        async def one(region: str) -> tuple[int, M | None]:
+            _, entry = await self.clients[region].kv_get(key, consistent=True)
+            if entry is None:
+                return 0, None
+            try:
+                return entry.modify_index, model.model_validate_json(entry.value)
+            except ValidationError:
+                return entry.modify_index, None
+
+        results = await asyncio.gather(*(one(r) for r in self.clients),
+                                       return_exceptions=True)
+        found: dict[str, tuple[int, M | None]] = {}
         errors: dict[str, str] = {}
         for region, res in zip(self.clients, results, strict=True):
             why = failure_of(res)
             if why is not None:
                 errors[region] = why
-        return errors
+            else:
+                found[region] = res  # type: ignore[assignment]
+        return found, errors
+
+    async def put_all(self, key: str, record: BaseModel, *,
+                      sessions: Mapping[str, str] | None = None,
+                      cas: Mapping[str, int] | None = None) -> tuple[list[str], dict[str, str]]:
+        """Write `record` to every datacenter; `(datacenters written, datacenter → why not)`.
+        With `sessions` (the leader's lock session per datacenter) each write is a
+        transaction that applies only while that session holds the leader lock there (a
+        datacenter without a session is not written); with `cas` (datacenter → ModifyIndex)
+        only where the key is still at that index."""
+        value = record.model_dump_json().encode()
+
+        async def one(region: str) -> bool | str:
+            client = self.clients[region]
+            index = None if cas is None else cas.get(region)
+            if cas is not None and index is None:
+                return "not read before the write"
+            if sessions is None:
+                return await client.kv_put(key, value, cas=index)
+            session = sessions.get(region)
+            if session is None:
+                return "the leader lock is not held there"
+            res = await client.kv_put_held(key, value, lock_key=LEADER_KEY, session=session,
+                                           cas=index)
+            return True if res.ok else f"refused: {res.why}"
+
+        results = await asyncio.gather(*(one(r) for r in self.clients),
+                                       return_exceptions=True)
+        written: list[str] = []
+        errors: dict[str, str] = {}
+        for region, res in zip(self.clients, results, strict=True):
+            if res is True:
+                written.append(region)
+            elif res is False:
+                errors[region] = "compare-and-set lost (written meanwhile)"
+            elif isinstance(res, str):
+                errors[region] = res
+            elif isinstance(res, CrossdcError) and not isinstance(res, ClientError):
+                errors[region] = str(res)
+            elif (why := failure_of(res)) is not None:
+                errors[region] = why
+        return written, errors
 
     # -- the primary record --------------------------------------------------------------
     async def primary(self) -> PrimaryView:
@@ -140,7 +225,7 @@ class Datacenters:
         names = {r.name for r in self.topology.regions}
 
         async def one(region: str) -> tuple[PrimaryRecord | None, int]:
-            return await read_primary(self.clients[region])
+            return await read_primary(self.clients[region], consistent=True)
 
         results = await asyncio.gather(*(one(r) for r in self.clients),
                                        return_exceptions=True)
@@ -162,26 +247,32 @@ class Datacenters:
                     invalid[region] = f"names region {rec.region!r}, not in the topology"
                     rec = None
                 per[region], idx[region] = rec, index
-        current = PrimaryRecord.initial(self.topology)
-        for rec in per.values():
-            if rec is not None and rec.supersedes(current):
-                current = rec
-        return PrimaryView(per, idx, down, invalid, current)
+        current, conflict = newest_primary(per.values(), PrimaryRecord.initial(self.topology))
+        return PrimaryView(per, idx, down, invalid, current, self.majority, conflict)
 
-    async def cas_primary(self, view: PrimaryView, record: PrimaryRecord,
+    async def cas_primary(self, view: PrimaryView, record: PrimaryRecord, *,
+                          sessions: Mapping[str, str] | None = None,
                           ) -> tuple[list[str], dict[str, str]]:
         """Compare-and-set `record` in every datacenter `view` read (against the index read
-        there). `(regions written, region → why not)`: a lost CAS means someone else wrote
-        since `view` was taken."""
+        there); with `sessions`, only while this controller's session holds the leader lock
+        there (one transaction). `(datacenters written, datacenter → why not)`: a lost CAS
+        means someone else wrote since `view` was taken."""
         targets = [r for r in view.per_region if r not in view.unreachable]
 
-        async def one(region: str) -> bool:
+        async def one(region: str) -> bool | str:
             index = view.indexes[region]
             client = self.clients[region]
             if index < 0:  # an invalid value: replace it (read its index afresh)
-                _, entry = await client.kv_get(PRIMARY_KEY)
+                _, entry = await client.kv_get(PRIMARY_KEY, consistent=True)
                 index = entry.modify_index if entry else 0
-            return await write_primary(client, record, index)
+            if sessions is None:
+                return await write_primary(client, record, index)
+            session = sessions.get(region)
+            if session is None:
+                return "the leader lock is not held there"
+            res = await client.kv_put_held(PRIMARY_KEY, record.encode(), lock_key=LEADER_KEY,
+                                           session=session, cas=index)
+            return True if res.ok else f"refused: {res.why}"
 
         results = await asyncio.gather(*(one(r) for r in targets), return_exceptions=True)
         written: list[str] = []
@@ -191,21 +282,27 @@ class Datacenters:
                 written.append(region)
             elif res is False:
                 failed[region] = "compare-and-set lost (written meanwhile)"
-            elif isinstance(res, CrossdcError):
+            elif isinstance(res, str):
+                failed[region] = res
+            elif isinstance(res, CrossdcError) and not isinstance(res, ClientError):
                 failed[region] = str(res)
             elif (why := failure_of(res)) is not None:
                 failed[region] = why
         return written, failed
 
-    async def correct_stale(self, view: PrimaryView) -> list[str]:
+    async def correct_stale(self, view: PrimaryView, *,
+                            sessions: Mapping[str, str] | None = None) -> list[str]:
         """Write the newest record into the datacenters that hold an older one (a datacenter
         that comes back after a failover is corrected, never obeyed). Regions corrected."""
         stale = [r for r in view.stale if r not in view.unreachable]
         if not stale:
             return []
+        if view.conflict:
+            return []  # a conflict is resolved by a fence at a new epoch, never copied
         sub = PrimaryView({r: view.per_region[r] for r in stale},
-                          {r: view.indexes[r] for r in stale}, {}, view.invalid, view.current)
-        written, failed = await self.cas_primary(sub, view.current)
+                          {r: view.indexes[r] for r in stale}, {}, view.invalid, view.current,
+                          view.majority)
+        written, failed = await self.cas_primary(sub, view.current, sessions=sessions)
         for region in written:
             had = view.per_region[region]
             log.warning("primary_corrected", region=region, epoch=view.current.epoch,
@@ -214,6 +311,22 @@ class Datacenters:
         for region, why in failed.items():
             log.info("primary_correct_failed", region=region, error=why)
         return written
+
+
+def newest_primary(records: Iterable[PrimaryRecord | None], initial: PrimaryRecord
+                   ) -> tuple[PrimaryRecord, tuple[str, ...]]:
+    """`(the newest record, the regions named writable at its epoch when they differ)`. With
+    a conflict the newest is that epoch FENCED (no datacenter's word wins on its own)."""
+    present = [r for r in records if r is not None]
+    current = initial
+    for rec in present:
+        if rec.supersedes(current):
+            current = rec
+    named = sorted({r.region for r in present if r.epoch == current.epoch and not r.fenced})
+    if len(named) > 1:
+        fenced = current.model_copy(update={"fenced": True, "by": "conflict"})
+        return fenced, tuple(named)
+    return current, ()
 
 
 def newest(records: dict[str, M | None], key: Callable[[M], int]) -> M | None:

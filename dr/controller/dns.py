@@ -94,7 +94,9 @@ class DnsPublisher:
                     check={"CheckID": f"{sid}:health", "Name": f"{region.name} health "
                            "(crossdc controller)", "TTL": CHECK_TTL,
                            "Status": "passing"})
-        datacenter = self.topology.region(dc).consul.datacenter
+        # a witness's agent answers for the regions too (it has no Kafka of its own)
+        datacenter = next(d.consul.datacenter for d in self.topology.datacenters
+                          if d.name == dc)
         await client.query_upsert(PreparedQuery(
             # critical (down) instances are always left out; warning (degraded: Kafka
             # answers, the proxy does not) stays in, as in the tag lookups

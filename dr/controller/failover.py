@@ -6,10 +6,19 @@ mid-way is resumed by the next leader at the first step not done, to the same en
 
 Safety rules (each enforced here, each tested):
 - one epoch, at most one writable primary: the fence writes epoch + 1 with no writable
-  primary, the promote names the target at that same epoch; both by compare-and-set;
+  primary, the promote names the target at that same epoch; both by compare-and-set, bound
+  to the leader's lock session in each datacenter, and done only once written in a MAJORITY
+  of datacenters (regions and witnesses);
+- a failover fences only from the record it was decided on (`FailoverRecord.from_epoch` and
+  `source`): a stale request, or a deposed leader that wakes up mid-fence, finds the primary
+  moved on and fails instead of fencing the new primary;
+- the lease wait is measured on this process's monotonic clock from the fence it wrote (a
+  resumed failover waits the whole lease again): lease + longest write + margin;
+- every step has a time limit and every error in a step becomes that step's failure with
+  its reason (the leader retries it), never the end of the controller;
 - never zero writable regions after a completed failover: the record is `done` only once the
-  promote is written in at least one datacenter; a failover that stops after its fence is
-  resumed by the leader until it is;
+  promote is written in a majority; a failover that stops after its fence is resumed by the
+  leader until it is;
 - a target behind by more than `max_behind_records` / `max_behind_s` is refused unless
   `force`;
 - automatic changes wait `wait_period_s` after any change of primary, and never while the
@@ -20,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -33,8 +42,8 @@ from crossdc.primary import PrimaryRecord
 from crossdc.topology import Flow, Topology
 from dr.controller.acl import KafkaFence
 from dr.controller.config import ControllerSettings
-from dr.controller.datacenters import Datacenters
-from dr.controller.errors import FailoverRefused, StepFailed
+from dr.controller.datacenters import Datacenters, PrimaryView
+from dr.controller.errors import FailoverRefused, NotLeader, StepFailed
 from dr.controller.state import FailoverRecord, StepName, now_ms
 from mirror.errors import MirrorError
 from mirror.offsets import apply_offsets, group_members, translate_group
@@ -44,7 +53,10 @@ __all__ = ["Behind", "FailoverEngine", "behind"]
 
 log = structlog.get_logger("crossdc.controller.failover")
 
-Persist = Callable[[FailoverRecord], Awaitable[None]]
+Persist = Callable[[FailoverRecord], Awaitable[FailoverRecord]]
+
+STEP_ERRORS = (CrossdcError, KafkaError, OSError, TimeoutError)
+"""What a step may fail with: turned into the step's failure, never out of the controller."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,9 @@ class FailoverEngine:
                  publish_dns: Callable[[PrimaryRecord], Awaitable[None]] | None = None,
                  is_down: Callable[[str], bool] = lambda region: False,
                  guard: Callable[[], None] = lambda: None,
+                 sessions: Callable[[], Mapping[str, str]] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 majority: int | None = None,
                  ) -> None:
         self.topology = topology
         self.settings = settings
@@ -98,6 +113,15 @@ class FailoverEngine:
         self.guard = guard
         """Raises (NotLeader) when this controller may no longer act; checked before each
         step."""
+        self.sessions = sessions
+        """The leader's lock session per datacenter (every write is bound to it); None: an
+        unbound engine (tests, planning)."""
+        self.clock = clock
+        self.majority = majority if majority is not None else dcs.majority
+        """Datacenters the fence and the promote must be in (fewer only for an operator's
+        forced failover without a majority, which says so in its record)."""
+        self._fenced_at: dict[str, float] = {}
+        """Failover id → when (this process's monotonic clock) its fence reached a majority."""
         self.by = f"controller:{settings.controller_id}"
         self.kafka_fence = KafkaFence(topology)
         """The fence in Kafka (ACLs) of the regions with SASL/SCRAM (dr/controller/acl.py)."""
@@ -133,6 +157,13 @@ class FailoverEngine:
         if force:
             return lag
         f = self.settings.failover
+        if lag.records is not None and not lag.measured:
+            age_s = (now_ms() - lag.at_ms) / 1000
+            if age_s > f.lag_max_age_s:
+                raise FailoverRefused(
+                    "lag-too-old", f"{source} does not answer and the last measured lag of "
+                    f"{target} ({lag.records} record(s)) is {age_s:.0f} s old (bound "
+                    f"lag_max_age_s {f.lag_max_age_s:g} s); pass --force to fail over on it")
         if lag.records is None:
             raise FailoverRefused(
                 "target-behind", f"cannot tell how far {target} is behind {source} "
@@ -153,20 +184,23 @@ class FailoverEngine:
         """What each step would change (`--dry-run`)."""
         f = self.settings.failover
         fenced_epoch = current.epoch + 1
-        regions = ", ".join(r.name for r in self.topology.regions)
+        regions = ", ".join(d.name for d in self.topology.datacenters)
         return [
             f"fence: write crossdc/primary = {{region: {record.source}, epoch: "
-            f"{fenced_epoch}, fenced: true}} by compare-and-set in every reachable "
-            f"datacenter ({regions}); ordered and sync writes stop everywhere",
-            f"lease_wait: wait {f.primary_lease_s + f.lease_margin_s:g} s (primary_lease_s "
-            f"{f.primary_lease_s:g} + margin): no proxy can still write ordered records to "
+            f"{fenced_epoch}, fenced: true}} by compare-and-set, bound to the leader's lock, "
+            f"in a majority ({self.topology.majority}) of the datacenters ({regions}), only "
+            f"while it still names {current.region} at epoch {current.epoch}; ordered and "
+            f"sync writes stop everywhere",
+            f"lease_wait: wait {self.lease_wait_s:g} s (primary_lease_s "
+            f"{f.primary_lease_s:g} + primary_write_s {f.primary_write_s:g} + margin "
+            f"{f.lease_margin_s:g}): no proxy can still write ordered records to "
             f"{record.source}",
             f"drain: if {record.source} answers, wait up to {f.drain_timeout_s:g} s for the "
             f"mirror {record.source} → {record.target} to copy what is left",
             f"offsets: translate the committed offsets of consumer groups from "
             f"{record.source} and commit them in {record.target} (groups inactive there)",
             f"promote: write crossdc/primary = {{region: {record.target}, epoch: "
-            f"{fenced_epoch}, fenced: false}} in every reachable datacenter",
+            f"{fenced_epoch}, fenced: false}} in a majority of the datacenters",
             f"dns: tag {record.target}'s kafka service `primary`, untag {record.source}'s; "
             f"the prepared query kafka-primary answers {record.target}",
             "report: record RTO, RPO and the step timings in crossdc/controller/failover",
@@ -187,60 +221,126 @@ class FailoverEngine:
             if step.status != "running":
                 record = record.with_step(name, status="running", started_ms=now_ms(),
                                           detail="")
-                await self.persist(record)
+                record = await self.persist(record)
             t0 = time.monotonic()
             try:
-                record = await steps[name](record)
-            except StepFailed as exc:
-                blog.error("failover_step_failed", step=name, error=str(exc))
+                async with asyncio.timeout(self.step_limit_s(name)):
+                    record = await steps[name](record)
+            except NotLeader:
+                raise
+            except (StepFailed, *STEP_ERRORS) as exc:
+                if isinstance(exc, TimeoutError) and not str(exc):
+                    why = f"step {name}: not done within {self.step_limit_s(name):g} s"
+                elif isinstance(exc, StepFailed):
+                    why = str(exc)
+                else:
+                    why = f"step {name}: {exc.__class__.__name__}: {exc}"
+                blog.error("failover_step_failed", step=name, error=why)
                 record = record.with_step(name, status="failed", ended_ms=now_ms(),
-                                          detail=str(exc))
-                record = record.model_copy(update={"state": "failed", "error": str(exc),
+                                          detail=why)
+                record = record.model_copy(update={"state": "failed", "error": why,
                                                    "ended_ms": now_ms()})
-                await self.persist(record)
+                record = await self.persist(record)
                 return record
             if record.step(name).status == "running":
                 record = record.with_step(name, status="done", ended_ms=now_ms())
             blog.info("failover_step_done", step=name, epoch=record.epoch,
                       seconds=round(time.monotonic() - t0, 3),
                       status=record.step(name).status, detail=record.step(name).detail)
-            await self.persist(record)
+            record = await self.persist(record)
         return record
 
+    @property
+    def lease_wait_s(self) -> float:
+        """How long after the fence no proxy can still be writing to the old primary."""
+        f = self.settings.failover
+        return f.primary_lease_s + f.primary_write_s + f.lease_margin_s
+
+    def step_limit_s(self, name: StepName) -> float:
+        """The time limit of one step."""
+        f = self.settings.failover
+        if name == "lease_wait":
+            return self.lease_wait_s + f.step_timeout_s
+        if name == "drain":
+            return f.drain_timeout_s + f.measure_timeout_s + 5.0
+        if name == "offsets":
+            return f.offsets_timeout_s + 5.0
+        return f.step_timeout_s
+
+    def _sessions(self) -> Mapping[str, str] | None:
+        return None if self.sessions is None else self.sessions()
+
+    async def _write_majority(self, step: str, view: PrimaryView, record: PrimaryRecord
+                              ) -> tuple[list[str], dict[str, str]]:
+        """CAS `record` where `view` was read, bound to the leader's lock; raises StepFailed
+        unless a majority holds it afterwards (written now, or already)."""
+        written, failed = await self.dcs.cas_primary(view, record, sessions=self._sessions())
+        already = [r for r, rec in view.per_region.items() if rec == record]
+        holding = sorted(set(written) | set(already))
+        if len(holding) < self.majority:
+            raise StepFailed(step, f"epoch {record.epoch} ({record.region}, fenced="
+                             f"{record.fenced}) is in {len(holding)} datacenter(s) "
+                             f"({', '.join(holding) or 'none'}), a majority is "
+                             f"{self.majority}; not in " + "; ".join(
+                                 f"{r}: {e}" for r, e in failed.items()))
+        return holding, failed
+
     async def _fence(self, rec: FailoverRecord) -> FailoverRecord:
-        for _ in range(3):
-            view = await self.dcs.primary()
-            cur = view.current
-            if rec.epoch is not None and cur.epoch >= rec.epoch:
-                # Resumed: our fence (or something newer) is already there.
-                if cur.epoch > rec.epoch or (not cur.fenced and cur.region != rec.target):
-                    raise StepFailed("fence", f"crossdc/primary moved on to epoch "
-                                     f"{cur.epoch} ({cur.region}) meanwhile")
-                return rec.with_step("fence", detail=f"epoch {rec.epoch} already fenced")
-            if not view.per_region and view.unreachable:
-                raise StepFailed("fence", "no datacenter answers: "
-                                 + "; ".join(f"{r}: {e}" for r, e in view.unreachable.items()))
-            fenced = cur.fence(self.by)
-            written, failed = await self.dcs.cas_primary(view, fenced)
-            if written:
-                detail = f"epoch {fenced.epoch} fenced in {', '.join(written)}"
-                if failed:
-                    detail += "; not in " + ", ".join(f"{r} ({e})" for r, e in failed.items())
-                detail += await self.kafka_fence.on_fence(
-                    rec.source, reachable=not self.is_down(rec.source))
-                return rec.model_copy(update={"epoch": fenced.epoch}).with_step(
-                    "fence", detail=detail)
-            # Every CAS lost: someone wrote meanwhile; look again.
-        raise StepFailed("fence", "compare-and-set lost three times in a row")
+        f = self.settings.failover
+        view = await self.dcs.primary()
+        if len(view.per_region) < self.majority:
+            raise StepFailed("fence", f"{len(view.per_region)} of {len(self.dcs.clients)} "
+                             f"datacenters answer, a majority is {self.majority}: "
+                             + "; ".join(f"{r}: {e}" for r, e in view.unreachable.items()))
+        cur = view.current
+        if rec.epoch is not None:
+            # Resumed: our fence was written somewhere; make sure a majority holds it.
+            if cur.epoch > rec.epoch or (cur.epoch == rec.epoch and not cur.fenced
+                                         and cur.region != rec.target):
+                raise StepFailed("fence", f"crossdc/primary moved on to epoch {cur.epoch} "
+                                 f"({cur.region}) meanwhile")
+            if cur.epoch == rec.epoch and not cur.fenced:
+                return rec.with_step("fence", detail=f"epoch {rec.epoch} already promoted")
+            fenced = cur if cur.epoch == rec.epoch else PrimaryRecord(
+                region=rec.source, epoch=rec.epoch, by=self.by, fenced=True,
+                lease_s=f.primary_lease_s, write_s=f.primary_write_s)
+        else:
+            base = rec.from_epoch if rec.from_epoch is not None else cur.epoch
+            if cur.epoch != base or (cur.region != rec.source and not view.conflict):
+                raise StepFailed("fence", f"decided on epoch {base} ({rec.source}), but the "
+                                 f"primary record is at epoch {cur.epoch} ({cur.region}, "
+                                 f"fenced={cur.fenced}) now: nothing fenced")
+            # Above every epoch any datacenter holds (a conflict's too).
+            top = max([r.epoch for r in view.per_region.values() if r is not None]
+                      + [cur.epoch])
+            fenced = cur.fence(self.by, lease_s=f.primary_lease_s, write_s=f.primary_write_s,
+                               epoch=top + 1)
+        rec = rec.model_copy(update={"epoch": fenced.epoch,
+                                     "from_epoch": rec.from_epoch if rec.from_epoch is not None
+                                     else cur.epoch})
+        holding, failed = await self._write_majority("fence", view, fenced)
+        self._fenced_at[rec.id] = self.clock()
+        detail = f"epoch {fenced.epoch} fenced in {', '.join(holding)}"
+        if failed:
+            detail += "; not in " + ", ".join(f"{r} ({e})" for r, e in failed.items())
+        detail += await self.kafka_fence.on_fence(
+            rec.source, reachable=not self.is_down(rec.source))
+        return rec.with_step("fence", detail=detail)
 
     async def _lease_wait(self, rec: FailoverRecord) -> FailoverRecord:
         f = self.settings.failover
-        fenced_at = rec.step("fence").ended_ms or rec.step("fence").started_ms or now_ms()
-        until = fenced_at + int((f.primary_lease_s + f.lease_margin_s) * 1000)
-        left = (until - now_ms()) / 1000
+        fenced_at = self._fenced_at.get(rec.id)
+        resumed = fenced_at is None
+        # Another process wrote the fence (or this one restarted): its time is not ours to
+        # trust, so the whole wait starts now.
+        start = self.clock() if fenced_at is None else fenced_at
+        left = start + self.lease_wait_s - self.clock()
         if left > 0:
             await asyncio.sleep(left)  # the lease is a time bound by design: wait it out
-        return rec.with_step("lease_wait", detail=f"{f.primary_lease_s:g} s lease run out")
+        return rec.with_step("lease_wait", detail=(
+            f"{f.primary_lease_s:g} s lease + {f.primary_write_s:g} s longest write + "
+            f"{f.lease_margin_s:g} s run out" + (" (resumed: waited in full)" if resumed
+                                                 else "")))
 
     async def _drain(self, rec: FailoverRecord) -> FailoverRecord:
         f = self.settings.failover
@@ -284,48 +384,53 @@ class FailoverEngine:
                                  detail=f"{rec.source} does not answer ({exc!r}); the "
                                  "offsets the standby sync applied stand")
         moved, notes = 0, []
-        for group in groups:
+        deadline = self.clock() + self.settings.failover.offsets_timeout_s
+        for i, group in enumerate(groups):
+            left = deadline - self.clock()
+            if left <= 0:
+                notes.append(f"{len(groups) - i} group(s) not reached within "
+                             f"{self.settings.failover.offsets_timeout_s:g} s (the standby "
+                             "sync's offsets stand)")
+                break
             try:
-                _, members = await group_members(dst, group)
-                if members:
-                    notes.append(f"{group}: active in {rec.target}, left as is")
-                    continue
-                rows = await translate_group(group, rec.source, src, dst)
-                if await apply_offsets(group, dst, rows):
-                    moved += 1
-            except MirrorError as exc:
-                notes.append(f"{group}: {exc}")
+                async with asyncio.timeout(left):
+                    _, members = await group_members(dst, group)
+                    if members:
+                        notes.append(f"{group}: active in {rec.target}, left as is")
+                        continue
+                    rows = await translate_group(group, rec.source, src, dst)
+                    if await apply_offsets(group, dst, rows):
+                        moved += 1
+            except (MirrorError, *STEP_ERRORS) as exc:
+                notes.append(f"{group}: {exc.__class__.__name__}: {exc}")
         detail = f"{moved} group(s) moved" + (f"; {'; '.join(notes)}" if notes else "")
         return rec.model_copy(update={"groups_moved": moved}).with_step("offsets",
                                                                         detail=detail)
 
     async def _promote(self, rec: FailoverRecord) -> FailoverRecord:
         assert rec.epoch is not None
-        for _ in range(3):
-            view = await self.dcs.primary()
-            cur = view.current
-            if cur.epoch == rec.epoch and not cur.fenced:
-                if cur.region != rec.target:
-                    raise StepFailed("promote", f"epoch {rec.epoch} names {cur.region}")
-                if not view.stale:
-                    return rec.with_step("promote", detail=f"{rec.target} already primary at "
-                                         f"epoch {rec.epoch}")
-                await self.dcs.correct_stale(view)
-                return rec.with_step("promote", detail=f"{rec.target} primary at epoch "
-                                     f"{rec.epoch} (stale datacenters corrected)")
-            if cur.epoch != rec.epoch or not cur.fenced:
-                raise StepFailed("promote", f"expected epoch {rec.epoch} fenced, found "
-                                 f"epoch {cur.epoch} ({cur.region}, fenced={cur.fenced})")
-            promoted = cur.promote(rec.target, self.by)
-            lifted = await self.kafka_fence.on_promote(rec.target)  # before it is named
-            written, failed = await self.dcs.cas_primary(view, promoted)
-            if written:
-                detail = f"{rec.target} primary at epoch {rec.epoch} in {', '.join(written)}"
-                detail += lifted
-                if failed:
-                    detail += "; not yet in " + ", ".join(failed)
-                return rec.with_step("promote", detail=detail)
-        raise StepFailed("promote", "compare-and-set lost three times in a row")
+        view = await self.dcs.primary()
+        if len(view.per_region) < self.majority:
+            raise StepFailed("promote", f"{len(view.per_region)} of {len(self.dcs.clients)} "
+                             f"datacenters answer, a majority is {self.majority}")
+        cur = view.current
+        if cur.epoch == rec.epoch and not cur.fenced:
+            if cur.region != rec.target:
+                raise StepFailed("promote", f"epoch {rec.epoch} names {cur.region}")
+            holding, _ = await self._write_majority("promote", view, cur)
+            return rec.with_step("promote", detail=f"{rec.target} primary at epoch "
+                                 f"{rec.epoch} in {', '.join(holding)}")
+        if cur.epoch != rec.epoch or not cur.fenced:
+            raise StepFailed("promote", f"expected epoch {rec.epoch} fenced, found "
+                             f"epoch {cur.epoch} ({cur.region}, fenced={cur.fenced})")
+        promoted = cur.promote(rec.target, self.by)
+        lifted = await self.kafka_fence.on_promote(rec.target)  # before it is named
+        holding, failed = await self._write_majority("promote", view, promoted)
+        detail = f"{rec.target} primary at epoch {rec.epoch} in {', '.join(holding)}"
+        detail += lifted
+        if failed:
+            detail += "; not yet in " + ", ".join(failed)
+        return rec.with_step("promote", detail=detail)
 
     async def _dns(self, rec: FailoverRecord) -> FailoverRecord:
         if self.publish_dns is None:

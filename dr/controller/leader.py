@@ -1,30 +1,35 @@
-"""The leader lock: one controller leads, across every region's Consul datacenter.
+"""The leader lock: one controller leads, and only with a majority of datacenters.
 
 Consul KV is per datacenter, so the lock key (`crossdc/controller/leader`) is taken in every
-datacenter the controller reaches, always in topology order (so two contenders never deadlock:
-whoever takes the first reachable one wins, the other lets go of what it holds). A controller
-leads while it holds the key in every datacenter it reaches, its own included.
+datacenter the controller reaches (the regions' and the witnesses'), always in topology order
+so two contenders never deadlock: whoever takes the first contested one wins, the other lets
+go of what it holds. A controller leads while it holds the key in a MAJORITY of datacenters
+(`Topology.majority`), each confirmed recently (below). Two sides of a partition can never
+both lead: each lock is exclusive in its datacenter and two majorities share one.
 
-Takeover time: each lock is held by a Consul session tied to the controller's own service
-check, a TTL check it passes every `check_ttl_s / 3`. Killed, the controller stops passing;
-`check_ttl_s` later the check is critical, Consul ends the session at once and releases the
-lock, and after `lock_delay_s` the next controller takes it: about check_ttl_s + lock_delay_s
-+ one retry interval (5 + 1 + 0.5 s by default, inside the 15 s target with room for a
-loaded machine). A session TTL alone could not do it: Consul's minimum TTL is 10 s and it
-waits up to twice the TTL; the session's own TTL (renewed every beat) is only a backstop.
+Every write the leader makes is a Consul transaction that checks its session still holds the
+lock in that datacenter (`Datacenters.put_all(..., sessions=)`), so a controller that was
+deposed while paused (SIGSTOP, GC, a slow host) can no longer write anything when it wakes.
 
-In a partition that cuts the datacenters apart, each side's controller holds the lock in the
-datacenters it reaches: two leaders, each writing only its side. A controller that cannot
-reach its own datacenter holds no lock anywhere (it could not lead, and would keep the others
-from it). The primary record's epochs
-keep that safe (the fence bumps the epoch; the higher one wins when the sides meet again);
-see runbooks/split-brain.md.
+Takeover time, and when a leader stops. Each lock is held by a Consul session tied to the
+controller's own service check, a TTL check it passes every beat (`check_ttl_s / 3`, at most
+`retry_interval_s`). Cut off from a datacenter, the controller stops passing there;
+`check_ttl_s` after the last pass that reached it the check is critical, Consul ends the
+session and releases the lock, and after `lock_delay_s` another controller may take it:
+another leader needs at least check_ttl_s + lock_delay_s after our last pass. This controller
+counts a datacenter as held only for `check_ttl_s - hold_margin_s` after the beat that last
+reached it was SENT (monotonic clock: only a bound on clock rate is assumed, none on clock
+offset), so `leading` turns false before anyone else can lead: it stops starting steps, and
+its writes are refused by the transactions anyway. About check_ttl_s + lock_delay_s + one
+retry (5 + 1 + 0.5 s by default) after the leader dies, the next one leads.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 
 import structlog
 
@@ -39,84 +44,131 @@ log = structlog.get_logger("crossdc.controller.leader")
 
 SERVICE = "crossdc-controller"
 
+HOLD_MARGIN_S = 1.0
+"""A lock counts as held this long less than the check's TTL after the beat that renewed it
+(the Consul server may see the beat a little after it was sent; clocks drift)."""
+
 
 class LeaderLock:
     """Take and keep the leader lock; `leading` says whether this controller leads now."""
 
     def __init__(self, dcs: Datacenters, settings: LeaderSettings, me: LeaderRecord,
-                 address: tuple[str, int] = ("127.0.0.1", 0)) -> None:
+                 address: tuple[str, int] = ("127.0.0.1", 0),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.dcs = dcs
         self.settings = settings
         self.me = me
         self._address = address
+        self._clock = clock
         self._check_id = f"{SERVICE}-{me.controller_id}"
         self._sessions: dict[str, str] = {}
         self._registered: set[str] = set()
-        self._held: set[str] = set()
+        self._held_at: dict[str, float] = {}
+        """Datacenter → when the beat that last confirmed our lock there was sent."""
         self._reachable: set[str] = set()
-        self.leading = False
+        self._leading = False
         self.changed = asyncio.Event()
         """Set whenever `leading` flips (the controller clears it after looking)."""
+        self.why_not = "not started"
+        """Why this controller does not lead now ("" when it does)."""
         self._log = log.bind(controller=me.controller_id, region=me.region)
 
     @property
     def order(self) -> list[str]:
-        return [r.name for r in self.dcs.topology.regions]
+        return list(self.dcs.clients)
+
+    @property
+    def majority(self) -> int:
+        return self.dcs.majority
+
+    @property
+    def hold_s(self) -> float:
+        """How long after a confirming beat a datacenter's lock counts as held."""
+        return max(0.5, self.settings.check_ttl_s - HOLD_MARGIN_S)
+
+    @property
+    def held(self) -> set[str]:
+        """Datacenters whose lock this controller holds, confirmed within `hold_s`."""
+        now = self._clock()
+        return {dc for dc, at in self._held_at.items()
+                if dc in self._sessions and now - at < self.hold_s}
+
+    @property
+    def sessions(self) -> dict[str, str]:
+        """Datacenter → our lock session, where the lock is held now (what bound writes
+        check)."""
+        held = self.held
+        return {dc: s for dc, s in self._sessions.items() if dc in held}
+
+    @property
+    def leading(self) -> bool:
+        """Whether the lock is held in a majority now (turns false on its own, between
+        rounds, as the confirmations age)."""
+        leading = self._leading and len(self.held) >= self.majority
+        if self._leading and not leading:
+            self._flip(False, "the lock's majority is no longer confirmed")
+        return leading
 
     async def run(self, stop: asyncio.Event) -> None:
         """Beat and contend until `stop`; then give the lock up."""
-        beat = self.settings.check_ttl_s / 3
+        beat = min(self.settings.check_ttl_s / 3, self.settings.retry_interval_s)
         try:
             while not stop.is_set():
                 await self.round()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), min(beat,
-                                                            self.settings.retry_interval_s))
+                    await asyncio.wait_for(stop.wait(), beat)
         finally:
             await asyncio.shield(self.release())
 
     async def round(self) -> None:
         """One beat: pass our check everywhere, then take (or keep) the lock in order."""
-        beats = await asyncio.gather(*(self._beat(r) for r in self.order))
-        reachable = {r for r, ok in zip(self.order, beats, strict=True) if ok}
+        sent = self._clock()
+        beats = await asyncio.gather(*(self._beat(dc) for dc in self.order))
+        reachable = {dc for dc, ok in zip(self.order, beats, strict=True) if ok}
         self._reachable = reachable
-        holding: set[str] = set()
-        lost = self.me.region not in reachable
-        if lost:
-            # Cut off from our own datacenter we cannot lead, and a lock we keep elsewhere
-            # would stop the controllers that can (the chaos suite's partition: the cut
-            # region's controller still held the other datacenters' keys, so nobody led and
-            # nothing failed over until the heal).
-            for region in list(self._sessions):
-                await self._release_one(region)
-        for region in self.order:
-            if region not in reachable:
+        if len(reachable) < self.majority:
+            # No majority reachable: nobody here can lead, and locks we keep would only
+            # slow down a controller on a majority side when the partition heals.
+            for dc in list(self._sessions):
+                await self._release_one(dc)
+            self._flip(False, f"reaches {len(reachable)} of {len(self.order)} datacenters "
+                       f"({', '.join(sorted(reachable)) or 'none'}); a majority is "
+                       f"{self.majority}")
+            return
+        contested = False
+        for dc in self.order:
+            if dc not in reachable:
                 continue
-            if lost:
-                break
-            ok = await self._acquire(region)
-            if ok:
-                holding.add(region)
+            if await self._acquire(dc):
+                self._held_at[dc] = sent
             else:
-                lost = True
-        if lost:
-            # Someone else holds an earlier datacenter: let go of the later ones, so that
-            # controller can take them.
-            for region in holding:
-                await self._release_one(region)
-            holding = set()
-        self._held = holding
-        leading = bool(holding) and holding == reachable and self.me.region in holding
-        if leading != self.leading:
-            self.leading = leading
-            self.changed.set()
-            self._log.warning("leadership_changed", leading=leading,
-                              held=sorted(holding), reachable=sorted(reachable))
+                contested = True
+                break
+        if contested:
+            # Someone else holds an earlier datacenter: let go of what we hold, so the
+            # controller that got there first can take a majority.
+            for dc in list(self._sessions):
+                await self._release_one(dc)
+        held = self.held
+        if len(held) >= self.majority:
+            self._flip(True, "")
+        else:
+            self._flip(False, "another controller holds the lock" if contested else
+                       f"holds {len(held)} of the {self.majority} datacenters a majority needs")
 
-    async def _beat(self, region: str) -> bool:
-        client = self.dcs.client(region)
+    def _flip(self, leading: bool, why: str) -> None:
+        self.why_not = why
+        if leading != self._leading:
+            self._leading = leading
+            self.changed.set()
+            self._log.warning("leadership_changed", leading=leading, why=why or None,
+                              held=sorted(self.held), reachable=sorted(self._reachable),
+                              majority=self.majority)
+
+    async def _beat(self, dc: str) -> bool:
+        client = self.dcs.client(dc)
         try:
-            if region not in self._registered:
+            if dc not in self._registered:
                 host, port = self._address
                 ttl = f"{self.settings.check_ttl_s:g}s"
                 await client.register_service(
@@ -125,57 +177,60 @@ class LeaderLock:
                     meta={"region": self.me.region, "controller": self.me.controller_id},
                     check={"CheckID": self._check_id, "Name": "controller heartbeat",
                            "TTL": ttl, "DeregisterCriticalServiceAfter": "1m"})
-                self._registered.add(region)
+                self._registered.add(dc)
             await client.check_pass(self._check_id, "beat")
             return True
         except ClientError as exc:
-            self._registered.discard(region)
-            self._sessions.pop(region, None)
-            self._log.debug("leader_beat_failed", dc=region, error=str(exc))
+            self._registered.discard(dc)
+            self._sessions.pop(dc, None)
+            self._held_at.pop(dc, None)
+            self._log.debug("leader_beat_failed", dc=dc, error=str(exc))
             return False
 
-    async def _acquire(self, region: str) -> bool:
-        client = self.dcs.client(region)
+    async def _acquire(self, dc: str) -> bool:
+        client = self.dcs.client(dc)
         try:
-            session = self._sessions.get(region)
+            session = self._sessions.get(dc)
             # Renewed every beat: the TTL is a backstop for a controller whose check lingers.
             if session is not None and not await client.session_renew(session):
                 session = None
+                self._held_at.pop(dc, None)
             if session is None:
                 session = await client.session_create(
                     f"crossdc-controller-leader ({self.me.controller_id})",
                     ttl_s=self.settings.session_ttl_s,
                     lock_delay_s=self.settings.lock_delay_s, behavior="release",
                     checks=[], service_checks=[self._check_id])
-                self._sessions[region] = session
-            return await client.kv_acquire(LEADER_KEY, session,
-                                           self.me.model_dump_json().encode())
+                self._sessions[dc] = session
+            ok = await client.kv_acquire(LEADER_KEY, session,
+                                         self.me.model_dump_json().encode())
+            if not ok:
+                self._held_at.pop(dc, None)
+            return ok
         except ClientError as exc:
-            self._log.debug("leader_acquire_failed", dc=region, error=str(exc))
+            self._log.debug("leader_acquire_failed", dc=dc, error=str(exc))
             return False
 
-    async def _release_one(self, region: str) -> None:
-        session = self._sessions.pop(region, None)
+    async def _release_one(self, dc: str) -> None:
+        self._held_at.pop(dc, None)
+        session = self._sessions.pop(dc, None)
         if session is None:
             return
         try:
-            await self.dcs.client(region).session_destroy(session)
+            await self.dcs.client(dc).session_destroy(session)
         except ClientError as exc:
-            self._log.debug("leader_release_failed", dc=region, error=str(exc))
+            self._log.debug("leader_release_failed", dc=dc, error=str(exc))
 
     async def release(self) -> None:
         """Give the lock up everywhere and deregister the heartbeat (clean stop: the next
         controller takes over after the lock-delay, without waiting for the check TTL)."""
-        for region in list(self._sessions):
-            await self._release_one(region)
-        for region in list(self._registered):
+        self._flip(False, "stopped")
+        for dc in list(self._sessions):
+            await self._release_one(dc)
+        for dc in list(self._registered):
             with contextlib.suppress(ClientError):
-                await self.dcs.client(region).deregister_service(self._check_id)
+                await self.dcs.client(dc).deregister_service(self._check_id)
         self._registered.clear()
-        self._held = set()
-        if self.leading:
-            self.leading = False
-            self.changed.set()
 
     async def holder(self) -> dict[str, LeaderRecord | None]:
         """Who holds the lock in each datacenter that answers."""

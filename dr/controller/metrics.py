@@ -76,6 +76,20 @@ class ControllerMetrics:
                                     "failover did not start, by reason.", ["reason"],
                                     registry=r)
 
+        self.datacenters_answering = Gauge(
+            "crossdc_controller_datacenters_answering", "Consul datacenters (regions and "
+            "witnesses) that answered this controller's last read of the primary record.",
+            registry=r)
+        self.datacenters_majority = Gauge(
+            "crossdc_controller_datacenters_majority", "How many datacenters make a majority "
+            "(leadership, the fence and the promote need that many).", registry=r)
+        self.has_majority = Gauge(
+            "crossdc_controller_has_majority", "1 while this controller reaches a majority of "
+            "datacenters (0: it can neither lead nor fail over automatically).", registry=r)
+        self.lag_age = Gauge("crossdc_controller_mirror_lag_age_seconds",
+                             "Age of the mirror-lag figure an automatic failover would use.",
+                             ["source", "target"], registry=r)
+
     def set_gate(self, closed: bool, at_ms: int) -> None:
         """The gate as the leader read it (`at_ms`: when it was last opened or closed)."""
         self.gate_closed.set(1 if closed else 0)

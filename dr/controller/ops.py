@@ -18,7 +18,7 @@ from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings
 from dr.controller.datacenters import Datacenters, PrimaryView
-from dr.controller.errors import ControllerError, FailoverInProgress, NotLeader
+from dr.controller.errors import ControllerError, FailoverInProgress, FailoverRefused, NotLeader
 from dr.controller.failover import Behind, FailoverEngine
 from dr.controller.state import (
     FAILOVER_KEY,
@@ -29,6 +29,7 @@ from dr.controller.state import (
     GateRecord,
     LeaderRecord,
     RegionHealth,
+    newest_failover_of,
     now_ms,
 )
 
@@ -36,6 +37,7 @@ __all__ = [
     "ControllerView",
     "Plan",
     "controller_view",
+    "execute_forced",
     "follow",
     "leader_of",
     "newest_failover",
@@ -54,9 +56,9 @@ class Plan:
 
 
 async def newest_failover(dcs: Datacenters) -> FailoverRecord | None:
+    """The newest failover record (by the epoch it fences from, then its sequence)."""
     records, _ = await dcs.read_all(FAILOVER_KEY, FailoverRecord)
-    return max((r for r in records.values() if r is not None), key=lambda r: r.updated_ms,
-               default=None)
+    return newest_failover_of(records.values())
 
 
 async def leader_of(dcs: Datacenters) -> LeaderRecord | None:
@@ -75,8 +77,19 @@ async def plan_failover(topology: Topology, dcs: Datacenters, settings: Controll
                         target: str | None, *, kind: str = "failover", force: bool = False,
                         reason: str = "", by: str = "operator") -> Plan:
     """Check a failover to `target` (failback: to the source of the last failover) and say
-    what it would do. Raises FailoverRefused / FailoverInProgress."""
+    what it would do. Raises FailoverRefused / FailoverInProgress. Without a majority of
+    datacenters answering it is refused unless `force`; forced, the risk is named in the
+    plan's record (`risk`)."""
     view = await dcs.primary()
+    risks: list[str] = []
+    if not view.has_majority:
+        why = (f"only {len(view.per_region)} of {len(dcs.clients)} datacenters answer "
+               f"({', '.join(view.answered) or 'none'}; a majority is {view.majority})")
+        if not force:
+            raise FailoverRefused("no-majority", f"{why}: the other side may fail over on its "
+                                  "own; pass --force to take the risk of two primaries")
+        risks.append(f"{why}: if the others are alive and fail over too, two regions take "
+                     "ordered writes until the partition heals")
     running = await newest_failover(dcs)
     if running is not None and running.state == "running":
         raise FailoverInProgress(f"failover {running.id} ({running.source} → "
@@ -90,21 +103,62 @@ async def plan_failover(topology: Topology, dcs: Datacenters, settings: Controll
     source = view.current.region
     engine = FailoverEngine(topology, settings, dcs, _no_persist)
     lag = await engine.check(source, target, force)
+    if force:
+        f = settings.failover
+        if lag.records is None:
+            risks.append(f"how far {target} is behind {source} is unknown")
+        elif lag.records > f.max_behind_records:
+            risks.append(f"{target} is {lag.records} record(s) behind {source} (they stay "
+                         "in the divergent tail)")
     record = FailoverRecord(kind="failback" if kind == "failback" else "failover",
                             source=source, target=target, reason=reason, requested_by=by,
-                            force=force)
+                            force=force, from_epoch=view.current.epoch,
+                            risk="; ".join(risks))
     return Plan(record, view, lag, engine.plan(record, view.current))
 
 
-async def _no_persist(record: FailoverRecord) -> None:
+async def _no_persist(record: FailoverRecord) -> FailoverRecord:
     raise AssertionError("planning never persists")
 
 
 async def start_failover(dcs: Datacenters, plan: Plan) -> None:
-    """Write the failover record: the leading controller picks it up and executes it."""
-    errors = await dcs.put_all(FAILOVER_KEY, plan.record)
-    if len(errors) == len(dcs.clients):
-        raise ControllerError("no datacenter answers: " + "; ".join(errors.values()))
+    """Create the failover record by compare-and-set (so a request never overwrites a
+    failover that started since it was planned): the leading controller picks it up and
+    executes it. Raises FailoverInProgress when one did."""
+    found, errors = await dcs.read_indexed(FAILOVER_KEY, FailoverRecord)
+    for dc, (_, rec) in found.items():
+        if rec is not None and rec.state == "running":
+            raise FailoverInProgress(f"failover {rec.id} ({rec.source} → {rec.target}) started "
+                                     f"meanwhile (seen in {dc}); `dr status` follows it")
+        if rec is not None and rec.order > plan.record.order:
+            raise FailoverInProgress(f"failover {rec.id} ({rec.source} → {rec.target}, "
+                                     f"{rec.state}) was recorded meanwhile; plan again")
+    written, failed = await dcs.put_all(FAILOVER_KEY, plan.record,
+                                        cas={dc: idx for dc, (idx, _) in found.items()})
+    needed = dcs.majority if plan.view.has_majority else 1
+    if len(written) < needed:
+        raise ControllerError(f"the failover record is in {len(written)} datacenter(s), "
+                              f"{needed} needed: " + "; ".join(
+                                  f"{r}: {e}" for r, e in {**errors, **failed}.items()))
+
+
+async def execute_forced(topology: Topology, dcs: Datacenters, settings: ControllerSettings,
+                         plan: Plan) -> FailoverRecord:
+    """An operator's forced failover with no majority answering: no controller can lead, so
+    this command executes it, with the datacenters that answer standing for the majority
+    (the record's `risk` says what that risks)."""
+    answering = len(plan.view.per_region)
+
+    async def persist(record: FailoverRecord) -> FailoverRecord:
+        record = record.model_copy(update={"seq": record.seq + 1})
+        written, failed = await dcs.put_all(FAILOVER_KEY, record)
+        if not written:
+            raise ControllerError("no datacenter answers: " + "; ".join(failed.values()))
+        return record
+
+    engine = FailoverEngine(topology, settings, dcs, persist, majority=answering)
+    record = await persist(plan.record)
+    return await engine.execute(record)
 
 
 async def follow(dcs: Datacenters, failover_id: str, timeout_s: float,
@@ -136,10 +190,18 @@ async def follow(dcs: Datacenters, failover_id: str, timeout_s: float,
 
 
 async def set_gate(dcs: Datacenters, closed: bool, by: str, reason: str) -> dict[str, str]:
-    gate = GateRecord(closed=closed, by=by, reason=reason, at_ms=now_ms())
-    errors = await dcs.put_all(GATE_KEY, gate)
-    if len(errors) == len(dcs.clients):
-        raise ControllerError("no datacenter answers: " + "; ".join(errors.values()))
+    """Open or close the gate: sequence one above every gate seen, by compare-and-set in a
+    majority (the newest gate is the highest sequence, never the latest wall clock)."""
+    found, errors = await dcs.read_indexed(GATE_KEY, GateRecord)
+    seq = max((g.seq for _, g in found.values() if g is not None), default=0) + 1
+    gate = GateRecord(closed=closed, by=by, reason=reason, at_ms=now_ms(), seq=seq)
+    written, failed = await dcs.put_all(GATE_KEY, gate,
+                                        cas={dc: idx for dc, (idx, _) in found.items()})
+    errors = {**errors, **failed}
+    if len(written) < dcs.majority:
+        raise ControllerError(f"the gate is in {len(written)} datacenter(s), a majority is "
+                              f"{dcs.majority}: " + "; ".join(f"{r}: {e}" for r, e in
+                                                              errors.items()))
     return errors
 
 
@@ -166,7 +228,7 @@ async def controller_view(dcs: Datacenters) -> ControllerView:
     """Read everything `dr status` shows of the controllers, from every datacenter."""
     view = await dcs.primary()
     gates, _ = await dcs.read_all(GATE_KEY, GateRecord)
-    gate = max((g for g in gates.values() if g is not None), key=lambda g: g.at_ms,
+    gate = max((g for g in gates.values() if g is not None), key=lambda g: (g.seq, g.at_ms),
                default=GateRecord())
     health: dict[str, RegionHealth] = {}
     for region in (r.name for r in dcs.topology.regions):

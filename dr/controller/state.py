@@ -5,27 +5,32 @@
     crossdc/controller/gate              GateRecord: closed → no automatic failover
     crossdc/controller/failover          FailoverRecord: the failover under way or the last one
     crossdc/controller/health/<region>   RegionHealth as the leader last judged it
+    crossdc/controller/lag/<src>-<dst>   LagRecord: the mirror lag the leader last measured
 
-Consul KV is per datacenter: writers write every datacenter they reach; readers take the
-newest (`FailoverRecord.updated_ms`, `PrimaryRecord.supersedes`).
+Consul KV is per datacenter: writers write every datacenter they reach (the leader's writes
+are transactions bound to its lock session there); readers take the newest by order, never
+by wall clock: `FailoverRecord.order` (the epoch it fences from, then its sequence number),
+`GateRecord.seq`, `PrimaryRecord.supersedes`.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["FAILOVER_KEY", "GATE_KEY", "HEALTH_PREFIX", "LEADER_KEY", "STEPS", "CheckResult",
-           "FailoverRecord", "GateRecord", "LeaderRecord", "RegionHealth", "StepRecord",
-           "now_ms"]
+__all__ = ["FAILOVER_KEY", "GATE_KEY", "HEALTH_PREFIX", "LAG_PREFIX", "LEADER_KEY", "STEPS",
+           "CheckResult", "FailoverRecord", "GateRecord", "LagRecord", "LeaderRecord",
+           "RegionHealth", "StepRecord", "lag_key", "newest_failover_of", "now_ms"]
 
 LEADER_KEY = "crossdc/controller/leader"
 GATE_KEY = "crossdc/controller/gate"
 FAILOVER_KEY = "crossdc/controller/failover"
 HEALTH_PREFIX = "crossdc/controller/health/"
+LAG_PREFIX = "crossdc/controller/lag/"
 
 StepName = Literal["fence", "lease_wait", "drain", "offsets", "promote", "dns", "report"]
 STEPS: tuple[StepName, ...] = ("fence", "lease_wait", "drain", "offsets", "promote", "dns",
@@ -60,6 +65,26 @@ class GateRecord(BaseModel):
     by: str = ""
     reason: str = ""
     at_ms: int = 0
+    seq: int = Field(0, ge=0, description="+1 at every change: the newest gate is the "
+                     "highest (never the latest wall clock).")
+
+
+def lag_key(source: str, target: str) -> str:
+    return f"{LAG_PREFIX}{source}-{target}"
+
+
+class LagRecord(BaseModel):
+    """How far `target` trailed `source` when the leader last measured it (so a new leader,
+    which has measured nothing yet, can judge an automatic failover)."""
+
+    model_config = _REC
+
+    source: str
+    target: str
+    records: int
+    last_copy_age_s: float | None = None
+    at_ms: int = Field(description="When it was measured (the measuring controller's clock).")
+    by: str = ""
 
 
 class StepRecord(BaseModel):
@@ -94,6 +119,14 @@ class FailoverRecord(BaseModel):
     automatic: bool = False
     force: bool = False
     epoch: int | None = Field(None, description="The fenced epoch (set by the fence step).")
+    from_epoch: int | None = Field(None, description="The epoch it fences from: the fence "
+                                   "applies only while the primary record is still at this "
+                                   "epoch naming `source` (None: an older record; the epoch "
+                                   "current when the fence step first runs).")
+    seq: int = Field(0, ge=0, description="+1 at every write of the record: with from_epoch, "
+                     "what orders records (never the wall clock).")
+    risk: str = Field("", description="What a forced failover took on (no majority, target "
+                      "behind), as the operator confirmed it.")
     state: Literal["running", "done", "failed"] = "running"
     error: str = ""
     fault_ms: int | None = Field(None, description="When the source was first seen failing "
@@ -121,6 +154,13 @@ class FailoverRecord(BaseModel):
         steps = [s.model_copy(update=changes) if s.name == name else s for s in self.steps]
         return self.model_copy(update={"steps": steps, "updated_ms": now_ms()})
 
+    @property
+    def order(self) -> tuple[int, int, str]:
+        """What orders failover records: the epoch it fences from, then its sequence."""
+        base = self.from_epoch if self.from_epoch is not None else (
+            self.epoch - 1 if self.epoch is not None else -1)
+        return (base, self.seq, self.id)
+
     def next_step(self) -> StepName | None:
         """The first step not done or skipped (where a resumed failover goes on)."""
         return next((s.name for s in self.steps if s.status not in ("done", "skipped")), None)
@@ -133,6 +173,11 @@ class FailoverRecord(BaseModel):
             return None
         start = self.fault_ms if self.fault_ms is not None else self.started_ms
         return (promote.ended_ms - start) / 1000
+
+
+def newest_failover_of(records: Iterable[FailoverRecord | None]) -> FailoverRecord | None:
+    """The newest failover record by `FailoverRecord.order`."""
+    return max((r for r in records if r is not None), key=lambda r: r.order, default=None)
 
 
 class CheckResult(BaseModel):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -218,15 +218,20 @@ class SyncContext:
     """The controller's own region (logs)."""
     metrics: ControllerMetrics | None = None
     retry: RetrySettings = SYNC_RETRY
+    still_primary: Callable[[], Awaitable[bool]] | None = None
+    """Asked right before offsets are committed on a standby: False (a failover opened, the
+    primary changed) stops the round there, so translated offsets never land after a
+    promote."""
 
     @classmethod
     def of(cls, ctl: Controller) -> SyncContext:
         """No primary (nothing done) before the leader's first view, while fenced, and while
-        a failover runs (its view of the primary is about to change)."""
+        a failover record is open (its view of the primary is about to change)."""
         primary = ctl.view.current.writable if ctl.view is not None else None
-        if ctl.last_failover is not None and ctl.last_failover.state == "running":
+        if ctl.last_failover is not None and ctl.last_failover.state != "done":
             primary = None
-        return cls(ctl.topology, primary, ctl.settings.sync, ctl.settings.region, ctl.metrics)
+        return cls(ctl.topology, primary, ctl.settings.sync, ctl.settings.region, ctl.metrics,
+                   still_primary=ctl.sync_may_commit)
 
 
 @dataclass
@@ -363,7 +368,8 @@ async def _compare(primary: _Primary, p_admin: KafkaAdmin, standby: str, s_admin
 
 # -- one round --------------------------------------------------------------------------------
 async def _apply(diff: StandbyReport, primary: _Primary, p_admin: KafkaAdmin,
-                 s_admin: KafkaAdmin, settings: SyncSettings, out: SyncOutcome) -> None:
+                 s_admin: KafkaAdmin, settings: SyncSettings, out: SyncOutcome,
+                 still_primary: Callable[[], Awaitable[bool]] | None = None) -> None:
     brokers: int | None = None
     for t in diff.topics:
         try:
@@ -391,6 +397,10 @@ async def _apply(diff: StandbyReport, primary: _Primary, p_admin: KafkaAdmin,
         except ClientRefused as exc:  # this topic only; the others go on
             out.errors.append(f"{t.topic}: {exc}")
     if not settings.group_offsets:
+        return
+    if still_primary is not None and diff.groups and not await still_primary():
+        out.errors.append("offsets not committed: a failover opened or the primary changed "
+                          "since the round began")
         return
     for g in diff.groups:
         if g.state == "active":
@@ -454,7 +464,8 @@ async def sync_once(ctx: SyncContext) -> list[SyncOutcome]:
                                       client_id="crossdc-controller-sync") as s_admin:
                     diff = await _compare(primary, p_admin, region.name, s_admin,
                                           ctx.settings, pattern, report=False)
-                    await _apply(diff, primary, p_admin, s_admin, ctx.settings, outcome)
+                    await _apply(diff, primary, p_admin, s_admin, ctx.settings, outcome,
+                                 ctx.still_primary)
                     fixed = {*outcome.created, *outcome.grown}
                     outcome.blocking = blocking_of(
                         [t for t in diff.topics if t.topic not in fixed], diff.groups)

@@ -1,4 +1,6 @@
-"""One region's Consul agent on loopback: a one-server datacenter, WAN-joined to the others."""
+"""One datacenter's Consul agent on loopback: a one-server datacenter, WAN-joined to the
+others. A region's datacenter and a witness's (a Consul datacenter with no Kafka, there only
+to make a majority: `Topology.witnesses`) run the same agent."""
 
 from __future__ import annotations
 
@@ -6,25 +8,48 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from crossdc.topology import Region, Topology, split_hostport
+from crossdc.topology import LocalConsulSettings, Region, Topology, Witness, split_hostport
 from dr.stack.process import ManagedProcess, check_port_free
 
-__all__ = ["ConsulAgent"]
+__all__ = ["ConsulAgent", "Site", "sites"]
+
+Site = Region | Witness
+"""What owns a Consul datacenter on the local stack: a region or a witness."""
+
+
+def sites(topology: Topology) -> list[Site]:
+    """Every datacenter's owner: the regions (topology order), then the witnesses."""
+    return [*topology.regions, *topology.witnesses]
 
 
 @dataclass
 class ConsulAgent:
-    """The Consul server of `region` (its own datacenter)."""
+    """The Consul server of `region` (a region or a witness: its own datacenter)."""
 
     topology: Topology
-    region: Region
+    region: Site
     region_index: int
+    """Index in `topology.regions`, or in `topology.witnesses` for a witness."""
     workdir: Path
     binary: Path
 
     @property
+    def witness(self) -> bool:
+        return isinstance(self.region, Witness)
+
+    @property
     def name(self) -> str:
         return f"{self.region.name} consul agent"
+
+    @property
+    def field(self) -> str:
+        """Where this datacenter sits in the topology file (for error messages)."""
+        return f"{'witnesses' if self.witness else 'regions'}[{self.region_index}]"
+
+    @property
+    def local(self) -> LocalConsulSettings:
+        assert self.region.local is not None
+        return self.region.local.consul
 
     @property
     def config_path(self) -> Path:
@@ -38,16 +63,17 @@ class ConsulAgent:
     def dns_port(self) -> int:
         return split_hostport(self.region.consul.dns_addr)[1]
 
+    def peers(self) -> list[Site]:
+        """Every other datacenter of the topology that runs locally (regions and witnesses)."""
+        return [s for s in sites(self.topology)
+                if s.name != self.region.name and s.local is not None]
+
     def wan_peers(self) -> list[str]:
-        peers = []
-        for other in self.topology.regions:
-            if other.name != self.region.name and other.local is not None:
-                peers.append(f"127.0.0.1:{other.local.consul.serf_wan_port}")
-        return peers
+        return [f"127.0.0.1:{s.local.consul.serf_wan_port}" for s in self.peers()
+                if s.local is not None]
 
     def config(self) -> dict[str, object]:
-        assert self.region.local is not None
-        ports = self.region.local.consul
+        ports = self.local
         return {
             "datacenter": self.region.consul.datacenter,
             "node_name": f"{self.region.name}-consul",
@@ -81,18 +107,17 @@ class ConsulAgent:
 
     def ports(self) -> list[tuple[int, str, str, bool]]:
         """(port, what, topology field, also UDP) for the port check before start."""
-        assert self.region.local is not None
-        i = self.region_index
-        ports = self.region.local.consul
+        f = self.field
+        ports = self.local
         return [
-            (self.http_port, f"{self.name} HTTP API", f"regions[{i}].consul.http_addr", False),
-            (self.dns_port, f"{self.name} DNS", f"regions[{i}].consul.dns_addr", True),
-            (ports.server_port, f"{self.name} server RPC",
-             f"regions[{i}].local.consul.server_port", False),
-            (ports.serf_lan_port, f"{self.name} serf LAN",
-             f"regions[{i}].local.consul.serf_lan_port", True),
-            (ports.serf_wan_port, f"{self.name} serf WAN",
-             f"regions[{i}].local.consul.serf_wan_port", True),
+            (self.http_port, f"{self.name} HTTP API", f"{f}.consul.http_addr", False),
+            (self.dns_port, f"{self.name} DNS", f"{f}.consul.dns_addr", True),
+            (ports.server_port, f"{self.name} server RPC", f"{f}.local.consul.server_port",
+             False),
+            (ports.serf_lan_port, f"{self.name} serf LAN", f"{f}.local.consul.serf_lan_port",
+             True),
+            (ports.serf_wan_port, f"{self.name} serf WAN", f"{f}.local.consul.serf_wan_port",
+             True),
         ]
 
     def check_ports(self) -> None:

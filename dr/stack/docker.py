@@ -61,7 +61,8 @@ def kafka_env(node: KafkaNode, cluster_id: str) -> dict[str, str]:
 
 
 class DockerStack:
-    """Every region of `topology` in containers: one Kafka container per node, one Consul."""
+    """Every region of `topology` in containers: one Kafka container per node, one Consul;
+    one Consul container per witness."""
 
     def __init__(self, topology: Topology, brokers: int = 1) -> None:
         self.topology = topology
@@ -79,14 +80,35 @@ class DockerStack:
                 for k, v in kafka_env(node, cid).items():
                     c = c.with_env(k, v)
                 self._containers.append(await asyncio.to_thread(c.start))
-            agent = ConsulAgent(self.topology, region, idx, Path("/consul"), Path("consul"))
-            cfg = agent.config()
-            cfg["data_dir"] = "/consul/data"
-            c = (DockerContainer(CONSUL_IMAGE).with_kwargs(network_mode="host")
-                 .with_env("CONSUL_LOCAL_CONFIG", json.dumps(cfg))
-                 .with_command("agent"))
-            self._containers.append(await asyncio.to_thread(c.start))
-        await asyncio.gather(*(self._wait(r.name, timeout_s) for r in self.topology.regions))
+            await self._consul(ConsulAgent(self.topology, region, idx, Path("/consul"),
+                                           Path("consul")))
+        for idx, witness in enumerate(self.topology.witnesses):  # Consul only
+            await self._consul(ConsulAgent(self.topology, witness, idx, Path("/consul"),
+                                           Path("consul")))
+        await asyncio.gather(*(self._wait(r.name, timeout_s) for r in self.topology.regions),
+                             *(self._wait_witness(w.name, timeout_s)
+                               for w in self.topology.witnesses))
+
+    async def _consul(self, agent: ConsulAgent) -> None:
+        from testcontainers.core.container import DockerContainer
+
+        cfg = agent.config()
+        cfg["data_dir"] = "/consul/data"
+        c = (DockerContainer(CONSUL_IMAGE).with_kwargs(network_mode="host")
+             .with_env("CONSUL_LOCAL_CONFIG", json.dumps(cfg))
+             .with_command("agent"))
+        self._containers.append(await asyncio.to_thread(c.start))
+
+    async def _wait_witness(self, name: str, timeout_s: float) -> None:
+        witness = next(w for w in self.topology.witnesses if w.name == name)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            if (await probe_consul(witness, len(self.topology.datacenters), 2.0)).healthy:
+                return
+            await asyncio.sleep(0.5)
+        raise StartTimeout(f"witness {name}: its Consul container did not answer within "
+                           f"{timeout_s:.0f}s")
 
     async def _wait(self, name: str, timeout_s: float) -> None:
         region = self.topology.region(name)
@@ -94,7 +116,7 @@ class DockerStack:
         deadline = loop.time() + timeout_s
         while loop.time() < deadline:
             k = await probe_kafka(region, self.brokers, 3.0)
-            c = await probe_consul(region, len(self.topology.regions), 2.0)
+            c = await probe_consul(region, len(self.topology.datacenters), 2.0)
             if k.healthy and c.healthy:
                 return
             await asyncio.sleep(0.5)

@@ -1,12 +1,16 @@
 """The local two-region stack: real Kafka (KRaft) and Consul as processes on loopback.
 
 `LocalStack.up()` is idempotent: it starts only what is not running, then waits until every
-region answers (no fixed sleeps). State, data and logs live under one directory:
+region answers (no fixed sleeps). A witness of the topology (a Consul datacenter with no
+Kafka: `Topology.witnesses`) runs one Consul server agent, WAN-joined with every region's,
+and is waited for like a region's agent. State, data and logs live under one directory:
 
-    <state>/stack.json                   what was started (topology, broker count)
+    <state>/stack.json                   what was started (topology, broker count, regions,
+                                         witnesses, network namespaces)
     <state>/<region>/cluster.json        the region's Kafka cluster id and size
     <state>/<region>/kafka-<n>/          server.properties, data/, server.log, pid
     <state>/<region>/consul/             agent.json, data/, server.log, pid
+    <state>/<witness>/consul/            the witness's agent: agent.json, data/, server.log, pid
     <state>/services.json, services/<name>/   the daemons `Services` runs (dr/stack/services.py)
 
 `LocalStack.down()` stops every process with a pid file one or two levels down, whatever its
@@ -27,9 +31,9 @@ import structlog
 
 from crossdc.clients.kafka import kafka_principal, use_topology
 from crossdc.security import ADMIN
-from crossdc.topology import Region, Topology
+from crossdc.topology import Region, Topology, Witness
 from dr.errors import StackError
-from dr.stack.consul import ConsulAgent
+from dr.stack.consul import ConsulAgent, Site, sites
 from dr.stack.kafka import KafkaNode, cluster_id_for, kafka_nodes
 from dr.stack.netns import NetNamespaces, teardown_recorded, wrap_agent, wrap_node
 from dr.stack.paths import StackPaths
@@ -87,11 +91,15 @@ class LocalStack:
                  netns: NetNamespaces | None = None, wan: Wan | None = None) -> None:
         if brokers < 1:
             raise StackError("--brokers must be at least 1")
-        missing = [r.name for r in topology.regions if r.local is None]
+        missing = [s.name for s in sites(topology) if s.local is None]
         if missing:
             raise StackError(
-                f"{topology_path}: regions {', '.join(missing)} have no `local:` section, so "
-                f"`dr up` does not know which ports to run them on.")
+                f"{topology_path}: regions or witnesses {', '.join(missing)} have no `local:` "
+                f"section, so `dr up` does not know which ports to run them on.")
+        if netns is not None and netns.missing(topology):
+            raise StackError(
+                f"no network namespace for {', '.join(netns.missing(topology))}: every region "
+                f"and witness needs one (NetNamespaces.for_topology)")
         self.topology = topology
         self.topology_path = Path(topology_path).resolve()
         self.brokers = brokers
@@ -100,7 +108,8 @@ class LocalStack:
         self._say = progress or (lambda _m: None)
         self._procs: dict[str, ManagedProcess] = {}
         self.netns = netns
-        """Each region's Kafka and Consul in its own network namespace (dr/stack/netns.py)."""
+        """Each region's Kafka and Consul, each witness's Consul, in its own network namespace
+        (dr/stack/netns.py)."""
         self.wan = wan
         """Every broker with a WAN listener behind Toxiproxy (dr/stack/toxiproxy.py)."""
 
@@ -116,12 +125,23 @@ class LocalStack:
             return [wrap_node(n, self.netns) for n in nodes]
         return nodes
 
-    def agent(self, region: Region) -> ConsulAgent:
+    def agent(self, region: Site) -> ConsulAgent:
+        """The Consul agent of a region or of a witness."""
         from dr.stack.toolchain import consul_binary
-        idx = self.topology.regions.index(region)
+        idx = (self.topology.witnesses.index(region) if isinstance(region, Witness)
+               else self.topology.regions.index(region))
         agent = ConsulAgent(self.topology, region, idx, self.paths.region_dir(region.name) /
                             "consul", consul_binary(self.paths))
         return agent if self.netns is None else wrap_agent(agent, self.netns)
+
+    def site(self, name: str) -> Site:
+        """The region or witness called `name`; KeyError names both kinds."""
+        for s in sites(self.topology):
+            if s.name == name:
+                return s
+        raise KeyError(f"no region or witness {name!r}; regions: "
+                       f"{', '.join(r.name for r in self.topology.regions)}; witnesses: "
+                       f"{', '.join(w.name for w in self.topology.witnesses) or 'none'}")
 
     def _proc(self, name: str, factory: Callable[[], ManagedProcess]) -> ManagedProcess:
         # Keep one ManagedProcess per server so a process we started is polled via its Popen.
@@ -181,7 +201,8 @@ class LocalStack:
                 node.write_config()
                 if not node.formatted():
                     to_format.append((node, cid))
-            agent = self.agent(region)
+        for site in sites(self.topology):
+            agent = self.agent(site)
             proc = self.consul_process(agent)
             if not proc.running():
                 agent.check_ports()
@@ -197,7 +218,7 @@ class LocalStack:
             for proc in to_start:
                 proc.start()
             self._write_stack_file()
-            self._say("Waiting for every region to answer")
+            self._say("Waiting for every region and witness to answer")
             await self.wait_ready(timeout_s)
             if self.wan is not None:
                 self._say("Starting Toxiproxy (the simulated WAN)")
@@ -215,14 +236,20 @@ class LocalStack:
             "brokers": self.brokers,
             "started_at": time.time(),
             "regions": [r.name for r in self.topology.regions],
+            "witnesses": [w.name for w in self.topology.witnesses],
         })
         if self.netns is not None:
             saved["netns"] = {"tag": self.netns.tag, "regions": self.netns.regions}
+        else:
+            saved.pop("netns", None)  # an earlier stack's in this folder: not this one's
         self.paths.stack_file.write_text(json.dumps(saved, indent=2), encoding="utf-8")
 
     async def wait_ready(self, timeout_s: float = 180.0) -> None:
-        """Wait until every region's brokers, quorum, Consul leader and WAN pool answer."""
-        await asyncio.gather(*(self.wait_region(r, timeout_s) for r in self.topology.regions))
+        """Wait until every region's brokers, quorum, Consul leader and WAN pool answer, and
+        every witness's Consul leader and WAN pool."""
+        await asyncio.gather(*(self.wait_region(r, timeout_s) for r in self.topology.regions),
+                             *(self.wait_consul_ready(w.name, timeout_s)
+                               for w in self.topology.witnesses))
 
     async def wait_region(self, region: Region, timeout_s: float = 180.0) -> None:
         kafka_procs = [self.kafka_process(n) for n in self.nodes(region)]
@@ -233,7 +260,7 @@ class LocalStack:
             return st.healthy
 
         async def consul_ready() -> bool:
-            st = await probe_consul(region, len(self.topology.regions), timeout_s=2.0)
+            st = await probe_consul(region, len(self.topology.datacenters), timeout_s=2.0)
             return st.healthy
 
         await asyncio.gather(
@@ -281,28 +308,48 @@ class LocalStack:
         return [self.kafka_process(n).name for n in self.nodes(self.topology.region(region))
                 if (node_ids is None or n.node_id in node_ids) and self.kafka_process(n).thaw()]
 
+    # A region's or a witness's Consul agent, by name.
     def consul_pid(self, region: str) -> int | None:
-        return self.consul_process(self.agent(self.topology.region(region))).pid()
+        return self.consul_process(self.agent(self.site(region))).pid()
 
     def freeze_consul(self, region: str) -> None:
-        """SIGSTOP the region's Consul agent: its port stays open, nothing answers."""
-        proc = self.consul_process(self.agent(self.topology.region(region)))
+        """SIGSTOP the region's (or witness's) Consul agent: its port stays open, nothing
+        answers."""
+        proc = self.consul_process(self.agent(self.site(region)))
         if not proc.freeze():
             raise StackError(f"{proc.name} is not running: nothing to freeze")
 
     def thaw_consul(self, region: str) -> None:
-        """SIGCONT the region's Consul agent (whether or not it was frozen)."""
-        proc = self.consul_process(self.agent(self.topology.region(region)))
+        """SIGCONT the region's (or witness's) Consul agent (whether or not it was frozen)."""
+        proc = self.consul_process(self.agent(self.site(region)))
         if not proc.thaw():
             raise StackError(f"{proc.name} is not running: nothing to thaw")
 
+    async def stop_consul(self, region: str, *, kill: bool = False) -> None:
+        """Stop (SIGTERM, or SIGKILL with `kill`) the region's (or witness's) Consul agent."""
+        proc = self.consul_process(self.agent(self.site(region)))
+        await asyncio.to_thread(proc.stop, 30.0, kill=kill)
+
+    async def start_consul(self, region: str, timeout_s: float = 60.0) -> None:
+        """Start the region's (or witness's) Consul agent if it is not running, and wait
+        until it answers with a leader and the WAN pool."""
+        agent = self.agent(self.site(region))
+        proc = self.consul_process(agent)
+        if not proc.running():
+            agent.check_ports()
+            agent.write_config()
+            proc.start()
+        await self.wait_consul_ready(region, timeout_s)
+
     async def wait_consul_ready(self, region: str, timeout_s: float = 60.0) -> None:
-        """Wait until the region's Consul agent answers with a leader and the WAN pool."""
-        reg = self.topology.region(region)
-        proc = self.consul_process(self.agent(reg))
+        """Wait until the region's (or witness's) Consul agent answers with a leader and the
+        WAN pool (every datacenter of the topology)."""
+        site = self.site(region)
+        proc = self.consul_process(self.agent(site))
+        wan = len(self.topology.datacenters)
 
         async def ready() -> bool:
-            return (await probe_consul(reg, len(self.topology.regions), timeout_s=2.0)).healthy
+            return (await probe_consul(site, wan, timeout_s=2.0)).healthy
 
         await _wait_until(ready, f"{region} Consul (leader and WAN pool)", [proc], timeout_s)
 

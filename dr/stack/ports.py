@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Sequence
 
 from crossdc.topology import Topology
 from dr.errors import PortTaken, StackError
@@ -32,6 +33,17 @@ def _region(name: str, base: int) -> dict[str, object]:
     }
 
 
+def _witness(name: str, base: int) -> dict[str, object]:
+    """A witness in a region's block: only its Consul ports are used."""
+    return {
+        "name": name,
+        "consul": {"http_addr": f"127.0.0.1:{base + _HTTP}", "datacenter": name,
+                   "dns_addr": f"127.0.0.1:{base + _DNS}"},
+        "local": {"consul": {"server_port": base + _SERVER, "serf_lan_port": base + _LAN,
+                             "serf_wan_port": base + _WAN}},
+    }
+
+
 def _block_free(base: int) -> bool:
     try:
         for off in range(BLOCK):
@@ -51,8 +63,11 @@ def _ephemeral_low(default: int = 32768) -> int:
 
 
 def free_topology(names: list[str], *, primary: str | None = None, seed: int | None = None,
-                  low: int = 20000, high: int | None = None) -> Topology:
-    """A topology for `names` whose every port is free now (blocks of `BLOCK` ports).
+                  low: int = 20000, high: int | None = None,
+                  witnesses: Sequence[str] = ("witness",)) -> Topology:
+    """A topology for `names`, plus the witness datacenters `witnesses` (one, `witness`, by
+    default: two regions and a witness make a majority of three; `witnesses=()` for none),
+    whose every port is free now (blocks of `BLOCK` ports, one per region or witness).
 
     Below the kernel's ephemeral range by default: a port free when checked there can be
     taken by any outgoing connection before the server binds it (seen: a 3-broker stack's
@@ -60,19 +75,21 @@ def free_topology(names: list[str], *, primary: str | None = None, seed: int | N
     if high is None:
         high = max(low + 40 * BLOCK, min(60000, _ephemeral_low()))
     rng = random.Random(seed)
-    regions = []
     used: set[int] = set()
-    for name in names:
+
+    def block(what: str) -> int:
         for _ in range(200):
             base = rng.randrange(low, high - BLOCK) // BLOCK * BLOCK
             if base not in used and _block_free(base):
                 used.add(base)
-                regions.append(_region(name, base))
-                break
-        else:
-            raise StackError(f"no free block of {BLOCK} loopback ports found for region {name}")
+                return base
+        raise StackError(f"no free block of {BLOCK} loopback ports found for {what}")
+
+    regions = [_region(name, block(f"region {name}")) for name in names]
+    extra = [_witness(name, block(f"witness {name}")) for name in witnesses]
     return Topology.model_validate(
-        {"regions": regions, "preference": list(names), "primary": primary or names[0]})
+        {"regions": regions, "preference": list(names), "primary": primary or names[0],
+         "witnesses": extra})
 
 
 # Single ports (a service's address or metrics, a test's proxy) come from below the region

@@ -14,6 +14,13 @@ pid file), so it outlives the process that started it and another process (`dr d
                           stays away is restarted in that process, with bounded backoff)
     controller-<region>   dr controller run --region R [--auto-failover] --http-port H
 
+With network namespaces (the stack runs with `netns`, dr/stack/netns.py; recorded in
+stack.json, so any process finds them), each region's proxies and controller run inside the
+region's namespace and each mirror inside its target region's (`ip netns exec`), all listening
+on that namespace's address (proxies `--host`, controllers `--http-host`, mirrors
+`--metrics-host`): a cut region is cut off with its own daemons. services.json records those
+addresses; the root namespace (tests, the drill, Prometheus) reaches them over the bridge.
+
 `up()` waits until every proxy answers gRPC health SERVING, every controller its /health (and
 one of them leads), every mirror its /metrics. Topics are not created here: the mirror flows
 of the topology (`(payments|ledger|clickstream).*` in policies/topology.local.yaml) carry
@@ -37,6 +44,8 @@ import structlog
 
 from crossdc.topology import Topology, split_hostport
 from dr.errors import PortTaken, StackError
+from dr.stack.consul import sites
+from dr.stack.netns import NetNamespaces, netns_of
 from dr.stack.paths import REPO_ROOT, StackPaths, in_checkout
 from dr.stack.ports import free_port
 from dr.stack.process import ManagedProcess, check_port_free, log_tail, poll_while_alive
@@ -96,7 +105,8 @@ class Services:
                  policy: Path | None = None, auto_failover: bool = True,
                  controller_config: Path | None = None, proxies_per_region: int = 1,
                  proxy_workers: int | None = 1,
-                 region_topologies: Mapping[str, Path] | None = None) -> None:
+                 region_topologies: Mapping[str, Path] | None = None,
+                 netns: NetNamespaces | None = None) -> None:
         self.topology = topology
         self.topology_path = Path(topology_path).resolve()
         self.paths = paths
@@ -114,6 +124,9 @@ class Services:
         """Region → the topology file that region's proxy, mirrors and controller start
         with (its view of the others, e.g. through a simulated WAN: dr/stack/toxiproxy.py);
         a region not listed uses `topology_path`."""
+        self.netns = netns if netns is not None else _recorded_netns(paths)
+        """The stack's network namespaces (given, else as stack.json records them): each
+        daemon runs in its region's (see the module docstring). None: all on loopback."""
         self._procs: dict[str, ManagedProcess] = {}
 
     # -- the record ---------------------------------------------------------------------
@@ -141,12 +154,48 @@ class Services:
         tmp.write_text(json.dumps(doc, indent=2), encoding="utf-8")
         tmp.replace(self.record_path)
 
+    def _host(self, region: str) -> str:
+        """Where a daemon of `region` listens: its namespace's address, else loopback."""
+        return self.netns.address(region) if self.netns is not None else "127.0.0.1"
+
+    def _in(self, region: str, argv: list[str]) -> list[str]:
+        """`argv` run in the region's namespace (as is without namespaces)."""
+        return self.netns.wrap(argv, region) if self.netns is not None else argv
+
+    def _namespace_of(self, spec: _Spec) -> str | None:
+        """The region whose namespace the recorded command runs in, or None (root)."""
+        if self.netns is None or spec.argv[:3] != ["ip", "netns", "exec"]:
+            return None
+        return next((r for r in self.netns.regions if self.netns.namespace(r) == spec.argv[3]),
+                    None)
+
+    def _topology_ports(self) -> set[int]:
+        """Every port the topology's servers use: inside a namespace, a port free on the root
+        loopback may still be one of these."""
+        ports: set[int] = set()
+        for r in self.topology.regions:
+            ports |= {split_hostport(a)[1] for a in r.kafka.bootstrap_servers}
+            ports |= set(range(r.kafka_port, r.kafka_port + 9))  # up to 9 brokers
+            ports.add(split_hostport(r.proxy.endpoint)[1])
+            if r.proxy.metrics_port:
+                ports.add(r.proxy.metrics_port)
+            if r.local is not None:
+                c = r.local.kafka.controller_port
+                ports |= set(range(c, c + 9))
+        for site in sites(self.topology):
+            ports |= {split_hostport(site.consul.http_addr)[1],
+                      split_hostport(site.consul.dns_addr)[1]}
+            if site.local is not None:
+                lc = site.local.consul
+                ports |= {lc.server_port, lc.serf_lan_port, lc.serf_wan_port}
+        return ports
+
     def _plan(self, policy: Path) -> dict[str, _Spec]:
         """Every service of the topology; ports already recorded are kept, the others are
-        chosen now (free loopback ports)."""
+        chosen now (free loopback ports, none of the topology's)."""
         old = self._read()
         taken = {split_hostport(a)[1] for s in old.values() for a in (s.address, s.metrics)
-                 if a}
+                 if a} | self._topology_ports()
 
         def port_of(name: str, attr: Literal["address", "metrics"]) -> int:
             prev = getattr(old.get(name), attr, None)
@@ -158,38 +207,48 @@ class Services:
         base = [sys.executable, "-m", "dr.cli", "--log-format", "json", "--log-level", "info"]
         specs: list[_Spec] = []
         workers = [] if self.proxy_workers is None else ["--workers", str(self.proxy_workers)]
+        ns = self.netns is not None
         for r in self.topology.regions:
             name = f"proxy-{r.name}"
+            host = self._host(r.name)
+            # In a namespace: bind its address whatever the topology's endpoint says (a
+            # topology from netns_topology says the same).
+            bind = ["--host", host] if ns else []
+            gport = split_hostport(r.proxy.endpoint)[1]
+            address = f"{host}:{gport}" if ns else r.proxy.endpoint
             mport = r.proxy.metrics_port or port_of(name, "metrics")
-            specs.append(_Spec(name, "proxy", r.name, r.proxy.endpoint, f"127.0.0.1:{mport}",
-                               [*base, "proxy", "serve", "--topology", topo_of(r.name),
-                                "--region", r.name, "--policy", str(policy), "--metrics-port",
-                                str(mport), *workers]))
+            specs.append(_Spec(name, "proxy", r.name, address, f"{host}:{mport}", self._in(
+                r.name, [*base, "proxy", "serve", "--topology", topo_of(r.name), "--region",
+                         r.name, "--policy", str(policy), *bind, "--metrics-port", str(mport),
+                         *workers])))
             for i in range(2, self.proxies_per_region + 1):
                 extra = f"{name}-{i}"
                 gport, xport = port_of(extra, "address"), port_of(extra, "metrics")
-                specs.append(_Spec(extra, "proxy", r.name, f"127.0.0.1:{gport}",
-                                   f"127.0.0.1:{xport}",
-                                   [*base, "proxy", "serve", "--topology", topo_of(r.name),
-                                    "--region", r.name, "--policy", str(policy), "--port",
-                                    str(gport), "--metrics-port", str(xport), *workers]))
+                specs.append(_Spec(extra, "proxy", r.name, f"{host}:{gport}",
+                                   f"{host}:{xport}", self._in(
+                                       r.name, [*base, "proxy", "serve", "--topology",
+                                                topo_of(r.name), "--region", r.name, "--policy",
+                                                str(policy), *bind, "--port", str(gport),
+                                                "--metrics-port", str(xport), *workers])))
         for f in self.topology.flows:
             name = f"mirror-{f.source}-{f.target}"
+            host = self._host(f.target)
             mport = port_of(name, "metrics")
-            specs.append(_Spec(name, "mirror", f.target, None, f"127.0.0.1:{mport}",
-                               [*base, "mirror", "run", "--topology", topo_of(f.target), "--flow",
-                                f"{f.source}:{f.target}", "--restart", "--metrics-port",
-                                str(mport)]))
+            specs.append(_Spec(name, "mirror", f.target, None, f"{host}:{mport}", self._in(
+                f.target, [*base, "mirror", "run", "--topology", topo_of(f.target), "--flow",
+                           f"{f.source}:{f.target}", "--restart", "--metrics-port", str(mport),
+                           *(["--metrics-host", host] if ns else [])])))
         for r in self.topology.regions:
             name = f"controller-{r.name}"
+            host = self._host(r.name)
             hport = port_of(name, "address")
             argv = [*base, "controller", "run", "--topology", topo_of(r.name), "--region", r.name,
-                    "--http-port", str(hport),
+                    "--http-port", str(hport), *(["--http-host", host] if ns else []),
                     "--auto-failover" if self.auto_failover else "--no-auto-failover"]
             if self.controller_config is not None:
                 argv += ["--config", str(Path(self.controller_config).resolve())]
-            specs.append(_Spec(name, "controller", r.name, f"127.0.0.1:{hport}",
-                               f"127.0.0.1:{hport}", argv))
+            specs.append(_Spec(name, "controller", r.name, f"{host}:{hport}",
+                               f"{host}:{hport}", self._in(r.name, argv)))
         return {s.name: s for s in specs}
 
     def _proc(self, spec: _Spec) -> ManagedProcess:
@@ -303,9 +362,15 @@ class Services:
         return self.info()
 
     def _check_ports(self, spec: _Spec) -> None:
+        region = self._namespace_of(spec)
         for what, addr in (("address", spec.address), ("metrics", spec.metrics)):
             if addr and not (what == "metrics" and addr == spec.address):
-                check_port_free(split_hostport(addr)[1], spec.name, f"{spec.name} {what}")
+                host, port = split_hostport(addr)
+                if region is None:
+                    check_port_free(port, spec.name, f"{spec.name} {what}")
+                elif self.netns is not None and not self.netns.port_free(region, host, port):
+                    raise PortTaken(port, f"{spec.name} (in {self.netns.namespace(region)})",
+                                    f"{spec.name} {what}", None)
 
     async def _wait(self, spec: _Spec, deadline: float) -> None:
         proc = self._proc(spec)
@@ -381,6 +446,15 @@ class Services:
         procs = [self._proc(s) for s in self._read().values()]
         ran = await asyncio.gather(*(asyncio.to_thread(p.stop, 15.0) for p in procs))
         return [p.name for p, r in zip(procs, ran, strict=True) if r]
+
+
+def _recorded_netns(paths: StackPaths) -> NetNamespaces | None:
+    """The network namespaces stack.json records for this state directory, if any."""
+    try:
+        saved = json.loads(paths.stack_file.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return netns_of(saved if isinstance(saved, dict) else None)
 
 
 async def _http_ok(url: str, timeout_s: float) -> bool:

@@ -285,3 +285,41 @@ async def test_prepared_query_fails_over_by_tag(two_regions: StackInfo, east: Co
         await east.deregister_service(f"{name}-east")
         await west.deregister_service(f"{name}-west")
     assert await east.query_get(qid) is None
+
+
+async def test_a_held_write_applies_only_while_the_session_holds_the_lock(
+        east: ConsulClient) -> None:
+    """#21: every controller write is a transaction that checks the leader's session; a
+    deposed leader (its session ended) writes nothing, and a stale index loses."""
+    lock, data = key("lock"), key("data")
+    session = await east.session_create("held-write test", ttl_s=10, checks=[])
+    other = await east.session_create("held-write rival", ttl_s=10, checks=[])
+    try:
+        assert await east.kv_acquire(lock, session)
+        first = await east.kv_put_held(data, b"one", lock_key=lock, session=session, cas=0)
+        assert first.ok
+        assert first.modify_index > 0
+        _, entry = await east.kv_get(data)
+        assert entry is not None
+        assert entry.value == b"one"
+        assert entry.modify_index == first.modify_index
+        # a stale index loses, with Consul's reason
+        stale = await east.kv_put_held(data, b"two", lock_key=lock, session=session, cas=0)
+        assert not stale.ok
+        assert stale.why
+        # a session that does not hold the lock writes nothing
+        rival = await east.kv_put_held(data, b"rival", lock_key=lock, session=other)
+        assert not rival.ok
+        assert "lock" in rival.why.lower() or "session" in rival.why.lower(), rival.why
+        await east.session_destroy(session)  # deposed
+        late = await east.kv_put_held(data, b"late", lock_key=lock, session=session,
+                                      cas=first.modify_index)
+        assert not late.ok
+        _, entry = await east.kv_get(data)
+        assert entry is not None
+        assert entry.value == b"one"
+    finally:
+        for s in (session, other):
+            await east.session_destroy(s)
+        await east.kv_delete(lock)
+        await east.kv_delete(data)

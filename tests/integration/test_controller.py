@@ -49,6 +49,7 @@ def fast(region: str, *, auto: bool = False, max_behind: int = 10_000,
                               successes_to_up=2, proxy=False),
         leader=LeaderSettings(check_ttl_s=2.0, lock_delay_s=1, retry_interval_s=0.3),
         failover=FailoverSettings(auto=auto, primary_lease_s=1.0, lease_margin_s=0.2,
+                                  primary_write_s=0.5,
                                   wait_period_s=1.0, drain_timeout_s=20.0,
                                   max_behind_records=max_behind),
         sync=SyncSettings(interval_s=3600))
@@ -278,8 +279,8 @@ async def test_safety_rules_refuse_bad_targets(topo: Topology, dcs: Datacenters)
     assert await west_client.kv_put(PRIMARY_KEY, newer.encode(), cas=entry.modify_index)
     view = await dcs.primary()
     assert view.current == newer
-    assert view.stale == ["east"]
-    assert await dcs.correct_stale(view) == ["east"]
+    assert view.stale == ["east", "witness"]
+    assert sorted(await dcs.correct_stale(view)) == ["east", "witness"]
     assert (await dcs.primary()).agree
 
 
@@ -475,3 +476,107 @@ async def test_failover_moves_the_proxies_ordered_writes_and_the_consumer_groups
     finally:
         for w in workers:
             await w.stop()
+
+
+# -- issue 21: majority, leader-bound writes, stale requests, lag across a takeover ------------
+async def test_a_deposed_leader_writes_nothing_and_a_stale_request_fences_nothing(
+        topo: Topology, dcs: Datacenters) -> None:
+    """Defect 2: a leader paused inside the fence woke after the next leader finished A→B,
+    re-read, and fenced B into epoch N + 2. Now its writes are transactions bound to its lock
+    (refused once its sessions ended), and a failover fences only from the epoch it was
+    decided on."""
+    from dr.controller.errors import StepFailed
+    from dr.controller.failover import FailoverEngine
+    start = (await dcs.primary()).current
+    async with Controller(topo, fast("east", controller_id="ctl-old")) as old:
+        async def leads() -> bool:
+            return old.leading
+        await eventually(leads, 20, "the first controller leads")
+        sessions = dict(old._sessions())
+        assert len(sessions) >= topo.majority
+    # `old` stopped: its sessions are gone, as a paused leader's are once its check fails.
+    view = await dcs.primary()
+    written, failed = await dcs.cas_primary(view, view.current.fence("ctl-old"),
+                                            sessions=sessions)
+    assert written == [], "a deposed leader's fence is refused everywhere"
+    assert all("refused" in why for why in failed.values()), failed
+    assert (await dcs.primary()).current == view.current
+
+    # The next leader finishes east → west meanwhile ...
+    async with Controller(topo, fast("west", controller_id="ctl-new")) as new:
+        await eventually(lambda: _leading(new), 20, "the next controller leads")
+        plan = await plan_failover(topo, dcs, fast("west"), "west", force=True)
+        assert plan.record.from_epoch == start.epoch
+        await start_failover(dcs, plan)
+
+        async def done() -> bool:
+            r = await newest_failover(dcs)
+            return r is not None and r.id == plan.record.id and r.state == "done"
+        await eventually(done, 40, "east → west done")
+        after = (await dcs.primary()).current
+        assert (after.writable, after.epoch) == ("west", start.epoch + 1)
+        # ... and the old leader's request, decided on the old epoch, resumed now: refused at
+        # its fence, with nothing written (even through an unbound engine).
+        stale = plan.record.model_copy(update={"id": "stale00", "seq": 0})
+
+        async def keep(r: FailoverRecord) -> FailoverRecord:
+            return r
+        engine = FailoverEngine(topo, fast("east"), dcs, keep)
+        with pytest.raises(StepFailed, match="decided on epoch"):
+            await engine._fence(stale)
+        assert (await dcs.primary()).current == after
+
+
+async def _leading(ctl: Controller) -> bool:
+    return ctl.leading
+
+
+async def test_the_fence_needs_a_majority_of_datacenters(two_regions, topo: Topology,  # type: ignore[no-untyped-def]
+                                                         dcs: Datacenters) -> None:
+    """Defect 1: the fence was done once ONE datacenter accepted it. With west's Consul and
+    the witness frozen, only east answers: the fence fails and nothing is written."""
+    from dr.controller.errors import StepFailed
+    from dr.controller.failover import FailoverEngine
+    stack = two_regions.stack
+    if not hasattr(stack, "freeze_consul"):
+        pytest.skip("needs the local stack (freeze a Consul agent)")
+    before = (await dcs.primary()).current
+
+    async def keep(r: FailoverRecord) -> FailoverRecord:
+        return r
+    engine = FailoverEngine(topo, fast("east"), dcs, keep)
+    rec = FailoverRecord(source="east", target="west", from_epoch=before.epoch)
+    frozen = ["west", *[w.name for w in topo.witnesses]]
+    try:
+        for name in frozen:
+            stack.freeze_consul(name)
+        with pytest.raises(StepFailed, match="a majority is"):
+            await engine._fence(rec)
+    finally:
+        for name in frozen:
+            stack.thaw_consul(name)
+        for name in frozen:
+            await stack.wait_consul_ready(name)
+    view = await dcs.primary()
+    assert view.current == before and view.agree, "no datacenter holds a minority fence"
+
+
+async def test_the_lag_a_leader_measured_survives_a_takeover(topo: Topology,
+                                                            dcs: Datacenters) -> None:
+    """Defect 3: a new leader had no lag figures and refused every automatic failover."""
+    from dr.controller.state import LagRecord, lag_key
+    async with Controller(topo, fast("east", controller_id="ctl-measures")) as first:
+        async def kept() -> bool:
+            found, _ = await dcs.read_all(lag_key("east", "west"), LagRecord)
+            return sum(r is not None for r in found.values()) >= topo.majority
+        await eventually(kept, 30, "the leader keeps its lag figures in KV")
+        assert first.leading
+    async with Controller(topo, fast("west", controller_id="ctl-takes-over")) as second:
+        await eventually(lambda: _leading(second), 20, "the next controller leads")
+
+        async def loaded() -> bool:
+            return ("east", "west") in second.lags
+        await eventually(loaded, 20, "the new leader read the kept figures")
+        lag = second.lags[("east", "west")]
+        assert lag.records is not None
+        assert "ctl-measures" in (lag.error or "") or lag.measured

@@ -1,4 +1,5 @@
-"""The two-region stack answers the way the issue's 'done when' says, to real clients."""
+"""The two-region stack (and its witness datacenter) answers the way the issue's 'done when'
+says, to real clients."""
 
 from __future__ import annotations
 
@@ -6,16 +7,21 @@ import json
 import shutil
 import subprocess
 import sys
+import uuid
 
 import dns.resolver
 import pytest
 from conftest import StackInfo  # type: ignore[import-not-found]
 
+from crossdc.clients.consul import ConsulClient
+from crossdc.settings import RetrySettings
 from crossdc.topology import split_hostport
 from dr.stack.local import LocalStack
 from dr.stack.paths import StackPaths
 from dr.stack.toolchain import consul_binary
 from dr.status import probe_topology
+
+WAN = ["east-consul.east", "west-consul.west", "witness-consul.witness"]
 
 
 async def test_status_reports_both_regions_healthy(two_regions: StackInfo) -> None:
@@ -25,7 +31,12 @@ async def test_status_reports_both_regions_healthy(two_regions: StackInfo) -> No
         assert region.kafka.brokers_up == 1
         assert region.kafka.quorum_leader == 1
         assert region.consul.leader
-        assert region.consul.wan_members == ["east-consul.east", "west-consul.west"]
+        assert region.consul.wan_members == WAN
+    [witness] = st.witnesses
+    assert witness.healthy
+    assert witness.consul.datacenter == "witness"
+    assert witness.consul.leader
+    assert witness.consul.wan_members == WAN
     assert [r.primary for r in st.regions] == [True, False]
 
 
@@ -38,6 +49,10 @@ def test_dr_status_json_cli(two_regions: StackInfo) -> None:
     assert data["healthy"] is True
     assert {r["region"] for r in data["regions"]} == {"east", "west"}
     assert all(r["consul"]["datacenter"] == r["region"] for r in data["regions"])
+    [witness] = data["witnesses"]
+    assert witness["witness"] == "witness"
+    assert witness["healthy"] is True
+    assert witness["consul"]["wan_expected"] == 3
 
 
 def test_dr_status_table_cli(two_regions: StackInfo) -> None:
@@ -47,7 +62,8 @@ def test_dr_status_table_cli(two_regions: StackInfo) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "region east (primary)" in proc.stdout
     assert "region west" in proc.stdout
-    assert "all regions healthy" in proc.stdout
+    assert "witness witness (Consul only) — healthy" in proc.stdout
+    assert "all regions healthy, and every witness" in proc.stdout
 
 
 @pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat (Debian package) not installed")
@@ -66,12 +82,12 @@ def test_consul_dns_answers_for_each_datacenter(two_regions: StackInfo, region: 
     resolver.nameservers = [host]
     resolver.port = port
     resolver.lifetime = 10
-    for dc in ("east", "west"):  # each agent also answers for the other datacenter over WAN
+    for dc in ("east", "west", "witness"):  # each agent answers for the others over WAN
         answer = resolver.resolve(f"consul.service.{dc}.consul", "A")
         assert sorted(r.to_text() for r in answer) == ["127.0.0.1"], dc
 
 
-def test_consul_members_wan_lists_both(two_regions: StackInfo) -> None:
+def test_consul_members_wan_lists_every_datacenter(two_regions: StackInfo) -> None:
     if two_regions.kind != "local":
         pytest.skip("the consul binary is inside the containers on the Docker path")
     binary = consul_binary(StackPaths.default())
@@ -79,8 +95,35 @@ def test_consul_members_wan_lists_both(two_regions: StackInfo) -> None:
     out = subprocess.run([str(binary), "members", "-wan", f"-http-addr={addr}"],
                          capture_output=True, text=True, timeout=30, check=True).stdout
     lines = [line.split() for line in out.splitlines()[1:]]
-    assert {(cols[0], cols[2]) for cols in lines} == {("east-consul.east", "alive"),
-                                                      ("west-consul.west", "alive")}
+    assert {(cols[0], cols[2]) for cols in lines} == {(m, "alive") for m in WAN}
+
+
+@pytest.mark.parametrize("region", ["east", "west"])
+async def test_the_witness_is_wan_joined_with_every_region(two_regions: StackInfo,
+                                                           region: str) -> None:
+    """Each region's agent knows the witness's datacenter, and a KV write and read with
+    ?dc=witness through it reach the witness's own agent (and back through the other
+    region's)."""
+    topo = two_regions.topology
+    [witness] = topo.witnesses
+    other = next(r for r in topo.regions if r.name != region)
+    retry = RetrySettings(attempts=3, total_s=10.0, call_timeout_s=5.0)
+    key = f"crossdc-test/witness-from-{region}-{uuid.uuid4().hex[:8]}"
+    async with ConsulClient(topo.region(region).consul.http_addr, retry) as here, \
+            ConsulClient(other.consul.http_addr, retry) as there, \
+            ConsulClient(witness.consul.http_addr, retry) as own:
+        assert sorted(await here.datacenters()) == ["east", "west", "witness"]
+        assert sorted(await own.datacenters()) == ["east", "west", "witness"]
+        assert await here.kv_put(key, region.encode(), dc="witness")
+        _, got = await own.kv_get(key)  # the witness's own datacenter holds it
+        assert got is not None
+        assert got.value == region.encode()
+        _, got = await there.kv_get(key, dc="witness")
+        assert got is not None
+        assert got.value == region.encode()
+        _, local = await here.kv_get(key)  # written there, not in the region's own KV
+        assert local is None
+        await here.kv_delete(key, dc="witness")
 
 
 async def test_up_again_is_idempotent(two_regions: StackInfo) -> None:
@@ -116,6 +159,20 @@ def _procs(stack: LocalStack) -> list:  # type: ignore[type-arg]
     for region in stack.topology.regions:
         procs += [stack.kafka_process(n) for n in stack.nodes(region)]
         procs.append(stack.consul_process(stack.agent(region)))
+    procs += [stack.consul_process(stack.agent(w)) for w in stack.topology.witnesses]
     return procs
+
+
+def test_the_stack_file_records_the_witness(two_regions: StackInfo) -> None:
+    if two_regions.kind != "local":
+        pytest.skip("local stack only")
+    stack = two_regions.stack
+    assert isinstance(stack, LocalStack)
+    saved = json.loads(stack.paths.stack_file.read_text())
+    assert saved["regions"] == ["east", "west"]
+    assert saved["witnesses"] == ["witness"]
+    assert "netns" not in saved
+    assert stack.consul_pid("witness") is not None
+    assert (stack.paths.state / "witness" / "consul" / "agent.json").is_file()
 
 

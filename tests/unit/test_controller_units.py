@@ -3,6 +3,9 @@ failover record's step bookkeeping, settings validation."""
 
 from __future__ import annotations
 
+import time
+from typing import ClassVar
+
 import pytest
 from pydantic import ValidationError
 
@@ -176,9 +179,15 @@ async def test_automatic_failover_waits_out_the_wait_period_and_the_gate() -> No
     recent = PrimaryRecord(region="east", epoch=3, updated_ms=now_ms())
     await ctl._maybe_auto(recent)
     assert ctl.metrics.auto_blocked.labels(reason="wait_period")._value.get() == 1
-
-    ctl.gate = GateRecord(closed=True, by="test", reason="maintenance")
+    # #21 defect 6: another host's wall clock (a record written "two minutes ago") does not
+    # shorten the wait: it counts from when this process first saw the record.
     old = PrimaryRecord(region="east", epoch=3, updated_ms=now_ms() - 120_000)
+    await ctl._maybe_auto(old)
+    assert ctl.metrics.auto_blocked.labels(reason="wait_period")._value.get() == 2
+    assert "wait period" in ctl.why_no_auto
+
+    ctl._primary_seen = ((3, "east", False), time.monotonic() - 120)
+    ctl.gate = GateRecord(closed=True, by="test", reason="maintenance")
     await ctl._maybe_auto(old)
     assert ctl.metrics.auto_blocked.labels(reason="gate_closed")._value.get() == 1
     assert called == []
@@ -229,35 +238,112 @@ class _Consul:
         return False
 
 
-async def test_a_controller_cut_off_from_its_own_datacenter_lets_the_others_lead() -> None:
-    # The chaos suite's partition: east's Consul cut off, both controllers outside it. East's
-    # controller kept west's key, so west's could not lead and nothing failed over.
+class _Side:
+    """One controller's view of a datacenter's Consul: cut off from this side or not."""
+
+    def __init__(self, consul: _Consul, cut: set[str], name: str) -> None:
+        self.consul, self.cut, self.name = consul, cut, name
+
+    def __getattr__(self, attr: str) -> object:
+        if self.name in self.cut:
+            from crossdc.errors import ClientError
+
+            async def unreachable(*a: object, **kw: object) -> None:
+                raise ClientError("cut off")
+            return unreachable
+        return getattr(self.consul, attr)
+
+
+def _with_witness(topo: Topology) -> Topology:
+    from crossdc.topology import ConsulSettings, Witness
+    if topo.witnesses:
+        return topo
+    w = Witness(name="witness", consul=ConsulSettings(
+        http_addr="127.0.0.1:1", datacenter="witness", dns_addr="127.0.0.1:2"))
+    return topo.model_copy(update={"witnesses": [w]})
+
+
+def _locks(topo: Topology, consuls: dict[str, _Consul], clock: list[float] | None = None
+           ) -> dict[str, tuple[object, set[str]]]:
     from dr.controller.leader import LeaderLock
     from dr.controller.state import LeaderRecord
+    out: dict[str, tuple[object, set[str]]] = {}
+    for region in [r.name for r in topo.regions]:
+        cut: set[str] = set()
 
-    consuls = {"east": _Consul(), "west": _Consul()}
+        class Dcs:
+            topology = topo
+            majority = topo.majority
+            clients: ClassVar[dict[str, _Side]] = {
+                d.name: _Side(consuls[d.name], cut, d.name) for d in topo.datacenters}
 
-    class Dcs:
-        topology = _topology()
+            def client(self, dc: str) -> object:
+                return self.clients[dc]
 
-        def client(self, region: str) -> _Consul:
-            return consuls[region]
+        lock = LeaderLock(Dcs(), LeaderSettings(), LeaderRecord(  # type: ignore[arg-type]
+            controller_id=f"c-{region}", region=region, since_ms=0),
+            clock=(lambda: clock[0]) if clock is not None else time.monotonic)
+        out[region] = (lock, cut)
+    return out
 
-    def lock(region: str) -> LeaderLock:
-        return LeaderLock(Dcs(), LeaderSettings(), LeaderRecord(  # type: ignore[arg-type]
-            controller_id=f"c-{region}", region=region, since_ms=0))
 
-    east, west = lock("east"), lock("west")
-    await east.round()
-    await west.round()
+async def test_only_a_majority_side_leads_and_a_cut_off_leader_stops() -> None:
+    # #21 defect 1: the lock was taken per datacenter, so each side of a partition elected
+    # its own leader. Now leading needs the lock in a majority of datacenters.
+    topo = _with_witness(_topology())
+    consuls = {d.name: _Consul() for d in topo.datacenters}
+    locks = _locks(topo, consuls)
+    (east, east_cut), (west, west_cut) = locks["east"], locks["west"]
+    await east.round()  # type: ignore[attr-defined]
+    await west.round()  # type: ignore[attr-defined]
     assert east.leading
     assert not west.leading
-    consuls["east"].reachable = False
-    await east.round()
+    # East cut off with its own datacenter: it reaches 1 of 3.
+    east_cut.update({"west", "witness"})
+    west_cut.add("east")
+    await east.round()  # type: ignore[attr-defined]
+    assert not east.leading, "a controller on a minority side never leads"  # type: ignore[attr-defined]
+    assert "a majority is 2" in east.why_not  # type: ignore[attr-defined]
+    await west.round()  # type: ignore[attr-defined]
+    assert not west.leading, "east's sessions still hold west's and the witness's locks"  # type: ignore[attr-defined]
+    # Their checks went critical (east stopped beating there): Consul releases the locks.
+    consuls["west"].holder = consuls["witness"].holder = None
+    await west.round()  # type: ignore[attr-defined]
+    assert west.leading, "the majority side leads"  # type: ignore[attr-defined]
+    assert sorted(west.sessions) == ["west", "witness"]  # type: ignore[attr-defined]
+
+
+async def test_two_regions_without_a_witness_cut_apart_have_no_leader() -> None:
+    topo = _topology().model_copy(update={"witnesses": []})
+    consuls = {d.name: _Consul() for d in topo.datacenters}
+    locks = _locks(topo, consuls)
+    (east, east_cut), (west, west_cut) = locks["east"], locks["west"]
+    await east.round()  # type: ignore[attr-defined]
+    assert east.leading  # type: ignore[attr-defined]
+    east_cut.add("west")
+    west_cut.add("east")
+    consuls["west"].holder = None
+    await east.round()  # type: ignore[attr-defined]
+    await west.round()  # type: ignore[attr-defined]
     assert not east.leading
-    assert consuls["west"].holder is None, "east's controller let go of west's key"
-    await west.round()
-    assert west.leading, "west's controller leads the side it reaches"
+    assert not west.leading
+
+
+async def test_a_leader_stops_leading_on_its_own_clock_before_another_can_take_over() -> None:
+    # The locks of a leader that stops beating (paused, cut off) are released check_ttl_s
+    # after its last beat at the earliest; `leading` turns false before that, rounds or not.
+    topo = _with_witness(_topology())
+    consuls = {d.name: _Consul() for d in topo.datacenters}
+    clock = [100.0]
+    east, _ = _locks(topo, consuls, clock)["east"]
+    await east.round()  # type: ignore[attr-defined]
+    assert east.leading  # type: ignore[attr-defined]
+    clock[0] += LeaderSettings().check_ttl_s - 1.5
+    assert east.leading  # type: ignore[attr-defined]
+    clock[0] += 1.0  # past check_ttl_s - margin: no majority confirmed any more
+    assert not east.leading  # type: ignore[attr-defined]
+    assert east.sessions == {}  # type: ignore[attr-defined]
+    assert east.changed.is_set()  # type: ignore[attr-defined]
 
 
 async def test_the_metadata_check_asks_other_brokers_when_one_is_dead() -> None:
@@ -322,3 +408,155 @@ async def test_the_clients_renewed_after_failed_rounds_list_topics_from_any_brok
 
     assert await _any_broker(list_topics) == ["_crossdc.canary"]
     assert asked == 3
+
+
+# -- issue 21: the failover path's defects, each with the test that fails on the old code ---
+def _engine(topo: Topology, **kw: object) -> tuple[object, list[FailoverRecord]]:
+    from dr.controller.config import FailoverSettings
+    from dr.controller.datacenters import Datacenters
+    from dr.controller.failover import FailoverEngine
+    saved: list[FailoverRecord] = []
+
+    async def persist(rec: FailoverRecord) -> FailoverRecord:
+        rec = rec.model_copy(update={"seq": rec.seq + 1})
+        saved.append(rec)
+        return rec
+
+    settings = ControllerSettings(region="east", failover=FailoverSettings(
+        primary_lease_s=5.0, primary_write_s=2.0, lease_margin_s=0.5))
+    engine = FailoverEngine(topo, settings, Datacenters(topo), persist,
+                            **kw)  # type: ignore[arg-type]
+    return engine, saved
+
+
+async def test_an_error_inside_a_step_fails_the_step_and_never_escapes() -> None:
+    # Defect 5: a raw KafkaConnectionError from mirror/offsets.py escaped the lead round and
+    # ended the controller process.
+    from aiokafka.errors import KafkaConnectionError
+    engine, saved = _engine(_topology())
+    done = {"status": "done", "started_ms": 1, "ended_ms": 2}
+    rec = FailoverRecord(source="east", target="west", epoch=4, from_epoch=3)
+    for name in ("fence", "lease_wait", "drain"):
+        rec = rec.with_step(name, **done)  # type: ignore[arg-type]
+
+    async def offsets(r: FailoverRecord) -> FailoverRecord:
+        raise KafkaConnectionError("broker gone mid-call")
+
+    engine._offsets = offsets  # type: ignore[attr-defined]
+    final = await engine.execute(rec)  # type: ignore[attr-defined]
+    assert final.state == "failed"
+    assert final.step("offsets").status == "failed"
+    assert "KafkaConnectionError" in final.error
+    assert "offsets" in final.error
+    assert [r.seq for r in saved] == sorted(r.seq for r in saved), "ordered by sequence"
+    await engine.dcs.close()  # type: ignore[attr-defined]
+
+
+async def test_a_step_that_hangs_fails_at_its_time_limit() -> None:
+    import asyncio
+
+    from dr.controller.config import FailoverSettings
+    engine, _ = _engine(_topology())
+    engine.settings = ControllerSettings(  # type: ignore[attr-defined]
+        region="east", failover=FailoverSettings(step_timeout_s=0.05))
+    rec = FailoverRecord(source="east", target="west", epoch=4, from_epoch=3)
+    for name in ("fence", "lease_wait", "drain", "offsets"):
+        rec = rec.with_step(name, status="done")  # type: ignore[arg-type]
+
+    async def promote(r: FailoverRecord) -> FailoverRecord:
+        await asyncio.Event().wait()  # a Consul call that never answers
+        return r
+
+    engine._promote = promote  # type: ignore[attr-defined]
+    final = await engine.execute(rec)  # type: ignore[attr-defined]
+    assert final.state == "failed"
+    assert "not done within" in final.error
+    await engine.dcs.close()  # type: ignore[attr-defined]
+
+
+async def test_a_lag_figure_from_a_long_gone_leader_is_refused_and_says_so() -> None:
+    # Defect 3: a controller that led days ago trusted a days-old "0 behind".
+    from dr.controller.errors import FailoverRefused
+    from dr.controller.failover import Behind
+    from dr.controller.state import now_ms
+    old = Behind(0, 1.0, at_ms=now_ms() - 3 * 86_400_000, measured=True)
+    engine, _ = _engine(_topology(), last_behind=lambda s, t: old,
+                        is_down=lambda r: r == "east")
+    with pytest.raises(FailoverRefused) as info:
+        await engine.check("east", "west", force=False)  # type: ignore[attr-defined]
+    assert info.value.rule == "lag-too-old"
+    assert "lag_max_age_s" in str(info.value)
+    fresh = Behind(0, 1.0, at_ms=now_ms() - 1000)
+    engine.last_behind = lambda s, t: fresh  # type: ignore[attr-defined]
+    lag = await engine.check("east", "west", force=False)  # type: ignore[attr-defined]
+    assert lag.records == 0
+    assert not lag.measured
+    await engine.dcs.close()  # type: ignore[attr-defined]
+
+
+async def test_a_resumed_lease_wait_waits_the_whole_lease_on_its_own_clock(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Defect 6: the wait was computed from `ended_ms`, another host's wall clock: a fence
+    # stamped "long ago" by a clock ahead of ours skipped the wait altogether.
+    import dr.controller.failover as failover_mod
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+
+    monkeypatch.setattr(failover_mod.asyncio, "sleep", sleep)
+    clock = [1000.0]
+    engine, _ = _engine(_topology(), clock=lambda: clock[0])
+    rec = FailoverRecord(source="east", target="west", epoch=4, from_epoch=3).with_step(
+        "fence", status="done", started_ms=1, ended_ms=2)  # "fenced in 1970"
+    await engine._lease_wait(rec)  # type: ignore[attr-defined]
+    assert slept == [pytest.approx(7.5)], "5 s lease + 2 s longest write + 0.5 s margin"
+    # fenced by this process 3 s ago (its monotonic clock): the rest of the wait
+    engine._fenced_at[rec.id] = clock[0] - 3.0  # type: ignore[attr-defined]
+    await engine._lease_wait(rec)  # type: ignore[attr-defined]
+    assert slept[-1] == pytest.approx(4.5)
+    await engine.dcs.close()  # type: ignore[attr-defined]
+
+
+def test_failover_records_are_ordered_by_epoch_and_sequence_not_wall_clock() -> None:
+    # Defect 2 (last part) and 6: the newest record was chosen by `updated_ms`.
+    from dr.controller.state import newest_failover_of
+    done = FailoverRecord(source="east", target="west", from_epoch=3, epoch=4, seq=9,
+                          state="done", updated_ms=5_000)
+    stale = FailoverRecord(source="east", target="west", from_epoch=3, epoch=None, seq=2,
+                           updated_ms=9_999_999_999)  # a deposed leader's clock ahead
+    newer = FailoverRecord(source="west", target="east", from_epoch=4, seq=1, updated_ms=1)
+    assert newest_failover_of([stale, done]) is done
+    assert newest_failover_of([done, stale, newer]) is newer
+
+
+async def test_the_sync_does_nothing_while_a_failover_record_is_open() -> None:
+    # Defect 10: the sync checked "no failover running" and missed a failed, still fenced one.
+    from dr.controller import Controller
+    from dr.controller.datacenters import PrimaryView
+    from dr.controller.sync import SyncContext
+    topo = _topology()
+    ctl = Controller(topo, ControllerSettings(region="east"))
+    cur = PrimaryRecord(region="east", epoch=3)
+    ctl.view = PrimaryView({"east": cur}, {"east": 1}, {}, {}, cur)
+    assert SyncContext.of(ctl).primary == "east"
+    ctl.last_failover = FailoverRecord(source="east", target="west", from_epoch=3, epoch=4,
+                                       state="failed")
+    assert SyncContext.of(ctl).primary is None
+    assert SyncContext.of(ctl).still_primary is not None, "asked again before committing"
+    await ctl.dcs.close()
+
+
+def test_a_same_epoch_conflict_counts_as_fenced() -> None:
+    from dr.controller.datacenters import newest_primary
+    a = PrimaryRecord(region="east", epoch=5)
+    b = PrimaryRecord(region="west", epoch=5)
+    cur, conflict = newest_primary([a, b, PrimaryRecord(region="east", epoch=4)],
+                                   PrimaryRecord(region="east", epoch=0))
+    assert conflict == ("east", "west")
+    assert cur.fenced
+    assert cur.epoch == 5
+    assert cur.writable is None
+    cur, conflict = newest_primary([a, a], PrimaryRecord(region="east", epoch=0))
+    assert cur == a
+    assert conflict == ()

@@ -144,3 +144,147 @@ def test_cluster_ids_never_look_like_an_option() -> None:
     ids = {_new_cluster_id() for _ in range(5000)}
     assert len(ids) == 5000
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)
+
+
+def test_free_topology_adds_a_witness_unless_told_not_to() -> None:
+    topo = free_topology(["a", "b"], seed=3)
+    [w] = topo.witnesses
+    assert (w.name, w.consul.datacenter) == ("witness", "witness")
+    assert w.local is not None
+    ports = {int(a.rsplit(":", 1)[1]) for r in topo.regions
+             for a in (r.consul.http_addr, r.consul.dns_addr)}
+    assert not ports & {int(w.consul.http_addr.rsplit(":", 1)[1]),
+                        int(w.consul.dns_addr.rsplit(":", 1)[1])}
+    assert free_topology(["a"], witnesses=()).witnesses == []
+    assert [w.name for w in free_topology(["a"], witnesses=["w1", "w2"]).witnesses] == \
+        ["w1", "w2"]
+    # the regions' ports do not move when a witness is added (seeded callers keep theirs)
+    assert free_topology(["a", "b"], seed=3, witnesses=()).regions == topo.regions
+
+
+def test_witness_agent_joins_every_region_and_they_join_it(tmp_path: Path) -> None:
+    from dr.stack.consul import ConsulAgent
+    topo = free_topology(["east", "west"])
+    [w] = topo.witnesses
+    assert w.local is not None
+    agent = ConsulAgent(topo, w, 0, tmp_path / "witness" / "consul", Path("consul"))
+    cfg = agent.config()
+    assert cfg["datacenter"] == "witness"
+    assert cfg["node_name"] == "witness-consul"
+    assert cfg["bootstrap_expect"] == 1
+    assert cfg["ports"]["serf_wan"] == w.local.consul.serf_wan_port  # type: ignore[index]
+    assert sorted(cfg["retry_join_wan"]) == sorted(  # type: ignore[arg-type]
+        f"127.0.0.1:{r.local.consul.serf_wan_port}" for r in topo.regions if r.local)
+    east = ConsulAgent(topo, topo.region("east"), 0, tmp_path / "e", Path("consul"))
+    assert f"127.0.0.1:{w.local.consul.serf_wan_port}" in east.wan_peers()
+    fields = [f for _, _, f, _ in agent.ports()]
+    assert fields[0] == "witnesses[0].consul.http_addr"
+    assert "witnesses[0].local.consul.serf_wan_port" in fields
+    assert agent.name == "witness consul agent"
+
+
+def test_stack_refuses_a_witness_without_local_ports(tmp_path: Path) -> None:
+    from dr.errors import StackError
+    from dr.stack.local import LocalStack
+    topo = free_topology(["east", "west"])
+    bare = topo.model_copy(update={"witnesses": [
+        topo.witnesses[0].model_copy(update={"local": None})]})
+    with pytest.raises(StackError, match="regions or witnesses witness have no `local:`"):
+        LocalStack(bare, tmp_path / "t.yaml")
+
+
+def test_netns_topology_moves_witnesses_and_proxies_into_their_namespaces(
+        tmp_path: Path) -> None:
+    from dr.errors import StackError
+    from dr.stack.local import LocalStack
+    from dr.stack.netns import NetNamespaces, netns_topology
+    base = free_topology(["east", "west"])
+    net = NetNamespaces.for_topology(tmp_path / "state", base)
+    assert net.regions == ["east", "west", "witness"]
+    topo = netns_topology(base, net)
+    [w], [bw] = topo.witnesses, base.witnesses
+    assert w.consul.http_addr == f"{net.address('witness')}:{bw.consul.http_addr.split(':')[1]}"
+    assert w.consul.dns_addr.startswith(net.address("witness") + ":")
+    for r, b in zip(topo.regions, base.regions, strict=True):
+        assert r.proxy.endpoint == f"{net.address(r.name)}:{b.proxy.endpoint.split(':')[1]}"
+        assert r.consul.http_addr.startswith(net.address(r.name) + ":")
+    assert len({net.address(n) for n in net.regions}) == 3
+    assert len({net.host_link(n) for n in net.regions}) == 3
+    two = NetNamespaces.for_state(tmp_path / "state", ["east", "west"])
+    with pytest.raises(StackError, match="no network namespace for witness"):
+        netns_topology(base, two)
+    with pytest.raises(StackError, match="no network namespace for witness"):
+        LocalStack(base, tmp_path / "t.yaml", netns=two)
+    with pytest.raises(StackError, match="no network namespace for 'north'"):
+        two.address("north")
+
+
+def test_namespaced_consul_agents_join_over_the_bridge(tmp_path: Path) -> None:
+    from dr.stack.local import LocalStack
+    from dr.stack.netns import NetNamespaces, NetnsConsulAgent, netns_topology
+    base = free_topology(["east", "west"])
+    net = NetNamespaces.for_topology(tmp_path / "state", base)
+    topo = netns_topology(base, net)
+    paths = StackPaths(state=tmp_path / "state", cache=tmp_path / "cache")
+    stack = LocalStack(topo, tmp_path / "t.yaml", paths=paths, netns=net)
+    agent = stack.agent(stack.site("witness"))
+    assert isinstance(agent, NetnsConsulAgent)
+    cfg = agent.config()
+    assert cfg["bind_addr"] == cfg["client_addr"] == net.address("witness")
+    assert sorted(cfg["retry_join_wan"]) == sorted(  # type: ignore[arg-type]
+        f"{net.address(r.name)}:{r.local.consul.serf_wan_port}" for r in topo.regions if r.local)
+    assert agent.process().argv[:4] == ["ip", "netns", "exec", net.namespace("witness")]
+    east = stack.agent(stack.site("east")).config()
+    assert any(p.startswith(net.address("witness") + ":")
+               for p in east["retry_join_wan"])  # type: ignore[union-attr]
+    assert agent.workdir == paths.state / "witness" / "consul"
+
+
+def test_services_run_inside_their_regions_namespaces(tmp_path: Path) -> None:
+    """With namespaces, each proxy and controller runs in its region's namespace, each mirror
+    in its target's, listening on the namespace's address; without, as before."""
+    import json
+
+    from crossdc.topology import Flow
+    from dr.stack.netns import NetNamespaces, netns_topology
+    from dr.stack.services import Services
+    base = free_topology(["east", "west"]).model_copy(update={"flows": [
+        Flow(source="east", target="west", topics="t.*")]})
+    net = NetNamespaces.for_topology(tmp_path / "state", base)
+    topo = netns_topology(base, net)
+    paths = StackPaths(state=tmp_path / "state", cache=tmp_path / "cache")
+    svc = Services(topo, tmp_path / "t.yaml", paths, netns=net, proxies_per_region=2)
+    specs = svc._plan(tmp_path / "policy.yaml")
+    for name, region in (("proxy-east", "east"), ("proxy-east-2", "east"),
+                         ("controller-west", "west"), ("mirror-east-west", "west")):
+        s = specs[name]
+        addr = net.address(region)
+        assert s.argv[:4] == ["ip", "netns", "exec", net.namespace(region)], name
+        assert (s.metrics or "").startswith(addr + ":"), name
+        assert s.address is None or s.address.startswith(addr + ":"), name
+        assert svc._namespace_of(s) == region
+    east = topo.region("east")
+    assert specs["proxy-east"].address == east.proxy.endpoint
+    assert specs["proxy-east"].argv[specs["proxy-east"].argv.index("--host") + 1] == \
+        net.address("east")
+    ctl = specs["controller-west"].argv
+    assert ctl[ctl.index("--http-host") + 1] == net.address("west")
+    mirror = specs["mirror-east-west"].argv
+    assert mirror[mirror.index("--metrics-host") + 1] == net.address("west")
+    # Any process finds the namespaces in stack.json (how `dr drill` builds its Services).
+    paths.state.mkdir(parents=True)
+    paths.stack_file.write_text(json.dumps({"netns": {"tag": net.tag,
+                                                      "regions": net.regions}}))
+    again = Services(topo, tmp_path / "t.yaml", paths)
+    assert again.netns is not None
+    assert again.netns.regions == net.regions
+    # Without namespaces: loopback, no wrapper.
+    plain = Services(base, tmp_path / "t.yaml",
+                     StackPaths(state=tmp_path / "plain", cache=tmp_path / "cache"))
+    assert plain.netns is None
+    for s in plain._plan(tmp_path / "policy.yaml").values():
+        assert s.argv[0] != "ip"
+        assert "--http-host" not in s.argv
+        assert "--metrics-host" not in s.argv
+        assert s.metrics is not None
+        assert s.metrics.startswith("127.0.0.1:")

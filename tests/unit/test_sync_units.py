@@ -94,8 +94,11 @@ def test_cli_bad_topics_regex_is_bad_input() -> None:
 def _controller(topo: Topology, record: PrimaryRecord | None) -> SimpleNamespace:
     view = None if record is None else PrimaryView({"east": record}, {"east": 1}, {}, {},
                                                    record)
+    async def may_commit() -> bool:
+        return True
+
     return SimpleNamespace(topology=topo, view=view, metrics=ControllerMetrics(),
-                           last_failover=None,
+                           last_failover=None, sync_may_commit=may_commit,
                            settings=ControllerSettings(region="west",
                                                        sync=SyncSettings(topics="o.*")))
 

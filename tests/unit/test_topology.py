@@ -108,3 +108,87 @@ def test_flow_validation_names_the_field() -> None:
         Flow(source="east", target="east", topics=".*")
     with pytest.raises(ValueError, match="not a regular expression"):
         Flow(source="east", target="west", topics="(")
+
+
+def test_shipped_topologies_have_a_witness_for_a_majority_of_three() -> None:
+    for name in ("topology.local.yaml", "topology.active-active.yaml"):
+        topo = load_topology(REPO_ROOT / "policies" / name)
+        [w] = topo.witnesses
+        assert (w.name, w.consul.datacenter) == ("witness", "witness")
+        assert w.consul.http_addr == "127.0.0.1:38500"
+        assert w.local is not None
+        assert w.local.consul.serf_wan_port == 38302
+        assert [(d.name, d.witness) for d in topo.datacenters] == [
+            ("east", False), ("west", False), ("witness", True)]
+        assert topo.majority == 2
+
+
+WITNESS = """
+witnesses:
+  - name: {name}
+    consul:
+      http_addr: 127.0.0.1:38500
+      datacenter: {dc}
+      dns_addr: 127.0.0.1:38600
+"""
+
+
+def _no_witness() -> str:
+    return GOOD[:GOOD.index("\n# Witness datacenters")] + \
+        GOOD[GOOD.index("\n# Mirror flows"):]
+
+
+def test_a_topology_without_witnesses_is_valid() -> None:
+    topo = parse_model(Topology, _no_witness(), "topo.yaml")
+    assert topo.witnesses == []
+    assert [d.name for d in topo.datacenters] == ["east", "west"]
+    assert topo.majority == 2
+
+
+def test_a_witness_needs_a_name_no_region_has() -> None:
+    text = _no_witness() + WITNESS.format(name="west", dc="elsewhere")
+    # at the list (its first item's line), the way a region list's error is
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if ln == "witnesses:") + 1
+    assert issues(text) == [
+        f"topo.yaml:{line} witnesses: a witness needs a name no region or other witness "
+        "has; repeated: west"]
+
+
+def test_two_witnesses_need_two_names() -> None:
+    text = (_no_witness() + WITNESS.format(name="w1", dc="w1")
+            + WITNESS.format(name="w1", dc="w2").replace("witnesses:\n", ""))
+    [msg] = issues(text)
+    assert msg.endswith("witnesses: a witness needs a name no region or other witness has; "
+                        "repeated: w1")
+
+
+def test_a_witness_needs_its_own_datacenter() -> None:
+    [msg] = issues(_no_witness() + WITNESS.format(name="witness", dc="east"))
+    assert msg.endswith("witnesses: each witness needs its own consul.datacenter; "
+                        "shared: east")
+    text = (_no_witness() + WITNESS.format(name="w1", dc="dc3")
+            + WITNESS.format(name="w2", dc="dc3").replace("witnesses:\n", ""))
+    [msg] = issues(text)
+    assert msg.endswith("shared: dc3")
+
+
+def test_a_witness_has_no_kafka_and_its_fields_are_checked() -> None:
+    text = _no_witness() + WITNESS.format(name="witness", dc="witness") + \
+        "    kafka:\n      bootstrap_servers: ['127.0.0.1:1']\n"
+    [msg] = issues(text)
+    assert "witnesses[0].kafka: unknown field (check the spelling)" in msg
+    text = (_no_witness() + WITNESS.format(name="witness", dc="witness")
+            ).replace("127.0.0.1:38600", "nowhere")
+    [msg] = issues(text)
+    assert "witnesses[0].consul.dns_addr: 'nowhere' is not host:port" in msg
+    [msg] = issues(_no_witness() + WITNESS.format(name="Witness", dc="witness"))
+    assert "witnesses[0].name" in msg
+
+
+def test_majority_counts_regions_and_witnesses() -> None:
+    from dr.stack.ports import free_topology
+    assert free_topology(["a"], witnesses=()).majority == 1
+    assert free_topology(["a", "b"], witnesses=()).majority == 2
+    assert free_topology(["a", "b"]).majority == 2
+    assert free_topology(["a", "b"], witnesses=["w1", "w2"]).majority == 3
+    assert free_topology(["a", "b", "c"], witnesses=["w"]).majority == 3
