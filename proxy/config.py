@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from crossdc.settings import RetrySettings
 
@@ -133,19 +133,40 @@ class ProxyConfig(_Model):
     tls: TlsSettings | None = Field(None, description="TLS / mTLS of the gRPC port; None: "
                                     "plaintext.")
     primary_lease_s: float = Field(5.0, ge=3.0, description="The primary lease: ordered and "
-                                   "sync writes are taken only while the primary record was "
-                                   "confirmed (read from the own datacenter's Consul, absent "
-                                   "included) within this many seconds, and is not fenced; "
-                                   "otherwise UNAVAILABLE (nearest writes go on). Must not "
-                                   "exceed the controller's `failover.primary_lease_s`, which "
-                                   "a failover waits between fencing and promoting. At least "
-                                   "3 s (the blocking-query wait, a third of it, is at least "
-                                   "1 s).")
-    primary_wait_s: float = Field(30.0, gt=0, description="Blocking-query wait on the primary "
-                                  "key; capped at primary_lease_s / 3 (at least 1 s) so the "
-                                  "key is re-confirmed well within the lease.")
-    primary_retry_s: float = Field(1.0, gt=0, description="Pause after Consul did not answer "
-                                   "(capped at primary_lease_s / 3).")
+                                   "sync writes are taken only while the primary record in "
+                                   "use was confirmed within this many seconds by a round of "
+                                   "consistent reads showing it in a majority of the "
+                                   "topology's Consul datacenters (regions and witnesses; "
+                                   "two regions without a witness: both), counted from when "
+                                   "the round was sent, and is not fenced; otherwise "
+                                   "UNAVAILABLE (nearest writes go on). Must not exceed the "
+                                   "controller's `failover.primary_lease_s`, which a failover "
+                                   "waits between fencing and promoting (a record stating a "
+                                   "shorter `lease_s` is refused, reason lease_longer). At "
+                                   "least 3 s.")
+    primary_write_s: float = Field(1.5, gt=0, description="The longest ordered or sync "
+                                   "write: one starts only with this much of the primary "
+                                   "lease left (checked after the topic metadata lookup) and "
+                                   "is bounded by it, every attempt and region included; a "
+                                   "write still unanswered then drops that region's producer "
+                                   "so nothing it queued is sent later. The record's `write_s`, "
+                                   "when stated and smaller, is used instead. The same as the "
+                                   "controller's `failover.primary_write_s` (default 1.5 s); at "
+                                   "most primary_lease_s - 1 (the rest is for renewing).")
+    primary_wait_s: float = Field(30.0, gt=0, description="Blocking-query wait of the watch "
+                                  "of the own datacenter's key (fast notice of a fence; it "
+                                  "does not renew the lease); capped at primary_lease_s / 3 "
+                                  "(at least 1 s).")
+    primary_retry_s: float = Field(1.0, gt=0, description="Pause after the own Consul did not "
+                                   "answer the watch (capped at primary_lease_s / 3).")
     kafka: KafkaWriterSettings = KafkaWriterSettings()
     breaker: BreakerSettings = BreakerSettings()
     consul_retry: RetrySettings = RetrySettings(attempts=2, total_s=3.0, call_timeout_s=2.0)
+
+    @model_validator(mode="after")
+    def _write_fits_the_lease(self) -> ProxyConfig:
+        if self.primary_write_s > self.primary_lease_s - 1.0:
+            raise ValueError(f"primary_write_s ({self.primary_write_s:g} s) must leave at least "
+                             f"1 s of primary_lease_s ({self.primary_lease_s:g} s) for renewing "
+                             f"the lease: at most {self.primary_lease_s - 1.0:g} s")
+        return self

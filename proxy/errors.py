@@ -15,8 +15,8 @@ to gRPC status codes (`grpc_code`).
         ├── Overloaded          in-flight bytes over the bound               RESOURCE_EXHAUSTED *
         ├── DeadlineExceeded    the request's deadline passed                DEADLINE_EXCEEDED *
         ├── NotServing          the proxy is draining                        UNAVAILABLE *
-        ├── PrimaryUnavailable  ordered/sync refused: primary lease run out  UNAVAILABLE *
-        │                       (or never confirmed), or the record fenced
+        ├── PrimaryUnavailable  ordered/sync refused: no primary lease from  UNAVAILABLE *
+        │                       a majority, too little of it left, or fenced
         ├── Unauthenticated     no or unknown bearer token                   UNAUTHENTICATED
         ├── PermissionDenied    the token may not write this topic           PERMISSION_DENIED
         ├── ProxyTaskFailed     a background loop of the server died (it stopped)
@@ -200,9 +200,12 @@ class NotServing(ProxyError):
 
 class PrimaryUnavailable(ProxyError):
     """No region may take ordered and sync writes from this proxy now. `reason` (the metric
-    label): `unconfirmed` (the own datacenter's Consul never answered since start),
-    `lease_expired` (not confirmed within `primary_lease_s`) or `fenced` (a failover is
-    under way: the record names no writable primary). `epoch` is the epoch held."""
+    label): `unconfirmed` (no round of reads has shown the record in use in a majority of
+    datacenters), `lease_expired` (not confirmed within `primary_lease_s`), `lease_short`
+    (less than the write bound left of the lease: the write was not started), `lease_longer`
+    (this proxy's lease is longer than the one the record states), `conflict` (two regions
+    named writable at one epoch) or `fenced` (a failover is under way: the record names no
+    writable primary). `epoch` is the epoch held."""
 
     retriable = True
 

@@ -64,22 +64,59 @@ class ProxyMetrics:
                                       "Consul call answered (else the primary is the last "
                                       "value seen)", registry=r, multiprocess_mode="livemin")
         self.primary_lease_valid = Gauge("crossdc_proxy_primary_lease_valid", "1 while the "
-                                         "primary was confirmed in the own datacenter's "
-                                         "Consul within primary_lease_s (ordered and sync "
-                                         "writes need it, and an unfenced record)",
+                                         "primary record in use was confirmed within "
+                                         "primary_lease_s by a round of consistent reads "
+                                         "agreeing in a majority of datacenters (ordered and "
+                                         "sync writes need it, and an unfenced record)",
                                          registry=r, multiprocess_mode="livemin")
         self.primary_refusals = Counter("crossdc_proxy_primary_refusals", "Ordered and sync "
                                         "records refused UNAVAILABLE for want of a writable "
-                                        "primary, by reason (unconfirmed: Consul never "
-                                        "answered since start; lease_expired: not confirmed "
-                                        "within the lease; fenced: a failover is under way)",
+                                        "primary, by reason (unconfirmed: no majority of "
+                                        "datacenters has shown the record in use; "
+                                        "lease_expired: not confirmed within the lease; "
+                                        "lease_short: less than the write bound left of the "
+                                        "lease, the write not started; lease_longer: this "
+                                        "proxy's lease is longer than the record's; "
+                                        "conflict: two regions named writable at one epoch; "
+                                        "fenced: a failover is under way)",
                                         ("reason",), registry=r)
-        for reason in ("unconfirmed", "lease_expired", "fenced"):
+        for reason in ("unconfirmed", "lease_expired", "lease_short", "lease_longer",
+                       "conflict", "fenced"):
             self.primary_refusals.labels(reason)
-        self.peer_consul_reachable = Gauge("crossdc_proxy_peer_consul_reachable", "1 when "
-                                           "the last read of the primary key in another "
-                                           "region's Consul answered", ("region",),
-                                           registry=r, multiprocess_mode="livemin")
+        self.primary_datacenters = Gauge("crossdc_proxy_primary_datacenters", "Consul "
+                                         "datacenters that vote on the primary record "
+                                         "(regions and witnesses)", registry=r,
+                                         multiprocess_mode="livemax")
+        self.primary_majority = Gauge("crossdc_proxy_primary_majority", "Datacenters that "
+                                      "must show the same primary record to renew the lease",
+                                      registry=r, multiprocess_mode="livemax")
+        self.primary_agreeing = Gauge("crossdc_proxy_primary_agreeing", "Datacenters that "
+                                      "showed the most-shown primary record in the last round "
+                                      "of reads (the lease is renewed from "
+                                      "crossdc_proxy_primary_majority up)", registry=r,
+                                      multiprocess_mode="livemin")
+        self.primary_dc_voted = Gauge("crossdc_proxy_primary_datacenter_voted", "1 when the "
+                                      "datacenter's Consul answered the last round's "
+                                      "consistent read with a valid record (0: unreachable, "
+                                      "absent key, invalid value)", ("datacenter",),
+                                      registry=r, multiprocess_mode="livemin")
+        self.primary_rounds = Counter("crossdc_proxy_primary_rounds", "Rounds of consistent "
+                                      "reads of the primary record in every datacenter, by "
+                                      "outcome (confirmed: a majority agreed, the lease "
+                                      "renewed; no_majority; conflict)", ("outcome",),
+                                      registry=r)
+        for outcome in ("confirmed", "no_majority", "conflict"):
+            self.primary_rounds.labels(outcome)
+        self.primary_lease_longer = Gauge("crossdc_proxy_primary_lease_longer", "1 while "
+                                          "this proxy's primary_lease_s is longer than the "
+                                          "lease_s the primary record states (ordered and "
+                                          "sync writes refused: fix the configuration)",
+                                          registry=r, multiprocess_mode="livemax")
+        self.producer_drops = Counter("crossdc_proxy_producer_drops", "Region producers "
+                                      "dropped without a flush because an ordered or sync "
+                                      "write was still unanswered at the end of its write "
+                                      "bound (nothing queued is sent after it); the next "
+                                      "probe starts a new one", ("region",), registry=r)
         self.inflight_bytes = Gauge("crossdc_proxy_inflight_bytes", "Record bytes being "
                                     "written now", registry=r, multiprocess_mode="livesum")
         self.rejected = Counter("crossdc_proxy_backpressure_rejections", "Requests refused "

@@ -1,9 +1,13 @@
 """Routing: a policy rule turns each record into writes to target regions.
 
 - ordered: the current primary only (epoch from Consul). Not failed over: a down primary is
-  UNAVAILABLE until the controller moves the primary. `primary()` raises `PrimaryUnavailable`
-  (UNAVAILABLE, counted by reason) while the proxy's primary lease has run out or the record
-  is fenced (`proxy.primary`): no ordered or sync write is then attempted anywhere.
+  UNAVAILABLE until the controller moves the primary. `primary()` (`PrimaryWatcher.grant`)
+  raises `PrimaryUnavailable` (UNAVAILABLE, counted by reason) while the proxy's primary lease
+  does not hold, the record is fenced, or less than the write bound is left of the lease
+  (`proxy.primary`): no ordered or sync write is then attempted anywhere. It is asked once
+  before the topic's metadata lookup (no lookups without a lease) and again AFTER it, just
+  before the write, so a slow lookup cannot eat the lease; the write (the primary's and, for
+  sync, every other region's, retries included) is bounded by the grant's `until`.
 - sync: the primary first; then every other region (topology preference order) at the SAME
   partition number the primary gave; OK once `quorum` regions (all by default), primary
   included, hold it. Fewer is `IncompleteSync` (status PARTIAL, the regions written named),
@@ -52,6 +56,7 @@ from proxy.headers import check_client_headers, dr_headers, new_dr_id, stamp_wit
 from proxy.idempotency import IdempotencyLog, IdempotencyWindow, LogUnavailable, Slot
 from proxy.metrics import ProxyMetrics, observe_many
 from proxy.policy import LOCAL, Policy, Rule
+from proxy.primary import WriteGrant
 from proxy.writers import Outgoing, RegionWrite, RegionWriter, partition_for
 
 __all__ = ["Incoming", "Outcome", "Router"]
@@ -173,12 +178,17 @@ class _RuleInfo(NamedTuple):
 
 class Router:
     def __init__(self, own_region: str, topology: Topology, writers: dict[str, RegionWriter],
-                 primary: Callable[[], PrimaryRecord], policy: Callable[[], Policy],
-                 window: IdempotencyWindow, metrics: ProxyMetrics) -> None:
+                 primary: Callable[[], WriteGrant], policy: Callable[[], Policy],
+                 window: IdempotencyWindow, metrics: ProxyMetrics, *,
+                 current: Callable[[], PrimaryRecord] | None = None) -> None:
+        """`primary`: leave for one ordered or sync write (`PrimaryWatcher.grant`), raising
+        `PrimaryUnavailable`; `current`: the newest primary record seen (a retry of a write
+        stops once it changed); default: the record of a fresh grant."""
         self.own = own_region
         self.topology = topology
         self.writers = writers
         self.primary = primary
+        self.current = current
         self.policy = policy
         self.window = window
         self.metrics = metrics
@@ -402,7 +412,13 @@ class Router:
     async def _primary_modes(self, mode: str, topic: str, idxs: list[int],
                              rules: list[Rule | None], records: Sequence[Incoming],
                              outs: list[Outcome], ts_ms: int, deadline: float) -> None:
-        prim = self.primary()
+        self.primary()  # no lease: refused before any metadata lookup
+        counts = await self.partition_counts(topic, deadline)
+        # The lease is checked again AFTER the lookups (which may take up to the deadline):
+        # the write starts only with its bound left of the lease, and ends by `until`.
+        grant = self.primary()
+        prim = grant.record
+        write_deadline = min(deadline, grant.until)
         epoch = prim.epoch
         regions = [prim.region]
         if mode == "sync":
@@ -413,17 +429,18 @@ class Router:
         if pw is None:
             raise NoWritableRegion(topic, mode, {prim.region: "primary is not a topology "
                                                  "region"})
-        counts = await self.partition_counts(topic, deadline)
         n = counts.get(prim.region)
         if n is None:
             raise NoWritableRegion(topic, mode, {prim.region: pw.why_not_writable()
                                                  or "topic metadata unknown"})
+        current = self.current
 
         def still_primary() -> str:
-            try:
-                now = self.primary()
-            except PrimaryUnavailable as exc:
-                return str(exc)
+            if current is None:
+                return ""
+            now = current()
+            if now.fenced:
+                return f"primary fenced at epoch {now.epoch}"
             return "" if now.epoch == epoch and now.region == prim.region else (
                 f"primary moved to {now.region} (epoch {now.epoch})")
 
@@ -447,7 +464,7 @@ class Router:
                     _partition(rec.key, n), rec.size)))
             probe = pw.breaker.probing
             try:
-                res = await pw.write(topic, items, mode=mode, deadline=deadline,
+                res = await pw.write(topic, items, mode=mode, deadline=write_deadline,
                                      still_valid=still_primary)
             except BaseException:  # cancelled (client gone): no verdict; free the probe
                 if probe:
@@ -481,7 +498,8 @@ class Router:
                 items.append(Outgoing(records[i].key, records[i].value, headers(i), part,
                                       records[i].size))
             try:
-                res = await w.write(topic, items, mode=mode, deadline=deadline)
+                res = await w.write(topic, items, mode=mode, deadline=write_deadline,
+                                    still_valid=still_primary)
             except BaseException:  # cancelled: no verdict; free the probe
                 if probe:
                     w.breaker.release_probe()

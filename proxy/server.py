@@ -16,8 +16,9 @@ new handshakes get them; open connections keep theirs).
 Health (`grpc.health.v1`, service "" and "crossdc.v1.Proxy"): SERVING while at least one
 region is writable (producer up, last metadata probe answered, breaker not open) and the
 server is not draining; NOT_SERVING otherwise. `health()` gives the details (regions,
-primary, epoch, whether Consul answers, the primary lease). Health does NOT follow the primary
-lease: with Consul unreachable (or the record fenced) ordered and sync writes are refused
+primary, epoch, whether Consul answers, the primary lease and what each datacenter showed in
+the last round of reads). Health does NOT follow the primary lease: without a majority of
+datacenters agreeing (or with the record fenced) ordered and sync writes are refused
 UNAVAILABLE with the reason (`proxy.primary`), while nearest writes, and so SERVING, go on.
 
 Lifecycle: every background loop (`proxy:health` — the region probes and health —,
@@ -289,14 +290,19 @@ class ProxyServer:
         self.writers = {r.name: RegionWriter(r, config.kafka, config.breaker, self.metrics,
                                              client_id=client_id) for r in topology.regions}
         self.consul = ConsulClient(self.region.consul.http_addr, config.consul_retry)
-        self.peer_consuls = {r.name: ConsulClient(r.consul.http_addr, config.consul_retry)
-                             for r in topology.regions if r.name != config.region}
+        # every other voting datacenter (regions, then witnesses), each through its own agent
+        self.peer_consuls = {dc.name: ConsulClient(dc.consul.http_addr, config.consul_retry)
+                             for dc in topology.datacenters if dc.name != config.region}
+        voters = {dc.name: self.peer_consuls.get(dc.name, self.consul)
+                  for dc in topology.datacenters}
         self.primary = PrimaryWatcher(self.consul, PrimaryRecord.initial(topology),
                                       self.metrics, lease_s=config.primary_lease_s,
+                                      write_s=config.primary_write_s,
                                       wait_s=config.primary_wait_s,
                                       retry_s=config.primary_retry_s,
                                       regions=[r.name for r in topology.regions],
-                                      peers=self.peer_consuls)
+                                      datacenters=voters, own=config.region,
+                                      majority=topology.majority)
         self.auth_store: AuthStore | None = None
         self.tls: ReloadingTls | None = None
         if config.auth_file is not None:
@@ -311,8 +317,9 @@ class ProxyServer:
         self.budget = InflightBudget(config.max_inflight_bytes, self.metrics)
         self.heap = HeapTrimmer(self.metrics, interval_s=config.heap_trim_interval_s,
                                 min_free_bytes=config.heap_trim_min_free_bytes)
-        self.router = Router(config.region, topology, self.writers, self.primary.writable,
-                             self._policy_fn, self.window, self.metrics)
+        self.router = Router(config.region, topology, self.writers, self.primary.grant,
+                             self._policy_fn, self.window, self.metrics,
+                             current=lambda: self.primary.current)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._run_task: asyncio.Task[None] | None = None
@@ -684,9 +691,11 @@ class ProxyServer:
             "primary": p.region, "epoch": p.epoch, "fenced": p.fenced,
             "primary_lease_valid": self.primary.lease_valid,
             "primary_confirmed_age_s": self.primary.confirmed_age_s,
+            "primary_agreeing": self.primary.agreeing,
+            "primary_majority": self.primary.majority,
+            "primary_datacenters": self.primary.views(),
             "consul_reachable": self.primary.consul_reachable,
             "consul_error": self.primary.last_error or None,
-            "peer_consul_errors": {r: e or None for r, e in self.primary.peer_errors.items()},
             "regions": {n: {"writable": w.writable, "reachable": w.reachable,
                             "breaker": w.breaker.state.name.lower(),
                             "why": w.why_not_writable() or None}

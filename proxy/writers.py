@@ -3,8 +3,13 @@
 - `RegionWriter.write(topic, items, ...)` sends records in order and returns, per record, a
   `RegionWrite` (partition, offset) or the `RegionWriteFailed` that stopped it. Retriable
   Kafka errors are retried here (tenacity, the one retry loop), bounded by attempts and by the
-  request deadline; an attempt that times out is NOT retried (the batch may still land, and a
-  second send would duplicate it).
+  deadline; an attempt that times out is NOT retried (the batch may still land, and a second
+  send would duplicate it). An ordered or sync write's deadline is the end of its primary
+  lease grant (`proxy.primary`): when one of its attempts ends with records still unanswered,
+  the producer is DROPPED at once (no flush: its sender stopped, its queued batches failed,
+  its connections closed) so that nothing it queued is sent after the bound (an idempotent
+  aiokafka producer otherwise retries a queued batch until it lands, however late); the
+  health loop's probe starts a new one.
 - `partition_count(topic)` reads the producer's cluster metadata (refreshed every
   `metadata_max_age_ms`, or at once for a topic not seen yet) — the basis of the same-partition
   rule and of the partition-count check across regions.
@@ -27,7 +32,7 @@ from typing import Any, NamedTuple
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, OutOfOrderSequenceNumber
+from aiokafka.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber
 from aiokafka.partitioner import murmur2
 from tenacity import (
     AsyncRetrying,
@@ -313,10 +318,12 @@ class RegionWriter:
             return [err] * len(items)
         t0 = time.perf_counter()
         self._touch(topic)
+        bounded = mode != "nearest"  # ordered, sync: nothing may be sent after the deadline
         # The first attempt runs here; the retry machinery is built only when it failed.
-        pending = await self._attempt(topic, items, range(len(items)), results, deadline)
+        pending = await self._attempt(topic, items, range(len(items)), results, deadline,
+                                      bounded)
         if pending:
-            await self._retry(topic, items, pending, results, deadline, still_valid)
+            await self._retry(topic, items, pending, results, deadline, still_valid, bounded)
         out = [r if r is not None else RegionWriteFailed(self.name, topic, "not sent")
                for r in results]
         m = self._children(mode)
@@ -337,7 +344,7 @@ class RegionWriter:
 
     async def _retry(self, topic: str, items: Sequence[Outgoing], pending: list[int],
                      results: list[Any], deadline: float,
-                     still_valid: Callable[[], str] | None) -> None:
+                     still_valid: Callable[[], str] | None, bounded: bool) -> None:
         """Retry the `pending` items (the first attempt failed them with a retriable error):
         tenacity, the one retry loop, bounded by `retry_attempts` in all and the deadline."""
         s = self.settings
@@ -361,7 +368,7 @@ class RegionWriter:
                                 raise _AttemptFailed(RegionWriteFailed(self.name, topic, why,
                                                                        retriable=False))
                         pending = await self._attempt(topic, items, pending, results,
-                                                      deadline)
+                                                      deadline, bounded)
                     # attempt 1 is the one write() already made
                     first = next((results[i] for i in pending), None)
                     if isinstance(first, RegionWriteFailed):
@@ -380,8 +387,9 @@ class RegionWriter:
         return random.choice(sorted(parts)) if parts else None
 
     async def _attempt(self, topic: str, items: Sequence[Outgoing], pending: Sequence[int],
-                       results: list[Any], deadline: float) -> list[int]:
+                       results: list[Any], deadline: float, bounded: bool = False) -> list[int]:
         """One try of the `pending` items; fills `results`; returns the items to retry.
+        `bounded` (ordered, sync): records still unanswered at the end drop the producer.
 
         Records of one partition numerous enough (`_BUILD_MIN`) go into producer batches
         built here (`create_batch`/`send_batch`: one future per batch, offsets base + index),
@@ -439,13 +447,56 @@ class RegionWriter:
             else:
                 for i in idxs:
                     self._settle(topic, i, fut, timeout, results, retry)
+        stuck = 0
         for i in pending:
             if results[i] is None:
+                stuck += 1
                 results[i] = RegionWriteFailed(self.name, topic,
                                                f"not sent within {timeout:.2f}s",
                                                retriable=False)
+        if bounded:
+            stuck += sum(1 for _, f in futs if not f.done())
+            stuck += sum(len(idxs) for idxs, f in chunks if not f.done())
+            if stuck:
+                await self._drop_producer(
+                    producer, f"{stuck} ordered/sync record(s) of {topic} unanswered at the "
+                    f"end of their write bound ({timeout:.2f} s)")
+                for _, f in [*futs, *chunks]:  # failed by the drop: nobody else reads them
+                    if f.done() and not f.cancelled():
+                        f.exception()
         retry.sort()
         return retry
+
+    async def _drop_producer(self, producer: AIOKafkaProducer, why: str) -> None:
+        """Stop `producer` at once without flushing: nothing it has queued is sent from now
+        on (its sender task cancelled, its queued batches failed, its connections closed);
+        writes to this region fail until the next probe starts a new producer. A request
+        already on the wire cannot be called back: the controller's wait after the lease
+        (its write time and margin) is for those."""
+        if self._producer is producer:
+            self._producer = None
+            self._renew = False
+        elif getattr(producer, "_closed", False):
+            return  # dropped (or stopped) already, by another write
+        self.metrics.producer_drops.labels(self.name).inc()
+        self.log.warning("producer_dropped", why=why)
+        self._set_reachable(False, f"producer dropped: {why}")
+        sender = getattr(producer, "_sender", None)
+        task = getattr(sender, "sender_task", None)
+        if task is not None:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            producer._message_accumulator.fail_all(KafkaTimeoutError(why))
+        producer._closed = True  # its stop() has nothing left to flush
+        bound = min(self.settings.probe_timeout_s, 2.0)  # local work: closing sockets
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(bound):
+                await producer.client.close()
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait({task}, timeout=bound)
+            if task.done() and not task.cancelled():
+                task.exception()
 
     async def _send_one(self, producer: AIOKafkaProducer, topic: str,
                         items: Sequence[Outgoing], i: int, results: list[Any],

@@ -68,7 +68,7 @@ class FailoverSettings(BaseModel):
                                    "out.")
     lease_margin_s: float = Field(0.5, ge=0, description="Added to the lease wait (clock "
                                   "rate and scheduling slack).")
-    primary_write_s: float = Field(2.0, gt=0, description="The longest ordered or sync "
+    primary_write_s: float = Field(1.5, gt=0, description="The longest ordered or sync "
                                    "write: a proxy starts one only with this much of its lease "
                                    "left and bounds it by this; the fence waits primary_lease_s "
                                    "+ primary_write_s + lease_margin_s.")

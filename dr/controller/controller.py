@@ -343,6 +343,8 @@ class Controller:
         if not view.has_majority:
             self.why_no_auto = (f"only {len(view.per_region)} of {len(self.dcs.clients)} "
                                 f"datacenters answer (a majority is {view.majority})")
+            if self.settings.failover.auto:  # nobody leads on a minority side: say it here
+                self.metrics.auto_blocked.labels(reason="no_majority").inc()
         elif self.lock is not None and self.lock.why_not:
             self.why_no_auto = f"not the leader: {self.lock.why_not}"
 

@@ -222,6 +222,20 @@ class ControllerView(BaseModel):
     failover: FailoverRecord | None
     tail: dict[str, int] = {}
     """Quarantined records not yet replayed, per region that answered."""
+    datacenters: int = 0
+    """Datacenters that vote (regions and witnesses)."""
+    majority: int = 0
+    """How many make a majority."""
+    conflict: list[str] = []
+    """Regions named writable at the newest epoch by different datacenters."""
+
+    @property
+    def answering(self) -> int:
+        return len(self.primary)
+
+    @property
+    def has_majority(self) -> bool:
+        return self.answering >= self.majority
 
 
 async def controller_view(dcs: Datacenters) -> ControllerView:
@@ -246,4 +260,5 @@ async def controller_view(dcs: Datacenters) -> ControllerView:
     return ControllerView(primary=view.per_region, unreachable=view.unreachable,
                           current=view.current, stale=view.stale, leader=await leader_of(dcs),
                           gate=gate, health=health, failover=await newest_failover(dcs),
-                          tail=tail)
+                          tail=tail, datacenters=len(dcs.clients), majority=view.majority,
+                          conflict=list(view.conflict))

@@ -25,9 +25,9 @@ from kafka_helpers import (  # type: ignore[import-not-found]
     read_all,
     unique,
 )
+from primary_helpers import agreed_primary, put_primary  # type: ignore[import-not-found]
 
 from crossdc.clients.consul import ConsulClient
-from crossdc.clients.primary import read_primary, write_primary
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from dr.stack.ports import free_topology
@@ -71,6 +71,14 @@ def _merge(*topos: Topology, primary: str, preference: list[str]) -> Topology:
 
 def _record(topic: str, value: bytes = b"v", key: bytes | None = b"k", **kw: Any) -> Any:
     return pb.Record(topic=topic, key=key, value=value, **kw)
+
+
+@pytest.fixture(autouse=True)
+async def _primary_everywhere(two_regions: Any) -> None:
+    """Every datacenter holds one record naming east writable: a proxy renews its primary
+    lease only from a majority of datacenters showing the same record, and an absent key
+    renews nothing (the controller writes the epoch-0 record at its first start)."""
+    await agreed_primary(two_regions.topology)
 
 
 @pytest.fixture(scope="module")
@@ -142,42 +150,48 @@ async def test_ordered_lands_only_in_the_primary(two_regions, stub) -> None:  # 
 
 async def test_primary_change_moves_ordered_writes_within_a_second(  # type: ignore[no-untyped-def]
         two_regions, stub, east_proxy) -> None:
+    topo = two_regions.topology
     topic = await _topic(two_regions, "ord")
     first = await stub.Produce(pb.ProduceRequest(record=_record(topic)))
     assert first.result.written[0].region == "east"
-    async with ConsulClient(two_regions.topology.region("east").consul.http_addr) as consul:
-        rec, index = await read_primary(consul)
-        current = rec or PrimaryRecord.initial(two_regions.topology)
-        moved = current.successor("west", by="test")
-        assert await write_primary(consul, moved, index)
-        t0 = time.monotonic()
-        try:
-            while True:
+    current = await agreed_primary(topo)
+    moved = current.successor("west", by="test")
+    # the controller writes the new record in every datacenter (a majority suffices); while
+    # only some hold it, the proxy takes no ordered write at all (never east's old record)
+    for dc in topo.datacenters:
+        await put_primary(dc.consul.http_addr, moved)
+    t0 = time.monotonic()
+    try:
+        while True:
+            try:
                 r = (await stub.Produce(pb.ProduceRequest(record=_record(topic)))).result
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+            else:
                 if r.written[0].region == "west":
                     break
-                assert time.monotonic() - t0 < 1.0, "ordered writes still go to east after 1 s"
-            elapsed = time.monotonic() - t0
-            assert r.epoch == moved.epoch
-            for _ in range(5):  # never back to the old primary
-                r = (await stub.Produce(pb.ProduceRequest(record=_record(topic)))).result
-                assert [w.region for w in r.written] == ["west"]
-            h = east_proxy.health()
-            assert h["primary"] == "west"
-            assert h["epoch"] == moved.epoch
-            assert h["consul_reachable"] is True
-            # an older epoch (a stale datacenter) does not move it back
-            _, idx = await read_primary(consul)
-            stale = PrimaryRecord(region="east", epoch=moved.epoch - 1, by="stale")
-            assert await write_primary(consul, stale, idx)
+                code = None
+            assert code in (None, grpc.StatusCode.UNAVAILABLE)
+            assert time.monotonic() - t0 < 1.0, "ordered writes not in west after 1 s"
+        elapsed = time.monotonic() - t0
+        assert r.epoch == moved.epoch
+        for _ in range(5):  # never back to the old primary
             r = (await stub.Produce(pb.ProduceRequest(record=_record(topic)))).result
             assert [w.region for w in r.written] == ["west"]
-        finally:
-            rec, idx = await read_primary(consul)
-            assert rec is not None
-            back = PrimaryRecord(region="east", epoch=moved.epoch + 1, by="test")
-            assert await write_primary(consul, back, idx)
-            await eventually(lambda: _is(east_proxy, "east"), 5, "primary back to east")
+        h = east_proxy.health()
+        assert h["primary"] == "west"
+        assert h["epoch"] == moved.epoch
+        assert h["consul_reachable"] is True
+        # an older epoch (a stale datacenter) does not move it back
+        stale = PrimaryRecord(region="east", epoch=moved.epoch - 1, by="stale")
+        await put_primary(topo.region("east").consul.http_addr, stale)
+        r = (await stub.Produce(pb.ProduceRequest(record=_record(topic)))).result
+        assert [w.region for w in r.written] == ["west"]
+    finally:
+        back = PrimaryRecord(region="east", epoch=moved.epoch + 1, by="test")
+        for dc in topo.datacenters:
+            await put_primary(dc.consul.http_addr, back)
+        await eventually(lambda: _is(east_proxy, "east"), 5, "primary back to east")
     assert elapsed < 1.0
 
 
@@ -324,11 +338,13 @@ def _dead_region(name: str) -> Topology:
 
 async def test_unavailable_names_why(two_regions, policy_file) -> None:  # type: ignore[no-untyped-def]
     dead = _dead_region("dead")
-    topo = _merge(two_regions.topology, dead, primary="dead",
-                  preference=["dead", "east", "west"])
-    # the proxy runs in `dead`: its own Consul never answers, so no primary is confirmed and
-    # ordered and sync writes are refused (before the lease: written to the topology's
-    # primary at epoch 0, a second primary); nearest writes go to the next region
+    topo = _merge(dead, Topology(regions=[two_regions.topology.region("east")],
+                                 preference=["east"], primary="east"),
+                  primary="dead", preference=["dead", "east"])
+    # the proxy runs in `dead`, whose Consul never answers: with east's datacenter alone, one
+    # of two, no majority confirms a primary, so ordered and sync writes are refused (before
+    # the lease: written to the topology's primary at epoch 0, a second primary); nearest
+    # writes go to the next region
     async with ProxyServer(topo, _cfg("dead", register_consul=False), policy_file) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         stub = pb_grpc.ProxyStub(ch)
@@ -336,7 +352,8 @@ async def test_unavailable_names_why(two_regions, policy_file) -> None:  # type:
         topic = await _topic(two_regions, "ord", partitions=1)
         code, msg = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(topic))))
         assert code == grpc.StatusCode.UNAVAILABLE
-        assert f"primary not confirmed since start: Consul at {addr} unreachable" in msg
+        assert msg.startswith("primary not confirmed since start: 1 of 2 datacenters agree, "
+                              "2 needed (dead: unreachable: Consul at " + addr), msg
         st = await _topic(two_regions, "sync", partitions=1)
         code, msg = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(st))))
         assert code == grpc.StatusCode.UNAVAILABLE

@@ -22,6 +22,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from kafka_helpers import create_topic, end_offsets, eventually, read_all, unique  # type: ignore[import-not-found]
+from primary_helpers import agreed_primary  # type: ignore[import-not-found]
 
 from crossdc.clients.consul import ConsulClient
 from proxy.api import pb, pb_grpc
@@ -137,6 +138,14 @@ def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Certificat
 def _write_cert(cert: x509.Certificate, path: Path) -> Path:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return path
+
+
+@pytest.fixture(autouse=True)
+async def _primary_everywhere(two_regions: Any) -> None:
+    """Every datacenter holds one record naming east writable: a proxy renews its primary
+    lease only from a majority of datacenters showing the same record, and an absent key
+    renews nothing (the controller writes the epoch-0 record at its first start)."""
+    await agreed_primary(two_regions.topology)
 
 
 @pytest.fixture(scope="module")

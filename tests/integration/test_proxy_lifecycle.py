@@ -18,6 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from kafka_helpers import create_topic, eventually, unique  # type: ignore[import-not-found]
+from primary_helpers import agreed_primary  # type: ignore[import-not-found]
 from prometheus_client import CollectorRegistry
 from tests_support import write_topology  # type: ignore[import-not-found]
 
@@ -45,6 +46,14 @@ def _cfg(region: str, **kw: Any) -> ProxyConfig:
     kw.setdefault("grace_s", 1.0)
     return ProxyConfig(region=region, consul_check_interval_s=1.0, primary_wait_s=5.0,
                        register_consul=False, **kw)
+
+
+@pytest.fixture
+async def primary_everywhere(two_regions: Any) -> None:
+    """Every datacenter holds one record naming east writable: a proxy renews its primary
+    lease only from a majority of datacenters showing the same record, and an absent key
+    renews nothing (the controller writes the epoch-0 record at its first start)."""
+    await agreed_primary(two_regions.topology)
 
 
 @pytest.fixture
@@ -272,7 +281,7 @@ async def test_stop_is_bounded_when_a_producer_close_hangs(two_regions,  # type:
         await real_stop()
 
 
-async def test_failing_primary_callback_stops_the_server(two_regions,  # type: ignore[no-untyped-def]
+async def test_failing_primary_callback_stops_the_server(two_regions, primary_everywhere,  # type: ignore[no-untyped-def]
                                                          policy_file: Path) -> None:
     server = ProxyServer(two_regions.topology, _cfg("east"), policy_file)
     await server.start()
@@ -295,14 +304,15 @@ async def test_failing_primary_callback_stops_the_server(two_regions,  # type: i
             await server.stop()
 
 
-async def test_primary_record_naming_an_unknown_region_is_refused(two_regions,  # type: ignore[no-untyped-def]
-                                                                  policy_file: Path) -> None:
-    server = ProxyServer(two_regions.topology, _cfg("east"), policy_file)
+async def test_primary_record_naming_an_unknown_region_is_refused(  # type: ignore[no-untyped-def]
+        two_regions, primary_everywhere, policy_file: Path) -> None:
+    topo = two_regions.topology
+    server = ProxyServer(topo, _cfg("east"), policy_file)
     await server.start()
     topic = unique("ord")
-    for r in two_regions.topology.regions:
+    for r in topo.regions:
         await create_topic(r.kafka.bootstrap, topic, partitions=1)
-    addr = two_regions.topology.region("east").consul.http_addr
+    addr = topo.region("east").consul.http_addr
     try:
         async with ConsulClient(addr) as c, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
@@ -311,24 +321,25 @@ async def test_primary_record_naming_an_unknown_region_is_refused(two_regions,  
             rec, index = await read_primary(c)
             top = rec.epoch if rec is not None else 0
             bad = PrimaryRecord(region="mars", epoch=top + 1, by="test")
-            assert await write_primary(c, bad, index)
+            assert await write_primary(c, bad, index)   # in east's datacenter only
             try:
                 async def refused() -> bool:
                     return _sample(server, "crossdc_proxy_primary_refused_total",
                                    {"reason": "unknown_region"}) >= 1
                 await eventually(refused, 10, "the bad primary record refused")
                 assert server.primary.current == good
-                r = (await stub.Produce(pb.ProduceRequest(record=pb.Record(
-                    topic=topic, key=b"k", value=b"v")), timeout=10)).result
-                assert [w.region for w in r.written] == [good.region]
                 assert server.failure is None
+                if topo.majority < len(topo.datacenters):
+                    # the others (a majority without east's) still show the good record
+                    r = (await stub.Produce(pb.ProduceRequest(record=pb.Record(
+                        topic=topic, key=b"k", value=b"v")), timeout=10)).result
+                    assert [w.region for w in r.written] == [good.region]
             finally:
                 _, idx = await read_primary(c)
                 back = PrimaryRecord(region=good.region, epoch=top + 2, by="test")
                 assert await write_primary(c, back, idx)
     finally:
         await server.stop()
-
 
 
 # -- a cancelled half-open probe, with the region's Kafka frozen (the dedicated north) ----
@@ -345,8 +356,10 @@ async def test_cancelled_probe_during_a_frozen_kafka_does_not_block_the_region( 
             for p in sorted((stack.paths.state / "north").glob("kafka-*/pid"))]
     assert pids
     policy = tmp_path / "policy.yaml"
-    policy.write_text('rules:\n  - topic: "ord-*"\n    mode: ordered\n')
-    topic = unique("ord")
+    # nearest: an ordered write would be bounded by the primary write bound, and its
+    # producer dropped when it is unanswered then (the next test)
+    policy.write_text('rules:\n  - topic: "near-*"\n    mode: nearest\n')
+    topic = unique("near")
     await create_topic(ntopo.region("north").kafka.bootstrap, topic, partitions=1)
     # probes wait long (the region stays "reachable" while frozen); attempts are bounded by
     # the call's deadline; one failure opens the breaker; its probe bound is far away
@@ -387,3 +400,52 @@ async def test_cancelled_probe_during_a_frozen_kafka_does_not_block_the_region( 
                 return False
             return bool(r.result.status == pb.STATUS_OK)
         await eventually(writes, 30, "writes succeed again after Kafka resumed")
+
+
+async def test_ordered_write_unanswered_at_its_bound_drops_the_producer(  # type: ignore[no-untyped-def]
+        north, tmp_path: Path) -> None:
+    """An ordered write whose records are still unanswered when its bound (the primary
+    lease's write time) ends drops the region's producer at once, without a flush: nothing
+    it had queued may be sent later, past the lease (an idempotent producer otherwise retries
+    a queued batch until it lands). The probe starts a new one once Kafka answers."""
+    import os
+    import signal
+    stack, ntopo = north
+    await agreed_primary(ntopo, "north")
+    pids = [int(p.read_text().split()[0])  # "pid start-time"
+            for p in sorted((stack.paths.state / "north").glob("kafka-*/pid"))]
+    assert pids
+    policy = tmp_path / "policy.yaml"
+    policy.write_text('rules:\n  - topic: "ord-*"\n    mode: ordered\n')
+    topic = unique("ord")
+    await create_topic(ntopo.region("north").kafka.bootstrap, topic, partitions=1)
+    cfg = _cfg("north", primary_write_s=1.0,
+               kafka=KafkaWriterSettings(probe_interval_s=0.3, probe_timeout_s=10,
+                                         attempt_timeout_s=5))
+    rec = pb.ProduceRequest(record=pb.Record(topic=topic, key=b"k", value=b"v"))
+    async with ProxyServer(ntopo, cfg, policy) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        assert (await stub.Produce(rec, timeout=10)).result.status == pb.STATUS_OK
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await stub.Produce(rec, timeout=10)
+            assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "no ack within 1.00s" in (ei.value.details() or ""), ei.value.details()
+            assert _sample(server, "crossdc_proxy_producer_drops_total",
+                           {"region": "north"}) == 1
+            assert server.writers["north"]._producer is None or \
+                not server.writers["north"].reachable
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+
+        async def writes() -> bool:
+            try:
+                r = await stub.Produce(rec, timeout=5)
+            except grpc.aio.AioRpcError:
+                return False
+            return bool(r.result.status == pb.STATUS_OK)
+        await eventually(writes, 60, "ordered writes again once Kafka resumed (a new producer)")

@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 import pytest
 from kafka_helpers import create_topic, eventually, read_all, unique  # type: ignore[import-not-found]
+from primary_helpers import agreed_primary  # type: ignore[import-not-found]
 
 from dr.stack.ports import free_port
 from proxy.api import pb, pb_grpc
@@ -42,6 +43,14 @@ rules:
 """
 
 RETRY = (("dr-attempt", "2"),)
+
+
+@pytest.fixture(autouse=True)
+async def _primary_everywhere(two_regions: Any) -> None:
+    """Every datacenter holds one record naming east writable: a proxy renews its primary
+    lease only from a majority of datacenters showing the same record, and an absent key
+    renews nothing (the controller writes the epoch-0 record at its first start)."""
+    await agreed_primary(two_regions.topology)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ from crossdc.primary import PRIMARY_KEY, PrimaryRecord
 @pytest.fixture
 async def consuls(two_regions: StackInfo) -> AsyncIterator[dict[str, ConsulClient]]:
     """A client per datacenter; whatever the key held before the test is put back after."""
-    clients = {r.name: ConsulClient(r.consul.http_addr) for r in two_regions.topology.regions}
+    clients = {d.name: ConsulClient(d.consul.http_addr)
+               for d in two_regions.topology.datacenters}
     saved = {name: (await c.kv_get(PRIMARY_KEY))[1] for name, c in clients.items()}
     try:
         yield clients

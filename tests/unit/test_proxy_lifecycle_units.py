@@ -5,6 +5,7 @@ naming an unknown region, empty topic names, bounded caches, client backpressure
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -21,7 +22,7 @@ from proxy.errors import InvalidRecord
 from proxy.idempotency import IdempotencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.policy import Policy, parse_policy
-from proxy.primary import PrimaryWatcher
+from proxy.primary import PrimaryWatcher, WriteGrant
 from proxy.reload import PolicyStore
 from proxy.router import Incoming, Outcome, Router
 from proxy.writers import Outgoing
@@ -121,7 +122,8 @@ async def test_cancelled_half_open_probe_is_released(topic: str) -> None:
     east = BlockingWriter("east", _half_open_breaker("east"))
     west = BlockingWriter("west", _half_open_breaker("west"))
     router = Router("east", TOPO, {"east": east, "west": west},  # type: ignore[dict-item]
-                    lambda: PrimaryRecord(region="east", epoch=1), lambda: POLICY,
+                    lambda: WriteGrant(PrimaryRecord(region="east", epoch=1), math.inf, 2.0),
+                    lambda: POLICY,
                     IdempotencyWindow(60, 100), ProxyMetrics())
     call = asyncio.create_task(router.route([Incoming(topic, b"k", b"v")],
                                             time.monotonic() + 30))
@@ -137,7 +139,8 @@ async def test_cancelled_half_open_probe_is_released(topic: str) -> None:
 # -- router: empty topic ------------------------------------------------------------------
 
 async def test_empty_topic_is_invalid_argument_not_not_found() -> None:
-    router = Router("east", TOPO, {}, lambda: PrimaryRecord(region="east", epoch=1),
+    router = Router("east", TOPO, {},
+                    lambda: WriteGrant(PrimaryRecord(region="east", epoch=1), math.inf, 2.0),
                     lambda: POLICY, IdempotencyWindow(60, 100), ProxyMetrics())
     out, = await router.route([Incoming("", b"k", b"v")], time.monotonic() + 5)
     assert isinstance(out.error, InvalidRecord)

@@ -1,10 +1,12 @@
 """Pure logic of the proxy: breaker, headers, idempotency window, partitioner, router (with
-fake region writers), error table, generated code freshness."""
+fake region writers), the primary lease's logic (no Consul: its rounds fed by hand), error
+table, generated code freshness."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -33,6 +35,7 @@ from proxy.headers import check_client_headers, stamp, uuid7
 from proxy.idempotency import IdempotencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.policy import Policy
+from proxy.primary import WriteGrant
 from proxy.router import Incoming, Outcome, Router
 from proxy.writers import Outgoing, RegionWrite, partition_for
 
@@ -256,7 +259,8 @@ POLICY = Policy.model_validate({"rules": [
 
 def _router(writers: dict[str, FakeWriter], own: str = "west",
             primary: str = "east") -> Router:
-    return Router(own, TOPO, writers, lambda: PrimaryRecord(region=primary, epoch=7),  # type: ignore[arg-type]
+    grant = WriteGrant(PrimaryRecord(region=primary, epoch=7), math.inf, 2.0)
+    return Router(own, TOPO, writers, lambda: grant,  # type: ignore[arg-type]
                   lambda: POLICY, IdempotencyWindow(60, 1000), ProxyMetrics())
 
 
@@ -419,34 +423,12 @@ async def test_nearest_on_local_loss_goes_to_the_next_in_prefer_order() -> None:
     assert [w.region for w in out.written] == ["east"]  # before: north for every proxy
 
 
-# -- the primary lease and the fenced record (issue 12) -------------------------------------
+# -- the primary lease and the fenced record (issues 12, 21) -------------------------------
 
-class _FakeConsul:
-    """What PrimaryWatcher calls on a ConsulClient: `http_addr` and `kv_get`."""
-
-    def __init__(self, addr: str, record: PrimaryRecord | None = None) -> None:
-        self.http_addr = addr
-        self.record = record
-        self.fail = ""
-        self.index = 1
-        self.calls = 0
-
-    async def kv_get(self, key: str, *, index: int | None = None,
-                     wait_s: float | None = None) -> tuple[int, Any]:
-        from crossdc.clients.consul import KvEntry
-        from crossdc.errors import ClientError
-        self.calls += 1
-        await asyncio.sleep(0.01 if index is not None else 0)
-        if self.fail:
-            raise ClientError(f"Consul at {self.http_addr}: kv/{key} failed: {self.fail}")
-        entry = None if self.record is None else KvEntry(key, self.record.encode(), self.index)
-        return self.index, entry
-
-
-def _watcher(clock: Clock, consul: Any = None, **kw: Any) -> Any:
+def _watcher(clock: Clock, **kw: Any) -> Any:
+    """A watcher whose rounds are not run: its lease logic fed by `confirm` and `offer`."""
     from proxy.primary import PrimaryWatcher
-    consul = consul or _FakeConsul("127.0.0.1:18500")
-    return PrimaryWatcher(consul, PrimaryRecord(region="east", epoch=0, by="topology"),
+    return PrimaryWatcher(None, PrimaryRecord(region="east", epoch=0, by="topology"),  # type: ignore[arg-type]
                           ProxyMetrics(), regions=["east", "west", "north"], clock=clock, **kw)
 
 
@@ -461,36 +443,98 @@ def test_lease_refuses_until_confirmed_and_after_it_runs_out() -> None:
     assert "primary not confirmed since start" in str(ei.value)
     assert code_name(ei.value) == "UNAVAILABLE"
     assert gauge("crossdc_proxy_primary_lease_valid") == 0
-    w.confirm(10.0)
+    w.confirm(10.0, PrimaryRecord(region="east", epoch=0, by="ctl"))
     clock.t = 14.9
     assert w.writable().region == "east"
+    assert w.current.by == "ctl"          # the confirmed copy replaces the topology's
     assert gauge("crossdc_proxy_primary_lease_valid") == 1
-    w._reachable(False, "Consul at 127.0.0.1:18500: kv/crossdc/primary failed: "
-                 "ClientConnectorError: refused")
     clock.t = 16.1
     with pytest.raises(PrimaryUnavailable) as ei:
         w.writable()
     assert ei.value.reason == "lease_expired"
-    assert str(ei.value) == ("primary not confirmed for 6.1 s (lease 5 s): Consul at "
-                             "127.0.0.1:18500 unreachable (kv/crossdc/primary failed: "
-                             "ClientConnectorError: refused); ordered and sync writes "
-                             "refused so two regions never take them")
+    assert str(ei.value).startswith("primary not confirmed for 6.1 s (lease 5 s): ")
+    assert str(ei.value).endswith("ordered and sync writes refused so two regions never "
+                                  "take them")
     assert gauge("crossdc_proxy_primary_lease_valid") == 0
-    w.confirm(9.0)  # an older read confirms nothing newer
+    w.confirm(9.0, w.current)  # an older round confirms nothing newer
     assert not w.lease_valid
-    w.confirm(16.0)
+    w.confirm(16.0, w.current)
     assert w.writable().region == "east"
+
+
+def test_tally_needs_the_same_record_in_a_majority_and_no_same_epoch_conflict() -> None:
+    from proxy.primary import tally
+    e7 = PrimaryRecord(region="east", epoch=7, by="a")
+    e7b = PrimaryRecord(region="east", epoch=7, by="b", updated_ms=5)  # same record
+    w7 = PrimaryRecord(region="west", epoch=7)
+    f8 = e7.fence("ctl")
+    t = tally({"east": e7, "west": e7b}, 2)
+    assert (t.confirmed, t.agreeing, t.votes) == (e7, 2, 2)
+    assert tally({"east": e7}, 2).confirmed is None             # 1 of 2: no majority
+    assert tally({"east": e7, "west": f8}, 2).confirmed is None  # two records: no majority
+    t = tally({"east": e7, "west": f8, "witness": f8}, 2)
+    assert t.confirmed == f8
+    assert t.agreeing == 2
+    t = tally({"east": e7, "west": w7, "witness": w7}, 2)       # same epoch, two writable
+    assert t.confirmed is None
+    assert t.conflict == ("east", "west")
+    # the promotion at the fence's epoch is no conflict (one of them is fenced)
+    p8 = f8.promote("west", "ctl")
+    assert tally({"east": f8, "west": p8, "witness": p8}, 2).confirmed == p8
+    assert tally({}, 1).confirmed is None
+
+
+def test_write_starts_only_with_its_bound_left_of_the_lease() -> None:
+    from proxy.errors import PrimaryUnavailable
+    clock = Clock()
+    w = _watcher(clock, lease_s=5.0, write_s=2.0)
+    rec = PrimaryRecord(region="east", epoch=3, write_s=1.5)
+    w.offer(rec)
+    w.confirm(0.0, rec)
+    clock.t = 3.4
+    g = w.grant()
+    assert (g.record, g.bound_s, g.until) == (rec, 1.5, 3.4 + 1.5)  # the record's: smaller
+    clock.t = 3.6
+    assert w.writable() == rec                   # the lease holds ...
+    with pytest.raises(PrimaryUnavailable) as ei:  # ... but not for a whole write
+        w.grant()
+    assert ei.value.reason == "lease_short"
+    assert "only 1.40 s of the primary lease left" in str(ei.value)
+    assert "needs 1.5 s (the record's write_s), so it was not started" in str(ei.value)
+    assert code_name(ei.value) == "UNAVAILABLE"
+
+
+def test_record_with_a_shorter_lease_than_the_proxys_is_refused() -> None:
+    from proxy.errors import PrimaryUnavailable
+    clock = Clock()
+    w = _watcher(clock, lease_s=5.0)
+    rec = PrimaryRecord(region="east", epoch=3, lease_s=4.0)
+    w.offer(rec)
+    w.confirm(0.0, rec)
+    assert w._metrics.registry.get_sample_value("crossdc_proxy_primary_lease_longer") == 1
+    with pytest.raises(PrimaryUnavailable) as ei:
+        w.writable()
+    assert ei.value.reason == "lease_longer"
+    assert str(ei.value).startswith(
+        "this proxy's primary lease (5 s, primary_lease_s) is longer than the lease the "
+        "controller waits out (4 s, in the primary record at epoch 3): set primary_lease_s "
+        "to at most 4 here, or the controller's failover.primary_lease_s to at least 5")
+    ok = PrimaryRecord(region="east", epoch=4, lease_s=5.0)
+    w.offer(ok)
+    w.confirm(0.1, ok)
+    assert w.writable() == ok
+    assert w._metrics.registry.get_sample_value("crossdc_proxy_primary_lease_longer") == 0
 
 
 def test_fenced_record_refuses_then_promote_at_the_same_epoch_replaces_it() -> None:
     from proxy.errors import PrimaryUnavailable
     clock = Clock()
     w = _watcher(clock)
-    w.confirm(0.0)
     held = PrimaryRecord(region="east", epoch=7)
     assert w.offer(held)
+    w.confirm(0.0, held)
     fenced = held.fence("ctl")
-    assert w.offer(fenced)
+    assert w.offer(fenced)                        # seen anywhere: refused at once
     with pytest.raises(PrimaryUnavailable) as ei:
         w.writable()
     assert ei.value.reason == "fenced"
@@ -498,6 +542,11 @@ def test_fenced_record_refuses_then_promote_at_the_same_epoch_replaces_it() -> N
     assert not w.offer(held)                      # a lower epoch never wins
     promoted = fenced.promote("west", "ctl")
     assert w.offer(promoted)                      # equal epoch: the promotion supersedes
+    with pytest.raises(PrimaryUnavailable) as ei:  # ... but is not confirmed yet
+        w.writable()
+    assert ei.value.reason == "unconfirmed"
+    assert "primary west@8 seen but not confirmed by a majority" in str(ei.value)
+    w.confirm(0.5, promoted)
     assert (w.writable().region, w.writable().epoch) == ("west", 8)
     assert not w.offer(fenced)                    # the fence again (a stale DC): ignored
     assert not w.offer(PrimaryRecord(region="east", epoch=8))  # a second primary at 8: no
@@ -510,8 +559,8 @@ async def test_router_refuses_ordered_and_sync_without_lease_and_counts_by_reaso
     w = _watcher(clock)
     ws = _writers()
     metrics = ProxyMetrics()
-    r = Router("west", TOPO, ws, w.writable, lambda: POLICY,  # type: ignore[arg-type]
-               IdempotencyWindow(60, 1000), metrics)
+    r = Router("west", TOPO, ws, w.grant, lambda: POLICY,  # type: ignore[arg-type]
+               IdempotencyWindow(60, 1000), metrics, current=lambda: w.current)
     outs = await r.route([Incoming("ord", b"k", b"v"), Incoming("sync", b"k", b"v"),
                           Incoming("near", b"k", b"v")], _deadline())
     assert isinstance(outs[0].error, PrimaryUnavailable)
@@ -521,65 +570,73 @@ async def test_router_refuses_ordered_and_sync_without_lease_and_counts_by_reaso
     assert not ws["east"].sent
     assert metrics.registry.get_sample_value("crossdc_proxy_primary_refusals_total",
                                              {"reason": "unconfirmed"}) == 2
-    w.confirm(0.0)
+    w.confirm(0.0, w.current)
     w.offer(PrimaryRecord(region="east", epoch=3).fence("ctl"))
     out, = await r.route([Incoming("ord", b"k", b"v")], _deadline())
     assert isinstance(out.error, PrimaryUnavailable)
     assert out.error.reason == "fenced"
     w.offer(w.current.promote("west", "ctl"))
+    w.confirm(0.0, w.current)
     out, = await r.route([Incoming("ord", b"k", b"v")], _deadline())
     assert out.error is None
     assert out.epoch == 4
     (_, sent), = ws["west"].sent[-1:]
     assert dict(sent.headers)["dr-epoch"] == b"4"
+    clock.t = 3.5                                  # 1.5 s left, a write needs 2
+    out, = await r.route([Incoming("ord", b"k", b"v")], _deadline())
+    assert isinstance(out.error, PrimaryUnavailable)
+    assert out.error.reason == "lease_short"
     clock.t = 5.0
     out, = await r.route([Incoming("ord", b"k", b"v")], _deadline())
     assert isinstance(out.error, PrimaryUnavailable)
     assert out.error.reason == "lease_expired"
-    assert metrics.registry.get_sample_value("crossdc_proxy_primary_refusals_total",
-                                             {"reason": "fenced"}) == 1
+    for reason in ("fenced", "lease_short", "lease_expired"):
+        assert metrics.registry.get_sample_value("crossdc_proxy_primary_refusals_total",
+                                                 {"reason": reason}) == 1
 
 
-def test_watch_wait_is_a_third_of_the_lease_and_the_lease_at_least_3_s() -> None:
+async def test_router_checks_the_lease_after_the_metadata_lookup() -> None:
+    """A slow partition lookup must not eat the lease: the grant is taken after it."""
+    from proxy.errors import PrimaryUnavailable
+    clock = Clock()
+    w = _watcher(clock, write_s=2.0)
+    rec = PrimaryRecord(region="east", epoch=5)
+    w.offer(rec)
+    w.confirm(0.0, rec)
+    ws = _writers()
+
+    class SlowLookup(FakeWriter):
+        def known_partition_count(self, topic: str) -> int | None:
+            return None
+
+        async def partition_count(self, topic: str, timeout_s: float) -> int | None:
+            clock.t = 3.5          # the lookup took 3.5 s of a 5 s lease
+            return 4
+
+    ws["east"] = SlowLookup("east")
+    r = Router("west", TOPO, ws, w.grant, lambda: POLICY,  # type: ignore[arg-type]
+               IdempotencyWindow(60, 1000), ProxyMetrics(), current=lambda: w.current)
+    out, = await r.route([Incoming("ord", b"k", b"v")], _deadline())
+    assert isinstance(out.error, PrimaryUnavailable)
+    assert out.error.reason == "lease_short"
+    assert not ws["east"].sent
+
+
+def test_watch_wait_and_rounds_fit_the_lease_and_the_write_bound() -> None:
     from pydantic import ValidationError
 
     from proxy.config import ProxyConfig
-    from proxy.primary import watch_wait_s
+    from proxy.primary import read_s, round_s, watch_wait_s
     assert watch_wait_s(6.0) == 2.0
     assert watch_wait_s(6.0, 30.0) == 2.0          # the 30 s default is capped
     assert watch_wait_s(6.0, 1.5) == 1.5
     assert watch_wait_s(3.0, 0.2) == 1.0           # Consul's one-second granularity
-    assert ProxyConfig(region="east").primary_lease_s == 5.0
+    assert round_s(5.0, 2.0) == 1.0                # (5 - 2) / 3 < 5 / 4
+    assert round_s(8.0, 1.0) == 2.0                # 8 / 4
+    assert read_s(5.0, 2.0) == 3.0                 # a later answer renews nothing usable
+    cfg = ProxyConfig(region="east")
+    assert (cfg.primary_lease_s, cfg.primary_write_s) == (5.0, 2.0)
     with pytest.raises(ValidationError):
         ProxyConfig(region="east", primary_lease_s=2.0)
-
-
-async def test_watch_confirms_from_own_dc_and_takes_the_newest_record_of_any_dc() -> None:
-    from proxy.errors import PrimaryUnavailable
-    clock = Clock()
-    own = _FakeConsul("own", PrimaryRecord(region="east", epoch=6, by="stale"))
-    peer = _FakeConsul("peer", PrimaryRecord(region="west", epoch=7, by="ctl"))
-    w = _watcher(clock, own, peers={"west": peer}, lease_s=3.0)
-    w.confirm(0.0)  # the own DC alone (its record may be the one of before a failover)
-    with pytest.raises(PrimaryUnavailable, match=r"other regions' Consul \(west\) not read yet"):
-        w.writable()
-    await w.start(5.0)
-    try:
-        async def newest() -> bool:
-            return bool(w.current.epoch == 7 and w.lease_valid)
-        from kafka_helpers import eventually  # type: ignore[import-not-found]
-        await eventually(newest, 5, "epoch 7 from the peer, lease from own")
-        assert w.writable().region == "west"
-        own.fail = "ClientConnectorError: refused"  # own DC gone: peers do not confirm
-        clock.t = 100.0
-        assert not w.lease_valid
-        peer.record = PrimaryRecord(region="east", epoch=5)   # an older epoch never wins
-        calls = peer.calls
-        await eventually(lambda: _async(peer.calls > calls + 1), 10, "peer polled again")
-        assert w.current.epoch == 7
-    finally:
-        await w.stop()
-
-
-async def _async(v: bool) -> bool:
-    return v
+    with pytest.raises(ValidationError, match="must leave at least 1 s"):
+        ProxyConfig(region="east", primary_lease_s=3.0, primary_write_s=2.5)
