@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: demo test test-more chaos setup lint unit integration down clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[dev]"

@@ -1,37 +1,91 @@
 #!/usr/bin/env bash
-# CI: crossdc as a user installs it. A fresh venv, `pip install .` (no dev extras), and the
-# CLI run from a folder outside the checkout: its error paths must each end in one line and
-# the documented exit code, never in a traceback (defect 10: a user's install has no `click`
-# and no checkout around it).
+# CI: crossdc as a user installs it. The package is built once into a wheel, from the
+# checkout's sources only (tracked and new files: never the stubs a dev venv generated, so the
+# wheel's proxy/_proto must come from the build hook), then installed into fresh venvs
+# (python -m venv + pip; uv is not assumed):
 #
-#   .ci/clean-venv.sh            (CLEAN_VENV_DIR=/some/dir to keep and reuse the venv)
+#   lean    `pip install crossdc`, what a proxy host gets: no pyspark, matplotlib,
+#           testcontainers, grpcio-tools or dev tools. The CLI, `dr proxy serve --help` and
+#           the proxy's gRPC stubs load; every error path (bad options, hostile files, a
+#           command that needs an extra) ends in one line and the documented exit code,
+#           never a traceback, run from a folder outside the checkout (defect 10: a user's
+#           install has no `click` and no checkout around it).
+#   charts  `pip install 'crossdc[charts]'`: one extra; a chart is drawn, and `dr drill` no
+#           longer asks for it while `dr reconcile` still asks for its own.
+#
+#   .ci/clean-venv.sh            (CLEAN_VENV_DIR=/some/dir to keep and reuse the venvs)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 base="${CLEAN_VENV_DIR:-$(mktemp -d -t crossdc-clean-XXXXXX)}"
-venv="$base/venv"
 work="$(mktemp -d -t crossdc-user-XXXXXX)"   # the user's folder: no policies/, no checkout
+started=$SECONDS
 
-if [[ ! -x "$venv/bin/dr" ]]; then
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q "$repo"
+venv() {  # venv NAME: a fresh venv with an up-to-date pip
+  local dir="$base/$1"
+  if [[ ! -x "$dir/bin/python" ]]; then
+    python3 -m venv "$dir"
+    "$dir/bin/pip" install -q --upgrade pip
+  fi
+}
+
+# -- the wheel, built from the sources alone --------------------------------------------
+venv lean
+shopt -s nullglob
+wheels=("$base"/dist/crossdc-*.whl)
+if [[ ${#wheels[@]} -eq 0 ]]; then
+  src="$base/src"
+  rm -rf "$src" && mkdir -p "$src"
+  if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
+    (cd "$repo" && git ls-files -z -co --exclude-standard | tar --null -T - -cf -) \
+      | tar -x -C "$src"
+  else
+    cp -a "$repo/." "$src" && rm -rf "$src/.venv" "$src/proxy/_proto"
+  fi
+  rm -rf "$src/proxy/_proto"
+  "$base/lean/bin/pip" wheel -q --no-deps -w "$base/dist" "$src"
+  wheels=("$base"/dist/crossdc-*.whl)
 fi
-if "$venv/bin/python" -c "import pytest" 2>/dev/null; then
-  echo "clean-venv: the venv holds dev extras (pytest); it must not" >&2; exit 1
+wheel="${wheels[0]}"
+echo "clean-venv: built $(basename "$wheel") ($((SECONDS - started)) s)"
+
+# -- the lean install ------------------------------------------------------------------
+if [[ ! -x "$base/lean/bin/dr" ]]; then
+  "$base/lean/bin/pip" install -q "$wheel"
 fi
+echo "clean-venv: lean install ready ($((SECONDS - started)) s, $("$base/lean/bin/pip" list \
+  --format=freeze 2>/dev/null | wc -l) distributions)"
+
+failed=0
+# only_runtime VENV EXTRA_MODULES...: the venv holds none of these modules
+absent() {
+  local py="$1"; shift
+  local found
+  found="$("$py" -c 'import importlib.util, sys
+print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m)))' "$@")"
+  if [[ -n "$found" ]]; then
+    echo "FAIL: $py has $found; it must not"; failed=1
+  else
+    echo "ok   no $*"
+  fi
+}
+absent "$base/lean/bin/python" pyspark matplotlib testcontainers docker grpc_tools pytest dns
 
 cd "$work"
 cp "$repo/policies/topology.local.yaml" "$work/topology.yaml"
 cp "$repo/policies/default.yaml" "$work/policy.yaml"
+mkfifo "$work/pipe.yaml"
+ln -s /dev/zero "$work/zero.yaml"
 unset CROSSDC_TOPOLOGY
 export CROSSDC_STATE_DIR="$work/state" CROSSDC_CACHE_DIR="$work/cache" COLUMNS=200
-export PATH="$venv/bin:$PATH"
+export PATH="$base/lean/bin:$PATH"
 
-failed=0
-# check CODE LINES -- command...: exit status CODE, no traceback anywhere, and (LINES > 0)
-# exactly LINES non-empty lines on stderr.
+# check CODE LINES [SAYS] -- command...: exit status CODE, no traceback anywhere, (LINES > 0)
+# exactly LINES non-empty lines on stderr, and (SAYS given) SAYS on stderr.
 check() {
-  local want="$1" lines="$2"; shift 3
+  local want="$1" lines="$2" says=""
+  shift 2
+  if [[ "$1" != "--" ]]; then says="$1"; shift; fi
+  shift
   local out err code
   out="$(mktemp)"; err="$(mktemp)"
   set +e; timeout 120 "$@" >"$out" 2>"$err"; code=$?; set -e
@@ -42,16 +96,23 @@ check() {
     echo "FAIL (exit $code, want $want): $*"; cat "$err"; failed=1
   elif [[ "$lines" -gt 0 && "$n" -ne "$lines" ]]; then
     echo "FAIL ($n lines on stderr, want $lines): $*"; cat "$err"; failed=1
+  elif [[ -n "$says" ]] && ! grep -qF -- "$says" "$err"; then
+    echo "FAIL (does not say \"$says\"): $*"; cat "$err"; failed=1
   else
     echo "ok   (exit $code): $*"
-    [[ "$lines" -gt 0 ]] && sed 's/^/       /' "$err"
+    if [[ "$lines" -gt 0 ]]; then sed 's/^/       /' "$err"; fi
   fi
   rm -f "$out" "$err"
 }
 
+# runs
 check 0 0 -- dr --help
+check 0 0 -- dr proxy serve --help
 check 0 0 -- python -m dr.reconcile --help
 check 0 0 -- dr topology validate topology.yaml
+check 0 0 -- dr policy validate policy.yaml -t topology.yaml
+check 0 0 -- python -c "import proxy.api, proxy.server; from proxy.build_protos import is_fresh; assert is_fresh()"
+# bad input: one line, exit 2
 check 2 1 -- dr status --bogus
 check 2 1 -- dr topology validate /nonexistent
 check 2 1 -- dr status
@@ -73,8 +134,58 @@ check 2 1 -- dr drill --scenario primary-outage -t topology.yaml --config /nonex
 check 1 1 -- dr drill --scenario primary-outage -t topology.yaml --dry-run
 check 2 1 -- dr demo -t topology.yaml
 check 2 1 -- dr prometheus config --target bad
+# numbers out of range, words that are not a choice (issue 22)
+check 2 1 "'--port'" -- dr proxy serve --region east -p policy.yaml -t topology.yaml --port 70000
+check 2 1 "'--metrics-port'" -- dr proxy serve --region east -p policy.yaml --metrics-port 99999
+check 2 1 "'--metrics-port'" -- dr mirror run --metrics-port 70000
+check 2 1 "'--grace'" -- dr proxy serve --region east -p policy.yaml --grace nan
+check 2 1 "'--log-level'" -- dr --log-level loud status
+# hostile files: a named pipe, /dev/zero behind a link (refused at once, never read)
+check 2 1 "named pipe" -- dr policy validate pipe.yaml
+check 2 1 "named pipe" -- dr topology validate pipe.yaml
+check 2 1 "character device" -- dr policy validate zero.yaml
+check 2 1 "named pipe" -- dr proxy serve --region east -p pipe.yaml -t topology.yaml
+# commands that need an extra say which one
+check 1 1 "pip install 'crossdc[reconcile]'" -- \
+  dr reconcile --regions east,west --topics x -t topology.yaml
+check 1 1 "pip install 'crossdc[reconcile]'" -- \
+  python -m dr.reconcile --regions east,west --topics x -t topology.yaml
+check 1 1 "pip install 'crossdc[charts]'" -- \
+  dr drill --scenario primary-outage -t topology.yaml
+check 1 1 "pip install 'crossdc[demo]'" -- dr demo -t topology.yaml -p policy.yaml
+check 1 1 "pip install 'crossdc[charts]'" -- \
+  python -c "from pathlib import Path; from dr.exits import run_app; import typer
+app = typer.Typer()
+@app.command()
+def draw() -> None:
+    from dr.charts import lines
+    lines(Path('c.png'), series={'a': [(0, 1), (1, 2)]}, title='t', xlabel='x', ylabel='y')
+run_app(app)"
+
+# -- one extra: charts -----------------------------------------------------------------
+venv charts
+if ! "$base/charts/bin/python" -c "import matplotlib" 2>/dev/null; then
+  "$base/charts/bin/pip" install -q "$wheel[charts]"
+fi
+echo "clean-venv: charts install ready ($((SECONDS - started)) s)"
+export PATH="$base/charts/bin:${PATH#"$base/lean/bin:"}"
+absent "$base/charts/bin/python" pyspark testcontainers grpc_tools pytest
+check 0 0 -- python -c "from pathlib import Path; from dr.charts import lines
+p = lines(Path('c.png'), series={'a': [(0, 1), (1, 2)]}, title='t', xlabel='x', ylabel='y')
+assert p.read_bytes()[:4] == b'\x89PNG'"
+check 1 1 "pip install 'crossdc[reconcile]'" -- \
+  dr reconcile --regions east,west --topics x -t topology.yaml
+check 2 1 -- dr drill --scenario primary-outage -t topology.yaml --max-rto-s -1
+# past the extra's check: the drill now fails reaching the (absent) stack, not for matplotlib
+out="$(timeout 120 dr drill --scenario primary-outage -t topology.yaml 2>&1 || true)"
+if grep -q "pip install" <<<"$out" || grep -q Traceback <<<"$out"; then
+  echo "FAIL: dr drill with the charts extra: $out"; failed=1
+else
+  echo "ok   dr drill with charts gets past the extras check: ${out%%$'\n'*}"
+fi
 
 rm -rf "$work"
 [[ -n "${CLEAN_VENV_DIR:-}" ]] || rm -rf "$base"
-if [[ "$failed" != 0 ]]; then echo "clean-venv: FAILED"; exit 1; fi
-echo "clean-venv: every error path is one line, no traceback"
+if [[ "$failed" != 0 ]]; then echo "clean-venv: FAILED ($((SECONDS - started)) s)"; exit 1; fi
+echo "clean-venv: lean install and the charts extra: every error path one line, no traceback" \
+  "($((SECONDS - started)) s)"

@@ -6,6 +6,7 @@
     │   ├── ClientRefused        it answered no for good (ACL denied, bad request)
     │   └── CasAmbiguous         a compare-and-set whose outcome could not be read back
     ├── BadPrimaryRecord         crossdc.primary: the KV value is not a primary record
+    ├── MissingExtra             an optional part is not installed (names the extra)
     ├── dr.errors.DrError        the roof: CLI, local stack, controller, reconciliation
     ├── proxy.errors.ProxyError  the routing proxy
     └── mirror.errors.MirrorError the mirror workers
@@ -26,6 +27,7 @@ __all__ = [
     "ConfigError",
     "ConfigIssue",
     "CrossdcError",
+    "MissingExtra",
 ]
 
 
@@ -85,3 +87,13 @@ class CasAmbiguous(ClientError):
     say whether it applied."""
 
     retriable = False
+
+
+class MissingExtra(CrossdcError):
+    """What a command needs is an optional part of crossdc that this install lacks; the
+    message ends with the command that installs it (`pip install 'crossdc[reconcile]'`).
+    `extra` is "" when no extra helps (a broken install)."""
+
+    def __init__(self, extra: str, what: str) -> None:
+        self.extra = extra
+        super().__init__(f"{what}: pip install 'crossdc[{extra}]'" if extra else what)

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 import structlog
 
-__all__ = ["REDACTED", "LogFormat", "configure_logging", "forget_secrets", "redact",
-           "redact_secrets", "register_secret"]
+__all__ = ["LOG_LEVELS", "REDACTED", "LogFormat", "LogLevel", "configure_logging",
+           "forget_secrets", "redact", "redact_secrets", "register_secret"]
 
 REDACTED = "[redacted]"
 
@@ -108,9 +108,11 @@ def redact_secrets(_logger: Any, _method: str,
     return event
 
 LogFormat = Literal["console", "json"]
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR}
+LOG_LEVELS: tuple[str, ...] = tuple(_LEVELS)
 
 
 def configure_logging(fmt: LogFormat = "console", level: str = "info", *,
@@ -120,7 +122,10 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info", *,
     `quiet_kafka_client` silences aiokafka's own connection errors below CRITICAL: probes
     that poll a server until it answers expect them (`dr up`, `dr status`).
     """
-    lvl = _LEVELS.get(level, logging.INFO)
+    try:
+        lvl = _LEVELS[level]
+    except KeyError:
+        raise ValueError(f"log level {level!r} is not one of {', '.join(_LEVELS)}") from None
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

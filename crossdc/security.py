@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.files import read_user_text
 from crossdc.logs import register_secret
 
 __all__ = [
@@ -45,6 +46,7 @@ CONTROLLER = "crossdc-controller"
 RECONCILE = "crossdc-reconcile"
 #: every SCRAM user a secure stack creates: the brokers' super user, then one per component
 PRINCIPALS = (ADMIN, PROXY, MIRROR, CONTROLLER, RECONCILE)
+_MAX_PASSWORD_BYTES = 64 * 1024  # a password file larger than this is refused unread
 
 
 class Credentials:
@@ -105,12 +107,13 @@ class KafkaSecurity(BaseModel):
             assert self.credentials_dir is not None
             name, path = principal, self.credentials_dir / f"{principal}.password"
         try:
-            password = path.read_text(encoding="utf-8").strip()
-        except OSError as exc:
+            password = read_user_text(path, max_bytes=_MAX_PASSWORD_BYTES,
+                                      timeout_s=5.0).strip()
+        except ConfigError as exc:
+            why = exc.issues[0].message if exc.issues else "cannot read"
             raise ConfigError([ConfigIssue(
                 str(path), None, "password",
-                f"cannot read the password of Kafka principal {name!r}: "
-                f"{exc.strerror or exc.__class__.__name__}")]) from exc
+                f"cannot read the password of Kafka principal {name!r}: {why}")]) from None
         if not password:
             raise ConfigError([ConfigIssue(str(path), None, "password",
                                            f"the password file of {name!r} is empty")])

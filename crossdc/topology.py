@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from crossdc.security import KafkaSecurity
-from crossdc.yamlfile import load_model
+from crossdc.yamlfile import load_model, repeated
 
 __all__ = [
     "ConsulSettings",
@@ -225,12 +225,10 @@ class Topology(_Model):
     @field_validator("regions")
     @classmethod
     def _unique(cls, regions: list[Region]) -> list[Region]:
-        names = [r.name for r in regions]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = repeated(r.name for r in regions)
         if dupes:
             raise ValueError(f"region names must be unique; repeated: {', '.join(dupes)}")
-        dcs = [r.consul.datacenter for r in regions]
-        dupes = sorted({d for d in dcs if dcs.count(d) > 1})
+        dupes = repeated(r.consul.datacenter for r in regions)
         if dupes:
             raise ValueError(f"each region needs its own consul.datacenter; shared: "
                              f"{', '.join(dupes)}")
@@ -256,9 +254,10 @@ class Topology(_Model):
     @classmethod
     def _flows(cls, v: list[Flow], info: ValidationInfo) -> list[Flow]:
         names = [r.name for r in info.data.get("regions", [])]
+        known = set(names)
         for f in v:
             for end in (f.source, f.target):
-                if names and end not in names:
+                if known and end not in known:
                     raise ValueError(f"flow {f.source} -> {f.target}: {end!r} is not a region "
                                      f"(regions: {', '.join(names)})")
         return v
@@ -267,13 +266,12 @@ class Topology(_Model):
     @classmethod
     def _witnesses(cls, v: list[Witness], info: ValidationInfo) -> list[Witness]:
         regions = info.data.get("regions", [])
-        names = [r.name for r in regions] + [w.name for w in v]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = repeated([r.name for r in regions] + [w.name for w in v])
         if dupes:
             raise ValueError(f"a witness needs a name no region or other witness has; "
                              f"repeated: {', '.join(dupes)}")
-        dcs = [r.consul.datacenter for r in regions] + [w.consul.datacenter for w in v]
-        dupes = sorted({d for d in dcs if dcs.count(d) > 1})
+        dupes = repeated([r.consul.datacenter for r in regions]
+                         + [w.consul.datacenter for w in v])
         if dupes:
             raise ValueError(f"each witness needs its own consul.datacenter; shared: "
                              f"{', '.join(dupes)}")

@@ -14,7 +14,8 @@ over the node graph remembers the nodes it has seen, since aliases share them.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,8 +27,9 @@ from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.files import read_user_text, too_big
 
-__all__ = ["LIMITS", "Checks", "Limits", "format_loc", "load_model", "parse_model"]
+__all__ = ["LIMITS", "Checks", "Limits", "format_loc", "load_model", "parse_model", "repeated"]
 
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -46,7 +48,7 @@ class Limits:
     max_nodes: int = 100_000
     """Nodes of the document with every alias expanded."""
     max_s: float = 10.0
-    """Time to read the YAML into nodes."""
+    """Time to read the file (`crossdc.files`), and to read the YAML into nodes."""
     max_issues: int = 50
     """Issues listed in one ConfigError; the rest are only counted."""
 
@@ -141,25 +143,11 @@ class _BoundedLoader(_Parser, Composer, SafeConstructor, Resolver):
 
 def load_model(model: type[M], path: str | Path, checks: Checks[M] | None = None, *,
                limits: Limits = LIMITS) -> M:
-    """Read `path` and validate it as `model`; raise ConfigError listing every problem."""
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-        if size > limits.max_bytes:
-            raise ConfigError([ConfigIssue(str(p), None, "", _too_big(size, limits))])
-        with p.open("rb") as f:
-            raw = f.read(limits.max_bytes + 1)
-        text = raw.decode("utf-8")
-    except FileNotFoundError:
-        raise ConfigError([ConfigIssue(str(p), None, "", "file not found")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([ConfigIssue(str(p), None, "", f"cannot read: {exc}")]) from exc
-    return parse_model(model, text, str(p), checks, limits=limits)
-
-
-def _too_big(size: int, limits: Limits) -> str:
-    return (f"the file is {size} bytes; the limit is {limits.max_bytes} bytes "
-            f"({limits.max_bytes / 1024 / 1024:g} MiB)")
+    """Read `path` and validate it as `model`; raise ConfigError listing every problem.
+    The file is read by `crossdc.files.read_user_text`: a regular file only, refused by its
+    size before reading, within `limits.max_s`."""
+    text = read_user_text(path, max_bytes=limits.max_bytes, timeout_s=limits.max_s)
+    return parse_model(model, text, str(path), checks, limits=limits)
 
 
 def parse_model(model: type[M], text: str, filename: str,
@@ -167,7 +155,7 @@ def parse_model(model: type[M], text: str, filename: str,
     """Validate YAML `text` as `model`; `filename` is used in error messages."""
     size = len(text.encode("utf-8", "surrogatepass"))
     if size > limits.max_bytes:
-        raise ConfigError([ConfigIssue(filename, None, "", _too_big(size, limits))])
+        raise ConfigError([ConfigIssue(filename, None, "", too_big(size, limits.max_bytes))])
     loader: _BoundedLoader | None = None
     root: yaml.Node | None = None
     try:
@@ -274,6 +262,12 @@ def _located(root: yaml.Node, filename: str,
         line = node.start_mark.line + 1 if node is not None else None
         issues.append(ConfigIssue(filename, line, format_loc(loc), msg))
     return issues
+
+
+def repeated(values: Iterable[Hashable]) -> list[str]:
+    """The values that occur more than once, as sorted strings: for validators that refuse
+    repeats, in linear time (a list's `count` per item would be quadratic in a long list)."""
+    return sorted(str(v) for v, n in Counter(values).items() if n > 1)
 
 
 def format_loc(loc: Sequence[int | str]) -> str:

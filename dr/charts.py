@@ -8,9 +8,10 @@ Three functions, no state:
 - `lines`: y against x, one line per series (bench scaling curves).
 
 matplotlib is imported inside the functions, never at module import, so importing this module
-(the reconciliation report does) costs nothing until a chart is drawn. Figures are built with
-the object API (`matplotlib.figure.Figure`), not pyplot: no global figure registry, no GUI
-backend, safe in any thread.
+(the reconciliation report does) costs nothing until a chart is drawn; it is the `charts`
+extra (`pip install 'crossdc[charts]'`), and drawing without it says so (`MissingExtra`).
+Figures are built with the object API (`matplotlib.figure.Figure`), not pyplot: no global
+figure registry, no GUI backend, safe in any thread.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from crossdc.extras import require
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -37,6 +40,7 @@ MARKER_COLORS = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2
 
 
 def _figure(width_in: float, height_in: float) -> Figure:
+    require("charts", "drawing a chart")
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width_in, height_in), dpi=DPI, layout="constrained")

@@ -122,6 +122,7 @@ def _show_click(exc: Exception) -> int:
             show()
         return code
     message = str(exc.format_message()).strip()  # type: ignore[attr-defined]
+    message = message.replace(": Value error, ", ": ")  # pydantic's prefix: noise here
     command_path = getattr(getattr(exc, "ctx", None), "command_path", None)
     hint = f" (see '{command_path} --help')" if command_path else ""
     fail_line(f"{message}{hint}")

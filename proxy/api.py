@@ -1,5 +1,6 @@
-"""The generated gRPC code of `proxy/protos/crossdc/v1/proxy.proto`, built first if missing
-or stale (see proxy/build_protos.py). Import protocol classes from here, never from _proto."""
+"""The generated gRPC code of `proxy/protos/crossdc/v1/proxy.proto`, built when crossdc is
+built (see proxy/build_protos.py; in a checkout, rebuilt here if stale). Import protocol
+classes from here, never from _proto."""
 
 from __future__ import annotations
 

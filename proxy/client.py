@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from crossdc.files import read_user_file
 from crossdc.logs import register_secret
 from proxy.api import pb, pb_grpc
 from proxy.errors import ProduceFailed, ProxyError
@@ -76,10 +77,11 @@ class _Pending:
 
 
 def _pem(value: bytes | str | Path | None) -> bytes | None:
-    """PEM bytes as given, or read from a file path."""
+    """PEM bytes as given, or read from a file path (a regular file of at most 1 MiB:
+    ConfigError naming it otherwise)."""
     if value is None or isinstance(value, bytes):
         return value
-    return Path(value).read_bytes()
+    return read_user_file(value, max_bytes=1024 * 1024, timeout_s=5.0)
 
 
 def channel_credentials(root_ca: bytes | str | Path | None = None,

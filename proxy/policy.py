@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -30,7 +31,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
 from crossdc.topology import Topology
-from crossdc.yamlfile import load_model, parse_model
+from crossdc.yamlfile import load_model, parse_model, repeated
 
 __all__ = ["LOCAL", "DefaultRule", "Mode", "Policy", "Rule", "load_policy", "parse_policy"]
 
@@ -38,8 +39,12 @@ Mode = Literal["ordered", "nearest"]
 """What a rule says; "sync" is `mode: ordered` with `sync: true`."""
 
 _GLOB_CHARS = frozenset("*?[")
+_SET_CHARS = "*?[]"
 _TOPIC_PATTERN = r"^[A-Za-z0-9._\-*?\[\]!]{1,249}$"
 _RULE_CACHE_MAX = 10_000
+_MAX_OVERLAP_TESTS = 2_000_000
+"""Glob tests `Policy.problems` may spend finding exact rules an earlier glob hides (see
+`_RuleIndex`); a policy that needs more is refused, so validation stays bounded."""
 
 RegionRef = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")]
 
@@ -49,6 +54,88 @@ LOCAL = "local"
 
 def _is_glob(pattern: str) -> bool:
     return any(c in _GLOB_CHARS for c in pattern)
+
+
+def _literal_ends(pattern: str) -> tuple[str, str]:
+    """The text before a glob's first wildcard (`*`, `?`, `[`) and after its last wildcard
+    or set bracket: every topic it matches starts with the one and ends with the other."""
+    first = min((i for i in (pattern.find(c) for c in "*?[") if i >= 0), default=len(pattern))
+    last = max(pattern.rfind(c) for c in _SET_CHARS)
+    return pattern[:first], pattern[last + 1:] if last >= 0 else ""
+
+
+class _RuleIndex:
+    """The rules of a policy arranged so that the first rule matching a topic is found
+    without trying every rule: exact topics in a dict (the first rule naming each), globs in
+    buckets by their literal prefix (`orders.` of `orders.*`), else by their literal suffix
+    (`.dlq` of `*.dlq`), else in one bucket of their own (`*`, `*x*`). A lookup probes one
+    dict entry per distinct prefix and suffix length and tests only the globs of the buckets
+    it hits, in rule order, stopping at the first match or at the best rule found so far.
+
+    `tests` counts glob tests (regular-expression matches) and `probes` dict lookups, so the
+    work `Policy.problems` does is measurable (linear for policies whose globs have distinct
+    literal ends; bounded by `_MAX_OVERLAP_TESTS` for any other)."""
+
+    __slots__ = ("_by_prefix", "_by_suffix", "_floating", "_prefix_lengths",
+                 "_suffix_lengths", "exact", "probes", "tests")
+
+    def __init__(self, rules: Sequence[Rule]) -> None:
+        self.exact: dict[str, int] = {}
+        self._by_prefix: dict[str, list[tuple[int, re.Pattern[str]]]] = {}
+        self._by_suffix: dict[str, list[tuple[int, re.Pattern[str]]]] = {}
+        self._floating: list[tuple[int, re.Pattern[str]]] = []
+        compiled: dict[str, re.Pattern[str]] = {}
+        for i, rule in enumerate(rules):
+            topic = rule.topic
+            if not _is_glob(topic):
+                self.exact.setdefault(topic, i)
+                continue
+            rx = compiled.get(topic)
+            if rx is None:
+                rx = compiled[topic] = re.compile(fnmatch.translate(topic))
+            prefix, suffix = _literal_ends(topic)
+            if prefix:
+                self._by_prefix.setdefault(prefix, []).append((i, rx))
+            elif suffix:
+                self._by_suffix.setdefault(suffix, []).append((i, rx))
+            else:
+                self._floating.append((i, rx))
+        self._prefix_lengths = sorted({len(p) for p in self._by_prefix})
+        self._suffix_lengths = sorted({len(x) for x in self._by_suffix})
+        self.tests = 0
+        self.probes = 0
+
+    def first(self, topic: str) -> int | None:
+        """The index of the first rule matching `topic`, or None."""
+        best = self.exact.get(topic)
+        limit = best if best is not None else sys.maxsize
+        n = len(topic)
+        buckets: list[list[tuple[int, re.Pattern[str]]]] = []
+        for length in self._prefix_lengths:
+            if length > n:
+                break
+            self.probes += 1
+            bucket = self._by_prefix.get(topic[:length])
+            if bucket is not None:
+                buckets.append(bucket)
+        for length in self._suffix_lengths:
+            if length > n:
+                break
+            self.probes += 1
+            bucket = self._by_suffix.get(topic[n - length:])
+            if bucket is not None:
+                buckets.append(bucket)
+        if self._floating:
+            buckets.append(self._floating)
+        for bucket in buckets:
+            for i, rx in bucket:  # in rule order: the first match is this bucket's best
+                if i >= limit:
+                    break
+                self.tests += 1
+                if rx.match(topic) is not None:
+                    limit = best = i
+                    break
+        return best
 
 
 class _RuleFields(BaseModel):
@@ -106,7 +193,7 @@ class _RuleFields(BaseModel):
         mode = info.data.get("mode")
         if mode is not None and mode != "nearest":
             raise ValueError("prefer is only for mode: nearest")
-        dupes = sorted({r for r in v if v.count(r) > 1})
+        dupes = repeated(v)
         if dupes:
             raise ValueError(f"each region at most once; repeated: {', '.join(dupes)}")
         return v
@@ -165,7 +252,7 @@ class Policy(BaseModel):
     default: DefaultRule | None = Field(None, description="How topics no rule matches are "
                                         "written; without one they are refused (NOT_FOUND).")
 
-    _compiled: list[tuple[Rule, re.Pattern[str] | None]] = PrivateAttr(default_factory=list)
+    _index: _RuleIndex | None = PrivateAttr(default=None)
     _cache: dict[str, Rule | None] = PrivateAttr(default_factory=dict)
 
     @field_validator("default")
@@ -176,8 +263,7 @@ class Policy(BaseModel):
         return v
 
     def model_post_init(self, context: Any, /) -> None:
-        self._compiled = [(r, re.compile(fnmatch.translate(r.topic)) if r.is_glob else None)
-                          for r in self.rules]
+        self._index = _RuleIndex(self.rules)
 
     def __eq__(self, other: object) -> bool:
         # Fields only: pydantic would also compare the private lookup cache.
@@ -202,9 +288,10 @@ class Policy(BaseModel):
         return found
 
     def _match(self, topic: str) -> Rule | None:
-        for rule, rx in self._compiled:
-            if (rx.match(topic) is not None) if rx is not None else rule.topic == topic:
-                return rule
+        assert self._index is not None
+        i = self._index.first(topic)
+        if i is not None:
+            return self.rules[i]
         if self.default is not None:
             return self.default.for_topic(topic)
         return None
@@ -213,22 +300,47 @@ class Policy(BaseModel):
                                                                          str]]:
         """Rules that are valid alone but not together, or not in `topology`: a repeated or
         unreachable topic, a `prefer` region that does not exist, a quorum larger than the
-        number of regions. Yields `(loc, message)`; `load_policy` raises them as errors."""
+        number of regions. Yields `(loc, message)`; `load_policy` raises them as errors.
+
+        Linear in the rules: each exact rule asks the rule index for the first rule matching
+        its topic (an earlier one hides it), each glob a dict of the patterns seen. The glob
+        tests this takes are bounded (`_MAX_OVERLAP_TESTS`): a policy needing more (thousands
+        of globs sharing one literal prefix, tried against thousands of exact topics) is
+        refused with that reason rather than validated for minutes."""
+        assert self._index is not None
+        index = self._index
+        budget = index.tests + _MAX_OVERLAP_TESTS
+        patterns: dict[str, int] = {}
         for i, rule in enumerate(self.rules):
-            for j, earlier in enumerate(self.rules[:i]):
-                if earlier.topic == rule.topic:
+            if rule.is_glob:
+                j = patterns.setdefault(rule.topic, i)
+                if j != i:
                     yield ("rules", i, "topic"), (f"{rule.topic!r} repeats rules[{j}]; "
                                                   "each topic pattern once")
-                    break
-                if not rule.is_glob and earlier.matches(rule.topic):
-                    yield ("rules", i, "topic"), (f"never used: rules[{j}] "
-                                                  f"({earlier.topic!r}) matches "
-                                                  f"{rule.topic!r} first; move this rule "
-                                                  "above it")
-                    break
+                continue
+            first = index.first(rule.topic)
+            if index.tests > budget:
+                yield ("rules",), (
+                    f"too many glob rules to check against the exact ones: finding the rules "
+                    f"an earlier glob hides took more than {_MAX_OVERLAP_TESTS:,} glob tests "
+                    f"(stopped at rules[{i}]); give globs distinct literal prefixes or "
+                    "suffixes (`orders.*`, `*.dlq`) rather than many that share one")
+                break
+            if first is None or first >= i:
+                continue
+            j = first
+            if self.rules[j].topic == rule.topic:
+                yield ("rules", i, "topic"), (f"{rule.topic!r} repeats rules[{j}]; "
+                                              "each topic pattern once")
+            else:
+                yield ("rules", i, "topic"), (f"never used: rules[{j}] "
+                                              f"({self.rules[j].topic!r}) matches "
+                                              f"{rule.topic!r} first; move this rule "
+                                              "above it")
         if topology is None:
             return
         names = [r.name for r in topology.regions]
+        known = set(names)
         targets: list[tuple[tuple[str | int, ...], _RuleFields]] = [
             (("rules", i), r) for i, r in enumerate(self.rules)]
         if self.default is not None:
@@ -236,12 +348,12 @@ class Policy(BaseModel):
         for loc, r in targets:
             for k, region in enumerate(r.prefer or []):
                 if region == LOCAL:
-                    if LOCAL in names:
+                    if LOCAL in known:
                         yield (*loc, "prefer", k), (
                             f"{LOCAL!r} is ambiguous: it means the proxy's own region, and "
                             f"the topology has a region named {LOCAL!r}; rename that region")
                     continue
-                if region not in names:
+                if region not in known:
                     yield (*loc, "prefer", k), (f"{region!r} is not a region (regions: "
                                                 f"{', '.join(names)})")
             if r.quorum is not None and r.quorum > len(names):

@@ -11,9 +11,16 @@ refused; the running value stays, `<kind>_refused` is logged with every issue an
 
 Loads run off the event loop: stat, read and parse go to a worker thread
 (`asyncio.to_thread`), bounded by `load_timeout_s`, so a pathological file never freezes the
-serving loop (health, Produce, SIGTERM). A load that takes longer is refused (the thread is
-left to finish on its own; no second load starts while it runs). `run()` is the watch loop
-(the proxy server runs it in its TaskGroup); `start()`/`stop()` run it in a task of their own.
+serving loop (health, Produce, SIGTERM). Every step in that thread is bounded by work, so the
+thread always ends: the file is read by `crossdc.files.read_user_file` (a regular file only,
+refused by its size first, never blocking on a pipe or a device, its own time bound of
+`load_timeout_s`), parsed within `crossdc.yamlfile`'s limits and validated in linear time. A
+load that still takes longer than `load_timeout_s` is refused; its thread finishes on its own
+within those bounds, and no second load starts while it runs. A file that cannot be read (a
+FIFO, `/dev/zero` behind a symlink, over the size limit, unreadable) is refused like a bad
+one, once per change of the file (mode, owner and times included) or per SIGHUP. `run()` is
+the watch loop (the proxy server runs it in its TaskGroup); `start()`/`stop()` run it in a task
+of their own.
 The blocking `reload()` (tests, tools) does the same work on the calling thread.
 """
 
@@ -31,20 +38,23 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.files import read_user_file
 from crossdc.topology import Topology
+from crossdc.yamlfile import LIMITS
 from proxy.policy import Policy, parse_policy
 
 __all__ = ["PolicyStore", "WatchedFile"]
 
 T = TypeVar("T")
 
-_Stat = tuple[int, int, int, int]  # st_dev, st_ino, st_size, st_mtime_ns
+_Stat = tuple[int, int, int, int, int, int]
+"""st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns (a chmod or chown), st_mode."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Verdict(Generic[T]):
     """What one look at the file found (computed in a worker thread, applied on the loop).
-    kind: missing | same_stat | read_failed | unchanged | seen | refused | accepted."""
+    kind: missing | same_stat | unchanged | seen | refused | accepted."""
 
     kind: str
     stat: _Stat | None = None
@@ -244,8 +254,8 @@ class WatchedFile(Generic[T]):
             return _Verdict("same_stat")
         try:
             text, digest = self._read()
-        except ConfigError as exc:
-            return _Verdict("read_failed", stat, issues=tuple(exc.issues))
+        except ConfigError as exc:  # not a regular file, too big, unreadable: said once
+            return _Verdict("refused", stat, None, tuple(exc.issues))  # per change of stat
         if digest == self._digest:
             return _Verdict("unchanged", stat, digest)
         if digest == self._seen_digest and not force:
@@ -272,10 +282,6 @@ class WatchedFile(Generic[T]):
             return False
         self._missing = False
         self._seen_stat = v.stat
-        if v.kind == "read_failed":
-            self._seen_stat = None  # try again next round
-            self._refused(list(v.issues))
-            return False
         if v.kind == "unchanged":
             self._seen_digest = v.digest
             if force:
@@ -300,17 +306,12 @@ class WatchedFile(Generic[T]):
         except OSError as exc:
             raise ConfigError([ConfigIssue(str(self.path), None, "", f"cannot stat: {exc}")]
                               ) from exc
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                st.st_mode)
 
     def _read(self) -> tuple[str, str]:
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            raise ConfigError([ConfigIssue(str(self.path), None, "", "file not found")]
-                              ) from None
-        except OSError as exc:
-            raise ConfigError([ConfigIssue(str(self.path), None, "", f"cannot read: {exc}")]
-                              ) from exc
+        data = read_user_file(self.path, max_bytes=LIMITS.max_bytes,
+                              timeout_s=self.load_timeout_s)
         digest = hashlib.sha256(data).hexdigest()
         try:
             return data.decode("utf-8"), digest

@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.files import read_user_file
 from proxy.config import TlsSettings
 
 __all__ = ["ReloadingTls", "TlsMaterial", "read_tls"]
@@ -46,12 +47,13 @@ class TlsMaterial:
     """The server certificate's expiry, Unix seconds."""
 
 
+MAX_PEM_BYTES = 1024 * 1024
+"""A certificate chain, key or CA bundle larger than this is refused unread."""
+READ_TIMEOUT_S = 5.0
+
+
 def _read(path: Path, what: str) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ConfigError([ConfigIssue(str(path), None, what, f"cannot read: "
-                                       f"{exc.strerror or exc}")]) from None
+    data = read_user_file(path, max_bytes=MAX_PEM_BYTES, timeout_s=READ_TIMEOUT_S, field=what)
     if b"-----BEGIN " not in data:
         raise ConfigError([ConfigIssue(str(path), None, what, "not a PEM file")])
     return data

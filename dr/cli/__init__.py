@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from crossdc.logs import LogFormat, configure_logging
+from crossdc.logs import LogFormat, LogLevel, configure_logging
 from dr.cli.controller import controller_app, failback, failover, gate_app
 from dr.cli.demo import demo_command
 from dr.cli.drill import drill_command
@@ -54,14 +54,12 @@ app.command("demo")(demo_command)
 
 @app.callback()
 def _root(
-    log_format: Annotated[str, typer.Option(
+    log_format: Annotated[LogFormat, typer.Option(
         "--log-format", help="console (for people) or json (for machines).")] = "console",
-    log_level: Annotated[str, typer.Option("--log-level")] = "warning",
+    log_level: Annotated[LogLevel, typer.Option(
+        "--log-level", help="The least severe level logged.")] = "warning",
 ) -> None:
-    if log_format not in ("console", "json"):
-        raise typer.BadParameter("must be console or json", param_hint="--log-format")
-    fmt: LogFormat = "json" if log_format == "json" else "console"
-    configure_logging(fmt, log_level, quiet_kafka_client=True)
+    configure_logging(log_format, log_level, quiet_kafka_client=True)
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """What every command module of `dr` shares: consoles, the topology option, running a
-coroutine."""
+coroutine, and (from `dr.options`) the typed options every command uses for numbers and
+formatted strings."""
 
 from __future__ import annotations
 
@@ -14,10 +15,24 @@ from rich.console import Console
 from crossdc.clients.kafka import use_topology
 from crossdc.topology import Region, Topology, load_topology
 from dr.exits import Exit, fail
+from dr.options import (
+    MAX_COUNT,
+    MAX_PORT,
+    MAX_SECONDS,
+    check_folder,
+    count_option,
+    host_option,
+    name_option,
+    port_option,
+    seconds_option,
+    text_option,
+)
 from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
 
-__all__ = ["Exit", "StateDirOpt", "TopologyOpt", "check_files", "err", "out", "paths_for",
-           "region_of", "run", "topology_for"]
+__all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "Exit", "StateDirOpt", "TopologyOpt",
+           "check_files", "check_folder", "count_option", "err", "host_option", "name_option",
+           "out", "paths_for", "port_option", "region_of", "run", "seconds_option",
+           "text_option", "topology_for"]
 
 T = TypeVar("T")
 
@@ -33,7 +48,8 @@ StateDirOpt = Annotated[Path | None, typer.Option(
 
 
 def paths_for(state_dir: Path | None) -> StackPaths:
-    """The stack's folders, `--state-dir` applied."""
+    """The stack's folders, `--state-dir` applied (a file there is refused: exit 2)."""
+    check_folder(state_dir, "--state-dir")
     base = StackPaths.default()
     return StackPaths(state=state_dir.resolve(), cache=base.cache) if state_dir else base
 
@@ -70,7 +86,7 @@ def region_of(topo: Topology, name: str, option: str) -> Region:
 
 
 def check_files(topo: Topology, *, policy: Path | None = None, auth: Path | None = None,
-                tls: Any = None) -> None:
+                tls: Any = None, controller_config: Path | None = None) -> None:
     """Validate the files a command hands to processes it starts (a policy against the
     topology, an auth file, TLS files) before anything starts: a bad one is one line naming
     file, line and field (exit 2), not a child that fails, or restarts, later."""
@@ -83,3 +99,7 @@ def check_files(topo: Topology, *, policy: Path | None = None, auth: Path | None
     if tls is not None:
         from proxy.tls import read_tls
         read_tls(tls)
+    if controller_config is not None:
+        from crossdc.yamlfile import load_model
+        from dr.controller.config import ControllerSettings
+        load_model(ControllerSettings, controller_config)

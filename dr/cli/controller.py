@@ -17,7 +17,18 @@ from crossdc.clients.kafka import set_kafka_principal
 from crossdc.security import CONTROLLER
 from crossdc.topology import Topology
 from crossdc.yamlfile import load_model
-from dr.cli._common import TopologyOpt, err, out, paths_for, run, topology_for
+from dr.cli._common import (
+    TopologyOpt,
+    err,
+    host_option,
+    out,
+    paths_for,
+    port_option,
+    run,
+    seconds_option,
+    text_option,
+    topology_for,
+)
 from dr.controller.config import ControllerSettings, FailoverSettings
 from dr.controller.state import FailoverRecord
 from dr.exits import fail
@@ -59,10 +70,10 @@ def controller_run(
     auto_failover: Annotated[bool | None, typer.Option(
         "--auto-failover/--no-auto-failover", help="Fail over automatically when the "
         "primary is down [default: the config's, else off].", show_default=False)] = None,
-    http_port: Annotated[int | None, typer.Option(
+    http_port: Annotated[int | None, port_option(
         "--http-port", help="Port of /health and /metrics [default: the config's, else "
         "any free one].", show_default=False)] = None,
-    http_host: Annotated[str | None, typer.Option(
+    http_host: Annotated[str | None, host_option(
         "--http-host", help="Bind address of /health and /metrics (also the address the "
         "controller advertises) [default: the config's, else 127.0.0.1].",
         show_default=False)] = None,
@@ -183,8 +194,9 @@ YesOpt = Annotated[bool, typer.Option("--yes", help="Take the risk a forced fail
                                       "without being asked.")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="Print the plan and what each "
                                          "step would change; change nothing.")]
-ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (kept in the record).")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", help="Seconds to follow it.")]
+ReasonOpt = Annotated[str, text_option("--reason", help="Why (kept in the record).")]
+TimeoutOpt = Annotated[float, seconds_option("--timeout", min=1.0,
+                                             help="Seconds to follow it.")]
 
 
 def failover(target: TargetOpt, topology: TopologyOpt = None, force: ForceOpt = False,

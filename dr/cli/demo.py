@@ -14,6 +14,7 @@ from dr.cli._common import (
     StateDirOpt,
     TopologyOpt,
     check_files,
+    check_folder,
     err,
     out,
     paths_for,
@@ -50,16 +51,19 @@ def demo_command(
     from dr.stack.services import default_policy_path
 
     # before anything starts: a demo that fails after bringing up the stack loses minutes
+    check_folder(reports, "--reports")
     policy = policy or default_policy_path()
     if policy is None:
         fail("no routing policy for the proxies: run from the checkout, pass --policy FILE or "
              "set $CROSSDC_POLICY (policies/default.yaml is not in the working directory)")
-    if not policy.is_file():
+    if not policy.exists():  # a FIFO or a folder: refused by check_files, which says so
         fail(f"--policy {policy}: no such file")
 
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
     check_files(topo, policy=policy)  # its content too, before anything starts
+    from crossdc.extras import require
+    require("demo", "dr demo (Spark for the reconciliation, charts for the reports)")
     already = [p.name for p in stack_processes(paths) if p.running()]
     if already:
         err.print(f"[yellow]a stack is running in {paths.state}[/] ({len(already)} "

@@ -9,7 +9,18 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from dr.cli._common import Exit, StateDirOpt, TopologyOpt, err, out, paths_for, topology_for
+from dr.cli._common import (
+    Exit,
+    StateDirOpt,
+    TopologyOpt,
+    check_folder,
+    count_option,
+    err,
+    out,
+    paths_for,
+    seconds_option,
+    topology_for,
+)
 
 if TYPE_CHECKING:
     from crossdc.topology import Topology
@@ -39,15 +50,15 @@ def drill_command(
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="Drill file: thresholds, hooks per scenario, proxies, "
         "timings (see docs/drills.md).", show_default=False)] = None,
-    max_rto_s: Annotated[float | None, typer.Option(
+    max_rto_s: Annotated[float | None, seconds_option(
         "--max-rto-s", help="Fail (exit 3) above this RTO.", show_default=False)] = None,
-    max_rpo_records: Annotated[int | None, typer.Option(
+    max_rpo_records: Annotated[int | None, count_option(
         "--max-rpo-records", help="Fail (exit 3) above this many lost acknowledged records.",
         show_default=False)] = None,
-    max_duplicates: Annotated[int | None, typer.Option(
+    max_duplicates: Annotated[int | None, count_option(
         "--max-duplicates", help="Fail (exit 3) above this many duplicates.",
         show_default=False)] = None,
-    max_detection_s: Annotated[float | None, typer.Option(
+    max_detection_s: Annotated[float | None, seconds_option(
         "--max-detection-s", help="Fail (exit 3) above this detection time.",
         show_default=False)] = None,
     reports: Annotated[Path | None, typer.Option(
@@ -68,6 +79,7 @@ def drill_command(
 
     if scenario not in SCENARIOS:
         fail(f"--scenario {scenario!r} is not one of {', '.join(SCENARIOS)}")
+    check_folder(reports, "--reports")
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
     cfg = load_config(config)
@@ -76,6 +88,9 @@ def drill_command(
         max_duplicates=max_duplicates, max_detection_s=max_detection_s))
     cfg = cfg.model_copy(update={"thresholds": thresholds,
                                  **({"reports": reports} if reports is not None else {})})
+    if not dry_run:  # the report's timeline.png: before the drill, not after it
+        from crossdc.extras import require
+        require("charts", "dr drill (the report's timeline chart)")
     stack, services = _local(topo, path, paths)
 
     async def main() -> DrillReport | None:

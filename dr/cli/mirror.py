@@ -13,13 +13,23 @@ from typing import Annotated
 import structlog
 import typer
 from prometheus_client import Counter
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from crossdc.clients.kafka import set_kafka_principal
 from crossdc.security import MIRROR
 from crossdc.topology import Flow, Topology
-from dr.cli._common import TopologyOpt, paths_for, region_of, topology_for
+from dr.cli._common import (
+    TopologyOpt,
+    host_option,
+    name_option,
+    paths_for,
+    port_option,
+    region_of,
+    seconds_option,
+    topology_for,
+)
 from mirror.errors import MirrorError
 from mirror.metrics import MirrorMetrics
 from mirror.offsets import apply_offsets, translate_group
@@ -51,10 +61,20 @@ def _flows(topo: Topology, source: str | None, target: str | None, topics: str |
         raise typer.BadParameter("--from, --to and --topics go together", param_hint="--from")
     for name, hint in ((source, "--from"), (target, "--to")):
         region_of(topo, name, hint)
-    return [Flow(source=source, target=target, topics=topics, group=group,
-                 exactly_once=exactly_once, forward=forward,
-                 discovery_interval_s=discovery_s, dead_letter=dead_letter,
-                 worker_id=worker_id)]
+    try:
+        return [Flow(source=source, target=target, topics=topics, group=group,
+                     exactly_once=exactly_once, forward=forward,
+                     discovery_interval_s=discovery_s, dead_letter=dead_letter,
+                     worker_id=worker_id)]
+    except ValidationError as exc:  # name the option, not the model's field
+        e = exc.errors(include_url=False)[0]
+        field = str(e["loc"][0]) if e["loc"] else ""
+        raise typer.BadParameter(str(e["msg"]).removeprefix("Value error, "),
+                                 param_hint=_FLOW_OPTIONS.get(field, "--from")) from None
+
+
+_FLOW_OPTIONS = {"source": "--from", "target": "--to", "topics": "--topics", "group": "--group",
+                 "discovery_interval_s": "--discovery-interval", "worker_id": "--worker-id"}
 
 
 def _select(topo: Topology, select: list[str] | None) -> list[Flow]:
@@ -190,21 +210,26 @@ def run(
     source: Annotated[str | None, typer.Option("--from", help="Source region.")] = None,
     target: Annotated[str | None, typer.Option("--to", help="Target region.")] = None,
     topics: Annotated[str | None, typer.Option(help="Topic regex (full match).")] = None,
-    group: Annotated[str | None, typer.Option(help="Worker group (scale-out).")] = None,
+    group: Annotated[str | None, name_option("--group", help="Worker group (scale-out).")
+                     ] = None,
     exactly_once: Annotated[bool, typer.Option("--exactly-once")] = False,
     forward: Annotated[bool, typer.Option("--forward", help="Carry records of other "
                                           "origins too (chains).")] = False,
-    discovery_interval: Annotated[float, typer.Option(help="Seconds between looks for new "
-                                                      "topics.")] = 10.0,
+    discovery_interval: Annotated[float, seconds_option(
+        "--discovery-interval", min=0.1, max=3600.0, help="Seconds between looks for new "
+        "topics.")] = 10.0,
     dead_letter: Annotated[bool, typer.Option(
         "--dead-letter", help="Send records too large for the target to "
         "_crossdc.dead-letter.<source> instead of stopping their partition.")] = False,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus metrics.")] = None,
-    metrics_host: Annotated[str, typer.Option(help="Bind address of the metrics.")
+    metrics_port: Annotated[int | None, port_option("--metrics-port",
+                                                    help="Serve Prometheus metrics.")] = None,
+    metrics_host: Annotated[str, host_option("--metrics-host",
+                                             help="Bind address of the metrics.")
                             ] = "127.0.0.1",
-    worker_id: Annotated[str | None, typer.Option(
-        help="This worker's id in its group [default: the host name]. Exactly-once: each "
-        "worker of a group needs its own; a restarted worker keeps it.")] = None,
+    worker_id: Annotated[str | None, name_option(
+        "--worker-id", help="This worker's id in its group [default: the host name]. "
+        "Exactly-once: each worker of a group needs its own; a restarted worker keeps it.")
+    ] = None,
     flow: Annotated[list[str] | None, typer.Option(
         "--flow", help="Run only this declared flow, as SOURCE:TARGET (repeat the option) "
         "[default: every flow of the topology].", show_default=False)] = None,
@@ -226,7 +251,7 @@ def run(
 
 @offsets_app.command("translate")
 def translate(
-    group: Annotated[str, typer.Option(help="Consumer group to move.")],
+    group: Annotated[str, name_option("--group", help="Consumer group to move.")],
     source: Annotated[str, typer.Option("--from", help="Region the group consumed in.")],
     target: Annotated[str, typer.Option("--to", help="Region to move it to.")],
     topology: TopologyOpt = None,

@@ -10,8 +10,16 @@ import typer
 import yaml
 
 from crossdc.topology import split_hostport
-from dr.cli._common import StateDirOpt, TopologyOpt, out, paths_for, topology_for
+from dr.cli._common import (
+    StateDirOpt,
+    TopologyOpt,
+    out,
+    paths_for,
+    seconds_option,
+    topology_for,
+)
 from dr.errors import DrError
+from dr.exits import fail
 from dr.stack.prometheus import (
     Target,
     alerts_path,
@@ -45,8 +53,9 @@ def prometheus_config(
     target: Annotated[list[str] | None, typer.Option(
         "--target", help="Another daemon to scrape, COMPONENT:REGION:HOST:PORT (repeat it): "
         "mirrors (--metrics-port), controllers (/metrics on --http-port).")] = None,
-    interval_s: Annotated[float, typer.Option(
-        "--interval-s", min=0.1, help="Scrape and rule evaluation interval.")] = 2.0,
+    interval_s: Annotated[float, seconds_option(
+        "--interval-s", min=0.1, max=3600.0, help="Scrape and rule evaluation interval.")
+    ] = 2.0,
     rules: Annotated[bool, typer.Option(
         "--rules/--no-rules", help="Load crossdc's alert rules (observability/alerts.yml).")
     ] = True,
@@ -56,6 +65,8 @@ def prometheus_config(
     """Print a Prometheus configuration scraping the topology's proxies (their
     proxy.metrics_port) and every --target; jobs crossdc-<component>, label home_region."""
     extra = [_target(t) for t in target or []]
+    if out_file is not None and out_file.is_dir():
+        fail(f"--out {out_file}: is a folder; give the file to write")
     topo, _ = topology_for(topology, paths_for(state_dir))
     targets = scrape_targets_from_topology(topo, extra=extra)
     doc = scrape_config(targets, interval_s=interval_s,

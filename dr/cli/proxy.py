@@ -19,14 +19,20 @@ from dr.cli._common import (
     TopologyOpt,
     check_files,
     err,
+    host_option,
     paths_for,
+    port_option,
     region_of,
     run,
+    seconds_option,
     topology_for,
 )
 from dr.exits import fail
 
-__all__ = ["proxy_app"]
+__all__ = ["MAX_WORKERS", "proxy_app"]
+
+MAX_WORKERS = 256
+"""Server processes `--workers` may ask for."""
 
 proxy_app = typer.Typer(help="The gRPC routing proxy of a region.", no_args_is_help=True)
 
@@ -38,19 +44,19 @@ def proxy_serve(
     policy: Annotated[Path, typer.Option("--policy", "-p", help="Routing policy file "
                                          "(reloaded on change and on SIGHUP).")],
     topology: TopologyOpt = None,
-    port: Annotated[int | None, typer.Option("--port", help="gRPC port [default: the "
-                                             "region's proxy.endpoint].")] = None,
-    metrics_port: Annotated[int | None, typer.Option(
+    port: Annotated[int | None, port_option("--port", help="gRPC port [default: the "
+                                            "region's proxy.endpoint].")] = None,
+    metrics_port: Annotated[int | None, port_option(
         "--metrics-port", help="Prometheus port [default: the region's proxy.metrics_port]."
     )] = None,
-    host: Annotated[str | None, typer.Option("--host", help="Bind address [default: the "
-                                             "endpoint's host].")] = None,
-    primary_lease_s: Annotated[float, typer.Option(
-        "--primary-lease-s", min=3.0, help="Ordered and sync writes only while the primary "
-        "was confirmed in Consul this recently (at most the controllers' "
+    host: Annotated[str | None, host_option("--host", help="Bind address [default: the "
+                                            "endpoint's host].")] = None,
+    primary_lease_s: Annotated[float, seconds_option(
+        "--primary-lease-s", min=3.0, max=3600.0, help="Ordered and sync writes only while "
+        "the primary was confirmed in Consul this recently (at most the controllers' "
         "failover.primary_lease_s).")] = 5.0,
-    grace_s: Annotated[float, typer.Option("--grace", help="Drain seconds on SIGTERM.")
-                       ] = 10.0,
+    grace_s: Annotated[float, seconds_option("--grace", max=3600.0,
+                                             help="Drain seconds on SIGTERM.")] = 10.0,
     no_consul: Annotated[bool, typer.Option("--no-consul", help="Do not register "
                                             "crossdc-proxy in Consul.")] = False,
     auth: Annotated[Path | None, typer.Option("--auth", help="Bearer-token file (tokens "
@@ -64,9 +70,9 @@ def proxy_serve(
     tls_client_ca: Annotated[Path | None, typer.Option(
         "--tls-client-ca", help="CA (PEM) client certificates must chain to: mTLS.")] = None,
     workers: Annotated[int | None, typer.Option(
-        "--workers", min=1, help="Server processes on the one port (SO_REUSEPORT), "
-        "supervised: a dead one is restarted; 1: a single process [default: the core "
-        "count].")] = None,
+        "--workers", min=1, max=MAX_WORKERS, help="Server processes on the one port "
+        "(SO_REUSEPORT), supervised: a dead one is restarted; 1: a single process [default: "
+        "the core count].")] = None,
     shared_idempotency: Annotated[bool, typer.Option(
         "--shared-idempotency/--local-idempotency", help="Share idempotency outcomes with "
         "the region's other proxies and workers (a compacted topic in the region's Kafka), "
@@ -136,8 +142,9 @@ def proxy_token(
     try:
         entry = TokenEntry(name=name, sha256=hash_token(token), topics=topic or ["*"])
     except ValidationError as exc:
-        why = "; ".join(f"--{e['loc'][0] if e['loc'] else 'topic'}: {e['msg']}"
-                        for e in exc.errors(include_url=False))
+        option = {"name": "--name", "topics": "--topic"}
+        why = "; ".join(f"{option.get(str(e['loc'][0]) if e['loc'] else '', '--topic')}: "
+                        f"{e['msg']}" for e in exc.errors(include_url=False))
         err.print(f"[red]{escape(why)}[/]", soft_wrap=True)
         raise typer.Exit(2) from None
     topics = ", ".join(json.dumps(t) for t in entry.topics)

@@ -24,6 +24,7 @@ from dr.cli._common import (
     out,
     paths_for,
     run,
+    seconds_option,
     topology_for,
 )
 from dr.controller.ops import ControllerView
@@ -66,7 +67,8 @@ def up(
     brokers: Annotated[int, typer.Option("--brokers", "-b", min=1, max=9,
                                          help="Kafka brokers per region.")] = 1,
     state_dir: StateDirOpt = None,
-    timeout_s: Annotated[float, typer.Option("--timeout", help="Seconds to wait for readiness.")
+    timeout_s: Annotated[float, seconds_option("--timeout", min=1.0, max=3600.0,
+                                               help="Seconds to wait for readiness.")
                          ] = 180.0,
     services: Annotated[bool, typer.Option(
         "--services", help="Also run a proxy and a controller per region and a supervised "
@@ -89,11 +91,12 @@ def up(
     and wait until all answer; with --services, then the proxies, mirrors and controllers."""
     from dr.stack.local import LocalStack
     for option, given in (("--policy", policy), ("--controller-config", controller_config)):
-        if given is not None and not given.is_file():
+        if given is not None and not given.exists():  # a FIFO or folder: said by the loader
             fail(f"{option} {given}: no such file")
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
-    check_files(topo, policy=policy)  # its content too, before anything starts
+    # their content too, before anything starts
+    check_files(topo, policy=policy, controller_config=controller_config)
     if secure:
         from dr.stack.tls import write_secure_topology
         topo, path = write_secure_topology(topo, paths.state)
@@ -133,7 +136,8 @@ def status(
     topology: TopologyOpt = None,
     state_dir: StateDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
-    timeout_s: Annotated[float, typer.Option("--timeout")] = 5.0,
+    timeout_s: Annotated[float, seconds_option(
+        "--timeout", min=0.1, max=3600.0, help="Seconds to wait for each answer.")] = 5.0,
 ) -> None:
     """Show each region's Kafka brokers and quorum, Consul leader and WAN pool, and each
     witness's Consul. Exit 1 if any region or witness is unhealthy."""
@@ -210,6 +214,16 @@ def render_controller(v: ControllerView) -> None:
     t.add_column("value")
     t.add_row("leader", leader)
     t.add_row("gate (automatic failover)", gate)
+    majority = (f"{v.answering} of {v.datacenters} datacenters answer (a majority is "
+                f"{v.majority})")
+    if v.has_majority:
+        t.add_row("majority", f"[green]{majority}[/]")
+    else:
+        t.add_row("majority", f"[red]{majority}: nobody leads on this side and no automatic "
+                  "failover runs; `dr failover --force` names the risk[/]")
+    if v.conflict:
+        t.add_row("conflict", f"[red]epoch {cur.epoch} names {', '.join(v.conflict)} in "
+                  "different datacenters: counted as fenced; the leader fences above it[/]")
     if v.stale or v.unreachable:
         t.add_row("datacenters behind", ", ".join(v.stale) or "-")
         t.add_row("datacenters unreachable", ", ".join(v.unreachable) or "-")

@@ -10,7 +10,15 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dr.cli._common import TopologyOpt, out, paths_for, region_of, run, topology_for
+from dr.cli._common import (
+    TopologyOpt,
+    name_option,
+    out,
+    paths_for,
+    region_of,
+    run,
+    topology_for,
+)
 from dr.controller.tail import ReplayResult, TailRecord, list_tail, replay_tail
 from dr.exits import fail
 
@@ -81,7 +89,7 @@ def _result_json(res: ReplayResult) -> str:
 def replay_command(
     region: Annotated[str, typer.Option("--region", "-r", help="The region whose "
                                         "quarantine to replay.")],
-    ids: Annotated[list[str] | None, typer.Option(
+    ids: Annotated[list[str] | None, name_option(
         "--id", help="dr-id of a record to replay (repeatable).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Every record not replayed yet.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be written, "

@@ -3,6 +3,8 @@ other commands stay light)."""
 
 from __future__ import annotations
 
+import os
+import re
 import sys
 import tempfile
 from datetime import datetime
@@ -15,10 +17,12 @@ from rich.console import Console
 
 from crossdc.clients.kafka import set_kafka_principal
 from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.extras import require
 from crossdc.security import RECONCILE
 from crossdc.topology import load_topology
 from crossdc.yamlfile import load_model
 from dr.exits import Exit, fail
+from dr.options import MAX_SECONDS, check_folder, count_option, seconds_option
 from dr.reconcile.errors import NotJudgedYet, ThresholdsPassed
 from dr.reconcile.model import Thresholds
 from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
@@ -29,7 +33,9 @@ __all__ = ["check_output_dir", "check_state_file", "parse_time", "reconcile_comm
 
 def check_output_dir(folder: Path, option: str) -> None:
     """Make `folder` (and its parents) and prove a file can be written there, so that a run
-    never ends with a report it cannot save. One line and exit 1 when the system refuses."""
+    never ends with a report it cannot save. One line and exit 1 when the system refuses;
+    exit 2 when `folder` is a file (bad input)."""
+    check_folder(folder, option)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".crossdc-probe-"):
@@ -39,12 +45,35 @@ def check_output_dir(folder: Path, option: str) -> None:
 
 
 def check_state_file(state: Path) -> None:
-    """`--state` names a file (read, then replaced at the end): not a folder, and its folder
-    must be writable."""
+    """`--state` names a file (read, then replaced at the end): not a folder, its folder
+    writable, and when it exists already, a regular file holding saved state (read and
+    checked now, not after Spark has run)."""
     if state.is_dir():
         fail(f"--state {state}: is a folder; give the watermark file's path "
              f"(e.g. {state / 'reconcile-state.json'})", 2)
     check_output_dir(state.parent, "--state")
+    if os.path.lexists(state):
+        from dr.reconcile.watermark import load_watermarks
+        load_watermarks(state)
+
+
+_SPARK_MASTER = re.compile(r"^(local(\[(\*|[1-9][0-9]*)(,[0-9]+)?\])?|"
+                           r"local-cluster\[[0-9]+,[0-9]+,[0-9]+\]|yarn|"
+                           r"(spark|mesos|k8s)://\S+)$")
+_JVM_MEMORY = re.compile(r"^[1-9][0-9]{0,12}[kmgt]?b?$", re.IGNORECASE)
+
+
+def _master(value: str) -> str:
+    if not _SPARK_MASTER.match(value):
+        raise typer.BadParameter(f"{value!r} is not a Spark master (local, local[N], local[*], "
+                                 "spark://HOST:PORT, yarn, k8s://URL)")
+    return value
+
+
+def _memory(value: str | None) -> str | None:
+    if value is not None and not _JVM_MEMORY.match(value):
+        raise typer.BadParameter(f"{value!r} is not a JVM memory size (512m, 2g, 1t)")
+    return value
 
 
 def parse_time(value: str | None, option: str) -> int | None:
@@ -83,35 +112,42 @@ def reconcile_command(
     since: Annotated[str | None, typer.Option(help="Window start: ms or ISO time.")] = None,
     until: Annotated[str | None, typer.Option(help="Window end (exclusive) "
                                               "[default: now - grace].")] = None,
-    grace: Annotated[float, typer.Option(help="Seconds a record may still be in flight.")] =
-        30.0,
+    grace: Annotated[float, seconds_option(
+        "--grace", help="Seconds a record may still be in flight.")] = 30.0,
     state: Annotated[Path | None, typer.Option(help="Incremental mode: watermark file, read "
                                                "and updated.")] = None,
-    master: Annotated[str, typer.Option(help="Spark master.")] = "local[2]",
+    master: Annotated[str, typer.Option("--master", callback=_master,
+                                        help="Spark master.")] = "local[2]",
     driver_memory: Annotated[str, typer.Option(
-        help="Spark driver heap (local mode: the whole job's heap; ~2g holds 5M records "
-        "per region with spill to local disk).")] = "2g",
+        "--driver-memory", callback=_memory, help="Spark driver heap (local mode: the "
+        "whole job's heap; ~2g holds 5M records per region with spill to local disk).")
+    ] = "2g",
     executor_memory: Annotated[str | None, typer.Option(
-        help="Heap of each executor with a cluster --master (spark://HOST:7077) "
-        "[default: Spark's 1g].", show_default=False)] = None,
+        "--executor-memory", callback=_memory, help="Heap of each executor with a cluster "
+        "--master (spark://HOST:7077) [default: Spark's 1g].", show_default=False)] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for report.json and "
                                           "report.html.")] = Path("reconcile-report"),
     thresholds_file: Annotated[Path | None, typer.Option(
         "--thresholds", help="YAML file of thresholds (missing, duplicates, altered, "
         "order_violations, headerless_unmatched, latency_p99_ms, unreadable).")] = None,
-    max_missing: Annotated[int | None, typer.Option(min=0)] = None,
-    max_duplicates: Annotated[int | None, typer.Option(min=0)] = None,
-    max_altered: Annotated[int | None, typer.Option(min=0)] = None,
-    max_order_violations: Annotated[int | None, typer.Option(min=0)] = None,
-    max_headerless_unmatched: Annotated[int | None, typer.Option(min=0)] = None,
-    max_latency_p99_ms: Annotated[float | None, typer.Option(min=0)] = None,
-    max_unreadable: Annotated[int | None, typer.Option(
-        min=0, help="Records retention deleted before they could be compared.")] = None,
+    max_missing: Annotated[int | None, count_option("--max-missing")] = None,
+    max_duplicates: Annotated[int | None, count_option("--max-duplicates")] = None,
+    max_altered: Annotated[int | None, count_option("--max-altered")] = None,
+    max_order_violations: Annotated[int | None, count_option("--max-order-violations")
+                                    ] = None,
+    max_headerless_unmatched: Annotated[int | None, count_option(
+        "--max-headerless-unmatched")] = None,
+    max_latency_p99_ms: Annotated[float | None, typer.Option(
+        "--max-latency-p99-ms", min=0, max=MAX_SECONDS * 1000)] = None,
+    max_unreadable: Annotated[int | None, count_option(
+        "--max-unreadable", help="Records retention deleted before they could be compared.")
+    ] = None,
     exactly_once: Annotated[str | None, typer.Option(
         "--exactly-once", metavar="REGEX",
         help="Topics whose mirror flows are exactly-once (a duplicate fails them), beyond "
         "the topology's `exactly_once: true` flows.")] = None,
-    max_details: Annotated[int, typer.Option(min=0, help="Cap on each detail list.")] = 1000,
+    max_details: Annotated[int, count_option("--max-details", max=10_000_000,
+                                             help="Cap on each detail list.")] = 1000,
 ) -> None:
     """Compare regions record by record: missing, duplicated, altered, out of order, late.
 
@@ -149,6 +185,7 @@ def reconcile_command(
     if state is not None:
         check_state_file(state)
     check_output_dir(out_dir, "--out")
+    require("reconcile", "dr reconcile")  # Spark and the report's charts: an extra
     from dr.stack.toolchain import ensure_spark_kafka_jars
     settings.jars_dir = ensure_spark_kafka_jars(StackPaths.default())
     # Not a terminal (a scheduler's log): wide enough that no column is cut.

@@ -12,6 +12,7 @@ import structlog
 
 from crossdc.clients.kafka import use_topology
 from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.extras import require
 from crossdc.topology import Topology
 from dr.reconcile.model import Report, Thresholds, Window
 from dr.reconcile.survey import survey
@@ -67,6 +68,7 @@ def check_regions(settings: RunSettings) -> None:
 
 def run(settings: RunSettings) -> Report:
     """Run the job once; with `state_path`, incrementally from the saved watermarks."""
+    require("reconcile", "the reconciliation job")
     from dr.reconcile.job import SparkOptions, compare, now_ms, spark_session, stop_session
 
     check_regions(settings)

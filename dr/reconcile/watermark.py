@@ -17,8 +17,12 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from crossdc.errors import ConfigError, ConfigIssue
+from crossdc.files import read_user_text
 
-__all__ = ["Watermarks", "load_watermarks", "save_watermarks"]
+__all__ = ["MAX_STATE_BYTES", "Watermarks", "load_watermarks", "save_watermarks"]
+
+MAX_STATE_BYTES = 64 * 1024 * 1024
+"""A saved state larger than this is refused unread (a million partitions fit)."""
 
 
 class Watermarks(BaseModel):
@@ -39,8 +43,9 @@ def load_watermarks(path: Path) -> Watermarks | None:
     """The saved state, or None when the file does not exist yet (first run)."""
     if not path.exists():
         return None
+    text = read_user_text(path, max_bytes=MAX_STATE_BYTES, timeout_s=30.0)
     try:
-        return Watermarks.model_validate_json(path.read_text(encoding="utf-8"))
+        return Watermarks.model_validate_json(text)
     except ValidationError as exc:
         issues = [ConfigIssue(str(path), None, ".".join(str(x) for x in e["loc"]), e["msg"])
                   for e in exc.errors()]

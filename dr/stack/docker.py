@@ -2,6 +2,8 @@
 
 Decided by asking the engine (`docker.from_env().ping()`), never by looking for the `docker`
 client: a client without an engine is common (CI images, this project's dev machines).
+testcontainers and docker-py are the `docker` extra: without them there is no engine to
+ask (`docker_available()` is False), and `DockerStack.up` says which extra to install.
 Containers use host networking, so the topology file and its ports are the same as the
 local stack's. `compose/docker-compose.yml` is the equivalent for people.
 """
@@ -13,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from crossdc.extras import require
 from crossdc.topology import Topology
 from dr.errors import StackError, StartTimeout
 from dr.stack.consul import ConsulAgent
@@ -70,6 +73,7 @@ class DockerStack:
         self._containers: list[Any] = []
 
     async def up(self, timeout_s: float = 180.0) -> None:
+        require("docker", "the stack in containers")
         from testcontainers.core.container import DockerContainer
 
         for idx, region in enumerate(self.topology.regions):

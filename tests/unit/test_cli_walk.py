@@ -1,20 +1,29 @@
 """Every `dr` command, and every group, answers bad input with one error paragraph and exit 2,
-never a traceback.
+never a traceback; every option of every command is walked with values out of its range and
+values not of its form.
 
-The command tree is read from the typer app itself, so a command added later is walked too:
-each command and group gets an unknown option; each command with a region option gets a
-region the topology does not have; each command with a file option or argument gets a file
-that does not exist and a file that is not valid YAML; each number option gets a value that
-is not a number, one below its minimum, and (the `--max-*` limits) a negative one. Only a
-variant about a file may say "invalid file". Every variant carries exactly one bad input, so
-none of them may get as far as doing anything; as a safety net the commands see a topology
-(`$CROSSDC_TOPOLOGY`) whose ports nothing listens on, and an empty state and cache folder.
+The command tree is read from the typer app itself (and `python -m dr.reconcile`'s one-command
+app), so a command or option added later is walked too, and an option of a kind the walk
+does not know fails the walk until it is classified here. Per option, by its kind:
+
+- a number: not a number, one below its minimum, one above its maximum, and (a float) nan:
+  every number option must declare both bounds (`dr.options`), or the walk fails;
+- a choice: a word that is not one of them; a flag: `--flag=maybe` (flags take no value);
+- an input file (and the `FILE` arguments): a missing file, a file that is not valid, a named
+  pipe (FIFO: refused at once, never waited on) and a folder;
+- a folder (reports, state, output): a regular file; an output file: a folder;
+- a region: one the topology does not have, and a name no region can have;
+- any other string: the malformed values (and over-long ones) listed in `STRINGS`.
+
+Every variant carries exactly one bad input, so none of them may get as far as doing
+anything; as a safety net the commands see a topology (`$CROSSDC_TOPOLOGY`) whose ports
+nothing listens on, and an empty state and cache folder.
 
 Each variant runs in a process of its own, with its own exit status, stdout and stderr, and a
-deadline. Starting ~130 interpreters that each import the CLI (seconds each on a busy machine)
-would be slow, so one driver process (this file run as a script) imports the CLI once and
-forks a child per variant, which runs the console-script entry point as `dr` would: what it
-raises goes to `sys.excepthook` (a traceback on stderr) exactly as in a fresh interpreter.
+deadline. Starting hundreds of interpreters that each import the CLI (seconds each on a busy
+machine) would be slow, so one driver process (this file run as a script) imports the CLI once
+and forks a child per variant, which runs the console-script entry point as `dr` would: what
+it raises goes to `sys.excepthook` (a traceback on stderr) exactly as in a fresh interpreter.
 Two variants also run as fresh interpreters (`test_bad_region_lists_the_regions`).
 """
 
@@ -29,6 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
+import typer
 import typer.main
 from tests_support import write_topology  # type: ignore[import-not-found]
 
@@ -39,17 +49,41 @@ from dr.stack.ports import free_topology
 POLICY = str(REPO_ROOT / "policies" / "default.yaml")
 MISSING = "/nonexistent/crossdc-missing.yaml"
 
+# Placeholders the test replaces with paths it makes (a FIFO, a folder, PEM files, ...).
+BAD_FILE = "@BAD_FILE@"
+"""A file that exists and is neither valid YAML nor PEM nor JSON."""
+FIFO = "@FIFO@"
+FOLDER = "@FOLDER@"
+PLAIN = "@PLAIN@"
+"""A regular file (where a folder is needed)."""
+CERT, KEY, CA = "@CERT@", "@KEY@", "@CA@"
+BAD_YAML = "regions: [unclosed\n  - {: \n"
+
 GOOD = {  # a good value for each option a variant may need beside the bad one
     "--region": "east", "--regions": "east,west", "--from": "east", "--to": "west",
     "--topics": "t.*", "--policy": POLICY, "--group": "g", "--name": "n",
-    "--scenario": "primary-outage",
+    "--scenario": "primary-outage", "--tls-cert": CERT, "--tls-key": KEY,
+    "--tls-client-ca": CA,
 }
 FLAGS = ("--no-consul",)  # never reach out, should a variant get that far
-BAD_REGION = {"--region": "mars", "--regions": "east,mars", "--from": "mars", "--to": "mars"}
-FILE_OPTIONS = ("--topology", "--policy", "--auth", "--thresholds", "--config")
-BAD_FILE = "@BAD_FILE@"
-"""Placeholder for a file that exists and is not valid YAML (the test writes it)."""
-BAD_YAML = "regions: [unclosed\n  - {: \n"
+REGIONS = {"--region": ("mars", "Bad Region!"), "--regions": ("east,mars", "east,Bad!"),
+           "--from": ("mars", "Bad Region!"), "--to": ("mars", "Bad Region!")}
+INPUT_FILES = ("--topology", "--policy", "--auth", "--thresholds", "--config",
+               "--controller-config", "--tls-cert", "--tls-key", "--tls-client-ca", "<file>")
+STATE_FILES = ("--state",)
+"""Read when they exist, written at the end: a missing one is fine (a first run)."""
+FOLDERS = ("--state-dir", "--reports")
+OUTPUTS = {("reconcile", "--out"): "folder", ("prometheus config", "--out"): "file"}
+LONG = "x" * 300
+STRINGS: dict[str, tuple[str, ...]] = {  # malformed (and over-long) values of string options
+    "--topics": ("([",), "--exactly-once": ("([",), "--since": ("yesterday",),
+    "--until": ("yesterday",), "--flow": ("east",), "--target": ("bad",),
+    "--scenario": ("bogus",), "--worker-id": ("", "a b", LONG), "--group": ("", "a b", LONG),
+    "--id": ("", LONG), "--name": ("bad name!",), "--topic": ("bad topic!",),
+    "--host": ("bad host!", "a" * 300), "--http-host": ("bad host!",),
+    "--metrics-host": ("bad host!",), "--master": ("bogus",), "--driver-memory": ("lots",),
+    "--executor-memory": ("lots",), "--reason": ("x" * 2000, "two\nlines"),
+}
 
 
 @dataclass(frozen=True)
@@ -66,14 +100,26 @@ def _walk(cmd: object, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], obj
     return found
 
 
-def _number_type(p: object) -> type | None:
+def _bare(p: object) -> object:
     bare = getattr(p, "bare_type", None)
-    t = bare() if callable(bare) else getattr(getattr(p, "type", None), "name", None)
-    if t in (int, "integer", "integer range"):
+    return bare() if callable(bare) else getattr(getattr(p, "type", None), "name", None)
+
+
+def _number_type(p: object) -> type | None:
+    t = _bare(p)
+    if t in (int, "int", "integer", "integer range"):
         return int
     if t in (float, "float", "float range"):
         return float
     return None
+
+
+def _choices(p: object) -> tuple[object, ...] | None:
+    desc = getattr(p, "type_descriptor", None)
+    found = getattr(desc, "choices", None)
+    if found is None:
+        found = getattr(getattr(p, "type", None), "choices", None)
+    return tuple(found) if found else None
 
 
 def _options(cmd: object) -> dict[str, object]:
@@ -86,73 +132,127 @@ def _options(cmd: object) -> dict[str, object]:
     return out
 
 
-def _variants(entry: tuple[str, ...], path: tuple[str, ...], cmd: object) -> list[Variant]:
+def _number_values(p: object, kind: type) -> list[tuple[str, str]]:
+    low, high = getattr(p, "min", None), getattr(p, "max", None)
+    values = [("twelve", "not a number")]
+    values.append((str(low - 1), "below the minimum"))  # type: ignore[operator]
+    above = high + 1 if high + 1 != high else high * 2  # type: ignore[operator]
+    values.append((str(above), "above the maximum"))
+    if kind is float:
+        values.append(("nan", "not a number (nan)"))
+    return values
+
+
+def _bad_values(command: str, name: str, p: object) -> list[tuple[str, str, str | None]]:
+    """(value, why, what the error must name; None: the option) for one option; [] when the
+    walk does not know the option's kind (a test failure)."""
+    if name in REGIONS:
+        out, malformed = REGIONS[name]
+        return [(out, "unknown region", "mars"), (malformed, "not a region name", "Bad")]
+    if name in INPUT_FILES:
+        return [(MISSING, "missing file", MISSING), (BAD_FILE, "bad file", BAD_FILE),
+                (FIFO, "a named pipe for a file", FIFO), (FOLDER, "a folder for a file",
+                                                          FOLDER)]
+    if name in STATE_FILES:
+        return [(BAD_FILE, "bad file", BAD_FILE), (FIFO, "a named pipe for a file", FIFO),
+                (FOLDER, "a folder for a file", None)]
+    if name in FOLDERS or OUTPUTS.get((command, name)) == "folder":
+        return [(PLAIN, "a file for a folder", None)]
+    if OUTPUTS.get((command, name)) == "file":
+        return [(FOLDER, "a folder for a file", None)]
+    if getattr(p, "is_flag", False):
+        return [(f"{name}=maybe", "a value for a flag", None)]
+    kind = _number_type(p)
+    if kind is not None:
+        return [(v, f"{why} in {name}", None) for v, why in _number_values(p, kind)]
+    if _choices(p):
+        return [("bogus", f"not a choice of {name}", None)]
+    if name in STRINGS:
+        return [(v, f"malformed {name}", None) for v in STRINGS[name]]
+    return []
+
+
+def _variants(entry: tuple[str, ...], path: tuple[str, ...], cmd: object,
+              command: str | None = None) -> list[Variant]:
     out = [Variant((*entry, *path, "--bogus"), "unknown option", "--bogus")]
-    if getattr(cmd, "commands", None) is not None:
-        return out  # a group: only the unknown option
     opts = _options(cmd)
+    command = " ".join(path) if command is None else command
+    is_group = getattr(cmd, "commands", None) is not None
     unknown_required = [n for n, p in opts.items()
                         if getattr(p, "required", False) and n not in GOOD and n != "<file>"]
     assert not unknown_required, f"{path}: add a good value for {unknown_required} to GOOD"
 
     def argv(bad: str, value: str) -> tuple[str, ...]:
         args: list[str] = [*entry, *path]
+        if is_group:
+            return (*args, *([value] if value.startswith(bad + "=") else [bad, value]))
         if "<file>" in opts:
             args.append(value if bad == "<file>" else str(REPO_ROOT / "policies" /
                                                           "topology.local.yaml"))
         for name in opts:
             if name == bad and name != "<file>":
-                args += [name, value]
+                args += [value] if value.startswith(name + "=") else [name, value]
             elif name in GOOD:
                 args += [name, GOOD[name]]
             elif name in FLAGS:
                 args.append(name)
         return tuple(args)
 
-    for name in opts:
-        if name in BAD_REGION:
-            out.append(Variant(argv(name, BAD_REGION[name]), f"bad region in {name}", "mars"))
-        if name in FILE_OPTIONS or name == "<file>":
-            out.append(Variant(argv(name, MISSING), f"missing file in {name}", MISSING))
-            out.append(Variant(argv(name, BAD_FILE), f"bad file in {name}", BAD_FILE))
-        p = opts[name]
-        if name.startswith("--") and _number_type(p) is not None:
-            out.append(Variant(argv(name, "twelve"), f"not a number in {name}", name))
-            low = getattr(p, "min", None)
-            if low is not None:
-                out.append(Variant(argv(name, str(low - 1)), f"below the minimum in {name}",
-                                   name))
-            elif name.startswith("--max-"):
-                out.append(Variant(argv(name, "-1"), f"negative limit in {name}", name))
+    for name, p in opts.items():
+        if name.startswith("<") and name != "<file>":
+            raise AssertionError(f"dr {command}: argument {name}: classify it in the walk")
+        if _number_type(p) is not None and (getattr(p, "min", None) is None
+                                            or getattr(p, "max", None) is None):
+            raise AssertionError(f"dr {command} {name}: a number option needs both bounds "
+                                 "(dr.options: port_option, seconds_option, count_option)")
+        values = _bad_values(command, name, p)
+        assert values, (f"dr {command} {name}: an option the walk cannot classify: add its "
+                        "malformed values to STRINGS (or its kind to the walk)")
+        for value, why, must in values:
+            out.append(Variant(argv(name, value), f"{why} ({name})",
+                               name if must is None else must))
     return out
+
+
+def _reconcile_app() -> object:
+    """`python -m dr.reconcile`'s app, built as its __main__ builds it."""
+    from dr.reconcile.cli import reconcile_command
+    sub = typer.Typer(add_completion=False)
+    sub.command()(reconcile_command)
+    return typer.main.get_command(sub)
 
 
 def _all_variants() -> list[Variant]:
     variants = [v for path, cmd in _walk(typer.main.get_command(app), ())
                 for v in _variants(("-m", "dr.cli"), path, cmd)]
     # `python -m dr.reconcile` (spark-submit's entry point) is a second, one-command app.
-    variants += [
-        Variant(("-m", "dr.reconcile", "--bogus"), "unknown option", "--bogus"),
-        Variant(("-m", "dr.reconcile", "--regions", "east,mars", "--topics", "x"),
-                "bad region in --regions", "mars"),
-        Variant(("-m", "dr.reconcile", "--regions", "east,west", "--topics", "x",
-                 "--topology", MISSING), "missing file in --topology", MISSING),
-    ]
+    variants += _variants(("-m", "dr.reconcile"), (), _reconcile_app(), "reconcile")
     return variants
 
 
-def test_the_walk_covers_every_command() -> None:
+def test_the_walk_covers_every_command_and_option() -> None:
     variants = _all_variants()
     commands = {" ".join(v.argv[2:]).split(" --")[0] for v in variants}
     for expected in ("status", "reconcile", "proxy serve", "mirror run", "offsets translate",
                      "topology validate", "policy validate", "proxy", "mirror"):
         assert expected in commands
     whys = {v.why for v in variants}
-    assert {"bad region in --region", "bad region in --from", "bad region in --to",
-            "bad region in --regions", "missing file in --topology", "missing file in <file>",
-            "missing file in --policy", "bad file in --topology", "bad file in <file>",
-            "not a number in --rate", "below the minimum in --duration",
-            "negative limit in --max-rto-s"} <= whys
+    assert {"unknown region (--region)", "unknown region (--from)", "unknown region (--to)",
+            "unknown region (--regions)", "missing file (--topology)", "missing file (<file>)",
+            "missing file (--policy)", "bad file (--topology)", "bad file (<file>)",
+            "a named pipe for a file (<file>)", "a named pipe for a file (--policy)",
+            "not a number in --rate (--rate)", "below the minimum in --duration (--duration)",
+            "above the maximum in --port (--port)",
+            "above the maximum in --metrics-port (--metrics-port)",
+            "below the minimum in --max-rto-s (--max-rto-s)",
+            "not a number (nan) in --grace (--grace)",
+            "not a choice of --log-level (--log-level)", "a value for a flag (--json)",
+            "a file for a folder (--state-dir)", "malformed --host (--host)"} <= whys
+    # every option of every command has at least one variant
+    for path, cmd in [*_walk(typer.main.get_command(app), ()), ((), _reconcile_app())]:
+        for name in _options(cmd):
+            assert any(v.why.endswith(f"({name})") and v.argv[2:2 + len(path)] == path
+                       for v in variants), f"dr {' '.join(path)} {name}: not walked"
 
 
 @dataclass(frozen=True)
@@ -234,7 +334,33 @@ def _run_forked(variants: list[dict[str, object]], deadline_s: float,
             for i, v in enumerate(variants)]
 
 
-@pytest.mark.timeout(600)  # ~130 variants; seconds on a quiet machine, minutes on a busy one
+def _tls_files(folder: Path) -> dict[str, str]:
+    """A self-signed certificate (also the client CA) and its key, PEM."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(1)
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    (folder / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (folder / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return {CERT: str(folder / "cert.pem"), KEY: str(folder / "key.pem"),
+            CA: str(folder / "cert.pem")}
+
+
+@pytest.mark.timeout(900)  # ~500 variants; a minute on a quiet machine, more on a busy one
 def test_every_command_answers_bad_input_with_one_paragraph(tmp_path: Path) -> None:
     topo = write_topology(free_topology(["east", "west"]), tmp_path / "topology.yaml")
     env = {**os.environ, "CROSSDC_TOPOLOGY": str(topo),
@@ -245,12 +371,24 @@ def test_every_command_answers_bad_input_with_one_paragraph(tmp_path: Path) -> N
                                          for i in (2, 1))}
     bad = tmp_path / "bad.yaml"
     bad.write_text(BAD_YAML)
-    variants = [Variant(tuple(a.replace(BAD_FILE, str(bad)) for a in v.argv), v.why,
-                        v.must_name.replace(BAD_FILE, str(bad))) for v in _all_variants()]
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "plain.txt").write_text("a file\n")
+    places = {BAD_FILE: str(bad), FIFO: str(fifo), FOLDER: str(tmp_path / "folder"),
+              PLAIN: str(tmp_path / "plain.txt"), **_tls_files(tmp_path)}
+
+    def placed(text: str) -> str:
+        for mark, value in places.items():
+            text = text.replace(mark, value)
+        return text
+
+    variants = [Variant(tuple(placed(a) for a in v.argv), v.why, placed(v.must_name))
+                for v in _all_variants()]
     todo = tmp_path / "variants.json"
     todo.write_text(json.dumps([asdict(v) for v in variants]))
     driver = subprocess.run([sys.executable, __file__, str(todo)], capture_output=True,
-                            text=True, env=env, cwd=tmp_path, timeout=560, check=False)
+                            text=True, env=env, cwd=tmp_path, timeout=860, check=False)
     assert driver.returncode == 0, driver.stderr[-2000:]
     results = [Result(**r) for r in json.loads(driver.stdout)]
     assert len(results) == len(_all_variants())

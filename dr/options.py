@@ -1,0 +1,107 @@
+"""Typed options of the `dr` commands (and of `python -m dr.reconcile`, which must not load
+`dr.cli`): ports, seconds, counts, hosts and names, each range- or form-checked the same way,
+so that a value out of its range or not of its form is one line naming the option, exit 2,
+before any work. Numbers get both bounds (typer checks them through pydantic, which then
+also refuses `nan` and `inf`)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from dr.exits import fail
+
+__all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "MAX_TEXT", "check_folder", "count_option",
+           "host_option", "name_option", "port_option", "seconds_option", "text_option"]
+
+MAX_PORT = 65535
+MAX_SECONDS = 7 * 24 * 3600.0
+"""The longest any seconds option may be (a week): beyond it, a typo or an overflow."""
+MAX_COUNT = 2**63 - 1
+"""The largest count (records, duplicates): Kafka's offsets are signed 64-bit."""
+
+
+def port_option(*decls: str, **kw: Any) -> Any:
+    """A TCP port option: 0-65535 (0: any free port); anything else is refused by name."""
+    return typer.Option(*decls, min=0, max=MAX_PORT, **kw)
+
+
+def seconds_option(*decls: str, min: float = 0.0, max: float = MAX_SECONDS,
+                   **kw: Any) -> Any:
+    """A duration in seconds, `min`..`max` (both bounds given, so nan and inf are refused
+    too)."""
+    return typer.Option(*decls, min=min, max=max, **kw)
+
+
+def count_option(*decls: str, min: int = 0, max: int = MAX_COUNT, **kw: Any) -> Any:
+    """A count (records, items), `min`..`max`."""
+    return typer.Option(*decls, min=min, max=max, **kw)
+
+
+_HOST_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_HOST_LABEL}(?:\.{_HOST_LABEL})*\.?$")
+
+
+def _host(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        ipaddress.ip_address(value.strip("[]"))
+        return value
+    except ValueError:
+        pass
+    if not _HOSTNAME.match(value):
+        raise typer.BadParameter(f"{value!r} is not an IP address or a host name")
+    return value
+
+
+def host_option(*decls: str, **kw: Any) -> Any:
+    """A bind address or host name: an IPv4/IPv6 address or an RFC 1123 host name."""
+    return typer.Option(*decls, callback=_host, **kw)
+
+
+_MAX_NAME = 249
+
+
+def _name(value: Any) -> Any:
+    if value is None:
+        return None
+    for v in value if isinstance(value, (list, tuple)) else [value]:
+        if not v or len(v) > _MAX_NAME or any(c.isspace() or not c.isprintable() for c in v):
+            raise typer.BadParameter(f"{v!r} is not a name: 1 to {_MAX_NAME} printable "
+                                     "characters, no spaces")
+    return value
+
+
+def name_option(*decls: str, **kw: Any) -> Any:
+    """An identifier (a group, a worker id, a dr-id): 1-249 printable characters, no spaces."""
+    return typer.Option(*decls, callback=_name, **kw)
+
+
+MAX_TEXT = 1000
+
+
+def _text(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) > MAX_TEXT:
+        raise typer.BadParameter(f"{len(value)} characters; at most {MAX_TEXT}")
+    if any(not c.isprintable() for c in value):
+        raise typer.BadParameter("control characters (a new line, an escape) are not allowed")
+    return value
+
+
+def text_option(*decls: str, **kw: Any) -> Any:
+    """Free text kept in a record (a reason): one line, at most 1000 characters."""
+    return typer.Option(*decls, callback=_text, **kw)
+
+
+def check_folder(folder: Path | None, option: str) -> None:
+    """A folder option naming something that exists and is not a folder: bad input, one line
+    naming the option (exit 2), before any work."""
+    if folder is not None and folder.exists() and not folder.is_dir():
+        fail(f"{option} {folder}: is a file, not a folder")
