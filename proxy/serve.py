@@ -56,12 +56,13 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 auth_path: Path | None = None, tls: TlsSettings | None = None,
                 ready: asyncio.Event | None = None,
                 registry: CollectorRegistry | None = None,
-                primary_lease_s: float = 5.0, reuse_port: bool = False,
+                primary_lease_s: float = 5.0, primary_write_s: float = 1.5,
+                reuse_port: bool = False,
                 idempotency_log: bool = False, serve_metrics: bool = True,
                 watch: Callable[[ProxyServer], Coroutine[Any, Any, None]] | None = None,
                 ) -> None:
     """Run the proxy until SIGTERM/SIGINT; ProxyTaskFailed if a background loop fails.
-    `primary_lease_s`: `ProxyConfig.primary_lease_s` (at most the controller's lease).
+    `primary_lease_s`, `primary_write_s`: the ProxyConfig fields (at most the controller's).
     `registry`: the Prometheus registry (default: the process's global one).
     `reuse_port`, `idempotency_log`: the ProxyConfig fields. `serve_metrics` False: no
     metrics port (a worker's supervisor serves its metrics). `watch(server)`: a coroutine
@@ -75,7 +76,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                       metrics_port=None if not serve_metrics else reg.proxy.metrics_port
                       if metrics_port is None else metrics_port,
                       grace_s=grace_s, register_consul=register_consul, auth_file=auth_path,
-                      tls=tls, primary_lease_s=primary_lease_s, reuse_port=reuse_port,
+                      tls=tls, primary_lease_s=primary_lease_s,
+                      primary_write_s=primary_write_s, reuse_port=reuse_port,
                       idempotency_log=idempotency_log)
     server = ProxyServer(topology, cfg, policy_path,
                          registry=REGISTRY if registry is None else registry)
@@ -120,7 +122,8 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                         host: str | None = None, grace_s: float = 10.0,
                         register_consul: bool = True, auth_path: Path | None = None,
                         tls: TlsSettings | None = None, primary_lease_s: float = 5.0,
-                        idempotency_log: bool = True, log_format: str = "console",
+                        primary_write_s: float = 1.5, idempotency_log: bool = True,
+                        log_format: str = "console",
                         log_level: str = "warning",
                         ready: asyncio.Event | None = None) -> None:
     """`workers` server processes on one port (SO_REUSEPORT) under a supervisor in this
@@ -136,12 +139,13 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                       metrics_port=reg.proxy.metrics_port if metrics_port is None
                       else metrics_port,
                       grace_s=grace_s, register_consul=register_consul, auth_file=auth_path,
-                      tls=tls, primary_lease_s=primary_lease_s, reuse_port=True,
+                      tls=tls, primary_lease_s=primary_lease_s,
+                      primary_write_s=primary_write_s, reuse_port=True,
                       idempotency_log=idempotency_log)
     spec = WorkerSpec(topology=topology_path, region=region, policy=policy_path,
                       host=cfg.host, port=cfg.port, grace_s=grace_s, auth=auth_path, tls=tls,
-                      primary_lease_s=primary_lease_s, idempotency_log=idempotency_log,
-                      log_format=log_format, log_level=log_level)
+                      primary_lease_s=primary_lease_s, primary_write_s=primary_write_s,
+                      idempotency_log=idempotency_log, log_format=log_format, log_level=log_level)
     supervisor = ProxySupervisor(topology, cfg, spec, workers)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

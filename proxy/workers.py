@@ -84,6 +84,7 @@ class WorkerSpec(BaseModel):
     auth: Path | None = None
     tls: TlsSettings | None = None
     primary_lease_s: float = 5.0
+    primary_write_s: float = 1.5
     idempotency_log: bool = True
     log_format: Literal["console", "json"] = "console"
     log_level: str = "warning"
@@ -407,7 +408,8 @@ def worker_main(argv: list[str]) -> int:
         asyncio.run(serve(spec.topology, spec.region, spec.policy, port=spec.port,
                           serve_metrics=False, host=spec.host, grace_s=spec.grace_s,
                           register_consul=False, auth_path=spec.auth, tls=spec.tls,
-                          primary_lease_s=spec.primary_lease_s, reuse_port=True,
+                          primary_lease_s=spec.primary_lease_s,
+                          primary_write_s=spec.primary_write_s, reuse_port=True,
                           idempotency_log=spec.idempotency_log, watch=_report))
     except CrossdcError as exc:
         log.error("proxy_worker_failed", worker=spec.index, error=str(exc))

@@ -55,6 +55,10 @@ def proxy_serve(
         "--primary-lease-s", min=3.0, max=3600.0, help="Ordered and sync writes only while "
         "the primary was confirmed in Consul this recently (at most the controllers' "
         "failover.primary_lease_s).")] = 5.0,
+    primary_write_s: Annotated[float, seconds_option(
+        "--primary-write-s", min=0.1, max=3600.0, help="The longest ordered or sync write: "
+        "one starts only with this much lease left and is bounded by it (at most the "
+        "controllers' failover.primary_write_s and --primary-lease-s - 1).")] = 1.5,
     grace_s: Annotated[float, seconds_option("--grace", max=3600.0,
                                              help="Drain seconds on SIGTERM.")] = 10.0,
     no_consul: Annotated[bool, typer.Option("--no-consul", help="Do not register "
@@ -101,13 +105,15 @@ def proxy_serve(
     if n == 1:
         run(serve(path, region, policy, port=port, metrics_port=metrics_port, host=host,
                   grace_s=grace_s, register_consul=not no_consul, auth_path=auth, tls=tls,
-                  primary_lease_s=primary_lease_s, idempotency_log=shared_idempotency))
+                  primary_lease_s=primary_lease_s, primary_write_s=primary_write_s,
+                  idempotency_log=shared_idempotency))
         return
     from proxy.serve import serve_workers
     root = ctx.parent.params if ctx.parent is not None else {}
     run(serve_workers(path, region, policy, workers=n, port=port, metrics_port=metrics_port,
                       host=host, grace_s=grace_s, register_consul=not no_consul,
                       auth_path=auth, tls=tls, primary_lease_s=primary_lease_s,
+                      primary_write_s=primary_write_s,
                       idempotency_log=shared_idempotency,
                       log_format=str(root.get("log_format") or "console"),
                       log_level=str(root.get("log_level") or "warning")))
