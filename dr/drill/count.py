@@ -44,8 +44,8 @@ from crossdc.headers import DR_EPOCH, DR_ID, DR_ORIGIN
 from crossdc.topology import Topology
 from dr.drill.traffic import ADMIN_RETRY, MODES, Ack
 
-__all__ = ["Held", "Judgement", "ModeJudgement", "judge", "read_back", "read_epochs",
-           "split_brain", "wait_replicated"]
+__all__ = ["Held", "Judgement", "ModeJudgement", "Raw", "judge", "read_back", "read_epochs",
+           "records", "split_brain", "wait_replicated"]
 
 log = structlog.get_logger("crossdc.drill.count")
 
@@ -82,10 +82,36 @@ async def read_back(topology: Topology, topics: Iterable[str],
     return {r.name: out[r.name] for r in topology.regions}
 
 
-async def _records(bootstrap: str, topics: list[str],
-                   client_id: str) -> AsyncIterator[tuple[str, list[tuple[str, bytes]]]]:
-    """(topic, headers) of every record of `topics` up to their end offsets now (committed
-    only: a transaction's markers take offsets, so reading stops at positions, not counts)."""
+@dataclass(frozen=True)
+class Raw:
+    """One record as read back: where it sits, when, and its headers."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    headers: tuple[tuple[str, bytes], ...]
+
+    def header(self, name: str) -> str | None:
+        """The header's value as text (the last one of that name), None when absent."""
+        out = None
+        for k, v in self.headers:
+            if k == name:
+                out = v.decode(errors="replace")
+        return out
+
+
+async def records(bootstrap: str, topics: Iterable[str],
+                  client_id: str = "crossdc-drill-read") -> AsyncIterator[Raw]:
+    """Every committed record of `topics` (those that exist) up to their end offsets now;
+    the history checker's read-back (dr/drill/history.py) uses it too."""
+    async for rec in _records(bootstrap, sorted(set(topics)), client_id):
+        yield rec
+
+
+async def _records(bootstrap: str, topics: list[str], client_id: str) -> AsyncIterator[Raw]:
+    """Every record of `topics` up to their end offsets now (committed only: a
+    transaction's markers take offsets, so reading stops at positions, not counts)."""
     async with KafkaAdmin(bootstrap, ADMIN_RETRY) as admin:
         counts = await admin.partition_counts(topics)
     tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
@@ -103,7 +129,8 @@ async def _records(bootstrap: str, topics: list[str],
             for tp, recs in (await c.getmany(*todo, timeout_ms=500)).items():
                 for rec in recs:
                     if rec.offset < ends[tp]:
-                        yield tp.topic, list(rec.headers)
+                        yield Raw(tp.topic, tp.partition, rec.offset, int(rec.timestamp),
+                                  tuple(rec.headers))
             todo = {tp for tp in todo if await c.position(tp) < ends[tp]}
     finally:
         await c.stop()
@@ -111,11 +138,10 @@ async def _records(bootstrap: str, topics: list[str],
 
 async def _read_region(bootstrap: str, topics: list[str]) -> dict[str, dict[str, int]]:
     held: dict[str, dict[str, int]] = {t: {} for t in topics}
-    async for topic, headers in _records(bootstrap, topics, "crossdc-drill-count"):
-        dr_id = next((v for k, v in headers if k == DR_ID), None)
-        if dr_id is not None:
-            per = held[topic]
-            key = dr_id.decode(errors="replace")
+    async for rec in _records(bootstrap, topics, "crossdc-drill-count"):
+        key = rec.header(DR_ID)
+        if key is not None:
+            per = held[rec.topic]
             per[key] = per.get(key, 0) + 1
     return held
 
@@ -276,5 +302,5 @@ def split_brain(epochs: Epochs) -> list[str]:
 
 
 async def _read_headers(bootstrap: str, topic: str) -> list[dict[str, str]]:
-    return [{k: v.decode(errors="replace") for k, v in headers}
-            async for _, headers in _records(bootstrap, [topic], "crossdc-drill-epochs")]
+    return [{k: v.decode(errors="replace") for k, v in rec.headers}
+            async for rec in _records(bootstrap, [topic], "crossdc-drill-epochs")]

@@ -7,9 +7,12 @@ producer's sequence number (`<region>:<mode>:<n>`). Each record's idempotency ke
 `dr-id`, is `<id_prefix>-<region>-<n>`: unique in the run, and readable.
 
 Every acknowledgement is appended at once to the acknowledgement log (JSON lines, one `Ack` a
-line, flushed per line: a crash keeps what was acked). A record that fails (the client's own
-retries spent) is counted in `stats()` with its error, never logged as acked: it is not RPO,
-the client knows it was not accepted.
+line, flushed per line: a crash keeps what was acked), with the epoch the proxy stamped and
+whether the answer came from its idempotency window (the history checker, dr/drill/history.py,
+judges both). `python -m dr.drill.producer` (dr/drill/producer.py) runs one region's producer
+as a process of its own, e.g. inside that region's network namespace. A record that fails
+(the client's own retries spent) is counted in `stats()` with its error, never logged as
+acked: it is not RPO, the client knows it was not accepted.
 
 Moving between proxies: when the producer's current proxy cannot be reached (the call itself
 failed UNAVAILABLE or DEADLINE_EXCEEDED after the client's retries; a proxy that ANSWERED,
@@ -74,6 +77,9 @@ MODES: tuple[str, ...] = ("ordered", "sync", "nearest")
 _TOPIC_PREFIX = {"ordered": "payments", "sync": "ledger", "nearest": "clickstream"}
 """Prefixes matched by policies/default.yaml's `payments.*`, `ledger.*`, `clickstream.*`."""
 
+_EPOCH_MODES = frozenset({"ordered", "sync"})
+"""The modes whose records the proxy stamps with the primary's epoch (`dr-epoch`)."""
+
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 _TLS_OPTIONS = frozenset({"tls", "root_ca", "client_cert", "client_key", "tls_server_name"})
@@ -127,6 +133,12 @@ class Ack:
     """(region, partition, offset) of each write the proxy made before the ack."""
     t_ms: int
     """When the acknowledgement arrived (ms since epoch)."""
+    epoch: int | None = None
+    """The primary epoch the proxy stamped on the record (`dr-epoch`; ordered and sync), as
+    its answer said; None in logs written before the answer's epoch was kept."""
+    duplicate: bool = False
+    """The proxy answered from its idempotency window: a retry of a record written earlier
+    (the answer's epoch and writes are that earlier write's)."""
 
     @property
     def first_region(self) -> str:
@@ -134,16 +146,23 @@ class Ack:
         return self.written[0][0] if self.written else ""
 
     def to_json(self) -> str:
-        return json.dumps({"dr_id": self.dr_id, "mode": self.mode, "topic": self.topic,
-                           "via": self.via, "written": [list(w) for w in self.written],
-                           "t_ms": self.t_ms}, separators=(",", ":"))
+        d: dict[str, Any] = {"dr_id": self.dr_id, "mode": self.mode, "topic": self.topic,
+                             "via": self.via, "written": [list(w) for w in self.written],
+                             "t_ms": self.t_ms}
+        if self.epoch is not None:
+            d["epoch"] = self.epoch
+        if self.duplicate:
+            d["duplicate"] = True
+        return json.dumps(d, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, line: str) -> Ack:
         d = json.loads(line)
+        epoch = d.get("epoch")
         return cls(dr_id=d["dr_id"], mode=d["mode"], topic=d["topic"], via=d["via"],
                    written=tuple((str(r), int(p), int(o)) for r, p, o in d["written"]),
-                   t_ms=int(d["t_ms"]))
+                   t_ms=int(d["t_ms"]), epoch=None if epoch is None else int(epoch),
+                   duplicate=bool(d.get("duplicate", False)))
 
 
 def read_ack_log(path: Path) -> list[Ack]:
@@ -426,7 +445,8 @@ class Traffic:
         r = fut.result()
         ack = Ack(dr_id=r.dr_id, mode=r.mode or mode, topic=topic, via=target,
                   written=tuple((w.region, w.partition, w.offset) for w in r.written),
-                  t_ms=_now_ms())
+                  t_ms=_now_ms(), epoch=r.epoch if (r.mode or mode) in _EPOCH_MODES else None,
+                  duplicate=r.duplicate)
         if ack.mode != mode:
             self.log.warning("drill_mode_differs", topic=topic, expected=mode, got=ack.mode)
         self._acks.append(ack)

@@ -18,7 +18,11 @@ HEADER = ("| fault | load | records acked | lost | duplicated | time to recover 
           "| converged | reconciliation | measured |\n"
           "|---|---|---|---|---|---|---|---|---|---|")
 ORDER = ["leader-kill", "brokers-freeze", "proxy-kill", "mirror-kill (at-least-once)",
-         "mirror-kill (exactly-once)", "failover-leader-kill", "consul-stop", "partition"]
+         "mirror-kill (exactly-once)", "failover-leader-kill", "consul-stop", "partition",
+         "split-brain: primary cut off with its clients",
+         "split-brain: standby cut off with its clients", "split-brain: witness cut off",
+         "split-brain: flapping partition of the primary",
+         "split-brain: leader's datacenter cut off mid-failover"]
 
 
 @dataclass

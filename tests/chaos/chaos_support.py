@@ -51,8 +51,10 @@ class ChaosStack:
         write_topology(self.topology, self.topology_path)
 
 
-def chaos_topology(names: list[str]) -> Topology:
-    topo = free_topology(names)
+def chaos_topology(names: list[str], *, witnesses: tuple[str, ...] = ()) -> Topology:
+    """Free ports, small heaps, the drill topics mirrored both ways; `witnesses`: witness
+    datacenters (a Consul server each, no Kafka)."""
+    topo = free_topology(names, witnesses=witnesses)
     regions = []
     for r in topo.regions:
         assert r.local is not None

@@ -1,9 +1,12 @@
-"""A real network partition: the primary region's Kafka and Consul run in their own network
-namespace (dr/stack/netns.py), joined to the others by a veth pair on a bridge; the fault
-takes the region's link down (every packet to and from it dropped, no RST), the heal brings
-it up. One broker a region here (the partition cuts the whole region, so replicas inside it
-prove nothing more), a stack of its own for this module; the namespaces, links and bridge
-are removed at the end, also after a failure."""
+"""A real network partition: each region's Kafka, Consul, proxy, controller and mirror (and
+the witness datacenter's Consul) run in their own network namespace (dr/stack/netns.py),
+joined by veth pairs on a bridge; the fault takes the primary region's link down (every
+packet to and from it dropped, no RST), the heal brings it up. The drill's producers run in
+the root namespace here (they move to the other region's proxy when theirs is cut off); the
+split-brain suite (test_split_brain.py) keeps each region's producers inside its namespace.
+One broker a region (the partition cuts the whole region, so replicas inside it prove
+nothing more), a stack of its own for this module; the namespaces, links and bridge are
+removed at the end, also after a failure."""
 
 from __future__ import annotations
 
@@ -40,12 +43,14 @@ pytestmark = [pytest.mark.timeout(900),
 async def netns_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ChaosStack]:
     root = tmp_path_factory.mktemp("chaos-netns")
     paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
-    net = NetNamespaces.for_state(paths.state, ["east", "west"])
-    topo = netns_topology(chaos_topology(["east", "west"]), net)
+    # a witness: east and west alone are no majority when one is cut off
+    base = chaos_topology(["east", "west"], witnesses=("witness",))
+    net = NetNamespaces.for_topology(paths.state, base)
+    topo = netns_topology(base, net)
     path = write_topology(topo, root / "topology.yaml")
     stack = LocalStack(topo, path, brokers=1, paths=paths, netns=net)
     services = Services(topo, path, paths, policy=REPO_ROOT / "policies" / "default.yaml",
-                        auto_failover=True, proxy_workers=PROXY_WORKERS)
+                        auto_failover=True, proxy_workers=PROXY_WORKERS, netns=net)
     try:
         await stack.up(timeout_s=300)
         await services.up(timeout_s=180)

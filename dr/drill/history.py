@@ -1,0 +1,878 @@
+"""The history checker: what the clients were told, what every region holds, and what the
+controllers say after the heal, judged against the safety rules of docs/architecture.md.
+
+Inputs (plain data, so a drill, the chaos suite and `dr drill` judge the same way):
+
+- the acknowledgements (`dr.drill.traffic.Ack`, the clients' JSON-lines ack logs): dr-id,
+  mode, topic, the writes the proxy listed (region, partition, offset; the first is where
+  the record was written first), the epoch the proxy stamped, whether the answer came from
+  the proxy's idempotency window (`duplicate`), and the client's arrival time `t_ms`;
+- a `ReadBack`: every copy of the run's topics read back from every region with its
+  headers (`dr-id`, `dr-mode`, `dr-epoch`, `dr-origin`, `dr-path`, `dr-ts`), and the copies
+  each region's quarantine (`_crossdc.quarantine`, mirror/quarantine.py: the divergent tail
+  the mirror keeps out of the topic) holds of those topics;
+- a `HealedView`: each datacenter's primary record after the heal, and whether an
+  ordered write was acknowledged after it (the caller measures that).
+
+The checks (`check_history` runs them all; each is a pure function too):
+
+(a) `epoch_regions`: under one epoch, ordered and sync records were written into ONE region.
+    From the acks (epoch and first written region as the proxy answered; the read-back's
+    `dr-epoch` and first `dr-path` region / `dr-origin` where an ack lacks them), and from
+    every copy read back (acknowledged or not: a record a stale primary took and never
+    answered is a write all the same). Two regions under one epoch: split brain.
+(b) `epoch_order`: no ordered or sync record acknowledged at epoch N after (client time) the
+    first acknowledgement at a higher epoch; and none, acknowledged or not, ACCEPTED by a
+    proxy (its `dr-ts`) after it: a stale primary still writing at N once N+1 took writes
+    (the partitioned primary with its own clients: two regions writing, at two epochs).
+    Answers from the idempotency window (`duplicate`) repeat an earlier write's outcome:
+    counted apart, never a violation. With the `fences` a `PrimaryWatch` saw (each epoch and
+    when a majority of datacenters first held it, with the lease and write bound its record
+    states): nothing acknowledged or accepted at an older epoch once a newer epoch's fence
+    held a majority and that lease and bound ran out, even if the newer epoch never took a
+    write (a stranded primary writing on while the majority is fenced).
+(c) `sync_everywhere`: every acknowledged sync record is in every region's topic.
+(d) `acked_present`: every acknowledged record is in some region's topic or quarantine
+    (else lost); one held only in quarantine, or missing from a region whose quarantine
+    holds it (the divergent tail), is counted, not a failure; one missing from a region
+    that neither holds nor quarantines it (ordered, nearest: the mirror never carried it)
+    is a failure (not converged). Sync replicas are (c)'s.
+(e) `agreement`: every datacenter answered and holds the same primary record, it names a
+    writable region (not fenced), and an ordered write was acknowledged after the heal.
+
+`History.passed`: every check that ran passed; `History.complete`: all five ran (the view
+is optional). `read_back_history()` reads a ReadBack (dr/drill/count.py's reader),
+`wait_converged()` re-reads until (c) and (d) can pass or a bound, `read_healed_view()`
+reads every datacenter's `crossdc/primary`, `PrimaryWatch` follows those records during
+the run (every change, and the fences for (b)), and `write_history()` saves acks, a read-back
+summary, the records seen and the verdict as JSON for the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiokafka.errors import KafkaError
+
+from crossdc.clients.consul import ConsulClient
+from crossdc.clients.primary import read_primary
+from crossdc.errors import ClientError, CrossdcError
+from crossdc.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_TS
+from crossdc.primary import PrimaryRecord
+from crossdc.settings import RetrySettings
+from crossdc.topology import Topology
+from dr.drill.count import Raw, records
+from dr.drill.traffic import Ack
+from mirror.quarantine import DR_Q_TOPIC, QUARANTINE_TOPIC
+
+__all__ = ["CHECKS", "EPOCH_MODES", "Check", "Copy", "Fence", "HealedView", "History",
+           "PrimaryWatch", "ReadBack", "Seen", "check_acked_present", "check_agreement",
+           "check_epoch_order", "check_epoch_regions", "check_history",
+           "check_sync_everywhere", "copy_of", "fences_of", "judge_run", "ordered_acked_since",
+           "read_back_history", "read_healed_view", "wait_converged", "write_history"]
+
+log = structlog.get_logger("crossdc.drill.history")
+
+EPOCH_MODES: tuple[str, ...] = ("ordered", "sync")
+"""Modes written to the primary first and stamped with its epoch (`dr-mode` values)."""
+
+CHECKS: tuple[str, ...] = ("epoch_regions", "epoch_order", "sync_everywhere", "acked_present",
+                           "agreement")
+
+SAMPLE = 20
+"""Examples kept per check (the counts are exact)."""
+
+Key = tuple[str, str]
+"""(topic, dr-id): one record."""
+
+
+# -- the read-back -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Copy:
+    """One copy of a record read back from one region."""
+
+    region: str
+    """The region whose cluster holds it."""
+    topic: str
+    """Its topic (for a quarantined copy: the topic it was kept out of, `dr-q-topic`)."""
+    partition: int
+    offset: int
+    dr_id: str
+    mode: str | None = None
+    epoch: int | None = None
+    origin: str | None = None
+    path: tuple[str, ...] = ()
+    ts_ms: int | None = None
+    """`dr-ts`: when the proxy accepted it (ms since the epoch)."""
+    quarantined: bool = False
+    """Read from the region's quarantine, not from the topic."""
+
+    @property
+    def written_in(self) -> str:
+        """The region it was written into first: the first of its `dr-path`, else its
+        `dr-origin`, else the region it was read from."""
+        return self.path[0] if self.path else (self.origin or self.region)
+
+    def as_list(self) -> list[Any]:
+        return [self.region, self.topic, self.partition, self.offset, self.dr_id, self.mode,
+                self.epoch, self.origin, ",".join(self.path), self.ts_ms, self.quarantined]
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return None if text is None else int(text)
+    except ValueError:
+        return None
+
+
+def copy_of(region: str, raw: Raw, *, quarantined: bool = False) -> Copy | None:
+    """The Copy of a record read back (None without a `dr-id`: not a proxy's record)."""
+    dr_id = raw.header(DR_ID)
+    if dr_id is None:
+        return None
+    topic = raw.header(DR_Q_TOPIC) if quarantined else raw.topic
+    path = tuple(p for p in (raw.header(DR_PATH) or "").split(",") if p)
+    return Copy(region=region, topic=topic or raw.topic, partition=raw.partition,
+                offset=raw.offset, dr_id=dr_id, mode=raw.header(DR_MODE),
+                epoch=_int(raw.header(DR_EPOCH)), origin=raw.header(DR_ORIGIN), path=path,
+                ts_ms=_int(raw.header(DR_TS)), quarantined=quarantined)
+
+
+@dataclass
+class ReadBack:
+    """Every copy of the run's records in every region (topics and quarantines)."""
+
+    regions: tuple[str, ...]
+    copies: Sequence[Copy]
+    read_ms: int = 0
+    _held: dict[Key, set[str]] | None = field(default=None, repr=False, compare=False)
+    _quarantined: dict[Key, set[str]] | None = field(default=None, repr=False, compare=False)
+    _by_key: dict[Key, list[Copy]] | None = field(default=None, repr=False, compare=False)
+
+    def _index(self) -> None:
+        held: dict[Key, set[str]] = defaultdict(set)
+        quarantined: dict[Key, set[str]] = defaultdict(set)
+        by_key: dict[Key, list[Copy]] = defaultdict(list)
+        for c in self.copies:
+            key = (c.topic, c.dr_id)
+            (quarantined if c.quarantined else held)[key].add(c.region)
+            by_key[key].append(c)
+        self._held, self._quarantined, self._by_key = dict(held), dict(quarantined), \
+            dict(by_key)
+
+    def held(self, key: Key) -> set[str]:
+        """Regions whose TOPIC holds the record."""
+        if self._held is None:
+            self._index()
+        assert self._held is not None
+        return self._held.get(key, set())
+
+    def quarantined(self, key: Key) -> set[str]:
+        """Regions whose quarantine holds the record."""
+        if self._quarantined is None:
+            self._index()
+        assert self._quarantined is not None
+        return self._quarantined.get(key, set())
+
+    def copies_of(self, key: Key) -> list[Copy]:
+        if self._by_key is None:
+            self._index()
+        assert self._by_key is not None
+        return self._by_key.get(key, [])
+
+    def summary(self) -> dict[str, Any]:
+        """Per region and topic: copies, distinct dr-ids, quarantined copies; per epoch (of
+        ordered and sync copies): region written into -> distinct dr-ids."""
+        per: dict[str, dict[str, dict[str, Any]]] = {}
+        ids: dict[tuple[str, str, bool], set[str]] = defaultdict(set)
+        epochs: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        for c in self.copies:
+            cell = per.setdefault(c.region, {}).setdefault(
+                c.topic, {"copies": 0, "dr_ids": 0, "quarantined": 0})
+            cell["quarantined" if c.quarantined else "copies"] += 1
+            ids[(c.region, c.topic, c.quarantined)].add(c.dr_id)
+            if c.mode in EPOCH_MODES and c.epoch is not None:
+                epochs[c.epoch][c.written_in].add(c.dr_id)
+        for (region, topic, q), s in ids.items():
+            if not q:
+                per[region][topic]["dr_ids"] = len(s)
+        return {"regions": list(self.regions), "read_ms": self.read_ms,
+                "per_region": per,
+                "epochs": {str(e): {r: len(s) for r, s in sorted(by.items())}
+                           for e, by in sorted(epochs.items())}}
+
+
+# -- the verdict ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Check:
+    """One check's outcome: `passed` None when it did not run (no input for it)."""
+
+    name: str
+    title: str
+    passed: bool | None
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: tuple[str, ...] = ()
+    detail: dict[str, Any] = field(default_factory=dict)
+    """Structured figures for the report (e.g. epoch -> region -> records)."""
+
+    def line(self) -> str:
+        state = {True: "ok", False: "FAILED", None: "not run"}[self.passed]
+        figures = ", ".join(f"{k} {v}" for k, v in self.counts.items())
+        return f"{self.name}: {state} ({self.title}){': ' + figures if figures else ''}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "passed": self.passed,
+                "counts": self.counts, "examples": list(self.examples), "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class History:
+    """Every check's outcome, by name (CHECKS order)."""
+
+    checks: dict[str, Check]
+
+    @property
+    def passed(self) -> bool:
+        """Every check that ran passed."""
+        return all(c.passed is not False for c in self.checks.values())
+
+    @property
+    def complete(self) -> bool:
+        """Every check ran."""
+        return all(self.checks.get(n) is not None and self.checks[n].passed is not None
+                   for n in CHECKS)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks.values() if c.passed is False]
+
+    def lines(self) -> list[str]:
+        return [c.line() for c in self.checks.values()]
+
+    def explain(self) -> str:
+        """The failed checks with their examples (an assertion's message)."""
+        out = []
+        for c in self.failures:
+            out.append(c.line())
+            out += [f"    {e}" for e in c.examples]
+        return "\n".join(out) or "every check passed"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "complete": self.complete,
+                "checks": {n: c.as_dict() for n, c in self.checks.items()}}
+
+
+def _distinct(acks: Iterable[Ack]) -> dict[Key, Ack]:
+    """One ack per record: the first one that is not an idempotency-window answer (else
+    the first)."""
+    out: dict[Key, Ack] = {}
+    for a in acks:
+        key = (a.topic, a.dr_id)
+        if key not in out or (out[key].duplicate and not a.duplicate):
+            out[key] = a
+    return out
+
+
+def _acked_epoch_region(a: Ack, rb: ReadBack | None) -> tuple[int | None, str]:
+    """The epoch an ordered/sync ack was written under and the region written first: the
+    proxy's answer, else the read-back's headers."""
+    epoch, region = a.epoch, a.first_region
+    if (epoch is None or not region) and rb is not None:
+        for c in rb.copies_of((a.topic, a.dr_id)):
+            if epoch is None and c.epoch is not None:
+                epoch = c.epoch
+            if not region and c.path:
+                region = c.written_in
+    return epoch, region
+
+
+def _epoch_line(epoch: int, by: Mapping[str, Sequence[str]], what: str) -> str:
+    parts = [f"{r} {len(ids)} (e.g. {', '.join(sorted(ids)[:3])})"
+             for r, ids in sorted(by.items())]
+    return f"epoch {epoch}: {what} written into {' and '.join(parts)}"
+
+
+def check_epoch_regions(acks: Iterable[Ack], rb: ReadBack | None = None) -> Check:
+    """(a) Under one epoch, ordered and sync records written into one region only: by the
+    acknowledgements, and by every copy read back (acknowledged or not)."""
+    acked: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    no_epoch = 0
+    n = 0
+    for a in _distinct(acks).values():
+        if a.mode not in EPOCH_MODES:
+            continue
+        n += 1
+        epoch, region = _acked_epoch_region(a, rb)
+        if epoch is None or not region:
+            no_epoch += 1
+            continue
+        acked[epoch][region].append(a.dr_id)
+    written: dict[int, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for c in (rb.copies if rb is not None else ()):
+        if c.mode in EPOCH_MODES and c.epoch is not None:
+            written[c.epoch][c.written_in].add(c.dr_id)
+    bad_acked = sorted(e for e, by in acked.items() if len(by) > 1)
+    bad_written = sorted(e for e, by in written.items() if len(by) > 1)
+    examples = [_epoch_line(e, acked[e], "acknowledged records") for e in bad_acked]
+    examples += [_epoch_line(e, {r: sorted(s) for r, s in written[e].items()},
+                             "records read back") for e in bad_written if e not in bad_acked]
+    in_conflict = sum(len(ids) for e in bad_acked for ids in acked[e].values())
+    return Check(
+        "epoch_regions", "one region written per epoch (ordered and sync)",
+        passed=not bad_acked and not bad_written,
+        counts={"acked": n, "epochs": len(set(acked) | set(written)),
+                "conflicting_epochs_acked": len(bad_acked),
+                "acked_records_in_conflicting_epochs": in_conflict,
+                "conflicting_epochs_read_back": len(bad_written),
+                "acked_without_epoch": no_epoch},
+        examples=tuple(examples[:SAMPLE]),
+        detail={"acked": {str(e): {r: len(ids) for r, ids in sorted(by.items())}
+                          for e, by in sorted(acked.items())},
+                "read_back": {str(e): {r: len(ids) for r, ids in sorted(by.items())}
+                              for e, by in sorted(written.items())}})
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A newer epoch seen held by a majority of datacenters (`PrimaryWatch`): once its lease
+    ran out after that, no proxy may write at an older epoch. A failover's fence record
+    (epoch + 1, no writable region) says how long the controller waits before it names the
+    new primary: `lease_s` (every proxy's lease has run out) and `write_s` (the longest write
+    started before)."""
+
+    epoch: int
+    seen_ms: int
+    """When a majority was first SEEN holding this epoch or a newer one (after it was
+    written there: an observer's time is late, so the bound below is generous)."""
+    lease_s: float
+    write_s: float
+
+    @property
+    def ends_ms(self) -> int | None:
+        """From when no write at an older epoch may be acknowledged (None: the record states
+        no lease)."""
+        if self.lease_s <= 0:
+            return None
+        return self.seen_ms + int((self.lease_s + self.write_s) * 1000)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "seen_ms": self.seen_ms, "lease_s": self.lease_s,
+                "write_s": self.write_s, "ends_ms": self.ends_ms}
+
+
+def _fence_end(fences: Sequence[Fence], epoch: int) -> tuple[int, Fence] | None:
+    """The earliest end of a fence of an epoch above `epoch`."""
+    ends = [(f.ends_ms, f) for f in fences if f.epoch > epoch and f.ends_ms is not None]
+    return min(((e, f) for e, f in ends if e is not None), key=lambda x: x[0], default=None)
+
+
+def check_epoch_order(acks: Iterable[Ack], rb: ReadBack | None = None, *,
+                      slack_ms: int = 0, fences: Sequence[Fence] = ()) -> Check:
+    """(b) No ordered or sync record acknowledged at epoch N later than `slack_ms` after the
+    first acknowledgement at a higher epoch (client arrival times; idempotency-window
+    answers skipped and counted), and no ordered or sync record, acknowledged or not,
+    accepted by a proxy (its `dr-ts`, read back) after that first higher-epoch
+    acknowledgement. With `fences` (a `PrimaryWatch`'s): none acknowledged, nor accepted,
+    at epoch N after a newer epoch's fence held a majority and its lease and write bound
+    ran out, whether or not the newer epoch ever took a write."""
+    acks = [a for a in acks if a.mode in EPOCH_MODES]
+    fresh = [a for a in acks if not a.duplicate]
+    first: dict[int, tuple[int, Ack]] = {}
+    no_epoch = 0
+    epochs: dict[Key, int] = {}
+    for a in fresh:
+        epoch, _ = _acked_epoch_region(a, rb)
+        if epoch is None:
+            no_epoch += 1
+            continue
+        epochs[(a.topic, a.dr_id)] = epoch
+        if epoch not in first or a.t_ms < first[epoch][0]:
+            first[epoch] = (a.t_ms, a)
+    # for each epoch, the first ack at ANY higher epoch (suffix minimum)
+    higher: dict[int, tuple[int, Ack] | None] = {}
+    best: tuple[int, Ack] | None = None
+    for e in sorted(first, reverse=True):
+        higher[e] = best
+        if best is None or first[e][0] < best[0]:
+            best = first[e]
+    late: list[tuple[int, Ack, Ack]] = []
+    for a in fresh:
+        got = epochs.get((a.topic, a.dr_id))
+        if got is None:
+            continue
+        h = higher.get(got)
+        if h is not None and a.t_ms > h[0] + slack_ms:
+            late.append((a.t_ms - h[0], a, h[1]))
+    accepted_late: list[tuple[int, Copy, Ack]] = []
+    acked_keys = {(a.topic, a.dr_id) for a in acks}
+    unacked_late = 0
+    if rb is not None and first:
+        seen: set[Key] = set()
+        for c in rb.copies:
+            key = (c.topic, c.dr_id)
+            if c.mode not in EPOCH_MODES or c.epoch is None or c.ts_ms is None or key in seen:
+                continue
+            h = _first_above(first, c.epoch)
+            if h is not None and c.ts_ms > h[0]:
+                accepted_late.append((c.ts_ms - h[0], c, h[1]))
+                seen.add(key)
+                unacked_late += key not in acked_keys
+    fenced_late: list[tuple[int, Ack, Fence]] = []
+    for a in fresh:
+        got = epochs.get((a.topic, a.dr_id))
+        end = None if got is None else _fence_end(fences, got)
+        if end is not None and a.t_ms > end[0] + slack_ms:
+            fenced_late.append((a.t_ms - end[0], a, end[1]))
+    fenced_accepted = 0
+    if rb is not None and fences:
+        seen_f: set[Key] = set()
+        for c in rb.copies:
+            key = (c.topic, c.dr_id)
+            if c.mode not in EPOCH_MODES or c.epoch is None or c.ts_ms is None or key in seen_f:
+                continue
+            end = _fence_end(fences, c.epoch)
+            if end is not None and c.ts_ms > end[0]:
+                fenced_accepted += 1
+                seen_f.add(key)
+    late.sort(key=lambda x: -x[0])
+    accepted_late.sort(key=lambda x: -x[0])
+    fenced_late.sort(key=lambda x: -x[0])
+    examples = [f"{a.dr_id} ({a.mode}, epoch {epochs[(a.topic, a.dr_id)]}, written into "
+                f"{a.first_region or '?'}) acknowledged {d} ms after the first acknowledgement "
+                f"at epoch {h.epoch} ({h.dr_id}, {h.first_region or '?'})"
+                for d, a, h in late[:SAMPLE // 2]]
+    examples += [f"{c.dr_id} ({c.mode}, epoch {c.epoch}, written into {c.written_in}"
+                 f"{'' if (c.topic, c.dr_id) in acked_keys else ', never acknowledged'}) "
+                 f"accepted by its proxy {d} ms after the first acknowledgement at epoch "
+                 f"{h.epoch} ({h.dr_id}, {h.first_region or '?'})"
+                 for d, c, h in accepted_late[:SAMPLE // 2]]
+    if fenced_late:
+        first_f, last_f = min(fenced_late, key=lambda x: x[1].t_ms), fenced_late[0]
+        examples += [
+            f"{len(fenced_late)} acknowledged at an older epoch after a newer epoch's fence "
+            f"held a majority and its lease ran out, e.g. {a.dr_id} ({a.mode}, epoch "
+            f"{epochs[(a.topic, a.dr_id)]}, written into {a.first_region or '?'}) {d} ms after "
+            f"epoch {f.epoch}'s fence ended (seen in a majority at {f.seen_ms}, lease "
+            f"{f.lease_s:g} s + write {f.write_s:g} s)"
+            for d, a, f in (first_f, last_f)][:1 if first_f is last_f else 2]
+    return Check(
+        "epoch_order", "no acknowledgement at an older epoch after one at a newer epoch",
+        passed=not late and not accepted_late and not fenced_late and not fenced_accepted,
+        counts={"acked": len(fresh), "late_acks": len(late),
+                "max_late_ms": late[0][0] if late else 0,
+                "accepted_after_newer_epoch": len(accepted_late),
+                "of_them_unacked": unacked_late,
+                "acked_after_fence": len(fenced_late),
+                "max_after_fence_ms": fenced_late[0][0] if fenced_late else 0,
+                "accepted_after_fence": fenced_accepted,
+                "window_answers_skipped": len(acks) - len(fresh),
+                "acked_without_epoch": no_epoch},
+        examples=tuple(examples),
+        detail={"first_ack_ms": {str(e): t for e, (t, _) in sorted(first.items())},
+                "fences": [f.as_dict() for f in fences], "slack_ms": slack_ms})
+
+
+def _first_above(first: Mapping[int, tuple[int, Ack]], epoch: int
+                 ) -> tuple[int, Ack] | None:
+    """The earliest first acknowledgement at an epoch above `epoch`."""
+    above = [first[e] for e in first if e > epoch]
+    return min(above, key=lambda x: x[0]) if above else None
+
+
+def check_sync_everywhere(acks: Iterable[Ack], rb: ReadBack) -> Check:
+    """(c) Every acknowledged sync record in every region's topic."""
+    missing: Counter[str] = Counter()
+    examples: list[str] = []
+    n = 0
+    short = 0
+    for key, a in _distinct(acks).items():
+        if a.mode != "sync":
+            continue
+        n += 1
+        lacking = [r for r in rb.regions if r not in rb.held(key)]
+        if lacking:
+            short += 1
+            missing.update(lacking)
+            if len(examples) < SAMPLE:
+                examples.append(f"{a.dr_id} (acknowledged at epoch {a.epoch}, writes "
+                                f"{[w[0] for w in a.written]}) missing from "
+                                f"{', '.join(lacking)}")
+    return Check("sync_everywhere", "every acknowledged sync record in every region",
+                 passed=short == 0,
+                 counts={"acked": n, "records_missing_somewhere": short,
+                         "replicas_missing": sum(missing.values())},
+                 examples=tuple(examples), detail={"missing_per_region": dict(missing)})
+
+
+def check_acked_present(acks: Iterable[Ack], rb: ReadBack) -> Check:
+    """(d) Every acknowledged record in some topic or quarantine (else lost); ordered and
+    nearest records in every region's topic or its quarantine (the divergent tail, counted)
+    once converged (else a failure: not converged)."""
+    lost: list[str] = []
+    quarantined_only = 0
+    tail = 0
+    unconverged: Counter[str] = Counter()
+    unconverged_ids: list[str] = []
+    per_mode: Counter[str] = Counter()
+    for key, a in _distinct(acks).items():
+        per_mode[a.mode] += 1
+        held, q = rb.held(key), rb.quarantined(key)
+        if not held and not q:
+            lost.append(f"{a.dr_id} ({a.mode}, {a.topic}, written into "
+                        f"{a.first_region or '?'} at {a.t_ms})")
+            continue
+        if not held:
+            quarantined_only += 1  # the divergent tail, its source copy gone: counted
+            continue
+        if a.mode == "sync":
+            continue  # its replicas are check (c)'s
+        for r in rb.regions:
+            if r in held:
+                continue
+            if r in q:
+                tail += 1
+            else:
+                unconverged[r] += 1
+                if len(unconverged_ids) < SAMPLE:
+                    unconverged_ids.append(f"{a.dr_id} ({a.mode}) in {', '.join(sorted(held))}"
+                                           f", not in {r} nor its quarantine")
+    return Check(
+        "acked_present", "every acknowledged record held somewhere, replicated or quarantined",
+        passed=not lost and not unconverged,
+        counts={"acked": sum(per_mode.values()), "lost": len(lost),
+                "quarantined_only": quarantined_only, "tail_replicas_quarantined": tail,
+                "replicas_not_converged": sum(unconverged.values())},
+        examples=tuple(lost[:SAMPLE // 2] + unconverged_ids[:SAMPLE // 2]),
+        detail={"acked_per_mode": dict(per_mode),
+                "not_converged_per_region": dict(unconverged)})
+
+
+@dataclass(frozen=True)
+class HealedView:
+    """What the datacenters say after the heal (the caller gathers it: `read_healed_view()`,
+    or from `dr.controller.ops.controller_view()`: its `primary` and `unreachable`)."""
+
+    primaries: Mapping[str, PrimaryRecord | None]
+    """Datacenter -> its `crossdc/primary` record (None: the key is absent there)."""
+    ordered_write_after_heal: bool
+    """An ordered write was acknowledged after the heal (the primary is writable)."""
+    unreachable: Mapping[str, str] = field(default_factory=dict)
+    """Datacenter -> why it did not answer."""
+    datacenters: tuple[str, ...] = ()
+    """Every datacenter expected to answer (default: those named above)."""
+    regions: tuple[str, ...] = ()
+    """The regions (a witness may not be primary; default: not checked)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"primaries": {d: None if r is None else r.model_dump()
+                              for d, r in self.primaries.items()},
+                "ordered_write_after_heal": self.ordered_write_after_heal,
+                "unreachable": dict(self.unreachable), "datacenters": list(self.datacenters),
+                "regions": list(self.regions)}
+
+
+def check_agreement(view: HealedView | None) -> Check:
+    """(e) Every datacenter answered with the same primary record, it names a writable
+    region, and an ordered write was acknowledged after the heal."""
+    title = "every datacenter agrees on one writable primary after the heal"
+    if view is None:
+        return Check("agreement", title, passed=None)
+    expected = view.datacenters or tuple(sorted({*view.primaries, *view.unreachable}))
+    problems: list[str] = []
+    for dc in expected:
+        if dc in view.unreachable:
+            problems.append(f"{dc} did not answer: {view.unreachable[dc]}")
+        elif dc not in view.primaries:
+            problems.append(f"{dc} was not asked")
+        elif view.primaries[dc] is None:
+            problems.append(f"{dc} holds no primary record")
+    seen = {(r.region, r.epoch, r.fenced) for r in view.primaries.values() if r is not None}
+    if len(seen) > 1:
+        problems.append("the datacenters disagree: " + "; ".join(
+            f"{dc}: {r.region} epoch {r.epoch}{' fenced' if r.fenced else ''}"
+            for dc, r in sorted(view.primaries.items()) if r is not None))
+    fenced = [dc for dc, r in view.primaries.items() if r is not None and r.fenced]
+    if fenced:
+        problems.append(f"no writable primary: fenced in {', '.join(sorted(fenced))}")
+    if view.regions:
+        odd = sorted({r.region for r in view.primaries.values()
+                      if r is not None and r.region not in view.regions})
+        if odd:
+            problems.append(f"the primary named is not a region: {', '.join(odd)}")
+    if not view.ordered_write_after_heal:
+        problems.append("no ordered write was acknowledged after the heal")
+    records = [r for r in view.primaries.values() if r is not None]
+    return Check("agreement", title, passed=not problems,
+                 counts={"datacenters": len(expected), "answered": len(view.primaries),
+                         "distinct_records": len(seen),
+                         "epoch": max((r.epoch for r in records), default=-1)},
+                 examples=tuple(problems[:SAMPLE]), detail=view.as_dict())
+
+
+def check_history(acks: Iterable[Ack], rb: ReadBack, view: HealedView | None = None, *,
+                  slack_ms: int = 0, fences: Sequence[Fence] = ()) -> History:
+    """Every check over one run's history (see the module docstring)."""
+    acks = list(acks)
+    checks = [check_epoch_regions(acks, rb),
+              check_epoch_order(acks, rb, slack_ms=slack_ms, fences=fences),
+              check_sync_everywhere(acks, rb), check_acked_present(acks, rb),
+              check_agreement(view)]
+    return History({c.name: c for c in checks})
+
+
+def ordered_acked_since(acks: Iterable[Ack], since_ms: int, *, mode: str = "ordered") -> bool:
+    """Whether a (fresh, not idempotency-window) `mode` write was acknowledged after
+    `since_ms`: the writable-primary part of (e), from the clients' own logs."""
+    return any(a.mode == mode and not a.duplicate and a.t_ms > since_ms for a in acks)
+
+
+# -- reading -------------------------------------------------------------------------------
+async def read_back_history(topology: Topology, topics: Iterable[str],
+                            timeout_s: float = 60.0) -> ReadBack:
+    """Every copy of `topics` in every region, and what each region's quarantine holds of
+    them, read to the end offsets of now. Raises ClientError naming the region that could
+    not be read within `timeout_s`."""
+    names = sorted(set(topics))
+    wanted = set(names)
+    out: dict[str, list[Copy]] = {}
+
+    async def one(region: str, bootstrap: str) -> None:
+        got: list[Copy] = []
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for raw in records(bootstrap, [*names, QUARANTINE_TOPIC],
+                                         "crossdc-drill-history"):
+                    q = raw.topic == QUARANTINE_TOPIC
+                    c = copy_of(region, raw, quarantined=q)
+                    if c is not None and c.topic in wanted:
+                        got.append(c)
+        except (KafkaError, OSError, TimeoutError, CrossdcError) as exc:
+            raise ClientError(f"{region} ({bootstrap}): could not read {', '.join(names)} and "
+                              f"its quarantine within {timeout_s:g}s: {exc!r}") from exc
+        out[region] = got
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            for r in topology.regions:
+                tg.create_task(one(r.name, r.kafka.bootstrap), name=f"drill:history:{r.name}")
+    except* ClientError as eg:
+        raise eg.exceptions[0] from eg
+    regions = tuple(r.name for r in topology.regions)
+    return ReadBack(regions, [c for r in regions for c in out[r]], read_ms=_now_ms())
+
+
+def _open_replicas(acks: Sequence[Ack], rb: ReadBack) -> int:
+    """(region, record) pairs (c) and (d) would still fail on."""
+    return (check_sync_everywhere(acks, rb).counts["replicas_missing"]
+            + check_acked_present(acks, rb).counts["replicas_not_converged"])
+
+
+async def wait_converged(topology: Topology, acks: Iterable[Ack], timeout_s: float = 120.0,
+                         *, interval_s: float = 1.0, settle_s: float | None = 30.0,
+                         topics: Iterable[str] | None = None) -> ReadBack:
+    """Read back until every acknowledged record is where (c) and (d) want it (sync records
+    in every topic, the others in every topic or that region's quarantine), `timeout_s`
+    passed, or (`settle_s`) nothing more arrived for that long. Returns the last read (judge
+    it: what is still missing is then reported)."""
+    acks = list(acks)
+    names = sorted(set(topics) if topics is not None else {a.topic for a in acks})
+    deadline = time.monotonic() + timeout_s
+    best: int | None = None
+    best_at = time.monotonic()
+    rounds = 0
+    while True:
+        rounds += 1
+        rb = await read_back_history(topology, names,
+                                     timeout_s=max(deadline - time.monotonic(), 10.0))
+        missing = _open_replicas(acks, rb)
+        now = time.monotonic()
+        if best is None or missing < best:
+            best, best_at = missing, now
+        stalled = settle_s is not None and now - best_at >= settle_s
+        if missing == 0 or stalled or now + interval_s > deadline:
+            log.info("history_read_back", rounds=rounds, converged=missing == 0,
+                     missing=missing, stalled=stalled, acked=len(acks), copies=len(rb.copies))
+            return rb
+        await asyncio.sleep(interval_s)  # the mirrors carry more meanwhile
+
+
+VIEW_RETRY = RetrySettings(attempts=2, total_s=10.0, call_timeout_s=5.0,
+                           backoff_initial_s=0.2, backoff_max_s=1.0)
+
+
+async def read_healed_view(topology: Topology, *, ordered_write_after_heal: bool,
+                           retry: RetrySettings | None = None) -> HealedView:
+    """Each datacenter's (regions' and witnesses') `crossdc/primary`, read consistently
+    through its own agent; one that does not answer is listed in `unreachable`."""
+    dcs = topology.datacenters
+    primaries: dict[str, PrimaryRecord | None] = {}
+    unreachable: dict[str, str] = {}
+
+    async def one(name: str, addr: str) -> None:
+        try:
+            async with ConsulClient(addr, retry or VIEW_RETRY) as consul:
+                primaries[name], _ = await read_primary(consul, consistent=True)
+        except CrossdcError as exc:
+            unreachable[name] = str(exc)
+
+    await asyncio.gather(*(one(d.name, d.consul.http_addr) for d in dcs))
+    return HealedView(primaries=primaries, unreachable=unreachable,
+                          ordered_write_after_heal=ordered_write_after_heal,
+                          datacenters=tuple(d.name for d in dcs),
+                          regions=tuple(r.name for r in topology.regions))
+
+
+async def judge_run(topology: Topology, acks: Sequence[Ack], topics: Iterable[str], *,
+                    healed_ms: int, fences: Sequence[Fence] = (),
+                    converge_timeout_s: float = 180.0, settle_s: float = 30.0
+                    ) -> tuple[History, ReadBack, HealedView]:
+    """A drill's whole judgement in one call, once its fault is healed and its traffic
+    stopped: read back until converged (bounded), read every datacenter's primary record
+    (the writable-primary part from the acks: an ordered write acknowledged after
+    `healed_ms`), check everything."""
+    rb = await wait_converged(topology, acks, converge_timeout_s, settle_s=settle_s,
+                              topics=topics)
+    view = await read_healed_view(topology,
+                                  ordered_write_after_heal=ordered_acked_since(acks, healed_ms))
+    return check_history(acks, rb, view, fences=fences), rb, view
+
+
+WATCH_RETRY = RetrySettings(attempts=1, total_s=2.0, call_timeout_s=1.0,
+                            backoff_initial_s=0.1, backoff_max_s=0.1)
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One datacenter's primary record as the watch read it (None: the key is absent)."""
+
+    ms: int
+    datacenter: str
+    record: PrimaryRecord | None
+
+    def as_list(self) -> list[Any]:
+        r = self.record
+        return [self.ms, self.datacenter, None if r is None else r.region,
+                None if r is None else r.epoch, None if r is None else r.fenced]
+
+
+def fences_of(seen: Iterable[Seen], majority: int) -> list[Fence]:
+    """Each epoch, with the first moment a majority of datacenters was seen holding it or a
+    newer one (each datacenter counted at its latest read), and the lease and write bound
+    its first record stated."""
+    latest: dict[str, int] = {}
+    bounds: dict[int, tuple[float, float]] = {}
+    out: dict[int, Fence] = {}
+    for s in sorted(seen, key=lambda s: s.ms):
+        if s.record is None:
+            continue
+        latest[s.datacenter] = s.record.epoch
+        bounds.setdefault(s.record.epoch, (s.record.lease_s, s.record.write_s))
+        for e in set(latest.values()):
+            if e not in out and sum(1 for v in latest.values() if v >= e) >= majority:
+                lease, write = bounds[e]
+                out[e] = Fence(e, s.ms, lease, write)
+    return [out[e] for e in sorted(out)]
+
+
+class PrimaryWatch:
+    """Reads every datacenter's `crossdc/primary` every `interval_s`, each datacenter on its
+    own (one cut off does not slow the others' reads), from wherever the caller runs, and
+    keeps every change seen: `fences()` for check (b), `changes()` for the report.
+
+        async with PrimaryWatch(topology) as watch:
+            ...                                   # the scenario
+        check_history(acks, rb, view, fences=watch.fences())
+    """
+
+    def __init__(self, topology: Topology, interval_s: float = 0.25) -> None:
+        self.topology = topology
+        self.interval_s = interval_s
+        self.majority = topology.majority
+        self._seen: list[Seen] = []
+        self._last: dict[str, PrimaryRecord | None] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+
+    async def __aenter__(self) -> PrimaryWatch:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="drill:primary-watch")
+
+    async def stop(self) -> None:
+        """Stop reading (idempotent)."""
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+    async def _run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for d in self.topology.datacenters:
+                tg.create_task(self._one(d.name, d.consul.http_addr),
+                               name=f"drill:primary-watch:{d.name}")
+
+    async def _one(self, name: str, addr: str) -> None:
+        async with ConsulClient(addr, WATCH_RETRY) as consul:
+            while not self._stop.is_set():
+                try:
+                    rec, _ = await read_primary(consul, consistent=True)
+                except CrossdcError:  # away: nothing seen this round
+                    pass
+                else:
+                    if name not in self._last or self._last[name] != rec:
+                        self._last[name] = rec
+                        self._seen.append(Seen(_now_ms(), name, rec))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.interval_s)
+
+    def changes(self) -> list[Seen]:
+        """Every change of a datacenter's record seen, in time order."""
+        return sorted(self._seen, key=lambda s: s.ms)
+
+    def fences(self) -> list[Fence]:
+        return fences_of(self._seen, self.majority)
+
+
+# -- the record of a run -------------------------------------------------------------------
+def write_history(path: Path, acks: Sequence[Ack], rb: ReadBack, history: History, *,
+                  extra: Mapping[str, Any] | None = None, copies: bool = False,
+                  seen: Sequence[Seen] = ()) -> Path:
+    """Save one run's history as JSON: the acknowledgements, a summary of the read-back
+    (every copy too with `copies`), the primary records a watch `seen` change, the verdict,
+    and `extra` (the scenario's timeline...)."""
+    doc: dict[str, Any] = {
+        "verdict": history.as_dict(),
+        "lines": history.lines(),
+        "extra": dict(extra or {}),
+        "read_back": rb.summary(),
+        "primary_seen_fields": ["ms", "datacenter", "region", "epoch", "fenced"],
+        "primary_seen": [x.as_list() for x in seen],
+        "acks": [json.loads(a.to_json()) for a in acks],
+    }
+    if copies:
+        doc["copy_fields"] = ["region", "topic", "partition", "offset", "dr_id", "mode",
+                              "epoch", "origin", "path", "ts_ms", "quarantined"]
+        doc["copies"] = [c.as_list() for c in rb.copies]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, separators=(",", ":"), default=str), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
