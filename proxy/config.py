@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from crossdc.settings import RetrySettings
 
-__all__ = ["BreakerSettings", "KafkaWriterSettings", "ProxyConfig", "TlsSettings"]
+__all__ = ["BreakerSettings", "HintSettings", "KafkaWriterSettings", "ProxyConfig", "TlsSettings"]
 
 
 class _Model(BaseModel):
@@ -49,6 +49,31 @@ class BreakerSettings(_Model):
     probe_timeout_s: float = Field(15.0, gt=0, description="A half-open probe that has not "
                                    "reported back within this (a write stuck or lost) gives "
                                    "its slot back, so another write may probe.")
+
+
+class HintSettings(_Model):
+    """Hinted handoff (proxy.hints): a sync record a region missed is kept as a hint in
+    `_crossdc.proxy.hints.<region>` and written there once it is writable again."""
+
+    enabled: bool = Field(True, description="Write hints for the regions a sync write missed "
+                          "(an acknowledgement then implies they are stored) and replay the "
+                          "own region's hints. Off: a region that misses an acknowledged sync "
+                          "record misses it for good.")
+    retention_s: float = Field(7 * 24 * 3600.0, gt=0, description="Retention of the hints "
+                               "topics: a hint older than this is deleted by Kafka unreplayed "
+                               "(a region down longer must be reconciled).")
+    max_message_bytes: int = Field(8 * 1024 * 1024, gt=0, description="max.message.bytes of "
+                                   "the hints topics: above the largest record the proxy "
+                                   "writes (kafka.max_request_bytes) plus the hint header.")
+    replay_batch: int = Field(500, gt=0, description="Hints read (and replayed) at once.")
+    replay_write_s: float = Field(10.0, gt=0, description="Bound of one replay write.")
+    backoff_s: float = Field(0.5, gt=0, description="First wait after a replay could not "
+                             "be done (target not writable, write failed); doubled each time.")
+    backoff_max_s: float = Field(10.0, gt=0)
+    pending_interval_s: float = Field(2.0, gt=0, description="How often the pending hints "
+                                      "(the gauge) are measured.")
+    retry_s: float = Field(2.0, gt=0, description="Pause before connecting again, or creating "
+                           "the hints topics in a region that did not answer.")
 
 
 class TlsSettings(_Model):
@@ -161,6 +186,7 @@ class ProxyConfig(_Model):
                                    "answer the watch (capped at primary_lease_s / 3).")
     kafka: KafkaWriterSettings = KafkaWriterSettings()
     breaker: BreakerSettings = BreakerSettings()
+    hints: HintSettings = HintSettings()
     consul_retry: RetrySettings = RetrySettings(attempts=2, total_s=3.0, call_timeout_s=2.0)
 
     @model_validator(mode="after")

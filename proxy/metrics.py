@@ -158,6 +158,33 @@ class ProxyMetrics:
                                        "retried call waiting for the shared idempotency log "
                                        "to be read up to its end", registry=r,
                                        buckets=_BUCKETS)
+        self.hints_written = Counter("crossdc_proxy_hints_written", "Hints stored for a "
+                                     "region a sync write missed (proxy.hints), by target "
+                                     "region", ("target",), registry=r)
+        self.hints_replayed = Counter("crossdc_proxy_hints_replayed", "Records written into "
+                                      "their target region from hints (at-least-once: a crash "
+                                      "between the write and the commit replays again)",
+                                      ("target",), registry=r)
+        self.hints_skipped = Counter("crossdc_proxy_hints_skipped", "Hints committed without "
+                                     "a write: the idempotency window says the target holds "
+                                     "the record already", ("target",), registry=r)
+        self.hints_parked = Counter("crossdc_proxy_hints_parked", "Hints that can never be "
+                                    "replayed (topic or partition missing in the target, "
+                                    "undecodable) moved to _crossdc.proxy.hints-parked",
+                                    ("target",), registry=r)
+        self.hints_late = Counter("crossdc_proxy_hints_replayed_late", "Hints replayed into a "
+                                  "region that became the writable primary at a newer epoch "
+                                  "than the record's", ("target",), registry=r)
+        self.hints_pending = Gauge("crossdc_proxy_hints_pending", "Hints stored in this region "
+                                   "not replayed yet, by target region (the hint topics this "
+                                   "process replays)", ("target",), registry=r,
+                                   multiprocess_mode="livesum")
+        self.hint_errors = Counter("crossdc_proxy_hint_errors", "Hinted handoff failures, by "
+                                   "step (append: a hint not stored, its record not "
+                                   "acknowledged; replay; park; commit; read; topics)",
+                                   ("step",), registry=r)
+        for step in ("append", "replay", "park", "commit", "read", "topics"):
+            self.hint_errors.labels(step)
         self.serving = Gauge("crossdc_proxy_serving", "1 when health says SERVING",
                              registry=r, multiprocess_mode="livemax")
 

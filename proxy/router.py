@@ -12,7 +12,9 @@
   partition number the primary gave; OK once `quorum` regions (all by default), primary
   included, hold it. Fewer is `IncompleteSync` (status PARTIAL, the regions written named),
   never an ack; a retry with the same idempotency key resumes, writing only the missing
-  regions.
+  regions. Each region that missed a record the primary took gets a HINT (`proxy.hints`),
+  stored before the answer: an ack implies its hints are in Kafka (a hint stored nowhere
+  makes the record `HintsUnavailable`, never OK); the proxies replay it there later.
 - nearest: this proxy's own region first, then the others: the rule's `prefer` order, else
   the topology's preference. `prefer` orders the OTHER regions (only those it names are
   tried); the word `local` in it places the own region explicitly (`[west, local]`: west,
@@ -53,6 +55,7 @@ from proxy.errors import (
     UnknownTopic,
 )
 from proxy.headers import check_client_headers, dr_headers, new_dr_id, stamp_with
+from proxy.hints import Hint, HintStore, HintsUnavailable
 from proxy.idempotency import IdempotencyLog, IdempotencyWindow, LogUnavailable, Slot
 from proxy.metrics import ProxyMetrics, observe_many
 from proxy.policy import LOCAL, Policy, Rule
@@ -180,10 +183,12 @@ class Router:
     def __init__(self, own_region: str, topology: Topology, writers: dict[str, RegionWriter],
                  primary: Callable[[], WriteGrant], policy: Callable[[], Policy],
                  window: IdempotencyWindow, metrics: ProxyMetrics, *,
-                 current: Callable[[], PrimaryRecord] | None = None) -> None:
+                 current: Callable[[], PrimaryRecord] | None = None,
+                 hints: HintStore | None = None) -> None:
         """`primary`: leave for one ordered or sync write (`PrimaryWatcher.grant`), raising
         `PrimaryUnavailable`; `current`: the newest primary record seen (a retry of a write
-        stops once it changed); default: the record of a fresh grant."""
+        stops once it changed); default: the record of a fresh grant. `hints`: where the
+        hints of sync records a region missed go (None: no hinted handoff)."""
         self.own = own_region
         self.topology = topology
         self.writers = writers
@@ -192,6 +197,7 @@ class Router:
         self.policy = policy
         self.window = window
         self.metrics = metrics
+        self.hints = hints
         self._mismatched: set[str] = set()
         self._latency_children: dict[str, Any] = {}
 
@@ -511,9 +517,18 @@ class Router:
                     failed[i][region] = r.why
 
         await asyncio.gather(*(secondary(r) for r in regions[1:]))
-        for i in idxs:
+
+        def needed_for(i: int) -> int:
             rule = rules[i]
-            needed = rule.quorum if rule is not None and rule.quorum else len(regions)
+            return rule.quorum if rule is not None and rule.quorum else len(regions)
+        # 3. hints for the regions that missed a record the primary took: stored BEFORE the
+        # answer (an ack implies its hints are in Kafka), partial writes' too (proxy.hints)
+        unhinted: dict[int, str] = {}
+        if self.hints is not None and any(failed[i] for i in idxs):
+            unhinted = await self._hint(topic, idxs, records, outs, failed, prim.region,
+                                        needed_for, headers, deadline)
+        for i in idxs:
+            needed = needed_for(i)
             o = outs[i]
             o.written.sort(key=lambda w: regions.index(w.region) if w.region in regions
                            else len(regions))
@@ -521,7 +536,46 @@ class Router:
                 o.error = IncompleteSync(topic, o.written, failed[i], needed)
                 log.warning("sync_incomplete", topic=topic, mode=mode, epoch=epoch,
                             dr_id=o.dr_id, written=[w.region for w in o.written],
-                            failed=failed[i])
+                            failed=failed[i], hinted=i not in unhinted and
+                            self.hints is not None)
+            elif o.error is None and i in unhinted:
+                o.error = HintsUnavailable(topic, o.written, failed[i], needed, unhinted[i])
+                log.warning("sync_not_acked_without_hints", topic=topic, mode=mode,
+                            epoch=epoch, dr_id=o.dr_id, written=[w.region for w in o.written],
+                            failed=failed[i], error=unhinted[i])
+
+    async def _hint(self, topic: str, idxs: list[int], records: Sequence[Incoming],
+                    outs: list[Outcome], failed: dict[int, dict[str, str]], primary: str,
+                    needed_for: Callable[[int], int],
+                    headers: Callable[[int], list[tuple[str, bytes]]],
+                    deadline: float) -> dict[int, str]:
+        """Store a hint per (record the primary took, region that missed it); the records
+        whose hints were not all stored, with why."""
+        assert self.hints is not None
+        hints: list[Hint] = []
+        owners: list[int] = []
+        for i in idxs:
+            o = outs[i]
+            if o.error is not None or not failed[i]:
+                continue
+            part = next(w.partition for w in o.written if w.region == primary)
+            rec = records[i]
+            hs = headers(i)
+            acked = len(o.written) >= needed_for(i)
+            for region in failed[i]:
+                hints.append(Hint(region, topic, part, rec.key, rec.value, hs, acked=acked,
+                                  client_key=bool(rec.idempotency_key),
+                                  written=list(o.written)))
+                owners.append(i)
+        if not hints:
+            return {}
+        res = await self.hints.append(hints, deadline)
+        out: dict[int, str] = {}
+        for i, h, why in zip(owners, hints, res, strict=True):
+            if why is not None:
+                out[i] = f"{out[i]}; " if i in out else ""
+                out[i] += f"hint for {h.target}: {why}"
+        return out
 
     # -- nearest -----------------------------------------------------------------------------
     def nearest_order(self, rule: Rule) -> list[str]:

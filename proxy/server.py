@@ -22,7 +22,8 @@ datacenters agreeing (or with the record fenced) ordered and sync writes are ref
 UNAVAILABLE with the reason (`proxy.primary`), while nearest writes, and so SERVING, go on.
 
 Lifecycle: every background loop (`proxy:health` — the region probes and health —,
-`proxy:primary-watch`, `proxy:policy-watch`, `proxy:auth-watch`, `proxy:heap-trim` (a full gc
+`proxy:primary-watch`, `proxy:policy-watch`, `proxy:auth-watch`, `proxy:hints` (the hinted
+handoff's topics and replayer: `proxy.hints`), `proxy:heap-trim` (a full gc
 and freed native memory back to the OS after bursts: `proxy.heap`), and one-shot
 `proxy:policy-topics` / `proxy:reload` tasks) runs in ONE asyncio.TaskGroup held by the task
 `proxy:run`. A loop that fails (or ends) stops the component: it is logged and counted
@@ -72,6 +73,7 @@ from proxy.errors import (
     grpc_code,
 )
 from proxy.heap import HeapTrimmer
+from proxy.hints import HintReplayer, HintStore
 from proxy.idempotency import IdempotencyLog, IdempotencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.policy import Policy
@@ -317,9 +319,17 @@ class ProxyServer:
         self.budget = InflightBudget(config.max_inflight_bytes, self.metrics)
         self.heap = HeapTrimmer(self.metrics, interval_s=config.heap_trim_interval_s,
                                 min_free_bytes=config.heap_trim_min_free_bytes)
+        self.hint_store: HintStore | None = None
+        self.hint_replayer: HintReplayer | None = None
+        if config.hints.enabled:  # hinted handoff of sync records (proxy.hints)
+            self.hint_store = HintStore(config.region, topology, self.writers, self.metrics)
+            self.hint_replayer = HintReplayer(config.region, topology, self.writers,
+                                              self.window, self.metrics, config.hints,
+                                              client_id=client_id,
+                                              current=lambda: self.primary.current)
         self.router = Router(config.region, topology, self.writers, self.primary.grant,
                              self._policy_fn, self.window, self.metrics,
-                             current=lambda: self.primary.current)
+                             current=lambda: self.primary.current, hints=self.hint_store)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._run_task: asyncio.Task[None] | None = None
@@ -381,6 +391,8 @@ class ProxyServer:
         self._spawn("proxy:primary-watch", self.primary.run())
         if self.idem_log is not None:
             self._spawn("proxy:idempotency-log", self.idem_log.run())
+        if self.hint_replayer is not None:
+            self._spawn("proxy:hints", self.hint_replayer.run())
         if self.policy_store is not None and self._own_store:
             self._spawn("proxy:policy-watch", self.policy_store.run())
         if self.auth_store is not None:
@@ -557,6 +569,8 @@ class ProxyServer:
                 self.log.error("proxy_run_failed", error=repr(run.exception()))
         if self.idem_log is not None:
             await self._bounded("idempotency_log", self.idem_log.stop(deadline), deadline)
+        if self.hint_replayer is not None:
+            await self._bounded("hints", self.hint_replayer.stop(deadline), deadline)
         if self._service_id is not None:
             await self._bounded("consul_deregister",
                                 self.consul.deregister_service(self._service_id), deadline)
@@ -696,6 +710,8 @@ class ProxyServer:
             "primary_datacenters": self.primary.views(),
             "consul_reachable": self.primary.consul_reachable,
             "consul_error": self.primary.last_error or None,
+            "hints_pending": (dict(self.hint_replayer.pending)
+                              if self.hint_replayer is not None else None),
             "regions": {n: {"writable": w.writable, "reachable": w.reachable,
                             "breaker": w.breaker.state.name.lower(),
                             "why": w.why_not_writable() or None}

@@ -271,8 +271,12 @@ class Controller:
     async def _persist(self, record: FailoverRecord) -> FailoverRecord:
         """Write the failover record (sequence + 1) in a majority: by compare-and-set, bound
         to the leader's lock, never over a newer record of another failover."""
-        record = record.model_copy(update={"seq": record.seq + 1})
         found, _ = await self.dcs.read_indexed(FAILOVER_KEY, FailoverRecord)
+        seen = [held for _, held in found.values() if held is not None]
+        if all(held.id != record.id for held in seen):
+            # A new record goes after every record seen, whatever its own count.
+            record = record.model_copy(update={"seq": max([record.seq, *(h.seq for h in seen)])})
+        record = record.model_copy(update={"seq": record.seq + 1})
         cas: dict[str, int] = {}
         for dc, (index, held) in found.items():
             if held is not None and held.id != record.id and held.order > record.order:
@@ -404,6 +408,14 @@ class Controller:
         newest = newest_failover_of(records.values())
         if newest is not None:
             self.last_failover = newest
+            stale = [dc for dc, rec in records.items() if rec != newest]
+            if stale and newest.state != "running":
+                # A datacenter that was cut off may still hold an older attempt "running":
+                # bring it the newest (never obeyed, never left to confuse `dr failover`).
+                found, _ = await self.dcs.read_indexed(FAILOVER_KEY, FailoverRecord)
+                await self.dcs.put_all(FAILOVER_KEY, newest, sessions=sessions,
+                                       cas={dc: i for dc, (i, r) in found.items()
+                                            if dc in stale and r != newest})
             if newest.state == "running":
                 await self._execute(newest)
                 return
@@ -422,10 +434,36 @@ class Controller:
         if view.conflict:
             await self._resolve_conflict(view)
             return
+        if cur.fenced and (newest is None or newest.state != "running") and \
+                time.monotonic() >= self._failed_retry_at:
+            # Fenced, and no failover will finish it (its record never reached a majority,
+            # or failed before it knew its epoch): never leave it so.
+            self._failed_retry_at = time.monotonic() + RETRY_FAILED_S
+            await self._finish_fence(cur)
+            return
         if self.engine.kafka_fence.enabled:  # the fence in Kafka, as the record says
             await self.engine.kafka_fence.reconcile(cur, skip={
                 r for r, h in self.hysteresis.items() if h.status == "down"})
         await self._maybe_auto(cur)
+
+    async def _finish_fence(self, cur: PrimaryRecord) -> None:
+        """A fenced primary record no failover owns: fail over from it (adopting the fence)
+        to the most preferred region that is up, the fenced one included."""
+        target = next((r for r in self.topology.preference
+                       if r != cur.region and self.hysteresis[r].status in ("up", "degraded")),
+                      None)
+        if target is None and self.hysteresis[cur.region].status in ("up", "degraded"):
+            target = cur.region
+        if target is None:
+            self.why_no_auto = f"epoch {cur.epoch} is fenced and no region is up to promote"
+            return
+        self._log.warning("fence_without_failover", epoch=cur.epoch, source=cur.region,
+                          target=target)
+        record = FailoverRecord(source=cur.region, target=target, automatic=True,
+                                reason=f"epoch {cur.epoch} fenced with no failover to finish it",
+                                requested_by=self.engine.by, from_epoch=cur.epoch - 1)
+        record = await self._persist(record)
+        await self._execute(record)
 
     async def _resolve_conflict(self, view: PrimaryView) -> None:
         """Two datacenters name different writable regions at one epoch (a split healed):

@@ -14,7 +14,8 @@ epoch) counts as fenced; the leader resolves it by fencing at the highest epoch 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary, write_primary
-from crossdc.errors import ClientError, CrossdcError
+from crossdc.errors import ClientError, ClientRefused, CrossdcError
 from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
 from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
@@ -34,6 +35,11 @@ __all__ = ["Datacenters", "PrimaryView", "failure_of", "newest", "newest_primary
 
 log = structlog.get_logger("crossdc.controller")
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+PROBE_S = 0.5
+"""How often a skipped datacenter is asked again (in the background)."""
+PROBE_RETRY = RetrySettings(attempts=1, total_s=1.0, call_timeout_s=1.0)
 
 
 @dataclass(frozen=True)
@@ -109,6 +115,10 @@ class Datacenters:
         self.clients = {d.name: ConsulClient(d.consul.http_addr, retry)
                         for d in topology.datacenters}
         self.majority = topology.majority
+        self._probe_clients = {d.name: ConsulClient(d.consul.http_addr, PROBE_RETRY)
+                               for d in topology.datacenters}
+        self._down: dict[str, float] = {}
+        self._probes: dict[str, asyncio.Task[None]] = {}
 
     async def __aenter__(self) -> Datacenters:
         return self
@@ -118,7 +128,67 @@ class Datacenters:
         await self.close()
 
     async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._probe_clients.values()))
+        for task in self._probes.values():
+            task.cancel()
+        await asyncio.gather(*self._probes.values(), return_exceptions=True)
         await asyncio.gather(*(c.close() for c in self.clients.values()))
+
+    # -- datacenters that do not answer ----------------------------------------------------
+    def usable(self, dc: str) -> bool:
+        """False while `dc`'s Consul is skipped: it did not answer, and no background probe
+        has had an answer since."""
+        return dc not in self._down
+
+    def note(self, dc: str, ok: bool) -> None:
+        """A call to `dc` answered (`ok`) or did not: one that did not is skipped (calls fail
+        at once) until a background probe gets an answer, so a cut-off datacenter costs every
+        step nothing instead of a timeout."""
+        if ok:
+            if self._down.pop(dc, None) is not None:
+                log.info("datacenter_answers_again", dc=dc)
+        elif dc not in self._down:
+            self._down[dc] = time.monotonic()
+            log.warning("datacenter_skipped", dc=dc)
+
+    def _probe_later(self, dc: str) -> None:
+        task = self._probes.get(dc)
+        if task is not None and not task.done():
+            return
+
+        async def probe() -> None:
+            await asyncio.sleep(PROBE_S)  # at most one probe a datacenter at a time
+            try:
+                await self._probe_clients[dc].leader()
+            except ClientError:
+                self._down[dc] = self._down.get(dc, time.monotonic())
+                return
+            self.note(dc, True)
+
+        self._probes[dc] = asyncio.create_task(probe(), name=f"controller:probe:{dc}")
+
+    async def each(self, fn: Callable[[str], Awaitable[T]],
+                    dcs: Iterable[str] | None = None) -> list[T | BaseException]:
+        """`fn(dc)` for every datacenter (or `dcs`) at once, with the exception each raised;
+        skipped datacenters raise ClientError at once (see `note`)."""
+
+        async def one(dc: str) -> T:
+            since = self._down.get(dc)
+            if since is not None:
+                self._probe_later(dc)
+                raise ClientError(f"Consul of {dc} skipped: no answer since "
+                                  f"{time.monotonic() - since:.1f} s (probed in the "
+                                  "background)")
+            try:
+                out = await fn(dc)
+            except ClientError as exc:
+                if not isinstance(exc, ClientRefused):
+                    self.note(dc, False)
+                raise
+            return out
+
+        return list(await asyncio.gather(*(one(dc) for dc in (dcs or list(self.clients))),
+                                         return_exceptions=True))
 
     def client(self, region: str) -> ConsulClient:
         return self.clients[region]
@@ -140,8 +210,7 @@ class Datacenters:
                             error=exc.errors(include_url=False)[0]["msg"])
                 return None
 
-        results = await asyncio.gather(*(one(r) for r in self.clients),
-                                       return_exceptions=True)
+        results = await self.each(one)
         found: dict[str, M | None] = {}
         errors: dict[str, str] = {}
         for region, res in zip(self.clients, results, strict=True):
@@ -166,8 +235,7 @@ class Datacenters:
             except ValidationError:
                 return entry.modify_index, None
 
-        results = await asyncio.gather(*(one(r) for r in self.clients),
-                                       return_exceptions=True)
+        results = await self.each(one)
         found: dict[str, tuple[int, M | None]] = {}
         errors: dict[str, str] = {}
         for region, res in zip(self.clients, results, strict=True):
@@ -202,8 +270,7 @@ class Datacenters:
                                            cas=index)
             return True if res.ok else f"refused: {res.why}"
 
-        results = await asyncio.gather(*(one(r) for r in self.clients),
-                                       return_exceptions=True)
+        results = await self.each(one)
         written: list[str] = []
         errors: dict[str, str] = {}
         for region, res in zip(self.clients, results, strict=True):
@@ -227,8 +294,7 @@ class Datacenters:
         async def one(region: str) -> tuple[PrimaryRecord | None, int]:
             return await read_primary(self.clients[region], consistent=True)
 
-        results = await asyncio.gather(*(one(r) for r in self.clients),
-                                       return_exceptions=True)
+        results = await self.each(one)
         per: dict[str, PrimaryRecord | None] = {}
         idx: dict[str, int] = {}
         down: dict[str, str] = {}
@@ -274,7 +340,7 @@ class Datacenters:
                                            session=session, cas=index)
             return True if res.ok else f"refused: {res.why}"
 
-        results = await asyncio.gather(*(one(r) for r in targets), return_exceptions=True)
+        results = await self.each(one, targets)
         written: list[str] = []
         failed: dict[str, str] = dict(view.unreachable)
         for region, res in zip(targets, results, strict=True):

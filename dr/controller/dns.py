@@ -15,7 +15,6 @@ the truth (no region takes ordered writes).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 import structlog
@@ -67,9 +66,7 @@ class DnsPublisher:
     async def publish(self, primary: PrimaryRecord, *, force: bool = False) -> dict[str, str]:
         """Register (or re-tag) every region's brokers in every reachable datacenter and
         make sure the prepared query exists there; region → error for those that failed."""
-        results = await asyncio.gather(
-            *(self._publish_dc(dc, primary, force) for dc in self.dcs.clients),
-            return_exceptions=True)
+        results = await self.dcs.each(lambda dc: self._publish_dc(dc, primary, force))
         errors: dict[str, str] = {}
         for dc, res in zip(self.dcs.clients, results, strict=True):
             why = failure_of(res)
@@ -123,8 +120,7 @@ class DnsPublisher:
                 for sid, _, _ in instance_ids(region):
                     await client.check_update(f"{sid}:health", status, note)
 
-        results = await asyncio.gather(*(one(dc) for dc in self.dcs.clients),
-                                       return_exceptions=True)
+        results = await self.dcs.each(one)
         for dc, res in zip(self.dcs.clients, results, strict=True):
             why = failure_of(res)
             if why is not None:

@@ -48,6 +48,7 @@ from dr.controller.state import FailoverRecord, StepName, now_ms
 from mirror.errors import MirrorError
 from mirror.offsets import apply_offsets, group_members, translate_group
 from mirror.status import flow_status
+from proxy.hints import pending_hints
 
 __all__ = ["Behind", "FailoverEngine", "behind"]
 
@@ -196,7 +197,9 @@ class FailoverEngine:
             f"{f.lease_margin_s:g}): no proxy can still write ordered records to "
             f"{record.source}",
             f"drain: if {record.source} answers, wait up to {f.drain_timeout_s:g} s for the "
-            f"mirror {record.source} → {record.target} to copy what is left",
+            f"mirror {record.source} → {record.target} to copy what is left, and (same bound) "
+            f"for the proxies to replay the hints toward {record.target} (sync records it "
+            "missed) in every region that answers",
             f"offsets: translate the committed offsets of consumer groups from "
             f"{record.source} and commit them in {record.target} (groups inactive there)",
             f"promote: write crossdc/primary = {{region: {record.target}, epoch: "
@@ -306,6 +309,18 @@ class FailoverEngine:
                 lease_s=f.primary_lease_s, write_s=f.primary_write_s)
         else:
             base = rec.from_epoch if rec.from_epoch is not None else cur.epoch
+            if (cur.fenced and cur.epoch == base + 1 and cur.region == rec.source
+                    and not view.conflict):
+                # The fence this failover would write is there already (ours, written before
+                # a persist that did not reach a majority, or an earlier attempt's): adopt
+                # it. Promotes are by compare-and-set, so one epoch still names one primary.
+                rec = rec.model_copy(update={"epoch": cur.epoch, "from_epoch": base})
+                holding, failed = await self._write_majority("fence", view, cur)
+                self._fenced_at[rec.id] = self.clock()  # the whole wait from now on
+                detail = f"epoch {cur.epoch} already fenced (adopted) in {', '.join(holding)}"
+                detail += await self.kafka_fence.on_fence(
+                    rec.source, reachable=not self.is_down(rec.source))
+                return rec.with_step("fence", detail=detail)
             if cur.epoch != base or (cur.region != rec.source and not view.conflict):
                 raise StepFailed("fence", f"decided on epoch {base} ({rec.source}), but the "
                                  f"primary record is at epoch {cur.epoch} ({cur.region}, "
@@ -347,25 +362,79 @@ class FailoverEngine:
         deadline = time.monotonic() + f.drain_timeout_s
         first: Behind | None = None
         last = Behind(None, None, error=f"{rec.source} is down")
-        while not self.is_down(rec.source):
-            last = await behind(self.topology, rec.source, rec.target,
-                                self.settings.failover.measure_timeout_s)
-            if first is None:
-                first = last
-            if last.records is None or last.records == 0 or time.monotonic() >= deadline:
-                break
-            await asyncio.sleep(0.2)  # poll the mirror's progress
+        # the hints toward the target (sync records it missed) drain meanwhile, same bound
+        hinted = asyncio.create_task(self._drain_hints(rec.target, deadline),
+                                     name="controller:drain-hints")
+        try:
+            while not self.is_down(rec.source):
+                last = await behind(self.topology, rec.source, rec.target,
+                                    self.settings.failover.measure_timeout_s)
+                if first is None:
+                    first = last
+                if last.records is None or last.records == 0 or time.monotonic() >= deadline:
+                    break
+                await asyncio.sleep(0.2)  # poll the mirror's progress
+        except BaseException:
+            hinted.cancel()
+            raise
+        left, hints = await hinted
         if last.records is None:
             earlier = self.last_behind(rec.source, rec.target)
             est = earlier.records if earlier is not None else None
-            return rec.model_copy(update={"rpo_records": est, "rpo_exact": False}).with_step(
+            rpo = est + left if est is not None else None
+            return rec.model_copy(update={"rpo_records": rpo, "rpo_exact": False}).with_step(
                 "drain", status="skipped",
                 detail=f"{rec.source} does not answer ({last.error}); RPO estimate "
-                f"{est if est is not None else 'unknown'} record(s) from the last lag seen")
+                f"{est if est is not None else 'unknown'} record(s) from the last lag seen"
+                + hints)
         drained = max(0, (first.records or 0) - last.records) if first else 0
-        return rec.model_copy(update={"rpo_records": last.records, "rpo_exact": True,
+        return rec.model_copy(update={"rpo_records": last.records + left, "rpo_exact": True,
                                       "drained_records": drained}).with_step(
-            "drain", detail=f"{drained} record(s) copied, {last.records} left")
+            "drain", detail=f"{drained} record(s) copied, {last.records} left" + hints)
+
+    async def _drain_hints(self, target: str, deadline: float) -> tuple[int, str]:
+        """Wait (until `deadline`; measured at least once) until no hint toward `target` (a
+        sync record it missed: proxy.hints) is pending in any region that answers. Returns
+        the hints left (part of the RPO: records the target lacks when it is named) and the
+        words for the step's detail."""
+        timeout_s = self.settings.failover.measure_timeout_s
+
+        async def one(region: str, bootstrap: str) -> tuple[str, int | str]:
+            if self.is_down(region):
+                return region, "down"
+            # a region that does not answer costs at most the rest of the drain's bound
+            bound = min(timeout_s, max(2.0, deadline - time.monotonic()))
+            try:
+                return region, (await pending_hints(bootstrap, region, [target],
+                                                    bound))[target]
+            except STEP_ERRORS as exc:
+                return region, f"{exc.__class__.__name__}: {exc}"
+
+        first: dict[str, int] | None = None
+        while True:
+            got = dict(await asyncio.gather(*(one(r.name, r.kafka.bootstrap)
+                                              for r in self.topology.regions)))
+            counts = {r: n for r, n in got.items() if isinstance(n, int)}
+            if first is None:
+                first = counts
+            if not sum(counts.values()) or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(0.5)  # the proxies replay them
+        left = sum(counts.values())
+        replayed = sum(max(0, n - counts.get(r, n)) for r, n in first.items())
+        words = f"; hints toward {target}: {replayed} replayed, {left} left"
+        if left:
+            words += (" (" + ", ".join(f"{r}: {n}" for r, n in counts.items() if n) +
+                      f"): sync records {target} lacks when named (counted in the RPO; the "
+                      "proxies of those regions still replay them, late)")
+        unknown = {r: why for r, why in got.items() if isinstance(why, str)}
+        if unknown:
+            words += "; hints unknown in " + ", ".join(f"{r} ({why})"
+                                                       for r, why in unknown.items())
+        if left or replayed:
+            log.info("failover_hints_drained", target=target, replayed=replayed, left=left,
+                     unknown=sorted(unknown))
+        return left, words
 
     async def _offsets(self, rec: FailoverRecord) -> FailoverRecord:
         src = self.topology.region(rec.source).kafka.bootstrap

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import structlog
 
-from crossdc.errors import ClientError
+from crossdc.errors import ClientError, ClientRefused
 from dr.controller.config import LeaderSettings
 from dr.controller.datacenters import Datacenters
 from dr.controller.state import LEADER_KEY, LeaderRecord
@@ -63,8 +65,11 @@ class LeaderLock:
         self._check_id = f"{SERVICE}-{me.controller_id}"
         self._sessions: dict[str, str] = {}
         self._registered: set[str] = set()
-        self._held_at: dict[str, float] = {}
-        """Datacenter → when the beat that last confirmed our lock there was sent."""
+        self._beat_at: dict[str, float] = {}
+        """Datacenter → when the last beat that datacenter answered was SENT (monotonic)."""
+        self._acquired: set[str] = set()
+        """Datacenters whose lock our current session there took (the session lives while
+        our check passes there: `check_ttl_s` after the last beat that reached it)."""
         self._reachable: set[str] = set()
         self._leading = False
         self.changed = asyncio.Event()
@@ -86,12 +91,15 @@ class LeaderLock:
         """How long after a confirming beat a datacenter's lock counts as held."""
         return max(0.5, self.settings.check_ttl_s - HOLD_MARGIN_S)
 
+    def _fresh(self, dc: str) -> bool:
+        at = self._beat_at.get(dc)
+        return at is not None and self._clock() - at < self.hold_s
+
     @property
     def held(self) -> set[str]:
-        """Datacenters whose lock this controller holds, confirmed within `hold_s`."""
-        now = self._clock()
-        return {dc for dc, at in self._held_at.items()
-                if dc in self._sessions and now - at < self.hold_s}
+        """Datacenters whose lock this controller holds: taken with the current session,
+        and a beat answered there within `hold_s` (so the session cannot have ended)."""
+        return {dc for dc in self._acquired if dc in self._sessions and self._fresh(dc)}
 
     @property
     def sessions(self) -> dict[str, str]:
@@ -109,22 +117,47 @@ class LeaderLock:
             self._flip(False, "the lock's majority is no longer confirmed")
         return leading
 
+    @property
+    def beat_s(self) -> float:
+        return min(self.settings.check_ttl_s / 3, self.settings.retry_interval_s)
+
     async def run(self, stop: asyncio.Event) -> None:
-        """Beat and contend until `stop`; then give the lock up."""
-        beat = min(self.settings.check_ttl_s / 3, self.settings.retry_interval_s)
+        """Beat every datacenter (each on its own schedule, so one that does not answer
+        never delays the others' beats) and contend, until `stop`; then give the lock up."""
         try:
-            while not stop.is_set():
-                await self.round()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), beat)
+            async with asyncio.TaskGroup() as tg:
+                for dc in self.order:
+                    tg.create_task(self._every(stop, functools.partial(self.beat_once, dc)),
+                                   name=f"controller:leader:beat:{dc}")
+                tg.create_task(self._every(stop, self.contend),
+                               name="controller:leader:contend")
         finally:
             await asyncio.shield(self.release())
 
-    async def round(self) -> None:
-        """One beat: pass our check everywhere, then take (or keep) the lock in order."""
+    async def _every(self, stop: asyncio.Event,
+                     fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        while not stop.is_set():
+            await fn()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.beat_s)
+
+    async def beat_once(self, dc: str) -> None:
+        """Pass our check in one datacenter; note when the beat that it answered was sent."""
         sent = self._clock()
-        beats = await asyncio.gather(*(self._beat(dc) for dc in self.order))
-        reachable = {dc for dc, ok in zip(self.order, beats, strict=True) if ok}
+        if await self._beat(dc):
+            self._beat_at[dc] = max(sent, self._beat_at.get(dc, sent))
+        else:
+            self._beat_at.pop(dc, None)
+
+    async def round(self) -> None:
+        """One beat everywhere, then one contention (tests; `run` does both on its own
+        schedules)."""
+        await asyncio.gather(*(self.beat_once(dc) for dc in self.order))
+        await self.contend()
+
+    async def contend(self) -> None:
+        """Take (or keep) the lock in order in the datacenters whose beats are fresh."""
+        reachable = {dc for dc in self.order if self._fresh(dc)}
         self._reachable = reachable
         if len(reachable) < self.majority:
             # No majority reachable: nobody here can lead, and locks we keep would only
@@ -140,13 +173,14 @@ class LeaderLock:
             if dc not in reachable:
                 continue
             if await self._acquire(dc):
-                self._held_at[dc] = sent
+                self._acquired.add(dc)
             else:
+                self._acquired.discard(dc)
                 contested = True
-                break
-        if contested:
-            # Someone else holds an earlier datacenter: let go of what we hold, so the
-            # controller that got there first can take a majority.
+        if contested and len(self.held) < self.majority:
+            # Someone else holds what we lack: let go of what we hold, so whoever can make a
+            # majority does (a leader with a majority keeps it: a contender that comes back
+            # after a partition takes nothing from it).
             for dc in list(self._sessions):
                 await self._release_one(dc)
         held = self.held
@@ -181,9 +215,8 @@ class LeaderLock:
             await client.check_pass(self._check_id, "beat")
             return True
         except ClientError as exc:
-            self._registered.discard(dc)
-            self._sessions.pop(dc, None)
-            self._held_at.pop(dc, None)
+            if isinstance(exc, ClientRefused):  # the agent lost our check: register again
+                self._registered.discard(dc)
             self._log.debug("leader_beat_failed", dc=dc, error=str(exc))
             return False
 
@@ -194,7 +227,7 @@ class LeaderLock:
             # Renewed every beat: the TTL is a backstop for a controller whose check lingers.
             if session is not None and not await client.session_renew(session):
                 session = None
-                self._held_at.pop(dc, None)
+                self._acquired.discard(dc)
             if session is None:
                 session = await client.session_create(
                     f"crossdc-controller-leader ({self.me.controller_id})",
@@ -204,15 +237,13 @@ class LeaderLock:
                 self._sessions[dc] = session
             ok = await client.kv_acquire(LEADER_KEY, session,
                                          self.me.model_dump_json().encode())
-            if not ok:
-                self._held_at.pop(dc, None)
             return ok
         except ClientError as exc:
             self._log.debug("leader_acquire_failed", dc=dc, error=str(exc))
             return False
 
     async def _release_one(self, dc: str) -> None:
-        self._held_at.pop(dc, None)
+        self._acquired.discard(dc)
         session = self._sessions.pop(dc, None)
         if session is None:
             return

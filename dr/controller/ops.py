@@ -130,10 +130,12 @@ async def start_failover(dcs: Datacenters, plan: Plan) -> None:
         if rec is not None and rec.state == "running":
             raise FailoverInProgress(f"failover {rec.id} ({rec.source} → {rec.target}) started "
                                      f"meanwhile (seen in {dc}); `dr status` follows it")
-        if rec is not None and rec.order > plan.record.order:
+        if rec is not None and rec.order[0] > plan.record.order[0]:
             raise FailoverInProgress(f"failover {rec.id} ({rec.source} → {rec.target}, "
                                      f"{rec.state}) was recorded meanwhile; plan again")
-    written, failed = await dcs.put_all(FAILOVER_KEY, plan.record,
+    seq = max((rec.seq for _, rec in found.values() if rec is not None), default=0) + 1
+    record = plan.record.model_copy(update={"seq": seq})  # after every record seen
+    written, failed = await dcs.put_all(FAILOVER_KEY, record,
                                         cas={dc: idx for dc, (idx, _) in found.items()})
     needed = dcs.majority if plan.view.has_majority else 1
     if len(written) < needed:

@@ -582,7 +582,7 @@ async def test_router_refuses_ordered_and_sync_without_lease_and_counts_by_reaso
     assert out.epoch == 4
     (_, sent), = ws["west"].sent[-1:]
     assert dict(sent.headers)["dr-epoch"] == b"4"
-    clock.t = 3.5                                  # 1.5 s left, a write needs 2
+    clock.t = 3.75                                 # 1.25 s left, a write needs 1.5
     out, = await r.route([Incoming("ord", b"k", b"v")], _deadline())
     assert isinstance(out.error, PrimaryUnavailable)
     assert out.error.reason == "lease_short"
@@ -635,8 +635,181 @@ def test_watch_wait_and_rounds_fit_the_lease_and_the_write_bound() -> None:
     assert round_s(8.0, 1.0) == 2.0                # 8 / 4
     assert read_s(5.0, 2.0) == 3.0                 # a later answer renews nothing usable
     cfg = ProxyConfig(region="east")
-    assert (cfg.primary_lease_s, cfg.primary_write_s) == (5.0, 2.0)
+    assert (cfg.primary_lease_s, cfg.primary_write_s) == (5.0, 1.5)
     with pytest.raises(ValidationError):
         ProxyConfig(region="east", primary_lease_s=2.0)
     with pytest.raises(ValidationError, match="must leave at least 1 s"):
         ProxyConfig(region="east", primary_lease_s=3.0, primary_write_s=2.5)
+
+
+# -- hinted handoff (issue 21 defect 9, issue 23) ------------------------------------------------
+
+class HintFailingWriter(FakeWriter):
+    """A writer whose Kafka takes the records but refuses the hints topics (`refuse`), or
+    holds hint writes until `gate` is set."""
+
+    def __init__(self, name: str, up: bool = True) -> None:
+        super().__init__(name, up=up)
+        self.refuse = False
+        self.gate: asyncio.Event | None = None
+
+    async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
+                    deadline: float, still_valid: Any = None) -> list[Any]:
+        if topic.startswith("_crossdc.proxy.hints."):
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.refuse:
+                return [RegionWriteFailed(self.name, topic, "MessageSizeTooLargeError",
+                                          retriable=False)] * len(items)
+        return await super().write(topic, items, mode=mode, deadline=deadline)
+
+
+def _hinted_router(ws: dict[str, Any], own: str = "west") -> tuple[Router, ProxyMetrics]:
+    from proxy.hints import HintStore
+    grant = WriteGrant(PrimaryRecord(region="east", epoch=7), math.inf, 2.0)
+    metrics = ProxyMetrics()
+    return Router(own, TOPO, ws, lambda: grant, lambda: POLICY,  # type: ignore[arg-type]
+                  IdempotencyWindow(60, 1000), metrics,
+                  hints=HintStore(own, TOPO, ws, metrics)), metrics  # type: ignore[arg-type]
+
+
+def _hint_writers(**down: bool) -> dict[str, HintFailingWriter]:
+    return {n: HintFailingWriter(n, up=not down.get(n, False)) for n in ("east", "west", "north")}
+
+
+def _hints_in(w: FakeWriter, target: str) -> list[Outgoing]:
+    return [o for t, o in w.sent if t == f"_crossdc.proxy.hints.{target}"]
+
+
+async def test_a_quorum_ack_stores_a_hint_for_the_region_that_missed_the_record() -> None:
+    from proxy.hints import decode_hint
+    ws = _hint_writers(north=True)
+    r, metrics = _hinted_router(ws)
+    out, = await r.route([Incoming("q", b"acct", b"v", (("app", b"1"),),
+                                   idempotency_key="tx-1")], _deadline())
+    assert out.status == "ok"
+    assert [w.region for w in out.written] == ["east", "west"]
+    (hint,) = _hints_in(ws["west"], "north")        # in the own region
+    (_, sent), = [(t, o) for t, o in ws["east"].sent if t == "q"]
+    h = decode_hint("north", hint.key, hint.value, hint.headers)
+    assert (h.topic, h.partition, h.key, h.value) == ("q", sent.partition, b"acct", b"v")
+    assert h.headers == sent.headers                 # the original dr-id and dr-* headers
+    assert dict(h.headers)["dr-id"] == b"tx-1"
+    assert h.acked
+    assert h.client_key
+    assert [w.region for w in h.written] == ["east", "west"]
+    assert metrics.registry.get_sample_value("crossdc_proxy_hints_written_total",
+                                             {"target": "north"}) == 1
+    # every region holds it: no hint
+    out, = await _hinted_router(_hint_writers())[0].route([Incoming("q", b"k", b"v")],
+                                                          _deadline())
+    assert out.status == "ok"
+
+
+async def test_no_ack_without_its_hint_and_the_retry_resumes() -> None:
+    """The hint cannot be stored anywhere (own region west, then east, never north itself):
+    the record is not acknowledged though a quorum holds it; a retry with the same key
+    writes nothing twice and is acknowledged once its hint is stored."""
+    from proxy.errors import code_name
+    from proxy.hints import HintsUnavailable
+    ws = _hint_writers(north=True)
+    ws["west"].refuse = ws["east"].refuse = True
+    r, metrics = _hinted_router(ws)
+    rec = Incoming("q", b"acct", b"v", idempotency_key="tx-2")
+    out, = await r.route([rec], _deadline())
+    assert isinstance(out.error, HintsUnavailable)
+    assert out.status == "partial"
+    assert code_name(out.error) == "UNAVAILABLE"
+    assert [w.region for w in out.written] == ["east", "west"]
+    msg = str(out.error)
+    assert "not acknowledged" in msg
+    assert "north: down" in msg
+    assert "west: MessageSizeTooLargeError" in msg
+    assert "east: MessageSizeTooLargeError" in msg
+    assert metrics.registry.get_sample_value("crossdc_proxy_hint_errors_total",
+                                             {"step": "append"}) == 1
+    ws["east"].refuse = False                        # east takes hints again (west still not)
+    again, = await r.route([rec], _deadline())
+    assert again.status == "ok"
+    assert [len([s for s in ws[n].sent if s[0] == "q"]) for n in ("east", "west")] == [1, 1]
+    assert len(_hints_in(ws["east"], "north")) == 1  # stored in the next region
+
+
+async def test_the_answer_waits_for_the_hint() -> None:
+    ws = _hint_writers(north=True)
+    gate = ws["west"].gate = asyncio.Event()
+    r, _ = _hinted_router(ws)
+    task = asyncio.ensure_future(r.route([Incoming("q", b"k", b"v")], _deadline()))
+    await asyncio.sleep(0.05)
+    assert not task.done()                           # the record is in east and west: waits
+    assert len(ws["west"].sent) == 1
+    gate.set()
+    out, = await task
+    assert out.status == "ok"
+    assert len(_hints_in(ws["west"], "north")) == 1
+
+
+async def test_a_partial_sync_write_is_hinted_too() -> None:
+    from proxy.hints import decode_hint
+    ws = _hint_writers(north=True)
+    r, _ = _hinted_router(ws)
+    out, = await r.route([Incoming("sync", b"k", b"v")], _deadline())
+    assert isinstance(out.error, IncompleteSync)     # fewer than all: not acked, as before
+    (hint,) = _hints_in(ws["west"], "north")
+    assert not decode_hint("north", hint.key, hint.value, hint.headers).acked
+    out, = await r.route([Incoming("sync", b"k", b"v")], _deadline(), retry=False)
+    assert len(_hints_in(ws["west"], "north")) == 2  # a new record (no key): a new hint
+
+
+def test_hint_encoding_round_trip_and_cost() -> None:
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    from proxy.hints import BadHint, Hint, decode_hint, encode_hint
+    headers = stamp([("app", b"1")], dr_id=str(uuid7()), origin="east", ts_ms=1_700_000_000_000,
+                    mode="sync", epoch=12, path=["east", "west", "north"])
+    h = Hint("north", "payments.transactions", 5, b"acct-42", b"x" * 200, headers,
+             acked=True, client_key=False,
+             written=[RegionWrite("east", 5, 123456), RegionWrite("west", 5, 98765)])
+    enc = encode_hint(h)
+    back = decode_hint("north", enc.key, enc.value, enc.headers)
+    assert back == h
+    builder = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 1 << 20)
+    plain = builder.size_in_bytes(0, 0, h.key, h.value, h.headers)
+    hinted = builder.size_in_bytes(0, 0, enc.key, enc.value, enc.headers)
+    # the docstring's figure: record + ~64 B (21-character topic, two regions written)
+    assert hinted - plain == 63, hinted - plain      # offsets of 6 and 5 digits
+    with pytest.raises(BadHint):
+        decode_hint("north", b"k", b"v", [("dr-id", b"1")])
+    with pytest.raises(BadHint):
+        decode_hint("north", b"k", b"v", [("dr-hint", b"2|t|0|a|")])
+
+
+async def test_the_drain_waits_for_hints_toward_the_target_and_reports_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from dr.controller import failover
+    from dr.controller.config import ControllerSettings, FailoverSettings
+    from dr.controller.state import FailoverRecord
+    left = {"east": [3, 1, 1, 1], "west": [0, 0, 0, 0], "north": [0, 0, 0, 0]}
+
+    async def pending(bootstrap: str, region: str, targets: Sequence[str],
+                      timeout_s: float = 5.0) -> dict[str, int]:
+        assert list(targets) == ["west"]
+        counts = left[region]
+        return {"west": counts.pop(0) if len(counts) > 1 else counts[0]}
+
+    async def behind(*_: Any) -> failover.Behind:
+        return failover.Behind(2, 0.1)
+    monkeypatch.setattr(failover, "pending_hints", pending)
+    monkeypatch.setattr(failover, "behind", behind)
+    settings = ControllerSettings(region="east", failover=FailoverSettings(drain_timeout_s=1.0))
+
+    async def keep(r: FailoverRecord) -> FailoverRecord:
+        return r
+    engine = failover.FailoverEngine(TOPO, settings, None, keep,  # type: ignore[arg-type]
+                                     majority=2, is_down=lambda r: r == "north")
+    rec = await engine._drain(FailoverRecord(source="east", target="west"))
+    detail = rec.step("drain").detail
+    assert "hints toward west: 2 replayed, 1 left (east: 1)" in detail, detail
+    assert "counted in the RPO" in detail
+    assert "hints unknown in north (down)" in detail
+    assert rec.rpo_records == 2 + 1                  # the mirror's 2 and the hint's 1

@@ -1,0 +1,250 @@
+"""Hinted handoff against real Kafka (issue 21 defect 9, issue 23): a sync record acknowledged by a
+quorum while one region's Kafka is stopped reaches that region once it is back, with the same
+dr-id and headers; an acknowledgement is never given without its hint; the failover's drain
+step reports the hints toward its target.
+
+The region that misses the writes is this module's own `north` (stopped and started here), so
+the session's east and west are never disturbed. The proxy runs in east: its hints go to east's
+`_crossdc.proxy.hints.north`, replayed by the group `_crossdc.proxy.hints-east`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from kafka_helpers import (  # type: ignore[import-not-found]
+    create_topic,
+    eventually,
+    read_all,
+    unique,
+)
+from primary_helpers import agreed_primary  # type: ignore[import-not-found]
+
+from crossdc.clients.kafka import KafkaAdmin
+from crossdc.topology import Topology
+from dr.controller.config import ControllerSettings, FailoverSettings
+from dr.controller.failover import FailoverEngine
+from dr.controller.state import FailoverRecord
+from proxy.api import pb, pb_grpc
+from proxy.config import HintSettings, KafkaWriterSettings, ProxyConfig
+from proxy.hints import hints_topic, pending_hints
+from proxy.server import ProxyServer
+
+pytestmark = pytest.mark.timeout(300)
+
+POLICY = """\
+strict: true
+rules:
+  - topic: "hq-*"
+    mode: ordered
+    sync: true
+    quorum: 2
+"""
+
+
+@pytest.fixture(autouse=True)
+async def _primary_everywhere(two_regions: Any) -> None:
+    await agreed_primary(two_regions.topology)  # east, agreed by east and west (2 of 3)
+
+
+@pytest.fixture(scope="module")
+def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    p = tmp_path_factory.mktemp("hints-policy") / "policy.yaml"
+    p.write_text(POLICY)
+    return p
+
+
+@pytest.fixture
+def topo(two_regions: Any, north: Any) -> Topology:
+    _, ntopo = north
+    base: Topology = two_regions.topology
+    return base.model_copy(update={"regions": [*base.regions, *ntopo.regions],
+                                   "preference": ["east", "west", "north"]})
+
+
+def _cfg() -> ProxyConfig:
+    return ProxyConfig(region="east", register_consul=False, primary_wait_s=5.0, grace_s=2.0,
+                       kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0),
+                       hints=HintSettings(backoff_s=0.2, backoff_max_s=1.0,
+                                          pending_interval_s=0.3))
+
+
+@pytest.fixture
+async def proxy(topo: Topology, policy_file: Path) -> AsyncIterator[tuple[ProxyServer, Any]]:
+    async with ProxyServer(topo, _cfg(), policy_file) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        yield server, pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+
+
+async def _topic(topo: Topology) -> str:
+    name = str(unique("hq"))
+    for r in topo.regions:
+        await create_topic(r.kafka.bootstrap, name, partitions=2)
+    return name
+
+
+async def _hint_topics_ready(topo: Topology) -> None:
+    """The proxy created the hints topics toward north in east and west (at its start)."""
+    async def ready() -> bool:
+        for region in ("east", "west"):
+            async with KafkaAdmin(topo.region(region).kafka.bootstrap) as admin:
+                if hints_topic("north") not in await admin.list_topics():
+                    return False
+        return True
+    await eventually(ready, 30, "hints topics created")
+
+
+async def _pending(topo: Topology) -> int:
+    return (await pending_hints(topo.region("east").kafka.bootstrap, "east", ["north"]))["north"]
+
+
+def _metric(server: ProxyServer, name: str, **labels: str) -> float:
+    return server.registry.get_sample_value(name, labels) or 0.0
+
+
+async def _north_down(server: ProxyServer, stack: Any) -> None:
+    await stack.stop_kafka("north")
+
+    async def unwritable() -> bool:
+        return not server.writers["north"].writable
+    await eventually(unwritable, 20, "north seen down")
+
+
+async def _north_up(server: ProxyServer, stack: Any) -> None:
+    await stack.start_kafka("north")
+
+    async def writable() -> bool:
+        return server.writers["north"].writable
+    await eventually(writable, 60, "north writable again")
+
+
+async def _drain(topo: Topology, north_down: bool) -> FailoverRecord:
+    """The failover's drain step toward north, on its own (the mirror has no flow there)."""
+    settings = ControllerSettings(region="east", failover=FailoverSettings(drain_timeout_s=1.0))
+
+    async def keep(r: FailoverRecord) -> FailoverRecord:
+        return r
+    engine = FailoverEngine(topo, settings, None, keep, majority=2,  # type: ignore[arg-type]
+                            is_down=lambda r: north_down and r == "north")
+    return await engine._drain(FailoverRecord(source="east", target="north"))
+
+
+def _hints_left(detail: str) -> int:
+    m = re.search(r"hints toward north: \d+ replayed, (\d+) left", detail)
+    assert m is not None, detail
+    return int(m.group(1))
+
+
+async def test_an_acked_sync_record_reaches_the_region_that_missed_it(  # type: ignore[no-untyped-def]
+        two_regions, north, topo: Topology, proxy) -> None:
+    stack, _ = north
+    server, stub = proxy
+    topic = await _topic(topo)
+    await _hint_topics_ready(topo)
+    await _north_down(server, stack)
+    try:
+        rec = pb.Record(topic=topic, key=b"acct-7", value=b"ledger-7",
+                        headers=[pb.Header(key="app", value=b"x")],
+                        idempotency_key=unique("tx"))
+        r = (await stub.Produce(pb.ProduceRequest(record=rec), timeout=15)).result
+        assert r.status == pb.STATUS_OK
+        assert [w.region for w in r.written] == ["east", "west"]
+        assert _metric(server, "crossdc_proxy_hints_written_total", target="north") == 1
+        assert await _pending(topo) >= 1
+        # the drain step reports what is pending toward north (north down: not replayed)
+        drained = await _drain(topo, north_down=True)
+        detail = drained.step("drain").detail
+        assert _hints_left(detail) >= 1, detail
+        assert "counted in the RPO" in detail
+        assert "hints unknown in north (down)" in detail
+    finally:
+        await _north_up(server, stack)
+
+    east_copy = next(x for x in await read_all(topo.region("east").kafka.bootstrap, topic, 2)
+                     if x.key == b"acct-7")
+
+    async def arrived() -> bool:
+        got = await read_all(topo.region("north").kafka.bootstrap, topic, 2)
+        return any(x.key == b"acct-7" for x in got)
+    await eventually(arrived, 60, "the record replayed into north")
+    north_recs = await read_all(topo.region("north").kafka.bootstrap, topic, 2)
+    [copy] = [x for x in north_recs if x.key == b"acct-7"]
+    assert copy.value == b"ledger-7"
+    assert copy.partition == east_copy.partition
+    assert list(copy.headers) == list(east_copy.headers)   # same dr-id, dr-* and app headers
+    assert dict(copy.headers)["dr-id"] == rec.idempotency_key.encode()
+    assert dict(copy.headers)["dr-path"] == b"east,west,north"
+
+    async def committed() -> bool:
+        return await _pending(topo) == 0
+    await eventually(committed, 30, "the hint committed (pending 0)")
+    assert _metric(server, "crossdc_proxy_hints_replayed_total", target="north") >= 1
+
+    async def gauge_zero() -> bool:
+        return _metric(server, "crossdc_proxy_hints_pending", target="north") == 0
+    await eventually(gauge_zero, 10, "the pending gauge at 0")
+    drained = await _drain(topo, north_down=False)
+    assert _hints_left(drained.step("drain").detail) == 0
+    # a retry of the acknowledged call is answered from the window: still one copy in north
+    again = (await stub.Produce(pb.ProduceRequest(record=rec), timeout=15)).result
+    assert again.duplicate
+    north_recs = await read_all(topo.region("north").kafka.bootstrap, topic, 2)
+    assert [x.key for x in north_recs].count(b"acct-7") == 1
+
+
+async def _max_message_bytes(topo: Topology, regions: list[str], value: str | None) -> None:
+    """Set (or, None: take away) max.message.bytes of the hints topic toward north."""
+    want = value or str(8 * 1024 * 1024)
+    for region in regions:
+        async with KafkaAdmin(topo.region(region).kafka.bootstrap) as admin:
+            await admin.alter_topic_configs(hints_topic("north"), {"max.message.bytes": want})
+
+            async def applied(admin: KafkaAdmin = admin) -> bool:  # the broker's own view
+                got = await admin.topic_configs(hints_topic("north"))
+                return got.get("max.message.bytes") == want
+            await eventually(applied, 15, f"max.message.bytes {want} in {region}")
+
+
+async def test_no_ack_when_the_hint_cannot_be_stored(  # type: ignore[no-untyped-def]
+        two_regions, north, topo: Topology, proxy) -> None:
+    """east and west refuse the hint (its topic takes no record that large): the record is
+    in a quorum (east, west) but NOT acknowledged; the retry, once the hint is stored, is
+    acknowledged and nothing is written twice anywhere."""
+    stack, _ = north
+    server, stub = proxy
+    topic = await _topic(topo)
+    await _hint_topics_ready(topo)
+    await _north_down(server, stack)
+    try:
+        await _max_message_bytes(topo, ["east", "west"], "64")
+        rec = pb.Record(topic=topic, key=b"acct-9", value=b"ledger-9",
+                        idempotency_key=unique("tx"))
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await stub.Produce(pb.ProduceRequest(record=rec), timeout=15)
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+        msg = ei.value.details() or ""
+        assert "not acknowledged" in msg, msg
+        assert "its hint could not be stored" in msg, msg
+        md = dict(ei.value.trailing_metadata() or ())
+        assert [x.split(":")[0] for x in md["dr-written"].split(",")] == ["east", "west"]
+        assert _metric(server, "crossdc_proxy_hint_errors_total", step="append") >= 1
+        await _max_message_bytes(topo, ["east", "west"], None)
+        done = (await stub.Produce(pb.ProduceRequest(record=rec), timeout=15)).result
+        assert done.status == pb.STATUS_OK
+        assert [w.region for w in done.written] == ["east", "west"]
+    finally:
+        await _max_message_bytes(topo, ["east", "west"], None)
+        await _north_up(server, stack)
+
+    async def arrived() -> bool:
+        got = await read_all(topo.region("north").kafka.bootstrap, topic, 2)
+        return any(x.key == b"acct-9" for x in got)
+    await eventually(arrived, 60, "the record replayed into north")
+    for r in topo.regions:
+        got = await read_all(r.kafka.bootstrap, topic, 2)
+        assert [x.key for x in got].count(b"acct-9") == 1, r.name
