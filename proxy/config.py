@@ -72,6 +72,8 @@ class HintSettings(_Model):
     backoff_max_s: float = Field(10.0, gt=0)
     pending_interval_s: float = Field(2.0, gt=0, description="How often the pending hints "
                                       "(the gauge) are measured.")
+    pending_timeout_s: float = Field(3.0, gt=0, description="Bound of one measure of the "
+                                     "pending hints (the replay goes on meanwhile).")
     retry_s: float = Field(2.0, gt=0, description="Pause before connecting again, or creating "
                            "the hints topics in a region that did not answer.")
 

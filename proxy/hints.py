@@ -604,20 +604,23 @@ class HintReplayer:
         pending = {t: 0 for t in self.targets}
         if tps:
             try:
-                ends = await consumer.end_offsets(tps)
-                begins = await consumer.beginning_offsets(tps)
-                for tp in tps:
-                    if tp not in self._committed:
-                        at = await consumer.committed(tp)
-                        self._committed[tp] = at if at is not None else -1
-                    target = self.topics.get(tp.topic)
-                    if target is not None:
-                        pending[target] += max(0, ends[tp] - max(begins[tp],
-                                                                 self._committed[tp]))
-            except KafkaError as exc:
+                # bounded: a ListOffsets answer seen to stall for longer than aiokafka's
+                # request timeout must not stop the replay (the gauge waits, the hints not)
+                async with asyncio.timeout(self.settings.pending_timeout_s):
+                    ends = await consumer.end_offsets(tps)
+                    begins = await consumer.beginning_offsets(tps)
+                    for tp in tps:
+                        if tp not in self._committed:
+                            at = await consumer.committed(tp)
+                            self._committed[tp] = at if at is not None else -1
+            except (KafkaError, TimeoutError) as exc:
                 self.metrics.hint_errors.labels("read").inc()
                 self.log.info("hints_pending_unknown", error=repr(exc))
                 return
+            for tp in tps:
+                target = self.topics.get(tp.topic)
+                if target is not None:
+                    pending[target] += max(0, ends[tp] - max(begins[tp], self._committed[tp]))
         for t, n in pending.items():
             self.metrics.hints_pending.labels(t).set(n)
         if pending != self.pending:
@@ -821,8 +824,10 @@ class HintReplayer:
 
     async def _commit(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
         try:
-            await consumer.commit({tp: offset})
-        except KafkaError as exc:  # rebalanced away, coordinator moved: read again later
+            async with asyncio.timeout(self.settings.replay_write_s):
+                await consumer.commit({tp: offset})
+        except (KafkaError, TimeoutError) as exc:  # rebalanced away, coordinator moved:
+            # the hints from the last commit on are read (and written) again
             self.metrics.hint_errors.labels("commit").inc()
             self.log.warning("hints_commit_failed", target=self.topics.get(tp.topic),
                              offset=offset, error=repr(exc))

@@ -633,17 +633,26 @@ class PrimaryWatcher:
                 return name, f"unknown region {record.region}", None
             return name, _show(record), record
 
-        for fut in asyncio.as_completed([read(n, c) for n, c in self._dcs.items()]):
-            name, what, record = await fut
-            answers[name] = what
-            if record is not None:
-                votes[name] = record
-                self.offer(record, name)
-            t = tally(votes, self.majority)
-            if t.confirmed is not None and not confirmed:
-                confirmed = True  # early: a hung datacenter does not delay the renewal
-                self.confirm(sent, t.confirmed)
-                self._first_round.set()
+        # Tasks of our own (as_completed's would outlive a cancelled round and call a
+        # client closed meanwhile): cancelled with the round.
+        reads = [asyncio.create_task(read(n, c), name=f"proxy:primary-read:{n}")
+                 for n, c in self._dcs.items()]
+        try:
+            for fut in asyncio.as_completed(reads):
+                name, what, record = await fut
+                answers[name] = what
+                if record is not None:
+                    votes[name] = record
+                    self.offer(record, name)
+                t = tally(votes, self.majority)
+                if t.confirmed is not None and not confirmed:
+                    confirmed = True  # early: a hung datacenter does not delay the renewal
+                    self.confirm(sent, t.confirmed)
+                    self._first_round.set()
+        finally:
+            for task in reads:
+                task.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
         final = tally(votes, self.majority)
         if final.conflict and self._confirmed_at is not None and self._confirmed_at <= sent:
             # a same-epoch conflict: this round confirms nothing after all (had a majority

@@ -562,6 +562,10 @@ class Router:
             rec = records[i]
             hs = headers(i)
             acked = len(o.written) >= needed_for(i)
+            if not acked and rec.idempotency_key:
+                # Told failed, with a key: the client's retry resumes it (the missing regions
+                # only, through the idempotency window); a hint too would write it twice.
+                continue
             for region in failed[i]:
                 hints.append(Hint(region, topic, part, rec.key, rec.value, hs, acked=acked,
                                   client_key=bool(rec.idempotency_key),

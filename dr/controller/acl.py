@@ -66,6 +66,9 @@ def component_acls() -> list[AclBinding]:
     # ... and its own internal topics (the shared idempotency store, proxy/idempotency.py)
     out.extend(AclBinding("topic", PROXY_INTERNAL_PREFIX, _user(PROXY), op, pattern="PREFIXED")
                for op in ("CREATE", "READ", "DESCRIBE_CONFIGS"))
+    # ... and the consumer group that replays its hints (proxy/hints.py)
+    out.append(AclBinding("group", PROXY_INTERNAL_PREFIX, _user(PROXY), "READ",
+                          pattern="PREFIXED"))
     # mirror: read sources, write/create targets, its groups, offset syncs, transactions
     allow(MIRROR, "topic", ["ALL"])
     allow(MIRROR, "group", ["ALL"])

@@ -29,7 +29,8 @@ from mirror import MirrorWorker
 # client's metadata task behind at teardown (a close that raced the broker's death, seen in
 # about one run in four; the clients the controller owns are leak-checked in
 # test_controller.py, where no broker is killed).
-pytestmark = [pytest.mark.timeout(420), pytest.mark.allow_leaks]
+# `make test-more` (the demo measures the same detection and RTO in CI).
+pytestmark = [pytest.mark.timeout(420), pytest.mark.allow_leaks, pytest.mark.slow]
 
 TOPICS = "auto-.*"
 Rec = tuple[bytes, bytes, list[tuple[str, bytes]]]

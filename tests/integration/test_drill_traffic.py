@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from kafka_helpers import eventually, read_all  # type: ignore[import-not-found]
+from primary_helpers import agreed_primary  # type: ignore[import-not-found]
 
 from crossdc.topology import Flow, Topology
 from dr.drill.count import judge, read_back, wait_replicated
@@ -24,7 +25,7 @@ from mirror import MirrorWorker
 from proxy.config import KafkaWriterSettings, ProxyConfig
 from proxy.server import ProxyServer
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.slow]  # `make test-more`
 
 POLICY = Path(__file__).parents[2] / "policies" / "default.yaml"
 PARTITIONS = 3
@@ -46,6 +47,7 @@ async def _proxy(topology: Topology, region: str, port: int = 0) -> ProxyServer:
 async def run(two_regions) -> AsyncIterator[tuple[Topology, dict[str, str]]]:  # type: ignore[no-untyped-def]
     """The run's topics, created in both regions and mirrored both ways while the test runs."""
     topology: Topology = two_regions.topology
+    await agreed_primary(topology)  # the proxies' lease needs one record in a majority
     topics = drill_topics(uuid.uuid4().hex[:10])
     await create_topics(topology, topics.values(), PARTITIONS)
     await create_topics(topology, topics.values(), PARTITIONS)  # idempotent

@@ -20,7 +20,8 @@ from dr.controller.datacenters import Datacenters
 from dr.drill.report import DrillReport, Thresholds
 from dr.drill.run import DrillConfig, plan_drill, run_drill
 
-pytestmark = [pytest.mark.timeout(420)]
+# The drills in short: `make test-more` (the demo runs the primary-outage drill in CI too).
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
 DR = str(Path(sys.executable).parent / "dr")
 

@@ -163,6 +163,7 @@ def _events(log: Path, event: str) -> list[dict[str, object]]:
     return out
 
 
+@pytest.mark.slow  # `make test-more`
 async def test_mirror_survives_its_target_going_away(dep: Deployment) -> None:
     """West's Kafka is killed; a rebalance of the east → west mirror's group (a second
     member joins) makes its worker read its resume points from west, which it cannot within

@@ -166,7 +166,8 @@ def test_each_component_gets_what_it_needs_and_the_proxy_no_more() -> None:
         by.setdefault(a.principal, set()).add((a.resource, a.operation))
     assert by[f"User:{PROXY}"] == {("topic", "WRITE"), ("topic", "DESCRIBE"),
                                    ("cluster", "IDEMPOTENT_WRITE"), ("topic", "CREATE"),
-                                   ("topic", "READ"), ("topic", "DESCRIBE_CONFIGS")}
+                                   ("topic", "READ"), ("topic", "DESCRIBE_CONFIGS"),
+                                   ("group", "READ")}  # the group replaying its hints
     # beyond writing, only its own internal topics (by prefix)
     assert {a.name for a in acls if a.principal == f"User:{PROXY}" and
             a.operation in ("CREATE", "READ", "DESCRIBE_CONFIGS")} == {"_crossdc.proxy."}
