@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 from aiokafka import TopicPartition
 from conftest import StackInfo  # type: ignore[import-not-found]
-from kafka_helpers import produce, unique  # type: ignore[import-not-found]
+from kafka_helpers import eventually, produce, unique  # type: ignore[import-not-found]
 
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
 from crossdc.errors import ClientError, ClientRefused
@@ -44,7 +44,10 @@ async def test_topics_create_describe_grow_and_configs(admin: KafkaAdmin) -> Non
         await admin.alter_topic_configs(topic, {"retention.ms": "not-a-number"})
 
     await admin.create_partitions({topic: 4})
-    assert await admin.partition_counts([topic]) == {topic: 4}
+
+    async def grown() -> bool:  # the broker's metadata follows the controller's commit
+        return await admin.partition_counts([topic]) == {topic: 4}
+    await eventually(grown, 30, "4 partitions in the metadata")
     with pytest.raises(ClientRefused):
         await admin.create_partitions({topic: 3})  # partitions never shrink
 
