@@ -322,6 +322,21 @@ class ConsulClient:
             timeout_s=timeout)
         return int(idx or 0), [_entry(r["Key"], r) for r in raw or ()]
 
+    async def _read_back(self, what: str, key: str, value: bytes, cas: int, lost: ClientError,
+                         dc: str | None) -> tuple[KvEntry | None, bool | None]:
+        """After a compare-and-set whose answer was lost: the key as it is now, and
+        `cas_outcome` of it. CasAmbiguous when the read fails too."""
+        try:
+            _, raw = await self._once(f"kv/{key} read-back", lambda: self._client.kv.get(
+                key, dc=dc, consistency="consistent"))
+        except ClientError as exc:
+            raise CasAmbiguous(f"{what}: no answer ({lost}), and reading the key back "
+                               f"failed: {exc}") from exc
+        entry = None if raw is None else _entry(key, raw)
+        outcome = cas_outcome(entry, value, cas)
+        log.info("consul_cas_resolved", key=key, cas=cas, outcome=outcome, error=str(lost))
+        return entry, outcome
+
     async def kv_put(self, key: str, value: bytes, *, cas: int | None = None,
                      dc: str | None = None) -> bool:
         """Write `key`; with `cas` only if its ModifyIndex is still `cas` (0: only if absent).
@@ -340,14 +355,7 @@ class ConsulClient:
                 raise
             except ClientError as exc:
                 lost: ClientError = exc
-            try:
-                _, raw = await self._once(f"kv/{key} read-back", lambda: self._client.kv.get(
-                    key, dc=dc, consistency="consistent"))
-            except ClientError as exc:
-                raise CasAmbiguous(f"{what}: no answer ({lost}), and reading the key back "
-                                   f"failed: {exc}") from exc
-            outcome = cas_outcome(None if raw is None else _entry(key, raw), value, cas)
-            log.info("consul_cas_resolved", key=key, cas=cas, outcome=outcome, error=str(lost))
+            _, outcome = await self._read_back(what, key, value, cas, lost, dc)
             if outcome is None:
                 raise _CasNotApplied(f"{what}: no answer ({lost}); the key is still at "
                                      f"{cas}") from lost
@@ -402,15 +410,7 @@ class ConsulClient:
                 raise
             except ClientError as exc:
                 lost: ClientError = exc
-            try:
-                _, raw = await self._once(f"kv/{key} read-back", lambda: self._client.kv.get(
-                    key, dc=dc, consistency="consistent"))
-            except ClientError as exc:
-                raise CasAmbiguous(f"{what}: no answer ({lost}), and reading the key back "
-                                   f"failed: {exc}") from exc
-            entry = None if raw is None else _entry(key, raw)
-            outcome = cas_outcome(entry, value, cas)
-            log.info("consul_txn_resolved", key=key, cas=cas, outcome=outcome, error=str(lost))
+            entry, outcome = await self._read_back(what, key, value, cas, lost, dc)
             if outcome is None:
                 raise _CasNotApplied(f"{what}: no answer ({lost}); the key is still at "
                                      f"{cas}") from lost
