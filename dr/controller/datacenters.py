@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TypeVar
@@ -271,20 +271,7 @@ class Datacenters:
             return True if res.ok else f"refused: {res.why}"
 
         results = await self.each(one)
-        written: list[str] = []
-        errors: dict[str, str] = {}
-        for region, res in zip(self.clients, results, strict=True):
-            if res is True:
-                written.append(region)
-            elif res is False:
-                errors[region] = "compare-and-set lost (written meanwhile)"
-            elif isinstance(res, str):
-                errors[region] = res
-            elif isinstance(res, CrossdcError) and not isinstance(res, ClientError):
-                errors[region] = str(res)
-            elif (why := failure_of(res)) is not None:
-                errors[region] = why
-        return written, errors
+        return _writes(list(self.clients), results)
 
     # -- the primary record --------------------------------------------------------------
     async def primary(self) -> PrimaryView:
@@ -341,20 +328,8 @@ class Datacenters:
             return True if res.ok else f"refused: {res.why}"
 
         results = await self.each(one, targets)
-        written: list[str] = []
-        failed: dict[str, str] = dict(view.unreachable)
-        for region, res in zip(targets, results, strict=True):
-            if res is True:
-                written.append(region)
-            elif res is False:
-                failed[region] = "compare-and-set lost (written meanwhile)"
-            elif isinstance(res, str):
-                failed[region] = res
-            elif isinstance(res, CrossdcError) and not isinstance(res, ClientError):
-                failed[region] = str(res)
-            elif (why := failure_of(res)) is not None:
-                failed[region] = why
-        return written, failed
+        written, failed = _writes(targets, results)
+        return written, {**view.unreachable, **failed}
 
     async def correct_stale(self, view: PrimaryView, *,
                             sessions: Mapping[str, str] | None = None) -> list[str]:
@@ -377,6 +352,25 @@ class Datacenters:
         for region, why in failed.items():
             log.info("primary_correct_failed", region=region, error=why)
         return written
+
+
+def _writes(dcs: Sequence[str], results: Sequence[object]) -> tuple[list[str], dict[str, str]]:
+    """`(datacenters written, datacenter → why not)` from one write per datacenter: True
+    written, False a lost compare-and-set, a string a refusal, an exception a failure."""
+    written: list[str] = []
+    errors: dict[str, str] = {}
+    for dc, res in zip(dcs, results, strict=True):
+        if res is True:
+            written.append(dc)
+        elif res is False:
+            errors[dc] = "compare-and-set lost (written meanwhile)"
+        elif isinstance(res, str):
+            errors[dc] = res
+        elif isinstance(res, CrossdcError) and not isinstance(res, ClientError):
+            errors[dc] = str(res)
+        elif (why := failure_of(res)) is not None:
+            errors[dc] = why
+    return written, errors
 
 
 def newest_primary(records: Iterable[PrimaryRecord | None], initial: PrimaryRecord
