@@ -119,4 +119,12 @@ def report_table(report: DrillReport) -> Group:
         m.add_row(mode, f"{f.acked:,}", f"{f.lost:,}", f"{f.duplicates:,}",
                   f"{sum(f.missing_replicas.values()):,}", seconds(f.max_write_gap_s),
                   seconds(f.recovery_s))
-    return Group(t, m)
+    if report.history is None:
+        return Group(t, m)
+    h = Table(title="whole-history checks", title_justify="left")
+    for col in ("check", "outcome", "figures"):
+        h.add_column(col)
+    for c in report.history["checks"].values():
+        state = {True: "[green]ok[/]", False: "[red]FAILED[/]", None: "not run"}[c["passed"]]
+        h.add_row(c["title"], state, ", ".join(f"{k} {v}" for k, v in c["counts"].items()))
+    return Group(t, m, h)

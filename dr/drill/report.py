@@ -33,7 +33,7 @@ import datetime as dt
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -195,6 +195,9 @@ class DrillReport(BaseModel):
         "Ordered records read back from every region: epoch -> origin region -> records."))
     split_brain: list[str] = Field(default_factory=list, description=(
         "Epochs under which more than one region accepted ordered writes (must be empty)."))
+    history: dict[str, Any] | None = Field(None, description=(
+        "The whole-history checker's outcome (dr/drill/history.py, the partition suite's "
+        "checker): each check with its counts and examples."))
 
     @classmethod
     def build(cls, *, scenario: str, run_id: str, timeline: TimelineLike,
@@ -484,6 +487,18 @@ def render_markdown(report: DrillReport) -> str:
             detail = f" ({s.detail})" if s.detail else ""
             add(f"| {s.name}{detail} | {s.source} | {s.status} | {_at(r, s.started_ms)} | "
                 f"{_at(r, s.ended_ms)} | {_s(s.seconds, '')} |")
+        add("")
+    if r.history is not None:
+        add("## Whole-history checks")
+        add("")
+        add("| check | outcome | figures |")
+        add("|---|---|---|")
+        for c in r.history["checks"].values():
+            state = {True: "ok", False: "**FAILED**", None: "not run"}[c["passed"]]
+            figures = ", ".join(f"{k} {v}" for k, v in c["counts"].items())
+            add(f"| {c['title']} | {state} | {figures} |")
+            for e in c["examples"]:
+                add(f"| | | e.g. {e} |")
         add("")
     add("## Verdict")
     add("")

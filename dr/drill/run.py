@@ -31,6 +31,7 @@ from dr.controller.state import HEALTH_PREFIX, FailoverRecord, RegionHealth
 from dr.drill.count import Judgement, judge, read_epochs, split_brain, wait_replicated
 from dr.drill.errors import DrillError
 from dr.drill.faults import SCENARIOS, Fault, HookFault, local_fault
+from dr.drill.history import History, PrimaryWatch, judge_run
 from dr.drill.report import (
     DrillReport,
     Thresholds,
@@ -220,7 +221,8 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
     leader_before: str | None = None
     leader_after: str | None = None
     problems: list[str] = []
-    async with Datacenters(topology) as dcs:
+    watch = PrimaryWatch(topology)  # every datacenter's primary record, for check (b)
+    async with Datacenters(topology) as dcs, watch:
         dcs_ref.append(dcs)
         if plan.scenario in FAILOVER_SCENARIOS | {"controller-outage"}:
             # the controllers act in these: one must lead before the fault (after an
@@ -309,18 +311,29 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
             held = await wait_replicated(topology, acks, config.replicate_timeout_s)
         with tl.step("judge"):
             judgement = judge(acks, held, [r.name for r in topology.regions])
+            await watch.stop()
+            history: History | None = None
             try:
                 epochs = await read_epochs(topology, topics["ordered"],
                                            timeout_s=config.replicate_timeout_s)
+                # the same checker as the partition suite, over the whole run
+                history, _, _ = await judge_run(
+                    topology, acks, topics.values(),
+                    healed_ms=tl.healed_ms or tl.started_ms, fences=watch.fences(),
+                    converge_timeout_s=config.replicate_timeout_s, settle_s=10.0)
             except CrossdcError as exc:
-                problems.append(f"the split-brain check could not read the epochs: {exc}")
+                problems.append(f"the history check could not read the regions back: {exc}")
                 epochs = {}
     tl.ended_ms = _now_ms()
     report = _report(plan, run_id, tl, traffic, acks, judgement, failover, failback,
                      leader_before, leader_after, config.thresholds)
     brains = split_brain(epochs)
-    report = report.model_copy(update={"epochs": epochs, "split_brain": brains})
+    report = report.model_copy(update={
+        "epochs": epochs, "split_brain": brains,
+        "history": None if history is None else history.as_dict()})
     problems += [f"split brain: {b}" for b in brains]
+    if history is not None:
+        problems += [f"history check {c.line()}" for c in history.failures]
     if problems:  # the drill itself did not go as the scenario says: it fails
         report = report.model_copy(update={"passed": False,
                                            "breaches": [*problems, *report.breaches],

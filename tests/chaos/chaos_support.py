@@ -31,9 +31,9 @@ FULL = os.environ.get("CROSSDC_CHAOS", "").lower() == "full"
 DRILL_TOPICS = "(payments|ledger|clickstream).*"
 BROKERS = 3
 HEAP_MB = 256
+"""Per broker: six brokers share two cores and the other helpers' stacks."""
 PROXY_WORKERS = 1
 """One process per proxy: `kill -9` of a proxy is the death of the one process serving."""
-"""Per broker: six brokers share two cores and the other helpers' stacks."""
 
 
 @dataclass
@@ -52,8 +52,8 @@ class ChaosStack:
 
 
 def chaos_topology(names: list[str], *, witnesses: tuple[str, ...] = ()) -> Topology:
-    """Free ports, small heaps, the drill topics mirrored both ways; `witnesses`: witness
-    datacenters (a Consul server each, no Kafka)."""
+    """Free ports, small heaps, the drill topics mirrored between every two regions;
+    `witnesses`: witness datacenters (a Consul server each, no Kafka)."""
     topo = free_topology(names, witnesses=witnesses)
     regions = []
     for r in topo.regions:
@@ -62,8 +62,8 @@ def chaos_topology(names: list[str], *, witnesses: tuple[str, ...] = ()) -> Topo
             update={"heap_mb": HEAP_MB})})
         regions.append(r.model_copy(update={"local": local}))
     return topo.model_copy(update={"regions": regions, "flows": [
-        Flow(source="east", target="west", topics=DRILL_TOPICS, discovery_interval_s=1.0),
-        Flow(source="west", target="east", topics=DRILL_TOPICS, discovery_interval_s=1.0)]})
+        Flow(source=a, target=b, topics=DRILL_TOPICS, discovery_interval_s=1.0)
+        for a in names for b in names if a != b]})
 
 
 @asynccontextmanager

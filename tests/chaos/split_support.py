@@ -11,14 +11,16 @@ import contextlib
 import functools
 import os
 import shutil
+import subprocess
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos_results import Row  # type: ignore[import-not-found]
-from chaos_support import FULL, chaos_topology  # type: ignore[import-not-found]
+from chaos_support import FULL, PROXY_WORKERS, chaos_topology  # type: ignore[import-not-found]
+from tests_support import write_topology  # type: ignore[import-not-found]
 
 from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
@@ -38,8 +40,8 @@ from dr.drill.history import (
 from dr.drill.producer import ProducerProcess
 from dr.drill.traffic import MODES, Ack, create_topics, drill_topics
 from dr.stack.local import LocalStack
-from dr.stack.netns import NetNamespaces
-from dr.stack.paths import REPO_ROOT
+from dr.stack.netns import NetNamespaces, netns_topology
+from dr.stack.paths import REPO_ROOT, StackPaths
 from dr.stack.services import Services
 
 LOOPS = int(os.environ.get("CROSSDC_CHAOS_LOOPS", "3" if FULL else "1"))
@@ -69,10 +71,46 @@ class SplitStack:
     topology: Topology
     topology_path: Path
 
+    @property
+    def regions(self) -> list[str]:
+        return [r.name for r in self.topology.regions]
 
-def split_topology() -> Topology:
-    """Two regions and a witness (chaos_topology: the drill topics mirrored both ways)."""
-    return chaos_topology(REGIONS, witnesses=(WITNESS,))
+
+def split_topology(regions: Sequence[str] = REGIONS,
+                   witnesses: tuple[str, ...] = (WITNESS,)) -> Topology:
+    """Two regions and a witness by default (chaos_topology: the drill topics mirrored
+    between every two regions)."""
+    return chaos_topology(list(regions), witnesses=witnesses)
+
+
+@contextlib.asynccontextmanager
+async def split_stack(root: Path, regions: Sequence[str] = REGIONS,
+                      witnesses: tuple[str, ...] = (WITNESS,)) -> AsyncIterator[SplitStack]:
+    """A stack of its own in network namespaces (one broker per region, automatic failover
+    on), up until the block ends; every link healed and every namespace removed after."""
+    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
+    base = split_topology(regions, witnesses)
+    net = NetNamespaces.for_topology(paths.state, base)
+    topo = netns_topology(base, net)
+    path = write_topology(topo, root / "topology.yaml")
+    stack = LocalStack(topo, path, brokers=1, paths=paths, netns=net)
+    services = Services(topo, path, paths, policy=REPO_ROOT / "policies" / "default.yaml",
+                        auto_failover=True, proxy_workers=PROXY_WORKERS, netns=net)
+    t0 = time.monotonic()
+    try:
+        await stack.up(timeout_s=300)
+        await services.up(timeout_s=240)
+        print(f"split-brain stack ({', '.join(regions)} + {', '.join(witnesses) or 'no'} "
+              f"witness) up in {time.monotonic() - t0:.0f} s")
+        yield SplitStack(stack, services, net, topo, path)
+    finally:
+        for name in net.regions:  # a failed test may leave a link down
+            await net.heal(name)
+        await LocalStack.down(paths)
+        net.teardown()  # also when `up` failed before recording it
+        left = await asyncio.to_thread(subprocess.run, ["ip", "netns", "list"],
+                                       capture_output=True, text=True)
+        assert net.namespace(regions[0]) not in left.stdout, "namespaces left behind"
 
 
 def now_ms() -> int:
@@ -164,7 +202,7 @@ class Run:
         self.watch = PrimaryWatch(self.topology)
         self.watch.start()
         await create_topics(self.topology, self.topics.values())
-        for r in REGIONS:
+        for r in self.split.regions:
             proxy = self.topology.region(r).proxy.endpoint
             self.producers[r] = ProducerProcess(
                 r, proxy, self.topics, rate=RATE_PER_REGION, folder=self.folder,
@@ -182,7 +220,7 @@ class Run:
         from dr.controller.datacenters import Datacenters  # the controller's records
         from dr.controller.state import HEALTH_PREFIX, RegionHealth
         assert self.before is not None
-        standby = next(r for r in REGIONS if r != self.before.region)
+        standby = next(r for r in self.split.regions if r != self.before.region)
         async with Datacenters(self.topology) as dcs:
             async def ready() -> bool:
                 try:
@@ -205,10 +243,11 @@ class Run:
         return self.producers[region].acks()
 
     async def flowing(self, since: str, modes: Iterable[str] = MODES,
-                      regions: Iterable[str] = REGIONS) -> bool:
-        """Every producer of `regions` has a fresh ack of each of `modes` after the mark."""
+                      regions: Iterable[str] | None = None) -> bool:
+        """Every producer of `regions` (all) has a fresh ack of each of `modes` after the
+        mark."""
         t = self.marks[since]
-        for r in regions:
+        for r in self.split.regions if regions is None else regions:
             p = self.producers[r]
             if not p.running():
                 raise AssertionError(f"the producer of {r} ended: {p.log_tail()}")

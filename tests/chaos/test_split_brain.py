@@ -32,14 +32,13 @@ every scenario, CROSSDC_CHAOS_LOOPS times each (3)."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from chaos_results import record  # type: ignore[import-not-found]
-from chaos_support import FULL, PROXY_WORKERS  # type: ignore[import-not-found]
+from chaos_support import FULL  # type: ignore[import-not-found]
 from split_support import (  # type: ignore[import-not-found]
     HEAL_BOUND_S,
     LOOPS,
@@ -49,19 +48,16 @@ from split_support import (  # type: ignore[import-not-found]
     SplitStack,
     Verdict,
     newest,
-    split_topology,
+    split_stack,
     until,
 )
-from tests_support import write_topology  # type: ignore[import-not-found]
 
 from dr.controller.config import ControllerSettings
 from dr.controller.datacenters import Datacenters
 from dr.controller.ops import newest_failover, plan_failover, start_failover
+from dr.controller.state import FAILOVER_KEY, FailoverRecord
 from dr.drill.history import read_healed_view
-from dr.stack.local import LocalStack
-from dr.stack.netns import NetNamespaces, netns_available, netns_topology
-from dr.stack.paths import REPO_ROOT, StackPaths
-from dr.stack.services import Services
+from dr.stack.netns import netns_available
 
 pytestmark = [pytest.mark.timeout(900),
               pytest.mark.skipif(not netns_available(), reason="needs `ip netns` and root")]
@@ -79,36 +75,15 @@ FAILOVER_BOUND_S = 120.0
 
 @pytest.fixture(scope="module")
 async def split(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SplitStack]:
-    root = tmp_path_factory.mktemp("chaos-split")
-    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
-    base = split_topology()
-    net = NetNamespaces.for_topology(paths.state, base)
-    topo = netns_topology(base, net)
-    path = write_topology(topo, root / "topology.yaml")
-    stack = LocalStack(topo, path, brokers=1, paths=paths, netns=net)
-    services = Services(topo, path, paths, policy=REPO_ROOT / "policies" / "default.yaml",
-                        auto_failover=True, proxy_workers=PROXY_WORKERS, netns=net)
-    t0 = time.monotonic()
-    try:
-        await stack.up(timeout_s=300)
-        await services.up(timeout_s=240)
-        print(f"split-brain stack up in {time.monotonic() - t0:.0f} s")
-        yield SplitStack(stack, services, net, topo, path)
-    finally:
-        for name in net.regions:  # a failed test may leave a link down
-            await net.heal(name)
-        await LocalStack.down(paths)
-        net.teardown()  # also when `up` failed before recording it
-        left = await asyncio.to_thread(subprocess.run, ["ip", "netns", "list"],
-                                       capture_output=True, text=True)
-        assert net.namespace(REGIONS[0]) not in left.stdout, "namespaces left behind"
+    async with split_stack(tmp_path_factory.mktemp("chaos-split")) as stack:
+        yield stack
 
 
 def _roles(run: Run) -> tuple[str, str]:
     """(primary, standby) as every datacenter agreed before the scenario."""
     assert run.before is not None
     primary = run.before.region
-    return primary, next(r for r in REGIONS if r != primary)
+    return primary, next(r for r in run.split.regions if r != primary)
 
 
 def _stale_writes(run: Run, region: str, epoch: int) -> int:
@@ -349,3 +324,99 @@ async def _leader_cut(run: Run, round_: int) -> None:
                f"{after.region if after else '?'}@{after.epoch if after else '?'}")
     record(v.row("split-brain: leader's datacenter cut off mid-failover", recover, round_))
     _assert_verdict(v)
+
+
+@full_only
+@rounds
+async def test_leader_paused_inside_the_fence_wakes_deposed(split: SplitStack, tmp_path: Path,
+                                                            round_: int) -> None:
+    """An operator's failover to the standby; the LEADING controller is frozen (SIGSTOP) the
+    moment its failover record shows it took the fence step (a blocking query on its own
+    datacenter's copy), stays frozen until another controller led and finished the failover,
+    then is thawed (SIGCONT) mid-fence with what it had read before. The woken leader's
+    writes are bound to a lock it no longer holds: it must fence nothing (the primary stays
+    the one the failover named, at its epoch) and overwrite no failover record."""
+    async with Run(split, "leader paused in the fence", tmp_path) as run:
+        await _leader_paused(run, round_)
+
+
+async def _leader_paused(run: Run, round_: int) -> None:
+    await run.start()
+    primary, standby = _roles(run)
+    services = run.split.services
+    leader = await services.leader()
+    assert leader is not None, "a controller leads"
+    leader_region = leader.removeprefix("controller-")
+    frozen = False
+    try:
+        async with Datacenters(run.topology) as dcs:
+            plan = await plan_failover(run.topology, dcs, ControllerSettings(region=primary),
+                                       standby, by="chaos", reason="split-brain suite")
+            own = dcs.client(leader_region)
+            index, _ = await own.kv_get(FAILOVER_KEY)
+
+            async def taken() -> str:
+                """Until the leader's first step shows in its own datacenter; the step."""
+                nonlocal index
+                while True:
+                    index, entry = await own.kv_get(FAILOVER_KEY, index=index, wait_s=5)
+                    if entry is None:
+                        continue
+                    rec = FailoverRecord.model_validate_json(entry.value)
+                    if rec.id != plan.record.id:
+                        continue
+                    if rec.state != "running":
+                        return f"none ({rec.state})"
+                    step = next((s.name for s in rec.steps if s.status != "pending"), None)
+                    if step is not None:
+                        return step
+
+            watch = asyncio.create_task(taken())
+            await asyncio.sleep(0)  # the blocking query is out before the request
+            run.mark("failover requested")
+            await start_failover(dcs, plan)
+            step = await asyncio.wait_for(watch, 90)
+            services.freeze(leader)
+            frozen = True
+            run.mark("leader frozen")
+            fenced_then = sum(1 for r in (await dcs.primary()).per_region.values()
+                              if r is not None and r.fenced)
+
+            async def finished() -> bool:
+                rec = await newest_failover(dcs)
+                return rec is not None and rec.id == plan.record.id and rec.state != "running"
+            try:
+                done_s = await until(finished, FAILOVER_BOUND_S,
+                                     "another controller ending the failover")
+            except AssertionError as exc:
+                run.notes.append(str(exc))
+                done_s = None
+            ended = await newest_failover(dcs)
+            services.thaw(leader)
+            frozen = False
+            run.mark("leader thawed")
+            await asyncio.sleep(HOLD_S)  # the woken leader's stale fence would land here
+            after_wake = await newest_failover(dcs)
+            view = await dcs.primary()
+    finally:
+        if frozen:
+            services.thaw(leader)
+    agree_s, flow_s = await run.after_heal()
+    v = await run.judge()
+    after = v.after
+    recover = (f"failover {primary} → {standby} requested; {leader} frozen at its first step "
+               f"({step}; {fenced_then} datacenter(s) fenced then), the failover ended by "
+               f"another controller {_secs(done_s, FAILOVER_BOUND_S)} "
+               f"({ended.state if ended else '?'}, epoch "
+               f"{ended.epoch if ended else '?'}); thawed for {HOLD_S:g} s: primary "
+               f"{view.current.region}@{view.current.epoch}; every datacenter on one "
+               f"writable primary {_secs(agree_s, HEAL_BOUND_S)}, every mode flowing "
+               f"{_secs(flow_s, HEAL_BOUND_S)}")
+    record(v.row("split-brain: leader paused (SIGSTOP) inside the fence", recover, round_))
+    _assert_verdict(v)
+    assert ended is not None, "the failover record is gone"
+    assert ended.state == "done", f"the failover ended: {ended}"
+    assert after_wake == ended, "the woken leader changed the finished failover record"
+    assert after is not None
+    assert (after.region, after.epoch) == (standby, ended.epoch), \
+        f"the woken leader fenced the new primary: {after}"

@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
+from test_drill_report import _report  # type: ignore[import-not-found]
 
 from crossdc.primary import PrimaryRecord
 from dr.drill.count import Raw
+from dr.drill.display import report_table
 from dr.drill.history import (
     CHECKS,
     Copy,
@@ -32,6 +35,7 @@ from dr.drill.history import (
     write_history,
 )
 from dr.drill.producer import ProducerProcess, _topics
+from dr.drill.report import render_markdown
 from dr.drill.traffic import Ack, drill_topics, read_ack_log
 
 REGIONS = ("east", "west")
@@ -431,3 +435,25 @@ async def test_producer_stops_on_sigterm_with_its_figures(tmp_path: Path) -> Non
     assert st["done"] is True
     assert st["total_acked"] == 0
     assert p.acks() == []
+
+
+def test_a_drill_report_shows_every_history_check_and_names_the_failed_one() -> None:
+    """`dr drill` keeps the checker's outcome in its report: the markdown and the terminal
+    table list each check, a failed one with its examples."""
+    acks, read = failover_history()
+    # east acknowledged an ordered record at epoch 2 too: two writers under one epoch
+    acks.append(ack(9, epoch=2, t_ms=3300))
+    read = rb(*[copies(a) for a in acks])
+    h = check_history(acks, read, view())
+    assert not h.passed
+    report, _ = _report()
+    report = report.model_copy(update={"history": h.as_dict()})
+    md = render_markdown(report)
+    assert "## Whole-history checks" in md
+    assert "| one region written per epoch (ordered and sync) | **FAILED** |" in md
+    assert "epoch 2: acknowledged records written into east 1" in md
+    console = Console(width=200, record=True)
+    console.print(report_table(report))
+    text = console.export_text()
+    assert "whole-history checks" in text
+    assert "FAILED" in text
