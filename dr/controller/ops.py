@@ -239,6 +239,19 @@ class ControllerView(BaseModel):
     def has_majority(self) -> bool:
         return self.answering >= self.majority
 
+    def why_no_automatic_failover(self) -> str:
+        """Why no automatic failover can run, as far as the records read tell ('' when
+        nothing in them stops one)."""
+        if not self.has_majority:
+            return (f"only {self.answering} of {self.datacenters} datacenters answer (a "
+                    f"majority is {self.majority}): no controller leads and no automatic "
+                    "failover runs without a majority")
+        if self.leader is None:
+            return "no controller holds the leader lock"
+        if self.gate.closed:
+            return f"the gate is closed by {self.gate.by}: {self.gate.reason or '-'}"
+        return ""
+
 
 async def controller_view(dcs: Datacenters) -> ControllerView:
     """Read everything `dr status` shows of the controllers, from every datacenter."""

@@ -26,7 +26,13 @@ from crossdc.yamlfile import load_model
 from dr.controller.config import ControllerSettings
 from dr.controller.datacenters import Datacenters
 from dr.controller.errors import ControllerError
-from dr.controller.ops import leader_of, newest_failover, plan_failover, start_failover
+from dr.controller.ops import (
+    controller_view,
+    leader_of,
+    newest_failover,
+    plan_failover,
+    start_failover,
+)
 from dr.controller.state import HEALTH_PREFIX, FailoverRecord, RegionHealth
 from dr.drill.count import Judgement, judge, read_epochs, split_brain, wait_replicated
 from dr.drill.errors import DrillError
@@ -393,7 +399,11 @@ async def _recover(plan: DrillPlan, dcs: Datacenters, traffic: Traffic, fault_ms
             if rec is not None and rec.started_ms >= fault_ms - 1000 and rec.state != "running":
                 found.failover = rec
                 break
-            _check(deadline, "no failover ended within the recovery bound")
+            if time.monotonic() > deadline:
+                view = await _quiet(controller_view(dcs))
+                why = view.why_no_automatic_failover() if view is not None else ""
+                raise DrillError("no failover ended within the recovery bound"
+                                 + (f": {why}" if why else ""))
             await asyncio.sleep(0.2)  # polls the failover record the leader writes
         if rec.state != "done":
             raise DrillError(f"the failover {rec.id} failed: {rec.error}")

@@ -13,7 +13,8 @@ from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings, LeaderSettings
 from dr.controller.health import Hysteresis, Round
-from dr.controller.state import STEPS, CheckResult, FailoverRecord
+from dr.controller.ops import ControllerView
+from dr.controller.state import STEPS, CheckResult, FailoverRecord, GateRecord, LeaderRecord
 
 
 def rnd(ok: bool, at_ms: int, proxy_ok: bool = True) -> Round:
@@ -560,3 +561,24 @@ def test_a_same_epoch_conflict_counts_as_fenced() -> None:
     cur, conflict = newest_primary([a, a], PrimaryRecord(region="east", epoch=0))
     assert cur == a
     assert conflict == ()
+
+
+def test_why_no_automatic_failover_names_the_majority_then_the_leader_then_the_gate() -> None:
+    """What `dr drill` appends when no failover came: the first thing in the records that
+    stops an automatic one."""
+    rec = PrimaryRecord(region="east", epoch=3, by="test")
+    base = ControllerView(primary={"east": rec, "west": rec, "witness": rec}, unreachable={},
+                          current=rec, stale=[], leader=LeaderRecord(controller_id="c",
+                                                                     region="west"),
+                          gate=GateRecord(), health={}, failover=None, datacenters=3,
+                          majority=2)
+    assert base.why_no_automatic_failover() == ""
+    cut = base.model_copy(update={"primary": {"east": rec}, "unreachable": {
+        "west": "no answer", "witness": "no answer"}})
+    assert cut.why_no_automatic_failover().startswith(
+        "only 1 of 3 datacenters answer (a majority is 2)")
+    assert base.model_copy(
+        update={"leader": None}).why_no_automatic_failover() == "no controller holds the leader lock"
+    gate = GateRecord(closed=True, by="ops", reason="maintenance")
+    assert base.model_copy(update={"gate": gate}).why_no_automatic_failover() == (
+        "the gate is closed by ops: maintenance")
