@@ -577,8 +577,8 @@ def test_why_no_automatic_failover_names_the_majority_then_the_leader_then_the_g
         "west": "no answer", "witness": "no answer"}})
     assert cut.why_no_automatic_failover().startswith(
         "only 1 of 3 datacenters answer (a majority is 2)")
-    assert base.model_copy(
-        update={"leader": None}).why_no_automatic_failover() == "no controller holds the leader lock"
+    no_leader = base.model_copy(update={"leader": None})
+    assert no_leader.why_no_automatic_failover() == "no controller holds the leader lock"
     gate = GateRecord(closed=True, by="ops", reason="maintenance")
     assert base.model_copy(update={"gate": gate}).why_no_automatic_failover() == (
         "the gate is closed by ops: maintenance")
