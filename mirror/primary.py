@@ -1,6 +1,6 @@
 """What a mirror worker knows of the primary: the newest `crossdc/primary` record of a set of
 Consul datacenters (the flow's target first, its source too), for the epoch rule
-(`mirror.loop.epoch_rule`).
+(`mirror.rules.epoch_rule`).
 
 One blocking query per datacenter follows the key (Consul answers as soon as it changes), so
 the worker learns a promotion within a round trip, not a polling period. A datacenter that

@@ -1,6 +1,6 @@
 """The quarantine: where a flow puts the divergent tail instead of the target topic.
 
-A record the epoch rule (`mirror.loop.epoch_rule`) keeps out of its topic is written to
+A record the epoch rule (`mirror.rules.epoch_rule`) keeps out of its topic is written to
 `_crossdc.quarantine` on the target cluster with its key, value and (planned) headers, plus
 the `dr-q-*` headers below that say where it came from. The topic has one partition: the tail
 is small (the RPO of one failover), operators read it whole and in arrival order, and the

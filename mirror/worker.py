@@ -51,7 +51,6 @@ from crossdc.headers import DR_ID, DR_PATH, DR_TS
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Flow
 from mirror.errors import MirrorError, OffsetsUnavailable, RecordTooLarge, WorkerFenced
-from mirror.loop import epoch_rule, plan
 from mirror.metrics import MirrorMetrics
 from mirror.offsets import (
     MAP_PARTITION,
@@ -66,6 +65,7 @@ from mirror.offsets import (
 )
 from mirror.primary import PrimaryWatch
 from mirror.quarantine import QUARANTINE_TOPIC, ensure_quarantine_topic, quarantine_headers
+from mirror.rules import epoch_rule, plan
 from mirror.topics import TopicPlan, ensure_topic, sync_topics
 
 __all__ = ["MirrorWorker"]

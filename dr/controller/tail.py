@@ -1,7 +1,7 @@
 """The divergent tail: records a lost primary acknowledged but never mirrored.
 
 When the old primary comes back, the mirror into the new (writable) primary quarantines its
-ordered and sync records of an older epoch (`mirror.loop.epoch_rule`) in `_crossdc.quarantine`
+ordered and sync records of an older epoch (`mirror.rules.epoch_rule`) in `_crossdc.quarantine`
 of that region instead of writing them behind newer records (`mirror.quarantine`). Here:
 
 - `list_tail(topology, region)`: what each region's quarantine holds, and whether each record

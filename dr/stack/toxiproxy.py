@@ -134,9 +134,6 @@ class ToxiproxyClient:
         """Create the proxies, or replace those of the same name (one call)."""
         await self._call("POST", "/populate", bodies)
 
-    async def delete_proxy(self, name: str) -> None:
-        await self._call("DELETE", f"/proxies/{name}", ok=(204, 404))
-
     async def add_toxic(self, proxy: str, body: dict[str, object]) -> None:
         await self._call("POST", f"/proxies/{proxy}/toxics", body)
 

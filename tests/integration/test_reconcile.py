@@ -28,7 +28,7 @@ from dr.reconcile import Report, RunSettings, run
 from dr.reconcile.errors import NoTopics
 from dr.stack.paths import StackPaths
 from dr.stack.toolchain import ensure_spark_kafka_jars
-from mirror.loop import plan
+from mirror.rules import plan
 
 APPEND = {"message.timestamp.type": "LogAppendTime"}
 

@@ -14,9 +14,9 @@ from aiokafka import TopicPartition
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Flow
 from dr.controller.tail import TailRecord, UnknownTailIds, _select, replay_headers
-from mirror.loop import epoch_rule, plan
 from mirror.primary import PrimaryWatch
 from mirror.quarantine import quarantine_headers
+from mirror.rules import epoch_rule, plan
 from mirror.worker import MirrorWorker
 
 pytestmark = pytest.mark.unit

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mirror.loop import plan
 from mirror.offsets import OffsetMap, runs_of
+from mirror.rules import plan
 
 pytestmark = pytest.mark.unit
 
