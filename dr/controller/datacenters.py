@@ -149,7 +149,7 @@ class Datacenters:
                 log.info("datacenter_answers_again", dc=dc)
         elif dc not in self._down:
             self._down[dc] = time.monotonic()
-            log.warning("datacenter_skipped", dc=dc)
+            log.info("datacenter_skipped", dc=dc)  # info: a CLI command says its one error
 
     def _probe_later(self, dc: str) -> None:
         task = self._probes.get(dc)
