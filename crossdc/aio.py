@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
-__all__ = ["cancelled_from_outside", "checkpoint"]
+__all__ = ["cancelled_from_outside", "checkpoint", "sleep_unless"]
 
 
 def cancelled_from_outside() -> bool:
@@ -30,3 +31,16 @@ def checkpoint() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling() > 0:
         raise asyncio.CancelledError
+
+
+async def sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep `seconds`, or less when `stop` is set meanwhile; whether it is set.
+
+    The loops of every component pause this way between rounds, so that `stop()` ends them
+    at once instead of after the pause (and never through `asyncio.wait_for`, which on 3.11
+    can swallow a cancel: see `checkpoint`)."""
+    if not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, seconds)):
+                await stop.wait()
+    return stop.is_set()

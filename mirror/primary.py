@@ -12,13 +12,12 @@ older record than one seen elsewhere (a stale one, not corrected yet) changes no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import structlog
 
-from crossdc.aio import cancelled_from_outside
+from crossdc.aio import cancelled_from_outside, sleep_unless
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary
 from crossdc.errors import ClientError
@@ -116,5 +115,4 @@ class PrimaryWatch:
                     raise
                 self._failed(addr, exc)  # the HTTP client cancelled its own call
             index = None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.retry_s)
+            await sleep_unless(stop, self.retry_s)

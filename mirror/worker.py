@@ -46,6 +46,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from crossdc.aio import sleep_unless
 from crossdc.clients.kafka import kafka_kw
 from crossdc.headers import DR_ID, DR_PATH, DR_TS
 from crossdc.primary import PrimaryRecord
@@ -569,8 +570,7 @@ class MirrorWorker:
 
     async def _pause(self, seconds: float) -> None:
         """Sleep `seconds`, or less when stop() is called."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop_event.wait(), seconds)
+        await sleep_unless(self._stop_event, seconds)
 
     async def _discover(self) -> None:
         """New topics and partition changes, every `discovery_interval_s`."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import signal
 import time
@@ -17,6 +16,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from crossdc.aio import sleep_unless
 from crossdc.clients.kafka import set_kafka_principal
 from crossdc.security import MIRROR
 from crossdc.topology import Flow, Topology
@@ -144,8 +144,7 @@ async def _supervise(topo: Topology, flow: Flow, metrics: MirrorMetrics,
         restarts.labels(flow.source, flow.target).inc()
         slog.error("mirror_worker_failed", error=error, failures=failures,
                    restart_in_s=round(pause, 2))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), pause)
+        await sleep_unless(stop, pause)
         if not stop.is_set():
             slog.info("mirror_worker_restarting", failures=failures)
 

@@ -22,7 +22,7 @@ from aiohttp import web
 from aiokafka.errors import KafkaError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from crossdc.aio import cancelled_from_outside
+from crossdc.aio import cancelled_from_outside, sleep_unless
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
@@ -192,8 +192,7 @@ class Controller:
                                   task=asyncio.current_task().get_name()  # type: ignore[union-attr]
                                   )
             left = interval_s - (time.monotonic() - t0)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), max(0.0, left))
+            await sleep_unless(self._stop, max(0.0, left))
 
     # -- health --------------------------------------------------------------------------
     async def _health_round(self) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 import structlog
 
+from crossdc.aio import sleep_unless
 from crossdc.errors import ClientError, ClientRefused
 from dr.controller.config import LeaderSettings
 from dr.controller.datacenters import Datacenters
@@ -138,8 +139,7 @@ class LeaderLock:
                      fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
         while not stop.is_set():
             await fn()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.beat_s)
+            await sleep_unless(stop, self.beat_s)
 
     async def beat_once(self, dc: str) -> None:
         """Pass our check in one datacenter; note when the beat that it answered was sent."""

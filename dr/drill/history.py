@@ -51,7 +51,6 @@ summary, the records seen and the verdict as JSON for the report.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections import Counter, defaultdict
@@ -63,6 +62,7 @@ from typing import Any
 import structlog
 from aiokafka.errors import KafkaError
 
+from crossdc.aio import sleep_unless
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary
 from crossdc.errors import ClientError, CrossdcError
@@ -836,8 +836,7 @@ class PrimaryWatch:
                     if name not in self._last or self._last[name] != rec:
                         self._last[name] = rec
                         self._seen.append(Seen(_now_ms(), name, rec))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.interval_s)
+                await sleep_unless(self._stop, self.interval_s)
 
     def changes(self) -> list[Seen]:
         """Every change of a datacenter's record seen, in time order."""

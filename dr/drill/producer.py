@@ -34,6 +34,7 @@ from typing import IO, Any
 
 import structlog
 
+from crossdc.aio import sleep_unless
 from crossdc.logs import configure_logging
 from dr.drill.errors import DrillError
 from dr.drill.traffic import MODES, Ack, Traffic, TrafficStats, read_ack_log
@@ -100,8 +101,7 @@ async def _run(args: argparse.Namespace) -> int:
         while not stop.is_set():
             if args.stats is not None:
                 _write_json(args.stats, _stats_doc(traffic.stats(), done=False))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), args.stats_every)
+            await sleep_unless(stop, args.stats_every)
     finally:
         await traffic.stop()
         if args.stats is not None:

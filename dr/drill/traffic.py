@@ -50,6 +50,7 @@ from typing import IO, Any
 import grpc
 import structlog
 
+from crossdc.aio import sleep_unless
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
 from crossdc.errors import CrossdcError
 from crossdc.settings import RetrySettings
@@ -405,8 +406,7 @@ class Traffic:
             while tokens >= 1.0 and not self._stopping.is_set():
                 tokens -= 1.0
                 await self._send_one(p, modes[p.sent % len(modes)], loop.time())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), tick)
+            await sleep_unless(self._stopping, tick)
 
     async def _send_one(self, p: _Producer, mode: str, now: float) -> None:
         target = p.via
