@@ -53,7 +53,11 @@ retry that reaches another process while the first attempt is STILL being writte
 client lost its connection, not its deadline: the proxy answers before the deadline) does not
 wait for it and may write again; (3) when the log cannot be read up to its end within
 `idempotency_log_wait_s` (own region's Kafka down) the retry is decided on the local window
-alone, counted in crossdc_proxy_idempotency_log_errors_total{step="catch_up"}."""
+alone, counted in crossdc_proxy_idempotency_log_errors_total{step="catch_up"}; once a
+catch-up timed out, retries are decided on the local window at once (no wait) and one retry
+every `retry_s` tries the log again, so a primary outage's retries do not each wait
+`wait_s` (that wait was most of the gap between the promote and the cut-off region's first
+ordered acknowledgement)."""
 
 from __future__ import annotations
 
@@ -287,6 +291,9 @@ class IdempotencyLog:
         self._advanced = asyncio.Event()
         self._demand = asyncio.Event()  # a retry wants the log read
         self._last_demand = float("-inf")
+        self._down_since: float | None = None  # catch-ups time out since (monotonic)
+        self._last_probe = float("-inf")
+        self._probing = False
         self._tailing = False
         self._origin_b = self.origin.encode()
         self._headers = [(ORIGIN_HEADER, self._origin_b)]
@@ -441,6 +448,16 @@ class IdempotencyLog:
         """Until this process has read the log up to its end (as of now): every outcome
         appended before this call is then in the window (a log still connecting is waited
         for). LogUnavailable when it cannot be within `deadline` (monotonic)."""
+        now = time.monotonic()
+        down = self._down_since
+        if down is not None and (self._probing or now - self._last_probe < self.retry_s):
+            # Known unreadable (the own region's Kafka is down): the local window decides at
+            # once instead of every retry waiting `wait_s` (the retries of a primary outage
+            # are what the RTO waits on); one retry a `retry_s` tries the log again.
+            raise LogUnavailable(f"the shared idempotency log has not been readable for "
+                                 f"{now - down:.1f} s (tried again every {self.retry_s:g} s)")
+        self._probing = down is not None
+        self._last_probe = now
         t0 = time.perf_counter()
         try:
             async with asyncio.timeout_at(deadline):
@@ -451,9 +468,14 @@ class IdempotencyLog:
                 while self._pos < end:
                     await self._advanced.wait()
         except TimeoutError:
+            if self._down_since is None:
+                self._down_since = now
             raise LogUnavailable("the shared idempotency log was not read up to its end in "
                                  "time") from None
+        else:
+            self._down_since = None
         finally:
+            self._probing = False
             self.metrics.idem_catch_up.observe(time.perf_counter() - t0)
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from crossdc.topology import load_topology
 from proxy.config import ProxyConfig
 from proxy.errors import ProxyTaskFailed
-from proxy.idempotency import IdempotencyLog, IdempotencyWindow
+from proxy.idempotency import IdempotencyLog, IdempotencyWindow, LogUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.workers import ProxySupervisor, WorkerSpec
 from proxy.writers import RegionWrite
@@ -275,3 +275,20 @@ async def test_finished_and_partial_outcomes_are_queued_for_the_log() -> None:
     assert not waiting.done()
     await log.stop()
     await waiting
+
+
+async def test_a_log_that_timed_out_decides_retries_at_once_and_is_tried_again_later() -> None:
+    """Own region's Kafka down: the first retry waits its bound, the next ones are answered
+    from the local window at once (no wait), and one retry a `retry_s` tries the log again."""
+    w = IdempotencyWindow(60.0, 100)
+    log = IdempotencyLog("127.0.0.1:1", "_crossdc.proxy.idempotency", w,
+                         ProxyMetrics(CollectorRegistry()), client_id="t", retry_s=0.2)
+    loop = asyncio.get_running_loop()
+    with pytest.raises(LogUnavailable, match="not read up to its end in time"):
+        await log.catch_up(loop.time() + 0.1)  # never connected: waits out its bound
+    for _ in range(3):
+        with pytest.raises(LogUnavailable, match="has not been readable for"):
+            await log.catch_up(loop.time() + 5)  # known down: no wait (else 5 s each)
+    await asyncio.sleep(0.25)  # retry_s passes
+    with pytest.raises(LogUnavailable, match="not read up to its end in time"):
+        await log.catch_up(loop.time() + 0.1)  # tried again
