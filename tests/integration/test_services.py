@@ -170,6 +170,7 @@ async def test_mirror_survives_its_target_going_away(dep: Deployment) -> None:
     its assignment budget: the worker ends. `--restart` starts a new one in the same
     process, which carries on once west is back."""
     name = "mirror-east-west"
+    await dep.services.up(timeout_s=120)  # alone in `make test-more`: nothing started it
     proc = dep.services.process(name)
     pid = proc.pid()
     assert pid is not None
