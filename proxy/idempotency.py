@@ -329,15 +329,24 @@ class IdempotencyLog:
         self._wake.set()
 
     async def published(self, deadline: float) -> None:
-        """Until every partial outcome queued so far is acknowledged by Kafka (or failed,
-        or the deadline passed: then logged and counted)."""
+        """Until every partial outcome queued so far is acknowledged by Kafka (or failed, or
+        `wait_s` or the deadline passed: then logged, counted, and the log taken as down);
+        at once while the log is known down."""
         if not self._waiters:
             return
         waiters = list(self._waiters)
+        if self._down_since is not None:
+            # The log's Kafka is known down (a catch-up or an append timed out): a retry in
+            # another process of the region could not read the outcome either, so waiting
+            # would only hold the answer (to the deadline, every partial write of an outage).
+            self.metrics.idem_log_errors.labels("append").inc()
+            return
         try:
-            async with asyncio.timeout_at(deadline):
+            async with asyncio.timeout_at(min(deadline, time.monotonic() + self.wait_s)):
                 await asyncio.gather(*waiters, return_exceptions=True)
         except TimeoutError:
+            if self._down_since is None:
+                self._down_since = self._last_probe = time.monotonic()
             self.metrics.idem_log_errors.labels("append").inc()
             self.log.warning("idempotency_log_append_slow", waiters=len(waiters))
 
@@ -376,6 +385,7 @@ class IdempotencyLog:
                                  error=repr(errors[0]))
             else:
                 self.metrics.idem_log_appends.inc(n)
+                self._down_since = None  # the log's Kafka answers again
             for w in waiters:
                 if not w.done():
                     w.set_result(None)

@@ -292,3 +292,26 @@ async def test_a_log_that_timed_out_decides_retries_at_once_and_is_tried_again_l
     await asyncio.sleep(0.25)  # retry_s passes
     with pytest.raises(LogUnavailable, match="not read up to its end in time"):
         await log.catch_up(loop.time() + 0.1)  # tried again
+    # a partial write's answer no longer waits for an append the down log cannot take
+    slot = w.claim_nowait("t", "p")
+    assert slot is not None
+    w.fail(slot, partial=[RegionWrite("west", 0, 3)])
+    await asyncio.wait_for(log.published(loop.time() + 30), 1.0)
+    assert log.metrics.idem_log_errors.labels("append")._value.get() == 1
+    await log.stop()
+
+
+async def test_a_partial_writes_answer_waits_at_most_wait_s_for_the_log() -> None:
+    """The first partial write of an outage waits `wait_s` (not its whole deadline), then
+    the log counts as down."""
+    w = IdempotencyWindow(60.0, 100)
+    log = IdempotencyLog("127.0.0.1:1", "_crossdc.proxy.idempotency", w,
+                         ProxyMetrics(CollectorRegistry()), client_id="t", wait_s=0.1)
+    slot = w.claim_nowait("t", "p")
+    assert slot is not None
+    w.fail(slot, partial=[RegionWrite("west", 0, 3)])
+    loop = asyncio.get_running_loop()
+    await asyncio.wait_for(log.published(loop.time() + 30), 5.0)  # not the 30 s deadline
+    with pytest.raises(LogUnavailable, match="has not been readable for"):
+        await log.catch_up(loop.time() + 30)  # down: a retry is decided at once
+    await log.stop()
