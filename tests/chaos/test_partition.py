@@ -11,29 +11,23 @@ removed at the end, also after a failure."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from chaos_results import record, update_reconciliation  # type: ignore[import-not-found]
 from chaos_support import (  # type: ignore[import-not-found]
-    PROXY_WORKERS,
     RUN_TOPICS,
     ChaosStack,
-    chaos_topology,
     check_common,
     drill,
     reconcile,
     remember,
     row,
 )
-from tests_support import write_topology  # type: ignore[import-not-found]
+from split_support import split_stack  # type: ignore[import-not-found]
 
-from dr.stack.local import LocalStack
-from dr.stack.netns import NetNamespaces, netns_available, netns_topology
-from dr.stack.paths import REPO_ROOT, StackPaths
-from dr.stack.services import Services
+from dr.stack.netns import netns_available
 
 pytestmark = [pytest.mark.timeout(900),
               pytest.mark.skipif(not netns_available(), reason="needs `ip netns` and root")]
@@ -41,26 +35,10 @@ pytestmark = [pytest.mark.timeout(900),
 
 @pytest.fixture(scope="module")
 async def netns_stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ChaosStack]:
-    root = tmp_path_factory.mktemp("chaos-netns")
-    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
-    # a witness: east and west alone are no majority when one is cut off
-    base = chaos_topology(["east", "west"], witnesses=("witness",))
-    net = NetNamespaces.for_topology(paths.state, base)
-    topo = netns_topology(base, net)
-    path = write_topology(topo, root / "topology.yaml")
-    stack = LocalStack(topo, path, brokers=1, paths=paths, netns=net)
-    services = Services(topo, path, paths, policy=REPO_ROOT / "policies" / "default.yaml",
-                        auto_failover=True, proxy_workers=PROXY_WORKERS, netns=net)
-    try:
-        await stack.up(timeout_s=300)
-        await services.up(timeout_s=180)
-        yield ChaosStack(stack, services, topo, path)
-    finally:
-        await LocalStack.down(paths)
-        net.teardown()  # also when `up` failed before recording it
-        left = await asyncio.to_thread(subprocess.run, ["ip", "netns", "list"],
-                                       capture_output=True, text=True)
-        assert net.namespace("east") not in left.stdout, "namespaces left behind"
+    # the split-brain suite's stack (a witness: east and west alone are no majority when one
+    # is cut off); the drill's producers stay in the root namespace here
+    async with split_stack(tmp_path_factory.mktemp("chaos-netns")) as s:
+        yield ChaosStack(s.stack, s.services, s.topology, s.topology_path)
 
 
 async def test_partition_of_the_primary_fails_over_without_split_brain(
