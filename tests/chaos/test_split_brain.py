@@ -394,7 +394,7 @@ async def _leader_paused(run: Run, round_: int) -> None:
             ended = await newest_failover(dcs)
             services.thaw(leader)
             frozen = False
-            run.mark("leader thawed")
+            run.mark("healed")  # the thaw is this scenario's heal
             await asyncio.sleep(HOLD_S)  # the woken leader's stale fence would land here
             after_wake = await newest_failover(dcs)
             view = await dcs.primary()
