@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,12 +17,35 @@ from tenacity import (
 
 from crossdc.errors import CrossdcError
 
-__all__ = ["RetrySettings", "retriable"]
+__all__ = ["Backoff", "RetrySettings", "retriable"]
 
 
 def retriable(exc: BaseException) -> bool:
     """Whether retrying can help: the error's class says so (`CrossdcError.retriable`)."""
     return isinstance(exc, CrossdcError) and exc.retriable
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Pauses that double from `first_s` up to `max_s`, each with up to `jitter_s` (default
+    `first_s`) added at random: tenacity's `wait_exponential_jitter`, the one backoff of the
+    retry loops (`RetrySettings.retrying`, `wait()`) and of the loops that count their own
+    failures (restart supervisors, the mirror's target writes, the SDK's retries: `pause(n)`)."""
+
+    first_s: float
+    max_s: float
+    jitter_s: float | None = None
+
+    def wait(self) -> wait_exponential_jitter:
+        """The tenacity wait strategy (`AsyncRetrying(wait=...)`)."""
+        jitter = self.first_s if self.jitter_s is None else self.jitter_s
+        return wait_exponential_jitter(multiplier=self.first_s, max=self.max_s, jitter=jitter)
+
+    def pause(self, n: int) -> float:
+        """The pause after failure number `n` (1, 2, ...)."""
+        state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        state.attempt_number = max(1, n)
+        return float(self.wait()(state))
 
 
 class RetrySettings(BaseModel):
@@ -47,6 +71,5 @@ class RetrySettings(BaseModel):
 
         return AsyncRetrying(
             stop=stop_after_attempt(self.attempts) | stop_after_delay(self.total_s),
-            wait=wait_exponential_jitter(multiplier=self.backoff_initial_s,
-                                         max=self.backoff_max_s, jitter=self.backoff_initial_s),
+            wait=Backoff(self.backoff_initial_s, self.backoff_max_s).wait(),
             retry=retry_if_exception(retriable), before_sleep=before_sleep, reraise=True)

@@ -45,9 +45,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay
 
 from crossdc.clients.kafka import kafka_kw
+from crossdc.settings import Backoff
 from mirror.errors import OffsetsError, OffsetsUnavailable
 from mirror.topics import ensure_topic
 
@@ -437,7 +438,7 @@ def _retriable(exc: BaseException) -> bool:
 # The one retry policy of this module: a cluster that never had a consumer group answers
 # COORDINATOR_NOT_AVAILABLE while it creates __consumer_offsets.
 _RETRY = {"stop": stop_after_delay(30),
-          "wait": wait_exponential_jitter(multiplier=0.1, max=2, jitter=0.1),
+          "wait": Backoff(0.1, 2.0).wait(),
           "retry": retry_if_exception(_retriable), "reraise": True}
 
 

@@ -50,6 +50,7 @@ from crossdc.aio import sleep_unless
 from crossdc.clients.kafka import kafka_kw
 from crossdc.headers import DR_ID, DR_PATH, DR_TS
 from crossdc.primary import PrimaryRecord
+from crossdc.settings import Backoff
 from crossdc.topology import Flow
 from mirror.errors import MirrorError, OffsetsUnavailable, RecordTooLarge, WorkerFenced
 from mirror.metrics import MirrorMetrics
@@ -70,6 +71,9 @@ from mirror.rules import epoch_rule, plan
 from mirror.topics import TopicPlan, ensure_topic, sync_topics
 
 __all__ = ["MirrorWorker"]
+
+WRITE_BACKOFF = Backoff(0.2, 5.0)
+"""Between tries of a batch the target refused (its Kafka away, a fenced producer)."""
 
 _Chunk = tuple[list[int], list[int], "asyncio.Future[Any]"]
 _TXN_TIMEOUT_MS = 20_000
@@ -586,7 +590,7 @@ class MirrorWorker:
 
     async def _deliver(self, batch: dict[TopicPartition, list[Any]], gen: int) -> None:
         """Write one batch to the target; retry while the target is down."""
-        delay = 0.2
+        failures = 0
         while True:
             async with self._lock:
                 if self._fatal is not None:
@@ -637,9 +641,11 @@ class MirrorWorker:
                         # new one (same transactional id: its open transaction is aborted).
                         with contextlib.suppress(KafkaError):
                             await self._new_producer()
-                    self.log.warning("target_write_failed", error=repr(exc), retry_in_s=delay)
-            await self._pause(delay)
-            delay = min(delay * 2, 5.0)
+                    failures += 1
+                    delay = WRITE_BACKOFF.pause(failures)
+                    self.log.warning("target_write_failed", error=repr(exc),
+                                     retry_in_s=round(delay, 2))
+            await self._pause(delay)  # outside the lock: a rebalance may run meanwhile
 
     def _in_sequence(self, batch: dict[TopicPartition, list[Any]],
                      ) -> dict[TopicPartition, list[Any]]:

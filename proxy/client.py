@@ -41,6 +41,7 @@ import grpc
 
 from crossdc.files import read_user_file
 from crossdc.logs import register_secret
+from crossdc.settings import Backoff
 from proxy.api import pb, pb_grpc
 from proxy.errors import ProduceFailed, ProxyError
 from proxy.headers import uuid7
@@ -130,6 +131,9 @@ class AsyncProducer:
         self.max_batch_bytes = max_batch_bytes
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
+        # doubling from retry_backoff_s (the first retry 100 ms after a failure by default)
+        self._backoff = Backoff(retry_backoff_s, max(retry_backoff_s, 2.0),
+                                jitter_s=retry_backoff_s / 5)
         self.auto_idempotency = auto_idempotency
         if max_pending_records <= 0 or max_pending_bytes <= 0:
             raise ValueError("max_pending_records and max_pending_bytes must be > 0")
@@ -299,7 +303,7 @@ class AsyncProducer:
                         p.future.set_exception(ProduceFailed(code, r.message, result=_result(r)))
             todo = retry
             if todo:
-                await asyncio.sleep(self.retry_backoff_s * 2 ** (attempt - 1))
+                await asyncio.sleep(self._backoff.pause(attempt))
 
 
 def _code(number: int) -> grpc.StatusCode:

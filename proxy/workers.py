@@ -58,6 +58,7 @@ from pydantic import BaseModel, ConfigDict
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.kafka import PRINCIPAL_ENV, principal_name, use_topology
 from crossdc.errors import CrossdcError
+from crossdc.settings import Backoff
 from crossdc.topology import Topology
 from proxy.config import ProxyConfig, TlsSettings
 from proxy.errors import ProxyTaskFailed
@@ -298,8 +299,8 @@ class ProxySupervisor:
                 raise ProxyTaskFailed(f"proxy:worker-{st.index}", RuntimeError(
                     f"worker {st.index} ended {quick} times in a row before serving "
                     f"(last exit code {code}); see its log above"))
-            pause = min(self.max_backoff_s, self.restart_backoff_s * 2 ** quick) if quick \
-                else 0.0
+            pause = Backoff(self.restart_backoff_s, self.max_backoff_s,
+                            jitter_s=self.restart_backoff_s / 5).pause(quick) if quick else 0.0
             if pause:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from rich.table import Table
 from crossdc.aio import sleep_unless
 from crossdc.clients.kafka import set_kafka_principal
 from crossdc.security import MIRROR
+from crossdc.settings import Backoff
 from crossdc.topology import Flow, Topology
 from dr.cli._common import (
     TopologyOpt,
@@ -110,9 +110,9 @@ class Restart:
     reset_s: float = 60.0
 
     def pause(self, failures: int) -> float:
-        """The pause before restart number `failures` (1, 2, ...): bounded, with jitter."""
-        base = min(self.max_s, self.first_s * 2 ** max(0, failures - 1))
-        return float(base * random.uniform(0.8, 1.0))
+        """The pause before restart number `failures` (1, 2, ...): bounded, with up to a
+        fifth of `first_s` of jitter (the kernel's Backoff)."""
+        return Backoff(self.first_s, self.max_s, jitter_s=self.first_s / 5).pause(failures)
 
 
 async def _supervise(topo: Topology, flow: Flow, metrics: MirrorMetrics,

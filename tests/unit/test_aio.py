@@ -6,8 +6,11 @@ import asyncio
 import time
 
 import pytest
+import structlog
+from tenacity import RetryCallState
 
 from crossdc.aio import sleep_unless
+from crossdc.settings import Backoff, RetrySettings
 
 pytestmark = pytest.mark.unit
 
@@ -36,3 +39,19 @@ async def test_sleep_unless_passes_a_cancel_on() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def test_backoff_doubles_with_bounded_jitter_and_is_the_retry_loops_wait() -> None:
+    """The one backoff: pauses double from first_s to max_s with up to jitter_s added; the
+    tenacity strategy of `RetrySettings.retrying` is the same policy."""
+    b = Backoff(0.5, 3.0, jitter_s=0.1)
+    for n, base in [(1, 0.5), (2, 1.0), (3, 2.0)]:
+        assert all(base <= b.pause(n) <= base + 0.1 for _ in range(50))
+    assert b.pause(10) == 3.0  # the bound holds, jitter included
+    assert 0.5 <= b.pause(0) <= 0.6  # 0 counts as the first
+    assert Backoff(0.2, 1.0).pause(1) <= 0.4  # jitter defaults to first_s
+    wait = RetrySettings(backoff_initial_s=0.3, backoff_max_s=0.5).retrying(
+        structlog.get_logger(), "t").wait
+    state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+    state.attempt_number = 6
+    assert wait(state) == 0.5  # type: ignore[call-arg]
