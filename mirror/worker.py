@@ -46,7 +46,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from crossdc.aio import sleep_unless
+from crossdc.aio import cancelled_from_outside, sleep_unless
 from crossdc.clients.kafka import kafka_kw
 from crossdc.headers import DR_ID, DR_PATH, DR_TS
 from crossdc.primary import PrimaryRecord
@@ -307,8 +307,7 @@ class MirrorWorker:
         except (KafkaError, TimeoutError, OSError) as exc:
             self.log.warning("mirror_close_failed", client=what, error=repr(exc))
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if cancelled_from_outside():
                 raise
             self.log.warning("mirror_close_failed", client=what, error="cancelled inside "
                              "the client (its broker is gone)")

@@ -75,6 +75,7 @@ from typing import NamedTuple
 
 import structlog
 
+from crossdc.aio import cancelled_from_outside
 from crossdc.clients.consul import ConsulClient
 from crossdc.errors import CrossdcError
 from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
@@ -518,8 +519,7 @@ class PrimaryWatcher:
             try:
                 await task
             except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if current is not None and current.cancelling():
+                if cancelled_from_outside():
                     raise
 
     def _reachable(self, ok: bool, why: str = "") -> None:

@@ -37,6 +37,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from crossdc.aio import cancelled_from_outside
 from crossdc.errors import ConfigError, ConfigIssue
 from crossdc.files import read_user_file
 from crossdc.topology import Topology
@@ -183,8 +184,7 @@ class WatchedFile(Generic[T]):
         try:
             await task
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if task.cancelled() and not (current is not None and current.cancelling()):
+            if task.cancelled() and not cancelled_from_outside():
                 return  # the watcher was cancelled by someone else; we were not
             raise
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from crossdc.aio import sleep_unless
+from crossdc.aio import cancelled_from_outside, sleep_unless
 from crossdc.clients.kafka import set_kafka_principal
 from crossdc.security import MIRROR
 from crossdc.settings import Backoff
@@ -130,8 +130,7 @@ async def _supervise(topo: Topology, flow: Flow, metrics: MirrorMetrics,
                 await worker.wait()
             return  # stopped (the drain): no error
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if cancelled_from_outside():
                 raise
             # aiokafka ended a call with a CancelledError of its own (its broker died)
             error = "cancelled inside a Kafka client"

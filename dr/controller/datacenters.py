@@ -23,6 +23,7 @@ from typing import TypeVar
 import structlog
 from pydantic import BaseModel, ValidationError
 
+from crossdc.aio import cancelled_from_outside
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary, write_primary
 from crossdc.errors import ClientError, ClientRefused, CrossdcError
@@ -97,8 +98,7 @@ def failure_of(res: object) -> str | None:
     if isinstance(res, ClientError):
         return str(res)
     if isinstance(res, asyncio.CancelledError):
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
+        if cancelled_from_outside():
             raise res
         return "call cancelled"
     if isinstance(res, BaseException):
