@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import signal
-import time
-from dataclasses import dataclass
 from typing import Annotated
 
-import structlog
 import typer
-from prometheus_client import Counter
 from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from crossdc.aio import cancelled_from_outside, sleep_unless
 from crossdc.clients.kafka import set_kafka_principal
 from crossdc.security import MIRROR
-from crossdc.settings import Backoff
 from crossdc.topology import Flow, Topology
 from dr.cli._common import (
     TopologyOpt,
@@ -31,13 +24,10 @@ from dr.cli._common import (
     topology_for,
 )
 from mirror.errors import MirrorError
-from mirror.metrics import MirrorMetrics
 from mirror.offsets import apply_offsets, translate_group
-from mirror.worker import MirrorWorker
+from mirror.serve import Restart, serve
 
-__all__ = ["Restart", "mirror_app", "offsets_app"]
-
-log = structlog.get_logger("crossdc.mirror.supervisor")
+__all__ = ["mirror_app", "offsets_app"]
 
 mirror_app = typer.Typer(help="Mirror workers: replicate topics between regions.",
                          no_args_is_help=True)
@@ -90,118 +80,6 @@ def _select(topo: Topology, select: list[str] | None) -> list[Flow]:
     return [declared[s] for s in dict.fromkeys(select)]
 
 
-def _worker(topo: Topology, f: Flow, metrics: MirrorMetrics) -> MirrorWorker:
-    # Each worker follows crossdc/primary in its target's Consul and its source's (the epoch
-    # rule: the divergent tail of a lost primary is quarantined, never carried behind newer
-    # records).
-    return MirrorWorker(f, topo.region(f.source).kafka.bootstrap,
-                        topo.region(f.target).kafka.bootstrap, metrics,
-                        consul_http_addrs=[topo.region(f.target).consul.http_addr,
-                                           topo.region(f.source).consul.http_addr])
-
-
-@dataclass(frozen=True)
-class Restart:
-    """`--restart`: a worker that ends with an error is started again after a pause that
-    doubles from `first_s` up to `max_s` (back to `first_s` once a worker ran `reset_s`)."""
-
-    first_s: float = 1.0
-    max_s: float = 10.0
-    reset_s: float = 60.0
-
-    def pause(self, failures: int) -> float:
-        """The pause before restart number `failures` (1, 2, ...): bounded, with up to a
-        fifth of `first_s` of jitter (the kernel's Backoff)."""
-        return Backoff(self.first_s, self.max_s, jitter_s=self.first_s / 5).pause(failures)
-
-
-async def _supervise(topo: Topology, flow: Flow, metrics: MirrorMetrics,
-                     restarts: Counter, stop: asyncio.Event, policy: Restart) -> None:
-    """One flow under `--restart`: run a worker; when it ends with an error (its target gone
-    past its assignment budget, a failed start, ...), log it and start a fresh one after a
-    bounded pause. Ends when `stop` is set (or when cancelled: the worker is stopped first)."""
-    slog = log.bind(source=flow.source, target=flow.target)
-    failures = 0
-    while not stop.is_set():
-        started = time.monotonic()
-        worker = _worker(topo, flow, metrics)
-        try:
-            async with worker:  # stop() on the way out, whatever ended it
-                await worker.wait()
-            return  # stopped (the drain): no error
-        except asyncio.CancelledError:
-            if cancelled_from_outside():
-                raise
-            # aiokafka ended a call with a CancelledError of its own (its broker died)
-            error = "cancelled inside a Kafka client"
-        except Exception as exc:  # the top of the supervised task: log, then restart
-            error = repr(exc)
-        if stop.is_set():
-            return
-        failures = 1 if time.monotonic() - started >= policy.reset_s else failures + 1
-        pause = policy.pause(failures)
-        restarts.labels(flow.source, flow.target).inc()
-        slog.error("mirror_worker_failed", error=error, failures=failures,
-                   restart_in_s=round(pause, 2))
-        await sleep_unless(stop, pause)
-        if not stop.is_set():
-            slog.info("mirror_worker_restarting", failures=failures)
-
-
-async def _serve(topo: Topology, flows: list[Flow], metrics_port: int | None,
-                 restart: Restart | None = None, metrics_host: str = "127.0.0.1") -> None:
-    """Every flow's worker in one TaskGroup. Without `restart`, a worker failing (or failing
-    to start) stops the others and its error ends the command (exit 1, for a supervisor);
-    with it, each flow's worker is restarted after a bounded pause (`_supervise`).
-    SIGINT/SIGTERM drains the workers in order (each stop() bounded): exit 0."""
-    metrics = MirrorMetrics()
-    restarts = Counter("crossdc_mirror_restarts", "Workers restarted after an error "
-                       "(`dr mirror run --restart`)", ("source", "target"),
-                       registry=metrics.registry)
-    if metrics_port is not None:
-        from prometheus_client import start_http_server
-        start_http_server(metrics_port, addr=metrics_host, registry=metrics.registry)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
-    workers = [] if restart is not None else [_worker(topo, f, metrics) for f in flows]
-    supervisors: list[asyncio.Task[None]] = []
-
-    async def flow(w: MirrorWorker) -> None:
-        async with w:  # stop() on the way out, whatever ended it
-            await w.wait()
-
-    async def drain() -> None:
-        await stop.wait()
-        for w in workers:  # in order, each bounded by its own deadline
-            await w.stop()
-        for t in supervisors:  # in order: cancelling one stops its worker (bounded)
-            t.cancel()
-            await asyncio.wait([t])
-
-    try:
-        async with asyncio.TaskGroup() as tg:
-            for w in workers:
-                tg.create_task(flow(w), name=f"flow:{w.flow.source}->{w.flow.target}")
-            if restart is not None:
-                supervisors += [tg.create_task(_supervise(topo, f, metrics, restarts, stop,
-                                                          restart),
-                                               name=f"flow:{f.source}->{f.target}:supervisor")
-                                for f in flows]
-            # ends after the drain; cancelled by the group when a worker fails
-            tg.create_task(drain(), name="mirror:signals")
-    except BaseExceptionGroup as eg:
-        errors = [e for e in eg.exceptions if not isinstance(e, asyncio.CancelledError)]
-        if not errors:
-            raise
-        raise next((e for e in errors if isinstance(e, MirrorError)), errors[0]) from None
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-
-
 @mirror_app.command("run")
 def run(
     topology: TopologyOpt = None,
@@ -243,8 +121,8 @@ def run(
     set_kafka_principal(MIRROR)  # its own Kafka principal (SASL/SCRAM regions)
     flows = _flows(topo, source, target, topics, group, exactly_once, forward,
                    discovery_interval, dead_letter, worker_id, flow)
-    asyncio.run(_serve(topo, flows, metrics_port, Restart() if restart else None,
-                       metrics_host))
+    asyncio.run(serve(topo, flows, metrics_port, Restart() if restart else None,
+                      metrics_host))
 
 
 @offsets_app.command("translate")

@@ -136,7 +136,7 @@ async def test_dr_mirror_run_flows_exit_non_zero_when_one_fails_and_drain_on_sig
                 proc.kill()
                 await proc.wait()
     # 2. a failing loop in one flow ends the command with its error, the other flow too
-    from dr.cli.mirror import _serve
+    from mirror.serve import serve as _serve
     made: list[MirrorWorker] = []
     original_start, original_discover = MirrorWorker.start, MirrorWorker._discover
 

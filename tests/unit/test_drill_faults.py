@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from crossdc.topology import Flow, Topology
-from dr.cli.mirror import Restart
 from dr.drill.errors import DrillError, HookFailed
 from dr.drill.faults import SCENARIOS, HookFault, local_fault
 from dr.errors import DrError
 from dr.stack.local import LocalStack
 from dr.stack.paths import REPO_ROOT, StackPaths
 from dr.stack.services import Services
+from mirror.serve import Restart
 
 TOPOLOGY = REPO_ROOT / "policies" / "topology.local.yaml"
 POLICY = REPO_ROOT / "policies" / "default.yaml"
