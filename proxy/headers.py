@@ -1,4 +1,4 @@
-"""Stamping the `dr-*` headers (the wire contract of dr/headers.py) and checking client headers.
+"""Stamping the `dr-*` headers (the wire contract of crossdc/headers.py) and checking client headers.
 
 | header    | value                                                                 |
 |-----------|-----------------------------------------------------------------------|

@@ -1,6 +1,6 @@
 """One fault at a time under continuous load through the proxies (120 records/s over the
 three modes from both regions), on the suite's 3-broker-per-region stack; each fault's
-figures checked and written to docs/reliability.md (tests/chaos/results.py).
+figures checked and written to docs/reliability.md (tests/chaos/chaos_results.py).
 
 Checks per fault: the drill passed (its recovery happened within the stated bound, its
 split-brain check found at most one origin region per epoch); no acknowledged record lost
