@@ -242,6 +242,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
         if plan.scenario in FAILOVER_SCENARIOS:
             await _failover_ready(dcs, plan.standby, time.monotonic() + config.recovery_timeout_s,
                                   progress)
+        await _steady(dcs, plan)
         await traffic.start()
         traffic_seen(traffic)
         try:
@@ -253,6 +254,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
             found = _Found()
             try:
                 with tl.step("inject"):  # inside: a half-done injection is healed too
+                    await _steady(dcs, plan)  # again: the warm-up took seconds
                     progress(f"fault: {plan.scenario}")
                     if hasattr(plan.fault, "topics"):
                         plan.fault.topics = dict(topics)
@@ -444,6 +446,23 @@ async def _flowing(traffic: Traffic, since_ms: int, modes: Iterable[str],
         _check(deadline, "no acknowledgement for " + ", ".join(
             f"{m} from {r}" for m, r in sorted(want - got)) + " within the recovery bound")
         await asyncio.sleep(0.2)  # polls the driver's counters
+
+
+async def _steady(dcs: Datacenters, plan: DrillPlan) -> None:
+    """DrillError unless no failover is recorded as running and the primary is still the
+    one the drill was planned on (its fault targets that region): a drill never starts
+    during a failover (a request recorded while no controller ran is executed by the first
+    one that leads, and would move the primary under the drill)."""
+    rec = await newest_failover(dcs)
+    if rec is not None and rec.state == "running":
+        raise DrillError(f"failover {rec.id} ({rec.source} → {rec.target}) is running: a "
+                         "drill never starts during a failover; wait for it to end "
+                         "(`dr status`), then drill again")
+    current = (await dcs.primary()).current
+    if current.writable != plan.primary:
+        raise DrillError(f"the primary is {current.writable or 'fenced'} (epoch "
+                         f"{current.epoch}), not {plan.primary} as when the drill was planned: "
+                         "it moved meanwhile; drill again")
 
 
 async def _failover_ready(dcs: Datacenters, standby: str, deadline: float,

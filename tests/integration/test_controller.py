@@ -603,3 +603,27 @@ async def test_the_lag_a_leader_measured_survives_a_takeover(topo: Topology,
         lag = second.lags[("east", "west")]
         assert lag.records is not None
         assert "ctl-measures" in (lag.error or "") or lag.measured
+
+
+async def test_a_drill_never_starts_during_a_failover_nor_on_a_moved_primary(
+        topo: Topology, dcs: Datacenters) -> None:
+    """Issue 23: a failover recorded while no controller ran is executed by the first that
+    leads; a drill planned before must refuse to start (and to inject) rather than kill the
+    region it believes is the primary."""
+    from dr.drill.errors import DrillError
+    from dr.drill.faults import HookFault
+    from dr.drill.run import DrillPlan, _steady
+
+    plan = DrillPlan("primary-outage", "east", "west", {}, HookFault(
+        "primary-outage", "true", "", {}), local=False)
+    await _steady(dcs, plan)  # east is the writable primary, nothing runs: it may start
+    request = await plan_failover(topo, dcs, fast("east"), "west", force=True)
+    await start_failover(dcs, request)  # recorded; no controller here to execute it
+    with pytest.raises(DrillError, match=r"is running: a drill never starts during a failover"):
+        await _steady(dcs, plan)
+    await reset(dcs)  # the request gone, east primary again
+    view = await dcs.primary()
+    moved = view.current.fence("test").promote("west", "test")
+    await dcs.cas_primary(view, moved)
+    with pytest.raises(DrillError, match=r"the primary is west \(epoch \d+\), not east"):
+        await _steady(dcs, plan)
