@@ -1,4 +1,5 @@
-"""Stamping the `dr-*` headers (the wire contract of crossdc/headers.py) and checking client headers.
+"""Stamping the `dr-*` headers (the wire contract of crossdc/headers.py) and checking client
+headers.
 
 | header    | value                                                                 |
 |-----------|-----------------------------------------------------------------------|

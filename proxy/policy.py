@@ -22,6 +22,7 @@ This module imports no grpc: `dr policy validate` uses it.
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -33,7 +34,16 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 from crossdc.topology import Topology
 from crossdc.yamlfile import load_model, parse_model, repeated
 
-__all__ = ["LOCAL", "DefaultRule", "Mode", "Policy", "Rule", "load_policy", "parse_policy"]
+__all__ = [
+    "LOCAL",
+    "DefaultRule",
+    "Mode",
+    "Policy",
+    "Rule",
+    "default_policy_path",
+    "load_policy",
+    "parse_policy",
+]
 
 Mode = Literal["ordered", "nearest"]
 """What a rule says; "sync" is `mode: ordered` with `sync: true`."""
@@ -370,3 +380,19 @@ def load_policy(path: str | Path, topology: Topology | None = None) -> Policy:
 def parse_policy(text: str, filename: str, topology: Topology | None = None) -> Policy:
     """`load_policy` for text already read (`filename` is used in errors)."""
     return parse_model(Policy, text, filename, lambda p: p.problems(topology))
+
+
+def default_policy_path() -> Path | None:
+    """The routing policy a proxy (and the controller's ACL fence) runs when none is named:
+    `$CROSSDC_POLICY`, else `policies/default.yaml` in the working directory, else the
+    source checkout's. None when there is none: the policy is not shipped in the package."""
+    env = os.environ.get("CROSSDC_POLICY")
+    if env:
+        return Path(env)
+    rel = Path("policies") / "default.yaml"
+    root = Path(__file__).resolve().parents[1]
+    checkout = root / rel if (root / "pyproject.toml").is_file() else None
+    for cand in (Path.cwd() / rel, checkout):
+        if cand is not None and cand.is_file():
+            return cand
+    return None

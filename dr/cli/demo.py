@@ -48,7 +48,7 @@ def demo_command(
     from dr.demo import final_table, reconcile_note, run_demo
     from dr.exits import fail
     from dr.stack.local import LocalStack, stack_processes
-    from dr.stack.services import default_policy_path
+    from proxy.policy import default_policy_path
 
     # before anything starts: a demo that fails after bringing up the stack loses minutes
     check_folder(reports, "--reports")

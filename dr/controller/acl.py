@@ -26,7 +26,6 @@ alone.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from crossdc.primary import PrimaryRecord
 from crossdc.security import ADMIN, CONTROLLER, MIRROR, PROXY, RECONCILE
 from crossdc.settings import RetrySettings
 from crossdc.topology import Region, Topology
+from proxy.policy import default_policy_path
 
 __all__ = ["KafkaFence", "component_acls", "grant_component_acls", "proxy_deny"]
 
@@ -108,7 +108,7 @@ class KafkaFence:
         self.topology = topology
         self.regions = [r for r in topology.regions if r.security is not None]
         self.policy_path = policy_path if policy_path is not None or not self.regions \
-            else _policy_path()
+            else default_policy_path()
         self.timeout_s = timeout_s
         # one try, bounded: a region that does not answer is tried again next round
         self.retry = RetrySettings(attempts=1, total_s=timeout_s * 2, call_timeout_s=timeout_s)
@@ -219,12 +219,3 @@ class KafkaFence:
 
         await asyncio.gather(*(one(r) for r in self.regions))
         return errors
-
-
-def _policy_path() -> Path | None:
-    """The routing policy the proxies run: $CROSSDC_POLICY, else `policies/default.yaml`."""
-    env = os.environ.get("CROSSDC_POLICY")
-    if env:
-        return Path(env)
-    from dr.stack.services import default_policy_path
-    return default_policy_path()

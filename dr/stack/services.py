@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -46,11 +45,12 @@ from crossdc.topology import Topology, split_hostport
 from dr.errors import PortTaken, StackError
 from dr.stack.consul import sites
 from dr.stack.netns import NetNamespaces, netns_of
-from dr.stack.paths import REPO_ROOT, StackPaths, in_checkout
+from dr.stack.paths import StackPaths
 from dr.stack.ports import free_port
 from dr.stack.process import ManagedProcess, check_port_free, log_tail, poll_while_alive
+from proxy.policy import default_policy_path
 
-__all__ = ["ServiceInfo", "Services", "default_policy_path"]
+__all__ = ["ServiceInfo", "Services"]
 
 log = structlog.get_logger("crossdc.stack.services")
 
@@ -79,19 +79,6 @@ class _Spec:
     address: str | None
     metrics: str | None
     argv: list[str] = field(default_factory=list)
-
-
-def default_policy_path() -> Path | None:
-    """`$CROSSDC_POLICY`, else `policies/default.yaml` in the working directory, else the
-    source checkout's. None when there is none: the policy is not shipped in the package."""
-    env = os.environ.get("CROSSDC_POLICY")
-    if env:
-        return Path(env)
-    rel = Path("policies") / "default.yaml"
-    for cand in (Path.cwd() / rel, REPO_ROOT / rel if in_checkout() else None):
-        if cand is not None and cand.is_file():
-            return cand
-    return None
 
 
 RELEASE_WAIT_S = 10.0
