@@ -50,6 +50,7 @@ from crossdc.aio import cancelled_from_outside, sleep_unless
 from crossdc.clients.kafka import kafka_kw
 from crossdc.headers import DR_ID, DR_PATH, DR_TS
 from crossdc.primary import PrimaryRecord
+from crossdc.quarantine import QUARANTINE_TOPIC, quarantine_headers
 from crossdc.settings import Backoff
 from crossdc.topology import Flow
 from mirror.errors import MirrorError, OffsetsUnavailable, RecordTooLarge, WorkerFenced
@@ -66,7 +67,7 @@ from mirror.offsets import (
     sync_topic_name,
 )
 from mirror.primary import PrimaryWatch
-from mirror.quarantine import QUARANTINE_TOPIC, ensure_quarantine_topic, quarantine_headers
+from mirror.quarantine import ensure_quarantine_topic
 from mirror.rules import epoch_rule, plan
 from mirror.topics import TopicPlan, ensure_topic, sync_topics
 

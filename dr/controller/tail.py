@@ -33,13 +33,10 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from crossdc.clients.kafka import kafka_kw
+from crossdc.clients.kafka import KafkaAdmin, TopicSpec, kafka_kw
 from crossdc.headers import DR_EPOCH, DR_ID, DR_PATH
 from crossdc.primary import PrimaryRecord
-from crossdc.topology import Topology
-from dr.controller.datacenters import Datacenters
-from dr.controller.errors import ControllerError
-from mirror.quarantine import (
+from crossdc.quarantine import (
     DR_Q_EPOCH,
     DR_Q_OFFSET,
     DR_Q_PARTITION,
@@ -49,10 +46,13 @@ from mirror.quarantine import (
     DR_REPLAYED_FROM,
     QUARANTINE_HEADERS,
     QUARANTINE_TOPIC,
+    REPLAYED_CONFIGS,
     REPLAYED_TOPIC,
-    ensure_replayed_topic,
     replay_key,
 )
+from crossdc.topology import Topology
+from dr.controller.datacenters import Datacenters
+from dr.controller.errors import ControllerError
 
 __all__ = ["ReplayRefused", "ReplayResult", "TailError", "TailRecord", "TailUnavailable",
            "UnknownTailIds", "list_tail", "replay_tail", "tail_count"]
@@ -392,12 +392,10 @@ async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None
 
 
 async def _ensure_replayed_topic(bootstrap: str) -> None:
-    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap))
-    try:
-        await admin.start()
-        await ensure_replayed_topic(admin)
-    finally:
-        await admin.close()
+    async with KafkaAdmin(bootstrap) as admin:
+        replication = min(3, await admin.broker_count())
+        await admin.create_topics([TopicSpec(REPLAYED_TOPIC, 1, replication,
+                                             dict(REPLAYED_CONFIGS))], exist_ok=True)
 
 
 async def _replay(producer: AIOKafkaProducer, topology: Topology, primary: PrimaryRecord,

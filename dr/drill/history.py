@@ -68,11 +68,11 @@ from crossdc.clients.primary import read_primary
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_TS
 from crossdc.primary import PrimaryRecord
+from crossdc.quarantine import DR_Q_TOPIC, QUARANTINE_TOPIC
 from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
 from dr.drill.count import Raw, records
 from dr.drill.traffic import Ack
-from mirror.quarantine import DR_Q_TOPIC, QUARANTINE_TOPIC
 
 __all__ = ["CHECKS", "EPOCH_MODES", "Check", "Copy", "Fence", "HealedView", "History",
            "PrimaryWatch", "ReadBack", "Seen", "check_acked_present", "check_agreement",

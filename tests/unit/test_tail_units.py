@@ -12,10 +12,10 @@ import pytest
 from aiokafka import TopicPartition
 
 from crossdc.primary import PrimaryRecord
+from crossdc.quarantine import quarantine_headers
 from crossdc.topology import Flow
 from dr.controller.tail import TailRecord, UnknownTailIds, _select, replay_headers
 from mirror.primary import PrimaryWatch
-from mirror.quarantine import quarantine_headers
 from mirror.rules import epoch_rule, plan
 from mirror.worker import MirrorWorker
 
