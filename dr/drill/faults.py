@@ -70,6 +70,9 @@ class Fault(Protocol):
     scenario: str
     targets: tuple[str, ...]
     """What `inject()` took down (service or process names); empty before it ran."""
+    topics: dict[str, str]
+    """The drill's topics per mode, set by the drill before `inject()` (a leader-kill finds
+    the partition leader of its ordered topic; a hook gets them as CROSSDC_TOPICS)."""
 
     def describe(self) -> list[str]:
         """What would be injected, where (for --dry-run); changes nothing."""
@@ -501,8 +504,9 @@ class _Partition(_LocalFault):
 class HookFault:
     """A fault injected and healed by shell commands (the drill file's hooks), for a
     deployment that is not the local stack. Each runs with `/bin/sh -c`, the environment of
-    this process plus `env`, CROSSDC_SCENARIO, and CROSSDC_PRIMARY / CROSSDC_REGIONS when
-    `primary` / `regions` are given; a non-zero exit (or running past `timeout_s`: the
+    this process plus `env`, CROSSDC_SCENARIO, CROSSDC_PRIMARY / CROSSDC_REGIONS when
+    `primary` / `regions` are given, and CROSSDC_TOPICS (`mode=topic,...`, the drill's
+    topics) once the drill set them; a non-zero exit (or running past `timeout_s`: the
     command's process group is killed) is a `HookFailed` (a DrillError) naming the command
     and its stderr's tail. An empty heal command heals nothing."""
 
@@ -519,6 +523,7 @@ class HookFault:
             self.env["CROSSDC_REGIONS"] = ",".join(regions)
         self.timeout_s = timeout_s
         self.targets: tuple[str, ...] = ()
+        self.topics: dict[str, str] = {}
         self.output: dict[str, str] = {}
         """The last run's stdout per step ("inject", "heal")."""
 
@@ -536,10 +541,15 @@ class HookFault:
         if self.heal_command.strip():
             await self._run("heal", self.heal_command)
 
+    def _topics_env(self) -> dict[str, str]:
+        if not self.topics:
+            return {}
+        return {"CROSSDC_TOPICS": ",".join(f"{m}={t}" for m, t in sorted(self.topics.items()))}
+
     async def _run(self, step: str, command: str) -> None:
         log.warning("fault_hook", scenario=self.scenario, step=step, command=command)
         proc = await asyncio.create_subprocess_exec(
-            "/bin/sh", "-c", command, env={**os.environ, **self.env},
+            "/bin/sh", "-c", command, env={**os.environ, **self.env, **self._topics_env()},
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, start_new_session=True)
         assert proc.stdout is not None

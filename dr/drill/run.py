@@ -212,11 +212,11 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
     tl = Timeline(started_ms=_now_ms())
     bound = log.bind(scenario=plan.scenario, run=run_id, primary=plan.primary)
     await create_topics(topology, topics.values())
-    dcs_ref: list[Datacenters] = []
+    dcs = Datacenters(topology)  # entered below, before any call
 
     async def discover(region: str) -> list[str]:
         """The region's healthy proxies, as Consul's health API lists them."""
-        _, found = await dcs_ref[0].client(region).service_instances(
+        _, found = await dcs.client(region).service_instances(
             PROXY_SERVICE, tags=[region], passing=True)
         return [f"{i.address}:{i.port}" for i in found]
 
@@ -228,8 +228,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
     leader_after: str | None = None
     problems: list[str] = []
     watch = PrimaryWatch(topology)  # every datacenter's primary record, for check (b)
-    async with Datacenters(topology) as dcs, watch:
-        dcs_ref.append(dcs)
+    async with dcs, watch:
         if plan.scenario in FAILOVER_SCENARIOS | {"controller-outage"}:
             # the controllers act in these: one must lead before the fault (after an
             # earlier drill's Consul outage the lock takes a TTL to be held again)
@@ -256,8 +255,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                 with tl.step("inject"):  # inside: a half-done injection is healed too
                     await _steady(dcs, plan)  # again: the warm-up took seconds
                     progress(f"fault: {plan.scenario}")
-                    if hasattr(plan.fault, "topics"):
-                        plan.fault.topics = dict(topics)
+                    plan.fault.topics = dict(topics)
                     bound.warning("drill_fault_injected")
                     await plan.fault.inject()
                 with tl.step("recovery"):

@@ -105,15 +105,18 @@ async def test_a_local_fault_without_its_service_says_so(tmp_path: Path) -> None
 async def test_hook_runs_with_the_drill_environment(tmp_path: Path) -> None:
     seen = tmp_path / "seen"
     fault = HookFault("consul-outage",
-                      f'echo "$CROSSDC_SCENARIO $CROSSDC_PRIMARY $CROSSDC_REGIONS $EXTRA" > {seen}',
+                      f'echo "$CROSSDC_SCENARIO $CROSSDC_PRIMARY $CROSSDC_REGIONS $EXTRA '
+                      f'$CROSSDC_TOPICS" > {seen}',
                       f"echo healed >> {seen}; echo done", {"EXTRA": "x"},
                       primary="west", regions=["east", "west"])
     lines = fault.describe()
     assert "inject: /bin/sh -c" in lines[0]
     assert "CROSSDC_PRIMARY=west" in lines[0]
     assert not seen.exists(), "describe() runs nothing"
+    fault.topics = {"ordered": "payments.d1", "sync": "ledger.d1"}  # as the drill sets them
     await fault.inject()
-    assert seen.read_text() == "consul-outage west east,west x\n"
+    assert seen.read_text() == ("consul-outage west east,west x "
+                                "ordered=payments.d1,sync=ledger.d1\n")
     await fault.heal()
     assert seen.read_text().splitlines()[-1] == "healed"
     assert fault.output["heal"] == "done\n"
