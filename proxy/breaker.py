@@ -3,15 +3,16 @@ half-open, where exactly one probe write is let through; its success closes the 
 failure opens it again for another reset timeout.
 
 A probe that ends without a verdict (the call was cancelled: client deadline, disconnect) must
-give its slot back (`release_probe`, which the router calls in a `finally`). As a second line,
-a probe slot held longer than `probe_timeout_s` is taken back, so a lost probe can never keep
-the region unavailable forever."""
+give its slot back (`release_probe`; every write runs inside `attempt()`, which does it). As a
+second line, a probe slot held longer than `probe_timeout_s` is taken back, so a lost probe
+can never keep the region unavailable forever."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 __all__ = ["BreakerState", "CircuitBreaker"]
 
@@ -103,3 +104,21 @@ class CircuitBreaker:
     def release_probe(self) -> None:
         """A half-open probe ended without a verdict (cancelled): let another one through."""
         self._probe_out = False
+
+    @contextlib.contextmanager
+    def attempt(self) -> Iterator[None]:
+        """Around a write `allow()` just let through: if the block raises (cancelled, or
+        failed before the writer recorded a verdict) while this write held the half-open
+        probe, the probe is given back, so a lost probe never keeps the region closed.
+
+            if breaker.allow():
+                with breaker.attempt():
+                    await writer.write(...)
+        """
+        probe = self.probing
+        try:
+            yield
+        except BaseException:
+            if probe:
+                self.release_probe()
+            raise

@@ -286,23 +286,19 @@ class HintStore:
             fail((w.why_not_writable() if w else "not a topology region")
                  or "circuit breaker half-open")
             return
-        probe = w.breaker.probing
         try:
-            n = await w.partition_count(topic, deadline - time.monotonic())
-            if n is None:
-                w.breaker.release_probe()
-                fail(f"hints topic {topic} does not exist there (yet)")
-                return
-            res = await w.write(topic, [encode_hint(hints[i]) for i in idxs], mode="hint",
-                                deadline=deadline)
+            with w.breaker.attempt():
+                n = await w.partition_count(topic, deadline - time.monotonic())
+                if n is None:
+                    w.breaker.release_probe()
+                    fail(f"hints topic {topic} does not exist there (yet)")
+                    return
+                res = await w.write(topic, [encode_hint(hints[i]) for i in idxs],
+                                    mode="hint", deadline=deadline)
         except RegionWriteFailed as exc:
             w.breaker.release_probe()
             fail(exc.why)
             return
-        except BaseException:  # cancelled: no verdict; free the probe
-            if probe:
-                w.breaker.release_probe()
-            raise
         for i, r in zip(idxs, res, strict=True):
             if isinstance(r, RegionWrite):
                 done[i] = True
@@ -733,12 +729,10 @@ class HintReplayer:
         todo = [it for it in items if it.action == "replay"]
         parked = [it for it in items if it.action == "park"]
         results: dict[int, RegionWrite | RegionWriteFailed] = {}
-        probe = False
-        if todo:
-            if not w.breaker.allow():
-                raise _Hold(w.why_not_writable() or "circuit breaker half-open")
-            probe = w.breaker.probing
-        try:
+        if todo and not w.breaker.allow():
+            raise _Hold(w.why_not_writable() or "circuit breaker half-open")
+        # no verdict on the target (cancelled, parking failed): a probe taken is given back
+        with w.breaker.attempt() if todo else contextlib.nullcontext():
             if parked:  # first: a failure to park then leaves nothing written unrecorded
                 await self._park(target, parked, parked[0].why)
             if todo:
@@ -750,10 +744,6 @@ class HintReplayer:
                 res = await w.write(topic, out, mode="hint-replay",
                                     deadline=time.monotonic() + self.settings.replay_write_s)
                 results = dict(zip((it.offset for it in todo), res, strict=True))
-        except BaseException:  # no verdict on the target (cancelled, parking failed)
-            if probe:
-                w.breaker.release_probe()
-            raise
         ahead = self._ahead.setdefault(tp, set())
         done_to = items[0].offset
         failure: str | None = None

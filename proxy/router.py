@@ -468,14 +468,9 @@ class Router:
                 items.append(_tuple_new(Outgoing, (
                     rec.key, rec.value, stamp_with(rec.headers, outs[i].dr_id, common),
                     _partition(rec.key, n), rec.size)))
-            probe = pw.breaker.probing
-            try:
+            with pw.breaker.attempt():
                 res = await pw.write(topic, items, mode=mode, deadline=write_deadline,
                                      still_valid=still_primary)
-            except BaseException:  # cancelled (client gone): no verdict; free the probe
-                if probe:
-                    pw.breaker.release_probe()
-                raise
             for i, r in zip(first, res, strict=True):
                 if isinstance(r, RegionWrite):
                     outs[i].written.insert(0, r)
@@ -497,19 +492,14 @@ class Router:
                 for i in todo:
                     failed[i][region] = why or "circuit breaker half-open"
                 return
-            probe = w.breaker.probing
             items = []
             for i in todo:
                 part = next(x.partition for x in outs[i].written if x.region == prim.region)
                 items.append(Outgoing(records[i].key, records[i].value, headers(i), part,
                                       records[i].size))
-            try:
+            with w.breaker.attempt():
                 res = await w.write(topic, items, mode=mode, deadline=write_deadline,
                                     still_valid=still_primary)
-            except BaseException:  # cancelled: no verdict; free the probe
-                if probe:
-                    w.breaker.release_probe()
-                raise
             for i, r in zip(todo, res, strict=True):
                 if isinstance(r, RegionWrite):
                     outs[i].written.append(r)
@@ -616,25 +606,22 @@ class Router:
             if not w.writable or not w.breaker.allow():
                 tried[region] = w.why_not_writable() or "circuit breaker half-open"
                 continue
-            probe = w.breaker.probing
             try:
-                n = await w.partition_count(topic, deadline - time.monotonic())
-                if n is not None:
-                    common = dr_headers(origin=region, ts_ms=ts_ms, mode="nearest",
-                                        epoch=None, path=[region])
-                    items = [Outgoing(records[i].key, records[i].value,
-                                      stamp_with(records[i].headers, outs[i].dr_id, common),
-                                      _partition(records[i].key, n), records[i].size)
-                             for i in remaining]
-                    res = await w.write(topic, items, mode="nearest", deadline=deadline)
+                with w.breaker.attempt():
+                    n = await w.partition_count(topic, deadline - time.monotonic())
+                    if n is not None:
+                        common = dr_headers(origin=region, ts_ms=ts_ms, mode="nearest",
+                                            epoch=None, path=[region])
+                        items = [Outgoing(records[i].key, records[i].value,
+                                          stamp_with(records[i].headers, outs[i].dr_id,
+                                                     common),
+                                          _partition(records[i].key, n), records[i].size)
+                                 for i in remaining]
+                        res = await w.write(topic, items, mode="nearest", deadline=deadline)
             except RegionWriteFailed as exc:
                 w.breaker.release_probe()
                 tried[region] = exc.why
                 continue
-            except BaseException:  # cancelled: no verdict; free the probe
-                if probe:
-                    w.breaker.release_probe()
-                raise
             if n is None:
                 w.breaker.release_probe()
                 tried[region] = "topic does not exist there"

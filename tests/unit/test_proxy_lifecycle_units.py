@@ -65,6 +65,28 @@ def test_breaker_half_open_probe_held_too_long_is_taken_back() -> None:
     assert b.state is BreakerState.CLOSED
 
 
+def test_an_attempt_that_raises_gives_the_half_open_probe_back_and_only_then() -> None:
+    clock = Clock()
+    b = CircuitBreaker("east", failure_threshold=1, reset_timeout_s=2.0, clock=clock)
+    b.record_failure()
+    clock.t = 2.0
+    assert b.allow()
+    with pytest.raises(asyncio.CancelledError), b.attempt():
+        raise asyncio.CancelledError  # the client went away mid-write: no verdict
+    assert b.available(), "the probe is free again"
+    assert b.allow()
+    with b.attempt():
+        pass  # the writer reports its verdict itself; a clean end keeps the probe out
+    assert not b.available()
+    b.record_failure()  # the probe failed: open again
+    assert b.state is BreakerState.OPEN
+    closed = CircuitBreaker("west")
+    assert closed.allow()
+    with pytest.raises(RuntimeError), closed.attempt():
+        raise RuntimeError("not a probe")  # a closed breaker's attempt changes nothing
+    assert closed.state is BreakerState.CLOSED
+
+
 class BlockingWriter:
     """A region whose write never finishes (until cancelled)."""
 
