@@ -198,6 +198,8 @@ class Controller:
     async def _health_round(self) -> None:
         rounds = await asyncio.gather(*(p.probe() for p in self.probers.values()))
         changed = False
+        # Cut off from a majority: probes that fail may be our isolation, not the regions'.
+        cut_off = self.lock is not None and not self.lock.reaches_majority
         for region, rnd in zip(self.probers, rounds, strict=True):
             for name, check in rnd.checks.items():
                 if check.latency_ms is not None:
@@ -206,11 +208,13 @@ class Controller:
                 if not check.ok:
                     self.metrics.probe_failures.labels(region=region, check=name).inc()
             h = self.hysteresis[region]
-            if h.observe(rnd):
+            if h.forget(rnd.at_ms) if cut_off else h.observe(rnd):
                 changed = True
                 self._log.warning("region_status", target_region=region, status=h.status,
                                   failures=h.failures, checks={k: (c.ok, c.detail) for k, c
-                                                               in rnd.checks.items()})
+                                                               in rnd.checks.items()},
+                                  why="no majority of datacenters reached" if cut_off
+                                  else None)
             self.metrics.set_status(region, h.status)
         if self.leading:
             await self._publish_health(changed)

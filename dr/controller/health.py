@@ -116,6 +116,20 @@ class Hysteresis:
             return True
         return False
 
+    def forget(self, at_ms: int) -> bool:
+        """No judgement this round: the controller reaches no majority of datacenters, so a
+        failed probe may be its own isolation, not the region's (a three-way split judged
+        every other region down; the first leader after the heal failed over a healthy
+        primary on it). Back to `unknown`, counts reset: the rounds after judge afresh.
+        True when the status changed."""
+        self.failures = self.hard_failures = self.successes = 0
+        self.first_failure_ms = None
+        if self.status == "unknown":
+            return False
+        self.status = "unknown"
+        self.since_ms = at_ms
+        return True
+
     def snapshot(self, observed_by: str, mirror_lag: int | None = None) -> RegionHealth:
         return RegionHealth(region=self.region, status=self.status,
                             since_ms=self.since_ms, failures=self.failures,

@@ -97,6 +97,13 @@ class LeaderLock:
         return at is not None and self._clock() - at < self.hold_s
 
     @property
+    def reaches_majority(self) -> bool:
+        """Whether a majority of datacenters answered this controller's beats within
+        `hold_s`: without it, this controller cannot tell regions that are down from itself
+        being cut off (the health rounds judge nothing meanwhile)."""
+        return sum(1 for dc in self.order if self._fresh(dc)) >= self.majority
+
+    @property
     def held(self) -> set[str]:
         """Datacenters whose lock this controller holds: taken with the current session,
         and a beat answered there within `hold_s` (so the session cannot have ended)."""

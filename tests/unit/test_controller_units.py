@@ -41,6 +41,24 @@ def test_hysteresis_needs_n_failures_to_go_down_and_m_successes_to_come_back() -
     assert h.first_failure_ms is None
 
 
+def test_hysteresis_forgets_what_a_cut_off_controller_saw() -> None:
+    """A controller that reaches no majority judges nothing: a region it saw down is
+    `unknown` again, and only fresh failures down it after the heal (a three-way split had
+    the first leader after the heal fail a healthy primary over on stale failures)."""
+    h = Hysteresis("east", failures_to_down=2, successes_to_up=2)
+    h.observe(rnd(False, 0))
+    h.observe(rnd(False, 100))
+    assert h.status == "down"
+    assert h.forget(200) is True
+    assert h.status == "unknown"
+    assert h.since_ms == 200
+    assert h.forget(300) is False  # nothing more to forget
+    h.observe(rnd(False, 400))
+    assert h.status == "unknown", "one failure after the heal is not two in a row"
+    h.observe(rnd(False, 500))
+    assert h.status == "down"
+
+
 def test_hysteresis_a_single_blip_resets() -> None:
     h = Hysteresis("east", failures_to_down=2, successes_to_up=1)
     h.observe(rnd(True, 0))
