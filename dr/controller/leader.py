@@ -175,6 +175,16 @@ class LeaderLock:
                        f"({', '.join(sorted(reachable)) or 'none'}); a majority is "
                        f"{self.majority}")
             return
+        if not self._leading and await self._held_elsewhere(reachable):
+            # Another controller holds the lock somewhere we reach: take nothing, give back
+            # what we hold. Taking free locks only to give them back at the end of the round
+            # (each release starting Consul's lock-delay) kept them from the leader: after a
+            # flapping partition it could never hold one datacenter's lock again, nor correct
+            # the old record that datacenter kept, and the stack stayed split.
+            for dc in list(self._sessions):
+                await self._release_one(dc)
+            self._flip(False, "another controller holds the lock")
+            return
         contested = False
         for dc in self.order:
             if dc not in reachable:
@@ -226,6 +236,17 @@ class LeaderLock:
                 self._registered.discard(dc)
             self._log.debug("leader_beat_failed", dc=dc, error=str(exc))
             return False
+
+    async def _held_elsewhere(self, dcs: set[str]) -> bool:
+        """Whether the lock key shows another controller's session in one of `dcs`."""
+        async def other(dc: str) -> bool:
+            try:
+                _, entry = await self.dcs.client(dc).kv_get(LEADER_KEY)
+            except ClientError:
+                return False  # no answer: it says nothing (its beat decides reachability)
+            return (entry is not None and bool(entry.session)
+                    and entry.session != self._sessions.get(dc))
+        return any(await asyncio.gather(*(other(dc) for dc in sorted(dcs))))
 
     async def _acquire(self, dc: str) -> bool:
         client = self.dcs.client(dc)

@@ -52,8 +52,6 @@ RATE_PER_REGION = 20.0
 
 WITNESS = "witness"
 REGIONS = ["east", "west"]
-LOAD = (f"{2 * RATE_PER_REGION:g} rec/s, 3 modes, 2 regions + 1 witness, 1 broker each, "
-        "producers in their region's namespace")
 
 HISTORY_DIR = Path(os.environ.get("CROSSDC_CHAOS_HISTORY",
                                   REPO_ROOT / ".crossdc" / "chaos-history"))
@@ -382,7 +380,12 @@ class Verdict:
             conv += f"; sync replicas missing {h['sync_everywhere'].counts['replicas_missing']}"
         if h["agreement"].passed is False:
             conv += "; datacenters: " + "; ".join(h["agreement"].examples)
-        load = LOAD + (f" (run {round_ + 1} of {LOOPS})" if LOOPS > 1 else "")
+        topo = self.run.topology
+        n, w = len(topo.regions), len(topo.witnesses)
+        load = (f"{n * RATE_PER_REGION:g} rec/s, 3 modes, {n} regions + "
+                f"{w or 'no'} witness{'es' if w > 1 else ''}, 1 broker each, producers in "
+                "their region's namespace"
+                + (f" (run {round_ + 1} of {LOOPS})" if LOOPS > 1 else ""))
         if self.run.notes:  # what the scenario itself waited for in vain
             recover += " — FAILED: " + "; ".join(n.split(" (")[0] for n in self.run.notes)
         return Row(fault=fault, load=load, acked=present["acked"], lost=present["lost"],

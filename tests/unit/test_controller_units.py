@@ -217,10 +217,17 @@ class _Consul:
     """A datacenter's Consul as the leader lock sees it: one lock key, sessions, reachable
     or cut off (a stand-in: the lock against real Consul is tests/integration/test_controller)."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock_delay: bool = False) -> None:
         self.reachable = True
         self.holder: str | None = None
         self.sessions: dict[str, str] = {}  # session -> controller
+        self.lock_delay = lock_delay
+        """Consul's lock-delay, as a flag: a lock whose session was destroyed cannot be
+        taken again until `delay_over()` (the test says when the delay ran out)."""
+        self.delayed = False
+
+    def delay_over(self) -> None:
+        self.delayed = False
 
     def _up(self) -> None:
         from crossdc.errors import ClientError
@@ -248,9 +255,17 @@ class _Consul:
         self.sessions.pop(sid, None)
         if self.holder == sid:
             self.holder = None
+            self.delayed = self.lock_delay
+
+    async def kv_get(self, key: str, **kw: object) -> tuple[int, object]:
+        self._up()
+        from types import SimpleNamespace
+        return 0, (SimpleNamespace(session=self.holder) if self.holder else None)
 
     async def kv_acquire(self, key: str, sid: str, value: bytes) -> bool:
         self._up()
+        if self.delayed and self.holder is None:
+            return False
         if self.holder in (None, sid):
             self.holder = sid
             return True
@@ -330,6 +345,41 @@ async def test_only_a_majority_side_leads_and_a_cut_off_leader_stops() -> None:
     await west.round()  # type: ignore[attr-defined]
     assert west.leading, "the majority side leads"  # type: ignore[attr-defined]
     assert sorted(west.sessions) == ["west", "witness"]  # type: ignore[attr-defined]
+
+
+async def test_a_contender_leaves_a_free_lock_to_the_leader_after_a_partition() -> None:
+    """After a flapping partition: the leader (east) holds east's and the witness's locks,
+    the other controller still west's. West must give west's lock up and not take it again
+    (each take-and-release restarted Consul's lock-delay, so the leader could never hold
+    west's lock and never correct the record west kept: the stack stayed split)."""
+    topo = _with_witness(_topology())
+    consuls = {d.name: _Consul(lock_delay=True) for d in topo.datacenters}
+    locks = _locks(topo, consuls)
+    (east, east_cut), (west, west_cut) = locks["east"], locks["west"]
+    await west.round()  # type: ignore[attr-defined]  # west led first: every lock
+    assert west.leading  # type: ignore[attr-defined]
+    # West cut off: its checks go critical in east and the witness, whose locks Consul
+    # releases; east takes them and leads. West's own datacenter keeps west's session.
+    west_cut.update({"east", "witness"})
+    east_cut.add("west")
+    consuls["east"].holder = consuls["witness"].holder = None
+    await west.round()  # type: ignore[attr-defined]
+    await east.round()  # type: ignore[attr-defined]
+    assert east.leading, "east holds east and the witness: a majority"  # type: ignore[attr-defined]
+    west_cut.clear()  # the heal
+    east_cut.clear()
+    for c in consuls.values():
+        c.delay_over()
+    await west.round()  # type: ignore[attr-defined]  # takes west's lock back while alone?
+    for _ in range(3):  # west's round first each time, then east's, then the delay runs out
+        await west.round()  # type: ignore[attr-defined]
+        assert not west.leading  # type: ignore[attr-defined]
+        await east.round()  # type: ignore[attr-defined]
+        for c in consuls.values():
+            c.delay_over()
+    assert east.leading  # type: ignore[attr-defined]
+    assert sorted(east.sessions) == ["east", "west", "witness"], \
+        "the leader holds every datacenter's lock (and can correct them all)"  # type: ignore[attr-defined]
 
 
 async def test_two_regions_without_a_witness_cut_apart_have_no_leader() -> None:
