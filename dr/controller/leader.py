@@ -185,7 +185,7 @@ class LeaderLock:
                 await self._release_one(dc)
             self._flip(False, "another controller holds the lock")
             return
-        contested = False
+        missing = False
         for dc in self.order:
             if dc not in reachable:
                 continue
@@ -193,19 +193,23 @@ class LeaderLock:
                 self._acquired.add(dc)
             else:
                 self._acquired.discard(dc)
-                contested = True
-        if contested and len(self.held) < self.majority:
+                missing = True
+        held = self.held
+        if len(held) >= self.majority:
+            self._flip(True, "")
+        elif missing and await self._held_elsewhere(reachable):
             # Someone else holds what we lack: let go of what we hold, so whoever can make a
             # majority does (a leader with a majority keeps it: a contender that comes back
             # after a partition takes nothing from it).
             for dc in list(self._sessions):
                 await self._release_one(dc)
-        held = self.held
-        if len(held) >= self.majority:
-            self._flip(True, "")
+            self._flip(False, "another controller holds the lock")
         else:
-            self._flip(False, "another controller holds the lock" if contested else
-                       f"holds {len(held)} of the {self.majority} datacenters a majority needs")
+            # A lock nobody holds that could not be taken is in Consul's lock-delay: keep
+            # what we hold and take it next round (giving ours back would start a delay on
+            # them too, and the next round would find those locked: a livelock).
+            self._flip(False, f"holds {len(held)} of the {self.majority} datacenters a "
+                       "majority needs")
 
     def _flip(self, leading: bool, why: str) -> None:
         self.why_not = why

@@ -382,6 +382,25 @@ async def test_a_contender_leaves_a_free_lock_to_the_leader_after_a_partition() 
         "the leader holds every datacenter's lock (and can correct them all)"  # type: ignore[attr-defined]
 
 
+async def test_a_lock_in_its_lock_delay_is_waited_for_not_a_reason_to_give_up() -> None:
+    """The primary (west) cut off: east's datacenter lock is still in Consul's lock-delay
+    (nobody holds it). East keeps the witness's lock and takes its own once the delay ran
+    out. Giving the witness's back started a delay there too, and each round found the other
+    delayed: east never led and nobody failed over (split-brain suite, primary cut off)."""
+    topo = _with_witness(_topology())
+    consuls = {d.name: _Consul(lock_delay=True) for d in topo.datacenters}
+    locks = _locks(topo, consuls)
+    east, east_cut = locks["east"]
+    east_cut.add("west")
+    consuls["east"].delayed = True  # a session there ended a moment ago
+    await east.round()  # type: ignore[attr-defined]
+    assert not east.leading  # type: ignore[attr-defined]
+    assert "holds 1 of the 2" in east.why_not  # type: ignore[attr-defined]
+    consuls["east"].delay_over()  # only east's delay ran out
+    await east.round()  # type: ignore[attr-defined]
+    assert east.leading, "east and the witness: a majority"  # type: ignore[attr-defined]
+
+
 async def test_two_regions_without_a_witness_cut_apart_have_no_leader() -> None:
     topo = _topology().model_copy(update={"witnesses": []})
     consuls = {d.name: _Consul() for d in topo.datacenters}
