@@ -27,7 +27,7 @@ demo: setup
 
 ## The whole suite: lint, types, import contracts, unit and integration tests.
 test: setup lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2  # the unit tests beside the server tests (tests/conftest.py)
 
 ## Beyond the 20 minutes of `make test` (CI runs it after the demo): the Spark standalone cluster,
 ## the SCRAM/TLS stack, a three-broker region, Ctrl-C in the demo, spark-submit's exit codes,

@@ -35,6 +35,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.unit)
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`make test` runs on two workers (`pytest -n 2`): one runs every test that needs the
+    servers, in order, so the session's stack starts once; the other runs the unit tests
+    beside it. (xdist's `--dist loadgroup` would do this with a mark, but it renames node ids
+    in a way pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServersOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(("tests/integration/", "tests/chaos/")):
+                return "servers"
+            return nodeid  # each unit test on its own: the idle worker takes the next
+
+    return ServersOnOneWorker(config, log)  # type: ignore[arg-type]
+
+
 def _task_name(t: asyncio.Task[object]) -> str:
     coro = t.get_coro()
     where = getattr(coro, "__qualname__", repr(coro))
