@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import grpc
 
 from crossdc.files import read_user_file
+from crossdc.lifecycle import Lifecycle
 from crossdc.logs import register_secret
 from crossdc.settings import Backoff
 from proxy.api import pb, pb_grpc
@@ -104,7 +105,7 @@ def _result(r: Any) -> ProduceResult:
                          r.duplicate)
 
 
-class AsyncProducer:
+class AsyncProducer(Lifecycle):
     def __init__(self, target: str, *, deadline_s: float = 10.0, linger_ms: float = 2.0,
                  max_batch_records: int = 500, max_batch_bytes: int = 1024 * 1024,
                  retries: int = 3, retry_backoff_s: float = 0.1,
@@ -152,19 +153,10 @@ class AsyncProducer:
         self._slots = asyncio.Semaphore(max_in_flight_batches)
         self._flusher: asyncio.Task[None] | None = None
         self._inflight: set[asyncio.Task[None]] = set()
-        self._closed = False
-
-    async def __aenter__(self) -> AsyncProducer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     async def start(self) -> None:
-        if self._closed:
-            raise ProxyError("AsyncProducer is closed")
-        if self._stub is not None:
+        """Open the channel and start the flusher; `Closed` once stopped."""
+        if not self._begin_start():
             return
         if self._channel is None:
             self._channel = (
@@ -176,16 +168,16 @@ class AsyncProducer:
         self._flusher = asyncio.create_task(self._flush_loop(), name="proxy-client:flusher")
 
     async def stop(self) -> None:
-        """Send what is queued, wait for every answer, close the channel; idempotent."""
-        if self._closed:
+        """Send what is queued, wait for every answer, close the channel; idempotent.
+        A `send()` from here on raises `Closed` (so nothing is queued behind the flush)."""
+        if not self._begin_stop():
             return
+        self._room.set()  # a send() waiting for room raises: closed
         try:
             await self.flush()
         finally:
             # also when the flush is cut short (the caller's deadline): no flusher task and
             # no channel outlive a stop()
-            self._closed = True
-            self._room.set()  # a send() waiting for room raises: closed
             if self._flusher is not None:
                 self._flusher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -199,16 +191,16 @@ class AsyncProducer:
                    idempotency_key: str | None = None) -> asyncio.Future[ProduceResult]:
         """Queue one record; the returned future resolves when the proxy answers for it.
         Waits while `max_pending_records` / `max_pending_bytes` are reached."""
-        if self._closed or self._stub is None:
-            raise ProxyError("AsyncProducer is not started (or closed)")
+        self._check_open()
+        if self._stub is None:
+            raise ProxyError("AsyncProducer is not started (use `async with`)")
         size = len(key or b"") + len(value or b"") + sum(len(k) + len(v) for k, v in headers)
         while self._pending_records and (
                 self._pending_records >= self.max_pending_records
                 or self._pending_bytes + size > self.max_pending_bytes):
             self._room.clear()
             await self._room.wait()
-            if self._closed:
-                raise ProxyError("AsyncProducer is closed")
+            self._check_open()
         if idempotency_key is None and self.auto_idempotency:
             idempotency_key = str(uuid7())
         rec = pb.Record(topic=topic, key=key, value=value, idempotency_key=idempotency_key or "",

@@ -77,6 +77,7 @@ from aiokafka.errors import KafkaError
 
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec, kafka_kw
 from crossdc.errors import CrossdcError
+from crossdc.lifecycle import Lifecycle
 from crossdc.settings import RetrySettings
 from proxy.writers import RegionWrite
 
@@ -253,7 +254,7 @@ CHUNK = 200  # outcomes per log record (~40 KB of JSON at most with 36-character
 ORIGIN_HEADER = "o"
 
 
-class IdempotencyLog:
+class IdempotencyLog(Lifecycle):
     """The region-shared idempotency log of one process (see the module docstring).
 
     `start()` makes the objects (never fails: the own region's Kafka may be down); `run()`
@@ -302,7 +303,6 @@ class IdempotencyLog:
         self._waiters: set[asyncio.Future[None]] = set()  # partial outcomes not acked yet
         self._wake = asyncio.Event()
         self._query: asyncio.Future[int] | None = None
-        self._closed = False
         self.log = log.bind(topic=topic)
         window.log = self
 
@@ -310,7 +310,7 @@ class IdempotencyLog:
     def publish(self, key: tuple[str, str], *, result: Any = None, partial: Any = None) -> None:
         """Queue an outcome for the log (not awaited; a partial write's answer waits for
         `published()`)."""
-        if self._closed:
+        if self.closed:
             return
         if len(self._queue) >= self.max_queued:  # Kafka down a long time: bounded memory
             _, _, dropped = self._queue.pop(0)
@@ -491,6 +491,7 @@ class IdempotencyLog:
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         """Nothing to connect yet: `run()` does (the own region's Kafka may be down)."""
+        self._begin_start()
 
     async def run(self) -> None:
         """Connect (retried every `retry_s`), then tail the log and send what is queued."""
@@ -539,7 +540,7 @@ class IdempotencyLog:
             await consumer.stop()
             self.log.warning("idempotency_log_unreachable", error=repr(exc))
             return False
-        if self._closed:  # stop() ran meanwhile
+        if self.closed:  # stop() ran meanwhile
             await producer.stop()
             await consumer.stop()
             return False
@@ -621,9 +622,8 @@ class IdempotencyLog:
 
     async def stop(self, deadline: float | None = None) -> None:
         """Send what is queued (bounded by `deadline`), close; idempotent."""
-        if self._closed:
+        if not self._begin_stop():
             return
-        self._closed = True
         self._ready = False
         producer, self._producer = self._producer, None
         consumer, self._consumer = self._consumer, None

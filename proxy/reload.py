@@ -40,6 +40,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from crossdc.aio import cancelled_from_outside
 from crossdc.errors import ConfigError, ConfigIssue
 from crossdc.files import read_user_file
+from crossdc.lifecycle import Lifecycle
 from crossdc.topology import Topology
 from crossdc.yamlfile import LIMITS
 from proxy.policy import Policy, parse_policy
@@ -64,7 +65,7 @@ class _Verdict(Generic[T]):
     value: T | None = None
 
 
-class WatchedFile(Generic[T]):
+class WatchedFile(Lifecycle, Generic[T]):
     """Holds the live value parsed from a file; reloads on file change (poll mtime+size+hash,
     interval configurable, default 1 s) and on `reload()`. A file that fails validation is
     refused: the running value stays, the refusal is logged and counted.
@@ -108,7 +109,6 @@ class WatchedFile(Generic[T]):
         self._loading: asyncio.Task[_Verdict[T]] | None = None  # the load in a thread
         self._lock = asyncio.Lock()
         self._stop = asyncio.Event()
-        self._closed = False
         self._log = structlog.get_logger(f"crossdc.proxy.{kind}").bind(
             **{kind: str(self.path)})
 
@@ -142,8 +142,7 @@ class WatchedFile(Generic[T]):
     async def load(self) -> None:
         """The first load (ConfigError if the file is bad or too slow to load: nothing to
         fall back on); off the loop. Does nothing once a value is loaded."""
-        if self._closed:
-            raise RuntimeError(f"{type(self).__name__} is stopped; make a new one")
+        self._check_open()
         async with self._lock:
             if self._value is not None:
                 return
@@ -161,18 +160,20 @@ class WatchedFile(Generic[T]):
     async def start(self) -> None:
         """Load the file (ConfigError if it is bad: nothing to fall back on) and start
         watching it in a task. A second call does nothing; after stop() it raises
-        RuntimeError."""
-        if self._closed:
-            raise RuntimeError(f"{type(self).__name__} is stopped; make a new one")
-        if self._task is not None:
+        `Closed`."""
+        if not self._begin_start():
             return
-        await self.load()
+        try:
+            await self.load()
+        except BaseException:
+            self._start_undone()
+            raise
         self._task = asyncio.create_task(self.run(),
                                          name=f"proxy:{self.kind}-watch:{self.path}")
 
     async def stop(self) -> None:
         """Stop watching (and a load still running). Idempotent; fine before start()."""
-        self._closed = True
+        self._begin_stop()
         self._stop.set()
         loading, self._loading = self._loading, None
         if loading is not None and not loading.done():
@@ -187,13 +188,6 @@ class WatchedFile(Generic[T]):
             if task.cancelled() and not cancelled_from_outside():
                 return  # the watcher was cancelled by someone else; we were not
             raise
-
-    async def __aenter__(self) -> WatchedFile[T]:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     async def run(self) -> None:
         """The watch loop: look at the file every `poll_interval_s` until cancelled or
@@ -363,9 +357,6 @@ class PolicyStore(WatchedFile[Policy]):
     def _parse_policy(self, text: str, filename: str) -> Policy:
         return parse_policy(text, filename, self.topology)
 
-    async def __aenter__(self) -> PolicyStore:
-        await self.start()
-        return self
 
 
 def _describe_policy(policy: Policy) -> dict[str, Any]:

@@ -55,6 +55,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from crossdc.clients.consul import ConsulClient
 from crossdc.errors import CrossdcError
+from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from proxy.api import SERVICE_NAME, pb, pb_grpc
@@ -257,7 +258,7 @@ class _Servicer(pb_grpc.ProxyServicer):
                     t.exception()
 
 
-class ProxyServer:
+class ProxyServer(Lifecycle):
     """The proxy of one region. `async with ProxyServer(...) as s:` or start()/stop().
 
     `policy` is a policy file (the server owns a PolicyStore watching it), a PolicyStore
@@ -339,8 +340,6 @@ class ProxyServer:
         self.failure: ProxyTaskFailed | None = None
         self._serving: bool | None = None
         self._draining = False
-        self._started = False
-        self._closed = False
         self._service_id: str | None = None
         self._metrics_http: Any = None
         self.port = 0
@@ -348,21 +347,11 @@ class ProxyServer:
         self.log = log.bind(region=config.region)
 
     # -- lifecycle ---------------------------------------------------------------------------
-    async def __aenter__(self) -> ProxyServer:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
     async def start(self) -> None:
         """Load the policy, start the producers, read the primary, bind, register; the
         background loops run in one TaskGroup (task `proxy:run`)."""
-        if self._closed:
-            raise RuntimeError("ProxyServer is closed; make a new one")
-        if self._started:
+        if not self._begin_start():
             return
-        self._started = True
         try:
             await self._start()
         except BaseException:
@@ -446,7 +435,7 @@ class ProxyServer:
             self._tg = None
         if self.failure is not None:
             await self._failed()
-        elif not self._closed:  # every loop ended on its own: as bad as one failing
+        elif not self.closed:  # every loop ended on its own: as bad as one failing
             self.failure = ProxyTaskFailed("proxy:run", None)
             await self._failed()
 
@@ -455,7 +444,7 @@ class ProxyServer:
         """Start `coro` as task `name` in the group (guarded: its failure is logged,
         counted and stops the server). Nothing is started once the group is gone."""
         tg = self._tg
-        if tg is None or self._closed or self.failure is not None:
+        if tg is None or self.closed or self.failure is not None:
             coro.close()
             return
         try:
@@ -471,7 +460,7 @@ class ProxyServer:
         except Exception as exc:  # the top of a task: log, count, re-raise
             self._task_failed(name, exc)
             raise
-        if not one_shot and not self._closed:
+        if not one_shot and not self.closed:
             self._task_failed(name, None)
             raise ProxyTaskFailed(name, None)
 
@@ -539,7 +528,7 @@ class ProxyServer:
         before start(). Cancelled, it still finishes the cleanup, then re-raises."""
         if self._stop_task is None:
             grace = self.config.grace_s if grace_s is None else grace_s
-            self._closed = True
+            self._begin_stop()
             self._draining = True
             self._stop_task = asyncio.create_task(self._stop(grace), name="proxy:stop")
         task = self._stop_task

@@ -43,6 +43,7 @@ from tenacity import (
 )
 
 from crossdc.clients.kafka import kafka_kw
+from crossdc.lifecycle import Lifecycle
 from crossdc.topology import Region
 from proxy.breaker import BreakerState, CircuitBreaker
 from proxy.config import BreakerSettings, KafkaWriterSettings
@@ -96,7 +97,7 @@ def _retry_attempt(exc: BaseException) -> bool:
     return isinstance(exc, _AttemptFailed) and exc.error.retriable
 
 
-class RegionWriter:
+class RegionWriter(Lifecycle):
     """The producer of one region; `start()`/`stop()`; `write()` from the router."""
 
     def __init__(self, region: Region, settings: KafkaWriterSettings,
@@ -112,7 +113,6 @@ class RegionWriter:
         metrics.breaker_state.labels(region.name).set(0)
         self._producer: AIOKafkaProducer | None = None
         self._reachable = False
-        self._closed = False
         self._renew = False
         """A batch came back OutOfOrderSequenceNumber: the next attempt uses a new producer."""
         self._last_error = "not started"
@@ -130,8 +130,8 @@ class RegionWriter:
     async def start(self) -> bool:
         """Start the producer; False (logged, retried by `probe`) if the region is down."""
         async with self._lock:
-            if self._closed:
-                raise RuntimeError("RegionWriter is closed")
+            # the probe calls start() until the region answers: each call may connect
+            self._begin_start()
             if self._producer is not None:
                 return True
             s = self.settings
@@ -154,7 +154,7 @@ class RegionWriter:
     async def stop(self, deadline: float | None = None) -> None:
         """Flush and close the producer; idempotent. With a `deadline` (monotonic) the flush
         is bounded: what is not flushed by then is abandoned and the connections closed."""
-        self._closed = True
+        self._begin_stop()
         producer: AIOKafkaProducer | None = None
         try:
             async with asyncio.timeout(None if deadline is None
@@ -178,7 +178,7 @@ class RegionWriter:
         """Replace the producer (after OutOfOrderSequenceNumber); the old one is closed,
         bounded: its refused batches have nothing left to deliver."""
         async with self._lock:
-            if not self._renew or self._closed:
+            if not self._renew or self.closed:
                 return
             self._renew = False
             old, self._producer = self._producer, None
@@ -220,7 +220,7 @@ class RegionWriter:
 
     async def probe(self) -> bool:
         """Ask the cluster for metadata; start the producer if it is not running."""
-        if self._closed:
+        if self.closed:
             return False
         if self._producer is None:
             return await self.start()

@@ -19,7 +19,6 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import aiohttp
@@ -31,6 +30,7 @@ import structlog
 from consul.callback import CB
 
 from crossdc.errors import CasAmbiguous, ClientError, ClientRefused
+from crossdc.lifecycle import Lifecycle
 from crossdc.settings import RetrySettings
 from crossdc.topology import split_hostport
 
@@ -216,7 +216,7 @@ def _dc(dc: str | None) -> list[tuple[str, str]]:
     return [("dc", dc)] if dc else []
 
 
-class ConsulClient:
+class ConsulClient(Lifecycle):
     """An async Consul HTTP client for one agent; use as `async with ConsulClient(addr):`.
 
     Calls that take `dc=` can target another (WAN-joined) datacenter through this agent."""
@@ -226,20 +226,20 @@ class ConsulClient:
         self.http_addr = http_addr
         self._retry = retry or RetrySettings()
         self._client: Any = consul.aio.Consul(host=host, port=port)
-        self._closed = False
+        self._begin_start()  # the HTTP client exists from here on: close() it
 
-    async def __aenter__(self) -> ConsulClient:
-        return self
+    async def start(self) -> None:
+        """Nothing to do (the client is open from its construction); `Closed` once closed."""
+        self._check_open()
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.close()
+    async def stop(self) -> None:
+        """Close the HTTP session; safe to call twice."""
+        if self._begin_stop():
+            await self._client.close()
 
     async def close(self) -> None:
-        """Close the HTTP session; safe to call twice."""
-        if not self._closed:
-            self._closed = True
-            await self._client.close()
+        """The same as `stop()`."""
+        await self.stop()
 
     async def _once(self, what: str, fn: Callable[[], Awaitable[T]],
                     timeout_s: float | None = None) -> T:

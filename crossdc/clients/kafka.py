@@ -22,7 +22,6 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import structlog
@@ -34,6 +33,7 @@ from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, Descri
 from aiokafka.structs import OffsetAndMetadata
 
 from crossdc.errors import ClientError, ClientRefused
+from crossdc.lifecycle import Lifecycle
 from crossdc.security import CONTROLLER, KafkaSecurity
 from crossdc.settings import RetrySettings
 from crossdc.topology import Region, Topology
@@ -178,7 +178,7 @@ def _raise_codes(what: str, rows: Iterable[tuple[str, int, str | None]]) -> None
             raise for_code(code)(f"{what} {name}: {message or ''}".rstrip(": "))
 
 
-class KafkaAdmin:
+class KafkaAdmin(Lifecycle):
     """Admin calls on one Kafka cluster: `async with KafkaAdmin(bootstrap) as admin:`."""
 
     def __init__(self, bootstrap: str, retry: RetrySettings | None = None, *,
@@ -187,21 +187,10 @@ class KafkaAdmin:
         self._retry = retry or RetrySettings()
         self._admin_kw = dict(client_id=client_id, **admin_kw)
         self._admin: AIOKafkaAdminClient | None = None
-        self._closed = False
-
-    async def __aenter__(self) -> KafkaAdmin:
-        await self.start()
-        return self
-
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.stop()
 
     async def start(self) -> None:
-        """Connect (retried); a stopped admin refuses to start again."""
-        if self._closed:
-            raise RuntimeError("KafkaAdmin was stopped; make a new one")
-        if self._admin is not None:
+        """Connect (retried); a stopped admin refuses to start again (`Closed`)."""
+        if not self._begin_start():
             return
 
         async def connect() -> None:
@@ -217,7 +206,7 @@ class KafkaAdmin:
 
     async def stop(self) -> None:
         """Close the connections; safe twice and before `start()`."""
-        self._closed = True
+        self._begin_stop()
         admin, self._admin = self._admin, None
         if admin is not None:
             await admin.close()

@@ -15,7 +15,6 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import TracebackType
 
 import structlog
 from aiohttp import web
@@ -24,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from crossdc.aio import cancelled_from_outside, sleep_unless
 from crossdc.errors import ClientError, CrossdcError
+from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings
@@ -59,7 +59,7 @@ RETRY_FAILED_S = 5.0
 """A failover that failed after its fence (no writable primary) is retried this often."""
 
 
-class Controller:
+class Controller(Lifecycle):
     """One region's controller; `async with Controller(...)` or `start()`/`stop()`."""
 
     def __init__(self, topology: Topology, settings: ControllerSettings, *,
@@ -102,7 +102,6 @@ class Controller:
         self._task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
-        self._closed = False
         self._failed_retry_at = 0.0
         self._log = log.bind(region=settings.region, controller=settings.controller_id)
 
@@ -111,19 +110,9 @@ class Controller:
     def leading(self) -> bool:
         return self.lock is not None and self.lock.leading
 
-    async def __aenter__(self) -> Controller:
-        await self.start()
-        return self
-
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        await self.stop()
-
     async def start(self) -> None:
         """Serve /health and /metrics and start every loop (in the background)."""
-        if self._closed:
-            raise ControllerError("a stopped controller cannot start again")
-        if self._task is not None:
+        if not self._begin_start():
             return
         await self._start_http()
         host = self.settings.http_host
@@ -139,9 +128,8 @@ class Controller:
 
     async def stop(self, timeout_s: float = 10.0) -> None:
         """Stop every loop, give the lock up, close every client; idempotent, bounded."""
-        if self._closed:
+        if not self._begin_stop():
             return
-        self._closed = True
         self._stop.set()
         try:
             if self._task is not None:

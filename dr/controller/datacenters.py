@@ -17,7 +17,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import TypeVar
 
 import structlog
@@ -27,6 +26,7 @@ from crossdc.aio import cancelled_from_outside
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary, write_primary
 from crossdc.errors import ClientError, ClientRefused, CrossdcError
+from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
 from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
@@ -106,7 +106,7 @@ def failure_of(res: object) -> str | None:
     return None
 
 
-class Datacenters:
+class Datacenters(Lifecycle):
     """One ConsulClient per datacenter (regions, then witnesses); use as
     `async with Datacenters(topology) as dcs:`."""
 
@@ -119,15 +119,20 @@ class Datacenters:
                                for d in topology.datacenters}
         self._down: dict[str, float] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}
+        self._begin_start()  # the clients exist from here on: close() them
 
-    async def __aenter__(self) -> Datacenters:
-        return self
+    async def start(self) -> None:
+        """Nothing to do (the clients are open from the construction); `Closed` once closed."""
+        self._check_open()
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def stop(self) -> None:
+        """The same as `close()`."""
         await self.close()
 
     async def close(self) -> None:
+        """Close every client and stop the background probes; idempotent."""
+        if not self._begin_stop():
+            return
         await asyncio.gather(*(c.close() for c in self._probe_clients.values()))
         for task in self._probes.values():
             task.cancel()

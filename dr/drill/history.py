@@ -67,6 +67,7 @@ from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_TS
+from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
 from crossdc.quarantine import DR_Q_TOPIC, QUARANTINE_TOPIC
 from crossdc.settings import RetrySettings
@@ -783,7 +784,7 @@ def fences_of(seen: Iterable[Seen], majority: int) -> list[Fence]:
     return [out[e] for e in sorted(out)]
 
 
-class PrimaryWatch:
+class PrimaryWatch(Lifecycle):
     """Reads every datacenter's `crossdc/primary` every `interval_s`, each datacenter on its
     own (one cut off does not slow the others' reads), from wherever the caller runs, and
     keeps every change seen: `fences()` for check (b), `changes()` for the report.
@@ -802,19 +803,14 @@ class PrimaryWatch:
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
 
-    async def __aenter__(self) -> PrimaryWatch:
-        self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    def start(self) -> None:
-        if self._task is None:
+    async def start(self) -> None:
+        """Start reading, in a task."""
+        if self._begin_start():
             self._task = asyncio.create_task(self._run(), name="drill:primary-watch")
 
     async def stop(self) -> None:
-        """Stop reading (idempotent)."""
+        """Stop reading (idempotent; waits for the reads in flight)."""
+        self._begin_stop()
         self._stop.set()
         if self._task is not None:
             await self._task

@@ -53,6 +53,7 @@ import structlog
 from crossdc.aio import sleep_unless
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
 from crossdc.errors import CrossdcError
+from crossdc.lifecycle import Lifecycle
 from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
 from dr.errors import DrError
@@ -240,7 +241,7 @@ class _Producer:
     discovering: bool = False
 
 
-class Traffic:
+class Traffic(Lifecycle):
     """Drives the drill's writes through the proxies and logs every acknowledgement.
 
         async with Traffic({"east": "127.0.0.1:18700", "west": ...}, drill_topics(run),
@@ -290,27 +291,15 @@ class Traffic:
         self._log_file: IO[str] | None = None
         self._stopping = asyncio.Event()
         self._run_task: asyncio.Task[None] | None = None
-        self._started = False
-        self._closed = False
         self.started_ms: int | None = None
         self.stopped_ms: int | None = None
         self.log = log.bind(proxies=self.proxies, rate=rate)
 
-    async def __aenter__(self) -> Traffic:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
     # -- lifecycle -----------------------------------------------------------------------
     async def start(self) -> None:
         """Open the log (appending), the clients, and start the producers."""
-        if self._closed:
-            raise DrError("Traffic was stopped; make a new one")
-        if self._started:
+        if not self._begin_start():
             return
-        self._started = True
         self.ack_log.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self.ack_log.open("a", encoding="utf-8")
         try:
@@ -318,6 +307,9 @@ class Traffic:
                 await self._open(region, target)
         except BaseException:
             await self._close_clients()
+            self._log_file.close()
+            self._log_file = None
+            self._start_undone()
             raise
         self.started_ms = _now_ms()
         self._run_task = asyncio.create_task(self._run(), name="drill:traffic")
@@ -337,9 +329,8 @@ class Traffic:
         """Stop sending, wait for the answers of what was sent (bounded by `stop_timeout_s`),
         close the clients and the log. Idempotent; safe before `start()`. Raises what ended a
         producer, if one failed."""
-        if self._closed:
+        if not self._begin_stop():
             return
-        self._closed = True
         self._stopping.set()
         error: BaseException | None = None
         for task in list(self._discovery):

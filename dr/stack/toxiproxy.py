@@ -28,12 +28,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import aiohttp
 import structlog
 
+from crossdc.lifecycle import Lifecycle
 from crossdc.topology import Topology
 from dr.errors import StackError
 from dr.stack.paths import StackPaths
@@ -81,7 +81,7 @@ def latency_toxic(stream: Stream, latency_ms: int, jitter_ms: int = 0,
 
 
 # -- the HTTP API -------------------------------------------------------------------------
-class ToxiproxyClient:
+class ToxiproxyClient(Lifecycle):
     """A small async client of Toxiproxy's HTTP API (`async with ToxiproxyClient(url)`)."""
 
     def __init__(self, api: str, timeout_s: float = 5.0) -> None:
@@ -89,18 +89,21 @@ class ToxiproxyClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._http: aiohttp.ClientSession | None = None
 
-    async def __aenter__(self) -> ToxiproxyClient:
-        self._http = aiohttp.ClientSession(timeout=self._timeout)
-        return self
+    async def start(self) -> None:
+        """Open the HTTP session."""
+        if self._begin_start():
+            self._http = aiohttp.ClientSession(timeout=self._timeout)
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
-
-    async def close(self) -> None:
+    async def stop(self) -> None:
+        """Close the HTTP session; idempotent."""
+        self._begin_stop()
         if self._http is not None:
             http, self._http = self._http, None
             await http.close()
+
+    async def close(self) -> None:
+        """The same as `stop()`."""
+        await self.stop()
 
     async def _call(self, method: str, path: str, body: object | None = None,
                     ok: tuple[int, ...] = (200, 201, 204)) -> Any:

@@ -198,7 +198,7 @@ class Run:
         if failover:
             await self.failover_ready()
         self.watch = PrimaryWatch(self.topology)
-        self.watch.start()
+        await self.watch.start()
         await create_topics(self.topology, self.topics.values())
         for r in self.split.regions:
             proxy = self.topology.region(r).proxy.endpoint

@@ -24,6 +24,7 @@ from tests_support import write_topology  # type: ignore[import-not-found]
 
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary, write_primary
+from crossdc.lifecycle import Closed
 from crossdc.primary import PrimaryRecord
 from dr.stack.ports import free_topology
 from proxy.api import pb, pb_grpc
@@ -184,7 +185,7 @@ async def test_stop_before_start_twice_and_no_restart(policy_file: Path) -> None
     server = ProxyServer(free_topology(["gone"]), _cfg("gone"), policy_file)
     await server.stop()
     await server.stop()
-    with pytest.raises(RuntimeError, match="closed"):
+    with pytest.raises(Closed, match="ProxyServer was stopped"):
         await server.start()
 
 
