@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-__all__ = ["cancelled_from_outside", "checkpoint", "sleep_unless"]
+from crossdc.errors import CrossdcError
+
+__all__ = ["TaskEnded", "cancelled_from_outside", "checkpoint", "every", "first_error", "guard",
+           "sleep_unless"]
+
+
+class TaskEnded(CrossdcError):
+    """A task meant to run until it is stopped returned on its own."""
+
+    def __init__(self, task: str) -> None:
+        self.task = task
+        super().__init__(f"task {task} ended on its own")
 
 
 def cancelled_from_outside() -> bool:
@@ -44,3 +58,75 @@ async def sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
             async with asyncio.timeout(max(0.0, seconds)):
                 await stop.wait()
     return stop.is_set()
+
+
+async def guard(name: str, coro: Awaitable[None], *, log: Any,
+                finishable: bool | Callable[[], bool] = False,
+                on_failure: Callable[[str, BaseException], None] | None = None) -> None:
+    """Run `coro` as the body of the task `name`, the one way every component supervises
+    its background loops (after kopf's `guard()`):
+
+    - it fails: logged once here (`task_failed`, with the task's name and the traceback),
+      `on_failure` told, the error re-raised (so a TaskGroup around it cancels the rest);
+    - it returns although it is not `finishable` (a loop that should run until stopped; a
+      callable is asked at that moment, e.g. "are we stopping?"): the same, as `TaskEnded`;
+    - it is cancelled: passed on, not logged (stopping is not a failure)."""
+    try:
+        await coro
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # the top of a task: log, tell, re-raise
+        log.error("task_failed", task=name, error=f"{exc.__class__.__name__}: {exc}",
+                  exc_info=exc)
+        if on_failure is not None:
+            on_failure(name, exc)
+        raise
+    if not (finishable() if callable(finishable) else finishable):
+        ended = TaskEnded(name)
+        log.error("task_failed", task=name, error="ended")
+        if on_failure is not None:
+            on_failure(name, ended)
+        raise ended
+
+
+async def every(stop: asyncio.Event, interval_s: float | Callable[[], float],
+                fn: Callable[[], Awaitable[None]], *, log: Any,
+                from_start: bool = True) -> None:
+    """Call `fn` every `interval_s` (counted from the start of each round, or, with
+    `from_start=False`, from its end) until `stop` is set.
+
+    A `CancelledError` that nobody sent this task (a client library cancelling one of its
+    own futures under us: see `cancelled_from_outside`) fails that round only, logged;
+    without this a TaskGroup would take the task as cancelled and the loop would be gone
+    without a word. A real cancel ends the loop."""
+    while not stop.is_set():
+        t0 = time.monotonic()
+        try:
+            await fn()
+        except asyncio.CancelledError:
+            if cancelled_from_outside():
+                raise
+            task = asyncio.current_task()
+            log.warning("round_cancelled_inside_a_client",
+                        task=task.get_name() if task is not None else None)
+        pause = interval_s() if callable(interval_s) else interval_s
+        if from_start:
+            pause -= time.monotonic() - t0
+        await sleep_unless(stop, max(0.0, pause))
+
+
+def first_error(group: BaseExceptionGroup[BaseException],
+                prefer: type[BaseException] = CrossdcError) -> BaseException | None:
+    """What a TaskGroup's failure means, as one error: the first that is not a cancel,
+    our own errors (`prefer`) first, since they carry what the operator needs; None when
+    every task was only cancelled."""
+    errors = [e for e in group.exceptions if not isinstance(e, asyncio.CancelledError)]
+    flat: list[BaseException] = []
+    for e in errors:
+        if isinstance(e, BaseExceptionGroup):
+            inner = first_error(e, prefer)
+            if inner is not None:
+                flat.append(inner)
+        else:
+            flat.append(e)
+    return next((e for e in flat if isinstance(e, prefer)), flat[0] if flat else None)

@@ -53,6 +53,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
+from crossdc.aio import TaskEnded, guard
 from crossdc.clients.consul import ConsulClient
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
@@ -448,29 +449,15 @@ class ProxyServer(Lifecycle):
             coro.close()
             return
         try:
-            tg.create_task(self._guard(name, coro, one_shot=one_shot), name=name)
+            tg.create_task(guard(name, coro, log=self.log, on_failure=self._task_failed,
+                                 finishable=one_shot or (lambda: self.closed)), name=name)
         except RuntimeError:  # the group is shutting down
             coro.close()
 
-    async def _guard(self, name: str, coro: Awaitable[None], *, one_shot: bool) -> None:
-        try:
-            await coro
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the top of a task: log, count, re-raise
-            self._task_failed(name, exc)
-            raise
-        if not one_shot and not self.closed:
-            self._task_failed(name, None)
-            raise ProxyTaskFailed(name, None)
-
-    def _task_failed(self, name: str, exc: BaseException | None) -> None:
+    def _task_failed(self, name: str, exc: BaseException) -> None:
         if self.failure is None:
-            self.failure = ProxyTaskFailed(name, exc)
+            self.failure = ProxyTaskFailed(name, None if isinstance(exc, TaskEnded) else exc)
         self.metrics.task_failures.labels(name).inc()
-        self.log.error("proxy_task_failed", task=name,
-                       error=f"{exc.__class__.__name__}: {exc}" if exc else "ended",
-                       exc_info=exc)
 
     async def _failed(self) -> None:
         """A loop died: NOT_SERVING, refuse new calls, stop the gRPC server (calls in flight

@@ -21,7 +21,7 @@ from aiohttp import web
 from aiokafka.errors import KafkaError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from crossdc.aio import cancelled_from_outside, sleep_unless
+from crossdc.aio import every
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
@@ -166,21 +166,7 @@ class Controller(Lifecycle):
                 await p.stop()
 
     async def _every(self, interval_s: float, fn: Callable[[], Awaitable[None]]) -> None:
-        while not self._stop.is_set():
-            t0 = time.monotonic()
-            try:
-                await fn()
-            except asyncio.CancelledError:
-                # A client cancelled one of its own futures under us: that round failed.
-                # (Left alone, a TaskGroup would take the task as cancelled and the loop
-                # would silently be gone.)
-                if cancelled_from_outside():
-                    raise
-                self._log.warning("round_cancelled_inside_a_client",
-                                  task=asyncio.current_task().get_name()  # type: ignore[union-attr]
-                                  )
-            left = interval_s - (time.monotonic() - t0)
-            await sleep_unless(self._stop, max(0.0, left))
+        await every(self._stop, interval_s, fn, log=self._log)
 
     # -- health --------------------------------------------------------------------------
     async def _health_round(self) -> None:

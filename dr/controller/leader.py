@@ -35,7 +35,7 @@ from typing import Any
 
 import structlog
 
-from crossdc.aio import sleep_unless
+from crossdc.aio import every
 from crossdc.errors import ClientError, ClientRefused
 from dr.controller.config import LeaderSettings
 from dr.controller.datacenters import Datacenters
@@ -144,9 +144,8 @@ class LeaderLock:
 
     async def _every(self, stop: asyncio.Event,
                      fn: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        while not stop.is_set():
-            await fn()
-            await sleep_unless(stop, self.beat_s)
+        # a beat_s pause after each round ends (never two beats back to back)
+        await every(stop, lambda: self.beat_s, fn, log=log, from_start=False)
 
     async def beat_once(self, dc: str) -> None:
         """Pass our check in one datacenter; note when the beat that it answered was sent."""

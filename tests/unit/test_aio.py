@@ -1,4 +1,5 @@
-"""crossdc/aio.py: the pause every component's loop takes between rounds."""
+"""crossdc/aio.py: the pause every component's loop takes between rounds, and the one way
+to supervise a background task (`guard`, `every`, `first_error`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import structlog
 from tenacity import RetryCallState
 
-from crossdc.aio import sleep_unless
+from crossdc.aio import TaskEnded, every, first_error, guard, sleep_unless
+from crossdc.errors import ClientError
 from crossdc.settings import Backoff, RetrySettings
 
 pytestmark = pytest.mark.unit
@@ -55,3 +57,84 @@ def test_backoff_doubles_with_bounded_jitter_and_is_the_retry_loops_wait() -> No
     state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
     state.attempt_number = 6
     assert wait(state) == 0.5  # type: ignore[call-arg]
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, object]]] = []
+
+    def error(self, event: str, **kw: object) -> None:
+        self.events.append((event, kw))
+
+    warning = error
+
+
+async def test_guard_logs_a_failure_once_tells_and_re_raises() -> None:
+    log, told = _Log(), []
+
+    async def boom() -> None:
+        raise ClientError("kafka down")
+
+    with pytest.raises(ClientError, match="kafka down"):
+        await guard("x:loop", boom(), log=log, on_failure=lambda n, e: told.append((n, e)))
+    assert [(e, kw["task"], kw["error"]) for e, kw in log.events] == [
+        ("task_failed", "x:loop", "ClientError: kafka down")]
+    assert [n for n, _ in told] == ["x:loop"]
+
+
+async def test_guard_takes_an_unfinishable_task_that_returns_as_failed() -> None:
+    log, told = _Log(), []
+
+    async def returns() -> None:
+        return None
+
+    with pytest.raises(TaskEnded, match="x:loop ended on its own"):
+        await guard("x:loop", returns(), log=log, on_failure=lambda n, e: told.append(e))
+    assert isinstance(told[0], TaskEnded)
+    # finishable (or finishable now: we are stopping): a quiet end
+    await guard("x:once", returns(), log=log, finishable=True)
+    await guard("x:loop", returns(), log=log, finishable=lambda: True)
+    assert len(log.events) == 1
+
+
+async def test_guard_passes_a_cancel_on_without_logging_it() -> None:
+    log = _Log()
+    task = asyncio.create_task(guard("x:loop", asyncio.sleep(30), log=log))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert log.events == []
+
+
+async def test_every_survives_a_cancel_from_inside_a_client_and_stops_on_a_real_one() -> None:
+    log, stop, rounds = _Log(), asyncio.Event(), []
+
+    async def round_() -> None:
+        rounds.append(len(rounds))
+        if len(rounds) == 1:  # a library cancelling its own future under us
+            fut = asyncio.get_running_loop().create_future()
+            fut.cancel()
+            await fut
+        if len(rounds) == 3:
+            stop.set()
+
+    await asyncio.wait_for(every(stop, 0.01, round_, log=log), 5)
+    assert rounds == [0, 1, 2]
+    assert [e for e, _ in log.events] == ["round_cancelled_inside_a_client"]
+
+    never = asyncio.Event()
+    task = asyncio.create_task(every(never, 0.01, lambda: asyncio.sleep(0), log=log))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_first_error_prefers_our_own_and_skips_cancels() -> None:
+    ours, theirs = ClientError("ours"), OSError("theirs")
+    eg = BaseExceptionGroup("g", [asyncio.CancelledError(), theirs,
+                                  ExceptionGroup("inner", [ours])])
+    assert first_error(eg) is ours
+    assert first_error(BaseExceptionGroup("g", [theirs, asyncio.CancelledError()])) is theirs
+    assert first_error(BaseExceptionGroup("g", [asyncio.CancelledError()])) is None
