@@ -37,6 +37,7 @@ from aiokafka.errors import (
     KafkaError,
     MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
+    ProducerClosed,
     ProducerFenced,
     RecordTooLargeError,
 )
@@ -236,6 +237,18 @@ class MirrorWorker:
         self._producer = AIOKafkaProducer(**kafka_kw(self.target_bootstrap),
                                           **self._producer_kw)
         await self._producer.start()
+        # before a record is queued: the offset-sync topic, say, is written right after a
+        # batch's records, and must not make the producer forget their topics (_follow)
+        await _follow(self._producer, self._own_topics())
+
+    def _own_topics(self) -> list[str]:
+        """The topics this worker writes besides the mirrored ones."""
+        topics = [self._sync_topic]
+        if self.flow.dead_letter:
+            topics.append(self.dead_letter_topic)
+        if self._primary_watch is not None:
+            topics.append(QUARANTINE_TOPIC)
+        return topics
 
     async def stop(self, timeout_s: float = _STOP_S) -> None:
         """Idempotent, safe before start(), bounded by `timeout_s`: end the loops, flush the
@@ -683,6 +696,8 @@ class MirrorWorker:
         seen by the consumer before the next topic refresh grew the target)."""
         producer = self._producer
         assert producer is not None
+        tps = list(tps)
+        await _follow(producer, sorted({tp.topic for tp in tps}))
         for tp in tps:
             if tp.partition in (await producer.partitions_for(tp.topic)):
                 continue
@@ -1032,10 +1047,34 @@ async def _end_transaction(producer: AIOKafkaProducer,
         await asyncio.wait_for(producer.abort_transaction(), _CLOSE_S)
 
 
+async def _follow(producer: AIOKafkaProducer, topics: Iterable[str]) -> None:
+    """Make the producer's metadata follow `topics`; call it before a record is queued for
+    any of them.
+
+    aiokafka's client follows no topic at first, and a metadata update made then asks for
+    *every* topic (one is made when InitProducerId must be retried, as on a fresh cluster:
+    COORDINATOR_LOAD_IN_PROGRESS). A send to a topic the client does not know adds that
+    topic to the followed ones (`client.add_topic`); from then on each update asks for the
+    followed topics alone and *replaces* the client's view of the cluster with the answer,
+    so a topic known from the fetch-all but never followed drops out. A batch queued for it
+    then has no leader: the sender asks for metadata again and again (thousands of requests
+    a second, never for that topic) until the batch expires after request_timeout_ms (40 s),
+    and its acks wait that long. That stranded the first batch of the drill-traffic mirrors:
+    the offset-sync topic, created just before the producer started, was missing from its
+    fetch-all, and the send to it that follows a batch's records dropped their topic.
+    Followed topics are asked for in every update, so they never drop out. One at a time:
+    aiokafka's metadata task reads the followed set in place, a topic added while an update
+    is under way may be left out of it."""
+    for topic in topics:
+        await producer.client.add_topic(topic)  # at once when followed already
+
+
 async def _close_producer(producer: AIOKafkaProducer, timeout_s: float = _CLOSE_S) -> None:
     """Stop a producer within `timeout_s`. aiokafka's stop() flushes first and waits forever
     while the target is away; then its sender and connections are closed without flushing
-    (in at-least-once mode those records are sent again by the next attempt or worker)."""
+    (in at-least-once mode those records are sent again by the next attempt or worker), and
+    the batches still queued are failed: the flush task stop() started waits for them, and
+    nothing else would ever end it (nor the waits on their acks)."""
     try:
         await asyncio.wait_for(producer.stop(), timeout_s)
     except (KafkaError, TimeoutError):
@@ -1045,6 +1084,9 @@ async def _close_producer(producer: AIOKafkaProducer, timeout_s: float = _CLOSE_
                 await sender.close()
         with contextlib.suppress(KafkaError):
             await producer.client.close()
+        accumulator = getattr(producer, "_message_accumulator", None)
+        if accumulator is not None:
+            accumulator.fail_all(ProducerClosed())
 
 
 def _dr_ts(record: Any) -> int | None:

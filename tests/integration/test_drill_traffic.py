@@ -27,12 +27,6 @@ from proxy.server import ProxyServer
 
 pytestmark = [
     pytest.mark.timeout(150), pytest.mark.slow,  # `make test-more`
-    pytest.mark.skip(reason="known defect, open: in about half the runs the in-process west → "
-                     "east mirror's first batch after its assignment is never answered by east "
-                     "(target_not_answering for 20 s and more, replicas missing in east), and "
-                     "stopping that worker leaves aiokafka's MessageAccumulator.close pending "
-                     "(the leak guard fails the teardown); the same on the code of 2026-11-26 "
-                     "morning (06df93b): see the stop note"),
 ]
 
 POLICY = Path(__file__).parents[2] / "policies" / "default.yaml"
