@@ -27,7 +27,7 @@ import json
 import re
 import socket
 import time
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Coroutine, Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -47,9 +47,10 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from crossdc.aio import cancelled_from_outside, sleep_unless
+from crossdc.aio import cancelled_from_outside, first_error, guard, sleep_unless
 from crossdc.clients.kafka import kafka_kw
 from crossdc.headers import DR_ID, DR_PATH, DR_TS
+from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
 from crossdc.quarantine import QUARANTINE_TOPIC, quarantine_headers
 from crossdc.settings import Backoff
@@ -110,7 +111,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
             self.worker._fail(exc)
 
 
-class MirrorWorker:
+class MirrorWorker(Lifecycle):
     """Run with `async with MirrorWorker(flow, src, dst): await worker.wait()` or
     `start()` / `stop()`.
 
@@ -164,7 +165,6 @@ class MirrorWorker:
         self._sync_topic = sync_topic_name(flow.source)
         self.dead_letter_topic = f"_crossdc.dead-letter.{flow.source}"
         self.errors: list[MirrorError] = []
-        self._closed = False
         self._ended: asyncio.Task[None] | None = None  # the loops' task, once stopped
         self._stopper: asyncio.Task[None] | None = None  # the one stop under way or done
         self._stop_event = asyncio.Event()  # set by stop(): pauses and retries wake on it
@@ -178,14 +178,13 @@ class MirrorWorker:
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
         """Open the clients and start the loops; a failure here closes what was opened."""
-        if self._closed:
-            raise MirrorError("a stopped MirrorWorker cannot be started again")
-        if self._task is not None:
-            raise MirrorError("this MirrorWorker is already started")
+        if not self._begin_start():
+            return
         try:
             await self._open()
         except BaseException:
             await self._close_clients(time.monotonic() + _STOP_S)
+            self._start_undone()
             raise
         self._task = asyncio.create_task(self._run(), name=f"mirror:{self._flow_label}")
         self.log.info("mirror_started", exactly_once=self.flow.exactly_once,
@@ -256,7 +255,7 @@ class MirrorWorker:
         after a loop died with an error (that error is for wait(), not raised here). Calls
         made while a stop is under way wait for it. If stop() itself is cancelled, the
         clients are still closed (within the deadline), then the cancellation propagates."""
-        self._closed = True
+        self._begin_stop()
         self._stop_event.set()
         if self._stopper is None:
             self._stopper = asyncio.create_task(self._stop(time.monotonic() + timeout_s),
@@ -344,13 +343,6 @@ class MirrorWorker:
         await asyncio.wait([task])
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-
-    async def __aenter__(self) -> MirrorWorker:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
 
     # -- topics ----------------------------------------------------------------------
     async def _refresh_topics(self) -> None:
@@ -537,20 +529,23 @@ class MirrorWorker:
         label = self._flow_label
         try:
             async with asyncio.TaskGroup() as tg:
-                self._carry_task = tg.create_task(self._carry(), name=f"mirror:{label}:carry")
-                tg.create_task(self._discover(), name=f"mirror:{label}:discovery")
-                tg.create_task(self._commit_loop(), name=f"mirror:{label}:commit")
+                def spawn(name: str, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+                    # each loop runs until the worker stops: ending sooner is a failure
+                    return tg.create_task(guard(name, coro, log=self.log,
+                                                finishable=self._stop_event.is_set),
+                                          name=name)
+
+                self._carry_task = spawn(f"mirror:{label}:carry", self._carry())
+                spawn(f"mirror:{label}:discovery", self._discover())
+                spawn(f"mirror:{label}:commit", self._commit_loop())
                 if self._primary_watch is not None:
-                    tg.create_task(self._primary_watch.run(self._stop_event),
-                                   name=f"mirror:{label}:primary")
+                    spawn(f"mirror:{label}:primary", self._primary_watch.run(self._stop_event))
         except BaseExceptionGroup as eg:
-            errors = [e for e in eg.exceptions if not isinstance(e, asyncio.CancelledError)]
-            if not errors:
+            # each failure was logged by its guard; ours first: they carry what the
+            # operator needs
+            first = first_error(eg, MirrorError)
+            if first is None:
                 raise
-            for e in errors:
-                self.log.error("mirror_failed", error=repr(e))
-            # our own errors first: they carry what the operator needs
-            first = next((e for e in errors if isinstance(e, MirrorError)), errors[0])
             raise first from None
 
     async def _carry(self) -> None:

@@ -12,9 +12,10 @@ from aiokafka import TopicPartition
 from kafka_helpers import eventually  # type: ignore[import-not-found]
 
 import mirror.worker as worker_mod
+from crossdc.lifecycle import Closed
 from crossdc.topology import Flow
 from mirror import MirrorWorker
-from mirror.errors import MirrorError, OffsetsUnavailable
+from mirror.errors import OffsetsUnavailable
 
 _FLOW = Flow(source="east", target="west", topics="t", group="g")
 
@@ -83,7 +84,7 @@ async def test_stop_is_idempotent_and_safe_before_start() -> None:
     await w.stop()
     await w.wait()  # never started: returns
     assert not w.running
-    with pytest.raises(MirrorError, match="cannot be started again"):
+    with pytest.raises(Closed, match="MirrorWorker was stopped"):
         await w.start()
 
 
