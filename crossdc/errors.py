@@ -7,6 +7,8 @@
     │   └── CasAmbiguous         a compare-and-set whose outcome could not be read back
     ├── BadPrimaryRecord         crossdc.primary: the KV value is not a primary record
     ├── MissingExtra             an optional part is not installed (names the extra)
+    ├── PartitionMismatch        a topic's partition counts differ between regions (marker)
+    ├── RecordTooLarge           a record is over a size limit (marker)
     ├── dr.errors.DrError        the roof: CLI, local stack, controller, reconciliation
     ├── proxy.errors.ProxyError  the routing proxy
     └── mirror.errors.MirrorError the mirror workers
@@ -28,6 +30,8 @@ __all__ = [
     "ConfigIssue",
     "CrossdcError",
     "MissingExtra",
+    "PartitionMismatch",
+    "RecordTooLarge",
 ]
 
 
@@ -97,3 +101,25 @@ class MissingExtra(CrossdcError):
     def __init__(self, extra: str, what: str) -> None:
         self.extra = extra
         super().__init__(f"{what}: pip install 'crossdc[{extra}]'" if extra else what)
+
+
+class PartitionMismatch(CrossdcError):
+    """A topic has different partition counts in two or more regions, so a key would land in
+    another partition: the proxy refuses ordered and sync writes to it, the mirror stops its
+    flow. Both components raise their own subclass, built the same way:
+    `PartitionMismatch(topic, counts)`, `counts` mapping region to partition count."""
+
+    topic: str
+    counts: dict[str, int]
+
+
+class RecordTooLarge(CrossdcError):
+    """A record is over a size limit: the proxy's rule refused it, or the mirror's target
+    did. Both components raise their own subclass, built the same way:
+    `RecordTooLarge(topic, size, limit=..., partition=..., offset=...)` with what is known."""
+
+    topic: str
+    size: int
+    limit: int | None
+    partition: int | None
+    offset: int | None

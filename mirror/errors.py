@@ -9,6 +9,9 @@
             └── OffsetsUnavailable  the offset-sync topic or the group cannot be read now
 """
 
+from collections.abc import Mapping
+
+from crossdc import errors
 from crossdc.errors import CrossdcError
 
 __all__ = ["MirrorError", "OffsetsError", "OffsetsUnavailable", "PartitionMismatch",
@@ -19,24 +22,35 @@ class MirrorError(CrossdcError):
     """Root of the mirror's errors."""
 
 
-class PartitionMismatch(MirrorError):
-    """The flow of one topic stops: the target would need re-partitioning."""
+class PartitionMismatch(MirrorError, errors.PartitionMismatch):
+    """The flow of one topic stops: the target would need re-partitioning. `counts` has the
+    source region first, then the target."""
 
-    def __init__(self, topic: str, source: str, source_n: int, target: str,
-                 target_n: int) -> None:
-        self.topic, self.source_n, self.target_n = topic, source_n, target_n
+    def __init__(self, topic: str, counts: Mapping[str, int]) -> None:
+        self.topic, self.counts = topic, dict(counts)
+        (source, source_n), (target, target_n) = list(self.counts.items())[:2]
         super().__init__(
             f"topic {topic!r} has {source_n} partitions in {source} but {target_n} in "
             f"{target}; the mirror never re-partitions (keys would land elsewhere). Give the "
             f"target {source_n} partitions (kafka-topics --alter) or delete it, and restart.")
 
+    @property
+    def source_n(self) -> int:
+        """The source's partition count."""
+        return next(iter(self.counts.values()))
 
-class RecordTooLarge(MirrorError):
-    """The target refused a record as too large; its partition's flow stops."""
 
-    def __init__(self, topic: str, partition: int, offset: int, size: int, *,
-                 exact: bool = True) -> None:
-        self.topic, self.partition, self.offset, self.size = topic, partition, offset, size
+class RecordTooLarge(MirrorError, errors.RecordTooLarge):
+    """The target refused a record as too large; its partition's flow stops (the mirror
+    always knows which record: `partition` and `offset` are given)."""
+
+    partition: int
+    offset: int
+
+    def __init__(self, topic: str, size: int, *, partition: int, offset: int,
+                 limit: int | None = None, exact: bool = True) -> None:
+        self.topic, self.size, self.limit = topic, size, limit
+        self.partition, self.offset = partition, offset
         # False when the broker refused a whole producer batch: the record is not known yet.
         self.exact = exact
         super().__init__(

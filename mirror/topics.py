@@ -104,7 +104,7 @@ async def sync_topics(source: AIOKafkaAdminClient, target: AIOKafkaAdminClient,
             except TopicAlreadyExistsError:
                 pass
         elif have != n and topic not in matched:
-            err = PartitionMismatch(topic, source_name, n, target_name, have)
+            err = PartitionMismatch(topic, {source_name: n, target_name: have})
             plan.stopped[topic] = err
             log.error("topic_stopped", topic=topic, error=str(err))
             continue

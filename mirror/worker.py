@@ -781,14 +781,14 @@ class MirrorWorker(Lifecycle):
                                                       timestamp_ms=r.timestamp,
                                                       headers=headers)
                         except MessageSizeTooLargeError:
-                            raise RecordTooLarge(tp.topic, tp.partition, r.offset, size,
-                                                 exact=True) from None
+                            raise RecordTooLarge(tp.topic, size, partition=tp.partition,
+                                                 offset=r.offset) from None
                         chunks.append(([r.offset], [size], fut))
                         await asyncio.wait([fut])
                         if isinstance(fut.exception(),
                                       (MessageSizeTooLargeError, RecordTooLargeError)):
-                            raise RecordTooLarge(tp.topic, tp.partition, r.offset, size,
-                                                 exact=True)
+                            raise RecordTooLarge(tp.topic, size, partition=tp.partition,
+                                                 offset=r.offset)
                         continue
                     # The fast path: records go into producer batches built here (one ack
                     # per batch, not per record).
@@ -802,8 +802,8 @@ class MirrorWorker(Lifecycle):
                         builder, srcs, sizes = producer.create_batch(), [], []
                         if builder.append(timestamp=r.timestamp, key=r.key, value=r.value,
                                           headers=headers) is None:
-                            raise RecordTooLarge(tp.topic, tp.partition, r.offset, size,
-                                                 exact=True)
+                            raise RecordTooLarge(tp.topic, size, partition=tp.partition,
+                                                 offset=r.offset)
                     srcs.append(r.offset)
                     sizes.append(size)
                 if builder is not None and srcs:
@@ -825,8 +825,8 @@ class MirrorWorker(Lifecycle):
                     try:
                         md = await fut
                     except (MessageSizeTooLargeError, RecordTooLargeError):
-                        raise RecordTooLarge(tp.topic, tp.partition, srcs[0], max(sizes),
-                                             exact=len(srcs) == 1) from None
+                        raise RecordTooLarge(tp.topic, max(sizes), partition=tp.partition,
+                                             offset=srcs[0], exact=len(srcs) == 1) from None
                     pairs[tp].extend((s, md.offset + i) for i, s in enumerate(srcs))
             ack_ms = time.time() * 1000
             sync_recs: list[tuple[bytes, bytes, int]] = []

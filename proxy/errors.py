@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from crossdc import errors
 from crossdc.errors import CrossdcError
 
 if TYPE_CHECKING:
@@ -105,10 +106,12 @@ class MissingKey(InvalidRecord):
                          f"(per-key order is kept by partition)", topic=topic)
 
 
-class RecordTooLarge(InvalidRecord):
-    def __init__(self, topic: str, size: int, limit: int) -> None:
-        self.size = size
-        self.limit = limit
+class RecordTooLarge(InvalidRecord, errors.RecordTooLarge):
+    """The record is over its rule's `max_record_bytes` (key + value + headers)."""
+
+    def __init__(self, topic: str, size: int, *, limit: int | None = None,
+                 partition: int | None = None, offset: int | None = None) -> None:
+        self.size, self.limit, self.partition, self.offset = size, limit, partition, offset
         super().__init__(f"record for {shown(topic)} is {size} bytes (key + value + headers); "
                          f"the rule allows {limit}", topic=topic)
 
@@ -126,7 +129,7 @@ class UnknownTopic(ProxyError):
         super().__init__(f"topic {shown(topic)}: {why}")
 
 
-class PartitionMismatch(ProxyError):
+class PartitionMismatch(ProxyError, errors.PartitionMismatch):
     """Ordered and sync writes need the same partition count in every region."""
 
     def __init__(self, topic: str, counts: Mapping[str, int]) -> None:

@@ -307,7 +307,7 @@ class Router:
         if rec.key is None and info.key_required:
             raise MissingKey(rec.topic, info.mode)
         if rec.size > info.max_record_bytes:
-            raise RecordTooLarge(rec.topic, rec.size, info.max_record_bytes)
+            raise RecordTooLarge(rec.topic, rec.size, limit=info.max_record_bytes)
 
     async def _claim(self, records: Sequence[Incoming], outs: list[Outcome],
                      slots: dict[int, Slot], aliases: dict[int, int], deadline: float) -> None:

@@ -23,7 +23,7 @@ LONG = "t" * 50_000
 @pytest.mark.parametrize("error", [
     UnknownTopic(LONG, "the policy is strict and no rule names it"),
     ReservedHeader("t", "dr-" + LONG), ReservedHeader(LONG, "dr-id"),
-    MissingKey(LONG, "ordered"), RecordTooLarge(LONG, 10, 5),
+    MissingKey(LONG, "ordered"), RecordTooLarge(LONG, 10, limit=5),
     PartitionMismatch(LONG, {"east": 1, "west": 2}), PermissionDenied(LONG, "writer"),
     ProxyError("x" * 100_000),
 ])
