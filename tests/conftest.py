@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sys
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 LEAK_GRACE_S = 2.0
 """How long tasks cancelled at a test's end may take to finish before they count as leaked."""
@@ -48,7 +45,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
                 return "servers"
             return nodeid  # each unit test on its own: the idle worker takes the next
 
-    return ServersOnOneWorker(config, log)  # type: ignore[arg-type]
+    return ServersOnOneWorker(config, log)
 
 
 def _task_name(t: asyncio.Task[object]) -> str:

@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from bench.cpu import tree_cpu_s  # noqa: E402
+from bench.stats import pct  # noqa: E402
 
 HERE = Path(__file__).parent
 RESULTS = ROOT / "bench" / "results"
@@ -176,12 +177,6 @@ async def latency_phase(east: str, west: str, topic: str, rate: int,
     e2e = [float(ts - sent_at[k]) for k, ts in dst.items()]
     return repl, e2e
 
-
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def mm2_command(libs: Path, tmp: Path, east: str, west: str, topics: str, tasks: int,

@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from bench.cpu import machine_busy_s, tree_cpu_s  # noqa: E402
+from bench.stats import pct  # noqa: E402
 
 HERE = Path(__file__).parent
 RESULTS = ROOT / "bench" / "results"
@@ -69,12 +70,6 @@ POLICY = "strict: true\nrules:\n  - topic: \"bench-*\"\n    mode: ordered\n"
 
 
 # -- measuring ----------------------------------------------------------------------------
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
 
 @dataclass
 class Window:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chaos_results import Row  # type: ignore[import-not-found]
-from tests_support import write_topology  # type: ignore[import-not-found]
+from tests_support import write_topology
 
 from crossdc.topology import Flow, Topology
 from dr.drill.report import DrillReport, Thresholds

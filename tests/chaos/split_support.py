@@ -20,7 +20,7 @@ from pathlib import Path
 
 from chaos_results import Row  # type: ignore[import-not-found]
 from chaos_support import FULL, PROXY_WORKERS, chaos_topology  # type: ignore[import-not-found]
-from tests_support import write_topology  # type: ignore[import-not-found]
+from tests_support import write_topology
 
 from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
@@ -78,7 +78,8 @@ def split_topology(regions: Sequence[str] = REGIONS,
                    witnesses: tuple[str, ...] = (WITNESS,)) -> Topology:
     """Two regions and a witness by default (chaos_topology: the drill topics mirrored
     between every two regions)."""
-    return chaos_topology(list(regions), witnesses=witnesses)
+    topo: Topology = chaos_topology(list(regions), witnesses=witnesses)
+    return topo
 
 
 @contextlib.asynccontextmanager

@@ -11,8 +11,8 @@ from typing import Any
 
 import dns.resolver
 import pytest
-from conftest import StackInfo  # type: ignore[import-not-found]
-from kafka_helpers import eventually  # type: ignore[import-not-found]
+from kafka_helpers import eventually
+from stacks import StackInfo
 
 from crossdc.clients.consul import ConsulClient, PreparedQuery
 from crossdc.errors import CasAmbiguous

@@ -21,8 +21,8 @@ import dns.rdatatype
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
-from kafka_helpers import create_topic, eventually, produce, unique  # type: ignore[import-not-found]
-from tests_support import write_topology  # type: ignore[import-not-found]
+from kafka_helpers import create_topic, eventually, produce, unique
+from tests_support import write_topology
 
 from crossdc.primary import PRIMARY_KEY, PrimaryRecord
 from crossdc.topology import Flow, Topology, split_hostport
@@ -418,7 +418,7 @@ async def test_failover_moves_the_proxies_ordered_writes_and_the_consumer_groups
         async with ProxyServer(topo, cfg, policy) as server, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch, \
                 Controller(topo, leased("east")), Controller(topo, leased("west")):
-            stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+            stub = pb_grpc.ProxyStub(ch)
 
             async def produce_one(i: int) -> object:
                 req = pb.ProduceRequest(record=pb.Record(topic=topic, key=b"k%d" % i,

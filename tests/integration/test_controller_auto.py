@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kafka_helpers import consume, create_topic, eventually, produce, unique  # type: ignore[import-not-found]
-from tests_support import write_topology  # type: ignore[import-not-found]
+from kafka_helpers import consume, create_topic, eventually, produce, unique
+from tests_support import write_topology
 
 from crossdc.topology import Flow, Topology
 from dr.controller import Controller, ControllerSettings

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import DRILL_TOPICS  # type: ignore[import-not-found]
-from tests_support import write_topology  # type: ignore[import-not-found]
+from stacks import DRILL_TOPICS
+from tests_support import write_topology
 
 from crossdc.topology import Flow
 from dr.stack.local import LocalStack, stack_processes

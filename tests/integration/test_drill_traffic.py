@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from kafka_helpers import eventually, read_all  # type: ignore[import-not-found]
-from primary_helpers import agreed_primary  # type: ignore[import-not-found]
+from kafka_helpers import eventually, read_all
+from primary_helpers import agreed_primary
 
 from crossdc.topology import Flow, Topology
 from dr.drill.count import judge, read_back, wait_replicated

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from conftest import Deployment, deployment  # type: ignore[import-not-found]
-from kafka_helpers import read_all  # type: ignore[import-not-found]
+from kafka_helpers import read_all
+from stacks import Deployment, deployment
 
 from dr.controller.datacenters import Datacenters
 from dr.drill.report import DrillReport, Thresholds

@@ -17,13 +17,13 @@ from typing import Any
 
 import grpc
 import pytest
-from kafka_helpers import (  # type: ignore[import-not-found]
+from kafka_helpers import (
     create_topic,
     eventually,
     read_all,
     unique,
 )
-from primary_helpers import agreed_primary  # type: ignore[import-not-found]
+from primary_helpers import agreed_primary
 
 from crossdc.clients.kafka import KafkaAdmin
 from crossdc.topology import Topology
@@ -78,7 +78,7 @@ def _cfg() -> ProxyConfig:
 async def proxy(topo: Topology, policy_file: Path) -> AsyncIterator[tuple[ProxyServer, Any]]:
     async with ProxyServer(topo, _cfg(), policy_file) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        yield server, pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        yield server, pb_grpc.ProxyStub(ch)
 
 
 async def _topic(topo: Topology) -> str:

@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from tests_support import write_topology  # type: ignore[import-not-found]
+from tests_support import write_topology
 
 from dr.stack.paths import REPO_ROOT
 from dr.stack.ports import free_port, free_topology

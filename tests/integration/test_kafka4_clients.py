@@ -9,8 +9,8 @@ from __future__ import annotations
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from conftest import StackInfo  # type: ignore[import-not-found]
-from kafka_helpers import consume, create_topic, eventually, produce, unique  # type: ignore[import-not-found]
+from kafka_helpers import consume, create_topic, eventually, produce, unique
+from stacks import StackInfo
 
 
 async def test_produce_consume_keys_headers(two_regions: StackInfo) -> None:
@@ -24,7 +24,7 @@ async def test_produce_consume_keys_headers(two_regions: StackInfo) -> None:
     assert sorted((r.key, r.value, tuple(r.headers)) for r in got) == sorted(
         (k, v, tuple(h)) for k, v, h in sent)
     # Same key, same partition: the default murmur2 partitioner is deterministic.
-    by_key = {}
+    by_key: dict[bytes, set[int]] = {}
     for (k, _, _), m in zip(sent, meta, strict=True):
         by_key.setdefault(k, set()).add(m.partition)
     assert all(len(p) == 1 for p in by_key.values())

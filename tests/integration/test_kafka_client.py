@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 from aiokafka import TopicPartition
-from conftest import StackInfo  # type: ignore[import-not-found]
-from kafka_helpers import eventually, produce, unique  # type: ignore[import-not-found]
+from kafka_helpers import eventually, produce, unique
+from stacks import StackInfo
 
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
 from crossdc.errors import ClientError, ClientRefused

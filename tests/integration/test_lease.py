@@ -27,8 +27,8 @@ from typing import Any
 
 import grpc
 import pytest
-from kafka_helpers import create_topic, end_offsets, eventually, read_all, unique  # type: ignore[import-not-found]
-from primary_helpers import agreed_primary, put_primary, read_everywhere  # type: ignore[import-not-found]
+from kafka_helpers import create_topic, end_offsets, eventually, read_all, unique
+from primary_helpers import agreed_primary, put_primary, read_everywhere
 
 from crossdc.clients.consul import ConsulClient
 from crossdc.primary import PRIMARY_KEY, PrimaryRecord
@@ -262,7 +262,7 @@ async def test_proxy_started_with_consul_down_refuses_ordered_and_serves_nearest
     freezer.freeze("east")
     async with ProxyServer(topo, _cfg("east"), policy_file) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         msg = await _refusal(stub, ordered)
         assert "not confirmed by a majority" in msg or "not confirmed since start" in msg
         assert "1 of 2 datacenters agree, 2 needed" in msg
@@ -302,7 +302,7 @@ async def test_own_datacenter_alone_never_confirms_without_a_witness(  # type: i
     ordered = await _topic(two_regions, "ord")
     async with ProxyServer(topo, _cfg("east"), policy_file) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         assert server.primary.consul_reachable          # the own datacenter answers
         msg = await _refusal(stub, ordered)
         rounds = server.registry.get_sample_value("crossdc_proxy_primary_rounds_total",
@@ -332,7 +332,7 @@ async def test_other_datacenter_cut_off_stops_ordered_within_the_lease_no_witnes
     near = await _topic(two_regions, "near")
     async with ProxyServer(topo, _cfg("east"), policy_file) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         assert (await _produce(stub, ordered)).written[0].region == "east"
         acked = 1
         cut = freezer.freeze("west")
@@ -383,7 +383,7 @@ async def test_own_and_witness_renew_the_lease_own_alone_does_not(  # type: igno
     ordered = await _topic(two_regions, "ord")
     async with ProxyServer(topo, _cfg("east"), policy_file) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         assert (await _produce(stub, ordered)).written[0].region == "east"
         cut = freezer.freeze("west")          # east + the witness: 2 of 3
 
@@ -438,7 +438,7 @@ async def test_absent_key_confirms_nothing(two_regions, policy_file) -> None:  #
     try:
         async with ProxyServer(topo, _cfg("east"), policy_file) as server, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+            stub = pb_grpc.ProxyStub(ch)
             msg = await _refusal(stub, ordered)
             assert msg.startswith(f"primary not confirmed since start: 0 of "
                                   f"{len(topo.datacenters)} datacenters agree")
@@ -462,7 +462,7 @@ async def test_record_with_a_shorter_lease_than_the_proxys_refuses_ordered(  # t
     try:
         async with ProxyServer(topo, _cfg("east"), policy_file) as server, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+            stub = pb_grpc.ProxyStub(ch)
             msg = await _refusal(stub, ordered)
             assert msg.startswith(
                 f"this proxy's primary lease ({LEASE_S:g} s, primary_lease_s) is longer than "
@@ -476,7 +476,7 @@ async def test_record_with_a_shorter_lease_than_the_proxys_refuses_ordered(  # t
         # a proxy whose lease fits takes them, each bounded by the record's write_s
         async with ProxyServer(topo, _cfg("east", primary_lease_s=4.0), policy_file) as server, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+            stub = pb_grpc.ProxyStub(ch)
             await _ordered_ok(stub, ordered, "east")
             assert server.primary.write_bound() == 1.0
     finally:
@@ -499,7 +499,7 @@ async def test_same_epoch_conflict_between_datacenters_confirms_nothing(  # type
         for region in ("east", "west"):
             async with ProxyServer(topo, _cfg(region), policy_file) as server, \
                     grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-                stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+                stub = pb_grpc.ProxyStub(ch)
                 msg = await _refusal(stub, ordered)
                 assert msg.startswith("primary records conflict: east and west both named "
                                       "writable at one epoch"), msg
@@ -526,7 +526,7 @@ async def test_fenced_record_refuses_at_once_and_promote_moves_ordered_with_its_
     near = await _topic(two_regions, "near")
     async with ProxyServer(topo, _cfg("east"), policy_file) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         assert (await _produce(stub, ordered)).written[0].region == "east"
         held = server.primary.current
         fenced = held.fence("test")
@@ -574,7 +574,7 @@ async def test_stale_datacenter_record_is_not_obeyed(  # type: ignore[no-untyped
     # record, never its own datacenter's older one
     async with ProxyServer(topo, _cfg("east"), policy_file) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         for _ in range(5):
             r = await _produce(stub, ordered)
             assert [w.region for w in r.written] == ["west"]
@@ -587,7 +587,7 @@ async def test_stale_datacenter_record_is_not_obeyed(  # type: ignore[no-untyped
         await put_primary(dc.consul.http_addr, back)
     async with ProxyServer(topo, _cfg("east"), policy_file) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         assert (await _produce(stub, ordered)).written[0].region == "east"
         moved = PrimaryRecord(region="west", epoch=top + 4, by="test")
         await put_primary(topo.region("west").consul.http_addr, moved)
@@ -616,7 +616,7 @@ async def test_nearest_writes_stay_in_the_proxys_region_with_the_default_policy(
     for region in ("east", "west"):
         async with ProxyServer(two_regions.topology, _cfg(region), policy) as server, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+            stub = pb_grpc.ProxyStub(ch)
             r = await _produce(stub, topic, f"from-{region}".encode())
             assert [w.region for w in r.written] == [region]
     for region in ("east", "west"):

@@ -17,7 +17,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from kafka_helpers import (  # type: ignore[import-not-found]
+from kafka_helpers import (
+    Record,
     consume,
     create_topic,
     end_offsets,
@@ -26,29 +27,18 @@ from kafka_helpers import (  # type: ignore[import-not-found]
     read_all,
     unique,
 )
+from mirror_helpers import drained
+from mirror_helpers import flow as mirror_flow
 
-from crossdc.topology import Flow
 from mirror import MirrorWorker, OffsetsError, PartitionMismatch, RecordTooLarge
-from mirror.offsets import apply_offsets, load_offset_map, translate_group
-
-
-def _flow(src: str, dst: str, topics: str, **kw: object) -> Flow:
-    return Flow(source=src, target=dst, topics=topics, discovery_interval_s=1.0,
-                group=unique(f"mm-{src}-{dst}"), **kw)  # type: ignore[arg-type]
-
-
-async def _drained(two_regions, flow: Flow, topic: str, partitions: int) -> bool:  # type: ignore[no-untyped-def]
-    """The flow has read every record its source holds in `topic`."""
-    ends = await end_offsets(two_regions.bootstrap(flow.source), topic, partitions)
-    marks = await load_offset_map(two_regions.bootstrap(flow.target), flow.source)
-    return all(marks.next_src.get((topic, p), 0) >= end for p, end in ends.items() if end)
+from mirror.offsets import apply_offsets, translate_group
 
 
 @pytest.fixture  # per test: the leak guard wants no worker outliving its test
 async def active_active(two_regions) -> AsyncIterator[tuple[str, MirrorWorker, MirrorWorker]]:  # type: ignore[no-untyped-def]
     prefix = unique("mm")
-    east_west = _flow("east", "west", f"{prefix}-.*")
-    west_east = _flow("west", "east", f"{prefix}-.*")
+    east_west = mirror_flow("east", "west", f"{prefix}-.*")
+    west_east = mirror_flow("west", "east", f"{prefix}-.*")
     w1 = MirrorWorker(east_west, two_regions.bootstrap("east"), two_regions.bootstrap("west"))
     w2 = MirrorWorker(west_east, two_regions.bootstrap("west"), two_regions.bootstrap("east"))
     await w1.start()
@@ -66,8 +56,8 @@ async def test_active_active_copies_once_preserving_everything(two_regions, acti
     topic = f"{prefix}-orders"
     await create_topic(east, topic, partitions=3, configs={"retention.ms": "123456789"})
     ts = int(time.time() * 1000) - 60_000
-    from_east = [(f"k{i}".encode(), f"e{i}".encode(), [("app", f"h{i}".encode())])
-                 for i in range(30)]
+    from_east: list[Record] = [(f"k{i}".encode(), f"e{i}".encode(), [("app", f"h{i}".encode())])
+                               for i in range(30)]
     from_east.append((b"gone", None, []))  # a tombstone
     sync = [(b"s", b"sync", [("dr-id", b"sync-1"), ("dr-origin", b"east"),
                              ("dr-mode", b"sync"), ("dr-path", b"east,west")])]
@@ -90,7 +80,7 @@ async def test_active_active_copies_once_preserving_everything(two_regions, acti
     await eventually(west_has_topic, 30, "east's records in west")
     await produce(west, topic, from_west, partition=1)
     for w in (w1, w2):
-        await eventually(lambda w=w: _drained(two_regions, w.flow, topic, 3), 30,
+        await eventually(drained(two_regions.boot, w.flow, topic, 3), 30,
                          f"{w.flow.source}->{w.flow.target} drained")
     # Once both flows have read everything, nothing more is on its way: count exactly.
     in_west = await read_all(west, topic, 3)
@@ -186,12 +176,13 @@ async def test_offset_translation_is_exact(two_regions) -> None:  # type: ignore
     # west already holds records of its own: translation must step over them
     await produce(west, topic, [(b"x", b"west-own", [("dr-id", b"w1"), ("dr-origin", b"west"),
                                                      ("dr-path", b"west")])], partition=0)
-    records = [(f"k{i}".encode(), f"v{i}".encode(), []) for i in range(100)]
+    records: list[tuple[bytes, bytes, list[tuple[str, bytes]]]] = [
+        (f"k{i}".encode(), f"v{i}".encode(), []) for i in range(100)]
     for p in (0, 1):
         await produce(east, topic, records[p::2], partition=p)
-    flow = _flow("east", "west", topic)
+    flow = mirror_flow("east", "west", topic)
     async with MirrorWorker(flow, east, west):
-        await eventually(lambda: _drained(two_regions, flow, topic, 2), 30, "drained")
+        await eventually(drained(two_regions.boot, flow, topic, 2), 30, "drained")
     # the application reads part of each partition in east and commits
     seen = await consume(east, topic, 37, group_id=group)
     consumer = AIOKafkaConsumer(bootstrap_servers=east, group_id=group)
@@ -235,7 +226,8 @@ async def test_exactly_once_survives_kill_9(two_regions, tmp_path: Path) -> None
     topic = unique("mm-eos")
     await create_topic(east, topic, partitions=2)
     total = 20_000
-    records = [(f"k{i}".encode(), f"v{i}".encode() * 20, []) for i in range(total)]
+    records: list[Record] = [(f"k{i}".encode(), f"v{i}".encode() * 20, [])
+                             for i in range(total)]
     await produce(east, topic, records, linger_ms=20)
     dr = str(Path(sys.executable).parent / "dr")
     cmd = [dr, "mirror", "run", "--topology", str(two_regions.topology_path), "--from",
@@ -256,8 +248,8 @@ async def test_exactly_once_survives_kill_9(two_regions, tmp_path: Path) -> None
         proc.send_signal(signal.SIGKILL)
         await proc.wait()
         proc = await spawn()
-        flow = _flow("east", "west", topic)
-        await eventually(lambda: _drained(two_regions, flow, topic, 2), 120, "all copied")
+        flow = mirror_flow("east", "west", topic)
+        await eventually(drained(two_regions.boot, flow, topic, 2), 120, "all copied")
     finally:
         proc.send_signal(signal.SIGTERM)
         await asyncio.wait_for(proc.wait(), 30)
@@ -295,7 +287,7 @@ async def _too_large_setup(two_regions) -> tuple[str, str, str]:  # type: ignore
 
 async def test_record_too_large_stops_its_partition(two_regions) -> None:  # type: ignore[no-untyped-def]
     east, west, topic = await _too_large_setup(two_regions)
-    async with MirrorWorker(_flow("east", "west", topic), east, west) as worker:
+    async with MirrorWorker(mirror_flow("east", "west", topic), east, west) as worker:
         async def stopped() -> bool:
             return any(isinstance(e, RecordTooLarge) for e in worker.errors)
         await eventually(stopped, 60, "the partition stopped")
@@ -309,9 +301,9 @@ async def test_record_too_large_stops_its_partition(two_regions) -> None:  # typ
 
 async def test_record_too_large_goes_to_the_dead_letter_topic(two_regions) -> None:  # type: ignore[no-untyped-def]
     east, west, topic = await _too_large_setup(two_regions)
-    flow = _flow("east", "west", topic, dead_letter=True)
+    flow = mirror_flow("east", "west", topic, dead_letter=True)
     async with MirrorWorker(flow, east, west) as worker:
-        await eventually(lambda: _drained(two_regions, flow, topic, 1), 60, "drained")
+        await eventually(drained(two_regions.boot, flow, topic, 1), 60, "drained")
         dlq = worker.dead_letter_topic
     assert [r.value for r in await read_all(west, topic, 1)] == [b"small-1", b"small-2"]
     dead = [r for r in await read_all(west, dlq, 1) if dict(r.headers)["dr-id"].startswith(

@@ -12,14 +12,15 @@ from pathlib import Path
 from typing import IO
 
 import pytest
-from kafka_helpers import (  # type: ignore[import-not-found]
+from kafka_helpers import (
     create_topic,
     end_offsets,
     eventually,
     produce,
     unique,
 )
-from tests_support import write_topology  # type: ignore[import-not-found]
+from mirror_helpers import flow as mirror_flow
+from tests_support import write_topology
 
 from crossdc.topology import Flow
 from mirror import MirrorWorker
@@ -28,8 +29,7 @@ DR = str(Path(sys.executable).parent / "dr")
 
 
 def _flow(topic: str) -> Flow:
-    return Flow(source="east", target="west", topics=topic, discovery_interval_s=0.2,
-                group=unique("mm-life"))
+    return mirror_flow("east", "west", topic, discovery_interval_s=0.2, group=unique("mm-life"))
 
 
 def _clients(w: MirrorWorker) -> list[object]:

@@ -15,7 +15,7 @@ import asyncio
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import ProducerClosed
-from kafka_helpers import (  # type: ignore[import-not-found]
+from kafka_helpers import (
     consume,
     create_topic,
     eventually,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from kafka_helpers import (  # type: ignore[import-not-found]
+from kafka_helpers import (
     consume,
     create_topic,
     end_offsets,
@@ -27,31 +27,21 @@ from kafka_helpers import (  # type: ignore[import-not-found]
     read_all,
     unique,
 )
-from tests_support import write_topology  # type: ignore[import-not-found]
+from mirror_helpers import drained
+from mirror_helpers import flow as mirror_flow
+from tests_support import write_topology
 
 from crossdc.topology import Flow
 from dr.stack.ports import free_port
 from mirror import MirrorMetrics, MirrorWorker, RecordTooLarge
-from mirror.offsets import load_offset_map
 
 DR = str(Path(sys.executable).parent / "dr")
 
 
-def _flow(src: str, dst: str, topics: str, **kw: object) -> Flow:
-    return Flow(source=src, target=dst, topics=topics, discovery_interval_s=1.0,
-                group=unique(f"mm-{src}-{dst}"), **kw)  # type: ignore[arg-type]
-
-
-async def _drained(two_regions, flow: Flow, topic: str, partitions: int) -> bool:  # type: ignore[no-untyped-def]
-    ends = await end_offsets(two_regions.bootstrap(flow.source), topic, partitions)
-    marks = await load_offset_map(two_regions.bootstrap(flow.target), flow.source)
-    return all(marks.next_src.get((topic, p), 0) >= end for p, end in ends.items() if end)
-
-
 def _total(metrics: MirrorMetrics, name: str) -> float:
     counter = getattr(metrics, name)
-    return sum(s.value for m in counter.collect() for s in m.samples
-               if s.name.endswith("_total"))
+    return float(sum(s.value for m in counter.collect() for s in m.samples
+                     if s.name.endswith("_total")))
 
 
 async def _async(value: bool) -> bool:
@@ -62,7 +52,7 @@ async def test_scale_out_exactly_once_through_rebalances(two_regions) -> None:  
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     topic = unique("mm-scale")
     await create_topic(east, topic, partitions=4)
-    flow = _flow("east", "west", topic, exactly_once=True, worker_id="w1")
+    flow = mirror_flow("east", "west", topic, exactly_once=True, worker_id="w1")
     m1, m2 = MirrorMetrics(), MirrorMetrics()
     w1 = MirrorWorker(flow, east, west, m1)
     w2 = MirrorWorker(flow.model_copy(update={"worker_id": "w2"}), east, west, m2)
@@ -97,7 +87,7 @@ async def test_scale_out_exactly_once_through_rebalances(two_regions) -> None:  
                          "w2 carrying on alone")
         stop_producing.set()
         produced = await producing
-        await eventually(lambda: _drained(two_regions, flow, topic, 4), 120, "drained")
+        await eventually(drained(two_regions.boot, flow, topic, 4), 120, "drained")
     finally:
         stop_producing.set()
         await producing
@@ -173,7 +163,7 @@ async def test_at_least_once_kill_9_bounded_counted_duplicates(two_regions,  # t
         stop_producing.set()
         await producing
         flow = Flow(source="east", target="west", topics=topic, group=group)
-        await eventually(lambda: _drained(two_regions, flow, topic, 3), 120, "all copied")
+        await eventually(drained(two_regions.boot, flow, topic, 3), 120, "all copied")
         metrics = await asyncio.to_thread(scrape)
     finally:
         stop_producing.set()
@@ -211,9 +201,9 @@ async def test_internal_topics_are_never_mirrored(two_regions) -> None:  # type:
     for t in (plain, ours, kafkas):
         await create_topic(east, t, partitions=1)
         await produce(east, t, [(b"k", b"v", [])])
-    flow = _flow("east", "west", f".*{tag}.*")
+    flow = mirror_flow("east", "west", f".*{tag}.*")
     async with MirrorWorker(flow, east, west) as worker:
-        await eventually(lambda: _drained(two_regions, flow, plain, 1), 30, "plain copied")
+        await eventually(drained(two_regions.boot, flow, plain, 1), 30, "plain copied")
         assert set(worker._topics.partitions) == {plain}
     assert not await _exists(west, ours)
     assert not await _exists(west, kafkas)
@@ -223,7 +213,7 @@ async def test_dr_status_shows_flow_lag_and_latency(two_regions, tmp_path: Path)
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     topic = unique("mm-status")
     await create_topic(east, topic, partitions=2)
-    flow = _flow("east", "west", topic)
+    flow = mirror_flow("east", "west", topic)
     topo = two_regions.topology.model_copy(update={"flows": [flow]})
     path = write_topology(topo, tmp_path / "topology.yaml")
     await produce(east, topic, [(b"k", b"v", [])] * 50, partition=0)
@@ -240,10 +230,10 @@ async def test_dr_status_shows_flow_lag_and_latency(two_regions, tmp_path: Path)
     assert {p["partition"]: p["lag"] for p in before["partitions"]} == {0: 50, 1: 0}
     assert before["latency_ms"] is None
     async with MirrorWorker(flow, east, west):
-        await eventually(lambda: _drained(two_regions, flow, topic, 2), 30, "drained")
+        await eventually(drained(two_regions.boot, flow, topic, 2), 30, "drained")
 
         async def caught_up() -> bool:
-            return (await status())["flows"][0]["lag_records"] == 0
+            return bool((await status())["flows"][0]["lag_records"] == 0)
         await eventually(caught_up, 30, "lag 0 in dr status")
     after = (await status())["flows"][0]
     assert after["latency_ms"] is not None
@@ -263,9 +253,9 @@ async def test_offsets_translate_cli_applies_and_refuses_with_members(  # type: 
     topic, group = unique("mm-cli"), unique("app")
     await create_topic(east, topic, partitions=1)
     await produce(east, topic, [(f"k{i}".encode(), f"v{i}".encode(), []) for i in range(40)])
-    flow = _flow("east", "west", topic)
+    flow = mirror_flow("east", "west", topic)
     async with MirrorWorker(flow, east, west):
-        await eventually(lambda: _drained(two_regions, flow, topic, 1), 30, "drained")
+        await eventually(drained(two_regions.boot, flow, topic, 1), 30, "drained")
     # the application read 25 records in east and committed
     app = AIOKafkaConsumer(bootstrap_servers=east, group_id=group, enable_auto_commit=False)
     await app.start()
@@ -312,7 +302,7 @@ async def test_logs_are_bound_to_flow_topic_partition(two_regions) -> None:  # t
     await create_topic(west, topic, partitions=1, configs={"max.message.bytes": "2000"})
     await produce(east, topic, [(b"b", b"x" * 20_000, [])])
     with structlog.testing.capture_logs() as logs:
-        async with MirrorWorker(_flow("east", "west", topic), east, west) as worker:
+        async with MirrorWorker(mirror_flow("east", "west", topic), east, west) as worker:
             async def stopped() -> bool:
                 return any(isinstance(e, RecordTooLarge) for e in worker.errors)
             await eventually(stopped, 60, "the partition stopped")

@@ -5,29 +5,17 @@ from __future__ import annotations
 
 import collections
 
-from kafka_helpers import (  # type: ignore[import-not-found]
+from kafka_helpers import (
     create_topic,
-    end_offsets,
     eventually,
     produce,
     read_all,
     unique,
 )
+from mirror_helpers import drained
+from mirror_helpers import flow as mirror_flow
 
-from crossdc.topology import Flow
 from mirror import MirrorMetrics, MirrorWorker
-from mirror.offsets import load_offset_map
-
-
-def _flow(src: str, dst: str, topics: str) -> Flow:
-    return Flow(source=src, target=dst, topics=topics, discovery_interval_s=1.0,
-                group=unique(f"mm-{src}-{dst}"))
-
-
-async def _drained(boot: dict[str, str], flow: Flow, topic: str, partitions: int) -> bool:
-    ends = await end_offsets(boot[flow.source], topic, partitions)
-    marks = await load_offset_map(boot[flow.target], flow.source)
-    return all(marks.next_src.get((topic, p), 0) >= end for p, end in ends.items() if end)
 
 
 async def test_three_region_mesh_one_copy_per_region(two_regions, north) -> None:  # type: ignore[no-untyped-def]
@@ -37,7 +25,7 @@ async def test_three_region_mesh_one_copy_per_region(two_regions, north) -> None
     topic = f"{prefix}-events"
     for b in boot.values():
         await create_topic(b, topic, partitions=2)
-    flows = [_flow(s, t, f"{prefix}-.*") for s in boot for t in boot if s != t]
+    flows = [mirror_flow(s, t, f"{prefix}-.*") for s in boot for t in boot if s != t]
     workers = [MirrorWorker(f, boot[f.source], boot[f.target]) for f in flows]
     for w in workers:
         await w.start()
@@ -51,7 +39,7 @@ async def test_three_region_mesh_one_copy_per_region(two_regions, north) -> None
                                        ("dr-mode", b"nearest"),
                                        ("dr-path", region.encode())]) for i in range(5)])
         for w in workers:
-            await eventually(lambda w=w: _drained(boot, w.flow, topic, 2), 60,
+            await eventually(drained(boot, w.flow, topic, 2), 60,
                              f"{w.flow.source}->{w.flow.target} drained")
         for region, b in boot.items():
             recs = await read_all(b, topic, 2)
@@ -78,11 +66,11 @@ async def test_target_down_then_back_loses_nothing(two_regions, north) -> None: 
     topic = unique("mm-down")
     await create_topic(east, topic, partitions=2)
     metrics = MirrorMetrics()
-    flow = _flow("east", "north", topic)
+    flow = mirror_flow("east", "north", topic)
     boot = {"east": east, "north": north_boot}
     async with MirrorWorker(flow, east, north_boot, metrics) as worker:
         await produce(east, topic, [(b"k", f"a{i}".encode(), []) for i in range(300)])
-        await eventually(lambda: _drained(boot, flow, topic, 2), 60, "first part copied")
+        await eventually(drained(boot, flow, topic, 2), 60, "first part copied")
         await stack.stop_kafka("north")
         await produce(east, topic, [(b"k", f"b{i}".encode(), []) for i in range(300)])
 
@@ -95,7 +83,7 @@ async def test_target_down_then_back_loses_nothing(two_regions, north) -> None: 
         await eventually(noticed, 90, "the worker noticing the target is down")
         assert worker.running, "worker gave up"
         await stack.start_kafka("north")
-        await eventually(lambda: _drained(boot, flow, topic, 2), 120, "rest copied")
+        await eventually(drained(boot, flow, topic, 2), 120, "rest copied")
         redelivered = sum(s.value for m in metrics.redelivered.collect() for s in m.samples
                           if s.name.endswith("_total"))
     got = await read_all(north_boot, topic, 2)
@@ -112,17 +100,17 @@ async def test_source_down_then_back_the_worker_waits(two_regions, north) -> Non
     west = two_regions.bootstrap("west")
     topic = unique("mm-srcdown")
     await create_topic(north_boot, topic, partitions=1)
-    flow = _flow("north", "west", topic)
+    flow = mirror_flow("north", "west", topic)
     boot = {"north": north_boot, "west": west}
     async with MirrorWorker(flow, north_boot, west) as worker:
         await produce(north_boot, topic, [(b"k", f"a{i}".encode(), []) for i in range(50)])
-        await eventually(lambda: _drained(boot, flow, topic, 1), 60, "first part copied")
+        await eventually(drained(boot, flow, topic, 1), 60, "first part copied")
         await stack.stop_kafka("north")
         # While the source is away (the restart takes seconds) the worker keeps waiting.
         assert worker.running
         await stack.start_kafka("north")
         await produce(north_boot, topic, [(b"k", f"b{i}".encode(), []) for i in range(50)])
-        await eventually(lambda: _drained(boot, flow, topic, 1), 120, "rest copied")
+        await eventually(drained(boot, flow, topic, 1), 120, "rest copied")
         assert worker.running
         assert not worker.errors
     got = await read_all(west, topic, 1)

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from kafka_helpers import eventually  # type: ignore[import-not-found]
+from kafka_helpers import eventually
 from prometheus_client import CollectorRegistry, start_http_server
 
 from dr.controller.metrics import ControllerMetrics

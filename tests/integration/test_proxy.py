@@ -18,14 +18,14 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from kafka_helpers import (  # type: ignore[import-not-found]
+from kafka_helpers import (
     create_topic,
     end_offsets,
     eventually,
     read_all,
     unique,
 )
-from primary_helpers import agreed_primary, put_primary  # type: ignore[import-not-found]
+from primary_helpers import agreed_primary, put_primary
 
 from crossdc.clients.consul import ConsulClient
 from crossdc.primary import PrimaryRecord

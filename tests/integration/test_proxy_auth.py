@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from kafka_helpers import create_topic, end_offsets, eventually, read_all, unique  # type: ignore[import-not-found]
-from primary_helpers import agreed_primary  # type: ignore[import-not-found]
+from kafka_helpers import create_topic, end_offsets, eventually, read_all, unique
+from primary_helpers import agreed_primary
 
 from crossdc.clients.consul import ConsulClient
 from proxy.api import pb, pb_grpc
@@ -77,7 +77,7 @@ def _refusals(server: ProxyServer, reason: str) -> float:
     return v or 0.0
 
 
-async def _topic(two_regions: Any, prefix: str) -> str:  # type: ignore[no-untyped-def]
+async def _topic(two_regions: Any, prefix: str) -> str:
     name = unique(prefix)
     for r in two_regions.topology.regions:
         await create_topic(r.kafka.bootstrap, name, partitions=1)
@@ -197,12 +197,13 @@ async def stub(authed: ProxyServer) -> AsyncIterator[Any]:
 def _sync_stream_code(port: int, requests: list[Any]) -> grpc.StatusCode:
     """The status a sync-API ProduceStream without a token ends with."""
     with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         try:
             for _ in stub.ProduceStream(iter(requests), timeout=30):
                 pass
         except grpc.RpcError as exc:
-            return exc.code()  # type: ignore[no-any-return,attr-defined]
+            status: grpc.StatusCode = exc.code()
+            return status
     raise AssertionError("the stream ended without an error")
 
 
@@ -330,7 +331,7 @@ async def test_auth_file_reload_adds_revokes_and_refuses_bad_files(  # type: ign
                                    ("newcomer", newcomer, ["auth-*"])))
 
         async def newcomer_ok() -> bool:
-            return await code(newcomer) == grpc.StatusCode.OK
+            return bool(await code(newcomer) == grpc.StatusCode.OK)
         await eventually(newcomer_ok, 10, "new token accepted after the file changed")
         # a bad file is refused; the running tokens stay
         auth.write_text("tokens:\n  - name: broken\n    sha256: not-a-hash\n    topics: []\n")

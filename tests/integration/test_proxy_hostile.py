@@ -32,8 +32,8 @@ from typing import Any
 
 import grpc
 import pytest
-from kafka_helpers import create_topic, eventually, unique, until_serving  # type: ignore[import-not-found]
-from primary_helpers import agreed_primary  # type: ignore[import-not-found]
+from kafka_helpers import create_topic, eventually, unique, until_serving
+from primary_helpers import agreed_primary
 
 from dr.stack.ports import free_port
 from proxy.api import SERVICE_NAME, pb, pb_grpc

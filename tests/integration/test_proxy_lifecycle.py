@@ -17,10 +17,10 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from kafka_helpers import create_topic, eventually, unique  # type: ignore[import-not-found]
-from primary_helpers import agreed_primary  # type: ignore[import-not-found]
+from kafka_helpers import create_topic, eventually, unique
+from primary_helpers import agreed_primary
 from prometheus_client import CollectorRegistry
-from tests_support import write_topology  # type: ignore[import-not-found]
+from tests_support import write_topology
 
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary, write_primary
@@ -129,7 +129,7 @@ async def test_undecodable_requests_are_invalid_argument_and_counted(
                 pass
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         # an empty topic name is INVALID_ARGUMENT too (not NOT_FOUND)
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         with pytest.raises(grpc.aio.AioRpcError) as ei:
             await stub.Produce(pb.ProduceRequest(record=pb.Record(topic="", key=b"k")),
                                timeout=5)
@@ -317,7 +317,7 @@ async def test_primary_record_naming_an_unknown_region_is_refused(  # type: igno
     try:
         async with ConsulClient(addr) as c, \
                 grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-            stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+            stub = pb_grpc.ProxyStub(ch)
             good = server.primary.current
             rec, index = await read_primary(c)
             top = rec.epoch if rec is not None else 0
@@ -371,7 +371,7 @@ async def test_cancelled_probe_during_a_frozen_kafka_does_not_block_the_region( 
     rec = pb.ProduceRequest(record=pb.Record(topic=topic, key=b"k", value=b"v"))
     async with ProxyServer(ntopo, cfg, policy) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         breaker = server.writers["north"].breaker
         assert (await stub.Produce(rec, timeout=30)).result.status == pb.STATUS_OK
         for pid in pids:
@@ -426,7 +426,7 @@ async def test_ordered_write_unanswered_at_its_bound_drops_the_producer(  # type
     rec = pb.ProduceRequest(record=pb.Record(topic=topic, key=b"k", value=b"v"))
     async with ProxyServer(ntopo, cfg, policy) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
-        stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+        stub = pb_grpc.ProxyStub(ch)
         assert (await stub.Produce(rec, timeout=10)).result.status == pb.STATUS_OK
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)

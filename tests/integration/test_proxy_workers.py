@@ -24,8 +24,8 @@ from typing import Any
 
 import grpc
 import pytest
-from kafka_helpers import create_topic, eventually, read_all, unique  # type: ignore[import-not-found]
-from primary_helpers import agreed_primary  # type: ignore[import-not-found]
+from kafka_helpers import create_topic, eventually, read_all, unique
+from primary_helpers import agreed_primary
 
 from dr.stack.ports import free_port
 from proxy.api import pb, pb_grpc
@@ -105,7 +105,7 @@ async def _produce(port: int, topic: str, n: int, channels: int) -> int:
     chans = [grpc.aio.insecure_channel(f"127.0.0.1:{port}") for _ in range(channels)]
     try:
         for i in range(n):
-            stub = pb_grpc.ProxyStub(chans[i % channels])  # type: ignore[no-untyped-call]
+            stub = pb_grpc.ProxyStub(chans[i % channels])
             r = await stub.Produce(pb.ProduceRequest(record=pb.Record(
                 topic=topic, key=b"k%d" % i, value=b"v")), timeout=10)
             ok += r.result.status == pb.STATUS_OK
@@ -236,7 +236,7 @@ async def two_servers(two_regions, policy_file: Path  # type: ignore[no-untyped-
 
 async def _stub(server: ProxyServer) -> tuple[grpc.aio.Channel, Any]:
     ch = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-    return ch, pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+    return ch, pb_grpc.ProxyStub(ch)
 
 
 async def test_a_retry_reaching_another_process_is_answered_not_written(  # type: ignore[no-untyped-def]
@@ -278,7 +278,7 @@ async def test_a_retry_reaching_another_process_is_answered_not_written(  # type
     assert b.metrics.idem_log_learned._value.get() >= 1
 
     async def paused() -> bool:
-        return not b.idem_log.reading  # type: ignore[union-attr]
+        return not b.idem_log.reading
     await eventually(paused, 30, "b's reader paused after the last retry")
 
 

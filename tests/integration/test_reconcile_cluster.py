@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_helpers import create_topic, produce, unique  # type: ignore[import-not-found]
+from kafka_helpers import create_topic, produce, unique
 
 from dr.reconcile.cluster import StandaloneCluster
 

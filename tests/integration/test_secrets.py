@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from kafka_helpers import create_topic, unique, until_serving  # type: ignore[import-not-found]
+from kafka_helpers import create_topic, unique, until_serving
 
 from dr.stack.ports import free_port
 from proxy.api import pb, pb_grpc

@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
-from kafka_helpers import eventually, unique  # type: ignore[import-not-found]
+from kafka_helpers import eventually, unique
 
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec, kafka_kw, kafka_principal, use_topology
 from crossdc.security import ADMIN, CONTROLLER, MIRROR, PRINCIPALS, PROXY, RECONCILE, KafkaSecurity

@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer
-from conftest import Deployment, deployment  # type: ignore[import-not-found]
-from kafka_helpers import consume, create_topic, eventually, produce, unique  # type: ignore[import-not-found]
+from kafka_helpers import consume, create_topic, eventually, produce, unique
+from stacks import Deployment, deployment
 
 from dr.controller.grpc_health import check_serving
 from dr.drill.faults import local_fault

@@ -11,7 +11,7 @@ import uuid
 
 import dns.resolver
 import pytest
-from conftest import StackInfo  # type: ignore[import-not-found]
+from stacks import StackInfo
 
 from crossdc.clients.consul import ConsulClient
 from crossdc.settings import RetrySettings

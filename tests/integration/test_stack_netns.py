@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
-from kafka_helpers import eventually  # type: ignore[import-not-found]
-from tests_support import write_topology  # type: ignore[import-not-found]
+from kafka_helpers import eventually
+from tests_support import write_topology
 
 from crossdc.clients.consul import ConsulClient
 from crossdc.errors import ClientError

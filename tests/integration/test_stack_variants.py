@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from kafka_helpers import consume, create_topic, produce, unique  # type: ignore[import-not-found]
-from tests_support import write_topology  # type: ignore[import-not-found]
+from kafka_helpers import consume, create_topic, produce, unique
+from tests_support import write_topology
 
 from crossdc.topology import Topology
 from dr.errors import ProcessDied

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import StackInfo  # type: ignore[import-not-found]
+from stacks import StackInfo
 
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary, write_primary

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from kafka_helpers import (  # type: ignore[import-not-found]
+from kafka_helpers import (
     create_topic,
-    end_offsets,
     eventually,
     produce,
     unique,
 )
+from mirror_helpers import drained
 from structlog.testing import capture_logs
-from tests_support import write_topology  # type: ignore[import-not-found]
+from tests_support import write_topology
 
 from crossdc.clients.kafka import KafkaAdmin
 from crossdc.primary import PRIMARY_KEY
@@ -36,7 +36,7 @@ from dr.controller.datacenters import Datacenters
 from dr.controller.metrics import ControllerMetrics
 from dr.controller.sync import SyncContext, standby_sync, sync_once
 from mirror import MirrorWorker
-from mirror.offsets import group_members, load_offset_map
+from mirror.offsets import group_members
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -127,12 +127,6 @@ async def test_topics_partitions_and_configs_follow_the_primary(two_regions) -> 
     assert metrics.sync_blocking.labels(standby="west")._value.get() == 0
 
 
-async def _drained(east: str, west: str, topic: str) -> bool:
-    ends = await end_offsets(east, topic, 1)
-    marks = await load_offset_map(west, "east")
-    return bool(marks.next_src.get((topic, 0), 0) >= ends[0])
-
-
 async def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
     """The application committed `offset` (the next record it would read)."""
     app = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
@@ -173,7 +167,8 @@ async def test_group_resumes_on_the_standby_at_exactly_the_next_record(two_regio
     await produce(east, topic, [(f"k{i}".encode(), f"v{i}".encode(), []) for i in range(40)])
     flow = topo.flows[0]
     async with MirrorWorker(flow, east, west):
-        await eventually(lambda: _drained(east, west, topic), 60, "mirror drained")
+        await eventually(drained({"east": east, "west": west}, flow, topic), 60,
+                         "mirror drained")
     await _commit(east, group, topic, 25)  # read k0..k24 on east
 
     [out] = await sync_once(ctx)
@@ -315,7 +310,8 @@ async def test_a_partly_untranslatable_group_still_moves_what_translates(two_reg
     [out] = await sync_once(ctx)
     assert sorted(out.created) == sorted([carried, alone])
     async with MirrorWorker(flow, east, west):
-        await eventually(lambda: _drained(east, west, carried), 60, "mirror drained")
+        await eventually(drained({"east": east, "west": west}, flow, carried), 60,
+                         "mirror drained")
     await _commit(east, group, carried, 4)
     await _commit(east, group, alone, 2)
 

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from kafka_helpers import (  # type: ignore[import-not-found]
+from kafka_helpers import (
     create_topic,
     end_offsets,
     eventually,

@@ -56,7 +56,7 @@ def test_backoff_doubles_with_bounded_jitter_and_is_the_retry_loops_wait() -> No
         structlog.get_logger(), "t").wait
     state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
     state.attempt_number = 6
-    assert wait(state) == 0.5  # type: ignore[call-arg]
+    assert wait(state) == 0.5
 
 
 class _Log:
@@ -108,7 +108,7 @@ async def test_guard_passes_a_cancel_on_without_logging_it() -> None:
 
 
 async def test_every_survives_a_cancel_from_inside_a_client_and_stops_on_a_real_one() -> None:
-    log, stop, rounds = _Log(), asyncio.Event(), []
+    log, stop, rounds = _Log(), asyncio.Event(), list[int]()
 
     async def round_() -> None:
         rounds.append(len(rounds))

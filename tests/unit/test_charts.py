@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from dr.charts import DPI, BarPanel, bars, drill_timeline, lines
 from dr.stack.paths import REPO_ROOT
@@ -102,23 +103,23 @@ def test_bars_and_lines_handle_gaps_and_nothing(tmp_path: Path) -> None:
 def test_lines_on_a_log_axis_with_a_limit(tmp_path: Path) -> None:
     """The proxy capacity chart: p99 from 9 ms to 4,434 ms on one axis (linear, the 1-worker
     line was a flat line at zero), with the 50 ms capacity limit drawn."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
-    opened: list[object] = []
-    real = plt.Figure.savefig
+    opened: list[Any] = []
+    real = Figure.savefig
 
-    def keep(fig: plt.Figure, *a: object, **kw: object) -> None:
+    def keep(fig: Figure, *a: Any, **kw: Any) -> None:
         opened.append(fig)
         real(fig, *a, **kw)
 
-    plt.Figure.savefig = keep  # type: ignore[method-assign]
+    Figure.savefig = keep  # type: ignore[method-assign,assignment]
     try:
         path = lines(tmp_path / "cap.png", series={"1": [(400, 9.0), (700, 53.0)],
                                                    "2": [(200, 12.0), (400, 4434.0)]},
                      title="t", xlabel="x", ylabel="y", log_y=True, limit=(50.0, "limit"))
     finally:
-        plt.Figure.savefig = real  # type: ignore[method-assign]
+        Figure.savefig = real  # type: ignore[method-assign]
     assert png_size(path)[0] > 0
-    ax = opened[0].axes[0]  # type: ignore[attr-defined]
+    ax = opened[0].axes[0]
     assert ax.get_yscale() == "log"
     assert any(list(ln.get_ydata()) == [50.0, 50.0] for ln in ax.get_lines())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from crossdc.topology import load_topology
@@ -75,12 +76,9 @@ def test_status_render_shows_the_consul_primary() -> None:
         RegionStatus(region=r, primary=r == p.region, healthy=True, kafka=k, consul=c,
                      primary_record=v) for r, v in views.items()])
     buf = io.StringIO()
-    saved = cli_stack.out
-    cli_stack.out = Console(file=buf, width=200, color_system=None)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("dr.cli.stack.out", Console(file=buf, width=200, color_system=None))
         cli_stack.render_status(st)
-    finally:
-        cli_stack.out = saved
     text = buf.getvalue()
     assert "region west (primary)" in text
     assert "region east (primary)" not in text

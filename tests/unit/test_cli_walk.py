@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 import typer
 import typer.main
-from tests_support import write_topology  # type: ignore[import-not-found]
+from tests_support import write_topology
 
 from dr.cli import app
 from dr.stack.paths import REPO_ROOT

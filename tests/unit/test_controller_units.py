@@ -4,9 +4,12 @@ failover record's step bookkeeping, settings validation."""
 from __future__ import annotations
 
 import time
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import pytest
+
+if TYPE_CHECKING:
+    from dr.controller.leader import LeaderLock
 from pydantic import ValidationError
 
 from crossdc.primary import PrimaryRecord
@@ -298,10 +301,10 @@ def _with_witness(topo: Topology) -> Topology:
 
 
 def _locks(topo: Topology, consuls: dict[str, _Consul], clock: list[float] | None = None
-           ) -> dict[str, tuple[object, set[str]]]:
+           ) -> dict[str, tuple[LeaderLock, set[str]]]:
     from dr.controller.leader import LeaderLock
     from dr.controller.state import LeaderRecord
-    out: dict[str, tuple[object, set[str]]] = {}
+    out: dict[str, tuple[LeaderLock, set[str]]] = {}
     for region in [r.name for r in topo.regions]:
         cut: set[str] = set()
 
@@ -328,23 +331,23 @@ async def test_only_a_majority_side_leads_and_a_cut_off_leader_stops() -> None:
     consuls = {d.name: _Consul() for d in topo.datacenters}
     locks = _locks(topo, consuls)
     (east, east_cut), (west, west_cut) = locks["east"], locks["west"]
-    await east.round()  # type: ignore[attr-defined]
-    await west.round()  # type: ignore[attr-defined]
+    await east.round()
+    await west.round()
     assert east.leading
     assert not west.leading
     # East cut off with its own datacenter: it reaches 1 of 3.
     east_cut.update({"west", "witness"})
     west_cut.add("east")
-    await east.round()  # type: ignore[attr-defined]
-    assert not east.leading, "a controller on a minority side never leads"  # type: ignore[attr-defined]
-    assert "a majority is 2" in east.why_not  # type: ignore[attr-defined]
-    await west.round()  # type: ignore[attr-defined]
-    assert not west.leading, "east's sessions still hold west's and the witness's locks"  # type: ignore[attr-defined]
+    await east.round()
+    assert not east.leading, "a controller on a minority side never leads"
+    assert "a majority is 2" in east.why_not
+    await west.round()
+    assert not west.leading, "east's sessions still hold west's and the witness's locks"
     # Their checks went critical (east stopped beating there): Consul releases the locks.
     consuls["west"].holder = consuls["witness"].holder = None
-    await west.round()  # type: ignore[attr-defined]
-    assert west.leading, "the majority side leads"  # type: ignore[attr-defined]
-    assert sorted(west.sessions) == ["west", "witness"]  # type: ignore[attr-defined]
+    await west.round()
+    assert west.leading, "the majority side leads"
+    assert sorted(west.sessions) == ["west", "witness"]
 
 
 async def test_a_contender_leaves_a_free_lock_to_the_leader_after_a_partition() -> None:
@@ -356,30 +359,30 @@ async def test_a_contender_leaves_a_free_lock_to_the_leader_after_a_partition() 
     consuls = {d.name: _Consul(lock_delay=True) for d in topo.datacenters}
     locks = _locks(topo, consuls)
     (east, east_cut), (west, west_cut) = locks["east"], locks["west"]
-    await west.round()  # type: ignore[attr-defined]  # west led first: every lock
-    assert west.leading  # type: ignore[attr-defined]
+    await west.round()  # west led first: every lock
+    assert west.leading
     # West cut off: its checks go critical in east and the witness, whose locks Consul
     # releases; east takes them and leads. West's own datacenter keeps west's session.
     west_cut.update({"east", "witness"})
     east_cut.add("west")
     consuls["east"].holder = consuls["witness"].holder = None
-    await west.round()  # type: ignore[attr-defined]
-    await east.round()  # type: ignore[attr-defined]
-    assert east.leading, "east holds east and the witness: a majority"  # type: ignore[attr-defined]
+    await west.round()
+    await east.round()
+    assert east.leading, "east holds east and the witness: a majority"
     west_cut.clear()  # the heal
     east_cut.clear()
     for c in consuls.values():
         c.delay_over()
-    await west.round()  # type: ignore[attr-defined]  # takes west's lock back while alone?
+    await west.round()  # takes west's lock back while alone?
     for _ in range(3):  # west's round first each time, then east's, then the delay runs out
-        await west.round()  # type: ignore[attr-defined]
-        assert not west.leading  # type: ignore[attr-defined]
-        await east.round()  # type: ignore[attr-defined]
+        await west.round()
+        assert not west.leading
+        await east.round()
         for c in consuls.values():
             c.delay_over()
-    assert east.leading  # type: ignore[attr-defined]
+    assert east.leading
     assert sorted(east.sessions) == ["east", "west", "witness"], \
-        "the leader holds every datacenter's lock (and can correct them all)"  # type: ignore[attr-defined]
+        "the leader holds every datacenter's lock (and can correct them all)"
 
 
 async def test_a_lock_in_its_lock_delay_is_waited_for_not_a_reason_to_give_up() -> None:
@@ -393,12 +396,12 @@ async def test_a_lock_in_its_lock_delay_is_waited_for_not_a_reason_to_give_up() 
     east, east_cut = locks["east"]
     east_cut.add("west")
     consuls["east"].delayed = True  # a session there ended a moment ago
-    await east.round()  # type: ignore[attr-defined]
-    assert not east.leading  # type: ignore[attr-defined]
-    assert "holds 1 of the 2" in east.why_not  # type: ignore[attr-defined]
+    await east.round()
+    assert not east.leading
+    assert "holds 1 of the 2" in east.why_not
     consuls["east"].delay_over()  # only east's delay ran out
-    await east.round()  # type: ignore[attr-defined]
-    assert east.leading, "east and the witness: a majority"  # type: ignore[attr-defined]
+    await east.round()
+    assert east.leading, "east and the witness: a majority"
 
 
 async def test_two_regions_without_a_witness_cut_apart_have_no_leader() -> None:
@@ -406,13 +409,13 @@ async def test_two_regions_without_a_witness_cut_apart_have_no_leader() -> None:
     consuls = {d.name: _Consul() for d in topo.datacenters}
     locks = _locks(topo, consuls)
     (east, east_cut), (west, west_cut) = locks["east"], locks["west"]
-    await east.round()  # type: ignore[attr-defined]
-    assert east.leading  # type: ignore[attr-defined]
+    await east.round()
+    assert east.leading
     east_cut.add("west")
     west_cut.add("east")
     consuls["west"].holder = None
-    await east.round()  # type: ignore[attr-defined]
-    await west.round()  # type: ignore[attr-defined]
+    await east.round()
+    await west.round()
     assert not east.leading
     assert not west.leading
 
@@ -424,14 +427,14 @@ async def test_a_leader_stops_leading_on_its_own_clock_before_another_can_take_o
     consuls = {d.name: _Consul() for d in topo.datacenters}
     clock = [100.0]
     east, _ = _locks(topo, consuls, clock)["east"]
-    await east.round()  # type: ignore[attr-defined]
-    assert east.leading  # type: ignore[attr-defined]
+    await east.round()
+    assert east.leading
     clock[0] += LeaderSettings().check_ttl_s - 1.5
-    assert east.leading  # type: ignore[attr-defined]
+    assert east.leading
     clock[0] += 1.0  # past check_ttl_s - margin: no majority confirmed any more
-    assert not east.leading  # type: ignore[attr-defined]
-    assert east.sessions == {}  # type: ignore[attr-defined]
-    assert east.changed.is_set()  # type: ignore[attr-defined]
+    assert not east.leading
+    assert east.sessions == {}
+    assert east.changed.is_set()
 
 
 async def test_the_metadata_check_asks_other_brokers_when_one_is_dead() -> None:
@@ -451,10 +454,10 @@ async def test_the_metadata_check_asks_other_brokers_when_one_is_dead() -> None:
                 raise NodeNotReadyError("node 1")
             return {"brokers": [2, 3], "controller_id": 2}
 
-    meta = await RegionProber._ask_any_broker(Admin(dead_picks=2))  # type: ignore[arg-type]
+    meta = await RegionProber._ask_any_broker(Admin(dead_picks=2))
     assert meta["brokers"] == [2, 3]
     with pytest.raises(NodeNotReadyError):
-        await RegionProber._ask_any_broker(Admin(dead_picks=99))  # type: ignore[arg-type]
+        await RegionProber._ask_any_broker(Admin(dead_picks=99))
 
 
 def test_the_prober_bootstraps_again_from_every_broker_it_has_seen() -> None:
@@ -525,7 +528,7 @@ async def test_an_error_inside_a_step_fails_the_step_and_never_escapes() -> None
     done = {"status": "done", "started_ms": 1, "ended_ms": 2}
     rec = FailoverRecord(source="east", target="west", epoch=4, from_epoch=3)
     for name in ("fence", "lease_wait", "drain"):
-        rec = rec.with_step(name, **done)  # type: ignore[arg-type]
+        rec = rec.with_step(name, **done)
 
     async def offsets(r: FailoverRecord) -> FailoverRecord:
         raise KafkaConnectionError("broker gone mid-call")
@@ -549,7 +552,7 @@ async def test_a_step_that_hangs_fails_at_its_time_limit() -> None:
         region="east", failover=FailoverSettings(step_timeout_s=0.05))
     rec = FailoverRecord(source="east", target="west", epoch=4, from_epoch=3)
     for name in ("fence", "lease_wait", "drain", "offsets"):
-        rec = rec.with_step(name, status="done")  # type: ignore[arg-type]
+        rec = rec.with_step(name, status="done")
 
     async def promote(r: FailoverRecord) -> FailoverRecord:
         await asyncio.Event().wait()  # a Consul call that never answers
@@ -586,13 +589,12 @@ async def test_a_resumed_lease_wait_waits_the_whole_lease_on_its_own_clock(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Defect 6: the wait was computed from `ended_ms`, another host's wall clock: a fence
     # stamped "long ago" by a clock ahead of ours skipped the wait altogether.
-    import dr.controller.failover as failover_mod
     slept: list[float] = []
 
     async def sleep(s: float) -> None:
         slept.append(s)
 
-    monkeypatch.setattr(failover_mod.asyncio, "sleep", sleep)
+    monkeypatch.setattr("dr.controller.failover.asyncio.sleep", sleep)
     clock = [1000.0]
     engine, _ = _engine(_topology(), clock=lambda: clock[0])
     rec = FailoverRecord(source="east", target="west", epoch=4, from_epoch=3).with_step(

@@ -43,7 +43,7 @@ def test_the_runtime_set_leaves_spark_charts_docker_and_protoc_to_extras() -> No
 def test_a_missing_extra_is_one_error_naming_what_to_install(
         monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(extras.importlib.util, "find_spec",
+    monkeypatch.setattr("crossdc.extras.importlib.util.find_spec",
                         lambda name, *a: None if name == "pyspark" else real(name, *a))
     assert extras.missing("reconcile") == ["pyspark"]
     with pytest.raises(MissingExtra) as info:

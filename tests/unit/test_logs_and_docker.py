@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import structlog
@@ -37,7 +38,7 @@ def test_json_logs_carry_bound_context(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_docker_decided_by_engine_ping_not_by_client(monkeypatch: pytest.MonkeyPatch,
-                                                      tmp_path) -> None:  # type: ignore[no-untyped-def]
+                                                      tmp_path: Path) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
     assert docker_available() is False
 

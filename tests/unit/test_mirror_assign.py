@@ -9,7 +9,7 @@ import time
 
 import pytest
 from aiokafka import TopicPartition
-from kafka_helpers import eventually  # type: ignore[import-not-found]
+from kafka_helpers import eventually
 
 import mirror.worker as worker_mod
 from crossdc.lifecycle import Closed
@@ -137,8 +137,8 @@ async def test_discovery_never_resubscribes_during_an_assignment(
     monkeypatch.setattr(worker_mod, "sync_topics", sync_topics)
     w = MirrorWorker(Flow(source="east", target="west", topics="t.*", group="g",
                           exactly_once=True), "127.0.0.1:1", "127.0.0.1:1")
-    w._consumer = consumer  # type: ignore[assignment]
-    w._src_admin = w._dst_admin = object()  # type: ignore[assignment]
+    w._consumer = consumer
+    w._src_admin = w._dst_admin = object()
     assigning = asyncio.create_task(w._on_assigned([TopicPartition("t", 0)]))
     async def holding() -> bool:
         return w._lock.locked()
@@ -163,7 +163,7 @@ async def test_a_failed_callback_ends_the_worker_even_while_getmany_waits() -> N
     carrying loop waited in getmany for an assignment that never came, for minutes."""
     from mirror.topics import TopicPlan
     w = MirrorWorker(_FLOW, "127.0.0.1:1", "127.0.0.1:1")
-    w._consumer = _Consumer()  # type: ignore[assignment]
+    w._consumer = _Consumer()
     w._topics = TopicPlan({"t": 1}, {})
     w._carry_task = asyncio.create_task(w._carry())
     await asyncio.sleep(0.05)  # in getmany
@@ -178,7 +178,7 @@ async def test_a_failed_callback_ends_the_worker_even_while_getmany_waits() -> N
 async def test_stop_still_cancels_the_carrying_loop() -> None:
     from mirror.topics import TopicPlan
     w = MirrorWorker(_FLOW, "127.0.0.1:1", "127.0.0.1:1")
-    w._consumer = _Consumer()  # type: ignore[assignment]
+    w._consumer = _Consumer()
     w._topics = TopicPlan({"t": 1}, {})
     task = w._carry_task = asyncio.create_task(w._carry())
     await asyncio.sleep(0.05)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
-from tests_support import write_topology  # type: ignore[import-not-found]
+from tests_support import write_topology
 
 from dr.controller.metrics import ControllerMetrics
 from dr.errors import StackError

@@ -668,9 +668,9 @@ def _hinted_router(ws: dict[str, Any], own: str = "west") -> tuple[Router, Proxy
     from proxy.hints import HintStore
     grant = WriteGrant(PrimaryRecord(region="east", epoch=7), math.inf, 2.0)
     metrics = ProxyMetrics()
-    return Router(own, TOPO, ws, lambda: grant, lambda: POLICY,  # type: ignore[arg-type]
+    return Router(own, TOPO, ws, lambda: grant, lambda: POLICY,
                   IdempotencyWindow(60, 1000), metrics,
-                  hints=HintStore(own, TOPO, ws, metrics)), metrics  # type: ignore[arg-type]
+                  hints=HintStore(own, TOPO, ws, metrics)), metrics
 
 
 def _hint_writers(**down: bool) -> dict[str, HintFailingWriter]:

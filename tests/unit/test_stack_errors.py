@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_taken_port_names_port_field_and_holder() -> None:
 
 
 def test_dr_up_with_a_taken_port_fails_before_starting_anything(tmp_path: Path) -> None:
-    from tests_support import write_topology  # type: ignore[import-not-found]
+    from tests_support import write_topology
     topo = free_topology(["east", "west"])
     path = write_topology(topo, tmp_path / "t.yaml")
     consul_http = int(topo.region("west").consul.http_addr.rsplit(":", 1)[1])
@@ -173,7 +174,7 @@ def test_witness_agent_joins_every_region_and_they_join_it(tmp_path: Path) -> No
     assert cfg["node_name"] == "witness-consul"
     assert cfg["bootstrap_expect"] == 1
     assert cfg["ports"]["serf_wan"] == w.local.consul.serf_wan_port  # type: ignore[index]
-    assert sorted(cfg["retry_join_wan"]) == sorted(  # type: ignore[arg-type]
+    assert sorted(cast(list[str], cfg["retry_join_wan"])) == sorted(
         f"127.0.0.1:{r.local.consul.serf_wan_port}" for r in topo.regions if r.local)
     east = ConsulAgent(topo, topo.region("east"), 0, tmp_path / "e", Path("consul"))
     assert f"127.0.0.1:{w.local.consul.serf_wan_port}" in east.wan_peers()
@@ -231,12 +232,12 @@ def test_namespaced_consul_agents_join_over_the_bridge(tmp_path: Path) -> None:
     assert isinstance(agent, NetnsConsulAgent)
     cfg = agent.config()
     assert cfg["bind_addr"] == cfg["client_addr"] == net.address("witness")
-    assert sorted(cfg["retry_join_wan"]) == sorted(  # type: ignore[arg-type]
+    assert sorted(cast(list[str], cfg["retry_join_wan"])) == sorted(
         f"{net.address(r.name)}:{r.local.consul.serf_wan_port}" for r in topo.regions if r.local)
     assert agent.process().argv[:4] == ["ip", "netns", "exec", net.namespace("witness")]
     east = stack.agent(stack.site("east")).config()
     assert any(p.startswith(net.address("witness") + ":")
-               for p in east["retry_join_wan"])  # type: ignore[union-attr]
+               for p in cast(list[str], east["retry_join_wan"]))
     assert agent.workdir == paths.state / "witness" / "consul"
 
 

@@ -111,8 +111,11 @@ def test_a_file_over_the_limit_is_refused_by_its_size_unread(
     f.write_bytes(b"x" * 101)
     opened: list[str] = []
     real_open = os.open
-    monkeypatch.setattr(files.os, "open", lambda *a, **k: opened.append(a[0]) or
-                        real_open(*a, **k))
+    def recording_open(path: str, *a: Any, **k: Any) -> int:
+        opened.append(path)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("crossdc.files.os.open", recording_open)
     with pytest.raises(ConfigError) as info:
         read_user_file(f, max_bytes=100, timeout_s=1)
     assert _issue(info) == f"{f}: the file is 101 bytes; the limit is 100 bytes"
@@ -131,7 +134,7 @@ def test_a_fifo_swapped_in_after_the_look_is_refused_on_the_open_descriptor(
     regular.write_text(POLICY)
     real_stat = os.stat
     # the look (os.stat) sees a regular file; by the open, a FIFO is there
-    monkeypatch.setattr(files.os, "stat", lambda p, *a, **k: real_stat(regular)
+    monkeypatch.setattr("crossdc.files.os.stat", lambda p, *a, **k: real_stat(regular)
                         if str(p) == str(fifo) else real_stat(p, *a, **k))
     with pytest.raises(ConfigError, match="named pipe"):
         _bounded(lambda: read_user_file(fifo, max_bytes=100, timeout_s=1))
@@ -142,7 +145,7 @@ def test_the_time_bound_is_held_between_reads(tmp_path: Path,
     f = tmp_path / "slow.yaml"
     f.write_bytes(b"x" * 64)
     clock = iter(range(1000))
-    monkeypatch.setattr(files.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("crossdc.files.time.monotonic", lambda: float(next(clock)))
     monkeypatch.setattr(files, "CHUNK_BYTES", 8)  # each read "takes" a second
     with pytest.raises(ConfigError, match="reading it took longer than 3s"):
         read_user_file(f, max_bytes=100, timeout_s=3)
