@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+
+from dr.stack.ports import SLICE_ENV
 
 LEAK_GRACE_S = 2.0
 """How long tasks cancelled at a test's end may take to finish before they count as leaked."""
@@ -30,6 +33,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
         elif "unit" in parts:
             item.add_marker(pytest.mark.unit)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each xdist worker picks free ports from a slice of its own (dr.stack.ports)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and count.isdigit():
+        os.environ[SLICE_ENV] = f"{int(worker[2:])}/{count}"
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

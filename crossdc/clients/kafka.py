@@ -202,7 +202,11 @@ class KafkaAdmin(Lifecycle):
                 raise
             self._admin = admin
 
-        await self._call("connect", connect)
+        try:
+            await self._call("connect", connect)
+        except BaseException:
+            self._start_undone()  # connect() closed what it opened
+            raise
 
     async def stop(self) -> None:
         """Close the connections; safe twice and before `start()`."""

@@ -114,7 +114,11 @@ class Controller(Lifecycle):
         """Serve /health and /metrics and start every loop (in the background)."""
         if not self._begin_start():
             return
-        await self._start_http()
+        try:
+            await self._start_http()
+        except BaseException:
+            await self.stop()  # closes what was opened (the clients, the HTTP runner)
+            raise
         host = self.settings.http_host
         self.me = self.me.model_copy(update={"http": f"{host}:{self.http_port}"})
         self.lock = LeaderLock(self.dcs, self.settings.leader, self.me,

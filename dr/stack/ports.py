@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from collections.abc import Sequence
@@ -62,6 +63,24 @@ def _ephemeral_low(default: int = 32768) -> int:
         return default
 
 
+SLICE_ENV = "CROSSDC_PORT_SLICE"
+"""`i/n` (e.g. `1/2`): pick ports from the i-th of n equal slices of each range only. Test
+processes that run side by side (pytest-xdist workers) take one slice each, so a port one of
+them found free (a region's, while a drill has its Kafka down) is never picked by the other."""
+
+
+def _slice(low: int, high: int) -> tuple[int, int]:
+    value = os.environ.get(SLICE_ENV, "")
+    try:
+        i, n = (int(x) for x in value.split("/"))
+    except ValueError:
+        return low, high
+    if not 0 <= i < n:
+        return low, high
+    width = (high - low) // n
+    return low + i * width, low + (i + 1) * width
+
+
 def free_topology(names: list[str], *, primary: str | None = None, seed: int | None = None,
                   low: int = 20000, high: int | None = None,
                   witnesses: Sequence[str] = ("witness",)) -> Topology:
@@ -74,6 +93,7 @@ def free_topology(names: list[str], *, primary: str | None = None, seed: int | N
     controller port, taken while six brokers were connecting to each other)."""
     if high is None:
         high = max(low + 40 * BLOCK, min(60000, _ephemeral_low()))
+    low, high = _slice(low, high)
     rng = random.Random(seed)
     used: set[int] = set()
 
@@ -106,8 +126,9 @@ def free_port(taken: set[int] | None = None, *, host: str = "127.0.0.1") -> int:
     a drill's kill and its heal). `taken` holds ports already promised; the new one is added."""
     taken = taken if taken is not None else set()
     rng = random.Random()
+    low, high = _slice(_SINGLE_LOW, _SINGLE_HIGH)
     for _ in range(500):
-        port = rng.randrange(_SINGLE_LOW, _SINGLE_HIGH)
+        port = rng.randrange(low, high)
         if port in taken:
             continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

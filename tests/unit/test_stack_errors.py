@@ -121,6 +121,24 @@ def test_free_topology_is_valid_and_distinct() -> None:
     assert topo.preference == ["a", "b", "c"]
 
 
+def test_side_by_side_test_processes_pick_ports_from_their_own_slice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two xdist workers never pick the same port: while a drill has a region's Kafka down,
+    its ports are free, and the other worker must not take them."""
+    from dr.stack.ports import BLOCK, SLICE_ENV, free_port, free_topology
+    seen: dict[str, tuple[set[int], set[int]]] = {}
+    for i in ("0", "1"):
+        monkeypatch.setenv(SLICE_ENV, f"{i}/2")
+        singles = {free_port() for _ in range(30)}
+        blocks = {r.local.kafka.controller_port // BLOCK for _ in range(10)  # type: ignore[union-attr]
+                  for r in free_topology(["a"], witnesses=()).regions}
+        seen[i] = (singles, blocks)
+    assert max(seen["0"][0]) < 15000 <= min(seen["1"][0])
+    assert not seen["0"][1] & seen["1"][1]
+    monkeypatch.setenv(SLICE_ENV, "nonsense")  # ignored: the whole range
+    assert 10000 <= free_port() < 20000
+
+
 def test_free_port_stays_out_of_the_ephemeral_range_and_skips_taken_ones() -> None:
     """A service restarted on its old port must find it free: ports the kernel hands to
     outgoing connections are never chosen (a drill's heal once failed on exactly that)."""
