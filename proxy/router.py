@@ -179,6 +179,34 @@ class _RuleInfo(NamedTuple):
     max_record_bytes: int
 
 
+
+@dataclass(frozen=True, slots=True)
+class _PrimaryWrite:
+    """One ordered or sync write to `topic`: what its steps share."""
+
+    topic: str
+    mode: Literal["ordered", "sync"]
+    idxs: list[int]
+    records: Sequence[Incoming]
+    outs: list[Outcome]
+    primary: str
+    epoch: int
+    regions: list[str]
+    """The primary first, then (sync) every other region in preference order."""
+    writer: RegionWriter
+    """The primary's."""
+    partitions: int
+    """The topic's partition count in the primary."""
+    deadline: float
+    """The write's: the call's, bounded by the lease."""
+    still_primary: Callable[[], str]
+    common: tuple[tuple[str, bytes], ...]
+    """The dr-* headers after dr-id (proxy.headers.dr_headers)."""
+
+    def headers(self, i: int) -> list[tuple[str, bytes]]:
+        return stamp_with(self.records[i].headers, self.outs[i].dr_id, self.common)
+
+
 class Router:
     def __init__(self, own_region: str, topology: Topology, writers: dict[str, RegionWriter],
                  primary: Callable[[], WriteGrant], policy: Callable[[], Policy],
@@ -232,7 +260,7 @@ class Router:
         aliases: dict[int, int] = {}
         try:
             await self._claim(records, outs, slots, aliases, deadline)
-            groups: dict[tuple[str, str], list[int]] = {}
+            groups: dict[tuple[Mode, str], list[int]] = {}
             for i, rec in enumerate(records):
                 r = rules[i]
                 if outs[i].error is None and r is not None and i not in aliases and \
@@ -267,8 +295,8 @@ class Router:
             per_mode: dict[str, int] = {}
             for o in outs:
                 per_mode[o.mode] = per_mode.get(o.mode, 0) + 1
-            for mode, n in per_mode.items():
-                observe_many(self._latency(mode), dt, n)
+            for name, n in per_mode.items():
+                observe_many(self._latency(name), dt, n)
         return outs
 
     async def _catch_up(self, shared: IdempotencyLog, deadline: float) -> None:
@@ -341,7 +369,7 @@ class Router:
                 self.metrics.duplicates.inc()
                 outs[i] = Outcome.duplicate_of(slot.result)
 
-    async def _dispatch(self, mode: str, topic: str, rules: list[Rule | None], idxs: list[int],
+    async def _dispatch(self, mode: Mode, topic: str, rules: list[Rule | None], idxs: list[int],
                         records: Sequence[Incoming], outs: list[Outcome], ts_ms: int,
                         deadline: float) -> None:
         # Log events on this path name their topic and mode themselves (no context binding
@@ -415,22 +443,36 @@ class Router:
         raise PartitionMismatch(topic, counts)
 
     # -- ordered and sync --------------------------------------------------------------------
-    async def _primary_modes(self, mode: str, topic: str, idxs: list[int],
-                             rules: list[Rule | None], records: Sequence[Incoming],
-                             outs: list[Outcome], ts_ms: int, deadline: float) -> None:
+    async def _primary_modes(self, mode: Literal["ordered", "sync"], topic: str,
+                             idxs: list[int], rules: list[Rule | None],
+                             records: Sequence[Incoming], outs: list[Outcome], ts_ms: int,
+                             deadline: float) -> None:
+        """Ordered: the primary. Sync: the primary first, then every other region at the
+        primary copy's partition, then hints for the regions that missed a record and the
+        verdict per record (its rule's quorum)."""
+        b = await self._primary_write(mode, topic, idxs, records, outs, ts_ms, deadline)
+        await self._write_primary(b)
+        if b.mode == "sync":
+            failed = await self._write_others(b)
+            await self._settle_sync(b, rules, failed, deadline)
+
+    async def _primary_write(self, mode: Literal["ordered", "sync"], topic: str,
+                             idxs: list[int], records: Sequence[Incoming],
+                             outs: list[Outcome], ts_ms: int,
+                             deadline: float) -> _PrimaryWrite:
+        """What every step of one primary-mode write shares, after the lease and the topic's
+        partition counts were checked (NoWritableRegion, PrimaryUnavailable otherwise)."""
         self.primary()  # no lease: refused before any metadata lookup
         counts = await self.partition_counts(topic, deadline)
         # The lease is checked again AFTER the lookups (which may take up to the deadline):
         # the write starts only with its bound left of the lease, and ends by `until`.
         grant = self.primary()
         prim = grant.record
-        write_deadline = min(deadline, grant.until)
-        epoch = prim.epoch
         regions = [prim.region]
         if mode == "sync":
             regions += [r for r in self.topology.preference if r != prim.region]
         for i in idxs:
-            outs[i].epoch = epoch
+            outs[i].epoch = prim.epoch
         pw = self.writers.get(prim.region)
         if pw is None:
             raise NoWritableRegion(topic, mode, {prim.region: "primary is not a topology "
@@ -447,42 +489,46 @@ class Router:
             now = current()
             if now.fenced:
                 return f"primary fenced at epoch {now.epoch}"
-            return "" if now.epoch == epoch and now.region == prim.region else (
+            return "" if now.epoch == prim.epoch and now.region == prim.region else (
                 f"primary moved to {now.region} (epoch {now.epoch})")
 
-        mode_: Mode = "sync" if mode == "sync" else "ordered"
-        common = dr_headers(origin=prim.region, ts_ms=ts_ms, mode=mode_, epoch=epoch,
+        common = dr_headers(origin=prim.region, ts_ms=ts_ms, mode=mode, epoch=prim.epoch,
                             path=regions)
+        return _PrimaryWrite(topic, mode, idxs, records, outs, prim.region, prim.epoch,
+                             regions, pw, n, min(deadline, grant.until), still_primary, common)
 
-        def headers(i: int) -> list[tuple[str, bytes]]:
-            return stamp_with(records[i].headers, outs[i].dr_id, common)
-        # 1. the primary (records resumed from a partial sync may have it already)
-        first = [i for i in idxs if not any(w.region == prim.region for w in outs[i].written)]
-        if first:
-            if not pw.writable or not pw.breaker.allow():
-                raise NoWritableRegion(topic, mode, {prim.region: pw.why_not_writable()
-                                                     or "circuit breaker half-open"})
-            items = []
-            for i in first:
-                rec = records[i]
-                items.append(_tuple_new(Outgoing, (
-                    rec.key, rec.value, stamp_with(rec.headers, outs[i].dr_id, common),
-                    _partition(rec.key, n), rec.size)))
-            with pw.breaker.attempt():
-                res = await pw.write(topic, items, mode=mode, deadline=write_deadline,
-                                     still_valid=still_primary)
-            for i, r in zip(first, res, strict=True):
-                if isinstance(r, RegionWrite):
-                    outs[i].written.insert(0, r)
-                else:
-                    outs[i].error = NoWritableRegion(topic, mode, {prim.region: r.why})
-        if mode != "sync":
+    async def _write_primary(self, b: _PrimaryWrite) -> None:
+        """The primary's copy (records resumed from a partial sync may have it already)."""
+        outs = b.outs
+        first = [i for i in b.idxs if not any(w.region == b.primary for w in outs[i].written)]
+        if not first:
             return
-        # 2. every other region, same partition as the primary's copy
-        failed: dict[int, dict[str, str]] = {i: {} for i in idxs}
+        pw = b.writer
+        if not pw.writable or not pw.breaker.allow():
+            raise NoWritableRegion(b.topic, b.mode, {b.primary: pw.why_not_writable()
+                                                     or "circuit breaker half-open"})
+        items = []
+        for i in first:
+            rec = b.records[i]
+            items.append(_tuple_new(Outgoing, (rec.key, rec.value, b.headers(i),
+                                               _partition(rec.key, b.partitions), rec.size)))
+        with pw.breaker.attempt():
+            res = await pw.write(b.topic, items, mode=b.mode, deadline=b.deadline,
+                                 still_valid=b.still_primary)
+        for i, r in zip(first, res, strict=True):
+            if isinstance(r, RegionWrite):
+                outs[i].written.insert(0, r)
+            else:
+                outs[i].error = NoWritableRegion(b.topic, b.mode, {b.primary: r.why})
 
-        async def secondary(region: str) -> None:
-            todo = [i for i in idxs if outs[i].error is None
+    async def _write_others(self, b: _PrimaryWrite) -> dict[int, dict[str, str]]:
+        """Sync: every other region, at the partition of the primary's copy, all at once;
+        per record, the regions that did not take it, with why."""
+        outs = b.outs
+        failed: dict[int, dict[str, str]] = {i: {} for i in b.idxs}
+
+        async def one(region: str) -> None:
+            todo = [i for i in b.idxs if outs[i].error is None
                     and not any(w.region == region for w in outs[i].written)]
             if not todo:
                 return
@@ -494,45 +540,53 @@ class Router:
                 return
             items = []
             for i in todo:
-                part = next(x.partition for x in outs[i].written if x.region == prim.region)
-                items.append(Outgoing(records[i].key, records[i].value, headers(i), part,
-                                      records[i].size))
+                part = next(x.partition for x in outs[i].written if x.region == b.primary)
+                rec = b.records[i]
+                items.append(Outgoing(rec.key, rec.value, b.headers(i), part, rec.size))
             with w.breaker.attempt():
-                res = await w.write(topic, items, mode=mode, deadline=write_deadline,
-                                    still_valid=still_primary)
+                res = await w.write(b.topic, items, mode=b.mode, deadline=b.deadline,
+                                    still_valid=b.still_primary)
             for i, r in zip(todo, res, strict=True):
                 if isinstance(r, RegionWrite):
                     outs[i].written.append(r)
                 else:
                     failed[i][region] = r.why
 
-        await asyncio.gather(*(secondary(r) for r in regions[1:]))
+        await asyncio.gather(*(one(r) for r in b.regions[1:]))
+        return failed
+
+    async def _settle_sync(self, b: _PrimaryWrite, rules: list[Rule | None],
+                           failed: dict[int, dict[str, str]], deadline: float) -> None:
+        """Hints for the regions that missed a record the primary took, stored BEFORE the
+        answer (an ack implies its hints are in Kafka; partial writes' too: proxy.hints),
+        then each record's verdict against its rule's quorum."""
+        regions, outs = b.regions, b.outs
 
         def needed_for(i: int) -> int:
             rule = rules[i]
             return rule.quorum if rule is not None and rule.quorum else len(regions)
-        # 3. hints for the regions that missed a record the primary took: stored BEFORE the
-        # answer (an ack implies its hints are in Kafka), partial writes' too (proxy.hints)
+
         unhinted: dict[int, str] = {}
-        if self.hints is not None and any(failed[i] for i in idxs):
-            unhinted = await self._hint(topic, idxs, records, outs, failed, prim.region,
-                                        needed_for, headers, deadline)
-        for i in idxs:
+        if self.hints is not None and any(failed[i] for i in b.idxs):
+            unhinted = await self._hint(b.topic, b.idxs, b.records, outs, failed, b.primary,
+                                        needed_for, b.headers, deadline)
+        for i in b.idxs:
             needed = needed_for(i)
             o = outs[i]
             o.written.sort(key=lambda w: regions.index(w.region) if w.region in regions
                            else len(regions))
             if o.error is None and len(o.written) < needed:
-                o.error = IncompleteSync(topic, o.written, failed[i], needed)
-                log.warning("sync_incomplete", topic=topic, mode=mode, epoch=epoch,
+                o.error = IncompleteSync(b.topic, o.written, failed[i], needed)
+                log.warning("sync_incomplete", topic=b.topic, mode=b.mode, epoch=b.epoch,
                             dr_id=o.dr_id, written=[w.region for w in o.written],
                             failed=failed[i], hinted=i not in unhinted and
                             self.hints is not None)
             elif o.error is None and i in unhinted:
-                o.error = HintsUnavailable(topic, o.written, failed[i], needed, unhinted[i])
-                log.warning("sync_not_acked_without_hints", topic=topic, mode=mode,
-                            epoch=epoch, dr_id=o.dr_id, written=[w.region for w in o.written],
-                            failed=failed[i], error=unhinted[i])
+                o.error = HintsUnavailable(b.topic, o.written, failed[i], needed, unhinted[i])
+                log.warning("sync_not_acked_without_hints", topic=b.topic, mode=b.mode,
+                            epoch=b.epoch, dr_id=o.dr_id,
+                            written=[w.region for w in o.written], failed=failed[i],
+                            error=unhinted[i])
 
     async def _hint(self, topic: str, idxs: list[int], records: Sequence[Incoming],
                     outs: list[Outcome], failed: dict[int, dict[str, str]], primary: str,
