@@ -28,6 +28,7 @@ import re
 import socket
 import time
 from collections.abc import Awaitable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -79,6 +80,26 @@ WRITE_BACKOFF = Backoff(0.2, 5.0)
 """Between tries of a batch the target refused (its Kafka away, a fenced producer)."""
 
 _Chunk = tuple[list[int], list[int], "asyncio.Future[Any]"]
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """What one write attempt of a batch has done so far, per source partition."""
+
+    primary: PrimaryRecord | None
+    """The view of the primary the whole attempt routes by (the epoch rule)."""
+    sent: dict[TopicPartition, list[_Chunk]] = field(default_factory=dict)
+    """The chunks sent: (source offsets, their sizes, the ack future); a chunk is a producer
+    batch (its records get consecutive target offsets) or, one by one, a single record."""
+    quarantined: dict[TopicPartition, list[tuple[int, asyncio.Future[Any]]]] = field(
+        default_factory=dict)
+    """The records written to the quarantine: (source offset, ack future)."""
+    pairs: dict[TopicPartition, list[tuple[int, int]]] = field(default_factory=dict)
+    """(source offset, target offset) of every record the target holds."""
+    skipped: dict[TopicPartition, int] = field(default_factory=dict)
+    """Records loop prevention kept out."""
+    segments: dict[TopicPartition, Segment] = field(default_factory=dict)
+    acked_ms: float = 0.0
 _TXN_TIMEOUT_MS = 20_000
 _STALL_S = 5.0  # a target silent this long is counted and logged (and waited for)
 _CLOSE_S = 10.0
@@ -708,145 +729,26 @@ class MirrorWorker(Lifecycle):
         acked prefix of each partition is remembered (`_acked`) and not sent again, so a
         retry neither duplicates nor reorders what already landed.
         """
-        producer, consumer = self._producer, self._consumer
+        producer = self._producer
         assert producer is not None
-        assert consumer is not None
         await self._target_has(batch)
         eos = self.flow.exactly_once
         if eos:
             await producer.begin_transaction()
             self._acked.clear()
-        source, target = self.flow.source, self.flow.target
-        # per partition, the chunks sent: (source offsets, their sizes, the ack future);
-        # a chunk is a producer batch (its records get consecutive target offsets) or, in
-        # one-by-one mode, a single record
-        sent: dict[TopicPartition, list[_Chunk]] = {}
-        # per partition, the records written to the quarantine: (source offset, ack future)
-        quarantined: dict[TopicPartition, list[tuple[int, asyncio.Future[Any]]]] = {}
-        primary = self.primary  # one view of the primary for the whole batch
+        a = _Attempt(primary=self.primary)  # one view of the primary for the whole batch
         commit: asyncio.Future[None] | None = None
-        pairs: dict[TopicPartition, list[tuple[int, int]]] = {}
-        skipped: dict[TopicPartition, int] = {}
-        segments: dict[TopicPartition, Segment] = {}
         try:
             for tp, recs in batch.items():
-                done = self._acked.get(tp)
-                pairs[tp] = list(done or [])
-                skip_upto = done[-1][0] if done else -1
-                found = self._found.get(tp)
-                id_prefix = f"{source}:{tp.topic}:{tp.partition}:"
-                one_by_one = tp in self._one_by_one
-                chunks: list[_Chunk] = sent.setdefault(tp, [])
-                builder = None
-                srcs: list[int] = []
-                sizes: list[int] = []
-                for r in recs:
-                    if r.offset <= skip_upto:
-                        continue
-                    headers = plan(r.headers, source=source, target=target,
-                                   timestamp_ms=r.timestamp, forward=self.flow.forward,
-                                   id_hint=f"{id_prefix}{r.offset}")
-                    if headers is None:
-                        skipped[tp] = skipped.get(tp, 0) + 1
-                        continue
-                    if primary is not None and epoch_rule(
-                            headers, target=target, primary=primary) == "quarantine":
-                        # The divergent tail: kept apart, never behind newer records.
-                        quarantined.setdefault(tp, []).append((r.offset, await producer.send(
-                            QUARANTINE_TOPIC, key=r.key, value=r.value, partition=0,
-                            timestamp_ms=r.timestamp, headers=quarantine_headers(
-                                headers, source=source, topic=tp.topic,
-                                partition=tp.partition, offset=r.offset,
-                                epoch=primary.epoch))))
-                        continue
-                    if found:
-                        rid = next((v for k, v in headers if k == DR_ID), None)
-                        if rid == found[0][0]:
-                            pairs[tp].append((r.offset, found.popleft()[1]))
-                            self.metrics.recovered.labels(source, target, tp.topic).inc()
-                            continue
-                        # The target holds something else: what is left would be duplicates.
-                        self.metrics.redelivered.labels(source, target, tp.topic).inc(
-                            len(found))
-                        found.clear()
-                    size = r.serialized_value_size
-                    if (tp.topic, tp.partition, r.offset) in self._dead:
-                        await self._send_dead_letter(tp, r, headers, size)
-                        continue
-                    if one_by_one:
-                        # Alone in its producer batch, so a refusal names this record.
-                        try:
-                            fut = await producer.send(tp.topic, value=r.value, key=r.key,
-                                                      partition=tp.partition,
-                                                      timestamp_ms=r.timestamp,
-                                                      headers=headers)
-                        except MessageSizeTooLargeError:
-                            raise RecordTooLarge(tp.topic, size, partition=tp.partition,
-                                                 offset=r.offset) from None
-                        chunks.append(([r.offset], [size], fut))
-                        await asyncio.wait([fut])
-                        if isinstance(fut.exception(),
-                                      (MessageSizeTooLargeError, RecordTooLargeError)):
-                            raise RecordTooLarge(tp.topic, size, partition=tp.partition,
-                                                 offset=r.offset)
-                        continue
-                    # The fast path: records go into producer batches built here (one ack
-                    # per batch, not per record).
-                    if builder is None:
-                        builder = producer.create_batch()
-                    if builder.append(timestamp=r.timestamp, key=r.key, value=r.value,
-                                      headers=headers) is None:
-                        if srcs:
-                            chunks.append((srcs, sizes, await producer.send_batch(
-                                builder, tp.topic, partition=tp.partition)))
-                        builder, srcs, sizes = producer.create_batch(), [], []
-                        if builder.append(timestamp=r.timestamp, key=r.key, value=r.value,
-                                          headers=headers) is None:
-                            raise RecordTooLarge(tp.topic, size, partition=tp.partition,
-                                                 offset=r.offset)
-                    srcs.append(r.offset)
-                    sizes.append(size)
-                if builder is not None and srcs:
-                    chunks.append((srcs, sizes, await producer.send_batch(
-                        builder, tp.topic, partition=tp.partition)))
-                if found is not None and not found:
-                    self._found.pop(tp, None)
-            now = time.time() * 1000
+                await self._send_partition(producer, a, tp, recs)
             if not eos:
                 await self._send_sync_queue()
                 await self._flush_sync(producer)
-            q_futs = [f for v in quarantined.values() for _, f in v]
-            await self._wait_acks([f for chunks in sent.values() for _, _, f in chunks]
-                                  + q_futs)
-            for f in q_futs:
-                f.result()  # a quarantine write that failed fails the attempt
-            for tp, chunks in sent.items():
-                for srcs, sizes, fut in chunks:
-                    try:
-                        md = await fut
-                    except (MessageSizeTooLargeError, RecordTooLargeError):
-                        raise RecordTooLarge(tp.topic, max(sizes), partition=tp.partition,
-                                             offset=srcs[0], exact=len(srcs) == 1) from None
-                    pairs[tp].extend((s, md.offset + i) for i, s in enumerate(srcs))
-            ack_ms = time.time() * 1000
-            sync_recs: list[tuple[bytes, bytes, int]] = []
-            for tp, recs in batch.items():
-                nxt = recs[-1].offset + 1
-                last_ts = _dr_ts(recs[-1]) or recs[-1].timestamp
-                dst_next = None
-                if pairs[tp]:
-                    # each bucket touched gets its segment's record rewritten, cumulative
-                    recs_, segments[tp] = map_records(tp.topic, tp.partition,
-                                                      self._segments.get(tp), pairs[tp],
-                                                      nxt, last_ts)
-                    sync_recs.extend((k, v, MAP_PARTITION) for k, v in recs_)
-                    dst_next = pairs[tp][-1][1] + 1
-                k, v = pos_record(tp.topic, tp.partition, nxt, dst_next)
-                sync_recs.append((k, v, POS_PARTITION))
+            await self._copies_acked(a)
+            sync_recs = self._offset_sync_records(batch, a)
             if eos:
                 for k, v, part in sync_recs:
                     await producer.send(self._sync_topic, key=k, value=v, partition=part)
-            if eos:
                 commit = asyncio.ensure_future(producer.commit_transaction())
                 await self._wait_acks([commit])
                 commit.result()
@@ -864,9 +766,140 @@ class MirrorWorker(Lifecycle):
             if eos:
                 await _end_transaction(producer, commit)
             else:
-                await self._settle(sent, quarantined)
+                await self._settle(a.sent, a.quarantined)
             raise
-        self._segments.update(segments)  # only now: an aborted attempt wrote none
+        self._written(batch, a)
+
+    async def _send_partition(self, producer: AIOKafkaProducer, a: _Attempt,
+                              tp: TopicPartition, recs: list[Any]) -> None:
+        """Route one partition's records (loop prevention, the epoch rule, records found in
+        the target already, the dead letter) and send the rest, in order: in producer
+        batches built here (one ack per batch), or one by one to find a record too large."""
+        source, target = self.flow.source, self.flow.target
+        done = self._acked.get(tp)
+        a.pairs[tp] = list(done or [])
+        skip_upto = done[-1][0] if done else -1
+        found = self._found.get(tp)
+        id_prefix = f"{source}:{tp.topic}:{tp.partition}:"
+        one_by_one = tp in self._one_by_one
+        chunks: list[_Chunk] = a.sent.setdefault(tp, [])
+        builder = None
+        srcs: list[int] = []
+        sizes: list[int] = []
+        for r in recs:
+            if r.offset <= skip_upto:
+                continue
+            headers = plan(r.headers, source=source, target=target, timestamp_ms=r.timestamp,
+                           forward=self.flow.forward, id_hint=f"{id_prefix}{r.offset}")
+            if headers is None:
+                a.skipped[tp] = a.skipped.get(tp, 0) + 1
+                continue
+            if a.primary is not None and epoch_rule(
+                    headers, target=target, primary=a.primary) == "quarantine":
+                # The divergent tail: kept apart, never behind newer records.
+                a.quarantined.setdefault(tp, []).append((r.offset, await producer.send(
+                    QUARANTINE_TOPIC, key=r.key, value=r.value, partition=0,
+                    timestamp_ms=r.timestamp, headers=quarantine_headers(
+                        headers, source=source, topic=tp.topic, partition=tp.partition,
+                        offset=r.offset, epoch=a.primary.epoch))))
+                continue
+            if found:
+                rid = next((v for k, v in headers if k == DR_ID), None)
+                if rid == found[0][0]:
+                    a.pairs[tp].append((r.offset, found.popleft()[1]))
+                    self.metrics.recovered.labels(source, target, tp.topic).inc()
+                    continue
+                # The target holds something else: what is left would be duplicates.
+                self.metrics.redelivered.labels(source, target, tp.topic).inc(len(found))
+                found.clear()
+            size = r.serialized_value_size
+            if (tp.topic, tp.partition, r.offset) in self._dead:
+                await self._send_dead_letter(tp, r, headers, size)
+                continue
+            if one_by_one:
+                chunks.append(await self._send_alone(producer, tp, r, headers, size))
+                continue
+            # The fast path: records go into producer batches built here (one ack per
+            # batch, not per record).
+            if builder is None:
+                builder = producer.create_batch()
+            if builder.append(timestamp=r.timestamp, key=r.key, value=r.value,
+                              headers=headers) is None:
+                if srcs:
+                    chunks.append((srcs, sizes, await producer.send_batch(
+                        builder, tp.topic, partition=tp.partition)))
+                builder, srcs, sizes = producer.create_batch(), [], []
+                if builder.append(timestamp=r.timestamp, key=r.key, value=r.value,
+                                  headers=headers) is None:
+                    raise RecordTooLarge(tp.topic, size, partition=tp.partition,
+                                         offset=r.offset)
+            srcs.append(r.offset)
+            sizes.append(size)
+        if builder is not None and srcs:
+            chunks.append((srcs, sizes, await producer.send_batch(
+                builder, tp.topic, partition=tp.partition)))
+        if found is not None and not found:
+            self._found.pop(tp, None)
+
+    @staticmethod
+    async def _send_alone(producer: AIOKafkaProducer, tp: TopicPartition, r: Any,
+                          headers: list[tuple[str, bytes]], size: int) -> _Chunk:
+        """One record alone in its producer batch, so that a refusal names this record."""
+        try:
+            fut = await producer.send(tp.topic, value=r.value, key=r.key,
+                                      partition=tp.partition, timestamp_ms=r.timestamp,
+                                      headers=headers)
+        except MessageSizeTooLargeError:
+            raise RecordTooLarge(tp.topic, size, partition=tp.partition,
+                                 offset=r.offset) from None
+        await asyncio.wait([fut])
+        if isinstance(fut.exception(), (MessageSizeTooLargeError, RecordTooLargeError)):
+            raise RecordTooLarge(tp.topic, size, partition=tp.partition, offset=r.offset)
+        return [r.offset], [size], fut
+
+    async def _copies_acked(self, a: _Attempt) -> None:
+        """Wait for every copy and quarantine write of the attempt; pair each source offset
+        with its target offset (a quarantine write that failed fails the attempt)."""
+        q_futs = [f for v in a.quarantined.values() for _, f in v]
+        await self._wait_acks([f for chunks in a.sent.values() for _, _, f in chunks]
+                              + q_futs)
+        for f in q_futs:
+            f.result()
+        for tp, chunks in a.sent.items():
+            for srcs, sizes, fut in chunks:
+                try:
+                    md = await fut
+                except (MessageSizeTooLargeError, RecordTooLargeError):
+                    raise RecordTooLarge(tp.topic, max(sizes), partition=tp.partition,
+                                         offset=srcs[0], exact=len(srcs) == 1) from None
+                a.pairs[tp].extend((s, md.offset + i) for i, s in enumerate(srcs))
+        a.acked_ms = time.time() * 1000
+
+    def _offset_sync_records(self, batch: dict[TopicPartition, list[Any]],
+                             a: _Attempt) -> list[tuple[bytes, bytes, int]]:
+        """The offset-sync records of the attempt: each bucket touched gets its segment's
+        `map:` record rewritten (cumulative), and each partition its `pos:` record."""
+        out: list[tuple[bytes, bytes, int]] = []
+        for tp, recs in batch.items():
+            nxt = recs[-1].offset + 1
+            last_ts = _dr_ts(recs[-1]) or recs[-1].timestamp
+            dst_next = None
+            if a.pairs[tp]:
+                recs_, a.segments[tp] = map_records(tp.topic, tp.partition,
+                                                    self._segments.get(tp), a.pairs[tp], nxt,
+                                                    last_ts)
+                out.extend((k, v, MAP_PARTITION) for k, v in recs_)
+                dst_next = a.pairs[tp][-1][1] + 1
+            k, v = pos_record(tp.topic, tp.partition, nxt, dst_next)
+            out.append((k, v, POS_PARTITION))
+        return out
+
+    def _written(self, batch: dict[TopicPartition, list[Any]], a: _Attempt) -> None:
+        """The attempt succeeded: remember where each partition is, commit (advisory),
+        count and log."""
+        consumer = self._consumer
+        assert consumer is not None
+        self._segments.update(a.segments)  # only now: an aborted attempt wrote none
         for tp, recs in batch.items():
             self._acked.pop(tp, None)
             self._expect[tp] = recs[-1].offset + 1
@@ -874,13 +907,14 @@ class MirrorWorker(Lifecycle):
         self._uncommitted.update({tp: recs[-1].offset + 1 for tp, recs in batch.items()})
         self._maybe_commit()
         m = self.metrics
+        now = time.time() * 1000
         for tp, recs in batch.items():
-            labels = (source, target, tp.topic)
-            m.records.labels(*labels).inc(sum(len(c[0]) for c in sent.get(tp, ())))
-            if quarantined.get(tp):
-                m.quarantined.labels(*labels).inc(len(quarantined[tp]))
-            if skipped.get(tp):
-                m.skipped.labels(*labels).inc(skipped[tp])
+            labels = (self.flow.source, self.flow.target, tp.topic)
+            m.records.labels(*labels).inc(sum(len(c[0]) for c in a.sent.get(tp, ())))
+            if a.quarantined.get(tp):
+                m.quarantined.labels(*labels).inc(len(a.quarantined[tp]))
+            if a.skipped.get(tp):
+                m.skipped.labels(*labels).inc(a.skipped[tp])
             m.bytes.labels(*labels).inc(
                 sum(r.serialized_value_size + max(r.serialized_key_size, 0) for r in recs))
             last = recs[-1]
@@ -889,16 +923,16 @@ class MirrorWorker(Lifecycle):
                 m.lag.labels(*labels, str(tp.partition)).set(max(0, hw - last.offset - 1))
             m.record_age.labels(*labels).set(max(0.0, (now - last.timestamp) / 1000))
             dr_ts = _dr_ts(last) or last.timestamp  # headerless: stamped with its timestamp
-            m.latency.labels(*labels).observe(max(0.0, (ack_ms - dr_ts) / 1000))
-        self.log.debug("batch_mirrored", records=sum(len(v) for v in sent.values()),
+            m.latency.labels(*labels).observe(max(0.0, (a.acked_ms - dr_ts) / 1000))
+        self.log.debug("batch_mirrored", records=sum(len(v) for v in a.sent.values()),
                        partitions=len(batch))
-        if quarantined:
-            assert primary is not None
+        if a.quarantined:
+            assert a.primary is not None
             self.log.warning(
-                "records_quarantined", records=sum(len(v) for v in quarantined.values()),
-                epoch=primary.epoch, quarantine_topic=QUARANTINE_TOPIC,
+                "records_quarantined", records=sum(len(v) for v in a.quarantined.values()),
+                epoch=a.primary.epoch, quarantine_topic=QUARANTINE_TOPIC,
                 offsets={f"{tp.topic}/{tp.partition}": [o for o, _ in v]
-                         for tp, v in quarantined.items()})
+                         for tp, v in a.quarantined.items()})
 
     async def _send_sync_queue(self) -> None:
         """At-least-once: send the offset-sync records waiting for a ride."""
