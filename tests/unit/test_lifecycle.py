@@ -38,7 +38,8 @@ async def test_start_and_stop_run_once_and_a_stopped_object_stays_stopped() -> N
     assert (t.stops, t.started, t.closed) == (1, False, True)
     with pytest.raises(Closed, match="Thing was stopped; make a new one") as ei:
         await t.start()
-    assert isinstance(ei.value, CrossdcError) and isinstance(ei.value, RuntimeError)
+    assert isinstance(ei.value, CrossdcError)
+    assert isinstance(ei.value, RuntimeError)
     with pytest.raises(Closed):
         t.use()
 
@@ -83,4 +84,5 @@ async def test_a_start_undone_leaves_the_object_new() -> None:
     f = Failing()
     with pytest.raises(OSError, match="cannot bind"):
         await f.start()
-    assert not f.started and not f.closed
+    assert not f.started
+    assert not f.closed
