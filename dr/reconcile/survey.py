@@ -51,8 +51,8 @@ async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
         tps: list[TopicPartition] = []
         if topics:
             described = await asyncio.wait_for(admin.topic_partitions(topics), timeout_s)
-            for topic, leaders in described.items():
-                parts = sorted(leaders)
+            for topic in topics:  # one the broker answered with an error for: 0, as before
+                parts = sorted(described.get(topic, {}))
                 out.partitions[topic] = len(parts)
                 tps.extend(TopicPartition(topic, p) for p in parts)
         if tps:
