@@ -14,13 +14,11 @@ import asyncio
 import contextlib
 from typing import Literal, Protocol
 
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, Field
 
 from crossdc.clients.consul import ConsulClient
-from crossdc.clients.kafka import kafka_kw
-from crossdc.clients.kafka_quorum import describe_quorum
+from crossdc.clients.errors import KafkaError
+from crossdc.clients.kafka import ONCE, KafkaAdmin
 from crossdc.clients.primary import read_primary
 from crossdc.errors import ClientError
 from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
@@ -174,28 +172,27 @@ def effective_primary(topology: Topology, views: dict[str, PrimaryView]) -> Prim
 
 async def probe_kafka(region: Region, expected: int | None, timeout_s: float) -> KafkaStatus:
     """Brokers and quorum of one region; failures land in `error`, never raise."""
-    admin = AIOKafkaAdminClient(
-        **kafka_kw(region.kafka.bootstrap), request_timeout_ms=int(timeout_s * 1000),
-        client_id="crossdc-status")
+    admin = KafkaAdmin(region.kafka.bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000),
+                       client_id="crossdc-status")
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
             cluster = await admin.describe_cluster()
-            quorum = await describe_quorum(admin)
+            quorum = await admin.describe_quorum()
         return KafkaStatus(
             bootstrap=region.kafka.bootstrap, brokers_up=len(cluster["brokers"]),
             brokers_expected=expected,
             broker_ids=sorted(b["node_id"] for b in cluster["brokers"]),
             quorum_leader=quorum.leader_id if quorum.leader_id >= 0 else None,
             quorum_epoch=quorum.leader_epoch, quorum_voters=list(quorum.voters))
-    except (KafkaError, OSError, TimeoutError, LookupError) as exc:
+    except (ClientError, OSError, TimeoutError, LookupError) as exc:
         return KafkaStatus(
             bootstrap=region.kafka.bootstrap, brokers_up=0, brokers_expected=expected,
             broker_ids=[], quorum_leader=None, quorum_epoch=None, quorum_voters=[],
             error=f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__)
     finally:
         with contextlib.suppress(KafkaError, OSError):
-            await admin.close()
+            await admin.stop()
 
 
 async def probe_consul(region: HasConsul, wan_expected: int, timeout_s: float

@@ -42,15 +42,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
-from aiokafka.structs import OffsetAndMetadata
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay
 
-from crossdc.clients.kafka import kafka_kw
-from crossdc.settings import Backoff
+from crossdc.clients.errors import KafkaError
+from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
+from crossdc.errors import ClientError
+from crossdc.settings import RetrySettings
 from mirror.errors import OffsetsError, OffsetsUnavailable
-from mirror.topics import ensure_topic
 
 __all__ = [
     "BUCKET",
@@ -163,9 +160,9 @@ class Position:
     dst_next: int | None
 
 
-async def ensure_sync_topic(admin: AIOKafkaAdminClient, source: str) -> str:
+async def ensure_sync_topic(admin: KafkaAdmin, source: str) -> str:
     name = sync_topic_name(source)
-    await ensure_topic(admin, name, 2, {"cleanup.policy": "compact",
+    await admin.ensure_topic(name, 2, {"cleanup.policy": "compact",
                                         "min.compaction.lag.ms": "60000",
                                         "segment.ms": str(SEGMENT_MS),
                                         "message.timestamp.type": "LogAppendTime"})
@@ -410,56 +407,35 @@ class Translated:
 async def translate_group(group: str, source: str, source_bootstrap: str,
                           target_bootstrap: str) -> list[Translated]:
     """The group's committed offsets on the source, translated through the sync topic."""
-    admin = AIOKafkaAdminClient(**kafka_kw(source_bootstrap))
     try:
-        await admin.start()
-        committed = await admin.list_consumer_group_offsets(group)
-    except KafkaError as exc:
+        async with KafkaAdmin(source_bootstrap, ONCE) as admin:
+            committed = await admin.group_offsets(group)  # the partitions it committed
+    except ClientError as exc:
         raise OffsetsUnavailable(f"cannot read group {group!r} in {source}: {exc!r}"
                                  ) from exc
-    finally:
-        await admin.close()
-    wanted = {(tp.topic, tp.partition): meta.offset for tp, meta in committed.items()
-              if meta.offset >= 0}
+    wanted = {(tp.topic, tp.partition): off for tp, off in committed.items()}
     marks = await load_translation(target_bootstrap, source, wanted)
-    out = []
-    for tp, meta in sorted(committed.items(), key=lambda kv: (kv[0].topic, kv[0].partition)):
-        if meta.offset < 0:
-            continue
-        out.append(Translated(tp.topic, tp.partition, meta.offset,
-                              marks.translate(tp.topic, tp.partition, meta.offset)))
-    return out
+    return [Translated(tp.topic, tp.partition, off, marks.translate(tp.topic, tp.partition, off))
+            for tp, off in sorted(committed.items(), key=lambda kv: (kv[0].topic,
+                                                                     kv[0].partition))]
 
 
-def _retriable(exc: BaseException) -> bool:
-    return isinstance(exc, KafkaError) and bool(exc.retriable)
-
-
-# The one retry policy of this module: a cluster that never had a consumer group answers
-# COORDINATOR_NOT_AVAILABLE while it creates __consumer_offsets.
-_RETRY = {"stop": stop_after_delay(30),
-          "wait": Backoff(0.1, 2.0).wait(),
-          "retry": retry_if_exception(_retriable), "reraise": True}
+# The one retry policy of this module's group calls (the connection is tried once): a
+# cluster that never had a consumer group answers COORDINATOR_NOT_AVAILABLE while it
+# creates __consumer_offsets. Up to 30 s of tries; one try is bounded by aiokafka's own
+# request timeout (40 s by default).
+GROUP_RETRY = RetrySettings(attempts=1_000_000, total_s=30.0, call_timeout_s=40.0,
+                            backoff_initial_s=0.1, backoff_max_s=2.0)
 
 
 async def group_members(bootstrap: str, group: str) -> tuple[str, int]:
     """(state, number of members) of a consumer group."""
-    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap))
     try:
-        await admin.start()
-        async for attempt in AsyncRetrying(**_RETRY):  # type: ignore[arg-type]
-            with attempt:
-                described = await admin.describe_consumer_groups([group])
-    except KafkaError as exc:
+        async with KafkaAdmin(bootstrap, ONCE) as admin:
+            return await admin.group_members(group, retry=GROUP_RETRY)
+    except ClientError as exc:
         raise OffsetsUnavailable(f"cannot describe group {group!r} at {bootstrap}: "
                                  f"{exc!r}") from exc
-    finally:
-        await admin.close()
-    for resp in described:
-        for g in resp.groups:
-            # (error_code, group_id, state, protocol_type, protocol, members, ...)
-            return str(g[2]), len(g[5])
-    return "Dead", 0
 
 
 async def apply_offsets(group: str, target_bootstrap: str, rows: list[Translated]) -> int:
@@ -469,25 +445,14 @@ async def apply_offsets(group: str, target_bootstrap: str, rows: list[Translated
         raise OffsetsError(
             f"group {group!r} has {members} active member(s) on the target (state {state}); "
             f"stop its consumers there, then apply again")
-    offsets = {TopicPartition(r.topic, r.partition): OffsetAndMetadata(r.target_offset, "")
+    offsets = {TopicPartition(r.topic, r.partition): r.target_offset
                for r in rows if r.target_offset is not None}
     if not offsets:
         return 0
-    c = AIOKafkaConsumer(**kafka_kw(target_bootstrap), group_id=group,
-                         enable_auto_commit=False)
     try:
-        try:
-            await c.start()
-        except BaseException:
-            await c.stop()  # a failed start leaves its metadata task running
-            raise
-        c.assign(list(offsets))
-        async for attempt in AsyncRetrying(**_RETRY):  # type: ignore[arg-type]
-            with attempt:
-                await c.commit(offsets)
-    except KafkaError as exc:
+        async with KafkaAdmin(target_bootstrap, ONCE) as admin:
+            await admin.alter_group_offsets(group, offsets, retry=GROUP_RETRY)
+    except ClientError as exc:
         raise OffsetsUnavailable(f"cannot commit offsets of {group!r} at {target_bootstrap}: "
                                  f"{exc!r}") from exc
-    finally:
-        await c.stop()
     return len(offsets)

@@ -16,24 +16,22 @@ most once, even when two regions quarantined it or the mirror wrote it to the qu
 
 from __future__ import annotations
 
-from aiokafka.admin import AIOKafkaAdminClient
-
+from crossdc.clients.kafka import KafkaAdmin
 from crossdc.quarantine import (
     QUARANTINE_CONFIGS,
     QUARANTINE_TOPIC,
     REPLAYED_CONFIGS,
     REPLAYED_TOPIC,
 )
-from mirror.topics import ensure_topic
 
 __all__ = ["ensure_quarantine_topic", "ensure_replayed_topic"]
 
 
-async def ensure_quarantine_topic(admin: AIOKafkaAdminClient) -> str:
-    await ensure_topic(admin, QUARANTINE_TOPIC, 1, dict(QUARANTINE_CONFIGS))
+async def ensure_quarantine_topic(admin: KafkaAdmin) -> str:
+    await admin.ensure_topic(QUARANTINE_TOPIC, 1, dict(QUARANTINE_CONFIGS))
     return QUARANTINE_TOPIC
 
 
-async def ensure_replayed_topic(admin: AIOKafkaAdminClient) -> str:
-    await ensure_topic(admin, REPLAYED_TOPIC, 1, dict(REPLAYED_CONFIGS))
+async def ensure_replayed_topic(admin: KafkaAdmin) -> str:
+    await admin.ensure_topic(REPLAYED_TOPIC, 1, dict(REPLAYED_CONFIGS))
     return REPLAYED_TOPIC

@@ -14,11 +14,11 @@ import re
 import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict
 
-from crossdc.clients.kafka import kafka_kw
+from crossdc.clients.errors import KafkaError
+from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
+from crossdc.errors import ClientError
 from crossdc.topology import Flow, Topology
 from mirror.offsets import MAP_PARTITION, sync_topic_name
 from mirror.topics import is_internal
@@ -56,7 +56,7 @@ class FlowStatus(_Out):
 
 
 async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
-    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap))
+    admin = KafkaAdmin(bootstrap, ONCE)  # bounded by flow_status's deadline
     consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False)
     try:
         await admin.start()
@@ -64,23 +64,20 @@ async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
         pattern = re.compile(flow.topics)
         topics = [t for t in await admin.list_topics()
                   if pattern.fullmatch(t) and not is_internal(t)]
-        described = await admin.describe_topics(sorted(topics)) if topics else []
-        tps = [TopicPartition(d["topic"], p["partition"]) for d in described
-               if d["error_code"] == 0 for p in d["partitions"]]
-        tps.sort()
+        parts = await admin.topic_partitions(sorted(topics))
+        tps = sorted(TopicPartition(t, p) for t, ps in parts.items() for p in ps)
         ends = await consumer.end_offsets(tps) if tps else {}
-        committed = await admin.list_consumer_group_offsets(group)
+        committed = await admin.group_offsets(group)
     finally:
         try:
             # shielded: the caller's deadline may fire mid-close, and a half-closed client
             # keeps its metadata task (a second stop() returns at once)
             await asyncio.shield(consumer.stop())
         finally:
-            await asyncio.shield(admin.close())
+            await asyncio.shield(admin.stop())
     out = []
     for tp in tps:
-        meta = committed.get(tp)
-        c = meta.offset if meta is not None and meta.offset >= 0 else None
+        c = committed.get(tp)
         out.append(PartitionLag(topic=tp.topic, partition=tp.partition, end_offset=ends[tp],
                                 committed=c, lag=max(0, ends[tp] - (c or 0))))
     return out
@@ -128,7 +125,7 @@ async def flow_status(topo: Topology, flow: Flow, timeout_s: float = 10.0) -> Fl
         async with asyncio.timeout(timeout_s):
             parts = await _lag(flow, group, topo.region(flow.source).kafka.bootstrap)
             latency, age = await _newest(flow, topo.region(flow.target).kafka.bootstrap)
-    except (KafkaError, TimeoutError, OSError) as exc:
+    except (ClientError, KafkaError, TimeoutError, OSError) as exc:
         return FlowStatus(**base, lag_records=None, partitions=[], latency_ms=None,
                           last_append_age_s=None, error=repr(exc))
     return FlowStatus(**base, lag_records=sum(p.lag for p in parts), partitions=parts,

@@ -33,15 +33,6 @@ from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import (
-    KafkaError,
-    MessageSizeTooLargeError,
-    OutOfOrderSequenceNumber,
-    ProducerClosed,
-    ProducerFenced,
-    RecordTooLargeError,
-)
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -49,7 +40,16 @@ from tenacity import (
 )
 
 from crossdc.aio import cancelled_from_outside, first_error, guard, sleep_unless
-from crossdc.clients.kafka import kafka_kw
+from crossdc.clients.errors import (
+    KafkaError,
+    MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
+    ProducerClosed,
+    ProducerFenced,
+    RecordTooLargeError,
+)
+from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
+from crossdc.errors import ClientError
 from crossdc.headers import DR_ID, DR_PATH, DR_TS
 from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
@@ -72,7 +72,7 @@ from mirror.offsets import (
 from mirror.primary import PrimaryWatch
 from mirror.quarantine import ensure_quarantine_topic
 from mirror.rules import epoch_rule, plan
-from mirror.topics import TopicPlan, ensure_topic, sync_topics
+from mirror.topics import TopicPlan, sync_topics
 
 __all__ = ["MirrorWorker"]
 
@@ -181,8 +181,8 @@ class MirrorWorker(Lifecycle):
         self._task: asyncio.Task[None] | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
-        self._src_admin: AIOKafkaAdminClient | None = None
-        self._dst_admin: AIOKafkaAdminClient | None = None
+        self._src_admin: KafkaAdmin | None = None
+        self._dst_admin: KafkaAdmin | None = None
         self._sync_topic = sync_topic_name(flow.source)
         self.dead_letter_topic = f"_crossdc.dead-letter.{flow.source}"
         self.errors: list[MirrorError] = []
@@ -212,13 +212,14 @@ class MirrorWorker(Lifecycle):
                       worker_id=self.worker_id, topics=sorted(self._topics.partitions))
 
     async def _open(self) -> None:
-        self._src_admin = AIOKafkaAdminClient(**kafka_kw(self.source_bootstrap))
-        self._dst_admin = AIOKafkaAdminClient(**kafka_kw(self.target_bootstrap))
+        # one try per call, as the discovery loop looks again every discovery_interval_s
+        self._src_admin = KafkaAdmin(self.source_bootstrap, ONCE)
+        self._dst_admin = KafkaAdmin(self.target_bootstrap, ONCE)
         await self._src_admin.start()
         await self._dst_admin.start()
         await ensure_sync_topic(self._dst_admin, self.flow.source)
         if self.flow.dead_letter:
-            await ensure_topic(self._dst_admin, self.dead_letter_topic, 1)
+            await self._dst_admin.ensure_topic(self.dead_letter_topic, 1)
         if self._primary_watch is not None:
             await ensure_quarantine_topic(self._dst_admin)
             # Known before the first record is carried (bounded: never waits on Consul).
@@ -326,7 +327,7 @@ class MirrorWorker(Lifecycle):
                 await _close_producer(producer, min(_CLOSE_S, left()))
         for admin in admins:
             if admin is not None:
-                await self._closing("admin", admin.close(), left())
+                await self._closing("admin", admin.stop(), left())
         if self._primary_watch is not None:
             await self._closing("consul", self._primary_watch.close(), left())
         self.log.info("mirror_stopped")
@@ -611,7 +612,7 @@ class MirrorWorker(Lifecycle):
             await self._pause(self.flow.discovery_interval_s)
             try:
                 await self._refresh_topics()
-            except KafkaError as exc:
+            except (ClientError, KafkaError) as exc:
                 # A region is away: keep carrying what we can, look again later.
                 self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
                                            "topic_refresh").inc()
@@ -662,7 +663,7 @@ class MirrorWorker(Lifecycle):
                     if not batch:
                         return
                     continue
-                except KafkaError as exc:
+                except (ClientError, KafkaError) as exc:  # ClientError: _target_has's refresh
                     self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
                                                "target_write").inc()
                     if self.flow.exactly_once or isinstance(exc, OutOfOrderSequenceNumber):

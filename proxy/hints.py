@@ -72,10 +72,9 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import IllegalStateError, KafkaError
 
-from crossdc.clients.kafka import KafkaAdmin, TopicSpec, kafka_kw
+from crossdc.clients.errors import IllegalStateError, KafkaError
+from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec, kafka_kw
 from crossdc.errors import CrossdcError
 from crossdc.headers import DR_EPOCH, DR_ID
 from crossdc.settings import RetrySettings
@@ -316,34 +315,31 @@ async def pending_hints(bootstrap: str, region: str, targets: Sequence[str],
                         timeout_s: float = 5.0) -> dict[str, int]:
     """Hints stored in `region` (its Kafka at `bootstrap`) not replayed yet, per target: the end
     offset of `hints_topic(target)` minus the group `hints_group(region)`'s committed offset
-    (or the log start). 0 for a target without a hints topic there. Raises (KafkaError,
-    OSError, TimeoutError) when the cluster does not answer within `timeout_s`."""
+    (or the log start). 0 for a target without a hints topic there. Raises (ClientError,
+    KafkaError, OSError, TimeoutError) when the cluster does not answer within `timeout_s`."""
     consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
-    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap), request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):
             await consumer.start()
             await admin.start()
             names = [hints_topic(t) for t in targets]
             existing = set(await admin.list_topics())
-            described = await admin.describe_topics([n for n in names if n in existing]) \
-                if existing.intersection(names) else []
-            tps = [TopicPartition(d["topic"], p["partition"]) for d in described
-                   if d["error_code"] == 0 for p in d["partitions"]]
+            parts = await admin.topic_partitions([n for n in names if n in existing])
+            tps = [TopicPartition(t, p) for t, ps in parts.items() for p in ps]
             if not tps:
                 return {t: 0 for t in targets}
             ends = await consumer.end_offsets(tps)
             begins = await consumer.beginning_offsets(tps)
-            committed = await admin.list_consumer_group_offsets(hints_group(region))
+            committed = await admin.group_offsets(hints_group(region))
     finally:
         # shielded: a deadline that fires mid-close must not leave a half-closed client
         await asyncio.shield(consumer.stop())
-        await asyncio.shield(admin.close())
+        await asyncio.shield(admin.stop())
     out = {t: 0 for t in targets}
     for tp in tps:
-        meta = committed.get(tp)
-        at = max(begins[tp], meta.offset if meta is not None and meta.offset >= 0 else 0)
+        at = max(begins[tp], committed.get(tp, 0))
         out[tp.topic[len(HINTS_PREFIX) + 1:]] += max(0, ends[tp] - at)
     return out
 

@@ -73,8 +73,8 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaError
 
+from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec, kafka_kw
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle

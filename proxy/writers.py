@@ -32,7 +32,6 @@ from typing import Any, NamedTuple
 
 import structlog
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber
 from aiokafka.partitioner import murmur2
 from tenacity import (
     AsyncRetrying,
@@ -42,6 +41,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from crossdc.clients.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber
 from crossdc.clients.kafka import kafka_kw
 from crossdc.lifecycle import Lifecycle
 from crossdc.topology import Region

@@ -1,10 +1,14 @@
 """The Kafka admin wrapper of crossdc: aiokafka's AIOKafkaAdminClient, retried here.
 
-Every call goes through `_call`, the sole retry loop (tenacity, bounded by `RetrySettings`).
-aiokafka errors become ours at this boundary: retriable ones (`exc.retriable`: no leader yet,
-timeout, connection lost) `ClientError`, the rest (topic exists, invalid config, not
-authorised) `ClientRefused`. Errors the broker returns inside an answer (per-topic error
-codes) are raised the same way, so no caller reads error codes.
+Every call goes through `_call`, the sole retry loop (tenacity, bounded by `RetrySettings`;
+`ONCE`: one try and no deadline of its own, for callers that bound and retry themselves,
+such as the controller's health probes). aiokafka errors become ours at this boundary:
+retriable ones (`exc.retriable`: no leader yet, timeout, connection lost) `ClientError`, the
+rest (topic exists, invalid config, not authorised) `ClientRefused`. Errors the broker
+returns inside an answer (per-topic error codes) are raised the same way, so no caller reads
+error codes. Nothing outside `crossdc.clients` imports `aiokafka.admin` or `aiokafka.errors`
+(an import-linter contract): the data paths (producers, consumers) classify aiokafka's
+errors with `crossdc.clients.errors`.
 
 Every Kafka client crossdc builds takes its connection arguments from `kafka_kw(bootstrap)`
 (Spark: `spark_kafka_options`): the bootstrap servers plus, for a region whose topology has
@@ -22,7 +26,7 @@ import os
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -32,6 +36,7 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest
 from aiokafka.structs import OffsetAndMetadata
 
+from crossdc.clients.kafka_quorum import QuorumInfo, describe_quorum
 from crossdc.errors import ClientError, ClientRefused
 from crossdc.lifecycle import Lifecycle
 from crossdc.security import CONTROLLER, KafkaSecurity
@@ -39,8 +44,11 @@ from crossdc.settings import RetrySettings
 from crossdc.topology import Region, Topology
 
 __all__ = [
+    "ONCE",
     "AclBinding",
     "KafkaAdmin",
+    "QuorumInfo",
+    "Retry",
     "TopicSpec",
     "kafka_kw",
     "kafka_principal",
@@ -53,6 +61,12 @@ __all__ = [
 
 log = structlog.get_logger("crossdc.kafka")
 T = TypeVar("T")
+
+ONCE: Final = "once"
+"""A retry setting of `KafkaAdmin`: one try per call, and no deadline but the caller's and
+aiokafka's `request_timeout_ms` (for callers that bound and retry by themselves)."""
+
+Retry = RetrySettings | Literal["once"]
 
 #: env var naming the principal of a process that names none (the operator's `dr` commands)
 PRINCIPAL_ENV = "CROSSDC_KAFKA_PRINCIPAL"
@@ -179,17 +193,22 @@ def _raise_codes(what: str, rows: Iterable[tuple[str, int, str | None]]) -> None
 
 
 class KafkaAdmin(Lifecycle):
-    """Admin calls on one Kafka cluster: `async with KafkaAdmin(bootstrap) as admin:`."""
+    """Admin calls on one Kafka cluster: `async with KafkaAdmin(bootstrap) as admin:`.
 
-    def __init__(self, bootstrap: str, retry: RetrySettings | None = None, *,
+    `retry` governs every call, the connection included (`ONCE`: one try, no deadline of
+    its own); a few calls take their own (`retry=`). `admin_kw` go to aiokafka's admin
+    client (`request_timeout_ms=...`)."""
+
+    def __init__(self, bootstrap: str, retry: Retry | None = None, *,
                  client_id: str = "crossdc-admin", **admin_kw: Any) -> None:
         self.bootstrap = bootstrap
-        self._retry = retry or RetrySettings()
+        self._retry: Retry = retry or RetrySettings()
         self._admin_kw = dict(client_id=client_id, **admin_kw)
         self._admin: AIOKafkaAdminClient | None = None
 
     async def start(self) -> None:
-        """Connect (retried); a stopped admin refuses to start again (`Closed`)."""
+        """Connect (retried); a stopped admin refuses to start again (`Closed`). A failed
+        start leaves nothing open (the admin may be started again, or dropped)."""
         if not self._begin_start():
             return
 
@@ -221,22 +240,49 @@ class KafkaAdmin(Lifecycle):
             raise RuntimeError("KafkaAdmin is not started (use `async with`)")
         return self._admin
 
-    async def _call(self, what: str, fn: Callable[[], Awaitable[T]]) -> T:
-        retrying = self._retry.retrying(log, "kafka_retry", call=what,
-                                        bootstrap=self.bootstrap)
+    async def _call(self, what: str, fn: Callable[[], Awaitable[T]],
+                    retry: Retry | None = None) -> T:
+        """`fn` under the admin's retry settings (or `retry`), its errors made ours."""
+        settings = retry or self._retry
+        if settings == ONCE:
+            with self._mapped(what):
+                return await fn()
+        assert isinstance(settings, RetrySettings)
+        retrying = settings.retrying(log, "kafka_retry", call=what, bootstrap=self.bootstrap)
         async for attempt in retrying:
-            with attempt:
-                try:
-                    async with asyncio.timeout(self._retry.call_timeout_s):
-                        return await fn()
-                except KafkaError as exc:
-                    cls = ClientError if exc.retriable else ClientRefused
-                    raise cls(f"Kafka at {self.bootstrap}: {what} failed: "
-                              f"{exc.__class__.__name__}: {exc}") from exc
-                except (OSError, TimeoutError) as exc:
-                    raise ClientError(f"Kafka at {self.bootstrap}: {what} failed: "
-                                      f"{exc.__class__.__name__}: {exc}") from exc
+            with attempt, self._mapped(what):
+                async with asyncio.timeout(settings.call_timeout_s):
+                    return await fn()
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.contextmanager
+    def _mapped(self, what: str) -> Iterator[None]:
+        """aiokafka's errors (and a lost connection, a timeout) as ours."""
+        try:
+            yield
+        except KafkaError as exc:
+            cls = ClientError if exc.retriable else ClientRefused
+            raise cls(f"Kafka at {self.bootstrap}: {what} failed: "
+                      f"{exc.__class__.__name__}: {exc}") from exc
+        except (OSError, TimeoutError) as exc:
+            raise ClientError(f"Kafka at {self.bootstrap}: {what} failed: "
+                              f"{exc.__class__.__name__}: {exc}") from exc
+
+    # -- the cluster -----------------------------------------------------------------------
+    async def describe_cluster(self) -> dict[str, Any]:
+        """The cluster's metadata as the broker asked gave it: `brokers` (each a dict of
+        `node_id`, `host`, `port`, `rack`), `controller_id`, `cluster_id`."""
+        meta: dict[str, Any] = await self._call("describe cluster", self._a.describe_cluster)
+        return meta
+
+    async def describe_quorum(self) -> QuorumInfo:
+        """The KRaft quorum (leader, epoch, voters); `LookupError` for an answer without
+        the metadata partition."""
+        return await self._call("describe quorum", lambda: describe_quorum(self._a))
+
+    async def replication_factor(self) -> int:
+        """What crossdc creates its topics with: min(3, brokers in the cluster)."""
+        return max(1, min(3, await self.broker_count()))
 
     # -- topics --------------------------------------------------------------------------
     async def list_topics(self) -> list[str]:
@@ -260,10 +306,26 @@ class KafkaAdmin(Lifecycle):
                                           default=1))
                 for d in described if d["error_code"] == 0}
 
+    async def topic_partitions(self, topics: list[str]) -> dict[str, dict[int, int]]:
+        """Each existing topic's partitions and the node id leading each (-1: none);
+        missing topics are left out."""
+        if not topics:
+            return {}
+        described = await self._call("describe topics", lambda: self._a.describe_topics(topics))
+        out: dict[str, dict[int, int]] = {}
+        for d in described:
+            if d["error_code"] != 0:
+                continue
+            parts = out.setdefault(d["topic"], {})
+            for p in d["partitions"]:
+                leader = p.get("leader", p.get("leader_id", -1))
+                parts[int(p.get("partition", p.get("partition_index", 0)))] = \
+                    -1 if leader is None else int(leader)
+        return out
+
     async def broker_count(self) -> int:
         """Brokers in the cluster now."""
-        cluster = await self._call("describe cluster", self._a.describe_cluster)
-        return len(cluster["brokers"])
+        return len((await self.describe_cluster())["brokers"])
 
     async def topic_configs(self, topic: str, *, only_set: bool = False) -> dict[str, str]:
         """The topic's configs (`only_set`: those set on the topic, not defaults)."""
@@ -285,19 +347,31 @@ class KafkaAdmin(Lifecycle):
                         out[key] = value
         return out
 
-    async def create_topics(self, topics: list[TopicSpec], *, exist_ok: bool = False) -> None:
+    async def create_topics(self, topics: list[TopicSpec], *, exist_ok: bool = False,
+                            unchecked: bool = False) -> None:
         """Create topics; `exist_ok`: one that exists already is fine (also what makes a
-        retried create, whose first answer was lost, succeed)."""
+        retried create, whose first answer was lost, succeed). `unchecked`: the broker's
+        per-topic answers are not read (a topic it would not create shows when it is used:
+        the health probe's canary fails its own check, not the metadata one)."""
         async def create() -> None:
             resp = await self._a.create_topics([
                 NewTopic(t.name, t.partitions, t.replication, topic_configs=t.configs or {})
                 for t in topics])
+            if unchecked:
+                return
             rows = [(row[0], row[1], row[2] if len(row) > 2 else None)
                     for row in resp.topic_errors
                     if not (exist_ok and row[1] == TopicAlreadyExistsError.errno)]
             _raise_codes("create topic", rows)
 
         await self._call(f"create topics {[t.name for t in topics]}", create)
+
+    async def ensure_topic(self, name: str, partitions: int,
+                           configs: dict[str, str] | None = None) -> None:
+        """Create `name` unless it exists (crossdc's own topics), replicated
+        `replication_factor()` times."""
+        await self.create_topics([TopicSpec(name, partitions, await self.replication_factor(),
+                                            configs)], exist_ok=True)
 
     async def create_partitions(self, counts: dict[str, int]) -> None:
         """Grow each topic to the given total partition count."""
@@ -361,13 +435,26 @@ class KafkaAdmin(Lifecycle):
         return sorted({g[0] for g in await self._call("list groups",
                                                       self._a.list_consumer_groups)})
 
+    async def group_members(self, group: str, *, retry: Retry | None = None
+                            ) -> tuple[str, int]:
+        """(state, number of members) of a consumer group; ("Dead", 0) for none."""
+        described = await self._call(f"describe group {group}",
+                                     lambda: self._a.describe_consumer_groups([group]),
+                                     retry)
+        for resp in described:
+            for g in resp.groups:
+                # (error_code, group_id, state, protocol_type, protocol, members, ...)
+                return str(g[2]), len(g[5])
+        return "Dead", 0
+
     async def group_offsets(self, group: str) -> dict[TopicPartition, int]:
         """The group's committed offsets (the next record each partition would read)."""
         raw = await self._call(f"group offsets {group}",
                                lambda: self._a.list_consumer_group_offsets(group))
         return {tp: meta.offset for tp, meta in raw.items() if meta.offset >= 0}
 
-    async def alter_group_offsets(self, group: str, offsets: dict[TopicPartition, int]) -> None:
+    async def alter_group_offsets(self, group: str, offsets: dict[TopicPartition, int], *,
+                                  retry: Retry | None = None) -> None:
         """Commit `offsets` for the group, as a consumer outside it would. Kafka refuses
         (`ClientRefused`) while the group has active members."""
         if not offsets:
@@ -384,5 +471,5 @@ class KafkaAdmin(Lifecycle):
             finally:
                 await consumer.stop()
 
-        await self._call(f"commit offsets {group}", commit)
+        await self._call(f"commit offsets {group}", commit, retry)
 

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import structlog
 from aiohttp import web
-from aiokafka.errors import KafkaError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from crossdc.aio import every
+from crossdc.clients.errors import KafkaError
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord

@@ -33,11 +33,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
-from crossdc.clients.kafka import kafka_kw
-from crossdc.errors import CrossdcError
+from crossdc.clients.errors import KafkaError
+from crossdc.clients.kafka import ONCE, KafkaAdmin
+from crossdc.errors import ClientError, CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Flow, Topology
 from dr.controller.acl import KafkaFence
@@ -448,7 +447,7 @@ class FailoverEngine:
                              for f in self.topology.flows}
             groups = [g for g in await _user_groups(src, self.settings.failover.measure_timeout_s)
                       if g not in mirror_groups]
-        except (KafkaError, OSError, TimeoutError) as exc:
+        except (ClientError, OSError, TimeoutError) as exc:
             return rec.with_step("offsets", status="skipped",
                                  detail=f"{rec.source} does not answer ({exc!r}); the "
                                  "offsets the standby sync applied stand")
@@ -527,13 +526,12 @@ class FailoverEngine:
 
 async def _user_groups(bootstrap: str, timeout_s: float) -> list[str]:
     """Consumer groups that users run (not the mirror's own)."""
-    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap),
-                                request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
-            listed = await admin.list_consumer_groups()
+            listed = await admin.consumer_groups()
     finally:
-        await admin.close()
-    return sorted(g[0] for g in listed
-                  if not g[0].startswith(("crossdc-mirror", "_crossdc", "crossdc-controller")))
+        await admin.stop()
+    return [g for g in listed
+            if not g.startswith(("crossdc-mirror", "_crossdc", "crossdc-controller"))]

@@ -17,11 +17,11 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from crossdc.aio import cancelled_from_outside
-from crossdc.clients.kafka import kafka_kw
+from crossdc.clients.errors import KafkaError
+from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec, kafka_kw
+from crossdc.errors import ClientError
 from crossdc.topology import Region
 from dr.controller.config import HealthSettings
 from dr.controller.state import CheckResult, RegionHealth, now_ms
@@ -147,11 +147,12 @@ async def _any_broker(call: Callable[[], Awaitable[T]]) -> T:
     a random known broker, the dead one included until Kafka fences it (about 9 s): a region
     that lost one of three would otherwise fail a third of its rounds, and three in a row
     down the region (the chaos suite's leader-kill saw it twice: the metadata check, then the
-    clients renewed after failed canary rounds listing topics)."""
+    clients renewed after failed canary rounds listing topics). The admin tries each call
+    once (`ONCE`): these tries are the only ones, with no pause between them."""
     for attempt in range(1, _METADATA_TRIES + 1):
         try:
             return await call()
-        except (KafkaError, OSError):
+        except (ClientError, OSError):
             if attempt == _METADATA_TRIES:
                 raise
     raise AssertionError("unreachable")
@@ -180,7 +181,7 @@ class RegionProber:
         self.controller_id = controller_id
         self._configured = list(region.kafka.bootstrap_servers)
         self._learned: list[str] = []
-        self._admin: AIOKafkaAdminClient | None = None
+        self._admin: KafkaAdmin | None = None
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._tp = TopicPartition(settings.canary_topic, 0)
@@ -213,7 +214,7 @@ class RegionProber:
     async def _drop_clients(self) -> None:
         admin, producer, consumer = self._admin, self._producer, self._consumer
         self._admin = self._producer = self._consumer = None
-        for name, obj, close in (("admin", admin, admin.close if admin else None),
+        for name, obj, close in (("admin", admin, admin.stop if admin else None),
                                  ("producer", producer, producer.stop if producer else None),
                                  ("consumer", consumer, consumer.stop if consumer else None)):
             if close is None:
@@ -238,11 +239,13 @@ class RegionProber:
     async def _setup(self) -> None:
         """Make the clients that are missing (bounded by SETUP_TIMEOUT_S)."""
         if self._closed:
-            raise KafkaConnectionError("prober stopped")
+            raise ClientError("prober stopped")
         async with asyncio.timeout(self.SETUP_TIMEOUT_S):
             if self._admin is None:
-                admin = AIOKafkaAdminClient(
-                    **kafka_kw(self.bootstrap_servers()),
+                # One try per call, no deadline of its own: the probe's deadlines and
+                # `_any_broker` bound and retry it.
+                admin = KafkaAdmin(
+                    ",".join(self.bootstrap_servers()), ONCE,
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
                 self._admin = admin  # kept even if start fails: stop() closes it
                 await admin.start()
@@ -255,10 +258,11 @@ class RegionProber:
                     # would call the region down for as long as that broker is.
                     cluster = await self._ask_any_broker(self._admin)
                     rf = max(1, min(3, len(cluster.get("brokers", []))))
-                    with contextlib.suppress(TopicAlreadyExistsError):
-                        await self._admin.create_topics([NewTopic(
-                            self.settings.canary_topic, 1, rf,
-                            topic_configs={"retention.ms": "3600000"})])
+                    # The broker's per-topic answer is not read: a canary topic it would
+                    # not create fails the canary check, not this one.
+                    await self._admin.create_topics([TopicSpec(
+                        self.settings.canary_topic, 1, rf, {"retention.ms": "3600000"})],
+                        unchecked=True)
                 producer = AIOKafkaProducer(
                     **kafka_kw(self.bootstrap_servers()), acks="all", linger_ms=0,
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
@@ -293,7 +297,7 @@ class RegionProber:
         t0 = time.monotonic()
         try:
             await self._setup()
-        except (TimeoutError, KafkaError, OSError) as exc:
+        except (TimeoutError, ClientError, KafkaError, OSError) as exc:
             await self._drop_clients()
             why = f"connect: {exc.__class__.__name__} {exc}".strip()
             checks["kafka"] = CheckResult(ok=False, latency_ms=_ms(t0), detail=why)
@@ -323,15 +327,14 @@ class RegionProber:
             return CheckResult(ok=brokers > 0, latency_ms=_ms(t0),
                                detail=f"{brokers} broker(s), controller "
                                f"{meta.get('controller_id')}")
-        except (TimeoutError, KafkaError, OSError) as exc:
+        except (TimeoutError, ClientError, OSError) as exc:
             return CheckResult(ok=False, latency_ms=_ms(t0),
                                detail=f"metadata: {exc.__class__.__name__} {exc}".strip())
 
     @staticmethod
-    async def _ask_any_broker(admin: AIOKafkaAdminClient) -> dict[str, Any]:
+    async def _ask_any_broker(admin: KafkaAdmin) -> dict[str, Any]:
         """Cluster metadata from any broker that answers (see `_any_broker`)."""
-        meta: dict[str, Any] = await _any_broker(admin.describe_cluster)
-        return meta
+        return await _any_broker(admin.describe_cluster)
 
     async def _canary(self) -> CheckResult:
         """Produce a record and read it back: the region takes and serves data."""

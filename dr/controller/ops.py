@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict
 
+from crossdc.clients.errors import KafkaError
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology

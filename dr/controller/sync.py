@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Literal
 
 import structlog
 from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
 from crossdc.errors import ClientError, ClientRefused
 from crossdc.settings import RetrySettings

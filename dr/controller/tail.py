@@ -30,10 +30,10 @@ from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
-from crossdc.clients.kafka import KafkaAdmin, TopicSpec, kafka_kw
+from crossdc.clients.errors import KafkaError
+from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec, kafka_kw
+from crossdc.errors import ClientError
 from crossdc.headers import DR_EPOCH, DR_ID, DR_PATH
 from crossdc.primary import PrimaryRecord
 from crossdc.quarantine import (
@@ -172,23 +172,21 @@ async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[Any]
 
 async def _partitions(bootstrap: str, topic: str, timeout_s: float) -> int:
     """`topic`'s partition count, 0 when it does not exist (described, never auto-created)."""
-    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap),
-                                request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
-            described = await admin.describe_topics([topic])
+            counts = await admin.partition_counts([topic])
     finally:
-        await admin.close()
-    return next((len(d["partitions"]) for d in described
-                 if d["topic"] == topic and d["error_code"] == 0), 0)
+        await admin.stop()
+    return counts.get(topic, 0)
 
 
 async def _read(topology: Topology, region: str, topic: str, timeout_s: float) -> list[Any]:
     bootstrap = topology.region(region).kafka.bootstrap
     try:
         return await _read_topic(bootstrap, topic, timeout_s)
-    except (KafkaError, OSError, TimeoutError) as exc:
+    except (ClientError, KafkaError, OSError, TimeoutError) as exc:
         raise TailUnavailable(f"{topic} in {region} ({bootstrap}) cannot be read: "
                               f"{exc!r}") from exc
 
@@ -447,18 +445,16 @@ async def _replay(producer: AIOKafkaProducer, topology: Topology, primary: Prima
 async def _partition_counts(bootstrap: str, topics: set[str], region: str,
                             timeout_s: float) -> dict[str, int]:
     """Partitions of each topic in the primary (described, never auto-created)."""
-    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap),
-                                request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
-            described = await admin.describe_topics(sorted(topics))
-    except (KafkaError, OSError, TimeoutError) as exc:
+            counts = await admin.partition_counts(sorted(topics))
+    except (ClientError, OSError, TimeoutError) as exc:
         raise TailUnavailable(f"the topics of the primary {region} cannot be described: "
                               f"{exc!r}") from exc
     finally:
-        await admin.close()
-    counts = {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0}
+        await admin.stop()
     missing = sorted(topics - set(counts))
     if missing:
         raise TailError(f"the primary {region} has no topic {', '.join(missing)}: create it "

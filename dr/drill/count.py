@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
 
+from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import KafkaAdmin, kafka_kw
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.headers import DR_EPOCH, DR_ID, DR_ORIGIN

@@ -48,7 +48,8 @@ from typing import Protocol
 
 import structlog
 
-from crossdc.clients.kafka import kafka_kw
+from crossdc.clients.kafka import ONCE, KafkaAdmin
+from crossdc.errors import ClientError
 from dr.drill.errors import DrillError, HookFailed
 from dr.errors import StackError
 from dr.stack.local import LocalStack
@@ -289,23 +290,15 @@ class _ControllerOutage(_LocalFault):
 
 async def partition_leaders(bootstrap: str, topic: str) -> dict[int, int]:
     """partition -> the node id leading it, from the cluster's metadata."""
-    from aiokafka.admin import AIOKafkaAdminClient  # aiokafka: loaded on use
-    from aiokafka.errors import KafkaError
-    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap), request_timeout_ms=10_000)
+    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=10_000)
     try:
         await admin.start()
-        topics = await admin.describe_topics([topic])
-    except (KafkaError, OSError) as exc:
+        topics = await admin.topic_partitions([topic])
+    except (ClientError, OSError) as exc:
         raise DrillError(f"{bootstrap}: could not read the leaders of {topic}: {exc!r}") from exc
     finally:
-        await admin.close()
-    out: dict[int, int] = {}
-    for t in topics:
-        for p in t.get("partitions", []):
-            leader = p.get("leader", p.get("leader_id", -1))
-            if leader is not None and leader >= 0:
-                out[int(p.get("partition", p.get("partition_index", 0)))] = int(leader)
-    return out
+        await admin.stop()
+    return {p: leader for p, leader in topics.get(topic, {}).items() if leader >= 0}
 
 
 class _LeaderKill(_LocalFault):

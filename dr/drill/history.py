@@ -60,10 +60,10 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from aiokafka.errors import KafkaError
 
 from crossdc.aio import sleep_unless
 from crossdc.clients.consul import ConsulClient
+from crossdc.clients.errors import KafkaError
 from crossdc.clients.primary import read_primary
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_TS

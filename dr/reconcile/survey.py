@@ -12,10 +12,10 @@ import re
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 
-from crossdc.clients.kafka import kafka_kw
+from crossdc.clients.errors import KafkaError
+from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
+from crossdc.errors import ClientError
 from crossdc.topology import Topology
 from dr.reconcile.errors import NoTopics, RegionUnreachable
 
@@ -40,8 +40,7 @@ class RegionSurvey:
 
 async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
                          timeout_s: float) -> RegionSurvey:
-    admin = AIOKafkaAdminClient(**kafka_kw(bootstrap),
-                                request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
     consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
@@ -51,11 +50,11 @@ async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
         out = RegionSurvey(region, bootstrap)
         tps: list[TopicPartition] = []
         if topics:
-            described = await asyncio.wait_for(admin.describe_topics(topics), timeout_s)
-            for d in described:
-                parts = sorted(p["partition"] for p in d["partitions"])
-                out.partitions[d["topic"]] = len(parts)
-                tps.extend(TopicPartition(d["topic"], p) for p in parts)
+            described = await asyncio.wait_for(admin.topic_partitions(topics), timeout_s)
+            for topic in topics:  # one the broker answered with an error for: 0, as before
+                parts = sorted(described.get(topic, {}))
+                out.partitions[topic] = len(parts)
+                tps.extend(TopicPartition(topic, p) for p in parts)
         if tps:
             await asyncio.wait_for(consumer.start(), timeout_s)
             begin = await asyncio.wait_for(consumer.beginning_offsets(tps), timeout_s)
@@ -63,12 +62,12 @@ async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
             out.start = {(tp.topic, tp.partition): off for tp, off in begin.items()}
             out.end = {(tp.topic, tp.partition): off for tp, off in end.items()}
         return out
-    except (KafkaError, TimeoutError, OSError) as exc:
+    except (ClientError, KafkaError, TimeoutError, OSError) as exc:
         raise RegionUnreachable(region, bootstrap, type(exc).__name__ + (
             f": {exc}" if str(exc) else "")) from exc
     finally:
         await consumer.stop()
-        await admin.close()
+        await admin.stop()
 
 
 async def survey(topology: Topology, regions: list[str], topics: str,

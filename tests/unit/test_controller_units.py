@@ -440,8 +440,8 @@ async def test_a_leader_stops_leading_on_its_own_clock_before_another_can_take_o
 async def test_the_metadata_check_asks_other_brokers_when_one_is_dead() -> None:
     # aiokafka sends each admin request to a random known broker: with one of three dead,
     # a third of the rounds failed and three in a row downed the region (chaos: leader-kill).
-    from aiokafka.errors import NodeNotReadyError
-
+    # The prober's KafkaAdmin tries each call once and raises ours (ClientError).
+    from crossdc.errors import ClientError
     from dr.controller.health import RegionProber
 
     class Admin:
@@ -451,13 +451,13 @@ async def test_the_metadata_check_asks_other_brokers_when_one_is_dead() -> None:
         async def describe_cluster(self) -> dict[str, object]:
             self.asked += 1
             if self.asked <= self.dead_picks:
-                raise NodeNotReadyError("node 1")
+                raise ClientError("describe cluster failed: NodeNotReadyError: node 1")
             return {"brokers": [2, 3], "controller_id": 2}
 
-    meta = await RegionProber._ask_any_broker(Admin(dead_picks=2))
+    meta = await RegionProber._ask_any_broker(Admin(dead_picks=2))  # type: ignore[arg-type]
     assert meta["brokers"] == [2, 3]
-    with pytest.raises(NodeNotReadyError):
-        await RegionProber._ask_any_broker(Admin(dead_picks=99))
+    with pytest.raises(ClientError):
+        await RegionProber._ask_any_broker(Admin(dead_picks=99))  # type: ignore[arg-type]
 
 
 def test_the_prober_bootstraps_again_from_every_broker_it_has_seen() -> None:
@@ -484,8 +484,7 @@ def test_the_prober_bootstraps_again_from_every_broker_it_has_seen() -> None:
 async def test_the_clients_renewed_after_failed_rounds_list_topics_from_any_broker() -> None:
     # leader-kill, second re-run: after failed canary rounds the prober renewed its clients;
     # listing topics went to the dead broker, the set-up failed, the region was called down.
-    from aiokafka.errors import NodeNotReadyError
-
+    from crossdc.errors import ClientError
     from dr.controller.health import _any_broker
 
     asked = 0
@@ -494,7 +493,7 @@ async def test_the_clients_renewed_after_failed_rounds_list_topics_from_any_brok
         nonlocal asked
         asked += 1
         if asked <= 2:
-            raise NodeNotReadyError("node 1")
+            raise ClientError("list topics failed: NodeNotReadyError: node 1")
         return ["_crossdc.canary"]
 
     assert await _any_broker(list_topics) == ["_crossdc.canary"]

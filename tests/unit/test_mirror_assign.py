@@ -138,7 +138,7 @@ async def test_discovery_never_resubscribes_during_an_assignment(
     w = MirrorWorker(Flow(source="east", target="west", topics="t.*", group="g",
                           exactly_once=True), "127.0.0.1:1", "127.0.0.1:1")
     w._consumer = consumer
-    w._src_admin = w._dst_admin = object()
+    w._src_admin = w._dst_admin = object()  # type: ignore[assignment]
     assigning = asyncio.create_task(w._on_assigned([TopicPartition("t", 0)]))
     async def holding() -> bool:
         return w._lock.locked()

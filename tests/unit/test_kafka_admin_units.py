@@ -1,0 +1,67 @@
+"""KafkaAdmin's retry settings without a cluster: ONCE, per-call retry, the error mapping."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka.errors import NodeNotReadyError, TopicAuthorizationFailedError
+
+from crossdc.clients.kafka import ONCE, KafkaAdmin
+from crossdc.errors import ClientError, ClientRefused
+from crossdc.settings import RetrySettings
+
+FAST = RetrySettings(attempts=3, total_s=5, call_timeout_s=1, backoff_initial_s=0.001,
+                     backoff_max_s=0.002)
+
+
+def _failing(exc: Exception) -> tuple[list[int], object]:
+    calls: list[int] = []
+
+    async def fn() -> None:
+        calls.append(1)
+        raise exc
+
+    return calls, fn
+
+
+async def test_once_tries_a_call_once_and_maps_its_error() -> None:
+    admin = KafkaAdmin("127.0.0.1:1", ONCE)
+    calls, fn = _failing(NodeNotReadyError("node 1"))
+    with pytest.raises(ClientError, match="NodeNotReadyError") as info:
+        await admin._call("describe cluster", fn)  # type: ignore[arg-type]
+    assert info.value.retriable
+    assert isinstance(info.value.__cause__, NodeNotReadyError)
+    assert len(calls) == 1
+    calls, fn = _failing(OSError("connection refused"))
+    with pytest.raises(ClientError, match="OSError"):
+        await admin._call("list topics", fn)  # type: ignore[arg-type]
+    assert len(calls) == 1
+
+
+async def test_retry_settings_retry_the_retriable_and_a_call_may_bring_its_own() -> None:
+    admin = KafkaAdmin("127.0.0.1:1", FAST)
+    calls, fn = _failing(NodeNotReadyError("node 1"))
+    with pytest.raises(ClientError):
+        await admin._call("describe cluster", fn)  # type: ignore[arg-type]
+    assert len(calls) == 3
+    calls, fn = _failing(TopicAuthorizationFailedError("no"))
+    with pytest.raises(ClientRefused):
+        await admin._call("create topics", fn)  # type: ignore[arg-type]
+    assert len(calls) == 1, "a refusal is not retried"
+    calls, fn = _failing(NodeNotReadyError("node 1"))
+    with pytest.raises(ClientError):
+        await admin._call("describe group", fn, ONCE)  # type: ignore[arg-type]
+    assert len(calls) == 1, "the call's own setting wins"
+    once = KafkaAdmin("127.0.0.1:1", ONCE)
+    calls, fn = _failing(NodeNotReadyError("node 1"))
+    with pytest.raises(ClientError):
+        await once._call("commit offsets", fn, FAST)  # type: ignore[arg-type]
+    assert len(calls) == 3
+
+
+async def test_a_failed_start_leaves_the_admin_as_new() -> None:
+    admin = KafkaAdmin("127.0.0.1:1", ONCE, request_timeout_ms=200)
+    with pytest.raises(ClientError):
+        await admin.start()
+    assert not admin.started
+    assert not admin.closed
+    await admin.stop()
