@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import ProducerClosed
 from kafka_helpers import (
     consume,
@@ -23,7 +22,7 @@ from kafka_helpers import (
     unique,
 )
 
-from crossdc.clients.kafka import kafka_kw
+from crossdc.clients.kafka import KafkaAdmin, kafka_kw
 from crossdc.topology import Flow
 from mirror import MirrorWorker
 from mirror.offsets import ensure_sync_topic, sync_topic_name
@@ -97,19 +96,14 @@ async def test_the_worker_follows_every_topic_it_writes_before_writing(two_regio
     await create_topic(dst, topic)
     # the offset-sync topic exists: once the producer knows every topic, nothing makes
     # aiokafka follow it (nor the mirrored topic) unless the worker does
-    admin = AIOKafkaAdminClient(**kafka_kw(dst))
-    await admin.start()
-    try:
+    async with KafkaAdmin(dst) as admin:
         await ensure_sync_topic(admin, "east")
 
         async def led() -> bool:
-            got = (await admin.describe_topics([sync_topic_name("east")]) or [{}])[0]
-            parts = got.get("partitions") or []
-            return got.get("error_code") == 0 and bool(parts) and \
-                all(p.get("leader", -1) >= 0 for p in parts)
+            parts = (await admin.topic_partitions([sync_topic_name("east")])).get(
+                sync_topic_name("east"), {})
+            return bool(parts) and all(leader >= 0 for leader in parts.values())
         await eventually(led, 15, "the offset-sync topic with leaders")
-    finally:
-        await admin.close()
     worker = MirrorWorker(Flow(source="east", target="west", topics=topic,
                                group=unique("md-group"), discovery_interval_s=0.5), src, dst)
     await worker.start()
