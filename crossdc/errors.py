@@ -7,6 +7,8 @@
     │   └── CasAmbiguous         a compare-and-set whose outcome could not be read back
     ├── BadPrimaryRecord         crossdc.primary: the KV value is not a primary record
     ├── MissingExtra             an optional part is not installed (names the extra)
+    ├── OffsetsError             group offsets cannot be translated or applied
+    │   └── OffsetsUnavailable   the offset-sync topic or the group cannot be read now
     ├── PartitionMismatch        a topic's partition counts differ between regions (marker)
     ├── RecordTooLarge           a record is over a size limit (marker)
     ├── dr.errors.DrError        the roof: CLI, local stack, controller, reconciliation
@@ -30,6 +32,8 @@ __all__ = [
     "ConfigIssue",
     "CrossdcError",
     "MissingExtra",
+    "OffsetsError",
+    "OffsetsUnavailable",
     "PartitionMismatch",
     "RecordTooLarge",
 ]
@@ -123,3 +127,14 @@ class RecordTooLarge(CrossdcError):
     limit: int | None
     partition: int | None
     offset: int | None
+
+
+class OffsetsError(CrossdcError):
+    """Consumer group offsets cannot be translated or applied (crossdc.clients.offsets: the
+    mirror's offset map, read by the mirror, the controller and `dr offsets`)."""
+
+
+class OffsetsUnavailable(OffsetsError):
+    """The offset-sync topic or the group's offsets cannot be read right now."""
+
+    retriable = True

@@ -301,3 +301,8 @@ class Topology(_Model):
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology file."""
     return load_model(Topology, path)
+
+
+def is_internal(topic: str) -> bool:
+    """Kafka's own topics and crossdc's (`_crossdc.*`) are never mirrored."""
+    return topic.startswith("__") or topic.startswith("_crossdc.")

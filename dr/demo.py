@@ -130,7 +130,7 @@ async def _drill_with_display(topology: Topology, plan: DrillPlan, cfg: DrillCon
             f"{lag or '…'}")
 
     async def watch(done: asyncio.Event) -> None:
-        from mirror.status import flow_status
+        from crossdc.clients.flows import flow_status
         async with Datacenters(topology) as dcs:
             while not done.is_set():
                 with contextlib.suppress(CrossdcError, TimeoutError):

@@ -5,9 +5,9 @@
 `dr offsets translate` moves a consumer group between regions.
 """
 
+from crossdc.clients.offsets import translate_group
 from mirror.errors import MirrorError, OffsetsError, PartitionMismatch, RecordTooLarge
 from mirror.metrics import MirrorMetrics
-from mirror.offsets import translate_group
 from mirror.worker import MirrorWorker
 
 __all__ = [

@@ -4,15 +4,16 @@
     └── MirrorError            anything a mirror worker refuses or fails at
         ├── PartitionMismatch  a target topic's partition count differs from the source's
         ├── RecordTooLarge     the target refused a record as too large (partition stopped)
-        ├── WorkerFenced       another worker took this worker's transactional id
-        └── OffsetsError       offsets cannot be translated or applied
-            └── OffsetsUnavailable  the offset-sync topic or the group cannot be read now
+        └── WorkerFenced       another worker took this worker's transactional id
+
+OffsetsError and OffsetsUnavailable (the offset map's, crossdc.clients.offsets) are the
+kernel's (crossdc.errors), named here too for the mirror's callers.
 """
 
 from collections.abc import Mapping
 
 from crossdc import errors
-from crossdc.errors import CrossdcError
+from crossdc.errors import CrossdcError, OffsetsError, OffsetsUnavailable
 
 __all__ = ["MirrorError", "OffsetsError", "OffsetsUnavailable", "PartitionMismatch",
            "RecordTooLarge", "WorkerFenced"]
@@ -58,15 +59,6 @@ class RecordTooLarge(MirrorError, errors.RecordTooLarge):
             f"(max.message.bytes / message.max.bytes); partition {partition} of {topic} is "
             f"stopped. Raise the target's limit or run with --dead-letter.")
 
-
-class OffsetsError(MirrorError):
-    """Consumer group offsets cannot be translated or applied."""
-
-
-class OffsetsUnavailable(OffsetsError):
-    """The offset-sync topic or the group's offsets cannot be read right now."""
-
-    retriable = True
 
 
 class WorkerFenced(MirrorError):

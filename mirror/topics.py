@@ -13,9 +13,10 @@ from dataclasses import dataclass
 import structlog
 
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
+from crossdc.topology import is_internal
 from mirror.errors import PartitionMismatch
 
-__all__ = ["TopicPlan", "is_internal", "sync_topics"]
+__all__ = ["TopicPlan", "sync_topics"]
 
 log = structlog.get_logger("crossdc.mirror")
 
@@ -24,11 +25,6 @@ log = structlog.get_logger("crossdc.mirror")
 _COPIED = {"cleanup.policy", "retention.ms", "retention.bytes", "max.message.bytes",
            "message.timestamp.type", "compression.type", "min.compaction.lag.ms",
            "delete.retention.ms", "segment.bytes", "segment.ms"}
-
-
-def is_internal(topic: str) -> bool:
-    """Kafka's own topics and crossdc's (`_crossdc.*`) are never mirrored."""
-    return topic.startswith("__") or topic.startswith("_crossdc.")
 
 
 @dataclass

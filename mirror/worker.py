@@ -49,16 +49,7 @@ from crossdc.clients.errors import (
     RecordTooLargeError,
 )
 from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
-from crossdc.errors import ClientError
-from crossdc.headers import DR_ID, DR_PATH, DR_TS
-from crossdc.lifecycle import Lifecycle
-from crossdc.primary import PrimaryRecord
-from crossdc.quarantine import QUARANTINE_TOPIC, quarantine_headers
-from crossdc.settings import Backoff
-from crossdc.topology import Flow
-from mirror.errors import MirrorError, OffsetsUnavailable, RecordTooLarge, WorkerFenced
-from mirror.metrics import MirrorMetrics
-from mirror.offsets import (
+from crossdc.clients.offsets import (
     MAP_PARTITION,
     POS_PARTITION,
     Position,
@@ -69,6 +60,21 @@ from mirror.offsets import (
     pos_record,
     sync_topic_name,
 )
+from crossdc.errors import ClientError
+from crossdc.headers import DR_ID, DR_PATH, DR_TS
+from crossdc.lifecycle import Lifecycle
+from crossdc.primary import PrimaryRecord
+from crossdc.quarantine import QUARANTINE_TOPIC, quarantine_headers
+from crossdc.settings import Backoff
+from crossdc.topology import Flow
+from mirror.errors import (
+    MirrorError,
+    OffsetsError,
+    OffsetsUnavailable,
+    RecordTooLarge,
+    WorkerFenced,
+)
+from mirror.metrics import MirrorMetrics
 from mirror.primary import PrimaryWatch
 from mirror.quarantine import ensure_quarantine_topic
 from mirror.rules import epoch_rule, plan
@@ -185,7 +191,7 @@ class MirrorWorker(Lifecycle):
         self._dst_admin: KafkaAdmin | None = None
         self._sync_topic = sync_topic_name(flow.source)
         self.dead_letter_topic = f"_crossdc.dead-letter.{flow.source}"
-        self.errors: list[MirrorError] = []
+        self.errors: list[MirrorError | OffsetsError] = []
         self._ended: asyncio.Task[None] | None = None  # the loops' task, once stopped
         self._stopper: asyncio.Task[None] | None = None  # the one stop under way or done
         self._stop_event = asyncio.Event()  # set by stop(): pauses and retries wake on it

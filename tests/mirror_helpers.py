@@ -8,8 +8,8 @@ from typing import Any
 
 from kafka_helpers import end_offsets, unique
 
+from crossdc.clients.offsets import load_offset_map
 from crossdc.topology import Flow
-from mirror.offsets import load_offset_map
 
 __all__ = ["drained", "flow"]
 

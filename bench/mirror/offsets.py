@@ -64,7 +64,7 @@ async def map_size(bootstrap: str, topic: str) -> dict[str, int]:
     """Records and value bytes in the map partition now, and its offset range."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from mirror.offsets import MAP_PARTITION
+    from crossdc.clients.offsets import MAP_PARTITION
     tp = TopicPartition(topic, MAP_PARTITION)
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await c.start()
@@ -84,7 +84,7 @@ async def map_size(bootstrap: str, topic: str) -> dict[str, int]:
 
 
 async def measure(west: str, committed: dict[tuple[str, int], int]) -> dict[str, Any]:
-    from mirror.offsets import load_offset_map, load_translation
+    from crossdc.clients.offsets import load_offset_map, load_translation
     t0 = time.perf_counter()
     full = await load_offset_map(west, "east", timeout_s=600)
     t_full = time.perf_counter() - t0
@@ -105,9 +105,9 @@ async def bench(east: str, west: str, n: int, compaction_wait_s: float, stream_s
                 rate: int) -> dict[str, Any]:
     from kafka_helpers import create_topic, end_offsets  # type: ignore[import-not-found]
 
+    from crossdc.clients.offsets import BUCKET, load_positions, sync_topic_name
     from crossdc.topology import Flow
     from mirror import MirrorWorker
-    from mirror.offsets import BUCKET, load_positions, sync_topic_name
     topic = "offsets-bench"
     await create_topic(east, topic, PARTITIONS)
     await create_topic(west, topic, PARTITIONS)

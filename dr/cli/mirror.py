@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from crossdc.clients.kafka import set_kafka_principal
+from crossdc.clients.offsets import apply_offsets, translate_group
 from crossdc.security import MIRROR
 from crossdc.topology import Flow, Topology
 from dr.cli._common import (
@@ -24,7 +25,6 @@ from dr.cli._common import (
     topology_for,
 )
 from mirror.errors import MirrorError
-from mirror.offsets import apply_offsets, translate_group
 from mirror.serve import Restart, serve
 
 __all__ = ["mirror_app", "offsets_app"]

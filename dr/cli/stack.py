@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from crossdc.clients.flows import FlowStatus, flows_status
 from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
 from dr.cli._common import (
@@ -31,7 +32,6 @@ from dr.controller.ops import ControllerView
 from dr.exits import fail
 from dr.stack.paths import StackPaths
 from dr.status import ConsulStatus, PrimaryView, StackStatus, probe_topology
-from mirror.status import FlowStatus, flows_status
 
 if TYPE_CHECKING:
     from dr.stack.services import ServiceInfo

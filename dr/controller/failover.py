@@ -35,7 +35,9 @@ from dataclasses import dataclass, field
 import structlog
 
 from crossdc.clients.errors import KafkaError
+from crossdc.clients.flows import flow_status
 from crossdc.clients.kafka import ONCE, KafkaAdmin
+from crossdc.clients.offsets import apply_offsets, group_members, translate_group
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Flow, Topology
@@ -44,9 +46,6 @@ from dr.controller.config import ControllerSettings
 from dr.controller.datacenters import Datacenters, PrimaryView
 from dr.controller.errors import FailoverRefused, NotLeader, StepFailed
 from dr.controller.state import FailoverRecord, StepName, now_ms
-from mirror.errors import MirrorError
-from mirror.offsets import apply_offsets, group_members, translate_group
-from mirror.status import flow_status
 from proxy.hints import pending_hints
 
 __all__ = ["Behind", "FailoverEngine", "behind"]
@@ -469,7 +468,7 @@ class FailoverEngine:
                     rows = await translate_group(group, rec.source, src, dst)
                     if await apply_offsets(group, dst, rows):
                         moved += 1
-            except (MirrorError, *STEP_ERRORS) as exc:
+            except STEP_ERRORS as exc:  # OffsetsError among them
                 notes.append(f"{group}: {exc.__class__.__name__}: {exc}")
         detail = f"{moved} group(s) moved" + (f"; {'; '.join(notes)}" if notes else "")
         return rec.model_copy(update={"groups_moved": moved}).with_step("offsets",

@@ -37,15 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
-from crossdc.errors import ClientError, ClientRefused
+from crossdc.clients.offsets import Translated, apply_offsets, group_members, translate_group
+from crossdc.errors import ClientError, ClientRefused, OffsetsError, OffsetsUnavailable
 from crossdc.settings import RetrySettings
-from crossdc.topology import Topology
+from crossdc.topology import Topology, is_internal
 from dr.controller.config import SyncSettings
 from dr.controller.errors import ControllerError
 from dr.controller.metrics import ControllerMetrics
-from mirror.errors import MirrorError, OffsetsError, OffsetsUnavailable
-from mirror.offsets import Translated, apply_offsets, group_members, translate_group
-from mirror.topics import is_internal
 
 if TYPE_CHECKING:
     from dr.controller.controller import Controller
@@ -311,7 +309,7 @@ async def _group_diffs(primary: _Primary, standby: str, s_admin: KafkaAdmin,
                 rows = [r for r in await translate_group(
                     group, primary.region, primary.bootstrap, s_admin.bootstrap)
                     if is_user_topic(r.topic, pattern)]
-        except MirrorError as exc:
+        except OffsetsError as exc:
             out.append(GroupDiff(group=group, state="untranslatable", detail=str(exc)))
             continue
         if not rows:

@@ -41,6 +41,7 @@ from chaos_support import (  # type: ignore[import-not-found]
 from kafka_helpers import eventually
 from tests_support import write_topology
 
+from crossdc.clients.flows import flow_status
 from crossdc.topology import Topology
 from dr.drill.report import Thresholds
 from dr.drill.run import DrillConfig, plan_drill, run_drill
@@ -49,7 +50,6 @@ from dr.stack.local import LocalStack
 from dr.stack.paths import REPO_ROOT, StackPaths
 from dr.stack.services import Services
 from dr.stack.toxiproxy import ToxiproxyClient, Wan
-from mirror.status import flow_status
 from proxy.client import AsyncProducer
 
 pytestmark = [pytest.mark.timeout(900),

@@ -30,8 +30,8 @@ from kafka_helpers import (
 from mirror_helpers import drained
 from mirror_helpers import flow as mirror_flow
 
+from crossdc.clients.offsets import apply_offsets, translate_group
 from mirror import MirrorWorker, OffsetsError, PartitionMismatch, RecordTooLarge
-from mirror.offsets import apply_offsets, translate_group
 
 
 @pytest.fixture  # per test: the leak guard wants no worker outliving its test

@@ -173,7 +173,7 @@ async def test_a_resumed_worker_brings_a_stale_group_commit_to_its_resume_point(
     the whole partition as lag for ever (seen as a failback that "could not drain")."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from mirror.status import flow_status
+    from crossdc.clients.flows import flow_status
 
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     topic = unique("mm-stale")

@@ -23,9 +23,9 @@ from kafka_helpers import (
 )
 
 from crossdc.clients.kafka import KafkaAdmin, kafka_kw
+from crossdc.clients.offsets import ensure_sync_topic, sync_topic_name
 from crossdc.topology import Flow
 from mirror import MirrorWorker
-from mirror.offsets import ensure_sync_topic, sync_topic_name
 from mirror.worker import _close_producer, _follow
 
 # the batch queued for the known topic waits (lingers) this long before the sender takes it:

@@ -285,7 +285,7 @@ async def test_offsets_translate_cli_applies_and_refuses_with_members(  # type: 
     await active.start()
     try:
         async def member() -> bool:
-            from mirror.offsets import group_members
+            from crossdc.clients.offsets import group_members
             return (await group_members(west, group))[1] > 0
         await eventually(member, 30, "group active in west")
         code, out = await run("--apply")

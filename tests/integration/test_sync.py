@@ -28,6 +28,7 @@ from structlog.testing import capture_logs
 from tests_support import write_topology
 
 from crossdc.clients.kafka import KafkaAdmin
+from crossdc.clients.offsets import group_members
 from crossdc.primary import PRIMARY_KEY
 from crossdc.topology import Flow, Topology
 from dr.controller import Controller, ControllerSettings
@@ -36,7 +37,6 @@ from dr.controller.datacenters import Datacenters
 from dr.controller.metrics import ControllerMetrics
 from dr.controller.sync import SyncContext, standby_sync, sync_once
 from mirror import MirrorWorker
-from mirror.offsets import group_members
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -26,13 +26,13 @@ from kafka_helpers import (
 )
 
 from crossdc.clients.consul import ConsulClient
+from crossdc.clients.offsets import load_offset_map
 from crossdc.clients.primary import read_primary, write_primary
 from crossdc.primary import PrimaryRecord
 from crossdc.quarantine import QUARANTINE_TOPIC
 from crossdc.topology import Flow, Topology
 from dr.controller.tail import ReplayRefused, list_tail, replay_tail, tail_count
 from mirror import MirrorMetrics, MirrorWorker
-from mirror.offsets import load_offset_map
 
 
 async def _put(topo: Topology, record: PrimaryRecord) -> None:

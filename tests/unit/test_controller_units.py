@@ -520,7 +520,7 @@ def _engine(topo: Topology, **kw: object) -> tuple[object, list[FailoverRecord]]
 
 
 async def test_an_error_inside_a_step_fails_the_step_and_never_escapes() -> None:
-    # Defect 5: a raw KafkaConnectionError from mirror/offsets.py escaped the lead round and
+    # Defect 5: a raw KafkaConnectionError from the offset map escaped the lead round and
     # ended the controller process.
     from aiokafka.errors import KafkaConnectionError
     engine, saved = _engine(_topology())

@@ -118,7 +118,7 @@ async def test_discovery_never_resubscribes_during_an_assignment(
     """Chaos suite, brokers-freeze: a drill's topics appeared while the worker read its resume
     points; discovery subscribed anew mid-callback, aiokafka's seek then failed an assertion
     (the assignment it seeks in was gone) and the worker stopped copying."""
-    from mirror.offsets import Position
+    from crossdc.clients.offsets import Position
     from mirror.topics import TopicPlan
 
     release = asyncio.Event()

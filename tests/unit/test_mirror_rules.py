@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mirror.offsets import OffsetMap, runs_of
+from crossdc.clients.offsets import OffsetMap, runs_of
 from mirror.rules import plan
 
 pytestmark = pytest.mark.unit

@@ -10,7 +10,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mirror.offsets import BUCKET, OffsetMap, Segment, _Pick, map_records
+from crossdc.clients.offsets import BUCKET, OffsetMap, Segment, _Pick, map_records
 
 
 def _brute(pairs: list[tuple[int, int]], committed: int) -> int | None:

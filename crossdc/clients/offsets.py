@@ -45,9 +45,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
-from crossdc.errors import ClientError
+from crossdc.errors import ClientError, OffsetsError, OffsetsUnavailable
 from crossdc.settings import RetrySettings
-from mirror.errors import OffsetsError, OffsetsUnavailable
 
 __all__ = [
     "BUCKET",

@@ -18,10 +18,9 @@ from pydantic import BaseModel, ConfigDict
 
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
+from crossdc.clients.offsets import MAP_PARTITION, sync_topic_name
 from crossdc.errors import ClientError
-from crossdc.topology import Flow, Topology
-from mirror.offsets import MAP_PARTITION, sync_topic_name
-from mirror.topics import is_internal
+from crossdc.topology import Flow, Topology, is_internal
 
 __all__ = ["FlowStatus", "PartitionLag", "flow_status", "flows_status"]
 
