@@ -29,7 +29,7 @@ demo: setup
 test: setup lint
 	$(BIN)/pytest -n 2  # the unit tests beside the server tests (tests/conftest.py)
 
-## Beyond the 20 minutes of `make test` (CI runs it after the demo): the Spark standalone cluster,
+## Beyond the 10 minutes of `make test` (CI runs it after the demo): the Spark standalone cluster,
 ## the SCRAM/TLS stack, a three-broker region, Ctrl-C in the demo, spark-submit's exit codes,
 ## and the reduced chaos set.
 test-more: setup
