@@ -36,9 +36,10 @@ past the last" case); memory is a few buckets' runs, not the history.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -219,15 +220,8 @@ async def _read_committed(bootstrap: str, tps: list[TopicPartition],
     that died mid-transaction holds it until the transaction times out), so this waits for
     it; giving up is an error, never a silently partial answer.
     """
-    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
-                         isolation_level="read_committed")
-    try:
-        await c.start()
-    except BaseException:
-        await c.stop()  # a failed start leaves its metadata task running
-        raise
     out: list[object] = []
-    try:
+    async with _committed_reader(bootstrap, tps[0].topic) as c:
         if tps[0].topic not in await c.topics():
             return out
         c.assign(tps)
@@ -239,17 +233,32 @@ async def _read_committed(bootstrap: str, tps: list[TopicPartition],
             if not behind:
                 return out
             if time.monotonic() > deadline:
-                raise OffsetsUnavailable(
-                    f"{tps[0].topic} could not be read to its end within {timeout_s:.0f}s "
-                    "(a transaction stays open: a worker died mid-transaction and its "
-                    "transaction has not timed out yet)")
+                raise _open_transaction(tps[0].topic, timeout_s)
             for recs in (await c.getmany(*behind, timeout_ms=500)).values():
                 out.extend(recs)
-    except KafkaError as exc:
-        raise OffsetsUnavailable(f"cannot read {tps[0].topic} in {bootstrap}: {exc!r}"
-                                 ) from exc
+
+
+@contextlib.asynccontextmanager
+async def _committed_reader(bootstrap: str, topic: str) -> AsyncIterator[AIOKafkaConsumer]:
+    """A started read_committed consumer, stopped at the end (also when its start fails: a
+    failed start leaves its metadata task running); Kafka's errors become
+    `OffsetsUnavailable`."""
+    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+                         isolation_level="read_committed")
+    try:
+        try:
+            await c.start()
+            yield c
+        except KafkaError as exc:
+            raise OffsetsUnavailable(f"cannot read {topic} in {bootstrap}: {exc!r}") from exc
     finally:
         await c.stop()
+
+
+def _open_transaction(topic: str, timeout_s: float) -> OffsetsUnavailable:
+    return OffsetsUnavailable(
+        f"{topic} could not be read to its end within {timeout_s:.0f}s (a transaction stays "
+        "open: a worker died mid-transaction and its transaction has not timed out yet)")
 
 
 async def load_positions(bootstrap: str, source: str, *,
@@ -324,14 +333,7 @@ async def load_translation(bootstrap: str, source: str, committed: dict[tuple[st
     """
     pick = _Pick(committed)
     tp = TopicPartition(sync_topic_name(source), MAP_PARTITION)
-    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
-                         isolation_level="read_committed")
-    try:
-        await c.start()
-    except BaseException:
-        await c.stop()  # a failed start leaves its metadata task running
-        raise
-    try:
+    async with _committed_reader(bootstrap, tp.topic) as c:
         if tp.topic not in await c.topics():
             return OffsetMap()
         c.assign([tp])
@@ -340,17 +342,10 @@ async def load_translation(bootstrap: str, source: str, committed: dict[tuple[st
         deadline = time.monotonic() + timeout_s
         while await c.position(tp) < end:
             if time.monotonic() > deadline:
-                raise OffsetsUnavailable(
-                    f"{tp.topic} could not be read to its end within {timeout_s:.0f}s (a "
-                    "transaction stays open: a worker died mid-transaction and its "
-                    "transaction has not timed out yet)")
+                raise _open_transaction(tp.topic, timeout_s)
             for recs in (await c.getmany(tp, timeout_ms=500)).values():
                 for r in recs:
                     pick.add(r.key, r.value)
-    except KafkaError as exc:
-        raise OffsetsUnavailable(f"cannot read {tp.topic} in {bootstrap}: {exc!r}") from exc
-    finally:
-        await c.stop()
     return pick.offset_map()
 
 
