@@ -5,7 +5,7 @@ Admin and group calls go through `crossdc.clients.kafka.KafkaAdmin`, which raise
 (`crossdc.errors.ClientError`, `ClientRefused`). The producers and consumers the proxy, the
 mirror and `dr` run themselves (aiokafka's `AIOKafkaProducer`/`AIOKafkaConsumer`) raise
 aiokafka's errors: those sites classify them with the classes re-exported here, unchanged
-(`except KafkaError` catches what it always caught), or with `is_kafka_error`.
+(`except KafkaError` catches what it always caught).
 """
 
 from __future__ import annotations
@@ -32,10 +32,5 @@ __all__ = [
     "ProducerClosed",
     "ProducerFenced",
     "RecordTooLargeError",
-    "is_kafka_error",
 ]
 
-
-def is_kafka_error(exc: BaseException) -> bool:
-    """Whether `exc` is one of aiokafka's errors (raised by a producer or consumer)."""
-    return isinstance(exc, KafkaError)
