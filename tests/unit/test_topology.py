@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -115,9 +116,9 @@ def test_shipped_topologies_have_a_witness_for_a_majority_of_three() -> None:
         topo = load_topology(REPO_ROOT / "policies" / name)
         [w] = topo.witnesses
         assert (w.name, w.consul.datacenter) == ("witness", "witness")
-        assert w.consul.http_addr == "127.0.0.1:38500"
+        assert w.consul.http_addr == "127.0.0.1:14500"
         assert w.local is not None
-        assert w.local.consul.serf_wan_port == 38302
+        assert w.local.consul.serf_wan_port == 14302
         assert [(d.name, d.witness) for d in topo.datacenters] == [
             ("east", False), ("west", False), ("witness", True)]
         assert topo.majority == 2
@@ -127,9 +128,9 @@ WITNESS = """
 witnesses:
   - name: {name}
     consul:
-      http_addr: 127.0.0.1:38500
+      http_addr: 127.0.0.1:14500
       datacenter: {dc}
-      dns_addr: 127.0.0.1:38600
+      dns_addr: 127.0.0.1:14600
 """
 
 
@@ -178,7 +179,7 @@ def test_a_witness_has_no_kafka_and_its_fields_are_checked() -> None:
     [msg] = issues(text)
     assert "witnesses[0].kafka: unknown field (check the spelling)" in msg
     text = (_no_witness() + WITNESS.format(name="witness", dc="witness")
-            ).replace("127.0.0.1:38600", "nowhere")
+            ).replace("127.0.0.1:14600", "nowhere")
     [msg] = issues(text)
     assert "witnesses[0].consul.dns_addr: 'nowhere' is not host:port" in msg
     [msg] = issues(_no_witness() + WITNESS.format(name="Witness", dc="witness"))
@@ -192,3 +193,14 @@ def test_majority_counts_regions_and_witnesses() -> None:
     assert free_topology(["a", "b"]).majority == 2
     assert free_topology(["a", "b"], witnesses=["w1", "w2"]).majority == 3
     assert free_topology(["a", "b", "c"], witnesses=["w"]).majority == 3
+
+
+@pytest.mark.parametrize("name", ["topology.local.yaml", "topology.active-active.yaml"])
+def test_shipped_ports_stay_below_the_kernels_ephemeral_range(name: str) -> None:
+    # A fixed port inside 32768-60999 can be held by any outgoing socket when `dr up` checks
+    # it (seen: the witness's DNS port, 38600, taken right after the test suite, so `make
+    # demo` refused to start).
+    text = (REPO_ROOT / "policies" / name).read_text()
+    ports = {int(p) for p in re.findall(r"(?::|_port: )(\d{4,5})\b", text)}
+    assert len(ports) > 20
+    assert max(ports) < 32768, sorted(p for p in ports if p >= 32768)
