@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from crossdc.settings import RetrySettings
 
-__all__ = ["BreakerSettings", "HintSettings", "KafkaWriterSettings", "ProxyConfig", "TlsSettings"]
+__all__ = ["BreakerSettings", "HintSettings", "JournalSettings", "KafkaWriterSettings",
+           "ProxyConfig", "TlsSettings"]
 
 
 class _Model(BaseModel):
@@ -78,6 +79,24 @@ class HintSettings(_Model):
                            "the hints topics in a region that did not answer.")
 
 
+class JournalSettings(_Model):
+    """The outcome journal (proxy.journal): what each client was told about each record,
+    appended to `_crossdc.proxy.outcomes` in the own region's Kafka; the reconciliation
+    reads it to tell an acknowledged record that is missing (a loss) from one whose client
+    was told it failed."""
+
+    enabled: bool = Field(True, description="Journal every outcome. Off: the reconciliation "
+                          "judges this proxy's records as if written straight to Kafka.")
+    retention_s: float = Field(7 * 24 * 3600.0, gt=0, description="Retention of the journal "
+                               "topic (set when the proxy creates it): reconcile windows "
+                               "older than this judge their records without it.")
+    linger_s: float = Field(0.05, ge=0, description="Outcomes wait this long so one journal "
+                            "record carries all of them.")
+    max_queued: int = Field(1_000_000, gt=0, description="Outcomes kept while the own "
+                            "region's Kafka is down (about 150 bytes each); the oldest are "
+                            "dropped beyond it (counted).")
+
+
 class TlsSettings(_Model):
     """TLS for the gRPC port (every service on it: Proxy, health, reflection). With
     `client_ca_file`, clients must present a certificate signed by that CA (mTLS). Renewed
@@ -113,6 +132,7 @@ class ProxyConfig(_Model):
                                       "(deadline 10 s x 4 tries, ~45 s) up to ~22k "
                                       "records/s per proxy; above that rate a retry may "
                                       "come after its key was forgotten and write again.")
+    journal: JournalSettings = Field(default_factory=JournalSettings)
     idempotency_log: bool = Field(False, description="Share idempotency outcomes with the "
                                   "region's other proxies and workers through the compacted "
                                   "topic `idempotency_log_topic` in the own region's Kafka "

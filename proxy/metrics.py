@@ -158,6 +158,18 @@ class ProxyMetrics:
                                        "retried call waiting for the shared idempotency log "
                                        "to be read up to its end", registry=r,
                                        buckets=_BUCKETS)
+        self.journal_appended = Counter("crossdc_proxy_journal_appended", "Outcomes appended "
+                                        "to the own region's outcome journal "
+                                        "(`_crossdc.proxy.outcomes`)", registry=r)
+        self.journal_dropped = Counter("crossdc_proxy_journal_dropped", "Outcomes dropped "
+                                       "unappended: the queue was full (the own region's "
+                                       "Kafka down a long time); the reconciliation judges "
+                                       "those records as if written straight to Kafka",
+                                       registry=r)
+        self.journal_errors = Counter("crossdc_proxy_journal_errors", "Journal appends that "
+                                      "failed (their outcomes are queued again)", registry=r)
+        self.journal_pending = Gauge("crossdc_proxy_journal_pending", "Outcomes not appended "
+                                     "to the journal yet", registry=r)
         self.hints_written = Counter("crossdc_proxy_hints_written", "Hints stored for a "
                                      "region a sync write missed (proxy.hints), by target "
                                      "region", ("target",), registry=r)

@@ -39,6 +39,7 @@ from typing import Any, Literal, NamedTuple, NoReturn
 import structlog
 
 from crossdc.headers import Mode
+from crossdc.outcomes import ACKED, FAILED, UNKNOWN
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from proxy.errors import (
@@ -57,6 +58,7 @@ from proxy.errors import (
 from proxy.headers import check_client_headers, dr_headers, new_dr_id, stamp_with
 from proxy.hints import Hint, HintStore, HintsUnavailable
 from proxy.idempotency import IdempotencyLog, IdempotencyWindow, LogUnavailable, Slot
+from proxy.journal import OutcomeJournal
 from proxy.metrics import ProxyMetrics, observe_many
 from proxy.policy import LOCAL, Policy, Rule
 from proxy.primary import WriteGrant
@@ -212,11 +214,13 @@ class Router:
                  primary: Callable[[], WriteGrant], policy: Callable[[], Policy],
                  window: IdempotencyWindow, metrics: ProxyMetrics, *,
                  current: Callable[[], PrimaryRecord] | None = None,
-                 hints: HintStore | None = None) -> None:
+                 hints: HintStore | None = None,
+                 journal: OutcomeJournal | None = None) -> None:
         """`primary`: leave for one ordered or sync write (`PrimaryWatcher.grant`), raising
         `PrimaryUnavailable`; `current`: the newest primary record seen (a retry of a write
         stops once it changed); default: the record of a fresh grant. `hints`: where the
-        hints of sync records a region missed go (None: no hinted handoff)."""
+        hints of sync records a region missed go (None: no hinted handoff); `journal`:
+        where the outcome of every record written goes (None: not journaled)."""
         self.own = own_region
         self.topology = topology
         self.writers = writers
@@ -226,6 +230,7 @@ class Router:
         self.window = window
         self.metrics = metrics
         self.hints = hints
+        self.journal = journal
         self._mismatched: set[str] = set()
         self._latency_children: dict[str, Any] = {}
 
@@ -258,9 +263,10 @@ class Router:
                 outs[i].error = exc
         slots: dict[int, Slot] = {}
         aliases: dict[int, int] = {}
+        groups: dict[tuple[Mode, str], list[int]] = {}
+        ended = False
         try:
             await self._claim(records, outs, slots, aliases, deadline)
-            groups: dict[tuple[Mode, str], list[int]] = {}
             for i, rec in enumerate(records):
                 r = rules[i]
                 if outs[i].error is None and r is not None and i not in aliases and \
@@ -277,7 +283,10 @@ class Router:
                 for o in outs:
                     if o.error is not None and isinstance(o.error, NoWritableRegion):
                         o.error = DeadlineExceeded(f"deadline passed: {o.error}")
+            ended = True
         finally:
+            if self.journal is not None and groups:
+                self._journal(self.journal, records, outs, groups, ended, ts_ms)
             for i, slot in slots.items():
                 o = outs[i]
                 if o.error is None and o.written:
@@ -298,6 +307,22 @@ class Router:
             for name, n in per_mode.items():
                 observe_many(self._latency(name), dt, n)
         return outs
+
+    @staticmethod
+    def _journal(journal: OutcomeJournal, records: Sequence[Incoming], outs: list[Outcome],
+                 groups: dict[tuple[Mode, str], list[int]], ended: bool, ts_ms: int) -> None:
+        """What each client is told about each record written (`proxy.journal`): a write
+        cut short (cancelled: the proxy is stopping) or past its deadline is UNKNOWN."""
+        for idxs in groups.values():
+            for i in idxs:
+                o = outs[i]
+                if not ended or isinstance(o.error, DeadlineExceeded):
+                    status = UNKNOWN
+                elif o.error is None:
+                    status = ACKED
+                else:
+                    status = FAILED
+                journal.record(o.dr_id, records[i].topic, status, o.written, ts_ms)
 
     async def _catch_up(self, shared: IdempotencyLog, deadline: float) -> None:
         """Read the shared idempotency log up to its end (bounded); when it cannot be, the

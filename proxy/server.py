@@ -77,6 +77,7 @@ from proxy.errors import (
 from proxy.heap import HeapTrimmer
 from proxy.hints import HintReplayer, HintStore
 from proxy.idempotency import IdempotencyLog, IdempotencyWindow
+from proxy.journal import OutcomeJournal
 from proxy.metrics import ProxyMetrics
 from proxy.policy import Policy
 from proxy.primary import PrimaryWatcher
@@ -329,9 +330,16 @@ class ProxyServer(Lifecycle):
                                               self.window, self.metrics, config.hints,
                                               client_id=client_id,
                                               current=lambda: self.primary.current)
+        self.journal = (OutcomeJournal(self.region.kafka.bootstrap_servers, self.metrics,
+                                       region=config.region, client_id=client_id,
+                                       retention_s=config.journal.retention_s,
+                                       linger_s=config.journal.linger_s,
+                                       max_queued=config.journal.max_queued)
+                        if config.journal.enabled else None)
         self.router = Router(config.region, topology, self.writers, self.primary.grant,
                              self._policy_fn, self.window, self.metrics,
-                             current=lambda: self.primary.current, hints=self.hint_store)
+                             current=lambda: self.primary.current, hints=self.hint_store,
+                             journal=self.journal)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._run_task: asyncio.Task[None] | None = None
@@ -383,6 +391,8 @@ class ProxyServer(Lifecycle):
             self._spawn("proxy:idempotency-log", self.idem_log.run())
         if self.hint_replayer is not None:
             self._spawn("proxy:hints", self.hint_replayer.run())
+        if self.journal is not None:
+            self._spawn("proxy:journal", self.journal.run())
         if self.policy_store is not None and self._own_store:
             self._spawn("proxy:policy-watch", self.policy_store.run())
         if self.auth_store is not None:
@@ -547,6 +557,8 @@ class ProxyServer(Lifecycle):
             await self._bounded("idempotency_log", self.idem_log.stop(deadline), deadline)
         if self.hint_replayer is not None:
             await self._bounded("hints", self.hint_replayer.stop(deadline), deadline)
+        if self.journal is not None:
+            await self._bounded("journal", self.journal.stop(deadline), deadline)
         if self._service_id is not None:
             await self._bounded("consul_deregister",
                                 self.consul.deregister_service(self._service_id), deadline)

@@ -1,0 +1,217 @@
+"""The outcome journal of one proxy process (the wire format: `crossdc.outcomes`).
+
+`record()` queues the outcome of a record the router tried to write, with what the client is
+told (acknowledged, failed, unknown) and the regions that acknowledged a copy. The queue is
+appended to `_crossdc.proxy.outcomes` in the own region's Kafka by the task
+`proxy:journal`: outcomes linger `linger_s` (50 ms) so one Kafka record carries every
+outcome of that time (up to `CHUNK`), and the append is never awaited by a call.
+
+Nothing is dropped while the own region's Kafka is down: a failed append goes back to the
+queue and is tried again every `retry_s`, up to `max_queued` outcomes (then the oldest are
+dropped, counted in `crossdc_proxy_journal_dropped`): a primary outage's outcomes (the very
+records the reconciliation must judge) reach the journal once the region is back. What is
+left, stated: a process killed (SIGKILL) loses the outcomes it had not appended yet (at most
+`linger_s` plus an append's round trip of them, or all it queued while its Kafka was down);
+the reconciliation judges those records as it judges records written straight to Kafka.
+
+Cost (bench/proxy, `--no-journal` beside the default): one JSON encoding per `CHUNK`
+outcomes and one Kafka record per linger, on the serving loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import structlog
+from aiokafka import AIOKafkaProducer
+
+from crossdc.clients.errors import KafkaError
+from crossdc.clients.kafka import KafkaAdmin, kafka_kw
+from crossdc.errors import CrossdcError
+from crossdc.lifecycle import Lifecycle
+from crossdc.outcomes import CHUNK, JOURNAL_TOPIC, Entry, encode, written_text
+from crossdc.settings import RetrySettings
+
+if TYPE_CHECKING:
+    from proxy.metrics import ProxyMetrics
+
+__all__ = ["OutcomeJournal"]
+
+log = structlog.get_logger("crossdc.proxy.journal")
+
+
+class OutcomeJournal(Lifecycle):
+    """Appends what each client was told to the own region's outcome journal.
+
+    `start()` makes nothing (the own region's Kafka may be down); `run()` (the server's task
+    `proxy:journal`) connects, creates the topic if missing and appends what `record()`
+    queued; `stop()` appends what is queued (bounded) and closes."""
+
+    def __init__(self, bootstrap: str | list[str], metrics: ProxyMetrics, *, region: str,
+                 client_id: str, topic: str = JOURNAL_TOPIC,
+                 retention_s: float = 7 * 24 * 3600.0, linger_s: float = 0.05,
+                 retry_s: float = 1.0, max_queued: int = 1_000_000) -> None:
+        self.bootstrap = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
+        self.metrics = metrics
+        self.region = region
+        self.client_id = client_id
+        self.topic = topic
+        self.retention_s = retention_s
+        self.linger_s = linger_s
+        self.retry_s = retry_s
+        self.max_queued = max_queued
+        self._queue: deque[Entry] = deque()
+        self._sending = 0  # outcomes in appends not answered yet
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._producer: AIOKafkaProducer | None = None
+        self.log = log.bind(region=region, topic=topic)
+        metrics.journal_pending.set_function(lambda: self.pending)
+
+    # -- the router's side -----------------------------------------------------------------
+    def record(self, dr_id: str, topic: str, status: str,
+               written: Iterable[tuple[str, int, int]], ts_ms: int) -> None:
+        """Queue one outcome (never waits): `written` the copies Kafka acknowledged,
+        `ts_ms` the record's dr-ts."""
+        if self.closed:
+            return
+        if len(self._queue) >= self.max_queued:  # own Kafka down a long time: bounded memory
+            self._queue.popleft()
+            self.metrics.journal_dropped.inc()
+        self._queue.append(Entry(dr_id, topic, status, written_text(written), str(ts_ms)))
+        self._idle.clear()
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        """Outcomes not appended yet (queued, or in an append not answered yet)."""
+        return len(self._queue) + self._sending
+
+    async def flushed(self, timeout_s: float) -> bool:
+        """Until every outcome recorded so far is appended (True), or `timeout_s` passed."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Nothing to connect yet: `run()` does (the own region's Kafka may be down)."""
+        self._begin_start()
+
+    async def run(self) -> None:
+        """Connect (again every `retry_s` until it works), then append what is queued."""
+        while True:
+            if await self._connect():
+                break
+            await asyncio.sleep(self.retry_s)
+        producer = self._producer
+        assert producer is not None
+        while True:
+            await self._wake.wait()
+            await asyncio.sleep(self.linger_s)  # one record carries every outcome of a linger
+            self._wake.clear()
+            if not await self._append(producer):
+                await asyncio.sleep(self.retry_s)
+                self._wake.set()
+
+    async def _connect(self) -> bool:
+        try:
+            async with KafkaAdmin(self.bootstrap, RetrySettings(attempts=1, total_s=5.0,
+                                                                call_timeout_s=5.0),
+                                  client_id=self.client_id) as admin:
+                await admin.ensure_topic(self.topic, 1, {
+                    "cleanup.policy": "delete",
+                    "retention.ms": str(int(self.retention_s * 1000)),
+                    "segment.ms": str(int(min(self.retention_s, 3600.0) * 1000))})
+            producer = AIOKafkaProducer(**kafka_kw(self.bootstrap), acks="all",
+                                        enable_idempotence=True, linger_ms=5,
+                                        max_batch_size=1 << 20, client_id=self.client_id)
+        except (CrossdcError, KafkaError, OSError) as exc:
+            self.log.warning("journal_unreachable", error=str(exc))
+            return False
+        try:
+            async with asyncio.timeout(10.0):
+                await producer.start()
+        except (KafkaError, OSError, TimeoutError) as exc:
+            await producer.stop()
+            self.log.warning("journal_unreachable", error=repr(exc))
+            return False
+        if self.closed:  # stop() ran meanwhile
+            await producer.stop()
+            return False
+        self._producer = producer
+        self.log.info("journal_connected")
+        return True
+
+    async def _append(self, producer: AIOKafkaProducer) -> bool:
+        """Append what is queued; on a failure put it back (in front) and say False."""
+        if not self._queue:
+            self._settle()
+            return True
+        items = list(self._queue)
+        self._queue.clear()
+        self._sending += len(items)
+        chunks = [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
+        try:
+            futures = [await producer.send(self.topic, encode(c), partition=0)
+                       for c in chunks]
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        except KafkaError as exc:
+            results = [exc] * len(chunks)
+        except BaseException:  # cancelled (stopping): `stop()` appends them again
+            self._queue.extendleft(reversed(items))
+            raise
+        finally:
+            self._sending -= len(items)
+        failed = [c for c, r in zip(chunks, results, strict=True)
+                  if isinstance(r, BaseException)]
+        appended = len(items) - sum(len(c) for c in failed)
+        if appended:
+            self.metrics.journal_appended.inc(appended)
+        if failed:
+            for c in reversed(failed):
+                self._queue.extendleft(reversed(c))
+            while len(self._queue) > self.max_queued:
+                self._queue.pop()
+                self.metrics.journal_dropped.inc()
+            err = next(r for r in results if isinstance(r, BaseException))
+            self.metrics.journal_errors.inc()
+            self.log.warning("journal_append_failed", outcomes=len(self._queue),
+                             error=repr(err))
+            return False
+        self._settle()
+        return True
+
+    def _settle(self) -> None:
+        if not self._queue and not self._sending:
+            self._idle.set()
+
+    async def stop(self, deadline: float | None = None) -> None:
+        """Append what is queued (bounded by `deadline`), close; idempotent."""
+        if not self._begin_stop():
+            return
+        producer, self._producer = self._producer, None
+        limit = None if deadline is None else max(0.1, deadline - time.monotonic())
+        if producer is None:
+            if self._queue:
+                self.log.warning("journal_not_appended", outcomes=len(self._queue))
+            return
+        try:
+            async with asyncio.timeout(limit):
+                await self._append(producer)
+                await producer.stop()
+        except (KafkaError, TimeoutError) as exc:
+            self.log.warning("journal_close_incomplete", outcomes=self.pending,
+                             error=repr(exc))
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    await producer.client.close()
