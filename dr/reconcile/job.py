@@ -38,7 +38,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,11 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from crossdc.clients.kafka import spark_kafka_options
+from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, UNKNOWN
+from crossdc.quarantine import DR_Q_TOPIC, QUARANTINE_TOPIC
 from dr.reconcile.errors import SparkFailed
 from dr.reconcile.model import (
+    OUTCOMES,
     AlteredRecord,
     DuplicateRecord,
     HeaderlessMismatch,
@@ -171,12 +174,10 @@ DR_HEADERS = ("dr-id", "dr-origin", "dr-ts", "dr-mode", "dr-epoch", "dr-path")
 ID_SALT = 0x5EED_C0DE_D1FF  # seeds the second of the two 64-bit hashes of a dr-id
 
 
-def _read_region(spark: SparkSession, s: RegionSurvey, ri: int, topic_codes: dict[str, int],
-                 start: dict[tuple[str, int], int], min_partitions: int) -> DataFrame | None:
-    parts = {tp: (max(start.get(tp, s.start[tp]), s.start[tp]), s.end[tp]) for tp in s.end}
-    parts = {tp: ab for tp, ab in parts.items() if ab[1] > ab[0]}
-    if not parts:
-        return None
+def _read_ranges(spark: SparkSession, bootstrap: str,
+                 parts: dict[tuple[str, int], tuple[int, int]], min_partitions: int
+                 ) -> DataFrame:
+    """The records of each (topic, partition) in its [start, end) offsets, headers included."""
     assign: dict[str, list[int]] = {}
     starting: dict[str, dict[str, int]] = {}
     ending: dict[str, dict[str, int]] = {}
@@ -184,20 +185,29 @@ def _read_region(spark: SparkSession, s: RegionSurvey, ri: int, topic_codes: dic
         assign.setdefault(topic, []).append(p)
         starting.setdefault(topic, {})[str(p)] = a
         ending.setdefault(topic, {})[str(p)] = b
-    df = (spark.read.format("kafka")
-          .options(**spark_kafka_options(s.bootstrap))  # servers (and SASL/SCRAM, TLS)
-          .option("assign", json.dumps(assign))
-          .option("startingOffsets", json.dumps(starting))
-          .option("endingOffsets", json.dumps(ending))
-          .option("includeHeaders", "true")
-          .option("failOnDataLoss", "false")
-          # enough input tasks for every core, even when a region has few, big partitions
-          # (a partition's offset range is split into pieces read in parallel)
-          .option("minPartitions", str(max(min_partitions, len(parts))))
-          # big fetches: one request brings many batches (the defaults fetch 1 MB a partition)
-          .option("kafka.max.partition.fetch.bytes", str(16 << 20))
-          .option("kafka.fetch.max.bytes", str(64 << 20))
-          .load())
+    return (spark.read.format("kafka")
+            .options(**spark_kafka_options(bootstrap))  # servers (and SASL/SCRAM, TLS)
+            .option("assign", json.dumps(assign))
+            .option("startingOffsets", json.dumps(starting))
+            .option("endingOffsets", json.dumps(ending))
+            .option("includeHeaders", "true")
+            .option("failOnDataLoss", "false")
+            # enough input tasks for every core, even when a region has few, big partitions
+            # (a partition's offset range is split into pieces read in parallel)
+            .option("minPartitions", str(max(min_partitions, len(parts))))
+            # big fetches: one request brings many batches (the defaults: 1 MB a partition)
+            .option("kafka.max.partition.fetch.bytes", str(16 << 20))
+            .option("kafka.fetch.max.bytes", str(64 << 20))
+            .load())
+
+
+def _read_region(spark: SparkSession, s: RegionSurvey, ri: int, topic_codes: dict[str, int],
+                 start: dict[tuple[str, int], int], min_partitions: int) -> DataFrame | None:
+    parts = {tp: (max(start.get(tp, s.start[tp]), s.start[tp]), s.end[tp]) for tp in s.end}
+    parts = {tp: ab for tp, ab in parts.items() if ab[1] > ab[0]}
+    if not parts:
+        return None
+    df = _read_ranges(spark, s.bootstrap, parts, min_partitions)
     # The headers as a map (last value wins for a repeated name; spark_session sets the
     # dedup policy): code-generated lookups, no lambda per header.
     df = df.withColumn("h", F.map_from_entries("headers"))
@@ -358,11 +368,14 @@ class _Comparison:
             with self.stage("headerless"):
                 lonely_counts, lonely = self.headerless(inw, plain, inv.headerless_total)
             ids = self.per_id(inw, inv).persist()
+            journal, quarantine = self.side(since_ms, until_ms)
             try:
                 with self.stage("per_id_and_counts"):
                     counts = self.partition_counts(ids)
                 with self.stage("missing"):
-                    missing_counts, missing = self.missing(ids, plain, inv, counts)
+                    gone = self.missing(ids, plain, inv, counts, journal, quarantine)
+                    missing_counts, missing = gone.counts, gone.rows
+                    journaled = journal.count() if journal is not None else 0
                 with self.stage("duplicates"):
                     dups = self.duplicates(ids, counts)
                 with self.stage("altered"):
@@ -371,6 +384,8 @@ class _Comparison:
                     order_counts, order = self.order(ids)
             finally:
                 ids.unpersist()
+                if journal is not None:
+                    journal.unpersist()
             refs = {_ref(r) for r in (*missing, *dups, *altered, *order)}
             refs |= {_ref(o, "prev1", "prev2") for o in order}
             with self.stage("details"):  # one pass over the cache for every named record
@@ -380,10 +395,17 @@ class _Comparison:
         unreadable = unreadable_counts(self.surveys, start_offsets, inv.first_read,
                                        inv.older_seen)
         topics = self.summaries(counts, missing_counts, order_counts, inv.headerless,
-                                lonely_counts, unreadable)
+                                lonely_counts, unreadable, gone.by_outcome)
+        by_outcome: dict[str, dict[str, int]] = {}
+        for (_, _, r, outcome), n in gone.by_outcome.items():
+            per = by_outcome.setdefault(outcome, {})
+            per[r] = per.get(r, 0) + n
         totals = Totals(
             read=inv.read, compared=sum(p.expected for t in topics for p in t.partitions),
             missing=sum(n for t in topics for p in t.partitions for n in p.missing.values()),
+            lost=sum(n for o in ("acknowledged", "unjournaled")
+                     for n in by_outcome.get(o, {}).values()),
+            missing_by_outcome=by_outcome, journaled=journaled,
             duplicates=sum(n for t in topics for p in t.partitions
                            for n in p.duplicates.values()),
             altered=sum(p.altered for t in topics for p in t.partitions),
@@ -397,7 +419,7 @@ class _Comparison:
         if totals.unreadable:
             log.warning("reconcile_unreadable", records=totals.unreadable,
                         partitions=len(unreadable))
-        return Findings(totals, topics, self.missing_rows(missing, inv, named),
+        return Findings(totals, topics, self.missing_rows(missing, inv, named) + gone.lost,
                         self.duplicate_rows(dups, named), self.altered_rows(altered, inv, named),
                         self.order_rows(order, inv, named), lonely, latency, self.truncated,
                         inv.next_offsets, unreadable)
@@ -489,25 +511,149 @@ class _Comparison:
                         F.explode(F.array_compact(regions)).alias("ri")))
 
     def missing(self, ids: DataFrame, plain: DataFrame, inv: _Inventory,
-                counts: dict[tuple[str, int], dict[str, Any]]
-                ) -> tuple[dict[tuple[str, int, str], int], list[Any]]:
+                counts: dict[tuple[str, int], dict[str, Any]], journal: DataFrame | None,
+                quarantine: DataFrame | None) -> _Gone:
         """Lacking copies, less those a headerless original of the same content stands for
-        (a record written straight into a region, stamped with dr-* headers by the mirror)."""
-        lacking = {(t, p, r): n for (t, p), c in counts.items()
-                   for r, n in c["lacking"].items() if n}
-        if not lacking:
-            return {}, []
+        (a record written straight into a region, stamped with dr-* headers by the mirror),
+        each classified by what its client was told (`model.OUTCOMES`); plus the records a
+        journal acknowledged that no region holds at all."""
+        gone = _Gone()
+        if journal is not None:
+            self.lost_everywhere(ids, journal, counts, gone)
+        if not any(n for c in counts.values() for n in c["lacking"].values()):
+            return gone
         absent = self._lacking(ids)
         if inv.headerless_total:
             originals = plain.select("tc", "partition", "ri",
                                      F.col("chash").alias("href")).distinct()
             absent = absent.join(originals, ["tc", "partition", "ri", "href"], "left_anti")
-            lacking = {(self.topics[r["tc"]], r["partition"], self.regions[r["ri"]]): r["count"]
-                       for r in absent.groupBy("tc", "partition", "ri").count().collect()}
-            if not lacking:
-                return {}, []
-        return lacking, self.take(absent, ["tc", "partition", self.region_rank,
-                                           "origin_offset", "id1", "id2"])
+        absent = self._classified(absent, journal, quarantine).persist()
+        try:
+            for r in absent.groupBy("tc", "partition", "ri", "outc").count().collect():
+                t, p, reg = self.topics[r["tc"]], r["partition"], self.regions[r["ri"]]
+                gone.counts[(t, p, reg)] = gone.counts.get((t, p, reg), 0) + r["count"]
+                at = (t, p, reg, OUTCOMES[r["outc"]])
+                gone.by_outcome[at] = gone.by_outcome.get(at, 0) + r["count"]
+            if any(gone.counts.values()):
+                # losses first: a capped list still names every kind of loss it can
+                gone.rows = self.take(absent, ["outc", "tc", "partition", self.region_rank,
+                                               "origin_offset", "id1", "id2"])
+        finally:
+            absent.unpersist()
+        return gone
+
+    @staticmethod
+    def _classified(absent: DataFrame, journal: DataFrame | None,
+                    quarantine: DataFrame | None) -> DataFrame:
+        """`outc`: the index in OUTCOMES of what the record's client was told."""
+        if journal is not None:
+            absent = absent.join(journal.select("tc", "id1", "id2", "jr"),
+                                 ["tc", "id1", "id2"], "left")
+        else:
+            absent = absent.withColumn("jr", F.lit(None).cast("int"))
+        if quarantine is not None:
+            absent = absent.join(quarantine, ["tc", "id1", "id2", "ri"], "left")
+        else:
+            absent = absent.withColumn("q", F.lit(None).cast("int"))
+        code = {o: i for i, o in enumerate(OUTCOMES)}
+        outc = (F.when(F.col("q").isNotNull(), code["quarantined"])
+                .when(F.col("jr") == _RANK[ACKED], code["acknowledged"])
+                .when(F.col("jr") == _RANK[UNKNOWN], code["unknown"])
+                .when(F.col("jr") == _RANK[FAILED], code["told_failed"])
+                .otherwise(code["unjournaled"]))
+        return absent.withColumn("outc", outc.cast("tinyint"))
+
+    def lost_everywhere(self, ids: DataFrame, journal: DataFrame,
+                        counts: dict[tuple[str, int], dict[str, Any]], gone: _Gone) -> None:
+        """Records a proxy acknowledged (by its journal, in the window) that no region
+        holds: missing in every region. Their partition and offset are where Kafka
+        acknowledged the first copy."""
+        first = F.split(F.split(F.col("jw"), ",")[0], ":")
+        lost = (journal.filter(F.col("jr") == _RANK[ACKED])
+                .join(ids.select("tc", "id1", "id2"), ["tc", "id1", "id2"], "left_anti")
+                .select("tc", "jid", first[0].alias("at"),
+                        first[1].try_cast("int").alias("partition"),
+                        first[2].try_cast("bigint").alias("off"))
+                .filter(F.col("partition").isNotNull())).persist()
+        try:
+            per = {(self.topics[r["tc"]], r["partition"]): r["count"]
+                   for r in lost.groupBy("tc", "partition").count().collect()}
+            if not per:
+                return
+            for (t, p), n in per.items():
+                c = counts.setdefault((t, p), {"expected": 0, "altered": 0, "lacking": {},
+                                               "duplicates": {}})
+                c["expected"] += n
+                for r in self.regions:
+                    gone.counts[(t, p, r)] = gone.counts.get((t, p, r), 0) + n
+                    at = (t, p, r, "acknowledged")
+                    gone.by_outcome[at] = gone.by_outcome.get(at, 0) + n
+            for row in self.take(lost, ["tc", "partition", "off", "jid"]):
+                gone.lost += [MissingRecord(
+                    topic=self.topics[row["tc"]], partition=row["partition"], region=r,
+                    dr_id=row["jid"], mode=None, origin=row["at"],
+                    origin_partition=row["partition"], origin_offset=row["off"],
+                    outcome="acknowledged") for r in self.regions]
+        finally:
+            lost.unpersist()
+
+    # -- the proxies' journals and the quarantine, read beside the data ------------------
+    def side(self, since_ms: int | None, until_ms: int
+             ) -> tuple[DataFrame | None, DataFrame | None]:
+        """The outcome journals (one row per dr-id of the compared topics whose dr-ts lies
+        in the window: `jr` the strongest outcome's rank, `jid` the id, `jw` where Kafka
+        acknowledged it) and the quarantine (one row per quarantined dr-id and region)."""
+        journals: list[tuple[int, DataFrame]] = []
+        quarantined: list[tuple[int, DataFrame]] = []
+        for ri, s in enumerate(self.surveys.values()):
+            for topic, frames in ((JOURNAL_TOPIC, journals), (QUARANTINE_TOPIC, quarantined)):
+                parts = {tp: ab for tp, ab in s.side.items() if tp[0] == topic}
+                if parts:
+                    frames.append((ri, _read_ranges(self.spark, s.bootstrap, parts, 1)))
+        return self._journal(journals, since_ms, until_ms), self._quarantine(quarantined)
+
+    def _journal(self, frames: list[tuple[int, DataFrame]], since_ms: int | None,
+                 until_ms: int) -> DataFrame | None:
+        if not frames:
+            return None
+        e = F.col("e")
+        entries = None
+        for _, f in frames:
+            one = (f.select(F.explode(F.from_json(F.col("value").cast("string"),
+                                                  "array<array<string>>")).alias("e"))
+                   .select(e[0].alias("jid"), _code(e[1], self.topics).alias("tc"),
+                           e[2].alias("st"), e[3].alias("jw"),
+                           e[4].try_cast("bigint").alias("ts")))
+            entries = one if entries is None else entries.unionByName(one)
+        assert entries is not None
+        keep = F.col("tc").isNotNull() & (F.col("ts") < F.lit(until_ms))
+        if since_ms is not None:
+            keep &= F.col("ts") >= F.lit(since_ms)
+        rank = F.when(F.col("st") == ACKED, _RANK[ACKED]) \
+            .when(F.col("st") == UNKNOWN, _RANK[UNKNOWN]) \
+            .when(F.col("st") == FAILED, _RANK[FAILED])
+        rid = F.col("jid").cast("binary")
+        return (entries.filter(keep).withColumn("jr", rank).filter(F.col("jr").isNotNull())
+                .groupBy(F.col("tc").cast("int").alias("tc"), F.xxhash64(rid).alias("id1"),
+                         F.xxhash64(F.lit(ID_SALT), rid).alias("id2"))
+                .agg(F.max("jr").alias("jr"), F.max_by("jid", "jr").alias("jid"),
+                     F.max_by("jw", "jr").alias("jw"))).persist()
+
+    def _quarantine(self, frames: list[tuple[int, DataFrame]]) -> DataFrame | None:
+        if not frames:
+            return None
+        out = None
+        for ri, f in frames:
+            h = F.map_from_entries("headers")
+            rid = h["dr-id"]
+            one = (f.select(F.lit(ri).cast("tinyint").alias("ri"),
+                            _code(h[DR_Q_TOPIC].cast("string"), self.topics).cast("int")
+                            .alias("tc"), F.xxhash64(rid).alias("id1"),
+                            F.xxhash64(F.lit(ID_SALT), rid).alias("id2"))
+                   .filter(F.col("tc").isNotNull() & rid.isNotNull()))
+            out = one if out is None else out.unionByName(one)
+        assert out is not None
+        return out.distinct().withColumn("q", F.lit(1))
 
     def missing_rows(self, got: list[Any], inv: _Inventory,
                      named: dict[Ref, _Named]) -> list[MissingRecord]:
@@ -518,10 +664,10 @@ class _Comparison:
             mode=MODES[m["mc"]] if m["mc"] is not None else None,
             origin=names[m["oc"]] if m["oc"] is not None else None,
             origin_partition=m["partition"] if m["origin_offset"] is not None else None,
-            origin_offset=m["origin_offset"]) for m in got]
+            origin_offset=m["origin_offset"], outcome=OUTCOMES[m["outc"]]) for m in got]
         return sorted(rows, key=lambda m: (
-            m.topic, m.partition, m.region, m.origin_offset is not None,
-            m.origin_offset or 0, m.dr_id))
+            OUTCOMES.index(m.outcome or "unjournaled"), m.topic, m.partition, m.region,
+            m.origin_offset is not None, m.origin_offset or 0, m.dr_id))
 
     def resolve(self, refs: set[Ref]) -> dict[Ref, _Named]:
         """The dr-id, key (hex) and offsets per region of a few records, read back from the
@@ -652,7 +798,8 @@ class _Comparison:
                   inverted: dict[tuple[str, int], int],
                   plain: dict[tuple[str, int, str], int],
                   unmatched: dict[tuple[str, int], int],
-                  unreadable: dict[tuple[str, int, str], int]) -> list[TopicSummary]:
+                  unreadable: dict[tuple[str, int, str], int],
+                  by_outcome: dict[tuple[str, int, str, str], int]) -> list[TopicSummary]:
         regions, surveys = self.regions, self.surveys
         empty = {"expected": 0, "altered": 0, "duplicates": {}}
         out = []
@@ -671,12 +818,37 @@ class _Comparison:
                     altered=c["altered"], order_violations=inverted.get((topic, p), 0),
                     headerless={r: plain.get((topic, p, r), 0) for r in regions},
                     headerless_unmatched=unmatched.get((topic, p), 0),
-                    unreadable={r: unreadable.get((topic, p, r), 0) for r in regions}))
+                    unreadable={r: unreadable.get((topic, p, r), 0) for r in regions},
+                    missing_by_outcome=_outcomes_of(by_outcome, topic, p)))
             out.append(TopicSummary(
                 topic=topic, absent_in=[r for r in regions if r not in sizes],
                 partition_mismatch=sizes if len(set(sizes.values())) > 1 else {},
                 partitions=summaries))
         return out
+
+
+_RANK = {ACKED: 3, UNKNOWN: 2, FAILED: 1}
+"""A dr-id journaled more than once (a failed try, then its retry) counts as its strongest."""
+
+
+@dataclass
+class _Gone:
+    """What `missing` found: copies missing per (topic, partition, region) and per outcome
+    too, the detail rows of records some region holds, and those of records none holds."""
+
+    counts: dict[tuple[str, int, str], int] = field(default_factory=dict)
+    by_outcome: dict[tuple[str, int, str, str], int] = field(default_factory=dict)
+    rows: list[Any] = field(default_factory=list)
+    lost: list[MissingRecord] = field(default_factory=list)
+
+
+def _outcomes_of(by_outcome: dict[tuple[str, int, str, str], int], topic: str,
+                 partition: int) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for (t, p, r, outcome), n in by_outcome.items():
+        if (t, p) == (topic, partition) and n:
+            out.setdefault(outcome, {})[r] = n
+    return out
 
 
 class _Inventory:

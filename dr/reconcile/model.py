@@ -15,6 +15,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
+    "LOSSES",
+    "OUTCOMES",
+    "OUTCOME_TEXT",
     "SCHEMA_VERSION",
     "AlteredRecord",
     "Breach",
@@ -23,6 +26,7 @@ __all__ = [
     "LatencyStats",
     "MissingRecord",
     "OrderViolation",
+    "Outcome",
     "PartitionSummary",
     "Report",
     "Thresholds",
@@ -49,7 +53,10 @@ class Thresholds(_Model):
     key set to null turns its check off); command-line options override it.
     """
 
-    missing: int | None = Field(default=0, ge=0)
+    missing: int | None = Field(default=0, ge=0, description="missing copies of acknowledged "
+                                "records and of records with no journal entry (those whose "
+                                "clients were told they failed, or never got an answer, and "
+                                "the quarantined divergent tail are counted, not judged)")
     duplicates: int | None = Field(
         default=None, ge=0, description="duplicates in any topic (default: not checked; "
         "see duplicates_exactly_once)")
@@ -85,10 +92,33 @@ class Window(_Model):
     incremental: bool
 
 
+Outcome = Literal["acknowledged", "unjournaled", "told_failed", "unknown", "quarantined"]
+OUTCOMES: tuple[Outcome, ...] = ("acknowledged", "unjournaled", "told_failed", "unknown",
+                                 "quarantined")
+"""What a missing copy's record was, by the proxies' outcome journal and the quarantine:
+
+- acknowledged: its client was told it is written (a loss: fails the verdict);
+- unjournaled: no journal entry (written straight to Kafka, or its proxy died before
+  journaling it): judged as a loss, as before the journal existed;
+- told_failed: its client was told the write failed (a sync write below its quorum, a
+  write refused in the primary): some regions took it anyway;
+- unknown: the proxy never knew (the call's deadline passed, or the proxy stopped,
+  mid-write);
+- quarantined: the region holds it in `_crossdc.quarantine` (the divergent tail of a
+  deposed primary, set aside on purpose, replayed by `dr tail`)."""
+LOSSES: tuple[Outcome, ...] = ("acknowledged", "unjournaled")
+OUTCOME_TEXT: dict[str, str] = {
+    "acknowledged": "acknowledged", "unjournaled": "with no journal entry",
+    "told_failed": "told failed", "unknown": "of unknown outcome",
+    "quarantined": "quarantined (divergent tail)"}
+
+
 class MissingRecord(_Model):
-    """A dr-id seen in some region but absent from `region` (and not stood for there by a
-    headerless original of the same content). `origin_offset` is the offset of the first
-    copy in the origin region, when the origin is one of the compared regions and holds it."""
+    """A dr-id seen in some region (or acknowledged by a proxy's journal) but absent from
+    `region` (and not stood for there by a headerless original of the same content).
+    `origin_offset` is the offset of the first copy in the origin region, when the origin is
+    one of the compared regions and holds it (for a record in no region: where the journal
+    says Kafka acknowledged it)."""
 
     topic: str
     partition: int
@@ -98,6 +128,8 @@ class MissingRecord(_Model):
     origin: str | None
     origin_partition: int | None
     origin_offset: int | None
+    outcome: Outcome | None = Field(None, description="what its client was told (see "
+                                    "OUTCOMES); None in reports from before the journal")
 
 
 class DuplicateRecord(_Model):
@@ -177,6 +209,9 @@ class PartitionSummary(_Model):
     unreadable: dict[str, int] = Field(
         default_factory=dict, description="records per region the run was asked to compare "
         "but retention deleted before they could be read (counted by offset)")
+    missing_by_outcome: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="outcome → region → missing copies (`missing` "
+        "split by what the record's client was told)")
 
 
 class TopicSummary(_Model):
@@ -191,7 +226,13 @@ class TopicSummary(_Model):
 class Totals(_Model):
     read: dict[str, int] = Field(description="records read per region (window and outside)")
     compared: int = Field(description="distinct dr-ids judged")
-    missing: int
+    missing: int = Field(description="missing copies, whatever their clients were told")
+    lost: int = Field(0, description="missing copies of acknowledged records, and of "
+                      "records with no journal entry: what the `missing` threshold judges")
+    missing_by_outcome: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="outcome → region → missing copies")
+    journaled: int = Field(0, description="outcomes read from the proxies' journals for the "
+                           "window's topics (0: no proxy journaled these records)")
     duplicates: int
     altered: int
     order_violations: int

@@ -16,10 +16,14 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
 from crossdc.errors import ClientError
+from crossdc.outcomes import JOURNAL_TOPIC
+from crossdc.quarantine import QUARANTINE_TOPIC
 from crossdc.topology import Topology
 from dr.reconcile.errors import NoTopics, RegionUnreachable
 
-__all__ = ["RegionSurvey", "is_internal", "survey"]
+__all__ = ["SIDE_TOPICS", "RegionSurvey", "is_internal", "survey"]
+
+SIDE_TOPICS = (JOURNAL_TOPIC, QUARANTINE_TOPIC)
 
 
 def is_internal(topic: str) -> bool:
@@ -36,6 +40,9 @@ class RegionSurvey:
     partitions: dict[str, int] = field(default_factory=dict)
     start: dict[tuple[str, int], int] = field(default_factory=dict)
     end: dict[tuple[str, int], int] = field(default_factory=dict)
+    side: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    """[start, end) of the partitions of `SIDE_TOPICS` the region holds: the proxies'
+    outcome journal and the quarantine, read beside the data."""
 
 
 async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
@@ -45,8 +52,9 @@ async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
-        topics = sorted(t for t in await asyncio.wait_for(admin.list_topics(), timeout_s)
-                        if pattern.fullmatch(t) and not is_internal(t))
+        listed = await asyncio.wait_for(admin.list_topics(), timeout_s)
+        topics = sorted(t for t in listed if pattern.fullmatch(t) and not is_internal(t))
+        side = sorted(t for t in SIDE_TOPICS if t in listed)
         out = RegionSurvey(region, bootstrap)
         tps: list[TopicPartition] = []
         if topics:
@@ -55,12 +63,19 @@ async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
                 parts = sorted(described.get(topic, {}))
                 out.partitions[topic] = len(parts)
                 tps.extend(TopicPartition(topic, p) for p in parts)
-        if tps:
+        side_tps: list[TopicPartition] = []
+        if side:
+            described = await asyncio.wait_for(admin.topic_partitions(side), timeout_s)
+            side_tps = [TopicPartition(t, p) for t in side for p in sorted(described.get(t, {}))]
+        if tps or side_tps:
             await asyncio.wait_for(consumer.start(), timeout_s)
-            begin = await asyncio.wait_for(consumer.beginning_offsets(tps), timeout_s)
-            end = await asyncio.wait_for(consumer.end_offsets(tps), timeout_s)
-            out.start = {(tp.topic, tp.partition): off for tp, off in begin.items()}
-            out.end = {(tp.topic, tp.partition): off for tp, off in end.items()}
+            begin = await asyncio.wait_for(consumer.beginning_offsets(tps + side_tps),
+                                           timeout_s)
+            end = await asyncio.wait_for(consumer.end_offsets(tps + side_tps), timeout_s)
+            out.start = {(tp.topic, tp.partition): begin[tp] for tp in tps}
+            out.end = {(tp.topic, tp.partition): end[tp] for tp in tps}
+            out.side = {(tp.topic, tp.partition): (begin[tp], end[tp]) for tp in side_tps
+                        if end[tp] > begin[tp]}
         return out
     except (ClientError, KafkaError, TimeoutError, OSError) as exc:
         raise RegionUnreachable(region, bootstrap, type(exc).__name__ + (

@@ -1,7 +1,16 @@
 """The verdict of a run: one line saying what was found, and whether it fails.
 
-    FAIL: 12 missing in west, 3 altered; within limits: 1 duplicate in west (at-least-once)
+    FAIL: 12 acknowledged missing in west, 3 altered; within limits: 1 duplicate in west
+    (at-least-once flows...)
+    OK: 10,000 records compared, nothing acknowledged missing, altered or out of order, no
+    duplicates; no loss: 1,109 told-failed missing in east, 4 quarantined (divergent tail)
+    in west
     OK: 10,000 records compared, nothing missing, altered or out of order, no duplicates
+
+A missing copy fails the verdict when its record was acknowledged to its client, or when no
+proxy journaled it (written straight to Kafka: judged as before the journal existed); the
+copies of records whose clients were told they failed, never got an answer, or that sit in
+the quarantine are counted after "no loss" (docs/architecture.md, "The outcome journal").
     NOT JUDGED YET: all 40 records of the window are in flight; re-run after 12:00:31 UTC
 
 A window whose records are all still in flight (newer than `until`) says so instead of OK:
@@ -17,7 +26,15 @@ from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 
 from crossdc.topology import Flow
-from dr.reconcile.model import Breach, Report, Thresholds, TopicSummary, Verdict
+from dr.reconcile.model import (
+    LOSSES,
+    OUTCOMES,
+    Breach,
+    Report,
+    Thresholds,
+    TopicSummary,
+    Verdict,
+)
 
 __all__ = ["conclude", "decide", "exactly_once_duplicates", "exactly_once_pairs", "judge"]
 
@@ -37,7 +54,7 @@ def conclude(report: Report, exactly_once: Collection[tuple[str, str]] = ()) -> 
     """The report judged against its own thresholds: `breaches` and `verdict` filled in."""
     tot = report.totals
     values: dict[str, float] = {
-        "missing": tot.missing, "duplicates": tot.duplicates, "altered": tot.altered,
+        "missing": _lost(report), "duplicates": tot.duplicates, "altered": tot.altered,
         "order_violations": tot.order_violations,
         "headerless_unmatched": tot.headerless_unmatched, "unreadable": tot.unreadable,
         "duplicates_exactly_once": exactly_once_duplicates(report.topics, exactly_once)}
@@ -90,6 +107,23 @@ def _in_regions(counts: dict[str, int], noun: str) -> str:
     return ", ".join([f"{n0:,} {noun} in {r0}", *(f"{n:,} in {r}" for r, n in rest)])
 
 
+_NOUN = {"acknowledged": "acknowledged missing",
+         "unjournaled": "missing with no journal entry",
+         "told_failed": "told-failed missing", "unknown": "unknown-outcome missing",
+         "quarantined": "quarantined (divergent tail)"}
+"""How the verdict names the missing copies of each outcome ("12 acknowledged missing in
+west")."""
+
+
+def _lost(report: Report) -> int:
+    """Missing copies the `missing` threshold judges: acknowledged records and records with no
+    journal entry (a report from before the journal: every missing copy)."""
+    tot = report.totals
+    if not tot.missing_by_outcome:
+        return tot.missing
+    return sum(n for o in LOSSES for n in tot.missing_by_outcome.get(o, {}).values())
+
+
 def decide(report: Report, exactly_once: Collection[tuple[str, str]] = ()) -> Verdict:
     """The verdict for a report whose `breaches` are judged: what was found, failing or not.
 
@@ -115,8 +149,18 @@ def decide(report: Report, exactly_once: Collection[tuple[str, str]] = ()) -> Ve
         return "not checked" if value is None else f"limit {value:,g}"
 
     missing = _per_region(report, "missing")
-    if missing:
+    counted: list[str] = []  # missing copies that are no loss: what their clients were told
+    if missing and not tot.missing_by_outcome:  # a report from before the journal
         note(_in_regions(missing, "missing"), ["missing"], limit_text("missing"))
+    elif missing:
+        by = tot.missing_by_outcome
+        # no journal covers the window (no proxy wrote these records): plainly "missing"
+        noun = _NOUN if tot.journaled else {**_NOUN, "unjournaled": "missing"}
+        losses = [_in_regions(by[o], noun[o]) for o in LOSSES if by.get(o)]
+        if losses:
+            note(", ".join(losses), ["missing"], limit_text("missing"))
+        counted = [_in_regions(by[o], _NOUN[o]) for o in OUTCOMES
+                   if o not in LOSSES and by.get(o)]
     if tot.altered:
         note(f"{tot.altered:,} altered", ["altered"], limit_text("altered"))
     if tot.order_violations:
@@ -149,6 +193,8 @@ def decide(report: Report, exactly_once: Collection[tuple[str, str]] = ()) -> Ve
 
     in_flight = (f"; {_plural(tot.in_flight, 'record')} in flight, judged by a later run"
                  if tot.in_flight and judged else "")
+    if counted:
+        in_flight = f"; no loss: {', '.join(counted)}{in_flight}"
     if failing:
         rest = f"; within limits: {', '.join(allowed)}" if allowed else ""
         return Verdict(status="fail", summary=f"FAIL: {', '.join(failing)}{rest}{in_flight}")
@@ -158,7 +204,9 @@ def decide(report: Report, exactly_once: Collection[tuple[str, str]] = ()) -> Ve
         older = (f" ({_plural(tot.before_window, 'record')} read, all older than the window)"
                  if tot.before_window else "")
         return Verdict(status="ok", summary=f"OK: nothing to compare in this window{older}")
-    clean = [w for w, n in (("missing", missing), ("altered", tot.altered),
+    lost = _lost(report) if tot.missing_by_outcome else sum(missing.values())
+    clean = [w for w, n in (("acknowledged missing" if missing else "missing", lost),
+                            ("altered", tot.altered),
                             ("out of order", tot.order_violations)) if not n]
     text = f"OK: {_plural(tot.compared, 'record')} compared"
     if clean:

@@ -1,0 +1,176 @@
+"""The reconciliation reads the proxies' outcome journals and the quarantine beside the data
+(issue 23), against the real two regions and real Spark (local mode).
+
+One topic is seeded straight into the clusters with east holding every record and west only
+some, and east's journal saying what each record's client was told: the run classifies every
+copy west lacks (acknowledged, told failed, unknown outcome, quarantined, no journal entry),
+finds an acknowledged record that no region holds, and fails on the losses only, naming
+them. A topic whose only missing copies were told failed passes, and says so.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka_helpers import create_topic, produce, unique
+
+from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, UNKNOWN, Entry, encode
+from crossdc.quarantine import QUARANTINE_TOPIC, quarantine_headers
+from dr.reconcile import Report, RunSettings, run
+from dr.stack.paths import StackPaths
+from dr.stack.toolchain import ensure_spark_kafka_jars
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _headers(dr_id: str, ts: int) -> list[tuple[str, bytes]]:
+    return [("dr-id", dr_id.encode()), ("dr-origin", b"east"), ("dr-ts", str(ts).encode()),
+            ("dr-mode", b"ordered"), ("dr-epoch", b"1"), ("dr-path", b"east")]
+
+
+@dataclass
+class Seeded:
+    prefix: str
+    mixed: str
+    failed_only: str
+    ids: dict[str, list[str]] = field(default_factory=dict)
+    """outcome → the dr-ids west lacks for that reason (mixed topic)."""
+    lost_everywhere: str = ""
+    both: list[str] = field(default_factory=list)
+    failed_only_ids: list[str] = field(default_factory=list)
+
+
+def _ids(n: int) -> list[str]:
+    return [uuid.uuid4().hex for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+async def seeded(two_regions: Any) -> Seeded:
+    east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
+    prefix = unique("rj")
+    s = Seeded(prefix, f"{prefix}-mixed", f"{prefix}-failed")
+    for b in (east, west):
+        for t in (s.mixed, s.failed_only):
+            await create_topic(b, t, partitions=1)
+    await create_topic(east, JOURNAL_TOPIC)
+    await create_topic(west, QUARANTINE_TOPIC)
+    now = int(time.time() * 1000)
+    s.ids = {"acknowledged": _ids(3), "told_failed": _ids(2), "unknown": _ids(1),
+             "unjournaled": _ids(1), "quarantined": _ids(1)}
+    s.both = _ids(2)
+    s.lost_everywhere = uuid.uuid4().hex
+    in_east = [i for ids in s.ids.values() for i in ids] + s.both
+    metas = await produce(east, s.mixed, [(b"k", i.encode(), _headers(i, now))
+                                          for i in in_east], partition=0)
+    at = {i: m.offset for i, m in zip(in_east, metas, strict=True)}
+    west_metas = await produce(west, s.mixed, [(b"k", i.encode(), _headers(i, now))
+                                               for i in s.both], partition=0)
+    [q] = s.ids["quarantined"]
+    await produce(west, QUARANTINE_TOPIC, [(b"k", q.encode(), quarantine_headers(
+        _headers(q, now), source="east", topic=s.mixed, partition=0, offset=at[q],
+        epoch=2))])
+    s.failed_only_ids = _ids(2)
+    await produce(east, s.failed_only, [(None, i.encode(), _headers(i, now))
+                                        for i in s.failed_only_ids], partition=0)
+
+    def entry(dr_id: str, topic: str, status: str, written: str) -> Entry:
+        return Entry(dr_id, topic, status, written, str(now))
+    entries = [entry(i, s.mixed, ACKED, f"east:0:{at[i]}") for i in s.ids["acknowledged"]]
+    # a first try told failed, then its retry acknowledged: the strongest outcome counts
+    entries.insert(0, entry(s.ids["acknowledged"][0], s.mixed, FAILED, ""))
+    entries += [entry(i, s.mixed, FAILED, f"east:0:{at[i]}") for i in s.ids["told_failed"]]
+    entries += [entry(i, s.mixed, UNKNOWN, "") for i in s.ids["unknown"]]
+    entries += [entry(q, s.mixed, ACKED, f"east:0:{at[q]}")]  # the deposed primary's ack
+    entries += [entry(i, s.mixed, ACKED, f"east:0:{at[i]},west:0:{m.offset}")
+                for i, m in zip(s.both, west_metas, strict=True)]
+    entries += [entry(s.lost_everywhere, s.mixed, ACKED, "east:0:99999")]
+    entries += [entry(i, s.failed_only, FAILED, "east:0:0") for i in s.failed_only_ids]
+    entries += [entry(uuid.uuid4().hex, f"{prefix}-elsewhere", ACKED, "east:0:1")]
+    # the journal of a proxy that wrote nothing else: no entry for the "unjournaled" one
+    await produce(east, JOURNAL_TOPIC, [(None, encode(entries[:4]), []),
+                                        (None, encode(entries[4:]), [])], partition=0)
+    return s
+
+
+@pytest.fixture(scope="module")
+def jars() -> Path:
+    return ensure_spark_kafka_jars(StackPaths.default())
+
+
+@pytest.fixture(scope="module")
+def spark_cleanup() -> Iterator[None]:
+    yield
+    from pyspark.sql import SparkSession
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+
+
+def _run(two_regions: Any, topics: str, jars: Path) -> Report:
+    return run(RunSettings(topology=two_regions.topology,
+                           topology_path=str(two_regions.topology_path),
+                           regions=["east", "west"], topics=topics, jars_dir=jars,
+                           driver_memory="768m", grace_s=0.0))
+
+
+@pytest.fixture(scope="module")
+def report(two_regions: Any, seeded: Seeded, jars: Path, spark_cleanup: None) -> Report:
+    return _run(two_regions, seeded.mixed, jars)
+
+
+def test_every_missing_copy_is_classified_by_what_its_client_was_told(
+        report: Report, seeded: Seeded) -> None:
+    got: dict[str, set[tuple[str, str]]] = {}
+    for m in report.missing:
+        assert m.outcome is not None
+        got.setdefault(m.outcome, set()).add((m.dr_id, m.region))
+    expected = {o: {(i, "west") for i in ids} for o, ids in seeded.ids.items()}
+    expected["acknowledged"] |= {(seeded.lost_everywhere, "east"),
+                                 (seeded.lost_everywhere, "west")}
+    assert got == expected
+    t = report.totals
+    assert t.missing_by_outcome == {
+        "acknowledged": {"west": 4, "east": 1}, "unjournaled": {"west": 1},
+        "told_failed": {"west": 2}, "unknown": {"west": 1}, "quarantined": {"west": 1}}
+    assert (t.missing, t.lost) == (10, 6)
+    assert t.journaled == len(seeded.both) + sum(
+        len(v) for k, v in seeded.ids.items() if k != "unjournaled") + 1
+    [part] = report.topics[0].partitions
+    assert part.missing == {"east": 1, "west": 9}
+    assert part.expected == len(seeded.both) + 8 + 1  # the lost one is expected too
+
+
+def test_a_record_no_region_holds_is_named_where_kafka_acknowledged_it(
+        report: Report, seeded: Seeded) -> None:
+    lost = [m for m in report.missing if m.dr_id == seeded.lost_everywhere]
+    assert {(m.region, m.origin, m.origin_partition, m.origin_offset) for m in lost} == {
+        ("east", "east", 0, 99999), ("west", "east", 0, 99999)}
+
+
+def test_the_verdict_fails_on_losses_only_and_names_the_rest(report: Report) -> None:
+    assert report.verdict is not None
+    assert report.verdict.status == "fail"
+    assert [b.name for b in report.breaches] == ["missing"]
+    assert report.breaches[0].value == 6
+    summary = report.verdict.summary
+    assert summary.startswith("FAIL: 1 acknowledged missing in east, 4 in west, "
+                              "1 missing with no journal entry in west"), summary
+    assert ("no loss: 2 told-failed missing in west, 1 unknown-outcome missing in west, "
+            "1 quarantined (divergent tail) in west") in summary, summary
+
+
+def test_copies_whose_clients_were_told_they_failed_are_no_loss(
+        two_regions: Any, seeded: Seeded, jars: Path, spark_cleanup: None) -> None:
+    report = _run(two_regions, seeded.failed_only, jars)
+    assert report.verdict is not None
+    assert report.verdict.status == "ok", report.verdict.summary
+    assert report.totals.missing_by_outcome == {"told_failed": {"west": 2}}
+    assert report.verdict.summary == (
+        "OK: 2 records compared, nothing acknowledged missing, altered or out of order, no "
+        "duplicates; no loss: 2 told-failed missing in west")
