@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dr.reconcile.model import Report, Verdict
-from dr.reconcile.verdict import decide
+from dr.reconcile.model import OUTCOME_TEXT, OUTCOMES, Report, Verdict
+from dr.reconcile.verdict import decide, loss_line
 
 __all__ = ["print_summary", "write_html", "write_json"]
 
@@ -57,6 +57,22 @@ def print_summary(report: Report, console: Console) -> None:
                       _n(sum(p.headerless_unmatched for p in ps)) if i == 0 else "",
                       _warn(sum(p.unreadable.get(r, 0) for p in ps)))
     console.print(t)
+    by = report.totals.missing_by_outcome
+    if by:
+        console.print("missing copies by what their clients were told (the proxies' "
+                      "journals):")
+        ot = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        ot.add_column("outcome")
+        for r in report.regions:
+            ot.add_column(r, justify="right")
+        ot.add_column("a loss?")
+        for o in OUTCOMES:
+            if o in by:
+                loss = o in ("acknowledged", "unjournaled")
+                ot.add_row(OUTCOME_TEXT[o], *((_n if loss else str)(by[o].get(r, 0))
+                                              for r in report.regions),
+                           "[red]yes[/]" if loss else "no")
+        console.print(ot)
     if report.latency:
         lt = Table(title="replication latency (append time - dr-ts)", box=box.SIMPLE_HEAD,
                    pad_edge=False)
@@ -78,6 +94,7 @@ def print_summary(report: Report, console: Console) -> None:
     if report.details_truncated:
         console.print("[yellow]detail lists were cut at --max-details; counts are complete[/]")
     v = _verdict(report)
+    console.print(escape(loss_line(report)), soft_wrap=True)
     console.print(f"[bold {_RICH[v.status]}]{escape(v.summary)}[/]", soft_wrap=True)
 
 
@@ -180,6 +197,16 @@ def write_html(report: Report, path: Path) -> None:
                 "headerless unmatched": sum(p.headerless_unmatched for p in t.partitions),
                 "unreadable (retention)": sum(p.unreadable.get(r, 0) for p in t.partitions)}
                for t in report.topics for r in report.regions]
+    examples: dict[str, list[str]] = {}
+    for m in report.missing:
+        if m.outcome is not None and len(examples.setdefault(m.outcome, [])) < 3:
+            examples[m.outcome].append(f"{m.dr_id} ({m.region})")
+    outcomes: list[dict[str, object]] = [
+        {"outcome": OUTCOME_TEXT[o],
+         **{r: tot.missing_by_outcome[o].get(r, 0) for r in report.regions},
+         "a loss?": "yes" if o in ("acknowledged", "unjournaled") else "no",
+         "examples": ", ".join(examples.get(o, []))}
+        for o in OUTCOMES if o in tot.missing_by_outcome]
     latency = [{"origin → region": f"{s.origin} → {s.region}", "records": s.count,
                 "p50 ms": _ms(s.p50_ms), "p95 ms": _ms(s.p95_ms), "p99 ms": _ms(s.p99_ms),
                 "max ms": _ms(s.max_ms), "unmeasured": s.unmeasured} for s in report.latency]
@@ -207,7 +234,7 @@ border-left:8px solid;margin:1em 0}}
 .plots img{{display:block;margin-bottom:1em}}</style>
 </head><body>
 <h1>crossdc reconciliation: {html.escape(", ".join(report.regions))}</h1>
-{verdict}{breaches}
+{verdict}<p><b>{html.escape(loss_line(report))}</b></p>{breaches}
 <p>Topics matching <code>{html.escape(report.topics_pattern)}</code>; window
 [{_when(w.since_ms)}, {_when(w.until_ms)}) with {w.grace_s:g} s grace{
     " (incremental)" if w.incremental else ""}; generated {_when(report.generated_at_ms)} in
@@ -221,6 +248,8 @@ missing <b>{tot.missing:,}</b>, duplicates <b>{tot.duplicates:,}</b>, altered
 <b>{tot.unreadable:,}</b>{unreadable_note}.</p>
 {cut}
 {table("per topic and region", summary, count=False, commas=True)}
+{table("missing copies by what their clients were told", outcomes, count=False,
+       commas=True) if outcomes else ""}
 <div class="plots">
 {_charts(report)}
 </div>

@@ -36,7 +36,8 @@ from dr.reconcile.model import (
     Verdict,
 )
 
-__all__ = ["conclude", "decide", "exactly_once_duplicates", "exactly_once_pairs", "judge"]
+__all__ = ["conclude", "decide", "exactly_once_duplicates", "exactly_once_pairs", "judge",
+           "loss_line"]
 
 
 def judge(values: dict[str, float], thresholds: Thresholds) -> list[Breach]:
@@ -124,6 +125,21 @@ def _lost(report: Report) -> int:
     return sum(n for o in LOSSES for n in tot.missing_by_outcome.get(o, {}).values())
 
 
+def loss_line(report: Report) -> str:
+    """The one-line answer to "was anything acknowledged lost?" (the journals' view)."""
+    tot = report.totals
+    ack = {r: n for r, n in tot.missing_by_outcome.get("acknowledged", {}).items() if n}
+    if ack:
+        where = ", ".join(f"{r} {n:,}" for r, n in sorted(ack.items()))
+        return (f"acknowledged records lost: YES, {sum(ack.values()):,} missing copies "
+                f"({where})")
+    if not tot.journaled:
+        return ("acknowledged records lost: not known (no proxy journal covers these "
+                "records: they are judged by presence alone)")
+    return (f"acknowledged records lost: none ({tot.journaled:,} journaled outcomes, every "
+            f"acknowledged record in every region)")
+
+
 def decide(report: Report, exactly_once: Collection[tuple[str, str]] = ()) -> Verdict:
     """The verdict for a report whose `breaches` are judged: what was found, failing or not.
 
@@ -155,8 +171,8 @@ def decide(report: Report, exactly_once: Collection[tuple[str, str]] = ()) -> Ve
     elif missing:
         by = tot.missing_by_outcome
         # no journal covers the window (no proxy wrote these records): plainly "missing"
-        noun = _NOUN if tot.journaled else {**_NOUN, "unjournaled": "missing"}
-        losses = [_in_regions(by[o], noun[o]) for o in LOSSES if by.get(o)]
+        nouns = _NOUN if tot.journaled else {**_NOUN, "unjournaled": "missing"}
+        losses = [_in_regions(by[o], nouns[o]) for o in LOSSES if by.get(o)]
         if losses:
             note(", ".join(losses), ["missing"], limit_text("missing"))
         counted = [_in_regions(by[o], _NOUN[o]) for o in OUTCOMES

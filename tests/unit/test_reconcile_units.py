@@ -30,7 +30,7 @@ from dr.reconcile.model import (
 from dr.reconcile.report import print_summary, write_html, write_json
 from dr.reconcile.run import RunSettings, check_regions, judge, run
 from dr.reconcile.survey import is_internal, survey
-from dr.reconcile.verdict import conclude, exactly_once_pairs
+from dr.reconcile.verdict import conclude, exactly_once_pairs, loss_line
 from dr.reconcile.watermark import Watermarks, load_watermarks, save_watermarks
 from dr.stack.ports import free_topology
 
@@ -228,6 +228,34 @@ def test_unreadable_is_shown_in_every_face(tmp_path: Path) -> None:
     write_json(r, tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["totals"]["unreadable"] == 7
     assert judge({"unreadable": 7}, Thresholds(unreadable=0))[0].name == "unreadable"
+
+
+def test_missing_copies_by_outcome_and_the_loss_line_in_every_face(tmp_path: Path) -> None:
+    r = _report()
+    by = {"told_failed": {"west": 5}, "acknowledged": {"west": 1}}
+    r = r.model_copy(update={
+        "totals": r.totals.model_copy(update={"missing_by_outcome": by, "journaled": 40,
+                                              "missing": 6, "lost": 1}),
+        "missing": [r.missing[0].model_copy(update={"outcome": "acknowledged"})]})
+    buf = io.StringIO()
+    print_summary(r, Console(file=buf, width=160, color_system=None))
+    text = buf.getvalue()
+    assert "missing copies by what their clients were told" in text
+    assert [line.split() for line in text.splitlines() if "told failed" in line] \
+        == [["told", "failed", "0", "5", "no"]]
+    assert "acknowledged records lost: YES, 1 missing copies (west 1)" in text
+    write_html(r, tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert "<b>acknowledged records lost: YES, 1 missing copies (west 1)</b>" in page
+    assert '<td class="t">acknowledged</td><td class="n">0</td><td class="n">1</td>' \
+        '<td class="t">yes</td><td class="t">id-7 (west)</td>' in page
+    clean = r.model_copy(update={"totals": r.totals.model_copy(update={
+        "missing_by_outcome": {"told_failed": {"west": 5}}})})
+    assert loss_line(clean) == ("acknowledged records lost: none (40 journaled outcomes, "
+                                "every acknowledged record in every region)")
+    unjournaled = r.model_copy(update={"totals": r.totals.model_copy(update={
+        "missing_by_outcome": {}, "journaled": 0})})
+    assert loss_line(unjournaled).startswith("acknowledged records lost: not known")
 
 
 # -- verdicts ------------------------------------------------------------------------------
