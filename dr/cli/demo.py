@@ -45,7 +45,7 @@ def demo_command(
     """Two regions, proxies, mirrors, controllers and Prometheus; traffic; a primary-outage
     drill with automatic failover and failback; the Spark reconciliation; the figures.
     Ctrl-C stops every process it started."""
-    from dr.demo import final_table, reconcile_note, run_demo
+    from dr.demo import final_table, run_demo
     from dr.exits import fail
     from dr.stack.local import LocalStack, stack_processes
     from proxy.policy import default_policy_path
@@ -88,9 +88,6 @@ def demo_command(
             stop("the demo failed")
         raise
     out.print(final_table(result))
-    note = reconcile_note(result)
-    if note:
-        out.print(note, highlight=False)
     d = result.drill
     assert d.files is not None
     folder = Path(d.files.folder)
@@ -107,5 +104,5 @@ def demo_command(
         out.print("still running (--keep): `dr status`, `make down` to stop", highlight=False)
     else:
         stop("done")
-    if not d.passed:
+    if not result.passed:
         raise Exit(3)
