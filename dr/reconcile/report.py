@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dr.reconcile.model import OUTCOME_TEXT, OUTCOMES, Report, Verdict
+from dr.reconcile.model import LOSSES, OUTCOME_TEXT, OUTCOMES, PartitionSummary, Report, Verdict
 from dr.reconcile.verdict import decide, loss_line
 
 __all__ = ["print_summary", "write_html", "write_json"]
@@ -134,21 +134,33 @@ def _charts(report: Report) -> str:
     from dr.charts import BarPanel, bars
 
     out = []
-    rows = [(f"{t.topic} / {r}", float(sum(p.missing[r] for p in t.partitions)),
+    journaled = bool(report.totals.missing_by_outcome)
+
+    def lost(p: PartitionSummary, r: str) -> int:
+        if not journaled:  # a report from before the journal: every missing copy
+            return p.missing[r]
+        return sum(p.missing_by_outcome.get(o, {}).get(r, 0) for o in LOSSES)
+
+    rows = [(f"{t.topic} / {r}", float(sum(lost(p, r) for p in t.partitions)),
+             float(sum(p.missing[r] - lost(p, r) for p in t.partitions)),
              float(sum(p.duplicates[r] for p in t.partitions)))
             for t in report.topics for r in report.regions]
-    found = sorted((row for row in rows if row[1] or row[2]), key=lambda x: -(x[1] + x[2]))
+    found = sorted((row for row in rows if any(row[1:])), key=lambda x: -sum(x[1:]))
     if not found:
         out.append("<p><em>no missing or duplicate records</em></p>")
     else:
         shown = found[:_MAX_BARS]
         more = f" (the {_MAX_BARS} largest of {len(found)})" if len(found) > _MAX_BARS else ""
         panel = BarPanel(f"missing and duplicate records per topic / region{more}",
-                         [label for label, _, _ in shown],
-                         {"missing": [m for _, m, _ in shown],
-                          "duplicates": [d for _, _, d in shown]}, ylabel="records")
+                         [row[0] for row in shown],
+                         {"missing, a loss": [row[1] for row in shown],
+                          "missing, no loss (told failed, unknown, quarantined)":
+                              [row[2] for row in shown],
+                          "duplicates": [row[3] for row in shown]}, ylabel="records")
         out.append(_png(lambda path: bars(path, [panel], horizontal=True, colors={
-            "missing": "#e45756", "duplicates": "#f58518"})))
+            "missing, a loss": "#e45756",
+            "missing, no loss (told failed, unknown, quarantined)": "#9ecae9",
+            "duplicates": "#f58518"})))
     measured = [s for s in report.latency if s.histogram]
     if measured:
         panels = [BarPanel(f"{s.origin} → {s.region}: {s.count:,} records, p99 "
