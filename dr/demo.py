@@ -36,7 +36,8 @@ from dr.stack.local import LocalStack
 from dr.stack.paths import StackPaths
 from dr.stack.services import Services
 
-__all__ = ["Agreement", "DemoResult", "agreement_of", "journals_flushed", "run_demo"]
+__all__ = ["Agreement", "DemoResult", "agreement_of", "journals_flushed", "reconcile_drill",
+           "run_demo"]
 
 log = structlog.get_logger("crossdc.demo")
 
@@ -267,11 +268,19 @@ async def _drill_with_display(topology: Topology, plan: DrillPlan, cfg: DrillCon
 
 def _reconcile(topology: Topology, topology_path: Path, paths: StackPaths,
                drill: DrillReport, console: Console) -> tuple[Path, Report]:
+    from dr.stack.toolchain import ensure_spark_kafka_jars
+    jars = ensure_spark_kafka_jars(paths)
+    with console.status("reconciling (Spark, local mode)"):
+        return reconcile_drill(topology, topology_path, jars, drill)
+
+
+def reconcile_drill(topology: Topology, topology_path: Path, jars: Path,
+                    drill: DrillReport) -> tuple[Path, Report]:
     """The Spark job over the drill's topics and the drill's time (thresholds: the
-    defaults; every missing record listed); returns the HTML report and the report."""
+    defaults; every missing record listed), its reports written beside the drill's;
+    returns the HTML report's path and the report."""
     from dr.reconcile.report import write_html, write_json
     from dr.reconcile.run import RunSettings, run
-    from dr.stack.toolchain import ensure_spark_kafka_jars
     assert drill.files is not None
     out = Path(drill.files.folder) / "reconcile"
     out.mkdir(parents=True, exist_ok=True)
@@ -281,10 +290,8 @@ def _reconcile(topology: Topology, topology_path: Path, paths: StackPaths,
     settings = RunSettings(topology=topology, topology_path=str(topology_path),
                            regions=[r.name for r in topology.regions], topics=f"({regex})",
                            since_ms=drill.started_ms, until_ms=until, grace_s=5.0,
-                           driver_memory="1g", max_details=1_000_000)
-    settings.jars_dir = ensure_spark_kafka_jars(paths)
-    with console.status("reconciling (Spark, local mode)"):
-        report = run(settings)
+                           driver_memory="1g", max_details=1_000_000, jars_dir=jars)
+    report = run(settings)
     write_json(report, out / "report.json")
     write_html(report, out / "report.html")
     return out / "report.html", report

@@ -25,7 +25,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from crossdc.topology import load_topology, split_hostport
 from proxy import memdebug
-from proxy.config import ProxyConfig, TlsSettings
+from proxy.config import JournalSettings, ProxyConfig, TlsSettings
 from proxy.server import ProxyServer
 
 __all__ = ["serve", "serve_workers", "tune_gc"]
@@ -58,16 +58,17 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 registry: CollectorRegistry | None = None,
                 primary_lease_s: float = 5.0, primary_write_s: float = 1.5,
                 reuse_port: bool = False,
-                idempotency_log: bool = False, serve_metrics: bool = True,
+                idempotency_log: bool = False, journal: bool = True,
+                serve_metrics: bool = True,
                 watch: Callable[[ProxyServer], Coroutine[Any, Any, None]] | None = None,
                 ) -> None:
     """Run the proxy until SIGTERM/SIGINT; ProxyTaskFailed if a background loop fails.
     `primary_lease_s`, `primary_write_s`: the ProxyConfig fields (at most the controller's).
     `registry`: the Prometheus registry (default: the process's global one).
-    `reuse_port`, `idempotency_log`: the ProxyConfig fields. `serve_metrics` False: no
-    metrics port (a worker's supervisor serves its metrics). `watch(server)`: a coroutine
-    run while serving (a worker reports its health to the supervisor with it), cancelled
-    when the drain begins."""
+    `reuse_port`, `idempotency_log`, `journal` (`journal.enabled`): the ProxyConfig fields.
+    `serve_metrics` False: no metrics port (a worker's supervisor serves its metrics).
+    `watch(server)`: a coroutine run while serving (a worker reports its health to the
+    supervisor with it), cancelled when the drain begins."""
     topology = load_topology(topology_path)
     reg = topology.region(region)
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
@@ -78,7 +79,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                       grace_s=grace_s, register_consul=register_consul, auth_file=auth_path,
                       tls=tls, primary_lease_s=primary_lease_s,
                       primary_write_s=primary_write_s, reuse_port=reuse_port,
-                      idempotency_log=idempotency_log)
+                      idempotency_log=idempotency_log,
+                      journal=JournalSettings(enabled=journal))
     server = ProxyServer(topology, cfg, policy_path,
                          registry=REGISTRY if registry is None else registry)
     stop = asyncio.Event()
@@ -123,7 +125,7 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                         register_consul: bool = True, auth_path: Path | None = None,
                         tls: TlsSettings | None = None, primary_lease_s: float = 5.0,
                         primary_write_s: float = 1.5, idempotency_log: bool = True,
-                        log_format: str = "console",
+                        journal: bool = True, log_format: str = "console",
                         log_level: str = "warning",
                         ready: asyncio.Event | None = None) -> None:
     """`workers` server processes on one port (SO_REUSEPORT) under a supervisor in this
@@ -141,11 +143,13 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                       grace_s=grace_s, register_consul=register_consul, auth_file=auth_path,
                       tls=tls, primary_lease_s=primary_lease_s,
                       primary_write_s=primary_write_s, reuse_port=True,
-                      idempotency_log=idempotency_log)
+                      idempotency_log=idempotency_log,
+                      journal=JournalSettings(enabled=journal))
     spec = WorkerSpec(topology=topology_path, region=region, policy=policy_path,
                       host=cfg.host, port=cfg.port, grace_s=grace_s, auth=auth_path, tls=tls,
                       primary_lease_s=primary_lease_s, primary_write_s=primary_write_s,
-                      idempotency_log=idempotency_log, log_format=log_format, log_level=log_level)
+                      idempotency_log=idempotency_log, journal=journal, log_format=log_format,
+                      log_level=log_level)
     supervisor = ProxySupervisor(topology, cfg, spec, workers)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

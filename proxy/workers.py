@@ -87,6 +87,7 @@ class WorkerSpec(BaseModel):
     primary_lease_s: float = 5.0
     primary_write_s: float = 1.5
     idempotency_log: bool = True
+    journal: bool = True
     log_format: Literal["console", "json"] = "console"
     log_level: str = "warning"
     index: int = 0
@@ -411,7 +412,8 @@ def worker_main(argv: list[str]) -> int:
                           register_consul=False, auth_path=spec.auth, tls=spec.tls,
                           primary_lease_s=spec.primary_lease_s,
                           primary_write_s=spec.primary_write_s, reuse_port=True,
-                          idempotency_log=spec.idempotency_log, watch=_report))
+                          idempotency_log=spec.idempotency_log, journal=spec.journal,
+                          watch=_report))
     except CrossdcError as exc:
         log.error("proxy_worker_failed", worker=spec.index, error=str(exc))
         return 1

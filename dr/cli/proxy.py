@@ -81,6 +81,11 @@ def proxy_serve(
         "--shared-idempotency/--local-idempotency", help="Share idempotency outcomes with "
         "the region's other proxies and workers (a compacted topic in the region's Kafka), "
         "so a retry reaching another process is not written twice.")] = True,
+    journal: Annotated[bool, typer.Option(
+        "--journal/--no-journal", help="Append what each client was told about each record "
+        "to the region's outcome journal (`_crossdc.proxy.outcomes`), which `dr reconcile` "
+        "reads to tell a lost acknowledged record from a write its client was told failed; "
+        "--no-journal: those records are judged as if written straight to Kafka.")] = True,
 ) -> None:
     """Run the region's routing proxy until SIGTERM (drain); SIGHUP reloads the policy (and
     the auth file)."""
@@ -106,7 +111,7 @@ def proxy_serve(
         run(serve(path, region, policy, port=port, metrics_port=metrics_port, host=host,
                   grace_s=grace_s, register_consul=not no_consul, auth_path=auth, tls=tls,
                   primary_lease_s=primary_lease_s, primary_write_s=primary_write_s,
-                  idempotency_log=shared_idempotency))
+                  idempotency_log=shared_idempotency, journal=journal))
         return
     from proxy.serve import serve_workers
     root = ctx.parent.params if ctx.parent is not None else {}
@@ -114,7 +119,7 @@ def proxy_serve(
                       host=host, grace_s=grace_s, register_consul=not no_consul,
                       auth_path=auth, tls=tls, primary_lease_s=primary_lease_s,
                       primary_write_s=primary_write_s,
-                      idempotency_log=shared_idempotency,
+                      idempotency_log=shared_idempotency, journal=journal,
                       log_format=str(root.get("log_format") or "console"),
                       log_level=str(root.get("log_level") or "warning")))
 

@@ -13,12 +13,20 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from kafka_helpers import read_all
+from aiokafka.admin import AIOKafkaAdminClient
+from kafka_helpers import create_topic, eventually, read_all
 from stacks import Deployment, deployment
+from tests_support import write_topology
 
 from dr.controller.datacenters import Datacenters
+from dr.demo import agreement_of, journals_flushed, reconcile_drill
+from dr.drill.count import judge, read_back
 from dr.drill.report import DrillReport, Thresholds
 from dr.drill.run import DrillConfig, plan_drill, run_drill
+from dr.drill.traffic import read_ack_log
+from dr.reconcile.verdict import loss_line
+from dr.stack.paths import StackPaths
+from dr.stack.toolchain import ensure_spark_kafka_jars
 
 # The drills in short: `make test-more` (the demo runs the primary-outage drill in CI too).
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
@@ -96,11 +104,19 @@ async def _primary(dep: Deployment) -> str:
     return cur.writable
 
 
-async def test_primary_outage_fails_over_and_back_without_losing_a_sync_record(
-        dep: Deployment, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+async def outage(dep: Deployment, tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[str, DrillReport]:
+    """One primary-outage drill (the primary before it, its report), shared by the tests
+    that judge it."""
     before = await _primary(dep)
-    report = await _drill(dep, "primary-outage", tmp_path, duration_s=25,
-                          max_detection_s=3, max_rto_s=15)
+    return before, await _drill(dep, "primary-outage", tmp_path_factory.mktemp("outage"),
+                                duration_s=25, max_detection_s=3, max_rto_s=15)
+
+
+async def test_primary_outage_fails_over_and_back_without_losing_a_sync_record(
+        dep: Deployment, outage: tuple[str, DrillReport]) -> None:
+    before, report = outage
     assert report.passed, report.breaches
     assert report.primary_before == before
     assert report.primary_after != before, "the controller failed over"
@@ -114,6 +130,65 @@ async def test_primary_outage_fails_over_and_back_without_losing_a_sync_record(
     assert "failback:promote" in names
     assert await _primary(dep) == before, "failed back"
     _check_counts(report, await _independent(dep, report))
+
+
+async def test_the_drill_and_the_reconciliation_agree_then_both_fail_a_seeded_loss(
+        dep: Deployment, outage: tuple[str, DrillReport], tmp_path: Path) -> None:
+    """Issue 23: after a drill with a real outage, the drill's read-back and the Spark
+    reconciliation (with the proxies' journals) name the same missing acknowledged copies,
+    none; then the acknowledged sync records are deleted from west with a plain Kafka client
+    and both fail, naming the same records."""
+    _, report = outage
+    assert report.files is not None
+    metrics = [f"127.0.0.1:{r.proxy.metrics_port}" for r in dep.topology.regions
+               if r.proxy is not None and r.proxy.metrics_port]
+    assert await journals_flushed(metrics, timeout_s=60)
+    path = tmp_path / "topology.yaml"
+    write_topology(dep.topology, path)
+    jars = ensure_spark_kafka_jars(StackPaths.default())
+    _, clean = await asyncio.to_thread(reconcile_drill, dep.topology, path, jars, report)
+    agreement = await agreement_of(dep.topology, report, clean)
+    assert agreement.agree, agreement.summary()
+    assert not agreement.drill
+    assert clean.verdict is not None
+    assert clean.verdict.status == "ok", clean.verdict.summary
+    assert clean.totals.journaled >= report.acked_records
+
+    ledger = report.topics["sync"]
+    west = dep.bootstrap("west")
+    acks = read_ack_log(Path(report.files.folder) / (report.files.ack_log or "acks.jsonl"))
+    acked_sync = {a.dr_id for a in acks if a.topic == ledger}
+    assert acked_sync
+    partitions = len(next(t for t in clean.topics if t.topic == ledger).partitions)
+    admin = AIOKafkaAdminClient(bootstrap_servers=west)
+    await admin.start()
+    try:
+        await admin.delete_topics([ledger])
+    finally:
+        await admin.close()
+
+    async def recreated() -> bool:
+        try:
+            await create_topic(west, ledger, partitions=partitions)
+        except AssertionError:
+            return False
+        return True
+    await eventually(recreated, 60, f"{ledger} recreated empty in west")
+
+    _, lossy = await asyncio.to_thread(reconcile_drill, dep.topology, path, jars, report)
+    agreement = await agreement_of(dep.topology, report, lossy)
+    seeded = {(i, "west") for i in acked_sync}
+    assert agreement.drill == seeded, "the read-back finds every acknowledged copy gone"
+    assert agreement.reconcile == seeded, agreement.summary()
+    held = await read_back(dep.topology, report.topics.values())
+    judged = judge(acks, held, [r.name for r in dep.topology.regions])
+    assert judged.modes["sync"].missing_replicas == {"west": len(acked_sync)}
+    assert lossy.verdict is not None
+    assert lossy.verdict.status == "fail"
+    assert lossy.verdict.summary.startswith(
+        f"FAIL: {len(acked_sync):,} acknowledged missing in west"), lossy.verdict.summary
+    assert loss_line(lossy).startswith(
+        f"acknowledged records lost: YES, {len(acked_sync):,} missing copies (west ")
 
 
 async def test_proxy_outage_moves_the_producers_and_loses_nothing(
