@@ -8,7 +8,8 @@ picked free at start, so the suite runs beside a `dr up` demo stack or another s
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from stacks import StackInfo
@@ -19,6 +20,7 @@ from dr.stack.docker import docker_available
 from dr.stack.local import LocalStack
 from dr.stack.paths import StackPaths
 from dr.stack.ports import free_topology
+from dr.stack.toolchain import ensure_spark_kafka_jars
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +60,19 @@ async def two_regions(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
         yield StackInfo(topo, path, lstack, "local")
     finally:
         await LocalStack.down(paths)
+
+
+@pytest.fixture(scope="module")
+def jars() -> Path:
+    """The Spark Kafka connector's jars (`dr setup` fetched them)."""
+    return ensure_spark_kafka_jars(StackPaths.default())
+
+
+@pytest.fixture(scope="module")
+def spark_cleanup() -> Iterator[None]:
+    """The module's Spark session is stopped at its end (the JVM's memory back)."""
+    yield
+    from pyspark.sql import SparkSession
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()

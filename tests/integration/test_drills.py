@@ -25,8 +25,6 @@ from dr.drill.report import DrillReport, Thresholds
 from dr.drill.run import DrillConfig, plan_drill, run_drill
 from dr.drill.traffic import read_ack_log
 from dr.reconcile.verdict import loss_line
-from dr.stack.paths import StackPaths
-from dr.stack.toolchain import ensure_spark_kafka_jars
 
 # The drills in short: `make test-more` (the demo runs the primary-outage drill in CI too).
 pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
@@ -133,7 +131,8 @@ async def test_primary_outage_fails_over_and_back_without_losing_a_sync_record(
 
 
 async def test_the_drill_and_the_reconciliation_agree_then_both_fail_a_seeded_loss(
-        dep: Deployment, outage: tuple[str, DrillReport], tmp_path: Path) -> None:
+        dep: Deployment, outage: tuple[str, DrillReport], tmp_path: Path, jars: Path,
+        spark_cleanup: None) -> None:
     """Issue 23: after a drill with a real outage, the drill's read-back and the Spark
     reconciliation (with the proxies' journals) name the same missing acknowledged copies,
     none; then the acknowledged sync records are deleted from west with a plain Kafka client
@@ -145,7 +144,6 @@ async def test_the_drill_and_the_reconciliation_agree_then_both_fail_a_seeded_lo
     assert await journals_flushed(metrics, timeout_s=60)
     path = tmp_path / "topology.yaml"
     write_topology(dep.topology, path)
-    jars = ensure_spark_kafka_jars(StackPaths.default())
     _, clean = await asyncio.to_thread(reconcile_drill, dep.topology, path, jars, report)
     agreement = await agreement_of(dep.topology, report, clean)
     assert agreement.agree, agreement.summary()

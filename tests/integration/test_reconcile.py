@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,6 @@ from kafka_helpers import create_topic, produce, unique
 
 from dr.reconcile import Report, RunSettings, run
 from dr.reconcile.errors import NoTopics
-from dr.stack.paths import StackPaths
-from dr.stack.toolchain import ensure_spark_kafka_jars
 from mirror.rules import plan
 
 APPEND = {"message.timestamp.type": "LogAppendTime"}
@@ -120,20 +117,6 @@ async def seeded(two_regions) -> Seeded:  # type: ignore[no-untyped-def]
     s.absent_ids = [dict(r[2])["dr-id"].decode() for r in absent_recs]
     await produce(east, s.absent, absent_recs)
     return s
-
-
-@pytest.fixture(scope="module")
-def jars() -> Path:
-    return ensure_spark_kafka_jars(StackPaths.default())
-
-
-@pytest.fixture(scope="module")
-def spark_cleanup() -> Iterator[None]:
-    yield
-    from pyspark.sql import SparkSession
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        active.stop()
 
 
 def _settings(two_regions, topics: str, jars: Path, **kw: object) -> RunSettings:  # type: ignore[no-untyped-def]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,6 @@ from kafka_helpers import create_topic, produce, unique
 from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, UNKNOWN, Entry, encode
 from crossdc.quarantine import QUARANTINE_TOPIC, quarantine_headers
 from dr.reconcile import Report, RunSettings, run
-from dr.stack.paths import StackPaths
-from dr.stack.toolchain import ensure_spark_kafka_jars
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -96,20 +93,6 @@ async def seeded(two_regions: Any) -> Seeded:
     await produce(east, JOURNAL_TOPIC, [(None, encode(entries[:4]), []),
                                         (None, encode(entries[4:]), [])], partition=0)
     return s
-
-
-@pytest.fixture(scope="module")
-def jars() -> Path:
-    return ensure_spark_kafka_jars(StackPaths.default())
-
-
-@pytest.fixture(scope="module")
-def spark_cleanup() -> Iterator[None]:
-    yield
-    from pyspark.sql import SparkSession
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        active.stop()
 
 
 def _run(two_regions: Any, topics: str, jars: Path) -> Report:
