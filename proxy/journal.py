@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import structlog
@@ -34,7 +33,7 @@ from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import KafkaAdmin, kafka_kw
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
-from crossdc.outcomes import CHUNK, JOURNAL_TOPIC, Entry, encode, written_text
+from crossdc.outcomes import CHUNK, JOURNAL_TOPIC, Group, encode
 from crossdc.settings import RetrySettings
 
 if TYPE_CHECKING:
@@ -65,7 +64,8 @@ class OutcomeJournal(Lifecycle):
         self.linger_s = linger_s
         self.retry_s = retry_s
         self.max_queued = max_queued
-        self._queue: deque[Entry] = deque()
+        self._queue: deque[Group] = deque()
+        self._queued = 0  # outcomes in `_queue`
         self._sending = 0  # outcomes in appends not answered yet
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -75,23 +75,25 @@ class OutcomeJournal(Lifecycle):
         metrics.journal_pending.set_function(lambda: self.pending)
 
     # -- the router's side -----------------------------------------------------------------
-    def record(self, dr_id: str, topic: str, status: str,
-               written: Iterable[tuple[str, int, int]], ts_ms: int) -> None:
-        """Queue one outcome (never waits): `written` the copies Kafka acknowledged,
-        `ts_ms` the record's dr-ts."""
-        if self.closed:
+    def record(self, topic: str, ts_ms: int, entries: list[list[str]]) -> None:
+        """Queue the outcomes of one call's records of `topic` (never waits): per record
+        `[dr_id, status, written]` (`crossdc.outcomes`), `ts_ms` their dr-ts."""
+        if self.closed or not entries:
             return
-        if len(self._queue) >= self.max_queued:  # own Kafka down a long time: bounded memory
-            self._queue.popleft()
-            self.metrics.journal_dropped.inc()
-        self._queue.append(Entry(dr_id, topic, status, written_text(written), str(ts_ms)))
+        self._queue.append(Group(topic, str(ts_ms), entries))
+        self._queued += len(entries)
+        while self._queued > self.max_queued and len(self._queue) > 1:
+            # the own region's Kafka down a long time: bounded memory, the oldest dropped
+            dropped = self._queue.popleft()
+            self._queued -= len(dropped.entries)
+            self.metrics.journal_dropped.inc(len(dropped.entries))
         self._idle.clear()
         self._wake.set()
 
     @property
     def pending(self) -> int:
         """Outcomes not appended yet (queued, or in an append not answered yet)."""
-        return len(self._queue) + self._sending
+        return self._queued + self._sending
 
     async def flushed(self, timeout_s: float) -> bool:
         """Until every outcome recorded so far is appended (True), or `timeout_s` passed."""
@@ -157,10 +159,18 @@ class OutcomeJournal(Lifecycle):
         if not self._queue:
             self._settle()
             return True
-        items = list(self._queue)
+        groups, queued = list(self._queue), self._queued
         self._queue.clear()
-        self._sending += len(items)
-        chunks = [items[i:i + CHUNK] for i in range(0, len(items), CHUNK)]
+        self._queued = 0
+        self._sending += queued
+        chunks: list[list[Group]] = [[]]
+        size = 0
+        for g in groups:  # up to CHUNK outcomes a journal record (a group is never split)
+            if size and size + len(g.entries) > CHUNK:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(g)
+            size += len(g.entries)
         try:
             futures = [await producer.send(self.topic, encode(c), partition=0)
                        for c in chunks]
@@ -168,28 +178,32 @@ class OutcomeJournal(Lifecycle):
         except KafkaError as exc:
             results = [exc] * len(chunks)
         except BaseException:  # cancelled (stopping): `stop()` appends them again
-            self._queue.extendleft(reversed(items))
+            self._requeue(groups)
             raise
         finally:
-            self._sending -= len(items)
+            self._sending -= queued
         failed = [c for c, r in zip(chunks, results, strict=True)
                   if isinstance(r, BaseException)]
-        appended = len(items) - sum(len(c) for c in failed)
-        if appended:
-            self.metrics.journal_appended.inc(appended)
+        lost = sum(len(g.entries) for c in failed for g in c)
+        if queued - lost:
+            self.metrics.journal_appended.inc(queued - lost)
         if failed:
-            for c in reversed(failed):
-                self._queue.extendleft(reversed(c))
-            while len(self._queue) > self.max_queued:
-                self._queue.pop()
-                self.metrics.journal_dropped.inc()
+            self._requeue([g for c in failed for g in c])
             err = next(r for r in results if isinstance(r, BaseException))
             self.metrics.journal_errors.inc()
-            self.log.warning("journal_append_failed", outcomes=len(self._queue),
-                             error=repr(err))
+            self.log.warning("journal_append_failed", outcomes=self._queued, error=repr(err))
             return False
         self._settle()
         return True
+
+    def _requeue(self, groups: list[Group]) -> None:
+        """Put groups back in front of the queue (older than what came meanwhile)."""
+        self._queue.extendleft(reversed(groups))
+        self._queued += sum(len(g.entries) for g in groups)
+        while self._queued > self.max_queued and len(self._queue) > 1:
+            dropped = self._queue.pop()  # the newest, so what waited longest goes first
+            self._queued -= len(dropped.entries)
+            self.metrics.journal_dropped.inc(len(dropped.entries))
 
     def _settle(self) -> None:
         if not self._queue and not self._sending:
@@ -202,8 +216,8 @@ class OutcomeJournal(Lifecycle):
         producer, self._producer = self._producer, None
         limit = None if deadline is None else max(0.1, deadline - time.monotonic())
         if producer is None:
-            if self._queue:
-                self.log.warning("journal_not_appended", outcomes=len(self._queue))
+            if self._queued:
+                self.log.warning("journal_not_appended", outcomes=self._queued)
             return
         try:
             async with asyncio.timeout(limit):

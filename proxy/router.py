@@ -39,7 +39,7 @@ from typing import Any, Literal, NamedTuple, NoReturn
 import structlog
 
 from crossdc.headers import Mode
-from crossdc.outcomes import ACKED, FAILED, UNKNOWN
+from crossdc.outcomes import ACKED, FAILED, UNKNOWN, written_text
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from proxy.errors import (
@@ -311,9 +311,11 @@ class Router:
     @staticmethod
     def _journal(journal: OutcomeJournal, records: Sequence[Incoming], outs: list[Outcome],
                  groups: dict[tuple[Mode, str], list[int]], ended: bool, ts_ms: int) -> None:
-        """What each client is told about each record written (`proxy.journal`): a write
-        cut short (cancelled: the proxy is stopping) or past its deadline is UNKNOWN."""
-        for idxs in groups.values():
+        """What each client is told about each record written (`proxy.journal`), one group
+        per topic: a write cut short (cancelled: the proxy is stopping) or past its deadline
+        is UNKNOWN."""
+        for (_, topic), idxs in groups.items():
+            entries = []
             for i in idxs:
                 o = outs[i]
                 if not ended or isinstance(o.error, DeadlineExceeded):
@@ -322,7 +324,14 @@ class Router:
                     status = ACKED
                 else:
                     status = FAILED
-                journal.record(o.dr_id, records[i].topic, status, o.written, ts_ms)
+                ws = o.written
+                if len(ws) == 1:  # the common case, without the generic join
+                    w = ws[0]
+                    written = f"{w.region}:{w.partition}:{w.offset}"
+                else:
+                    written = written_text(ws)
+                entries.append([o.dr_id, status, written])
+            journal.record(topic, ts_ms, entries)
 
     async def _catch_up(self, shared: IdempotencyLog, deadline: float) -> None:
         """Read the shared idempotency log up to its end (bounded); when it cannot be, the

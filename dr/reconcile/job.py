@@ -49,7 +49,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from crossdc.clients.kafka import spark_kafka_options
-from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, UNKNOWN
+from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, SPARK_SCHEMA, UNKNOWN
 from crossdc.quarantine import DR_Q_TOPIC, QUARANTINE_TOPIC
 from dr.reconcile.errors import SparkFailed
 from dr.reconcile.model import (
@@ -616,14 +616,14 @@ class _Comparison:
                  until_ms: int) -> DataFrame | None:
         if not frames:
             return None
-        e = F.col("e")
+        g, e = F.col("g"), F.col("e")
         entries = None
         for _, f in frames:
             one = (f.select(F.explode(F.from_json(F.col("value").cast("string"),
-                                                  "array<array<string>>")).alias("e"))
-                   .select(e[0].alias("jid"), _code(e[1], self.topics).alias("tc"),
-                           e[2].alias("st"), e[3].alias("jw"),
-                           e[4].try_cast("bigint").alias("ts")))
+                                                  SPARK_SCHEMA)).alias("g"))
+                   .select(_code(g["t"], self.topics).alias("tc"),
+                           g["ts"].try_cast("bigint").alias("ts"), F.explode(g["e"]).alias("e"))
+                   .select("tc", "ts", e[0].alias("jid"), e[1].alias("st"), e[2].alias("jw")))
             entries = one if entries is None else entries.unionByName(one)
         assert entries is not None
         keep = F.col("tc").isNotNull() & (F.col("ts") < F.lit(until_ms))

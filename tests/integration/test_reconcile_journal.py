@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kafka_helpers import create_topic, produce, unique
 
-from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, UNKNOWN, Entry, encode
+from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, UNKNOWN, Group, encode
 from crossdc.quarantine import QUARANTINE_TOPIC, quarantine_headers
 from dr.reconcile import Report, RunSettings, run
 
@@ -76,22 +76,24 @@ async def seeded(two_regions: Any) -> Seeded:
     await produce(east, s.failed_only, [(None, i.encode(), _headers(i, now))
                                         for i in s.failed_only_ids], partition=0)
 
-    def entry(dr_id: str, topic: str, status: str, written: str) -> Entry:
-        return Entry(dr_id, topic, status, written, str(now))
-    entries = [entry(i, s.mixed, ACKED, f"east:0:{at[i]}") for i in s.ids["acknowledged"]]
-    # a first try told failed, then its retry acknowledged: the strongest outcome counts
-    entries.insert(0, entry(s.ids["acknowledged"][0], s.mixed, FAILED, ""))
-    entries += [entry(i, s.mixed, FAILED, f"east:0:{at[i]}") for i in s.ids["told_failed"]]
-    entries += [entry(i, s.mixed, UNKNOWN, "") for i in s.ids["unknown"]]
-    entries += [entry(q, s.mixed, ACKED, f"east:0:{at[q]}")]  # the deposed primary's ack
-    entries += [entry(i, s.mixed, ACKED, f"east:0:{at[i]},west:0:{m.offset}")
-                for i, m in zip(s.both, west_metas, strict=True)]
-    entries += [entry(s.lost_everywhere, s.mixed, ACKED, "east:0:99999")]
-    entries += [entry(i, s.failed_only, FAILED, "east:0:0") for i in s.failed_only_ids]
-    entries += [entry(uuid.uuid4().hex, f"{prefix}-elsewhere", ACKED, "east:0:1")]
+    def group(topic: str, entries: list[tuple[str, str, str]]) -> Group:
+        return Group(topic, str(now), [list(e) for e in entries])
+    ack = s.ids["acknowledged"]
+    groups = [
+        # a first try told failed, then its retry acknowledged: the strongest outcome counts
+        group(s.mixed, [(ack[0], FAILED, "")]),
+        group(s.mixed, [(i, ACKED, f"east:0:{at[i]}") for i in ack]),
+        group(s.mixed, [(i, FAILED, f"east:0:{at[i]}") for i in s.ids["told_failed"]]
+              + [(i, UNKNOWN, "") for i in s.ids["unknown"]]),
+        group(s.mixed, [(q, ACKED, f"east:0:{at[q]}")]),  # the deposed primary's ack
+        group(s.mixed, [(i, ACKED, f"east:0:{at[i]},west:0:{m.offset}")
+                        for i, m in zip(s.both, west_metas, strict=True)]),
+        group(s.mixed, [(s.lost_everywhere, ACKED, "east:0:99999")]),
+        group(s.failed_only, [(i, FAILED, "east:0:0") for i in s.failed_only_ids]),
+        group(f"{prefix}-elsewhere", [(uuid.uuid4().hex, ACKED, "east:0:1")])]
     # the journal of a proxy that wrote nothing else: no entry for the "unjournaled" one
-    await produce(east, JOURNAL_TOPIC, [(None, encode(entries[:4]), []),
-                                        (None, encode(entries[4:]), [])], partition=0)
+    await produce(east, JOURNAL_TOPIC, [(None, encode(groups[:3]), []),
+                                        (None, encode(groups[3:]), [])], partition=0)
     return s
 
 
