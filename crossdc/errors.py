@@ -2,6 +2,7 @@
 
     CrossdcError                 root (this module)
     ├── ConfigError              a file or message a user wrote is invalid (file, line, field)
+    ├── NoKafkaPrincipal         a client of a SASL region was built naming no principal
     ├── ClientError              a server (Kafka, Consul) could not be asked (retriable)
     │   ├── ClientRefused        it answered no for good (ACL denied, bad request)
     │   └── CasAmbiguous         a compare-and-set whose outcome could not be read back
@@ -32,6 +33,7 @@ __all__ = [
     "ConfigIssue",
     "CrossdcError",
     "MissingExtra",
+    "NoKafkaPrincipal",
     "OffsetsError",
     "OffsetsUnavailable",
     "PartitionMismatch",
@@ -72,6 +74,24 @@ class ConfigError(CrossdcError):
         """Issues found beyond the ones listed (the list is capped)."""
         tail = [f"... and {more} more issue(s)"] if more else []
         super().__init__("\n".join([*(str(i) for i in issues), *tail]))
+
+
+class NoKafkaPrincipal(CrossdcError):
+    """A Kafka client of a region whose topology has `security:` (SASL/SCRAM) was built
+    naming no principal to authenticate as: refused, never a guess. `region` (None when only
+    the brokers are known) and `bootstrap` say which cluster."""
+
+    exit_code = 2
+
+    def __init__(self, region: str | None, bootstrap: str) -> None:
+        self.region = region
+        self.bootstrap = bootstrap
+        where = f"region {region} ({bootstrap})" if region else f"Kafka at {bootstrap}"
+        super().__init__(
+            f"{where} takes SASL/SCRAM clients only (its topology has `security:`), and this "
+            f"client names no principal to authenticate as: name one (`dr` commands: "
+            f"--principal NAME or $CROSSDC_KAFKA_PRINCIPAL; a component passes its own, "
+            f"e.g. crossdc-proxy), or pin one in the region's security.username")
 
 
 class ClientError(CrossdcError):

@@ -16,6 +16,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin
@@ -170,10 +171,12 @@ def effective_primary(topology: Topology, views: dict[str, PrimaryView]) -> Prim
                          source="consul", agree=agree, note=note)
 
 
-async def probe_kafka(region: Region, expected: int | None, timeout_s: float) -> KafkaStatus:
-    """Brokers and quorum of one region; failures land in `error`, never raise."""
-    admin = KafkaAdmin(region.kafka.bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000),
-                       client_id="crossdc-status")
+async def probe_kafka(region: Region, expected: int | None, timeout_s: float, *,
+                      principal: str | None = None) -> KafkaStatus:
+    """Brokers and quorum of one region, asked as `principal` (SASL/SCRAM regions); failures
+    land in `error` (a secure region and no principal named: `NoKafkaPrincipal`, raised)."""
+    admin = KafkaAdmin(KafkaConnection.of(region, principal=principal), ONCE,
+                       request_timeout_ms=int(timeout_s * 1000), client_id="crossdc-status")
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
@@ -230,13 +233,14 @@ async def probe_primary(region: HasConsul, timeout_s: float) -> PrimaryView:
 
 
 async def probe_topology(topology: Topology, source: str, brokers_expected: int | None = None,
-                         timeout_s: float = 5.0) -> StackStatus:
-    """Probe every region and witness concurrently."""
+                         timeout_s: float = 5.0, *, principal: str | None = None
+                         ) -> StackStatus:
+    """Probe every region and witness concurrently (Kafka as `principal`)."""
     wan = len(topology.datacenters)
 
     async def one(region: Region) -> tuple[KafkaStatus, ConsulStatus, PrimaryView]:
         return await asyncio.gather(
-            probe_kafka(region, brokers_expected, timeout_s),
+            probe_kafka(region, brokers_expected, timeout_s, principal=principal),
             probe_consul(region, wan, timeout_s),
             probe_primary(region, timeout_s))
 

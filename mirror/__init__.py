@@ -1,6 +1,7 @@
 """crossdc's mirror: same-name active-active replication with loop prevention by headers.
 
-`MirrorWorker(flow, source_bootstrap, target_bootstrap)` runs one flow (a `crossdc.topology.Flow`);
+`MirrorWorker(flow, source, target)` runs one flow (a `crossdc.topology.Flow`) between two
+`crossdc.clients.connection.KafkaConnection`s;
 `dr mirror run` runs flows from the command line or the topology file, and
 `dr offsets translate` moves a consumer group between regions.
 """

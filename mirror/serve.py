@@ -14,6 +14,8 @@ import structlog
 from prometheus_client import Counter
 
 from crossdc.aio import cancelled_from_outside, sleep_unless
+from crossdc.clients.connection import KafkaConnection
+from crossdc.security import MIRROR
 from crossdc.settings import Backoff
 from crossdc.topology import Flow, Topology
 from mirror.errors import MirrorError
@@ -25,12 +27,15 @@ __all__ = ["Restart", "serve", "supervise", "worker_for"]
 log = structlog.get_logger("crossdc.mirror.supervisor")
 
 
-def worker_for(topo: Topology, f: Flow, metrics: MirrorMetrics) -> MirrorWorker:
+def worker_for(topo: Topology, f: Flow, metrics: MirrorMetrics, *,
+               principal: str) -> MirrorWorker:
+    """The worker of flow `f`, its Kafka clients authenticating as `principal` (SASL/SCRAM
+    regions)."""
     # Each worker follows crossdc/primary in its target's Consul and its source's (the epoch
     # rule: the divergent tail of a lost primary is quarantined, never carried behind newer
     # records).
-    return MirrorWorker(f, topo.region(f.source).kafka.bootstrap,
-                        topo.region(f.target).kafka.bootstrap, metrics,
+    return MirrorWorker(f, KafkaConnection.of(topo.region(f.source), principal=principal),
+                        KafkaConnection.of(topo.region(f.target), principal=principal), metrics,
                         consul_http_addrs=[topo.region(f.target).consul.http_addr,
                                            topo.region(f.source).consul.http_addr])
 
@@ -51,7 +56,8 @@ class Restart:
 
 
 async def supervise(topo: Topology, flow: Flow, metrics: MirrorMetrics,
-                     restarts: Counter, stop: asyncio.Event, policy: Restart) -> None:
+                     restarts: Counter, stop: asyncio.Event, policy: Restart, *,
+                     principal: str = MIRROR) -> None:
     """One flow under `--restart`: run a worker; when it ends with an error (its target gone
     past its assignment budget, a failed start, ...), log it and start a fresh one after a
     bounded pause. Ends when `stop` is set (or when cancelled: the worker is stopped first)."""
@@ -59,7 +65,7 @@ async def supervise(topo: Topology, flow: Flow, metrics: MirrorMetrics,
     failures = 0
     while not stop.is_set():
         started = time.monotonic()
-        worker = worker_for(topo, flow, metrics)
+        worker = worker_for(topo, flow, metrics, principal=principal)
         try:
             async with worker:  # stop() on the way out, whatever ended it
                 await worker.wait()
@@ -84,11 +90,13 @@ async def supervise(topo: Topology, flow: Flow, metrics: MirrorMetrics,
 
 
 async def serve(topo: Topology, flows: list[Flow], metrics_port: int | None,
-                 restart: Restart | None = None, metrics_host: str = "127.0.0.1") -> None:
+                restart: Restart | None = None, metrics_host: str = "127.0.0.1", *,
+                principal: str = MIRROR) -> None:
     """Every flow's worker in one TaskGroup. Without `restart`, a worker failing (or failing
     to start) stops the others and its error ends the command (exit 1, for a supervisor);
     with it, each flow's worker is restarted after a bounded pause (`supervise`).
-    SIGINT/SIGTERM drains the workers in order (each stop() bounded): exit 0."""
+    SIGINT/SIGTERM drains the workers in order (each stop() bounded): exit 0. `principal`:
+    what the workers' Kafka clients authenticate as (SASL/SCRAM regions)."""
     metrics = MirrorMetrics()
     restarts = Counter("crossdc_mirror_restarts", "Workers restarted after an error "
                        "(`dr mirror run --restart`)", ("source", "target"),
@@ -101,7 +109,8 @@ async def serve(topo: Topology, flows: list[Flow], metrics_port: int | None,
     signals = (signal.SIGINT, signal.SIGTERM)
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
-    workers = [] if restart is not None else [worker_for(topo, f, metrics) for f in flows]
+    workers = [] if restart is not None else [worker_for(topo, f, metrics, principal=principal)
+                                              for f in flows]
     supervisors: list[asyncio.Task[None]] = []
 
     async def flow(w: MirrorWorker) -> None:
@@ -122,7 +131,7 @@ async def serve(topo: Topology, flows: list[Flow], metrics_port: int | None,
                 tg.create_task(flow(w), name=f"flow:{w.flow.source}->{w.flow.target}")
             if restart is not None:
                 supervisors += [tg.create_task(supervise(topo, f, metrics, restarts, stop,
-                                                          restart),
+                                                          restart, principal=principal),
                                                name=f"flow:{f.source}->{f.target}:supervisor")
                                 for f in flows]
             # ends after the drain; cancelled by the group when a worker fails

@@ -40,6 +40,7 @@ from tenacity import (
 )
 
 from crossdc.aio import cancelled_from_outside, first_error, guard, sleep_unless
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import (
     KafkaError,
     MessageSizeTooLargeError,
@@ -48,7 +49,7 @@ from crossdc.clients.errors import (
     ProducerFenced,
     RecordTooLargeError,
 )
-from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
+from crossdc.clients.kafka import ONCE, KafkaAdmin
 from crossdc.clients.offsets import (
     MAP_PARTITION,
     POS_PARTITION,
@@ -140,7 +141,8 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
 class MirrorWorker(Lifecycle):
     """Run with `async with MirrorWorker(flow, src, dst): await worker.wait()` or
-    `start()` / `stop()`.
+    `start()` / `stop()`; `src` and `dst` are the two clusters as the mirror's principal
+    (`KafkaConnection.of(region, principal=MIRROR)`).
 
     `consul_http_addrs` (the target region's Consul agent first, then the source's): where
     the worker follows `crossdc/primary` for the epoch rule. While the target is the writable
@@ -148,12 +150,12 @@ class MirrorWorker(Lifecycle):
     `_crossdc.quarantine` on the target instead of its topic (mirror.quarantine). Without
     addresses the worker knows no primary and carries everything as before."""
 
-    def __init__(self, flow: Flow, source_bootstrap: str, target_bootstrap: str,
+    def __init__(self, flow: Flow, source: KafkaConnection, target: KafkaConnection,
                  metrics: MirrorMetrics | None = None, *,
                  consul_http_addrs: Sequence[str] | None = None) -> None:
         self.flow = flow
-        self.source_bootstrap = source_bootstrap
-        self.target_bootstrap = target_bootstrap
+        self.source = source
+        self.target = target
         self.metrics = metrics or MirrorMetrics()
         self.group = flow.group or f"crossdc-mirror-{flow.source}-{flow.target}"
         self.worker_id = flow.worker_id or socket.gethostname()
@@ -219,8 +221,8 @@ class MirrorWorker(Lifecycle):
 
     async def _open(self) -> None:
         # one try per call, as the discovery loop looks again every discovery_interval_s
-        self._src_admin = KafkaAdmin(self.source_bootstrap, ONCE)
-        self._dst_admin = KafkaAdmin(self.target_bootstrap, ONCE)
+        self._src_admin = KafkaAdmin(self.source, ONCE)
+        self._dst_admin = KafkaAdmin(self.target, ONCE)
         await self._src_admin.start()
         await self._dst_admin.start()
         await ensure_sync_topic(self._dst_admin, self.flow.source)
@@ -238,7 +240,7 @@ class MirrorWorker(Lifecycle):
             self._producer_kw["transaction_timeout_ms"] = _TXN_TIMEOUT_MS
         await self._new_producer()
         self._consumer = AIOKafkaConsumer(
-            **kafka_kw(self.source_bootstrap), group_id=self.group,
+            **self.source.aiokafka_kwargs(), group_id=self.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed" if self.flow.exactly_once
             else "read_uncommitted", max_partition_fetch_bytes=4 * 1024 * 1024,
@@ -261,7 +263,7 @@ class MirrorWorker(Lifecycle):
             self._sync_unacked = [(k, v, p, f if f is not None and f.done() and
                                    not f.cancelled() and f.exception() is None else None)
                                   for k, v, p, f in self._sync_unacked]
-        self._producer = AIOKafkaProducer(**kafka_kw(self.target_bootstrap),
+        self._producer = AIOKafkaProducer(**self.target.aiokafka_kwargs(),
                                           **self._producer_kw)
         await self._producer.start()
         # before a record is queued: the offset-sync topic, say, is written right after a
@@ -500,7 +502,7 @@ class MirrorWorker(Lifecycle):
                     before_sleep=log_retry, reraise=True):
                 with attempt:
                     left = max(1.0, deadline - time.monotonic())
-                    return await load_positions(self.target_bootstrap, self.flow.source,
+                    return await load_positions(self.target, self.flow.source,
                                                 timeout_s=left)
         except OffsetsUnavailable as exc:
             if self._stop_event.is_set():
@@ -518,7 +520,7 @@ class MirrorWorker(Lifecycle):
         `pos:` record (a worker died before recording them), so they are not sent again."""
         suffix = f",{self.flow.source},{self.flow.target}".encode()
         start = f"{self.flow.source},{self.flow.target}".encode()
-        c = AIOKafkaConsumer(**kafka_kw(self.target_bootstrap), enable_auto_commit=False)
+        c = AIOKafkaConsumer(**self.target.aiokafka_kwargs(), enable_auto_commit=False)
         try:
             await c.start()
         except BaseException:

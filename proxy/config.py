@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from crossdc.security import PROXY
 from crossdc.settings import RetrySettings
 
 __all__ = ["BreakerSettings", "HintSettings", "JournalSettings", "KafkaWriterSettings",
@@ -112,6 +113,9 @@ class ProxyConfig(_Model):
     """Everything `ProxyServer` needs besides the topology and the policy."""
 
     region: str = Field(description="The region this proxy runs in (a topology region).")
+    kafka_principal: str = Field(PROXY, min_length=1, description="The principal the "
+                                 "proxy's Kafka clients authenticate as in regions whose "
+                                 "topology has `security:` (SASL/SCRAM).")
     host: str = Field("127.0.0.1", description="Address the gRPC server binds.")
     port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port "

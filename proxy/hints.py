@@ -73,8 +73,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import IllegalStateError, KafkaError
-from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec, kafka_kw
+from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec
 from crossdc.errors import CrossdcError
 from crossdc.headers import DR_EPOCH, DR_ID
 from crossdc.settings import RetrySettings
@@ -311,15 +312,15 @@ class HintStore:
 
 # -- pending ---------------------------------------------------------------------------------
 
-async def pending_hints(bootstrap: str, region: str, targets: Sequence[str],
+async def pending_hints(conn: KafkaConnection, region: str, targets: Sequence[str],
                         timeout_s: float = 5.0) -> dict[str, int]:
-    """Hints stored in `region` (its Kafka at `bootstrap`) not replayed yet, per target: the end
+    """Hints stored in `region` (its Kafka: `conn`) not replayed yet, per target: the end
     offset of `hints_topic(target)` minus the group `hints_group(region)`'s committed offset
     (or the log start). 0 for a target without a hints topic there. Raises (ClientError,
     KafkaError, OSError, TimeoutError) when the cluster does not answer within `timeout_s`."""
-    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
-    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):
             await consumer.start()
@@ -389,8 +390,7 @@ class HintReplayer:
                  client_id: str, current: Callable[[], PrimaryRecord] | None = None) -> None:
         self.own = own
         self.topology = topology
-        self.bootstrap = topology.region(own).kafka.bootstrap
-        self.writers = writers
+        self.writers = writers  # each with its region's connection (`conn`)
         self.window = window
         self.metrics = metrics
         self.settings = settings
@@ -499,7 +499,7 @@ class HintReplayer:
         s = self.settings
         configs = {"cleanup.policy": "delete", "retention.ms": str(int(s.retention_s * 1000)),
                    "max.message.bytes": str(s.max_message_bytes)}
-        async with KafkaAdmin(self.topology.region(region).kafka.bootstrap,
+        async with KafkaAdmin(self.writers[region].conn,
                               RetrySettings(attempts=1, total_s=5.0, call_timeout_s=5.0),
                               client_id=self.client_id) as admin:
             replication = min(3, await admin.broker_count())
@@ -518,7 +518,8 @@ class HintReplayer:
         await self._own_ready.wait()
         while not self._closed:
             consumer = AIOKafkaConsumer(
-                **kafka_kw(self.bootstrap), group_id=self.group, client_id=self.client_id,
+                **self.writers[self.own].conn.aiokafka_kwargs(), group_id=self.group,
+                client_id=self.client_id,
                 enable_auto_commit=False, auto_offset_reset="earliest",
                 max_poll_interval_ms=600_000)
             consumer.subscribe(sorted(self.topics), listener=_Listener(self))

@@ -74,8 +74,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import KafkaAdmin, TopicSpec, kafka_kw
+from crossdc.clients.kafka import KafkaAdmin, TopicSpec
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
 from crossdc.settings import RetrySettings
@@ -264,12 +265,12 @@ class IdempotencyLog(Lifecycle):
     end offset as read after the call; `LogUnavailable` when it cannot be (not connected, too
     slow). Reading pauses `tail_idle_s` after the last retry."""
 
-    def __init__(self, bootstrap: str | list[str], topic: str, window: IdempotencyWindow,
+    def __init__(self, conn: KafkaConnection, topic: str, window: IdempotencyWindow,
                  metrics: ProxyMetrics, *, client_id: str, replication: int | None = None,
                  wait_s: float = 2.0, retry_s: float = 1.0,
                  max_queued: int = 100_000, linger_s: float = 0.02,
                  fetch_wait_ms: int = 50, tail_idle_s: float = 30.0) -> None:
-        self.bootstrap = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
+        self.conn = conn
         self.topic = topic
         self.window = window
         self.metrics = metrics
@@ -505,7 +506,7 @@ class IdempotencyLog(Lifecycle):
 
     async def _connect(self) -> bool:
         try:
-            async with KafkaAdmin(self.bootstrap, RetrySettings(attempts=1, total_s=5.0,
+            async with KafkaAdmin(self.conn, RetrySettings(attempts=1, total_s=5.0,
                                                                 call_timeout_s=5.0),
                                   client_id=self.client_id) as admin:
                 replication = self.replication or min(3, await admin.broker_count())
@@ -515,13 +516,13 @@ class IdempotencyLog(Lifecycle):
                      "retention.ms": str(int(self.window.window_s * 2000)),
                      "segment.ms": str(int(max(60.0, self.window.window_s) * 1000))})],
                     exist_ok=True)
-            producer = AIOKafkaProducer(**kafka_kw(self.bootstrap), acks="all",
+            producer = AIOKafkaProducer(**self.conn.aiokafka_kwargs(), acks="all",
                                         enable_idempotence=True, linger_ms=2,
                                         max_batch_size=1 << 19,
                                         client_id=self.client_id)
             # the broker holds a fetch until `fetch_wait_ms` has passed (or 1 MB is there):
             # a bounded number of fetches a second whatever the call rate
-            consumer = AIOKafkaConsumer(**kafka_kw(self.bootstrap), group_id=None,
+            consumer = AIOKafkaConsumer(**self.conn.aiokafka_kwargs(), group_id=None,
                                         enable_auto_commit=False,
                                         fetch_max_wait_ms=self.fetch_wait_ms,
                                         fetch_min_bytes=1 << 20,

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING
 import structlog
 from aiokafka import AIOKafkaProducer
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import KafkaAdmin, kafka_kw
+from crossdc.clients.kafka import KafkaAdmin
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
 from crossdc.outcomes import CHUNK, JOURNAL_TOPIC, Group, encode
@@ -51,11 +52,11 @@ class OutcomeJournal(Lifecycle):
     `proxy:journal`) connects, creates the topic if missing and appends what `record()`
     queued; `stop()` appends what is queued (bounded) and closes."""
 
-    def __init__(self, bootstrap: str | list[str], metrics: ProxyMetrics, *, region: str,
+    def __init__(self, conn: KafkaConnection, metrics: ProxyMetrics, *, region: str,
                  client_id: str, topic: str = JOURNAL_TOPIC,
                  retention_s: float = 7 * 24 * 3600.0, linger_s: float = 0.05,
                  retry_s: float = 1.0, max_queued: int = 1_000_000) -> None:
-        self.bootstrap = bootstrap if isinstance(bootstrap, str) else ",".join(bootstrap)
+        self.conn = conn
         self.metrics = metrics
         self.region = region
         self.client_id = client_id
@@ -127,14 +128,14 @@ class OutcomeJournal(Lifecycle):
 
     async def _connect(self) -> bool:
         try:
-            async with KafkaAdmin(self.bootstrap, RetrySettings(attempts=1, total_s=5.0,
+            async with KafkaAdmin(self.conn, RetrySettings(attempts=1, total_s=5.0,
                                                                 call_timeout_s=5.0),
                                   client_id=self.client_id) as admin:
                 await admin.ensure_topic(self.topic, 1, {
                     "cleanup.policy": "delete",
                     "retention.ms": str(int(self.retention_s * 1000)),
                     "segment.ms": str(int(min(self.retention_s, 3600.0) * 1000))})
-            producer = AIOKafkaProducer(**kafka_kw(self.bootstrap), acks="all",
+            producer = AIOKafkaProducer(**self.conn.aiokafka_kwargs(), acks="all",
                                         enable_idempotence=True, linger_ms=5,
                                         max_batch_size=1 << 20, client_id=self.client_id)
         except (CrossdcError, KafkaError, OSError) as exc:

@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from crossdc.security import PROXY
 from crossdc.topology import load_topology, split_hostport
 from proxy import memdebug
 from proxy.config import JournalSettings, ProxyConfig, TlsSettings
@@ -59,7 +60,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 primary_lease_s: float = 5.0, primary_write_s: float = 1.5,
                 reuse_port: bool = False,
                 idempotency_log: bool = False, journal: bool = True,
-                serve_metrics: bool = True,
+                serve_metrics: bool = True, kafka_principal: str = PROXY,
                 watch: Callable[[ProxyServer], Coroutine[Any, Any, None]] | None = None,
                 ) -> None:
     """Run the proxy until SIGTERM/SIGINT; ProxyTaskFailed if a background loop fails.
@@ -67,6 +68,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
     `registry`: the Prometheus registry (default: the process's global one).
     `reuse_port`, `idempotency_log`, `journal` (`journal.enabled`): the ProxyConfig fields.
     `serve_metrics` False: no metrics port (a worker's supervisor serves its metrics).
+    `kafka_principal`: what its Kafka clients authenticate as (SASL/SCRAM regions).
     `watch(server)`: a coroutine run while serving (a worker reports its health to the
     supervisor with it), cancelled when the drain begins."""
     topology = load_topology(topology_path)
@@ -80,7 +82,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                       tls=tls, primary_lease_s=primary_lease_s,
                       primary_write_s=primary_write_s, reuse_port=reuse_port,
                       idempotency_log=idempotency_log,
-                      journal=JournalSettings(enabled=journal))
+                      journal=JournalSettings(enabled=journal), kafka_principal=kafka_principal)
     server = ProxyServer(topology, cfg, policy_path,
                          registry=REGISTRY if registry is None else registry)
     stop = asyncio.Event()
@@ -126,7 +128,7 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                         tls: TlsSettings | None = None, primary_lease_s: float = 5.0,
                         primary_write_s: float = 1.5, idempotency_log: bool = True,
                         journal: bool = True, log_format: str = "console",
-                        log_level: str = "warning",
+                        log_level: str = "warning", kafka_principal: str = PROXY,
                         ready: asyncio.Event | None = None) -> None:
     """`workers` server processes on one port (SO_REUSEPORT) under a supervisor in this
     process, until SIGTERM/SIGINT (all drain; exit 0); SIGHUP is passed on to every worker.
@@ -144,8 +146,9 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                       tls=tls, primary_lease_s=primary_lease_s,
                       primary_write_s=primary_write_s, reuse_port=True,
                       idempotency_log=idempotency_log,
-                      journal=JournalSettings(enabled=journal))
+                      journal=JournalSettings(enabled=journal), kafka_principal=kafka_principal)
     spec = WorkerSpec(topology=topology_path, region=region, policy=policy_path,
+                      kafka_principal=kafka_principal,
                       host=cfg.host, port=cfg.port, grace_s=grace_s, auth=auth_path, tls=tls,
                       primary_lease_s=primary_lease_s, primary_write_s=primary_write_s,
                       idempotency_log=idempotency_log, journal=journal, log_format=log_format,

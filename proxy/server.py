@@ -54,6 +54,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
 from crossdc.aio import TaskEnded, guard
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consul import ConsulClient
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
@@ -292,8 +293,12 @@ class ProxyServer(Lifecycle):
             store = self.policy_store
             self._policy_fn = lambda: store.current
         client_id = f"crossdc-proxy-{config.region}"
-        self.writers = {r.name: RegionWriter(r, config.kafka, config.breaker, self.metrics,
-                                             client_id=client_id) for r in topology.regions}
+        # every region's Kafka as the proxy's principal: each client is built from its own
+        self.kafka = {r.name: KafkaConnection.of(r, principal=config.kafka_principal)
+                      for r in topology.regions}
+        self.writers = {r.name: RegionWriter(r, self.kafka[r.name], config.kafka,
+                                             config.breaker, self.metrics, client_id=client_id)
+                        for r in topology.regions}
         self.consul = ConsulClient(self.region.consul.http_addr, config.consul_retry)
         # every other voting datacenter (regions, then witnesses), each through its own agent
         self.peer_consuls = {dc.name: ConsulClient(dc.consul.http_addr, config.consul_retry)
@@ -314,7 +319,7 @@ class ProxyServer(Lifecycle):
             self.auth_store = AuthStore(config.auth_file, registry=self.registry,
                                         load_timeout_s=config.file_load_timeout_s)
         self.window = IdempotencyWindow(config.idempotency_window_s, config.idempotency_max_keys)
-        self.idem_log = (IdempotencyLog(self.region.kafka.bootstrap_servers,
+        self.idem_log = (IdempotencyLog(self.kafka[config.region],
                                         config.idempotency_log_topic, self.window,
                                         self.metrics, client_id=client_id,
                                         wait_s=config.idempotency_log_wait_s)
@@ -330,7 +335,7 @@ class ProxyServer(Lifecycle):
                                               self.window, self.metrics, config.hints,
                                               client_id=client_id,
                                               current=lambda: self.primary.current)
-        self.journal = (OutcomeJournal(self.region.kafka.bootstrap_servers, self.metrics,
+        self.journal = (OutcomeJournal(self.kafka[config.region], self.metrics,
                                        region=config.region, client_id=client_id,
                                        retention_s=config.journal.retention_s,
                                        linger_s=config.journal.linger_s,

@@ -56,8 +56,8 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from pydantic import BaseModel, ConfigDict
 
 from crossdc.clients.consul import ConsulClient
-from crossdc.clients.kafka import PRINCIPAL_ENV, principal_name, use_topology
 from crossdc.errors import CrossdcError
+from crossdc.security import PROXY
 from crossdc.settings import Backoff
 from crossdc.topology import Topology
 from proxy.config import ProxyConfig, TlsSettings
@@ -79,6 +79,7 @@ class WorkerSpec(BaseModel):
     topology: Path
     region: str
     policy: Path
+    kafka_principal: str = PROXY
     host: str
     port: int
     grace_s: float = 10.0
@@ -312,7 +313,7 @@ class ProxySupervisor:
         assert self.metrics_dir is not None
         spec = self.spec.model_copy(update={"index": st.index, "port": self.port})
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir),
-               SUPERVISOR_PID_ENV: str(os.getpid()), PRINCIPAL_ENV: principal_name()}
+               SUPERVISOR_PID_ENV: str(os.getpid())}
         proc = await asyncio.create_subprocess_exec(
             self.python, "-m", "proxy.workers", spec.model_dump_json(),
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, env=env)
@@ -394,7 +395,6 @@ async def _report(server: Any) -> None:
 def worker_main(argv: list[str]) -> int:
     """`python -m proxy.workers SPEC_JSON`: one worker (exit 0 after a drain)."""
     from crossdc.logs import configure_logging
-    from crossdc.topology import load_topology
     from proxy.serve import serve
 
     spec = WorkerSpec.model_validate_json(argv[1])
@@ -406,12 +406,12 @@ def worker_main(argv: list[str]) -> int:
     # (the values stay in the files) and prometheus-client warns at each one
     warnings.filterwarnings("ignore", message="Clearing labels has not been implemented")
     try:
-        use_topology(load_topology(spec.topology))  # SASL/SCRAM regions, as the CLI does
         asyncio.run(serve(spec.topology, spec.region, spec.policy, port=spec.port,
                           serve_metrics=False, host=spec.host, grace_s=spec.grace_s,
                           register_consul=False, auth_path=spec.auth, tls=spec.tls,
                           primary_lease_s=spec.primary_lease_s,
                           primary_write_s=spec.primary_write_s, reuse_port=True,
+                          kafka_principal=spec.kafka_principal,
                           idempotency_log=spec.idempotency_log, journal=spec.journal,
                           watch=_report))
     except CrossdcError as exc:

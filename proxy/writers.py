@@ -41,8 +41,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber
-from crossdc.clients.kafka import kafka_kw
 from crossdc.lifecycle import Lifecycle
 from crossdc.topology import Region
 from proxy.breaker import BreakerState, CircuitBreaker
@@ -98,11 +98,13 @@ def _retry_attempt(exc: BaseException) -> bool:
 
 
 class RegionWriter(Lifecycle):
-    """The producer of one region; `start()`/`stop()`; `write()` from the router."""
+    """The producer of one region (`conn`: its cluster as the proxy's principal);
+    `start()`/`stop()`; `write()` from the router."""
 
-    def __init__(self, region: Region, settings: KafkaWriterSettings,
+    def __init__(self, region: Region, conn: KafkaConnection, settings: KafkaWriterSettings,
                  breaker: BreakerSettings, metrics: ProxyMetrics, *, client_id: str) -> None:
         self.region = region
+        self.conn = conn
         self.name = region.name
         self.settings = settings
         self.metrics = metrics
@@ -136,7 +138,7 @@ class RegionWriter(Lifecycle):
                 return True
             s = self.settings
             producer = AIOKafkaProducer(
-                **kafka_kw(self.region.kafka.bootstrap_servers), acks="all",
+                **self.conn.aiokafka_kwargs(), acks="all",
                 enable_idempotence=True, linger_ms=s.linger_ms, max_batch_size=s.max_batch_bytes,
                 max_request_size=s.max_request_bytes, request_timeout_ms=s.request_timeout_ms,
                 metadata_max_age_ms=s.metadata_max_age_ms, client_id=self.client_id)

@@ -8,6 +8,7 @@ from typing import Any
 
 from kafka_helpers import end_offsets, unique
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.offsets import load_offset_map
 from crossdc.topology import Flow
 
@@ -30,7 +31,7 @@ def drained(boot: Mapping[str, str], flow: Flow | tuple[str, str], topic: str,
 
     async def check() -> bool:
         ends = await end_offsets(boot[source], topic, partitions)
-        marks = await load_offset_map(boot[target], source)
+        marks = await load_offset_map(KafkaConnection.of(boot[target]), source)
         return all(marks.next_src.get((topic, p), 0) >= end for p, end in ends.items() if end)
 
     return check

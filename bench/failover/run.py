@@ -197,6 +197,8 @@ async def scenario(stack: Any, topo: Any, tpath: Path, tmp: Path, rate: int,
                    warm_s: float, out: dict[str, Any]) -> None:
     from kafka_helpers import create_topic, eventually
 
+    from crossdc.clients.connection import KafkaConnection
+    from crossdc.security import MIRROR
     from dr.controller import Controller, ControllerSettings
     from dr.controller.config import FailoverSettings
     from dr.controller.datacenters import Datacenters
@@ -216,8 +218,8 @@ async def scenario(stack: Any, topo: Any, tpath: Path, tmp: Path, rate: int,
     policy.write_text(POLICY)
 
     def worker(f: Any) -> MirrorWorker:
-        return MirrorWorker(f, topo.region(f.source).kafka.bootstrap,
-                            topo.region(f.target).kafka.bootstrap,
+        return MirrorWorker(f, KafkaConnection.of(topo.region(f.source), principal=MIRROR),
+                            KafkaConnection.of(topo.region(f.target), principal=MIRROR),
                             consul_http_addrs=[topo.region(f.target).consul.http_addr,
                                                topo.region(f.source).consul.http_addr])
     workers = [worker(f) for f in topo.flows]

@@ -84,13 +84,15 @@ async def map_size(bootstrap: str, topic: str) -> dict[str, int]:
 
 
 async def measure(west: str, committed: dict[tuple[str, int], int]) -> dict[str, Any]:
+    from crossdc.clients.connection import KafkaConnection
     from crossdc.clients.offsets import load_offset_map, load_translation
     t0 = time.perf_counter()
-    full = await load_offset_map(west, "east", timeout_s=600)
+    full = await load_offset_map(KafkaConnection.of(west), "east", timeout_s=600)
     t_full = time.perf_counter() - t0
     full_runs = sum(len(v) for v in full.runs.values())
     t0 = time.perf_counter()
-    picked = await load_translation(west, "east", committed, timeout_s=600)
+    picked = await load_translation(KafkaConnection.of(west), "east", committed,
+                                    timeout_s=600)
     t_pick = time.perf_counter() - t0
     pick_runs = sum(len(v) for v in picked.runs.values())
     a = {k: full.translate(*k, c) for k, c in committed.items()}
@@ -105,6 +107,7 @@ async def bench(east: str, west: str, n: int, compaction_wait_s: float, stream_s
                 rate: int) -> dict[str, Any]:
     from kafka_helpers import create_topic, end_offsets  # type: ignore[import-not-found]
 
+    from crossdc.clients.connection import KafkaConnection
     from crossdc.clients.offsets import BUCKET, load_positions, sync_topic_name
     from crossdc.topology import Flow
     from mirror import MirrorWorker
@@ -126,7 +129,7 @@ async def bench(east: str, west: str, n: int, compaction_wait_s: float, stream_s
     flow = Flow(source="east", target="west", topics=topic, group="bench-offsets",
                 discovery_interval_s=10.0)
     t0 = time.monotonic()
-    async with MirrorWorker(flow, east, west):
+    async with MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west)):
         if stream_s:  # the steady state: small batches, one map record each
             from aiokafka import AIOKafkaProducer
             p = AIOKafkaProducer(bootstrap_servers=east, linger_ms=5)
@@ -147,7 +150,7 @@ async def bench(east: str, west: str, n: int, compaction_wait_s: float, stream_s
             print(f"streamed {i:,} records in {stream_s:.0f}s", flush=True)
             ends = await end_offsets(east, topic, PARTITIONS)
         while True:
-            pos = await load_positions(west, "east", timeout_s=120)
+            pos = await load_positions(KafkaConnection.of(west), "east", timeout_s=120)
             if all(pos.get((topic, p)) and pos[(topic, p)].next_src >= e
                    for p, e in ends.items()):
                 break

@@ -25,7 +25,8 @@ import time
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from crossdc.clients.kafka import spark_kafka_options
+from crossdc.clients.connection import KafkaConnection
+from crossdc.security import RECONCILE
 from crossdc.topology import load_topology
 from dr.reconcile import job
 from dr.reconcile.survey import survey
@@ -36,8 +37,8 @@ REGIONS = ["east", "west"]
 USAGE = "usage: floor.py {read|core} TOPOLOGY TOPIC [TOPIC ...]"
 
 
-def read_floor(spark: SparkSession, bootstraps: list[str], topics: list[str]) -> int:
-    frames = [spark.read.format("kafka").options(**spark_kafka_options(boot))
+def read_floor(spark: SparkSession, conns: list[KafkaConnection], topics: list[str]) -> int:
+    frames = [spark.read.format("kafka").options(**conn.spark_options())
               .option("subscribe", ",".join(topics))
               .option("startingOffsets", "earliest").option("endingOffsets", "latest")
               .option("includeHeaders", "true")
@@ -45,7 +46,7 @@ def read_floor(spark: SparkSession, bootstraps: list[str], topics: list[str]) ->
               .option("minPartitions", str(2 * spark.sparkContext.defaultParallelism))
               .option("kafka.max.partition.fetch.bytes", str(16 << 20))
               .option("kafka.fetch.max.bytes", str(64 << 20)).load()
-              for boot in bootstraps]
+              for conn in conns]
     # max, not sum: a sum of 64-bit hashes overflows (ANSI mode fails the query)
     row = (frames[0].unionByName(frames[1])
            .agg(F.count(F.lit(1)).alias("n"), F.max(F.xxhash64("headers", "value")))
@@ -55,7 +56,7 @@ def read_floor(spark: SparkSession, bootstraps: list[str], topics: list[str]) ->
 
 def core_floor(spark: SparkSession, topology_path: str, topics: list[str]) -> int:
     surveys = asyncio.run(survey(load_topology(topology_path), REGIONS,
-                                 "|".join(re.escape(t) for t in topics)))
+                                 "|".join(re.escape(t) for t in topics), principal=RECONCILE))
     comparison = job._Comparison(spark, surveys, max_details=0)
     codes = {t: i for i, t in enumerate(comparison.topics)}
     rows: DataFrame = job._rows(spark, surveys, codes, {}, None, job.now_ms() + 86_400_000)
@@ -81,7 +82,8 @@ def main() -> None:
         started = time.monotonic()
         if mode == "read":
             topo = load_topology(topology_path)
-            n = read_floor(spark, [topo.region(r).kafka.bootstrap for r in REGIONS], topics)
+            n = read_floor(spark, [KafkaConnection.of(topo.region(r), principal=RECONCILE)
+                                   for r in REGIONS], topics)
         else:
             n = core_floor(spark, topology_path, topics)
         print(json.dumps({"mode": mode, "records": n,

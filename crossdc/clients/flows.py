@@ -16,8 +16,9 @@ import time
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import BaseModel, ConfigDict
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
+from crossdc.clients.kafka import ONCE, KafkaAdmin
 from crossdc.clients.offsets import MAP_PARTITION, sync_topic_name
 from crossdc.errors import ClientError
 from crossdc.topology import Flow, Topology, is_internal
@@ -54,9 +55,9 @@ class FlowStatus(_Out):
     error: str | None = None
 
 
-async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
-    admin = KafkaAdmin(bootstrap, ONCE)  # bounded by flow_status's deadline
-    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False)
+async def _lag(flow: Flow, group: str, conn: KafkaConnection) -> list[PartitionLag]:
+    admin = KafkaAdmin(conn, ONCE)  # bounded by flow_status's deadline
+    consumer = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False)
     try:
         await admin.start()
         await consumer.start()
@@ -82,10 +83,10 @@ async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
     return out
 
 
-async def _newest(flow: Flow, bootstrap: str) -> tuple[int | None, float | None]:
+async def _newest(flow: Flow, conn: KafkaConnection) -> tuple[int | None, float | None]:
     tp = TopicPartition(sync_topic_name(flow.source), MAP_PARTITION)
     pattern = re.compile(flow.topics)
-    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    c = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
                          isolation_level="read_committed")
     try:
         await c.start()  # inside: a region that does not answer still gets its client closed
@@ -116,14 +117,19 @@ async def _newest(flow: Flow, bootstrap: str) -> tuple[int | None, float | None]
     return latency, max(0.0, time.time() - appended / 1000)
 
 
-async def flow_status(topo: Topology, flow: Flow, timeout_s: float = 10.0) -> FlowStatus:
+async def flow_status(topo: Topology, flow: Flow, timeout_s: float = 10.0, *,
+                      principal: str | None = None) -> FlowStatus:
+    """The flow's lag (its group on the source) and latency (the sync topic on the target),
+    read as `principal` (None: the regions must be PLAINTEXT)."""
     group = flow.group or f"crossdc-mirror-{flow.source}-{flow.target}"
     base = {"source": flow.source, "target": flow.target, "group": group,
             "topics": flow.topics, "exactly_once": flow.exactly_once}
     try:
         async with asyncio.timeout(timeout_s):
-            parts = await _lag(flow, group, topo.region(flow.source).kafka.bootstrap)
-            latency, age = await _newest(flow, topo.region(flow.target).kafka.bootstrap)
+            parts = await _lag(flow, group, KafkaConnection.of(topo.region(flow.source),
+                                                               principal=principal))
+            latency, age = await _newest(flow, KafkaConnection.of(topo.region(flow.target),
+                                                                  principal=principal))
     except (ClientError, KafkaError, TimeoutError, OSError) as exc:
         return FlowStatus(**base, lag_records=None, partitions=[], latency_ms=None,
                           last_append_age_s=None, error=repr(exc))
@@ -131,6 +137,8 @@ async def flow_status(topo: Topology, flow: Flow, timeout_s: float = 10.0) -> Fl
                       latency_ms=latency, last_append_age_s=age)
 
 
-async def flows_status(topo: Topology, timeout_s: float = 10.0) -> list[FlowStatus]:
+async def flows_status(topo: Topology, timeout_s: float = 10.0, *,
+                       principal: str | None = None) -> list[FlowStatus]:
     """Every flow the topology declares."""
-    return list(await asyncio.gather(*(flow_status(topo, f, timeout_s) for f in topo.flows)))
+    return list(await asyncio.gather(*(flow_status(topo, f, timeout_s, principal=principal)
+                                       for f in topo.flows)))

@@ -10,21 +10,17 @@ error codes. Nothing outside `crossdc.clients` imports `aiokafka.admin` or `aiok
 (an import-linter contract): the data paths (producers, consumers) classify aiokafka's
 errors with `crossdc.clients.errors`.
 
-Every Kafka client crossdc builds takes its connection arguments from `kafka_kw(bootstrap)`
-(Spark: `spark_kafka_options`): the bootstrap servers plus, for a region whose topology has
-a `security:` section, SASL/SCRAM over TLS as the process's principal. `use_topology()`
-records which brokers need what (the CLI does it when it loads a topology); a component's
-entry point names its principal with `set_kafka_principal()` (`kafka_principal()` for one
-block, e.g. a test running several components in one process).
+Every Kafka client crossdc builds, this one included, is handed a `KafkaConnection`
+(`crossdc.clients.connection`): the bootstrap servers, the region's `security:` and the
+principal it authenticates as, named by whoever builds the client. A connection to a SASL
+region naming no principal refuses to give its arguments (`NoKafkaPrincipal`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
@@ -36,12 +32,11 @@ from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest
 from aiokafka.structs import OffsetAndMetadata
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka_quorum import QuorumInfo, describe_quorum
 from crossdc.errors import ClientError, ClientRefused
 from crossdc.lifecycle import Lifecycle
-from crossdc.security import CONTROLLER, KafkaSecurity
 from crossdc.settings import RetrySettings
-from crossdc.topology import Region, Topology
 
 __all__ = [
     "ONCE",
@@ -50,13 +45,6 @@ __all__ = [
     "QuorumInfo",
     "Retry",
     "TopicSpec",
-    "kafka_kw",
-    "kafka_principal",
-    "principal_name",
-    "security_for",
-    "set_kafka_principal",
-    "spark_kafka_options",
-    "use_topology",
 ]
 
 log = structlog.get_logger("crossdc.kafka")
@@ -67,86 +55,6 @@ ONCE: Final = "once"
 aiokafka's `request_timeout_ms` (for callers that bound and retry by themselves)."""
 
 Retry = RetrySettings | Literal["once"]
-
-#: env var naming the principal of a process that names none (the operator's `dr` commands)
-PRINCIPAL_ENV = "CROSSDC_KAFKA_PRINCIPAL"
-
-_security: dict[str, KafkaSecurity] = {}  # broker host:port -> its region's security
-_process_principal: str | None = None
-_principal: ContextVar[str | None] = ContextVar("crossdc_kafka_principal", default=None)
-
-
-def use_topology(topology: Topology | list[Region]) -> None:
-    """Record each region's brokers and its `security` (or its absence: PLAINTEXT)."""
-    regions = topology.regions if isinstance(topology, Topology) else topology
-    for region in regions:
-        for hp in region.kafka.bootstrap_servers:
-            if region.security is None:
-                _security.pop(hp, None)
-            else:
-                _security[hp] = region.security
-
-
-def set_kafka_principal(name: str | None) -> None:
-    """The principal this process's Kafka clients authenticate as (a component's entry
-    point calls it once: `crossdc-proxy`, `crossdc-mirror`...)."""
-    global _process_principal
-    _process_principal = name
-
-
-@contextlib.contextmanager
-def kafka_principal(name: str) -> Iterator[None]:
-    """Clients built inside the block (and in tasks started inside it) use `name`."""
-    token = _principal.set(name)
-    try:
-        yield
-    finally:
-        _principal.reset(token)
-
-
-def principal_name() -> str:
-    """The principal clients built now authenticate as: `kafka_principal()`'s, else the
-    process's, else $CROSSDC_KAFKA_PRINCIPAL, else the controller's."""
-    return _principal.get() or _process_principal or os.environ.get(PRINCIPAL_ENV) or CONTROLLER
-
-
-def _servers(bootstrap: str | list[str] | Region) -> list[str]:
-    if isinstance(bootstrap, Region):
-        return list(bootstrap.kafka.bootstrap_servers)
-    if isinstance(bootstrap, str):
-        return [s.strip() for s in bootstrap.split(",") if s.strip()]
-    return list(bootstrap)
-
-
-def security_for(bootstrap: str | list[str] | Region) -> KafkaSecurity | None:
-    """The security of the cluster `bootstrap` names (a Region: its own), None: PLAINTEXT."""
-    if isinstance(bootstrap, Region):
-        return bootstrap.security
-    for hp in _servers(bootstrap):
-        if hp in _security:
-            return _security[hp]
-    return None
-
-
-def kafka_kw(bootstrap: str | list[str] | Region) -> dict[str, Any]:
-    """`bootstrap_servers` and the security arguments for an aiokafka client of that
-    cluster: `AIOKafkaProducer(**kafka_kw(bootstrap), acks="all")`."""
-    servers = _servers(bootstrap)
-    kw: dict[str, Any] = {"bootstrap_servers": ",".join(servers)}
-    sec = security_for(bootstrap)
-    if sec is not None:
-        kw.update(sec.aiokafka_kwargs(principal_name()))
-    return kw
-
-
-def spark_kafka_options(bootstrap: str | list[str] | Region) -> dict[str, str]:
-    """The same for Spark's Kafka source: `kafka.`-prefixed Java client properties."""
-    opts = {"kafka.bootstrap.servers": ",".join(_servers(bootstrap))}
-    sec = security_for(bootstrap)
-    if sec is not None:
-        opts.update({f"kafka.{k}": v for k, v in sec.java_properties(principal_name()).items()})
-    return opts
-
 
 @dataclass(frozen=True)
 class TopicSpec:
@@ -193,15 +101,16 @@ def _raise_codes(what: str, rows: Iterable[tuple[str, int, str | None]]) -> None
 
 
 class KafkaAdmin(Lifecycle):
-    """Admin calls on one Kafka cluster: `async with KafkaAdmin(bootstrap) as admin:`.
+    """Admin calls on one Kafka cluster: `async with KafkaAdmin(conn) as admin:`.
 
     `retry` governs every call, the connection included (`ONCE`: one try, no deadline of
     its own); a few calls take their own (`retry=`). `admin_kw` go to aiokafka's admin
     client (`request_timeout_ms=...`)."""
 
-    def __init__(self, bootstrap: str, retry: Retry | None = None, *,
+    def __init__(self, conn: KafkaConnection, retry: Retry | None = None, *,
                  client_id: str = "crossdc-admin", **admin_kw: Any) -> None:
-        self.bootstrap = bootstrap
+        self.conn = conn
+        self.bootstrap = conn.bootstrap
         self._retry: Retry = retry or RetrySettings()
         self._admin_kw = dict(client_id=client_id, **admin_kw)
         self._admin: AIOKafkaAdminClient | None = None
@@ -213,7 +122,7 @@ class KafkaAdmin(Lifecycle):
             return
 
         async def connect() -> None:
-            admin = AIOKafkaAdminClient(**kafka_kw(self.bootstrap), **self._admin_kw)
+            admin = AIOKafkaAdminClient(**self.conn.aiokafka_kwargs(), **self._admin_kw)
             try:
                 await admin.start()
             except BaseException:
@@ -461,7 +370,7 @@ class KafkaAdmin(Lifecycle):
             return
 
         async def commit() -> None:
-            consumer = AIOKafkaConsumer(**kafka_kw(self.bootstrap), group_id=group,
+            consumer = AIOKafkaConsumer(**self.conn.aiokafka_kwargs(), group_id=group,
                                         enable_auto_commit=False)
             try:
                 await consumer.start()

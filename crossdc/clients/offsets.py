@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
+from crossdc.clients.kafka import ONCE, KafkaAdmin
 from crossdc.errors import ClientError, OffsetsError, OffsetsUnavailable
 from crossdc.settings import RetrySettings
 
@@ -212,7 +213,7 @@ class OffsetMap:
         return runs[-1][0] + runs[-1][2] - 1 if runs else None
 
 
-async def _read_committed(bootstrap: str, tps: list[TopicPartition],
+async def _read_committed(conn: KafkaConnection, tps: list[TopicPartition],
                           timeout_s: float) -> list[object]:
     """Every committed record of `tps`, up to the end offsets at the start of the call.
 
@@ -221,7 +222,7 @@ async def _read_committed(bootstrap: str, tps: list[TopicPartition],
     it; giving up is an error, never a silently partial answer.
     """
     out: list[object] = []
-    async with _committed_reader(bootstrap, tps[0].topic) as c:
+    async with _committed_reader(conn, tps[0].topic) as c:
         if tps[0].topic not in await c.topics():
             return out
         c.assign(tps)
@@ -239,18 +240,18 @@ async def _read_committed(bootstrap: str, tps: list[TopicPartition],
 
 
 @contextlib.asynccontextmanager
-async def _committed_reader(bootstrap: str, topic: str) -> AsyncIterator[AIOKafkaConsumer]:
+async def _committed_reader(conn: KafkaConnection, topic: str) -> AsyncIterator[AIOKafkaConsumer]:
     """A started read_committed consumer, stopped at the end (also when its start fails: a
     failed start leaves its metadata task running); Kafka's errors become
     `OffsetsUnavailable`."""
-    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    c = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
                          isolation_level="read_committed")
     try:
         try:
             await c.start()
             yield c
         except KafkaError as exc:
-            raise OffsetsUnavailable(f"cannot read {topic} in {bootstrap}: {exc!r}") from exc
+            raise OffsetsUnavailable(f"cannot read {topic} in {conn}: {exc!r}") from exc
     finally:
         await c.stop()
 
@@ -261,12 +262,12 @@ def _open_transaction(topic: str, timeout_s: float) -> OffsetsUnavailable:
         "open: a worker died mid-transaction and its transaction has not timed out yet)")
 
 
-async def load_positions(bootstrap: str, source: str, *,
+async def load_positions(conn: KafkaConnection, source: str, *,
                          timeout_s: float = 90.0) -> dict[tuple[str, int], Position]:
     """The committed resume point of each partition (partition 1 of the sync topic)."""
     out: dict[tuple[str, int], Position] = {}
     tp = TopicPartition(sync_topic_name(source), POS_PARTITION)
-    for r in await _read_committed(bootstrap, [tp], timeout_s):
+    for r in await _read_committed(conn, [tp], timeout_s):
         key, value = r.key, r.value  # type: ignore[attr-defined]
         if key is None or value is None:
             continue
@@ -294,14 +295,15 @@ def _merge(docs: Iterable[list[list[int]]]) -> list[Run]:
     return sorted((s, d, n) for runs in docs for s, d, n in runs)
 
 
-async def load_offset_map(bootstrap: str, source: str, *, timeout_s: float = 90.0) -> OffsetMap:
+async def load_offset_map(conn: KafkaConnection, source: str, *,
+                          timeout_s: float = 90.0) -> OffsetMap:
     """Read the whole sync topic (committed records only): every mapping, resume point and
     newest mark. Translation needs much less: `load_translation`."""
     out = OffsetMap()
     name = sync_topic_name(source)
     tps = [TopicPartition(name, MAP_PARTITION), TopicPartition(name, POS_PARTITION)]
     latest: dict[bytes, tuple[tuple[str, int], list[list[int]]]] = {}  # cumulative: last wins
-    for r in await _read_committed(bootstrap, tps, timeout_s):
+    for r in await _read_committed(conn, tps, timeout_s):
         key, value, ts = r.key, r.value, r.timestamp  # type: ignore[attr-defined]
         if key is None or value is None:
             continue
@@ -323,8 +325,9 @@ async def load_offset_map(bootstrap: str, source: str, *, timeout_s: float = 90.
     return out
 
 
-async def load_translation(bootstrap: str, source: str, committed: dict[tuple[str, int], int],
-                           *, timeout_s: float = 90.0) -> OffsetMap:
+async def load_translation(conn: KafkaConnection, source: str,
+                           committed: dict[tuple[str, int], int], *,
+                           timeout_s: float = 90.0) -> OffsetMap:
     """What translating `committed` ({(topic, partition): committed source offset}) needs,
     and nothing more held: per partition, the records of the committed offset's bucket, of
     the nearest later bucket with mappings (the first copy after a gap) and of the nearest
@@ -333,7 +336,7 @@ async def load_translation(bootstrap: str, source: str, committed: dict[tuple[st
     """
     pick = _Pick(committed)
     tp = TopicPartition(sync_topic_name(source), MAP_PARTITION)
-    async with _committed_reader(bootstrap, tp.topic) as c:
+    async with _committed_reader(conn, tp.topic) as c:
         if tp.topic not in await c.topics():
             return OffsetMap()
         c.assign([tp])
@@ -398,17 +401,17 @@ class Translated:
     target_offset: int | None
 
 
-async def translate_group(group: str, source: str, source_bootstrap: str,
-                          target_bootstrap: str) -> list[Translated]:
+async def translate_group(group: str, source_region: str, source: KafkaConnection,
+                          target: KafkaConnection) -> list[Translated]:
     """The group's committed offsets on the source, translated through the sync topic."""
     try:
-        async with KafkaAdmin(source_bootstrap, ONCE) as admin:
+        async with KafkaAdmin(source, ONCE) as admin:
             committed = await admin.group_offsets(group)  # the partitions it committed
     except ClientError as exc:
-        raise OffsetsUnavailable(f"cannot read group {group!r} in {source}: {exc!r}"
+        raise OffsetsUnavailable(f"cannot read group {group!r} in {source_region}: {exc!r}"
                                  ) from exc
     wanted = {(tp.topic, tp.partition): off for tp, off in committed.items()}
-    marks = await load_translation(target_bootstrap, source, wanted)
+    marks = await load_translation(target, source_region, wanted)
     return [Translated(tp.topic, tp.partition, off, marks.translate(tp.topic, tp.partition, off))
             for tp, off in sorted(committed.items(), key=lambda kv: (kv[0].topic,
                                                                      kv[0].partition))]
@@ -422,19 +425,19 @@ GROUP_RETRY = RetrySettings(attempts=1_000_000, total_s=30.0, call_timeout_s=40.
                             backoff_initial_s=0.1, backoff_max_s=2.0)
 
 
-async def group_members(bootstrap: str, group: str) -> tuple[str, int]:
+async def group_members(conn: KafkaConnection, group: str) -> tuple[str, int]:
     """(state, number of members) of a consumer group."""
     try:
-        async with KafkaAdmin(bootstrap, ONCE) as admin:
+        async with KafkaAdmin(conn, ONCE) as admin:
             return await admin.group_members(group, retry=GROUP_RETRY)
     except ClientError as exc:
-        raise OffsetsUnavailable(f"cannot describe group {group!r} at {bootstrap}: "
+        raise OffsetsUnavailable(f"cannot describe group {group!r} at {conn}: "
                                  f"{exc!r}") from exc
 
 
-async def apply_offsets(group: str, target_bootstrap: str, rows: list[Translated]) -> int:
+async def apply_offsets(group: str, target: KafkaConnection, rows: list[Translated]) -> int:
     """Commit translated offsets for `group` on the target; refuse if it has members."""
-    state, members = await group_members(target_bootstrap, group)
+    state, members = await group_members(target, group)
     if members:
         raise OffsetsError(
             f"group {group!r} has {members} active member(s) on the target (state {state}); "
@@ -444,9 +447,9 @@ async def apply_offsets(group: str, target_bootstrap: str, rows: list[Translated
     if not offsets:
         return 0
     try:
-        async with KafkaAdmin(target_bootstrap, ONCE) as admin:
+        async with KafkaAdmin(target, ONCE) as admin:
             await admin.alter_group_offsets(group, offsets, retry=GROUP_RETRY)
     except ClientError as exc:
-        raise OffsetsUnavailable(f"cannot commit offsets of {group!r} at {target_bootstrap}: "
+        raise OffsetsUnavailable(f"cannot commit offsets of {group!r} at {target}: "
                                  f"{exc!r}") from exc
     return len(offsets)

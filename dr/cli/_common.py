@@ -1,6 +1,6 @@
-"""What every command module of `dr` shares: consoles, the topology option, running a
-coroutine, and (from `dr.options`) the typed options every command uses for numbers and
-formatted strings."""
+"""What every command module of `dr` shares: consoles, the topology and Kafka principal
+options, running a coroutine, and (from `dr.options`) the typed options every command uses
+for numbers and formatted strings."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from crossdc.clients.kafka import use_topology
 from crossdc.topology import Region, Topology, load_topology
 from dr.exits import Exit, fail
 from dr.options import (
@@ -29,7 +28,8 @@ from dr.options import (
 )
 from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
 
-__all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "Exit", "StateDirOpt", "TopologyOpt",
+__all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "PRINCIPAL_ENV", "Exit", "PrincipalOpt",
+           "StateDirOpt", "TopologyOpt",
            "check_files", "check_folder", "count_option", "err", "host_option", "name_option",
            "out", "paths_for", "port_option", "region_of", "run", "seconds_option",
            "text_option", "topology_for"]
@@ -42,6 +42,15 @@ err = Console(stderr=True)
 TopologyOpt = Annotated[Path | None, typer.Option(
     "--topology", "-t", help="Topology file [default: the running stack's, else "
     "policies/topology.local.yaml].", show_default=False)]
+PRINCIPAL_ENV = "CROSSDC_KAFKA_PRINCIPAL"
+#: The one place an operator's command learns its Kafka principal: --principal, else
+#: $CROSSDC_KAFKA_PRINCIPAL. None: regions with `security:` refuse the command's clients
+#: (NoKafkaPrincipal, exit 2); never another component's principal.
+PrincipalOpt = Annotated[str | None, name_option(
+    "--principal", envvar=PRINCIPAL_ENV, help="Kafka principal (SASL/SCRAM user) this "
+    "command's Kafka clients authenticate as in regions whose topology has `security:` "
+    f"[default: ${PRINCIPAL_ENV}; none: such regions refuse the command].",
+    show_default=False)]
 StateDirOpt = Annotated[Path | None, typer.Option(
     "--state-dir", help="Where data, logs and pids live [default: $CROSSDC_STATE_DIR or "
     ".crossdc/].", show_default=False)]
@@ -71,9 +80,7 @@ def topology_for(path: Path | None, paths: StackPaths | None = None) -> tuple[To
         path = default_topology_path()
         if not path.is_file():
             fail(no_topology_message(path))
-    topo = load_topology(path)
-    use_topology(topo)  # the regions' SASL/SCRAM over TLS, for every Kafka client
-    return topo, path
+    return load_topology(path), path
 
 
 def region_of(topo: Topology, name: str, option: str) -> Region:

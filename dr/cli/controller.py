@@ -13,11 +13,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from crossdc.clients.kafka import set_kafka_principal
 from crossdc.security import CONTROLLER
 from crossdc.topology import Topology
 from crossdc.yamlfile import load_model
 from dr.cli._common import (
+    PrincipalOpt,
     TopologyOpt,
     err,
     host_option,
@@ -83,11 +83,11 @@ def controller_run(
     from dr.controller.sync import standby_sync
     topo, path = topology_for(topology, paths_for(None))
     _region(topo, region, "--region")
-    set_kafka_principal(CONTROLLER)  # its own Kafka principal (SASL/SCRAM regions)
     settings = _settings(region, config, auto_failover, http_port, http_host)
 
     async def main() -> None:
-        ctl = Controller(topo, settings, topology_path=path, sync=standby_sync)
+        ctl = Controller(topo, settings, topology_path=path, sync=standby_sync,
+                         kafka_principal=CONTROLLER)  # its own (SASL/SCRAM regions)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -124,7 +124,8 @@ def _render_steps(rec: FailoverRecord) -> Table:
 
 
 def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dry_run: bool,
-           reason: str, timeout_s: float, yes: bool = False) -> None:
+           reason: str, timeout_s: float, yes: bool = False,
+           principal: str | None = None) -> None:
     from dr.controller.datacenters import Datacenters
     from dr.controller.ops import execute_forced, follow, plan_failover, start_failover
     topo, _ = topology_for(topology, paths_for(None))
@@ -136,7 +137,7 @@ def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dr
     async def main() -> FailoverRecord | None:
         async with Datacenters(topo, settings.consul_retry) as dcs:
             plan = await plan_failover(topo, dcs, settings, target, kind=kind, force=force,
-                                       reason=reason, by=by)
+                                       reason=reason, by=by, principal=principal)
             lag = plan.behind
             lag_txt = ("unknown" if lag.records is None else
                        f"{lag.records} record(s){'' if lag.measured else ' (last seen)'}")
@@ -158,7 +159,7 @@ def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dr
             if not plan.view.has_majority:
                 # No controller can lead without a majority: this command executes it.
                 err.print("no majority: executing the failover here", highlight=False)
-                return await execute_forced(topo, dcs, settings, plan)
+                return await execute_forced(topo, dcs, settings, plan, principal=principal)
             await start_failover(dcs, plan)
             last: list[str] = []
 
@@ -201,10 +202,10 @@ TimeoutOpt = Annotated[float, seconds_option("--timeout", min=1.0,
 
 def failover(target: TargetOpt, topology: TopologyOpt = None, force: ForceOpt = False,
              dry_run: DryRunOpt = False, reason: ReasonOpt = "", timeout_s: TimeoutOpt = 120.0,
-             yes: YesOpt = False) -> None:
+             yes: YesOpt = False, principal: PrincipalOpt = None) -> None:
     """Move the primary to another region: fence, wait out the lease, drain, move group
     offsets, promote, switch DNS (executed by the leading controller, followed here)."""
-    _drive(topology, target, "failover", force, dry_run, reason, timeout_s, yes)
+    _drive(topology, target, "failover", force, dry_run, reason, timeout_s, yes, principal)
 
 
 def failback(target: Annotated[str | None, typer.Option(
@@ -212,9 +213,9 @@ def failback(target: Annotated[str | None, typer.Option(
                  show_default=False)] = None,
              topology: TopologyOpt = None, force: ForceOpt = False,
              dry_run: DryRunOpt = False, reason: ReasonOpt = "", timeout_s: TimeoutOpt = 120.0,
-             yes: YesOpt = False) -> None:
+             yes: YesOpt = False, principal: PrincipalOpt = None) -> None:
     """Move the primary back to the region the last failover left (once it has caught up)."""
-    _drive(topology, target, "failback", force, dry_run, reason, timeout_s, yes)
+    _drive(topology, target, "failback", force, dry_run, reason, timeout_s, yes, principal)
 
 
 def _gate(closed: bool, topology: Path | None, reason: str) -> None:

@@ -11,6 +11,7 @@ import typer
 
 from dr.cli._common import (
     Exit,
+    PrincipalOpt,
     StateDirOpt,
     TopologyOpt,
     check_folder,
@@ -67,6 +68,7 @@ def drill_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     topology: TopologyOpt = None,
     state_dir: StateDirOpt = None,
+    principal: PrincipalOpt = None,
 ) -> None:
     """Drive traffic through the proxies, inject the scenario's fault, wait for recovery,
     heal, fail back, count every acknowledged record in every region and report RTO and
@@ -102,7 +104,7 @@ def drill_command(
             return None
         for line in plan.describe():
             err.print(line, highlight=False)
-        return await _with_live(topo, plan, cfg, duration_s, rate)
+        return await _with_live(topo, plan, cfg, duration_s, rate, principal)
 
     report = asyncio.run(main())
     if report is None:
@@ -149,10 +151,10 @@ def _netns(saved: dict[str, object]) -> NetNamespaces | None:
 
 
 async def _with_live(topo: Topology, plan: DrillPlan, cfg: DrillConfig, duration_s: float,
-                     rate: float) -> DrillReport:
+                     rate: float, principal: str | None) -> DrillReport:
     """Run the drill with a live table: phase, acknowledgements per mode and region."""
     from dr.drill.display import live_drill
     from dr.drill.run import run_drill
     return await live_drill(err, lambda progress, seen: run_drill(
         topo, plan, cfg, duration_s=duration_s, rate=rate, progress=progress,
-        traffic_seen=seen))
+        traffic_seen=seen, principal=principal))

@@ -10,11 +10,12 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from crossdc.clients.kafka import set_kafka_principal
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.offsets import apply_offsets, translate_group
 from crossdc.security import MIRROR
 from crossdc.topology import Flow, Topology
 from dr.cli._common import (
+    PrincipalOpt,
     TopologyOpt,
     host_option,
     name_option,
@@ -118,11 +119,10 @@ def run(
 ) -> None:
     """Replicate topics source → target (or the topology's flows) until stopped."""
     topo, _ = topology_for(topology, paths_for(None))
-    set_kafka_principal(MIRROR)  # its own Kafka principal (SASL/SCRAM regions)
     flows = _flows(topo, source, target, topics, group, exactly_once, forward,
                    discovery_interval, dead_letter, worker_id, flow)
     asyncio.run(serve(topo, flows, metrics_port, Restart() if restart else None,
-                      metrics_host))
+                      metrics_host, principal=MIRROR))  # its own principal (SASL/SCRAM)
 
 
 @offsets_app.command("translate")
@@ -134,11 +134,12 @@ def translate(
     apply: Annotated[bool, typer.Option("--apply", help="Commit the translated offsets on "
                                         "the target (the group must have no members).")] =
         False,
+    principal: PrincipalOpt = None,
 ) -> None:
     """Translate a group's committed offsets from one region to another, exactly."""
     topo, _ = topology_for(topology, paths_for(None))
-    src = region_of(topo, source, "--from").kafka.bootstrap
-    dst = region_of(topo, target, "--to").kafka.bootstrap
+    src = KafkaConnection.of(region_of(topo, source, "--from"), principal=principal)
+    dst = KafkaConnection.of(region_of(topo, target, "--to"), principal=principal)
     rows = asyncio.run(translate_group(group, source, src, dst))
     if not rows:
         raise MirrorError(f"group {group!r} has no committed offsets in {source}")

@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from crossdc.clients.kafka import set_kafka_principal
 from crossdc.security import PROXY
 from crossdc.topology import split_hostport
 from dr.cli._common import (
@@ -93,7 +92,6 @@ def proxy_serve(
     # `import dr.cli`, and a typo is answered even where the proxy cannot be loaded.
     topo, path = topology_for(topology, paths_for(None))
     reg = region_of(topo, region, "--region")
-    set_kafka_principal(PROXY)  # its own Kafka principal (SASL/SCRAM regions)
     from proxy.config import TlsSettings
     from proxy.serve import serve
     if (tls_cert is None) != (tls_key is None) or (tls_client_ca and tls_cert is None):
@@ -111,7 +109,8 @@ def proxy_serve(
         run(serve(path, region, policy, port=port, metrics_port=metrics_port, host=host,
                   grace_s=grace_s, register_consul=not no_consul, auth_path=auth, tls=tls,
                   primary_lease_s=primary_lease_s, primary_write_s=primary_write_s,
-                  idempotency_log=shared_idempotency, journal=journal))
+                  idempotency_log=shared_idempotency, journal=journal,
+                  kafka_principal=PROXY))  # its own Kafka principal (SASL/SCRAM regions)
         return
     from proxy.serve import serve_workers
     root = ctx.parent.params if ctx.parent is not None else {}
@@ -121,7 +120,8 @@ def proxy_serve(
                       primary_write_s=primary_write_s,
                       idempotency_log=shared_idempotency, journal=journal,
                       log_format=str(root.get("log_format") or "console"),
-                      log_level=str(root.get("log_level") or "warning")))
+                      log_level=str(root.get("log_level") or "warning"),
+                      kafka_principal=PROXY))
 
 
 def check_port_free(host: str, port: int | None, what: str, option: str) -> None:

@@ -18,6 +18,7 @@ from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
 from dr.cli._common import (
     Exit,
+    PrincipalOpt,
     StateDirOpt,
     TopologyOpt,
     check_files,
@@ -138,6 +139,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     timeout_s: Annotated[float, seconds_option(
         "--timeout", min=0.1, max=3600.0, help="Seconds to wait for each answer.")] = 5.0,
+    principal: PrincipalOpt = None,
 ) -> None:
     """Show each region's Kafka brokers and quorum, Consul leader and WAN pool, and each
     witness's Consul. Exit 1 if any region or witness is unhealthy."""
@@ -148,9 +150,9 @@ def status(
     expected = None
     if saved and saved.get("topology") == str(path.resolve()):
         expected = int(str(saved.get("brokers", 1)))
-    st = run(probe_topology(topo, str(path), expected, timeout_s))
-    flows = run(flows_status(topo, timeout_s * 2)) if topo.flows else []
-    ctl = run(_controller_view(topo))
+    st = run(probe_topology(topo, str(path), expected, timeout_s, principal=principal))
+    flows = run(flows_status(topo, timeout_s * 2, principal=principal)) if topo.flows else []
+    ctl = run(_controller_view(topo, principal))
     services = run(_services(topo, path, paths))
     if as_json:
         doc = st.model_dump(mode="json")
@@ -190,12 +192,12 @@ def render_services(services: list[tuple[ServiceInfo, bool]]) -> None:
     out.print(t)
 
 
-async def _controller_view(topo: Topology) -> ControllerView:
+async def _controller_view(topo: Topology, principal: str | None) -> ControllerView:
     from dr.controller.datacenters import Datacenters
     from dr.controller.ops import controller_view
     async with Datacenters(topo, RetrySettings(attempts=1, total_s=2.0,
                                                call_timeout_s=1.5)) as dcs:
-        return await controller_view(dcs)
+        return await controller_view(dcs, principal=principal)
 
 
 def render_controller(v: ControllerView) -> None:

@@ -14,7 +14,7 @@ from rich.table import Table
 from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
 from crossdc.yamlfile import load_model
-from dr.cli._common import TopologyOpt, err, out, paths_for, run, topology_for
+from dr.cli._common import PrincipalOpt, TopologyOpt, err, out, paths_for, run, topology_for
 from dr.controller.config import ControllerSettings, SyncSettings
 from dr.controller.sync import StandbyReport, SyncReport, sync_report
 from dr.exits import Exit, run_app
@@ -117,6 +117,7 @@ def status(
         "config's sync.topics, else all].", show_default=False)] = None,
     config: Annotated[Path | None, typer.Option(
         "--config", help="Controller settings YAML (its sync section).")] = None,
+    principal: PrincipalOpt = None,
 ) -> None:
     """What differs between the primary and each standby; exit 1 when something would block
     a failover (a missing topic, fewer partitions, untranslatable group offsets)."""
@@ -125,7 +126,7 @@ def status(
 
     async def main() -> tuple[SyncReport, str | None]:
         primary, note = await primary_of(topo)
-        return await sync_report(topo, primary, settings=settings), note
+        return await sync_report(topo, primary, settings=settings, principal=principal), note
 
     report, note = run(main())
     if note:

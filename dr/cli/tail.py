@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dr.cli._common import (
+    PrincipalOpt,
     TopologyOpt,
     name_option,
     out,
@@ -56,13 +57,13 @@ def _table(title: str, records: list[TailRecord],
 
 @tail_app.command("list")
 def list_command(region: RegionOpt = None, topology: TopologyOpt = None,
-                 as_json: JsonOpt = False) -> None:
+                 as_json: JsonOpt = False, principal: PrincipalOpt = None) -> None:
     """List the quarantined records of every region (or --region): where each came from,
     its dr-id and epoch, and whether it was replayed."""
     topo, _ = topology_for(topology, paths_for(None))
     if region is not None:
         region_of(topo, region, "--region")
-    records = run(list_tail(topo, region))
+    records = run(list_tail(topo, region, principal=principal))
     if as_json:
         out.print_json(json.dumps([r.as_dict() for r in records]))
         return
@@ -96,6 +97,7 @@ def replay_command(
                                           "write nothing.")] = False,
     topology: TopologyOpt = None,
     as_json: JsonOpt = False,
+    principal: PrincipalOpt = None,
 ) -> None:
     """Re-produce quarantined records into the current writable primary (same topic, key,
     value; dr-epoch the current epoch; dr-replayed-from their source position). A record is
@@ -104,7 +106,7 @@ def replay_command(
     region_of(topo, region, "--region")
     if bool(ids) == all_:
         fail("give --id DR_ID (repeatable) or --all, not both")
-    res = run(replay_tail(topo, region, ids or None, dry_run=dry_run))
+    res = run(replay_tail(topo, region, ids or None, dry_run=dry_run, principal=principal))
     if as_json:
         out.print_json(_result_json(res))
         return

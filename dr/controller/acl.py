@@ -31,7 +31,8 @@ from pathlib import Path
 
 import structlog
 
-from crossdc.clients.kafka import AclBinding, KafkaAdmin, kafka_principal
+from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.kafka import AclBinding, KafkaAdmin
 from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.security import ADMIN, CONTROLLER, MIRROR, PROXY, RECONCILE
@@ -94,19 +95,23 @@ async def grant_component_acls(region: Region, retry: RetrySettings | None = Non
     """Grant `component_acls()` in the region's cluster, as the super user."""
     # generous: right after start-up the quorum may still be slow to commit
     retry = retry or RetrySettings(attempts=5, total_s=90.0, call_timeout_s=30.0)
-    with kafka_principal(ADMIN):
-        async with KafkaAdmin(region.kafka.bootstrap, retry) as admin:
-            await admin.create_acls(component_acls())
+    async with KafkaAdmin(KafkaConnection.of(region, principal=ADMIN), retry) as admin:
+        await admin.create_acls(component_acls())
     log.info("component_acls_granted", region=region.name, acls=len(component_acls()))
 
 
 class KafkaFence:
-    """The proxies' write fence in Kafka for the secure regions of a topology."""
+    """The proxies' write fence in Kafka for the secure regions of a topology, set as
+    `principal` (the controller's, or the operator's: `NoKafkaPrincipal` at once when a
+    secure region needs one and none is named)."""
 
     def __init__(self, topology: Topology, policy_path: Path | None = None, *,
-                 timeout_s: float = 3.0) -> None:
+                 timeout_s: float = 3.0, principal: str | None = None) -> None:
         self.topology = topology
         self.regions = [r for r in topology.regions if r.security is not None]
+        self.kafka = {r.name: KafkaConnection.of(r, principal=principal) for r in self.regions}
+        for conn in self.kafka.values():
+            conn.user()  # fail closed here, not in a step that logs "pending"
         self.policy_path = policy_path if policy_path is not None or not self.regions \
             else default_policy_path()
         self.timeout_s = timeout_s
@@ -140,10 +145,9 @@ class KafkaFence:
     async def deny(self, region: str) -> list[str]:
         """Deny the proxies WRITE on every ordered topic of `region` (idempotent); the
         topics newly denied. ClientError when the region does not answer."""
-        reg = self.topology.region(region)
-        if reg.security is None:
+        if region not in self.kafka:  # PLAINTEXT: no ACLs
             return []
-        async with KafkaAdmin(reg.kafka.bootstrap, self.retry) as admin:
+        async with KafkaAdmin(self.kafka[region], self.retry) as admin:
             topics = self._ordered(await admin.list_topics())
             # Kafka is asked every time, never a cache: a fence that another process (an
             # earlier leader) began must still deny every topic here.
@@ -158,10 +162,9 @@ class KafkaFence:
 
     async def allow(self, region: str) -> int:
         """Lift the proxies' denies in `region` (every topic's); how many were lifted."""
-        reg = self.topology.region(region)
-        if reg.security is None:
+        if region not in self.kafka:  # PLAINTEXT: no ACLs
             return 0
-        async with KafkaAdmin(reg.kafka.bootstrap, self.retry) as admin:
+        async with KafkaAdmin(self.kafka[region], self.retry) as admin:
             topics = await admin.list_topics()
             n = await admin.delete_acls([proxy_deny(t) for t in topics])
         self.denied[region] = set()

@@ -25,6 +25,7 @@ from crossdc.clients.errors import KafkaError
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
+from crossdc.security import CONTROLLER
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings
 from dr.controller.datacenters import Datacenters, PrimaryView
@@ -64,9 +65,12 @@ class Controller(Lifecycle):
 
     def __init__(self, topology: Topology, settings: ControllerSettings, *,
                  topology_path: Path | None = None, sync: SyncHook | None = None,
-                 metrics: ControllerMetrics | None = None) -> None:
+                 metrics: ControllerMetrics | None = None,
+                 kafka_principal: str = CONTROLLER) -> None:
         topology.region(settings.region)  # unknown region: KeyError before anything starts
         self.topology = topology
+        self.kafka_principal = kafka_principal
+        """What its Kafka clients authenticate as (SASL/SCRAM regions)."""
         self.topology_path = topology_path
         self.settings = settings
         self.metrics = metrics or ControllerMetrics()
@@ -80,7 +84,8 @@ class Controller(Lifecycle):
             r.name, settings.health.failures_to_down, settings.health.successes_to_up,
             canary_grace_ms=int(settings.health.canary_grace_s * 1000))
             for r in topology.regions}
-        self.probers = {r.name: RegionProber(r, settings.health, settings.controller_id)
+        self.probers = {r.name: RegionProber(r, settings.health, settings.controller_id,
+                                             principal=kafka_principal)
                         for r in topology.regions}
         self.lags: dict[tuple[str, str], Behind] = {}
         self.view: PrimaryView | None = None
@@ -90,7 +95,7 @@ class Controller(Lifecycle):
             topology, settings, self.dcs, self._persist,
             last_behind=lambda s, t: self.lags.get((s, t)), publish_dns=self._publish_dns,
             is_down=lambda r: self.hysteresis[r].status == "down", guard=self._guard,
-            sessions=self._sessions)
+            sessions=self._sessions, principal=kafka_principal)
         self.why_no_auto = ""
         """Why an automatic failover would not run now ("" when nothing stops it)."""
         self._primary_seen: tuple[tuple[int, str, bool], float] | None = None
@@ -224,7 +229,8 @@ class Controller(Lifecycle):
             if self.hysteresis[flow.source].status == "down":
                 continue  # keep the last figure: it is the RPO estimate
             b = await behind(self.topology, flow.source, flow.target,
-                             self.settings.failover.measure_timeout_s)
+                             self.settings.failover.measure_timeout_s,
+                             principal=self.kafka_principal)
             if b.records is not None:
                 self.lags[(flow.source, flow.target)] = b
                 self.metrics.mirror_lag.labels(source=flow.source, target=flow.target).set(

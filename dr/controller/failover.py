@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.flows import flow_status
 from crossdc.clients.kafka import ONCE, KafkaAdmin
@@ -76,13 +77,14 @@ def flow_between(topology: Topology, source: str, target: str) -> Flow | None:
     return next((f for f in topology.flows if f.source == source and f.target == target), None)
 
 
-async def behind(topology: Topology, source: str, target: str, timeout_s: float = 5.0
-                 ) -> Behind:
-    """Measure the mirror lag source → target now (from the source's group offsets)."""
+async def behind(topology: Topology, source: str, target: str, timeout_s: float = 5.0, *,
+                 principal: str | None = None) -> Behind:
+    """Measure the mirror lag source → target now (from the source's group offsets), read as
+    `principal` (SASL/SCRAM regions)."""
     flow = flow_between(topology, source, target)
     if flow is None:
         return Behind(None, None, error=f"no mirror flow {source} → {target} in the topology")
-    st = await flow_status(topology, flow, timeout_s)
+    st = await flow_status(topology, flow, timeout_s, principal=principal)
     if st.error:
         return Behind(None, st.last_append_age_s, error=st.error)
     return Behind(st.lag_records, st.last_append_age_s)
@@ -100,8 +102,13 @@ class FailoverEngine:
                  sessions: Callable[[], Mapping[str, str]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  majority: int | None = None,
+                 principal: str | None = None,
                  ) -> None:
         self.topology = topology
+        self.principal = principal
+        """What its Kafka clients authenticate as (the controller's, or the operator's)."""
+        for region in topology.regions:  # fail closed now, not inside a step (NoKafkaPrincipal)
+            self.kafka(region.name).user()
         self.settings = settings
         self.dcs = dcs
         self.persist = persist
@@ -122,8 +129,12 @@ class FailoverEngine:
         self._fenced_at: dict[str, float] = {}
         """Failover id → when (this process's monotonic clock) its fence reached a majority."""
         self.by = f"controller:{settings.controller_id}"
-        self.kafka_fence = KafkaFence(topology)
+        self.kafka_fence = KafkaFence(topology, principal=principal)
         """The fence in Kafka (ACLs) of the regions with SASL/SCRAM (dr/controller/acl.py)."""
+
+    def kafka(self, region: str) -> KafkaConnection:
+        """The region's cluster as this engine's principal."""
+        return KafkaConnection.of(self.topology.region(region), principal=self.principal)
 
     # -- checks --------------------------------------------------------------------------
     async def measure_behind(self, source: str, target: str) -> Behind:
@@ -134,7 +145,7 @@ class FailoverEngine:
                 return Behind(earlier.records, earlier.last_copy_age_s, earlier.at_ms,
                               error=f"{source} is down", measured=False)
         now = await behind(self.topology, source, target,
-                           self.settings.failover.measure_timeout_s)
+                           self.settings.failover.measure_timeout_s, principal=self.principal)
         if now.records is not None:
             return now
         earlier = self.last_behind(source, target)
@@ -366,7 +377,8 @@ class FailoverEngine:
         try:
             while not self.is_down(rec.source):
                 last = await behind(self.topology, rec.source, rec.target,
-                                    self.settings.failover.measure_timeout_s)
+                                    self.settings.failover.measure_timeout_s,
+                                    principal=self.principal)
                 if first is None:
                     first = last
                 if last.records is None or last.records == 0 or time.monotonic() >= deadline:
@@ -397,21 +409,20 @@ class FailoverEngine:
         words for the step's detail."""
         timeout_s = self.settings.failover.measure_timeout_s
 
-        async def one(region: str, bootstrap: str) -> tuple[str, int | str]:
+        async def one(region: str) -> tuple[str, int | str]:
             if self.is_down(region):
                 return region, "down"
             # a region that does not answer costs at most the rest of the drain's bound
             bound = min(timeout_s, max(2.0, deadline - time.monotonic()))
             try:
-                return region, (await pending_hints(bootstrap, region, [target],
+                return region, (await pending_hints(self.kafka(region), region, [target],
                                                     bound))[target]
             except STEP_ERRORS as exc:
                 return region, f"{exc.__class__.__name__}: {exc}"
 
         first: dict[str, int] | None = None
         while True:
-            got = dict(await asyncio.gather(*(one(r.name, r.kafka.bootstrap)
-                                              for r in self.topology.regions)))
+            got = dict(await asyncio.gather(*(one(r.name) for r in self.topology.regions)))
             counts = {r: n for r, n in got.items() if isinstance(n, int)}
             if first is None:
                 first = counts
@@ -435,8 +446,7 @@ class FailoverEngine:
         return left, words
 
     async def _offsets(self, rec: FailoverRecord) -> FailoverRecord:
-        src = self.topology.region(rec.source).kafka.bootstrap
-        dst = self.topology.region(rec.target).kafka.bootstrap
+        src, dst = self.kafka(rec.source), self.kafka(rec.target)
         if self.is_down(rec.source):
             return rec.with_step("offsets", status="skipped",
                                  detail=f"{rec.source} is down; the offsets the standby "
@@ -510,7 +520,7 @@ class FailoverEngine:
         from dr.controller.tail import tail_count
         try:
             async with asyncio.timeout(self.settings.failover.measure_timeout_s):
-                counts = await tail_count(self.topology)
+                counts = await tail_count(self.topology, principal=self.principal)
             rec = rec.model_copy(update={"tail_records": sum(counts.values())})
         except (TimeoutError, CrossdcError, KafkaError, OSError) as exc:
             log.info("tail_count_failed", error=repr(exc))
@@ -523,9 +533,9 @@ class FailoverEngine:
             update={"state": "done", "ended_ms": now_ms()})
 
 
-async def _user_groups(bootstrap: str, timeout_s: float) -> list[str]:
+async def _user_groups(conn: KafkaConnection, timeout_s: float) -> list[str]:
     """Consumer groups that users run (not the mirror's own)."""
-    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()

@@ -19,8 +19,9 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from crossdc.aio import cancelled_from_outside
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec, kafka_kw
+from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec
 from crossdc.errors import ClientError
 from crossdc.topology import Region
 from dr.controller.config import HealthSettings
@@ -170,13 +171,16 @@ class RegionProber:
     reconnects to a broker that comes back. They are made on the first probe that needs them,
     under their own deadline (a region down at start never keeps the controller from
     starting), and made afresh after `RENEW_AFTER` failed rounds in a row (a client that saw
-    its broker die may be wedged)."""
+    its broker die may be wedged). They authenticate as `principal` (the controller's own)
+    where the region has `security:`."""
 
     RENEW_AFTER = 5
     SETUP_TIMEOUT_S = 10.0
 
-    def __init__(self, region: Region, settings: HealthSettings, controller_id: str) -> None:
+    def __init__(self, region: Region, settings: HealthSettings, controller_id: str, *,
+                 principal: str | None = None) -> None:
         self.region = region
+        self.kafka = KafkaConnection.of(region, principal=principal)
         self.settings = settings
         self.controller_id = controller_id
         self._configured = list(region.kafka.bootstrap_servers)
@@ -245,7 +249,7 @@ class RegionProber:
                 # One try per call, no deadline of its own: the probe's deadlines and
                 # `_any_broker` bound and retry it.
                 admin = KafkaAdmin(
-                    ",".join(self.bootstrap_servers()), ONCE,
+                    self.kafka.with_servers(self.bootstrap_servers()), ONCE,
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
                 self._admin = admin  # kept even if start fails: stop() closes it
                 await admin.start()
@@ -264,7 +268,8 @@ class RegionProber:
                         self.settings.canary_topic, 1, rf, {"retention.ms": "3600000"})],
                         unchecked=True)
                 producer = AIOKafkaProducer(
-                    **kafka_kw(self.bootstrap_servers()), acks="all", linger_ms=0,
+                    **self.kafka.with_servers(self.bootstrap_servers()).aiokafka_kwargs(),
+                    acks="all", linger_ms=0,
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
                 self._producer = producer
                 await producer.start()
@@ -272,7 +277,8 @@ class RegionProber:
                 # Short request deadlines: closing a consumer whose broker died waits for
                 # its in-flight fetch (40 s by default).
                 consumer = AIOKafkaConsumer(
-                    **kafka_kw(self.bootstrap_servers()), enable_auto_commit=False,
+                    **self.kafka.with_servers(self.bootstrap_servers()).aiokafka_kwargs(),
+                    enable_auto_commit=False,
                     request_timeout_ms=int(max(2.0, self.settings.timeout_s * 2) * 1000),
                     fetch_max_wait_ms=200)
                 self._consumer = consumer

@@ -75,11 +75,12 @@ async def leader_of(dcs: Datacenters) -> LeaderRecord | None:
 
 async def plan_failover(topology: Topology, dcs: Datacenters, settings: ControllerSettings,
                         target: str | None, *, kind: str = "failover", force: bool = False,
-                        reason: str = "", by: str = "operator") -> Plan:
+                        reason: str = "", by: str = "operator",
+                        principal: str | None = None) -> Plan:
     """Check a failover to `target` (failback: to the source of the last failover) and say
     what it would do. Raises FailoverRefused / FailoverInProgress. Without a majority of
     datacenters answering it is refused unless `force`; forced, the risk is named in the
-    plan's record (`risk`)."""
+    plan's record (`risk`). Kafka is read as `principal` (SASL/SCRAM regions)."""
     view = await dcs.primary()
     risks: list[str] = []
     if not view.has_majority:
@@ -101,7 +102,7 @@ async def plan_failover(topology: Topology, dcs: Datacenters, settings: Controll
         else:
             target = topology.primary
     source = view.current.region
-    engine = FailoverEngine(topology, settings, dcs, _no_persist)
+    engine = FailoverEngine(topology, settings, dcs, _no_persist, principal=principal)
     lag = await engine.check(source, target, force)
     if force:
         f = settings.failover
@@ -145,7 +146,7 @@ async def start_failover(dcs: Datacenters, plan: Plan) -> None:
 
 
 async def execute_forced(topology: Topology, dcs: Datacenters, settings: ControllerSettings,
-                         plan: Plan) -> FailoverRecord:
+                         plan: Plan, *, principal: str | None = None) -> FailoverRecord:
     """An operator's forced failover with no majority answering: no controller can lead, so
     this command executes it, with the datacenters that answer standing for the majority
     (the record's `risk` says what that risks)."""
@@ -158,7 +159,8 @@ async def execute_forced(topology: Topology, dcs: Datacenters, settings: Control
             raise ControllerError("no datacenter answers: " + "; ".join(failed.values()))
         return record
 
-    engine = FailoverEngine(topology, settings, dcs, persist, majority=answering)
+    engine = FailoverEngine(topology, settings, dcs, persist, majority=answering,
+                            principal=principal)
     record = await persist(plan.record)
     return await engine.execute(record)
 
@@ -253,8 +255,10 @@ class ControllerView(BaseModel):
         return ""
 
 
-async def controller_view(dcs: Datacenters) -> ControllerView:
-    """Read everything `dr status` shows of the controllers, from every datacenter."""
+async def controller_view(dcs: Datacenters, *, principal: str | None = None
+                          ) -> ControllerView:
+    """Read everything `dr status` shows of the controllers, from every datacenter (the
+    divergent tail's count from Kafka, as `principal`)."""
     view = await dcs.primary()
     gates, _ = await dcs.read_all(GATE_KEY, GateRecord)
     gate = max((g for g in gates.values() if g is not None), key=lambda g: (g.seq, g.at_ms),
@@ -269,7 +273,7 @@ async def controller_view(dcs: Datacenters) -> ControllerView:
     from dr.controller.tail import tail_count
     try:
         async with asyncio.timeout(5.0):
-            tail = await tail_count(dcs.topology)
+            tail = await tail_count(dcs.topology, principal=principal)
     except (TimeoutError, CrossdcError, KafkaError, OSError):
         tail = {}
     return ControllerView(primary=view.per_region, unreachable=view.unreachable,

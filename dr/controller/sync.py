@@ -35,6 +35,7 @@ import structlog
 from aiokafka import TopicPartition
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
 from crossdc.clients.offsets import Translated, apply_offsets, group_members, translate_group
@@ -220,6 +221,8 @@ class SyncContext:
     """Asked right before offsets are committed on a standby: False (a failover opened, the
     primary changed) stops the round there, so translated offsets never land after a
     promote."""
+    principal: str | None = None
+    """What the round's Kafka clients authenticate as (the controller's own)."""
 
     @classmethod
     def of(cls, ctl: Controller) -> SyncContext:
@@ -229,7 +232,7 @@ class SyncContext:
         if ctl.last_failover is not None and ctl.last_failover.state != "done":
             primary = None
         return cls(ctl.topology, primary, ctl.settings.sync, ctl.settings.region, ctl.metrics,
-                   still_primary=ctl.sync_may_commit)
+                   still_primary=ctl.sync_may_commit, principal=ctl.kafka_principal)
 
 
 @dataclass
@@ -255,7 +258,7 @@ class _Primary:
     """What the primary holds, read once per round."""
 
     region: str
-    bootstrap: str
+    conn: KafkaConnection
     topics: dict[str, TopicSpec]
     groups: list[str]
 
@@ -265,7 +268,7 @@ async def _read_primary(admin: KafkaAdmin, region: str, topology: Topology,
     names = [t for t in await admin.list_topics() if is_user_topic(t, pattern)]
     topics = await admin.describe_topics(names)
     groups = [g for g in await admin.consumer_groups() if is_user_group(g, topology)]
-    return _Primary(region, admin.bootstrap, topics, groups)
+    return _Primary(region, admin.conn, topics, groups)
 
 
 async def _set_configs(admin: KafkaAdmin, topic: str) -> dict[str, str]:
@@ -307,7 +310,7 @@ async def _group_diffs(primary: _Primary, standby: str, s_admin: KafkaAdmin,
         try:
             with _kafka(f"translate group {group} from {primary.region} to {standby}"):
                 rows = [r for r in await translate_group(
-                    group, primary.region, primary.bootstrap, s_admin.bootstrap)
+                    group, primary.region, primary.conn, s_admin.conn)
                     if is_user_topic(r.topic, pattern)]
         except OffsetsError as exc:
             out.append(GroupDiff(group=group, state="untranslatable", detail=str(exc)))
@@ -352,7 +355,7 @@ async def _compare(primary: _Primary, p_admin: KafkaAdmin, standby: str, s_admin
             if g.state == "not_applied":
                 try:
                     with _kafka(f"describe group {g.group} in {standby}"):
-                        _, members = await group_members(s_admin.bootstrap, g.group)
+                        _, members = await group_members(s_admin.conn, g.group)
                 except OffsetsUnavailable as exc:
                     raise ClientError(str(exc)) from exc
                 if members:
@@ -413,7 +416,7 @@ async def _apply(diff: StandbyReport, primary: _Primary, p_admin: KafkaAdmin,
             continue
         try:
             with _kafka(f"commit offsets of group {g.group} in {out.standby}"):
-                await apply_offsets(g.group, s_admin.bootstrap, rows)
+                await apply_offsets(g.group, s_admin.conn, rows)
             if g.state == "not_applied":
                 out.groups_applied.append(g.group)
         except OffsetsUnavailable as exc:
@@ -449,7 +452,7 @@ async def sync_once(ctx: SyncContext) -> list[SyncOutcome]:
     pattern = compile_topics(ctx.settings.topics)
     p_region = ctx.topology.region(ctx.primary)
     outcomes = []
-    async with KafkaAdmin(p_region.kafka.bootstrap, ctx.retry,
+    async with KafkaAdmin(KafkaConnection.of(p_region, principal=ctx.principal), ctx.retry,
                           client_id="crossdc-controller-sync") as p_admin:
         primary = await _read_primary(p_admin, ctx.primary, ctx.topology, pattern)
         for region in ctx.topology.regions:
@@ -458,7 +461,8 @@ async def sync_once(ctx: SyncContext) -> list[SyncOutcome]:
             outcome = SyncOutcome(region.name)
             bound = log.bind(region=ctx.region, standby=region.name, primary=ctx.primary)
             try:
-                async with KafkaAdmin(region.kafka.bootstrap, ctx.retry,
+                async with KafkaAdmin(KafkaConnection.of(region, principal=ctx.principal),
+                                      ctx.retry,
                                       client_id="crossdc-controller-sync") as s_admin:
                     diff = await _compare(primary, p_admin, region.name, s_admin,
                                           ctx.settings, pattern, report=False)
@@ -495,20 +499,23 @@ async def standby_sync(ctl: Controller) -> None:
 
 async def sync_report(topology: Topology, primary: str, *,
                       settings: SyncSettings | None = None,
-                      retry: RetrySettings = SYNC_RETRY) -> SyncReport:
-    """What differs between the primary and each standby (nothing is changed). A standby
-    that does not answer is reported unreachable (and blocking)."""
+                      retry: RetrySettings = SYNC_RETRY,
+                      principal: str | None = None) -> SyncReport:
+    """What differs between the primary and each standby (nothing is changed), read as
+    `principal` (SASL/SCRAM regions). A standby that does not answer is reported
+    unreachable (and blocking)."""
     settings = settings or SyncSettings()
     pattern = compile_topics(settings.topics)
     standbys = []
-    async with KafkaAdmin(topology.region(primary).kafka.bootstrap, retry,
+    async with KafkaAdmin(KafkaConnection.of(topology.region(primary), principal=principal),
+                          retry,
                           client_id="crossdc-sync-report") as p_admin:
         snapshot = await _read_primary(p_admin, primary, topology, pattern)
         for region in topology.regions:
             if region.name == primary:
                 continue
             try:
-                async with KafkaAdmin(region.kafka.bootstrap, retry,
+                async with KafkaAdmin(KafkaConnection.of(region, principal=principal), retry,
                                       client_id="crossdc-sync-report") as s_admin:
                     standbys.append(await _compare(snapshot, p_admin, region.name, s_admin,
                                                    settings, pattern, report=True))

@@ -31,8 +31,9 @@ from typing import Any
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec, kafka_kw
+from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec
 from crossdc.errors import ClientError
 from crossdc.headers import DR_EPOCH, DR_ID, DR_PATH
 from crossdc.primary import PrimaryRecord
@@ -145,12 +146,12 @@ class ReplayResult:
 
 
 # -- reading -------------------------------------------------------------------------------
-async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[Any]:
+async def _read_topic(conn: KafkaConnection, topic: str, timeout_s: float) -> list[Any]:
     """Every committed record of `topic` up to its end now ([] when it does not exist)."""
-    n = await _partitions(bootstrap, topic, timeout_s)
+    n = await _partitions(conn, topic, timeout_s)
     if not n:
         return []
-    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    c = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
                          isolation_level="read_committed",
                          request_timeout_ms=int(timeout_s * 1000))
     out: list[Any] = []
@@ -170,9 +171,9 @@ async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[Any]
     return out
 
 
-async def _partitions(bootstrap: str, topic: str, timeout_s: float) -> int:
+async def _partitions(conn: KafkaConnection, topic: str, timeout_s: float) -> int:
     """`topic`'s partition count, 0 when it does not exist (described, never auto-created)."""
-    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()
@@ -182,12 +183,13 @@ async def _partitions(bootstrap: str, topic: str, timeout_s: float) -> int:
     return counts.get(topic, 0)
 
 
-async def _read(topology: Topology, region: str, topic: str, timeout_s: float) -> list[Any]:
-    bootstrap = topology.region(region).kafka.bootstrap
+async def _read(topology: Topology, region: str, topic: str, timeout_s: float,
+                principal: str | None) -> list[Any]:
+    conn = KafkaConnection.of(topology.region(region), principal=principal)
     try:
-        return await _read_topic(bootstrap, topic, timeout_s)
+        return await _read_topic(conn, topic, timeout_s)
     except (ClientError, KafkaError, OSError, TimeoutError) as exc:
-        raise TailUnavailable(f"{topic} in {region} ({bootstrap}) cannot be read: "
+        raise TailUnavailable(f"{topic} in {region} ({conn}) cannot be read: "
                               f"{exc!r}") from exc
 
 
@@ -213,11 +215,11 @@ def _record(region: str, r: Any) -> TailRecord | None:
 
 
 async def _markers(topology: Topology, regions: Iterable[str], timeout_s: float,
-                   *, strict: bool) -> dict[str, str]:
+                   *, strict: bool, principal: str | None) -> dict[str, str]:
     """replay key → the region replayed into, from every region's marker topic. `strict`:
     a region that does not answer raises; else it is left out (logged)."""
     regions = list(regions)
-    results = await asyncio.gather(*(_read(topology, r, REPLAYED_TOPIC, timeout_s)
+    results = await asyncio.gather(*(_read(topology, r, REPLAYED_TOPIC, timeout_s, principal)
                                       for r in regions), return_exceptions=True)
     out: dict[str, str] = {}
     for region, res in zip(regions, results, strict=True):
@@ -243,12 +245,12 @@ async def _markers(topology: Topology, regions: Iterable[str], timeout_s: float,
 
 
 async def _quarantine(topology: Topology, region: str, markers: dict[str, str],
-                      timeout_s: float) -> list[TailRecord]:
+                      timeout_s: float, principal: str | None) -> list[TailRecord]:
     """The region's quarantined records, once each (the mirror may have written one twice
     after a retry), in quarantine order."""
     seen: set[str] = set()
     out: list[TailRecord] = []
-    for r in await _read(topology, region, QUARANTINE_TOPIC, timeout_s):
+    for r in await _read(topology, region, QUARANTINE_TOPIC, timeout_s, principal):
         rec = _record(region, r)
         if rec is None or rec.replay_key in seen:
             continue
@@ -266,24 +268,28 @@ def _regions(topology: Topology, region: str | None) -> list[str]:
 
 
 async def list_tail(topology: Topology, region: str | None = None, *,
-                    timeout_s: float = _TIMEOUT_S) -> list[TailRecord]:
+                    timeout_s: float = _TIMEOUT_S, principal: str | None = None
+                    ) -> list[TailRecord]:
     """The quarantined records of `region` (every region when None), with whether each was
-    replayed. Raises TailUnavailable when a region asked for (or a region's replay markers)
-    cannot be read: a listing is never silently partial."""
-    markers = await _markers(topology, _regions(topology, None), timeout_s, strict=True)
+    replayed, read as `principal` (SASL/SCRAM regions). Raises TailUnavailable when a region
+    asked for (or a region's replay markers) cannot be read: a listing is never silently
+    partial."""
+    markers = await _markers(topology, _regions(topology, None), timeout_s, strict=True,
+                             principal=principal)
     out: list[TailRecord] = []
     for name in _regions(topology, region):
-        out.extend(await _quarantine(topology, name, markers, timeout_s))
+        out.extend(await _quarantine(topology, name, markers, timeout_s, principal))
     return out
 
 
-async def tail_count(topology: Topology, *, timeout_s: float = _TIMEOUT_S) -> dict[str, int]:
-    """Records quarantined and not replayed, per region. A region whose quarantine does not
-    answer is absent from the result (a marker region that does not answer is left out, so a
-    count may then include records replayed into it)."""
+async def tail_count(topology: Topology, *, timeout_s: float = _TIMEOUT_S,
+                     principal: str | None = None) -> dict[str, int]:
+    """Records quarantined and not replayed, per region (read as `principal`). A region
+    whose quarantine does not answer is absent from the result (a marker region that does
+    not answer is left out, so a count may then include records replayed into it)."""
     names = _regions(topology, None)
-    markers = await _markers(topology, names, timeout_s, strict=False)
-    results = await asyncio.gather(*(_quarantine(topology, n, markers, timeout_s)
+    markers = await _markers(topology, names, timeout_s, strict=False, principal=principal)
+    results = await asyncio.gather(*(_quarantine(topology, n, markers, timeout_s, principal)
                                      for n in names), return_exceptions=True)
     out: dict[str, int] = {}
     for name, res in zip(names, results, strict=True):
@@ -337,7 +343,8 @@ def _select(records: list[TailRecord], ids: Sequence[str] | None) -> list[TailRe
 
 
 async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None = None, *,
-                      dry_run: bool = False, timeout_s: float = _TIMEOUT_S) -> ReplayResult:
+                      dry_run: bool = False, timeout_s: float = _TIMEOUT_S,
+                      principal: str | None = None) -> ReplayResult:
     """Re-produce `region`'s quarantined records (those with dr-id in `ids`; every one when
     `ids` is empty or None) into the current writable primary: same topic, key, value and
     partition number, headers per `replay_headers`. Records already replayed (by any run) are
@@ -349,24 +356,25 @@ async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None
     target = primary.writable
     assert target is not None
     result = ReplayResult(primary=target, epoch=primary.epoch, dry_run=dry_run)
-    bootstrap = topology.region(target).kafka.bootstrap
+    conn = KafkaConnection.of(topology.region(target), principal=principal)
     producer: AIOKafkaProducer | None = None
     try:
         if not dry_run:
             # Started (init_transactions) before the markers are read: a replay still
             # running is fenced by now, or its commit is visible to what we read next.
             producer = AIOKafkaProducer(
-                **kafka_kw(bootstrap), acks="all", enable_idempotence=True,
+                **conn.aiokafka_kwargs(), acks="all", enable_idempotence=True,
                 transactional_id=f"crossdc-tail-replay-{target}",
                 request_timeout_ms=int(timeout_s * 1000))
             try:
                 async with asyncio.timeout(timeout_s):
-                    await _ensure_replayed_topic(bootstrap)
+                    await _ensure_replayed_topic(conn)
                     await producer.start()
             except (KafkaError, OSError, TimeoutError) as exc:
-                raise TailUnavailable(f"the primary {target} ({bootstrap}) cannot take the "
+                raise TailUnavailable(f"the primary {target} ({conn}) cannot take the "
                                       f"replay: {exc!r}") from exc
-        chosen = _select(await list_tail(topology, region, timeout_s=timeout_s), ids)
+        chosen = _select(await list_tail(topology, region, timeout_s=timeout_s,
+                                         principal=principal), ids)
         todo: list[TailRecord] = []
         for rec in chosen:
             if rec.replayed:
@@ -379,7 +387,7 @@ async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None
             result.replayed = [(r, None) for r in todo] if dry_run else []
             return result
         assert producer is not None
-        result.replayed = await _replay(producer, topology, primary, todo, timeout_s)
+        result.replayed = await _replay(producer, conn, topology, primary, todo, timeout_s)
         log.info("tail_replayed", region=region, primary=target, epoch=primary.epoch,
                     records=len(result.replayed), already=len(result.already),
                     skipped=len(result.skipped))
@@ -389,19 +397,19 @@ async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None
             await _stop(producer)
 
 
-async def _ensure_replayed_topic(bootstrap: str) -> None:
-    async with KafkaAdmin(bootstrap) as admin:
+async def _ensure_replayed_topic(conn: KafkaConnection) -> None:
+    async with KafkaAdmin(conn) as admin:
         replication = min(3, await admin.broker_count())
         await admin.create_topics([TopicSpec(REPLAYED_TOPIC, 1, replication,
                                              dict(REPLAYED_CONFIGS))], exist_ok=True)
 
 
-async def _replay(producer: AIOKafkaProducer, topology: Topology, primary: PrimaryRecord,
-                  todo: list[TailRecord], timeout_s: float) -> list[tuple[TailRecord, int | None]]:
+async def _replay(producer: AIOKafkaProducer, conn: KafkaConnection, topology: Topology,
+                  primary: PrimaryRecord, todo: list[TailRecord], timeout_s: float
+                  ) -> list[tuple[TailRecord, int | None]]:
     target = primary.writable
     assert target is not None
-    counts = await _partition_counts(topology.region(target).kafka.bootstrap,
-                                     {r.topic for r in todo}, target, timeout_s)
+    counts = await _partition_counts(conn, {r.topic for r in todo}, target, timeout_s)
     futs: list[asyncio.Future[Any]] = []
     begun = committed = False
     try:
@@ -442,10 +450,10 @@ async def _replay(producer: AIOKafkaProducer, topology: Topology, primary: Prima
     return list(zip(todo, offsets, strict=True))
 
 
-async def _partition_counts(bootstrap: str, topics: set[str], region: str,
+async def _partition_counts(conn: KafkaConnection, topics: set[str], region: str,
                             timeout_s: float) -> dict[str, int]:
     """Partitions of each topic in the primary (described, never auto-created)."""
-    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):
             await admin.start()

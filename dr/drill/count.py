@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 import structlog
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import KafkaAdmin, kafka_kw
+from crossdc.clients.kafka import KafkaAdmin
 from crossdc.errors import ClientError, CrossdcError
 from crossdc.headers import DR_EPOCH, DR_ID, DR_ORIGIN
 from crossdc.topology import Topology
@@ -57,18 +58,19 @@ SAMPLE = 20
 
 
 async def read_back(topology: Topology, topics: Iterable[str],
-                    timeout_s: float = 60.0) -> Held:
-    """Copies of each dr-id in each topic of each region, read to the end offsets of now.
-    Raises ClientError naming the region when one cannot be read within `timeout_s`."""
+                    timeout_s: float = 60.0, *, principal: str | None = None) -> Held:
+    """Copies of each dr-id in each topic of each region, read to the end offsets of now
+    (as `principal`: SASL/SCRAM regions). Raises ClientError naming the region when one
+    cannot be read within `timeout_s`."""
     names = sorted(set(topics))
     out: Held = {}
 
-    async def one(region: str, bootstrap: str) -> None:
+    async def one(region: str, conn: KafkaConnection) -> None:
         try:
             async with asyncio.timeout(timeout_s):
-                out[region] = await _read_region(bootstrap, names)
+                out[region] = await _read_region(conn, names)
         except (KafkaError, OSError, TimeoutError) as exc:
-            raise ClientError(f"{region} ({bootstrap}): could not read {', '.join(names)} to "
+            raise ClientError(f"{region} ({conn}): could not read {', '.join(names)} to "
                               f"the end within {timeout_s:g}s: {exc!r}") from exc
         except ClientError as exc:
             raise ClientError(f"{region}: {exc}") from exc
@@ -76,7 +78,8 @@ async def read_back(topology: Topology, topics: Iterable[str],
     try:
         async with asyncio.TaskGroup() as tg:
             for r in topology.regions:
-                tg.create_task(one(r.name, r.kafka.bootstrap), name=f"drill:read-back:{r.name}")
+                tg.create_task(one(r.name, KafkaConnection.of(r, principal=principal)),
+                               name=f"drill:read-back:{r.name}")
     except* CrossdcError as eg:
         raise eg.exceptions[0] from eg
     return {r.name: out[r.name] for r in topology.regions}
@@ -101,23 +104,24 @@ class Raw:
         return out
 
 
-async def records(bootstrap: str, topics: Iterable[str],
+async def records(conn: KafkaConnection, topics: Iterable[str],
                   client_id: str = "crossdc-drill-read") -> AsyncIterator[Raw]:
     """Every committed record of `topics` (those that exist) up to their end offsets now;
     the history checker's read-back (dr/drill/history.py) uses it too."""
-    async for rec in _records(bootstrap, sorted(set(topics)), client_id):
+    async for rec in _records(conn, sorted(set(topics)), client_id):
         yield rec
 
 
-async def _records(bootstrap: str, topics: list[str], client_id: str) -> AsyncIterator[Raw]:
+async def _records(conn: KafkaConnection, topics: list[str], client_id: str
+                   ) -> AsyncIterator[Raw]:
     """Every record of `topics` up to their end offsets now (committed only: a
     transaction's markers take offsets, so reading stops at positions, not counts)."""
-    async with KafkaAdmin(bootstrap, ADMIN_RETRY) as admin:
+    async with KafkaAdmin(conn, ADMIN_RETRY) as admin:
         counts = await admin.partition_counts(topics)
     tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
     if not tps:
         return
-    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    c = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
                          isolation_level="read_committed", client_id=client_id)
     try:
         await c.start()
@@ -136,9 +140,9 @@ async def _records(bootstrap: str, topics: list[str], client_id: str) -> AsyncIt
         await c.stop()
 
 
-async def _read_region(bootstrap: str, topics: list[str]) -> dict[str, dict[str, int]]:
+async def _read_region(conn: KafkaConnection, topics: list[str]) -> dict[str, dict[str, int]]:
     held: dict[str, dict[str, int]] = {t: {} for t in topics}
-    async for rec in _records(bootstrap, topics, "crossdc-drill-count"):
+    async for rec in _records(conn, topics, "crossdc-drill-count"):
         key = rec.header(DR_ID)
         if key is not None:
             per = held[rec.topic]
@@ -240,7 +244,8 @@ def unreplicated(acks: Iterable[Ack], held: Mapping[str, Mapping[str, Mapping[st
 
 
 async def wait_replicated(topology: Topology, acks: Iterable[Ack], timeout_s: float = 60.0,
-                          *, interval_s: float = 1.0, settle_s: float | None = 20.0) -> Held:
+                          *, interval_s: float = 1.0, settle_s: float | None = 20.0,
+                          principal: str | None = None) -> Held:
     """Read the regions back until every acked record is in every region, `timeout_s`
     passed, or (`settle_s`) nothing more arrived for that long: records the mirror will
     never carry (a divergent tail, quarantined at failback) do not hold the drill up to
@@ -255,7 +260,7 @@ async def wait_replicated(topology: Topology, acks: Iterable[Ack], timeout_s: fl
     while True:
         rounds += 1
         left = max(deadline - time.monotonic(), 5.0)
-        held = await read_back(topology, topics, timeout_s=left)
+        held = await read_back(topology, topics, timeout_s=left, principal=principal)
         missing = unreplicated(acks, held, regions)
         now = time.monotonic()
         if best is None or missing < best:
@@ -272,21 +277,22 @@ Epochs = dict[str, dict[str, int]]
 """epoch (text) -> origin region -> records (distinct dr-ids) written under it."""
 
 
-async def read_epochs(topology: Topology, topic: str, timeout_s: float = 60.0) -> Epochs:
+async def read_epochs(topology: Topology, topic: str, timeout_s: float = 60.0, *,
+                      principal: str | None = None) -> Epochs:
     """The (epoch, origin) pairs of `topic`'s records, read back from EVERY region (a record
     mirrored or not counts once per dr-id). Raises ClientError when a region cannot be read."""
     seen: dict[str, dict[str, set[str]]] = {}
 
-    async def one(bootstrap: str) -> None:
+    async def one(conn: KafkaConnection) -> None:
         async with asyncio.timeout(timeout_s):
-            for headers in await _read_headers(bootstrap, topic):
+            for headers in await _read_headers(conn, topic):
                 epoch = headers.get(DR_EPOCH, "?")
                 origin = headers.get(DR_ORIGIN, "?")
                 seen.setdefault(epoch, {}).setdefault(origin, set()).add(headers.get(DR_ID, ""))
 
     for r in topology.regions:
         try:
-            await one(r.kafka.bootstrap)
+            await one(KafkaConnection.of(r, principal=principal))
         except (KafkaError, OSError, TimeoutError) as exc:
             raise ClientError(f"{r.name} ({r.kafka.bootstrap}): could not read the epochs of "
                               f"{topic}: {exc!r}") from exc
@@ -301,6 +307,6 @@ def split_brain(epochs: Epochs) -> list[str]:
             for e, by in epochs.items() if len(by) > 1]
 
 
-async def _read_headers(bootstrap: str, topic: str) -> list[dict[str, str]]:
+async def _read_headers(conn: KafkaConnection, topic: str) -> list[dict[str, str]]:
     return [{k: v.decode(errors="replace") for k, v in rec.headers}
-            async for rec in _records(bootstrap, [topic], "crossdc-drill-epochs")]
+            async for rec in _records(conn, [topic], "crossdc-drill-epochs")]

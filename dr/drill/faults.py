@@ -48,8 +48,10 @@ from typing import Protocol
 
 import structlog
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import ONCE, KafkaAdmin
 from crossdc.errors import ClientError
+from crossdc.security import ADMIN
 from dr.drill.errors import DrillError, HookFailed
 from dr.errors import StackError
 from dr.stack.local import LocalStack
@@ -288,14 +290,14 @@ class _ControllerOutage(_LocalFault):
         log.info("fault_healed", scenario=self.scenario)
 
 
-async def partition_leaders(bootstrap: str, topic: str) -> dict[int, int]:
+async def partition_leaders(conn: KafkaConnection, topic: str) -> dict[int, int]:
     """partition -> the node id leading it, from the cluster's metadata."""
-    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=10_000)
+    admin = KafkaAdmin(conn, ONCE, request_timeout_ms=10_000)
     try:
         await admin.start()
         topics = await admin.topic_partitions([topic])
     except (ClientError, OSError) as exc:
-        raise DrillError(f"{bootstrap}: could not read the leaders of {topic}: {exc!r}") from exc
+        raise DrillError(f"{conn}: could not read the leaders of {topic}: {exc!r}") from exc
     finally:
         await admin.stop()
     return {p: leader for p, leader in topics.get(topic, {}).items() if leader >= 0}
@@ -323,7 +325,9 @@ class _LeaderKill(_LocalFault):
         # a loaded region may not have elected the new topic's leaders yet (seen in CI's
         # rehearsal): ask again until a deadline
         deadline = time.monotonic() + 60
-        while not (leaders := await partition_leaders(reg.kafka.bootstrap, topic)):
+        # asked as the local stack's super user, as it runs the brokers (SASL/SCRAM regions)
+        conn = KafkaConnection.of(reg, principal=ADMIN)
+        while not (leaders := await partition_leaders(conn, topic)):
             if time.monotonic() > deadline:
                 raise DrillError(f"{self.scenario}: {topic} has no leader in {self.primary} "
                                  "after 60 s")

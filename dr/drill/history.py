@@ -62,10 +62,11 @@ from typing import Any
 import structlog
 
 from crossdc.aio import sleep_unless
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.primary import read_primary
-from crossdc.errors import ClientError, CrossdcError
+from crossdc.errors import ClientError, CrossdcError, NoKafkaPrincipal
 from crossdc.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_TS
 from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
@@ -638,7 +639,8 @@ def ordered_acked_since(acks: Iterable[Ack], since_ms: int, *, mode: str = "orde
 
 # -- reading -------------------------------------------------------------------------------
 async def read_back_history(topology: Topology, topics: Iterable[str],
-                            timeout_s: float = 60.0) -> ReadBack:
+                            timeout_s: float = 60.0, *, principal: str | None = None
+                            ) -> ReadBack:
     """Every copy of `topics` in every region, and what each region's quarantine holds of
     them, read to the end offsets of now. Raises ClientError naming the region that could
     not be read within `timeout_s`."""
@@ -646,25 +648,28 @@ async def read_back_history(topology: Topology, topics: Iterable[str],
     wanted = set(names)
     out: dict[str, list[Copy]] = {}
 
-    async def one(region: str, bootstrap: str) -> None:
+    async def one(region: str, conn: KafkaConnection) -> None:
         got: list[Copy] = []
         try:
             async with asyncio.timeout(timeout_s):
-                async for raw in records(bootstrap, [*names, QUARANTINE_TOPIC],
+                async for raw in records(conn, [*names, QUARANTINE_TOPIC],
                                          "crossdc-drill-history"):
                     q = raw.topic == QUARANTINE_TOPIC
                     c = copy_of(region, raw, quarantined=q)
                     if c is not None and c.topic in wanted:
                         got.append(c)
+        except NoKafkaPrincipal:
+            raise  # not a region that does not answer: no retry helps
         except (KafkaError, OSError, TimeoutError, CrossdcError) as exc:
-            raise ClientError(f"{region} ({bootstrap}): could not read {', '.join(names)} and "
+            raise ClientError(f"{region} ({conn}): could not read {', '.join(names)} and "
                               f"its quarantine within {timeout_s:g}s: {exc!r}") from exc
         out[region] = got
 
     try:
         async with asyncio.TaskGroup() as tg:
             for r in topology.regions:
-                tg.create_task(one(r.name, r.kafka.bootstrap), name=f"drill:history:{r.name}")
+                tg.create_task(one(r.name, KafkaConnection.of(r, principal=principal)),
+                               name=f"drill:history:{r.name}")
     except* ClientError as eg:
         raise eg.exceptions[0] from eg
     regions = tuple(r.name for r in topology.regions)
@@ -679,7 +684,8 @@ def _open_replicas(acks: Sequence[Ack], rb: ReadBack) -> int:
 
 async def wait_converged(topology: Topology, acks: Iterable[Ack], timeout_s: float = 120.0,
                          *, interval_s: float = 1.0, settle_s: float | None = 30.0,
-                         topics: Iterable[str] | None = None) -> ReadBack:
+                         topics: Iterable[str] | None = None,
+                         principal: str | None = None) -> ReadBack:
     """Read back until every acknowledged record is where (c) and (d) want it (sync records
     in every topic, the others in every topic or that region's quarantine), `timeout_s`
     passed, or (`settle_s`) nothing more arrived for that long. Returns the last read (judge
@@ -693,7 +699,8 @@ async def wait_converged(topology: Topology, acks: Iterable[Ack], timeout_s: flo
     while True:
         rounds += 1
         rb = await read_back_history(topology, names,
-                                     timeout_s=max(deadline - time.monotonic(), 10.0))
+                                     timeout_s=max(deadline - time.monotonic(), 10.0),
+                                     principal=principal)
         missing = _open_replicas(acks, rb)
         now = time.monotonic()
         if best is None or missing < best:
@@ -734,14 +741,15 @@ async def read_healed_view(topology: Topology, *, ordered_write_after_heal: bool
 
 async def judge_run(topology: Topology, acks: Sequence[Ack], topics: Iterable[str], *,
                     healed_ms: int, fences: Sequence[Fence] = (),
-                    converge_timeout_s: float = 180.0, settle_s: float = 30.0
+                    converge_timeout_s: float = 180.0, settle_s: float = 30.0,
+                    principal: str | None = None
                     ) -> tuple[History, ReadBack, HealedView]:
     """A drill's whole judgement in one call, once its fault is healed and its traffic
     stopped: read back until converged (bounded), read every datacenter's primary record
     (the writable-primary part from the acks: an ordered write acknowledged after
     `healed_ms`), check everything."""
     rb = await wait_converged(topology, acks, converge_timeout_s, settle_s=settle_s,
-                              topics=topics)
+                              topics=topics, principal=principal)
     view = await read_healed_view(topology,
                                   ordered_write_after_heal=ordered_acked_since(acks, healed_ms))
     return check_history(acks, rb, view, fences=fences), rb, view

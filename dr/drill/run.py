@@ -202,8 +202,10 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                     controller: ControllerSettings | None = None,
                     progress: Progress = lambda s: None,
                     traffic_seen: Callable[[Traffic], None] = lambda t: None,
-                    run_id: str | None = None) -> DrillReport:
-    """Run the drill `plan` describes; returns its report (written under config.reports)."""
+                    run_id: str | None = None, principal: str | None = None) -> DrillReport:
+    """Run the drill `plan` describes; returns its report (written under config.reports).
+    Its own Kafka clients (topics, read-back, the failback's plan) authenticate as
+    `principal` (SASL/SCRAM regions)."""
     run_id = run_id or time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
     folder = config.reports / run_id
     folder.mkdir(parents=True, exist_ok=True)
@@ -211,7 +213,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
     settings = controller or ControllerSettings(region=plan.primary)
     tl = Timeline(started_ms=_now_ms())
     bound = log.bind(scenario=plan.scenario, run=run_id, primary=plan.primary)
-    await create_topics(topology, topics.values())
+    await create_topics(topology, topics.values(), principal=principal)
     dcs = Datacenters(topology)  # entered below, before any call
 
     async def discover(region: str) -> list[str]:
@@ -298,7 +300,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                     progress(f"failing back to {failover.source}")
                     try:
                         failback = await _failback(topology, dcs, settings, failover,
-                                                   config, progress)
+                                                   config, progress, principal)
                         tl.failback_ms = _now_ms()
                     except DrillError as exc:
                         problems.append(str(exc))
@@ -314,19 +316,22 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
         with tl.step("replicate"):
             progress(f"waiting until every region holds the {len(acks)} acknowledged "
                      "records (or the bound)")
-            held = await wait_replicated(topology, acks, config.replicate_timeout_s)
+            held = await wait_replicated(topology, acks, config.replicate_timeout_s,
+                                         principal=principal)
         with tl.step("judge"):
             judgement = judge(acks, held, [r.name for r in topology.regions])
             await watch.stop()
             history: History | None = None
             try:
                 epochs = await read_epochs(topology, topics["ordered"],
-                                           timeout_s=config.replicate_timeout_s)
+                                           timeout_s=config.replicate_timeout_s,
+                                           principal=principal)
                 # the same checker as the partition suite, over the whole run
                 history, _, _ = await judge_run(
                     topology, acks, topics.values(),
                     healed_ms=tl.healed_ms or tl.started_ms, fences=watch.fences(),
-                    converge_timeout_s=config.replicate_timeout_s, settle_s=10.0)
+                    converge_timeout_s=config.replicate_timeout_s, settle_s=10.0,
+                    principal=principal)
             except CrossdcError as exc:
                 problems.append(f"the history check could not read the regions back: {exc}")
                 epochs = {}
@@ -510,14 +515,14 @@ def _check(deadline: float, what: str) -> None:
 
 
 async def _failback(topology: Topology, dcs: Datacenters, settings: ControllerSettings,
-                    failover: FailoverRecord, config: DrillConfig, progress: Progress
-                    ) -> FailoverRecord:
+                    failover: FailoverRecord, config: DrillConfig, progress: Progress,
+                    principal: str | None) -> FailoverRecord:
     """Back to where the failover came from, once the mirror lets it (zero loss)."""
     deadline = time.monotonic() + config.recovery_timeout_s
     while True:
         try:
             plan = await plan_failover(topology, dcs, settings, failover.source,
-                                       kind="failback", by="drill")
+                                       kind="failback", by="drill", principal=principal)
             break
         except ControllerError as exc:
             _check(deadline, f"failback refused until the bound: {exc}")

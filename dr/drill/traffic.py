@@ -51,6 +51,7 @@ import grpc
 import structlog
 
 from crossdc.aio import sleep_unless
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
@@ -107,13 +108,15 @@ def drill_topics(run_id: str) -> dict[str, str]:
     return {mode: f"{prefix}.drill-{run_id}" for mode, prefix in _TOPIC_PREFIX.items()}
 
 
-async def create_topics(topology: Topology, topics: Iterable[str], partitions: int = 3) -> None:
+async def create_topics(topology: Topology, topics: Iterable[str], partitions: int = 3, *,
+                        principal: str | None = None) -> None:
     """Create `topics` in every region with `partitions` partitions (one that exists already
     is fine; one that exists with another partition count is an error: the mirror keeps
     partition numbers, so the counts must match)."""
     names = sorted(set(topics))
     for region in topology.regions:
-        async with KafkaAdmin(region.kafka.bootstrap, ADMIN_RETRY) as admin:
+        async with KafkaAdmin(KafkaConnection.of(region, principal=principal),
+                              ADMIN_RETRY) as admin:
             await admin.create_topics([TopicSpec(n, partitions) for n in names], exist_ok=True)
             counts = await admin.partition_counts(names)
         wrong = {n: c for n, c in counts.items() if c != partitions}

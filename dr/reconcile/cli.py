@@ -15,7 +15,6 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from crossdc.clients.kafka import set_kafka_principal
 from crossdc.errors import ConfigError, ConfigIssue
 from crossdc.extras import require
 from crossdc.security import RECONCILE
@@ -173,14 +172,14 @@ def reconcile_command(
     topo_path = topology or default_topology_path()
     if topology is None and not topo_path.is_file():
         fail(no_topology_message(topo_path))
-    set_kafka_principal(RECONCILE)  # its own Kafka principal (SASL/SCRAM regions)
     settings = RunSettings(
         topology=load_topology(topo_path), topology_path=str(topo_path),
         regions=[r.strip() for r in regions.split(",") if r.strip()], topics=topics,
         since_ms=parse_time(since, "--since"), until_ms=parse_time(until, "--until"),
         grace_s=grace, state_path=state, master=master, driver_memory=driver_memory,
         executor_memory=executor_memory,
-        max_details=max_details, thresholds=limits)
+        max_details=max_details, thresholds=limits,
+        principal=RECONCILE)  # its own Kafka principal (SASL/SCRAM regions)
     check_regions(settings)
     if state is not None:
         check_state_file(state)

@@ -48,7 +48,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from crossdc.clients.kafka import spark_kafka_options
+from crossdc.clients.connection import KafkaConnection
 from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, SPARK_SCHEMA, UNKNOWN
 from crossdc.quarantine import DR_Q_TOPIC, QUARANTINE_TOPIC
 from dr.reconcile.errors import SparkFailed
@@ -174,7 +174,7 @@ DR_HEADERS = ("dr-id", "dr-origin", "dr-ts", "dr-mode", "dr-epoch", "dr-path")
 ID_SALT = 0x5EED_C0DE_D1FF  # seeds the second of the two 64-bit hashes of a dr-id
 
 
-def _read_ranges(spark: SparkSession, bootstrap: str,
+def _read_ranges(spark: SparkSession, conn: KafkaConnection,
                  parts: dict[tuple[str, int], tuple[int, int]], min_partitions: int
                  ) -> DataFrame:
     """The records of each (topic, partition) in its [start, end) offsets, headers included."""
@@ -186,7 +186,7 @@ def _read_ranges(spark: SparkSession, bootstrap: str,
         starting.setdefault(topic, {})[str(p)] = a
         ending.setdefault(topic, {})[str(p)] = b
     return (spark.read.format("kafka")
-            .options(**spark_kafka_options(bootstrap))  # servers (and SASL/SCRAM, TLS)
+            .options(**conn.spark_options())  # servers (and SASL/SCRAM, TLS)
             .option("assign", json.dumps(assign))
             .option("startingOffsets", json.dumps(starting))
             .option("endingOffsets", json.dumps(ending))
@@ -207,7 +207,7 @@ def _read_region(spark: SparkSession, s: RegionSurvey, ri: int, topic_codes: dic
     parts = {tp: ab for tp, ab in parts.items() if ab[1] > ab[0]}
     if not parts:
         return None
-    df = _read_ranges(spark, s.bootstrap, parts, min_partitions)
+    df = _read_ranges(spark, s.conn, parts, min_partitions)
     # The headers as a map (last value wins for a repeated name; spark_session sets the
     # dedup policy): code-generated lookups, no lambda per header.
     df = df.withColumn("h", F.map_from_entries("headers"))
@@ -609,7 +609,7 @@ class _Comparison:
             for topic, frames in ((JOURNAL_TOPIC, journals), (QUARANTINE_TOPIC, quarantined)):
                 parts = {tp: ab for tp, ab in s.side.items() if tp[0] == topic}
                 if parts:
-                    frames.append((ri, _read_ranges(self.spark, s.bootstrap, parts, 1)))
+                    frames.append((ri, _read_ranges(self.spark, s.conn, parts, 1)))
         return self._journal(journals, since_ms, until_ms), self._quarantine(quarantined)
 
     def _journal(self, frames: list[tuple[int, DataFrame]], since_ms: int | None,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import structlog
 
-from crossdc.clients.kafka import use_topology
 from crossdc.errors import ConfigError, ConfigIssue
 from crossdc.extras import require
+from crossdc.security import RECONCILE
 from crossdc.topology import Topology
 from dr.reconcile.model import Report, Thresholds, Window
 from dr.reconcile.survey import survey
@@ -42,6 +42,9 @@ class RunSettings:
     jars_dir: Path | None = None
     max_details: int = 1000
     thresholds: Thresholds = field(default_factory=Thresholds)
+    principal: str | None = RECONCILE
+    """What the job's Kafka clients (the survey, Spark's source) authenticate as in regions
+    with `security:` (SASL/SCRAM): the reconciliation's own principal."""
 
 
 def check_regions(settings: RunSettings) -> None:
@@ -72,7 +75,6 @@ def run(settings: RunSettings) -> Report:
     from dr.reconcile.job import SparkOptions, compare, now_ms, spark_session, stop_session
 
     check_regions(settings)
-    use_topology(settings.topology)  # SASL/SCRAM over TLS where the topology says
     started = time.monotonic()
     marks = load_watermarks(settings.state_path) if settings.state_path else None
     until = settings.until_ms if settings.until_ms is not None \
@@ -84,7 +86,8 @@ def run(settings: RunSettings) -> Report:
         raise ConfigError([ConfigIssue("--since", None, "",
                                        f"the window is empty: since ({since}) is not before "
                                        f"until ({until})")])
-    surveys = asyncio.run(survey(settings.topology, settings.regions, settings.topics))
+    surveys = asyncio.run(survey(settings.topology, settings.regions, settings.topics,
+                              principal=settings.principal))
     starts: dict[str, dict[tuple[str, int], int]] = {}
     if marks is not None:
         for r, s in surveys.items():

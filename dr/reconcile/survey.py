@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
+from crossdc.clients.kafka import ONCE, KafkaAdmin
 from crossdc.errors import ClientError
 from crossdc.outcomes import JOURNAL_TOPIC
 from crossdc.quarantine import QUARANTINE_TOPIC
@@ -36,7 +37,8 @@ class RegionSurvey:
     """One region: partition count per matching topic, and [start, end) offsets."""
 
     region: str
-    bootstrap: str
+    conn: KafkaConnection
+    """The region's cluster, as the job's principal (Spark reads through it too)."""
     partitions: dict[str, int] = field(default_factory=dict)
     start: dict[tuple[str, int], int] = field(default_factory=dict)
     end: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -44,18 +46,22 @@ class RegionSurvey:
     """[start, end) of the partitions of `SIDE_TOPICS` the region holds: the proxies'
     outcome journal and the quarantine, read beside the data."""
 
+    @property
+    def bootstrap(self) -> str:
+        return self.conn.bootstrap
 
-async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
+
+async def _survey_region(region: str, conn: KafkaConnection, pattern: re.Pattern[str],
                          timeout_s: float) -> RegionSurvey:
-    admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
-    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
+    consumer = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
         listed = await asyncio.wait_for(admin.list_topics(), timeout_s)
         topics = sorted(t for t in listed if pattern.fullmatch(t) and not is_internal(t))
         side = sorted(t for t in SIDE_TOPICS if t in listed)
-        out = RegionSurvey(region, bootstrap)
+        out = RegionSurvey(region, conn)
         tps: list[TopicPartition] = []
         if topics:
             described = await asyncio.wait_for(admin.topic_partitions(topics), timeout_s)
@@ -78,7 +84,7 @@ async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
                         if end[tp] > begin[tp]}
         return out
     except (ClientError, KafkaError, TimeoutError, OSError) as exc:
-        raise RegionUnreachable(region, bootstrap, type(exc).__name__ + (
+        raise RegionUnreachable(region, conn.bootstrap, type(exc).__name__ + (
             f": {exc}" if str(exc) else "")) from exc
     finally:
         await consumer.stop()
@@ -86,11 +92,14 @@ async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
 
 
 async def survey(topology: Topology, regions: list[str], topics: str,
-                 timeout_s: float = 15.0) -> dict[str, RegionSurvey]:
-    """Survey every region at once; raise when one is unreachable or nothing matches."""
+                 timeout_s: float = 15.0, *, principal: str | None = None
+                 ) -> dict[str, RegionSurvey]:
+    """Survey every region at once (as `principal`: SASL/SCRAM regions); raise when one is
+    unreachable or nothing matches."""
     pattern = re.compile(topics)
     results = await asyncio.gather(*[
-        _survey_region(r, topology.region(r).kafka.bootstrap, pattern, timeout_s)
+        _survey_region(r, KafkaConnection.of(topology.region(r), principal=principal),
+                       pattern, timeout_s)
         for r in regions])
     by_region = {s.region: s for s in results}
     if not any(s.partitions for s in results):

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import structlog
 
-from crossdc.clients.kafka import kafka_principal, use_topology
 from crossdc.security import ADMIN
 from crossdc.topology import Region, Topology, Witness
 from dr.errors import StackError
@@ -104,7 +103,6 @@ class LocalStack:
         self.topology_path = Path(topology_path).resolve()
         self.brokers = brokers
         self.paths = paths or StackPaths.default()
-        use_topology(topology)  # which brokers speak SASL/SCRAM over TLS
         self._say = progress or (lambda _m: None)
         self._procs: dict[str, ManagedProcess] = {}
         self.netns = netns
@@ -172,11 +170,10 @@ class LocalStack:
         """Start whatever is not running, then wait until every region answers (a region
         with `security:` as the brokers' super user, then its components' ACLs granted)."""
         from dr.controller.acl import grant_component_acls
-        with kafka_principal(ADMIN):
-            await self._up(timeout_s)
-            for region in self.topology.regions:
-                if region.security is not None:
-                    await grant_component_acls(region)
+        await self._up(timeout_s)
+        for region in self.topology.regions:
+            if region.security is not None:
+                await grant_component_acls(region)
 
     async def _up(self, timeout_s: float) -> None:
         self._check_not_other_stack()
@@ -256,7 +253,8 @@ class LocalStack:
         consul_proc = self.consul_process(self.agent(region))
 
         async def kafka_ready() -> bool:
-            st = await probe_kafka(region, self.brokers, timeout_s=3.0)
+            # the stack asks as the brokers' super user (SASL/SCRAM regions)
+            st = await probe_kafka(region, self.brokers, timeout_s=3.0, principal=ADMIN)
             return st.healthy
 
         async def consul_ready() -> bool:
@@ -275,7 +273,8 @@ class LocalStack:
         procs = [self.kafka_process(n) for n in self.nodes(region)]
 
         async def ready() -> bool:
-            return (await probe_kafka(region, self.brokers, timeout_s=3.0)).healthy
+            return (await probe_kafka(region, self.brokers, timeout_s=3.0,
+                                      principal=ADMIN)).healthy
 
         await _wait_until(ready, f"{region.name} Kafka", procs, timeout_s)
 

@@ -154,13 +154,11 @@ def write_secure_topology(topology: Topology, state: Path) -> tuple[Topology, Pa
     only). Later commands find it through the stack's record."""
     import yaml
 
-    from crossdc.clients.kafka import use_topology
     secure = secure_topology(topology, StackSecrets(state.resolve() / "secrets"))
     path = state.resolve() / "topology.secure.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("# written by `dr up --secure`\n" + yaml.safe_dump(
         secure.model_dump(mode="json", exclude_none=True), sort_keys=False), encoding="utf-8")
-    use_topology(secure)
     return secure, path
 
 

@@ -24,6 +24,7 @@ from aiokafka.structs import OffsetAndMetadata
 from kafka_helpers import create_topic, eventually, produce, unique
 from tests_support import write_topology
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.primary import PRIMARY_KEY, PrimaryRecord
 from crossdc.topology import Flow, Topology, split_hostport
 from dr.controller import Controller, ControllerSettings, FailoverRefused
@@ -180,8 +181,8 @@ async def _dns(topo: Topology, dc: str, name: str, rtype: str = "SRV") -> list[i
 async def _mirrors(topo: Topology) -> list[MirrorWorker]:
     out = []
     for f in topo.flows:
-        w = MirrorWorker(f, topo.region(f.source).kafka.bootstrap,
-                         topo.region(f.target).kafka.bootstrap)
+        w = MirrorWorker(f, KafkaConnection.of(topo.region(f.source)),
+                         KafkaConnection.of(topo.region(f.target)))
         await w.start()
         out.append(w)
     return out

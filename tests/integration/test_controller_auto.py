@@ -13,6 +13,7 @@ import pytest
 from kafka_helpers import consume, create_topic, eventually, produce, unique
 from tests_support import write_topology
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.topology import Flow, Topology
 from dr.controller import Controller, ControllerSettings
 from dr.controller.config import FailoverSettings, HealthSettings, SyncSettings
@@ -70,8 +71,8 @@ def settings(region: str) -> ControllerSettings:
 async def _mirrors(topo: Topology) -> list[MirrorWorker]:
     out = []
     for f in topo.flows:
-        w = MirrorWorker(f, topo.region(f.source).kafka.bootstrap,
-                         topo.region(f.target).kafka.bootstrap)
+        w = MirrorWorker(f, KafkaConnection.of(topo.region(f.source)),
+                         KafkaConnection.of(topo.region(f.target)))
         await w.start()
         out.append(w)
     return out
@@ -83,8 +84,8 @@ async def _revive(topo: Topology, workers: list[MirrorWorker]) -> None:
     for i, w in enumerate(workers):
         if not w.running:
             await w.stop()
-            fresh = MirrorWorker(w.flow, topo.region(w.flow.source).kafka.bootstrap,
-                                 topo.region(w.flow.target).kafka.bootstrap)
+            fresh = MirrorWorker(w.flow, KafkaConnection.of(topo.region(w.flow.source)),
+                                 KafkaConnection.of(topo.region(w.flow.target)))
             await fresh.start()
             workers[i] = fresh
 

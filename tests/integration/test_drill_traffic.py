@@ -17,6 +17,7 @@ import pytest
 from kafka_helpers import eventually, read_all
 from primary_helpers import agreed_primary
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.topology import Flow, Topology
 from dr.drill.count import judge, read_back, wait_replicated
 from dr.drill.traffic import MODES, Traffic, create_topics, drill_topics, read_ack_log
@@ -57,8 +58,8 @@ async def run(two_regions) -> AsyncIterator[tuple[Topology, dict[str, str]]]:  #
     group = f"drill-mirror-{uuid.uuid4().hex[:8]}"
     workers = [MirrorWorker(Flow(source=s, target=t, topics=pattern, group=f"{group}-{s}",
                                  discovery_interval_s=0.5),
-                            topology.region(s).kafka.bootstrap,
-                            topology.region(t).kafka.bootstrap)
+                            KafkaConnection.of(topology.region(s)),
+                            KafkaConnection.of(topology.region(t)))
                for s, t in (("east", "west"), ("west", "east"))]
     for w in workers:
         await w.start()

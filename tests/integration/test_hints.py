@@ -25,6 +25,7 @@ from kafka_helpers import (
 )
 from primary_helpers import agreed_primary
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings, FailoverSettings
@@ -92,7 +93,7 @@ async def _hint_topics_ready(topo: Topology) -> None:
     """The proxy created the hints topics toward north in east and west (at its start)."""
     async def ready() -> bool:
         for region in ("east", "west"):
-            async with KafkaAdmin(topo.region(region).kafka.bootstrap) as admin:
+            async with KafkaAdmin(KafkaConnection.of(topo.region(region))) as admin:
                 if hints_topic("north") not in await admin.list_topics():
                     return False
         return True
@@ -100,7 +101,8 @@ async def _hint_topics_ready(topo: Topology) -> None:
 
 
 async def _pending(topo: Topology) -> int:
-    return (await pending_hints(topo.region("east").kafka.bootstrap, "east", ["north"]))["north"]
+    east = KafkaConnection.of(topo.region("east"))
+    return (await pending_hints(east, "east", ["north"]))["north"]
 
 
 def _metric(server: ProxyServer, name: str, **labels: str) -> float:
@@ -201,7 +203,7 @@ async def _max_message_bytes(topo: Topology, regions: list[str], value: str | No
     """Set (or, None: take away) max.message.bytes of the hints topic toward north."""
     want = value or str(8 * 1024 * 1024)
     for region in regions:
-        async with KafkaAdmin(topo.region(region).kafka.bootstrap) as admin:
+        async with KafkaAdmin(KafkaConnection.of(topo.region(region))) as admin:
             await admin.alter_topic_configs(hints_topic("north"), {"max.message.bytes": want})
 
             async def applied(admin: KafkaAdmin = admin) -> bool:  # the broker's own view

@@ -13,6 +13,7 @@ import pytest
 from kafka_helpers import create_topic, read_all, unique
 from primary_helpers import agreed_primary
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin
 from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, Entry, decode
 from proxy.api import pb, pb_grpc
@@ -49,7 +50,7 @@ async def proxy(two_regions: Any, tmp_path: Path) -> AsyncIterator[tuple[ProxySe
 
 async def _entries(bootstrap: str, topics: set[str]) -> dict[str, list[Entry]]:
     out: dict[str, list[Entry]] = {}
-    async with KafkaAdmin(bootstrap) as admin:
+    async with KafkaAdmin(KafkaConnection.of(bootstrap)) as admin:
         if JOURNAL_TOPIC not in await admin.list_topics():
             return out
     for rec in await read_all(bootstrap, JOURNAL_TOPIC, 1):

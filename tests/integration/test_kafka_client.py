@@ -9,6 +9,7 @@ from aiokafka import TopicPartition
 from kafka_helpers import eventually, produce, unique
 from stacks import StackInfo
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin, TopicSpec
 from crossdc.errors import ClientError, ClientRefused
 from crossdc.settings import RetrySettings
@@ -19,7 +20,7 @@ RETRY = RetrySettings(attempts=5, total_s=30, call_timeout_s=15, backoff_initial
 
 @pytest.fixture
 async def admin(two_regions: StackInfo) -> AsyncIterator[KafkaAdmin]:
-    async with KafkaAdmin(two_regions.bootstrap("east"), RETRY) as a:
+    async with KafkaAdmin(KafkaConnection.of(two_regions.bootstrap("east")), RETRY) as a:
         yield a
 
 
@@ -70,11 +71,11 @@ async def test_group_offsets_list_alter_and_delete_records(two_regions: StackInf
 async def test_lifecycle_and_an_unreachable_cluster() -> None:
     fast = RetrySettings(attempts=2, total_s=5, call_timeout_s=1, backoff_initial_s=0.01,
                          backoff_max_s=0.02)
-    admin = KafkaAdmin("127.0.0.1:1", fast, request_timeout_ms=1000)
+    admin = KafkaAdmin(KafkaConnection.of("127.0.0.1:1"), fast, request_timeout_ms=1000)
     await admin.stop()  # before start: fine
     with pytest.raises(RuntimeError, match="stopped"):
         await admin.start()
-    admin = KafkaAdmin("127.0.0.1:1", fast, request_timeout_ms=1000)
+    admin = KafkaAdmin(KafkaConnection.of("127.0.0.1:1"), fast, request_timeout_ms=1000)
     with pytest.raises(ClientError) as info:
         await admin.start()
     assert info.value.retriable

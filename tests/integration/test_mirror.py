@@ -30,6 +30,7 @@ from kafka_helpers import (
 from mirror_helpers import drained
 from mirror_helpers import flow as mirror_flow
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.offsets import apply_offsets, translate_group
 from mirror import MirrorWorker, OffsetsError, PartitionMismatch, RecordTooLarge
 
@@ -287,7 +288,8 @@ async def _too_large_setup(two_regions) -> tuple[str, str, str]:  # type: ignore
 
 async def test_record_too_large_stops_its_partition(two_regions) -> None:  # type: ignore[no-untyped-def]
     east, west, topic = await _too_large_setup(two_regions)
-    async with MirrorWorker(mirror_flow("east", "west", topic), east, west) as worker:
+    async with MirrorWorker(mirror_flow("east", "west", topic), KafkaConnection.of(east),
+                            KafkaConnection.of(west)) as worker:
         async def stopped() -> bool:
             return any(isinstance(e, RecordTooLarge) for e in worker.errors)
         await eventually(stopped, 60, "the partition stopped")
@@ -302,7 +304,7 @@ async def test_record_too_large_stops_its_partition(two_regions) -> None:  # typ
 async def test_record_too_large_goes_to_the_dead_letter_topic(two_regions) -> None:  # type: ignore[no-untyped-def]
     east, west, topic = await _too_large_setup(two_regions)
     flow = mirror_flow("east", "west", topic, dead_letter=True)
-    async with MirrorWorker(flow, east, west) as worker:
+    async with MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west)) as worker:
         await eventually(drained(two_regions.boot, flow, topic, 1), 60, "drained")
         dlq = worker.dead_letter_topic
     assert [r.value for r in await read_all(west, topic, 1)] == [b"small-1", b"small-2"]

@@ -22,7 +22,8 @@ from kafka_helpers import (
     unique,
 )
 
-from crossdc.clients.kafka import KafkaAdmin, kafka_kw
+from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.kafka import KafkaAdmin
 from crossdc.clients.offsets import ensure_sync_topic, sync_topic_name
 from crossdc.topology import Flow
 from mirror import MirrorWorker
@@ -35,7 +36,8 @@ LINGER_MS = 1000
 
 async def _producer(bootstrap: str, known: str) -> AIOKafkaProducer:
     """A started producer that knows `known` (and every other topic) but follows none."""
-    producer = AIOKafkaProducer(**kafka_kw(bootstrap), linger_ms=LINGER_MS, acks="all",
+    producer = AIOKafkaProducer(**KafkaConnection.of(bootstrap).aiokafka_kwargs(),
+                                linger_ms=LINGER_MS, acks="all",
                                 enable_idempotence=True)
     await producer.start()
     await _know_all(producer)

@@ -4,7 +4,9 @@ own principal) and the Spark reconciliation all work over SASL_SSL; a wrong pass
 client without TLS and one without SASL are refused; and the fence holds in Kafka itself:
 after a failover the proxies' principal cannot write an ordered topic in the fenced region
 (TopicAuthorizationFailed, whatever Consul says), the mirror's principal can, and the
-failback lifts the deny. Starts its own stack (~3 min on a loaded machine): marked slow."""
+failback lifts the deny. Every client here names its principal in its KafkaConnection (the
+test's own reads and writes as the brokers' super user); one that names none is refused before
+it connects. Starts its own stack (~3 min on a loaded machine): marked slow."""
 
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError, TopicAuthorizationFailedError
 from kafka_helpers import eventually, unique
 
-from crossdc.clients.kafka import KafkaAdmin, TopicSpec, kafka_kw, kafka_principal, use_topology
+from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.kafka import KafkaAdmin, TopicSpec
+from crossdc.errors import NoKafkaPrincipal
 from crossdc.security import ADMIN, CONTROLLER, MIRROR, PRINCIPALS, PROXY, RECONCILE, KafkaSecurity
 from crossdc.topology import Flow, Topology
 from dr.controller.config import ControllerSettings
@@ -49,6 +53,10 @@ class Secure:
     def bootstrap(self, region: str) -> str:
         return self.topology.region(region).kafka.bootstrap
 
+    def kafka(self, region: str, principal: str | None = ADMIN) -> KafkaConnection:
+        """The region's cluster as `principal` (the test's own clients: the super user)."""
+        return KafkaConnection.of(self.topology.region(region), principal=principal)
+
 
 @pytest.fixture(scope="module")
 async def secure(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Secure]:
@@ -68,21 +76,18 @@ async def secure(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Secu
         yield Secure(topo, path, paths, services, StackSecrets.of(sec))
     finally:
         await LocalStack.down(paths)
-        use_topology(plain)  # later tests in this process reuse no secure port's settings
 
 
 async def _create(s: Secure, topic: str) -> None:
-    with kafka_principal(ADMIN):
-        for r in ("east", "west"):
-            async with KafkaAdmin(s.bootstrap(r)) as admin:
-                await admin.create_topics([TopicSpec(topic, 1)], exist_ok=True)
+    for r in ("east", "west"):
+        async with KafkaAdmin(s.kafka(r)) as admin:
+            await admin.create_topics([TopicSpec(topic, 1)], exist_ok=True)
 
 
 async def _read(s: Secure, region: str, topic: str, count: int, timeout_s: float = 90.0
                 ) -> list[tuple[bytes | None, bytes | None, dict[str, bytes]]]:
-    with kafka_principal(ADMIN):
-        c = AIOKafkaConsumer(topic, **kafka_kw(s.bootstrap(region)),
-                             auto_offset_reset="earliest", enable_auto_commit=False)
+    c = AIOKafkaConsumer(topic, **s.kafka(region).aiokafka_kwargs(),
+                         auto_offset_reset="earliest", enable_auto_commit=False)
     got: list[tuple[bytes | None, bytes | None, dict[str, bytes]]] = []
     await c.start()
     try:
@@ -99,9 +104,8 @@ async def _read(s: Secure, region: str, topic: str, count: int, timeout_s: float
 async def _write_as(s: Secure, principal: str, region: str, topic: str) -> str:
     """Produce one record straight to Kafka as `principal` (as a proxy that ignores Consul
     would); "ok" or the error's class name."""
-    with kafka_principal(principal):
-        p = AIOKafkaProducer(**kafka_kw(s.bootstrap(region)), acks="all",
-                             enable_idempotence=True, request_timeout_ms=15_000)
+    p = AIOKafkaProducer(**s.kafka(region, principal).aiokafka_kwargs(), acks="all",
+                         enable_idempotence=True, request_timeout_ms=15_000)
     try:
         await p.start()
         await p.send_and_wait(topic, b"raw", key=b"k")
@@ -141,6 +145,9 @@ async def test_a_wrong_password_no_tls_or_no_sasl_is_refused(secure: Secure, tmp
     assert await _admin_start(bootstrap, **{**no_tls, "security_protocol": "SASL_PLAINTEXT"}
                               ) != "ok"
     assert await _admin_start(bootstrap) != "ok"
+    # a client that names no principal is refused before it connects (never a default one)
+    with pytest.raises(NoKafkaPrincipal, match="region east"):
+        await KafkaAdmin(secure.kafka("east", None)).start()
 
 
 def test_secrets_are_owner_only_and_never_in_yaml_or_logs(secure: Secure) -> None:
@@ -202,23 +209,21 @@ def test_reconciliation_reads_both_regions_over_sasl_ssl(secure: Secure) -> None
 
     async def seed() -> None:
         await _create(secure, topic)
-        with kafka_principal(ADMIN):
-            p = AIOKafkaProducer(**kafka_kw(secure.bootstrap("east")), acks="all")
-            await p.start()
-            try:
-                for i in range(5):
-                    await p.send_and_wait(topic, b"v%d" % i, key=b"k")
-            finally:
-                await p.stop()
+        p = AIOKafkaProducer(**secure.kafka("east").aiokafka_kwargs(), acks="all")
+        await p.start()
+        try:
+            for i in range(5):
+                await p.send_and_wait(topic, b"v%d" % i, key=b"k")
+        finally:
+            await p.stop()
         await _read(secure, "west", topic, 5)
     asyncio.run(seed())
     settings = RunSettings(topology=secure.topology, topology_path=str(secure.path),
                            regions=["east", "west"], topics=topic, grace_s=0.0,
                            jars_dir=ensure_spark_kafka_jars(StackPaths.default()),
-                           driver_memory="768m")
+                           driver_memory="768m", principal=RECONCILE)
     try:
-        with kafka_principal(RECONCILE):
-            report = run(settings)
+        report = run(settings)
     finally:
         from pyspark.sql import SparkSession
         active = SparkSession.getActiveSession()
@@ -241,7 +246,7 @@ async def _fail_over(secure: Secure, dcs: Datacenters, target: str | None) -> No
     settings = ControllerSettings(region="east")
     kind = "failover" if target else "failback"
     plan = await plan_failover(secure.topology, dcs, settings, target, kind=kind, by="test",
-                               force=True)
+                               force=True, principal=CONTROLLER)
     await start_failover(dcs, plan)
 
     async def done() -> bool:
@@ -259,11 +264,9 @@ async def test_a_fenced_region_refuses_the_proxies_principal_in_kafka(
     nearest = unique("clickstream.fence")
     await _create(secure, topic)
     await _create(secure, nearest)
-    with kafka_principal(CONTROLLER):  # the leader reconciles: west is a standby
-        async def west_denied() -> bool:
-            return await _write_as(secure, PROXY, "west", topic) == \
-                "TopicAuthorizationFailedError"
-        await eventually(west_denied, 30, "the standby refuses the proxies' ordered writes")
+    async def west_denied() -> bool:  # the leader reconciles: west is a standby
+        return await _write_as(secure, PROXY, "west", topic) == "TopicAuthorizationFailedError"
+    await eventually(west_denied, 30, "the standby refuses the proxies' ordered writes")
     assert await _write_as(secure, PROXY, "east", topic) == "ok"
 
     await _fail_over(secure, dcs, "west")

@@ -27,6 +27,7 @@ from mirror_helpers import drained
 from structlog.testing import capture_logs
 from tests_support import write_topology
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin
 from crossdc.clients.offsets import group_members
 from crossdc.primary import PRIMARY_KEY
@@ -56,7 +57,7 @@ def _ctx(topo: Topology, prefix: str, metrics: ControllerMetrics | None = None
 
 async def _layout(bootstrap: str, topic: str) -> tuple[int, dict[str, str]] | None:
     """(partitions, configs set on the topic), None when it does not exist."""
-    async with KafkaAdmin(bootstrap) as admin:
+    async with KafkaAdmin(KafkaConnection.of(bootstrap)) as admin:
         if topic not in await admin.list_topics():
             return None
         spec = (await admin.describe_topics([topic]))[topic]
@@ -66,7 +67,7 @@ async def _layout(bootstrap: str, topic: str) -> tuple[int, dict[str, str]] | No
 async def _listed(bootstrap: str, *topics: str) -> None:
     """Until the cluster's metadata lists `topics` (created just now)."""
     async def listed() -> bool:
-        async with KafkaAdmin(bootstrap) as admin:
+        async with KafkaAdmin(KafkaConnection.of(bootstrap)) as admin:
             return set(topics) <= set(await admin.list_topics())
     await eventually(listed, 30, f"{topics} listed")
 

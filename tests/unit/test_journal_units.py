@@ -8,6 +8,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaConnectionError
 from crossdc.outcomes import ACKED, CHUNK, decode
 from proxy.journal import OutcomeJournal
@@ -34,7 +35,7 @@ class _Producer:
 
 def _journal(max_queued: int = 1_000_000) -> tuple[OutcomeJournal, ProxyMetrics]:
     metrics = ProxyMetrics(CollectorRegistry())
-    return OutcomeJournal("127.0.0.1:1", metrics, region="east", client_id="t",
+    return OutcomeJournal(KafkaConnection.of("127.0.0.1:1"), metrics, region="east", client_id="t",
                           max_queued=max_queued), metrics
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from aiokafka.errors import NodeNotReadyError, TopicAuthorizationFailedError
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import ONCE, KafkaAdmin
 from crossdc.errors import ClientError, ClientRefused
 from crossdc.settings import RetrySettings
@@ -24,7 +25,7 @@ def _failing(exc: Exception) -> tuple[list[int], object]:
 
 
 async def test_once_tries_a_call_once_and_maps_its_error() -> None:
-    admin = KafkaAdmin("127.0.0.1:1", ONCE)
+    admin = KafkaAdmin(KafkaConnection.of("127.0.0.1:1"), ONCE)
     calls, fn = _failing(NodeNotReadyError("node 1"))
     with pytest.raises(ClientError, match="NodeNotReadyError") as info:
         await admin._call("describe cluster", fn)  # type: ignore[arg-type]
@@ -38,7 +39,7 @@ async def test_once_tries_a_call_once_and_maps_its_error() -> None:
 
 
 async def test_retry_settings_retry_the_retriable_and_a_call_may_bring_its_own() -> None:
-    admin = KafkaAdmin("127.0.0.1:1", FAST)
+    admin = KafkaAdmin(KafkaConnection.of("127.0.0.1:1"), FAST)
     calls, fn = _failing(NodeNotReadyError("node 1"))
     with pytest.raises(ClientError):
         await admin._call("describe cluster", fn)  # type: ignore[arg-type]
@@ -51,7 +52,7 @@ async def test_retry_settings_retry_the_retriable_and_a_call_may_bring_its_own()
     with pytest.raises(ClientError):
         await admin._call("describe group", fn, ONCE)  # type: ignore[arg-type]
     assert len(calls) == 1, "the call's own setting wins"
-    once = KafkaAdmin("127.0.0.1:1", ONCE)
+    once = KafkaAdmin(KafkaConnection.of("127.0.0.1:1"), ONCE)
     calls, fn = _failing(NodeNotReadyError("node 1"))
     with pytest.raises(ClientError):
         await once._call("commit offsets", fn, FAST)  # type: ignore[arg-type]
@@ -59,7 +60,7 @@ async def test_retry_settings_retry_the_retriable_and_a_call_may_bring_its_own()
 
 
 async def test_a_failed_start_leaves_the_admin_as_new() -> None:
-    admin = KafkaAdmin("127.0.0.1:1", ONCE, request_timeout_ms=200)
+    admin = KafkaAdmin(KafkaConnection.of("127.0.0.1:1"), ONCE, request_timeout_ms=200)
     with pytest.raises(ClientError):
         await admin.start()
     assert not admin.started

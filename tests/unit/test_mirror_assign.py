@@ -12,6 +12,7 @@ from aiokafka import TopicPartition
 from kafka_helpers import eventually
 
 import mirror.worker as worker_mod
+from crossdc.clients.connection import KafkaConnection
 from crossdc.lifecycle import Closed
 from crossdc.topology import Flow
 from mirror import MirrorWorker
@@ -36,7 +37,7 @@ def unavailable(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 async def test_assignment_gives_up_within_its_budget_and_releases_the_lock(
         unavailable: list[float]) -> None:
-    w = MirrorWorker(_FLOW, "127.0.0.1:1", "127.0.0.1:1")
+    w = MirrorWorker(_FLOW, KafkaConnection.of("127.0.0.1:1"), KafkaConnection.of("127.0.0.1:1"))
     w._assign_budget_s = 1.5
     t0 = time.monotonic()
     async with asyncio.timeout(15):  # before the fix: retried forever
@@ -56,7 +57,7 @@ async def test_budget_is_below_the_rebalance_timeout() -> None:
 
 
 async def test_stop_wakes_the_assignment_pause(unavailable: list[float]) -> None:
-    w = MirrorWorker(_FLOW, "127.0.0.1:1", "127.0.0.1:1")
+    w = MirrorWorker(_FLOW, KafkaConnection.of("127.0.0.1:1"), KafkaConnection.of("127.0.0.1:1"))
     w._assign_budget_s = 600
     task = asyncio.create_task(w._on_assigned([TopicPartition("t", 0)]))
 
@@ -79,7 +80,7 @@ async def test_stop_wakes_the_assignment_pause(unavailable: list[float]) -> None
 
 
 async def test_stop_is_idempotent_and_safe_before_start() -> None:
-    w = MirrorWorker(_FLOW, "127.0.0.1:1", "127.0.0.1:1")
+    w = MirrorWorker(_FLOW, KafkaConnection.of("127.0.0.1:1"), KafkaConnection.of("127.0.0.1:1"))
     await w.stop()
     await w.stop()
     await w.wait()  # never started: returns
@@ -136,7 +137,8 @@ async def test_discovery_never_resubscribes_during_an_assignment(
     monkeypatch.setattr(worker_mod, "load_positions", load_positions)
     monkeypatch.setattr(worker_mod, "sync_topics", sync_topics)
     w = MirrorWorker(Flow(source="east", target="west", topics="t.*", group="g",
-                          exactly_once=True), "127.0.0.1:1", "127.0.0.1:1")
+                          exactly_once=True), KafkaConnection.of("127.0.0.1:1"),
+                     KafkaConnection.of("127.0.0.1:1"))
     w._consumer = consumer
     w._src_admin = w._dst_admin = object()  # type: ignore[assignment]
     assigning = asyncio.create_task(w._on_assigned([TopicPartition("t", 0)]))
@@ -162,7 +164,7 @@ async def test_a_failed_callback_ends_the_worker_even_while_getmany_waits() -> N
     """The callback's error must end the worker (so `--restart` starts a new one); the
     carrying loop waited in getmany for an assignment that never came, for minutes."""
     from mirror.topics import TopicPlan
-    w = MirrorWorker(_FLOW, "127.0.0.1:1", "127.0.0.1:1")
+    w = MirrorWorker(_FLOW, KafkaConnection.of("127.0.0.1:1"), KafkaConnection.of("127.0.0.1:1"))
     w._consumer = _Consumer()
     w._topics = TopicPlan({"t": 1}, {})
     w._carry_task = asyncio.create_task(w._carry())
@@ -177,7 +179,7 @@ async def test_a_failed_callback_ends_the_worker_even_while_getmany_waits() -> N
 
 async def test_stop_still_cancels_the_carrying_loop() -> None:
     from mirror.topics import TopicPlan
-    w = MirrorWorker(_FLOW, "127.0.0.1:1", "127.0.0.1:1")
+    w = MirrorWorker(_FLOW, KafkaConnection.of("127.0.0.1:1"), KafkaConnection.of("127.0.0.1:1"))
     w._consumer = _Consumer()
     w._topics = TopicPlan({"t": 1}, {})
     task = w._carry_task = asyncio.create_task(w._carry())

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from proxy.api import pb
@@ -309,8 +310,9 @@ def test_partition_cache_is_bounded_by_bytes(monkeypatch: pytest.MonkeyPatch) ->
 def test_writer_per_topic_state_is_bounded() -> None:
     from proxy.config import BreakerSettings, KafkaWriterSettings
     from proxy.writers import RegionWriter
-    w = RegionWriter(TOPO.region("east"), KafkaWriterSettings(max_topics=5), BreakerSettings(),
-                     ProxyMetrics(), client_id="t")
+    east = TOPO.region("east")
+    w = RegionWriter(east, KafkaConnection.of(east), KafkaWriterSettings(max_topics=5),
+                     BreakerSettings(), ProxyMetrics(), client_id="t")
     for i in range(50):
         w._touch(f"random-{i}")
         w._refreshed[f"random-{i}"] = 0.0
@@ -416,7 +418,8 @@ async def test_writer_renews_its_producer_after_out_of_order_sequence() -> None:
         async def stop(self) -> None:
             self.stopped = True
 
-    w = RegionWriter(TOPO.region("east"), KafkaWriterSettings(), BreakerSettings(),
+    east = TOPO.region("east")
+    w = RegionWriter(east, KafkaConnection.of(east), KafkaWriterSettings(), BreakerSettings(),
                      ProxyMetrics(), client_id="t")
     wedged, fresh = StandIn(fail=True), StandIn(fail=False)
     w._producer = wedged  # a stand-in

@@ -791,13 +791,13 @@ async def test_the_drain_waits_for_hints_toward_the_target_and_reports_them(
     from dr.controller.state import FailoverRecord
     left = {"east": [3, 1, 1, 1], "west": [0, 0, 0, 0], "north": [0, 0, 0, 0]}
 
-    async def pending(bootstrap: str, region: str, targets: Sequence[str],
+    async def pending(conn: Any, region: str, targets: Sequence[str],
                       timeout_s: float = 5.0) -> dict[str, int]:
         assert list(targets) == ["west"]
         counts = left[region]
         return {"west": counts.pop(0) if len(counts) > 1 else counts[0]}
 
-    async def behind(*_: Any) -> failover.Behind:
+    async def behind(*_: Any, **__: Any) -> failover.Behind:
         return failover.Behind(2, 0.1)
     monkeypatch.setattr(failover, "pending_hints", pending)
     monkeypatch.setattr(failover, "behind", behind)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.topology import load_topology
 from proxy.config import ProxyConfig
 from proxy.errors import ProxyTaskFailed
@@ -202,7 +203,7 @@ class _Clock:
 async def test_an_outcome_learned_from_the_log_answers_a_retry_here() -> None:
     clock = _Clock()
     w = IdempotencyWindow(60.0, 100, clock=clock)
-    log = IdempotencyLog("127.0.0.1:1", "_crossdc.proxy.idempotency", w,
+    log = IdempotencyLog(KafkaConnection.of("127.0.0.1:1"), "_crossdc.proxy.idempotency", w,
                          ProxyMetrics(CollectorRegistry()), client_id="t")
     result = ("id-1", "nearest", None, "east", 0, 41)
     now_ms = int(time.time() * 1000)
@@ -257,7 +258,7 @@ async def test_a_key_written_here_is_not_overwritten_by_the_log() -> None:
 
 async def test_finished_and_partial_outcomes_are_queued_for_the_log() -> None:
     w = IdempotencyWindow(60.0, 100)
-    log = IdempotencyLog("127.0.0.1:1", "_crossdc.proxy.idempotency", w,
+    log = IdempotencyLog(KafkaConnection.of("127.0.0.1:1"), "_crossdc.proxy.idempotency", w,
                          ProxyMetrics(CollectorRegistry()), client_id="t")
     a = w.claim_nowait("t", "a")
     b = w.claim_nowait("t", "b")
@@ -281,7 +282,7 @@ async def test_a_log_that_timed_out_decides_retries_at_once_and_is_tried_again_l
     """Own region's Kafka down: the first retry waits its bound, the next ones are answered
     from the local window at once (no wait), and one retry a `retry_s` tries the log again."""
     w = IdempotencyWindow(60.0, 100)
-    log = IdempotencyLog("127.0.0.1:1", "_crossdc.proxy.idempotency", w,
+    log = IdempotencyLog(KafkaConnection.of("127.0.0.1:1"), "_crossdc.proxy.idempotency", w,
                          ProxyMetrics(CollectorRegistry()), client_id="t", retry_s=0.2)
     loop = asyncio.get_running_loop()
     with pytest.raises(LogUnavailable, match="not read up to its end in time"):
@@ -305,7 +306,7 @@ async def test_a_partial_writes_answer_waits_at_most_wait_s_for_the_log() -> Non
     """The first partial write of an outage waits `wait_s` (not its whole deadline), then
     the log counts as down."""
     w = IdempotencyWindow(60.0, 100)
-    log = IdempotencyLog("127.0.0.1:1", "_crossdc.proxy.idempotency", w,
+    log = IdempotencyLog(KafkaConnection.of("127.0.0.1:1"), "_crossdc.proxy.idempotency", w,
                          ProxyMetrics(CollectorRegistry()), client_id="t", wait_s=0.1)
     slot = w.claim_nowait("t", "p")
     assert slot is not None

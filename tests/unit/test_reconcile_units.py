@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.errors import ConfigError
 from crossdc.yamlfile import load_model
 from dr.reconcile.cli import parse_time, thresholds
@@ -199,8 +200,8 @@ def test_unreadable_counts_retention_never_silence() -> None:
     from dr.reconcile.job import unreadable_counts
     from dr.reconcile.survey import RegionSurvey
     tp = ("t", 0)
-    east = RegionSurvey("east", "b", {"t": 1}, start={tp: 40}, end={tp: 100})
-    west = RegionSurvey("west", "b", {"t": 1}, start={tp: 0}, end={tp: 100})
+    east = RegionSurvey("east", KafkaConnection.of("b"), {"t": 1}, start={tp: 40}, end={tp: 100})
+    west = RegionSurvey("west", KafkaConnection.of("b"), {"t": 1}, start={tp: 0}, end={tp: 100})
     surveys = {"east": east, "west": west}
     first = {("east", "t", 0): 40, ("west", "t", 0): 0}
     # full run, nothing older than the window survived in east: its 40 deleted may be in it

@@ -1,27 +1,19 @@
 """SASL/SCRAM over TLS settings (crossdc/security.py), how clients get them
-(crossdc/clients/kafka.py), the stack's secrets and broker settings, the components' ACLs and
-the fence's decisions (dr/controller/acl.py). The brokers themselves:
-tests/integration/test_secure_stack.py."""
+(crossdc/clients/connection.py: a KafkaConnection each, failing closed), the stack's secrets
+and broker settings, the components' ACLs and the fence's decisions (dr/controller/acl.py).
+The brokers themselves: tests/integration/test_secure_stack.py."""
 
 from __future__ import annotations
 
 import ssl
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from crossdc.clients.kafka import (
-    AclBinding,
-    kafka_kw,
-    kafka_principal,
-    principal_name,
-    security_for,
-    spark_kafka_options,
-    use_topology,
-)
-from crossdc.errors import ConfigError
+from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.kafka import AclBinding, KafkaAdmin
+from crossdc.errors import ConfigError, NoKafkaPrincipal
 from crossdc.primary import PrimaryRecord
 from crossdc.security import ADMIN, CONTROLLER, MIRROR, PRINCIPALS, PROXY, RECONCILE, KafkaSecurity
 from crossdc.topology import Topology, load_topology
@@ -41,12 +33,8 @@ def secrets(tmp_path_factory: pytest.TempPathFactory) -> StackSecrets:
 
 
 @pytest.fixture
-def topo(secrets: StackSecrets) -> Iterator[Topology]:
-    plain = load_topology(TOPOLOGY)
-    secure = secure_topology(plain, secrets)
-    use_topology(secure)
-    yield secure
-    use_topology(plain)
+def topo(secrets: StackSecrets) -> Topology:
+    return secure_topology(load_topology(TOPOLOGY), secrets)
 
 
 def test_security_needs_somewhere_to_read_passwords_from(tmp_path: Path) -> None:
@@ -108,33 +96,103 @@ def test_broker_certificate_names_loopback_and_chains_to_the_ca(secrets: StackSe
     cert.verify_directly_issued_by(ca)
 
 
-def test_kafka_kw_adds_the_regions_security_for_the_current_principal(
-        topo: Topology, monkeypatch: pytest.MonkeyPatch) -> None:
-    import crossdc.clients.kafka as ck
-    monkeypatch.setattr(ck, "_process_principal", None)  # as a process that names none
-    monkeypatch.delenv("CROSSDC_KAFKA_PRINCIPAL", raising=False)
-    east = topo.region("east").kafka.bootstrap
-    kw = kafka_kw(east)
-    assert kw["bootstrap_servers"] == east
+def test_a_connection_gives_scram_over_tls_as_its_principal(secrets: StackSecrets,
+                                                             topo: Topology) -> None:
+    east = topo.region("east")
+    conn = KafkaConnection.of(east, principal=PROXY)
+    assert (conn.region, conn.bootstrap, conn.principal) == ("east", east.kafka.bootstrap, PROXY)
+    kw = conn.aiokafka_kwargs()
+    assert kw["bootstrap_servers"] == east.kafka.bootstrap
     assert (kw["security_protocol"], kw["sasl_mechanism"]) == ("SASL_SSL", "SCRAM-SHA-512")
-    assert kw["sasl_plain_username"] == principal_name() == CONTROLLER
+    assert kw["sasl_plain_username"] == PROXY
+    assert kw["sasl_plain_password"] == secrets.password(PROXY)
     assert isinstance(kw["ssl_context"], ssl.SSLContext)
     assert kw["ssl_context"].check_hostname
-    with kafka_principal(PROXY):
-        assert kafka_kw(east)["sasl_plain_username"] == PROXY
-        assert kafka_kw([east])["sasl_plain_username"] == PROXY
-    assert kafka_kw(topo.region("west"))["sasl_plain_username"] == CONTROLLER
-    monkeypatch.setenv("CROSSDC_KAFKA_PRINCIPAL", MIRROR)  # the operator's choice
-    assert kafka_kw(east)["sasl_plain_username"] == MIRROR
-    use_topology(load_topology(TOPOLOGY))  # plain again: PLAINTEXT, nothing added
-    assert kafka_kw(east) == {"bootstrap_servers": east}
-    assert security_for(east) is None
+    assert conn.as_principal(MIRROR).aiokafka_kwargs()["sasl_plain_username"] == MIRROR
+    # other brokers of the same cluster (the controller's probe): same security, principal
+    moved = conn.with_servers(["127.0.0.1:1", "127.0.0.1:2"]).aiokafka_kwargs()
+    assert (moved["bootstrap_servers"], moved["sasl_plain_username"]) == (
+        "127.0.0.1:1,127.0.0.1:2", PROXY)
+    # a plain region, or a bare bootstrap string: PLAINTEXT, nothing added, whoever asks
+    plain = load_topology(TOPOLOGY).region("east")
+    assert KafkaConnection.of(plain).aiokafka_kwargs() == {
+        "bootstrap_servers": plain.kafka.bootstrap}
+    assert KafkaConnection.of(plain, principal=PROXY).aiokafka_kwargs() == {
+        "bootstrap_servers": plain.kafka.bootstrap}
+    assert KafkaConnection.of(" a:1, b:2 ").aiokafka_kwargs() == {"bootstrap_servers": "a:1,b:2"}
+    assert KafkaConnection.of(["a:1"]).spark_options() == {"kafka.bootstrap.servers": "a:1"}
+    with pytest.raises(ValueError, match="bootstrap server"):
+        KafkaConnection.of("")
+
+
+def test_a_secure_region_without_a_principal_fails_closed(topo: Topology) -> None:
+    """Never the controller's (or anyone's) principal by default: the connection refuses to
+    give its arguments, naming the region and how to name one."""
+    conn = KafkaConnection.of(topo.region("west"))
+    for ask in (conn.aiokafka_kwargs, conn.spark_options, conn.user):
+        with pytest.raises(NoKafkaPrincipal) as caught:
+            ask()
+        assert caught.value.region == "west"
+        assert caught.value.bootstrap == topo.region("west").kafka.bootstrap
+        message = str(caught.value)
+        assert "region west" in message
+        assert "--principal" in message
+        assert "CROSSDC_KAFKA_PRINCIPAL" in message
+        assert CONTROLLER not in message  # no fallback is offered either
+    assert NoKafkaPrincipal.exit_code == 2  # bad input: `dr` says so in one line
+    assert not NoKafkaPrincipal.retriable
+
+
+async def test_an_admin_of_a_secure_region_without_a_principal_never_connects(
+        topo: Topology) -> None:
+    admin = KafkaAdmin(KafkaConnection.of(topo.region("east")), "once")
+    with pytest.raises(NoKafkaPrincipal):
+        await admin.start()
+    await admin.stop()
+
+
+def test_a_pinned_username_names_the_principal(tmp_path: Path) -> None:
+    pw = tmp_path / "app.password"
+    pw.write_text("s3cret-s3cret")
+    pw.chmod(0o600)
+    sec = KafkaSecurity(protocol="SASL_PLAINTEXT", username="app", password_file=pw)
+    region = load_topology(TOPOLOGY).region("east").model_copy(update={"security": sec})
+    for principal in (None, PROXY):  # the topology's one principal, whoever builds it
+        kw = KafkaConnection.of(region, principal=principal).aiokafka_kwargs()
+        assert kw["sasl_plain_username"] == "app"
+        assert "ssl_context" not in kw
+
+
+def test_two_connections_in_one_process_change_nothing_global(
+        topo: Topology, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each connection is a value: building or using one changes no other, and nothing in
+    the environment (the old $CROSSDC_KAFKA_PRINCIPAL fallback) is read by a client."""
+    import crossdc.clients.connection as cc
+    import crossdc.clients.kafka as ck
+    before = {m.__name__: dict(vars(m)) for m in (cc, ck)}
+    monkeypatch.setenv("CROSSDC_KAFKA_PRINCIPAL", ADMIN)
+    east, west = topo.region("east"), topo.region("west")
+    proxy = KafkaConnection.of(east, principal=PROXY)
+    mirror = KafkaConnection.of(east, principal=MIRROR)
+    nobody = KafkaConnection.of(west)
+    assert proxy.aiokafka_kwargs()["sasl_plain_username"] == PROXY
+    assert mirror.aiokafka_kwargs()["sasl_plain_username"] == MIRROR
+    assert proxy.aiokafka_kwargs()["sasl_plain_username"] == PROXY  # still its own
+    with pytest.raises(NoKafkaPrincipal):  # the environment names nobody for a client
+        nobody.aiokafka_kwargs()
+    plain = KafkaConnection.of(load_topology(TOPOLOGY).region("east"))  # same brokers, plain
+    assert plain.aiokafka_kwargs() == {"bootstrap_servers": east.kafka.bootstrap}
+    assert proxy.aiokafka_kwargs()["security_protocol"] == "SASL_SSL"  # not downgraded
+    after = {m.__name__: dict(vars(m)) for m in (cc, ck)}
+    assert after == before  # no module state written
+    for name in ("use_topology", "set_kafka_principal", "kafka_principal", "kafka_kw",
+                 "principal_name", "security_for"):
+        assert not hasattr(ck, name), name
 
 
 def test_spark_options_carry_scram_and_the_pem_truststore(topo: Topology,
                                                           secrets: StackSecrets) -> None:
-    with kafka_principal(RECONCILE):
-        opts = spark_kafka_options(topo.region("east").kafka.bootstrap)
+    opts = KafkaConnection.of(topo.region("east"), principal=RECONCILE).spark_options()
     assert opts["kafka.security.protocol"] == "SASL_SSL"
     assert opts["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
     assert opts["kafka.ssl.truststore.type"] == "PEM"
@@ -186,18 +244,21 @@ def test_the_fence_is_a_literal_deny_of_write_for_the_proxies_only() -> None:
 
 
 def test_ordered_topics_follow_the_policy(topo: Topology) -> None:
-    fence = KafkaFence(topo, POLICY)
+    fence = KafkaFence(topo, POLICY, principal=CONTROLLER)
     assert fence.enabled
     got = fence._ordered(["payments", "payments.x", "ledger", "ledger.y", "clickstream.z",
                           "_crossdc.canary", "__consumer_offsets", "other"])
     # ledger* are sync (written everywhere); clickstream nearest; `other` takes the default
     assert got == ["payments", "payments.x", "other"]
     assert KafkaFence(load_topology(TOPOLOGY)).enabled is False
+    # a secure topology and no principal: refused when built, not in a failover's step
+    with pytest.raises(NoKafkaPrincipal):
+        KafkaFence(topo, POLICY)
 
 
 class _Recording(KafkaFence):
     def __init__(self, topology: Topology) -> None:
-        super().__init__(topology, POLICY)
+        super().__init__(topology, POLICY, principal=CONTROLLER)
         self.calls: list[tuple[str, str]] = []
 
     async def deny(self, region: str) -> list[str]:
@@ -241,14 +302,11 @@ async def test_reconcile_denies_every_region_but_the_writable_primary(topo: Topo
 def test_dr_up_secure_writes_a_topology_naming_files_not_passwords(tmp_path: Path) -> None:
     from dr.stack.tls import write_secure_topology
     plain = load_topology(TOPOLOGY)
-    try:
-        topo, path = write_secure_topology(plain, tmp_path / "state")
-        assert path == (tmp_path / "state" / "topology.secure.yaml").resolve()
-        assert load_topology(path) == topo
-        for r in topo.regions:
-            assert r.security is not None
-            assert r.security.credentials_dir == (tmp_path / "state" / "secrets").resolve()
-        assert "password" not in path.read_text()
-        assert security_for(topo.regions[0].kafka.bootstrap) == topo.regions[0].security
-    finally:
-        use_topology(plain)
+    topo, path = write_secure_topology(plain, tmp_path / "state")
+    assert path == (tmp_path / "state" / "topology.secure.yaml").resolve()
+    assert load_topology(path) == topo
+    for r in topo.regions:
+        assert r.security is not None
+        assert r.security.credentials_dir == (tmp_path / "state" / "secrets").resolve()
+    assert "password" not in path.read_text()
+    assert KafkaConnection.of(topo.regions[0]).security == topo.regions[0].security

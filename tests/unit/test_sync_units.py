@@ -10,6 +10,7 @@ import pytest
 import typer
 
 from crossdc.primary import PrimaryRecord
+from crossdc.security import CONTROLLER
 from crossdc.topology import Flow, Topology
 from dr.cli.sync import _settings
 from dr.controller.config import ControllerSettings, SyncSettings
@@ -99,6 +100,7 @@ def _controller(topo: Topology, record: PrimaryRecord | None) -> SimpleNamespace
 
     return SimpleNamespace(topology=topo, view=view, metrics=ControllerMetrics(),
                            last_failover=None, sync_may_commit=may_commit,
+                           kafka_principal=CONTROLLER,
                            settings=ControllerSettings(region="west",
                                                        sync=SyncSettings(topics="o.*")))
 
@@ -107,6 +109,7 @@ def test_context_of_a_controller(topo: Topology) -> None:
     rec = PrimaryRecord(region="east", epoch=3)
     ctx = SyncContext.of(_controller(topo, rec))  # type: ignore[arg-type]
     assert (ctx.primary, ctx.region, ctx.settings.topics) == ("east", "west", "o.*")
+    assert ctx.principal == CONTROLLER  # the round's clients: the controller's own
     fenced = SyncContext.of(_controller(topo, rec.fence("t")))  # type: ignore[arg-type]
     assert fenced.primary is None
     assert SyncContext.of(_controller(topo, None)).primary is None  # type: ignore[arg-type]

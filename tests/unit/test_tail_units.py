@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from aiokafka import TopicPartition
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.primary import PrimaryRecord
 from crossdc.quarantine import quarantine_headers
 from crossdc.topology import Flow
@@ -139,8 +140,8 @@ async def test_a_failed_quarantine_write_ends_the_acked_prefix() -> None:
     """At-least-once, a batch of source offsets 0..5 where 3 is quarantined: the carried
     records were acked but the quarantine write failed. The retry must start at 3 (records
     4 and 5 sent again), or record 3 would be skipped as 'acked' and lost."""
-    w = MirrorWorker(Flow(source="east", target="west", topics="t"), "127.0.0.1:1",
-                     "127.0.0.1:2")
+    w = MirrorWorker(Flow(source="east", target="west", topics="t"),
+                     KafkaConnection.of("127.0.0.1:1"), KafkaConnection.of("127.0.0.1:2"))
     tp = TopicPartition("t", 0)
     sent = {tp: [([0, 1, 2, 4], [1, 1, 1, 1], _done(100)), ([5], [1], _done(104))]}
     failed = _done(exc=OSError("quarantine write failed"))
@@ -150,8 +151,8 @@ async def test_a_failed_quarantine_write_ends_the_acked_prefix() -> None:
 
 
 async def test_acked_quarantine_writes_keep_the_whole_prefix() -> None:
-    w = MirrorWorker(Flow(source="east", target="west", topics="t"), "127.0.0.1:1",
-                     "127.0.0.1:2")
+    w = MirrorWorker(Flow(source="east", target="west", topics="t"),
+                     KafkaConnection.of("127.0.0.1:1"), KafkaConnection.of("127.0.0.1:2"))
     tp = TopicPartition("t", 0)
     sent = {tp: [([0, 1, 2, 4], [1, 1, 1, 1], _done(100))]}
     await w._settle(sent, {tp: [(3, _done(0))]})
