@@ -40,8 +40,10 @@ async def active_active(two_regions) -> AsyncIterator[tuple[str, MirrorWorker, M
     prefix = unique("mm")
     east_west = mirror_flow("east", "west", f"{prefix}-.*")
     west_east = mirror_flow("west", "east", f"{prefix}-.*")
-    w1 = MirrorWorker(east_west, two_regions.bootstrap("east"), two_regions.bootstrap("west"))
-    w2 = MirrorWorker(west_east, two_regions.bootstrap("west"), two_regions.bootstrap("east"))
+    east = KafkaConnection.of(two_regions.bootstrap("east"))
+    west = KafkaConnection.of(two_regions.bootstrap("west"))
+    w1 = MirrorWorker(east_west, east, west)
+    w2 = MirrorWorker(west_east, west, east)
     await w1.start()
     await w2.start()
     try:
@@ -182,7 +184,7 @@ async def test_offset_translation_is_exact(two_regions) -> None:  # type: ignore
     for p in (0, 1):
         await produce(east, topic, records[p::2], partition=p)
     flow = mirror_flow("east", "west", topic)
-    async with MirrorWorker(flow, east, west):
+    async with MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west)):
         await eventually(drained(two_regions.boot, flow, topic, 2), 30, "drained")
     # the application reads part of each partition in east and commits
     seen = await consume(east, topic, 37, group_id=group)
@@ -192,10 +194,10 @@ async def test_offset_translation_is_exact(two_regions) -> None:  # type: ignore
         committed = {p: await consumer.committed(TopicPartition(topic, p)) for p in (0, 1)}
     finally:
         await consumer.stop()
-    rows = await translate_group(group, "east", east, west)
+    rows = await translate_group(group, "east", KafkaConnection.of(east), KafkaConnection.of(west))
     assert {(r.topic, r.partition, r.source_offset) for r in rows} == {
         (topic, p, committed[p] or 0) for p in (0, 1) if committed[p] is not None}
-    assert await apply_offsets(group, west, rows) == len(rows)
+    assert await apply_offsets(group, KafkaConnection.of(west), rows) == len(rows)
     # resumed in west: exactly the records after the last one committed in east
     seen_values = {r.value for r in seen}
     rest = await consume(west, topic, 100 - len(seen_values), group_id=group)
@@ -207,7 +209,7 @@ async def test_offset_translation_is_exact(two_regions) -> None:  # type: ignore
     try:
         await eventually(lambda: _has_members(west, group), 30, "group active")
         with pytest.raises(OffsetsError, match="active member"):
-            await apply_offsets(group, west, rows)
+            await apply_offsets(group, KafkaConnection.of(west), rows)
     finally:
         await active.stop()
 

@@ -22,6 +22,7 @@ from kafka_helpers import (
 from mirror_helpers import flow as mirror_flow
 from tests_support import write_topology
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.topology import Flow
 from mirror import MirrorWorker
 
@@ -51,7 +52,7 @@ async def test_a_failing_loop_ends_the_worker_and_stop_closes_every_client(  # t
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     topic = unique("mm-life")
     await create_topic(east, topic, partitions=2)
-    w = MirrorWorker(_flow(topic), east, west)
+    w = MirrorWorker(_flow(topic), KafkaConnection.of(east), KafkaConnection.of(west))
     await w.start()
     clients = _clients(w)
     assert all(c is not None for c in clients)
@@ -83,7 +84,7 @@ async def test_a_cancelled_stop_closes_the_clients_then_propagates(two_regions) 
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     topic = unique("mm-life")
     await create_topic(east, topic, partitions=1)
-    w = MirrorWorker(_flow(topic), east, west)
+    w = MirrorWorker(_flow(topic), KafkaConnection.of(east), KafkaConnection.of(west))
     await w.start()
     clients = _clients(w)
     stopping = asyncio.create_task(w.stop())
@@ -181,7 +182,7 @@ async def test_a_resumed_worker_brings_a_stale_group_commit_to_its_resume_point(
     await create_topic(west, topic, partitions=2)
     await produce(east, topic, [(b"k%d" % i, b"v", []) for i in range(40)], acks="all")
     flow = _flow(topic)
-    w = MirrorWorker(flow, east, west)
+    w = MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west))
     await w.start()
     try:
         async def copied() -> bool:
@@ -200,7 +201,7 @@ async def test_a_resumed_worker_brings_a_stale_group_commit_to_its_resume_point(
         await c.stop()
     before = await flow_status(two_regions.topology, flow)
     assert before.lag_records == 40, before
-    w2 = MirrorWorker(flow, east, west)
+    w2 = MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west))
     await w2.start()
     try:
         async def healed() -> bool:

@@ -98,7 +98,7 @@ async def test_the_worker_follows_every_topic_it_writes_before_writing(two_regio
     await create_topic(dst, topic)
     # the offset-sync topic exists: once the producer knows every topic, nothing makes
     # aiokafka follow it (nor the mirrored topic) unless the worker does
-    async with KafkaAdmin(dst) as admin:
+    async with KafkaAdmin(KafkaConnection.of(dst)) as admin:
         await ensure_sync_topic(admin, "east")
 
         async def led() -> bool:
@@ -107,7 +107,8 @@ async def test_the_worker_follows_every_topic_it_writes_before_writing(two_regio
             return bool(parts) and all(leader >= 0 for leader in parts.values())
         await eventually(led, 15, "the offset-sync topic with leaders")
     worker = MirrorWorker(Flow(source="east", target="west", topics=topic,
-                               group=unique("md-group"), discovery_interval_s=0.5), src, dst)
+                               group=unique("md-group"), discovery_interval_s=0.5),
+                          KafkaConnection.of(src), KafkaConnection.of(dst))
     await worker.start()
     try:
         producer = worker._producer

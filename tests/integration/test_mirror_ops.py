@@ -31,6 +31,7 @@ from mirror_helpers import drained
 from mirror_helpers import flow as mirror_flow
 from tests_support import write_topology
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.topology import Flow
 from dr.stack.ports import free_port
 from mirror import MirrorMetrics, MirrorWorker, RecordTooLarge
@@ -54,8 +55,9 @@ async def test_scale_out_exactly_once_through_rebalances(two_regions) -> None:  
     await create_topic(east, topic, partitions=4)
     flow = mirror_flow("east", "west", topic, exactly_once=True, worker_id="w1")
     m1, m2 = MirrorMetrics(), MirrorMetrics()
-    w1 = MirrorWorker(flow, east, west, m1)
-    w2 = MirrorWorker(flow.model_copy(update={"worker_id": "w2"}), east, west, m2)
+    w1 = MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west), m1)
+    w2 = MirrorWorker(flow.model_copy(update={"worker_id": "w2"}), KafkaConnection.of(east),
+                      KafkaConnection.of(west), m2)
     # An aborted source transaction: read_committed never lets it through.
     p = AIOKafkaProducer(bootstrap_servers=east, transactional_id=unique("tx"))
     await p.start()
@@ -202,7 +204,7 @@ async def test_internal_topics_are_never_mirrored(two_regions) -> None:  # type:
         await create_topic(east, t, partitions=1)
         await produce(east, t, [(b"k", b"v", [])])
     flow = mirror_flow("east", "west", f".*{tag}.*")
-    async with MirrorWorker(flow, east, west) as worker:
+    async with MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west)) as worker:
         await eventually(drained(two_regions.boot, flow, plain, 1), 30, "plain copied")
         assert set(worker._topics.partitions) == {plain}
     assert not await _exists(west, ours)
@@ -229,7 +231,7 @@ async def test_dr_status_shows_flow_lag_and_latency(two_regions, tmp_path: Path)
     assert before["lag_records"] == 50  # nothing carried yet: the whole topic is lag
     assert {p["partition"]: p["lag"] for p in before["partitions"]} == {0: 50, 1: 0}
     assert before["latency_ms"] is None
-    async with MirrorWorker(flow, east, west):
+    async with MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west)):
         await eventually(drained(two_regions.boot, flow, topic, 2), 30, "drained")
 
         async def caught_up() -> bool:
@@ -254,7 +256,7 @@ async def test_offsets_translate_cli_applies_and_refuses_with_members(  # type: 
     await create_topic(east, topic, partitions=1)
     await produce(east, topic, [(f"k{i}".encode(), f"v{i}".encode(), []) for i in range(40)])
     flow = mirror_flow("east", "west", topic)
-    async with MirrorWorker(flow, east, west):
+    async with MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west)):
         await eventually(drained(two_regions.boot, flow, topic, 1), 30, "drained")
     # the application read 25 records in east and committed
     app = AIOKafkaConsumer(bootstrap_servers=east, group_id=group, enable_auto_commit=False)
@@ -286,7 +288,7 @@ async def test_offsets_translate_cli_applies_and_refuses_with_members(  # type: 
     try:
         async def member() -> bool:
             from crossdc.clients.offsets import group_members
-            return (await group_members(west, group))[1] > 0
+            return (await group_members(KafkaConnection.of(west), group))[1] > 0
         await eventually(member, 30, "group active in west")
         code, out = await run("--apply")
     finally:
@@ -302,7 +304,8 @@ async def test_logs_are_bound_to_flow_topic_partition(two_regions) -> None:  # t
     await create_topic(west, topic, partitions=1, configs={"max.message.bytes": "2000"})
     await produce(east, topic, [(b"b", b"x" * 20_000, [])])
     with structlog.testing.capture_logs() as logs:
-        async with MirrorWorker(mirror_flow("east", "west", topic), east, west) as worker:
+        async with MirrorWorker(mirror_flow("east", "west", topic), KafkaConnection.of(east),
+                                KafkaConnection.of(west)) as worker:
             async def stopped() -> bool:
                 return any(isinstance(e, RecordTooLarge) for e in worker.errors)
             await eventually(stopped, 60, "the partition stopped")

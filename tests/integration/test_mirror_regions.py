@@ -15,6 +15,7 @@ from kafka_helpers import (
 from mirror_helpers import drained
 from mirror_helpers import flow as mirror_flow
 
+from crossdc.clients.connection import KafkaConnection
 from mirror import MirrorMetrics, MirrorWorker
 
 
@@ -68,7 +69,8 @@ async def test_target_down_then_back_loses_nothing(two_regions, north) -> None: 
     metrics = MirrorMetrics()
     flow = mirror_flow("east", "north", topic)
     boot = {"east": east, "north": north_boot}
-    async with MirrorWorker(flow, east, north_boot, metrics) as worker:
+    async with MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(north_boot),
+                            metrics) as worker:
         await produce(east, topic, [(b"k", f"a{i}".encode(), []) for i in range(300)])
         await eventually(drained(boot, flow, topic, 2), 60, "first part copied")
         await stack.stop_kafka("north")
@@ -102,7 +104,8 @@ async def test_source_down_then_back_the_worker_waits(two_regions, north) -> Non
     await create_topic(north_boot, topic, partitions=1)
     flow = mirror_flow("north", "west", topic)
     boot = {"north": north_boot, "west": west}
-    async with MirrorWorker(flow, north_boot, west) as worker:
+    async with MirrorWorker(flow, KafkaConnection.of(north_boot),
+                            KafkaConnection.of(west)) as worker:
         await produce(north_boot, topic, [(b"k", f"a{i}".encode(), []) for i in range(50)])
         await eventually(drained(boot, flow, topic, 1), 60, "first part copied")
         await stack.stop_kafka("north")

@@ -103,7 +103,7 @@ async def test_topics_partitions_and_configs_follow_the_primary(two_regions) -> 
     assert (await _layout(west, wider)) == (2, {})
     assert _changes(metrics, "topic_created") == 1
 
-    async with KafkaAdmin(east) as admin:
+    async with KafkaAdmin(KafkaConnection.of(east)) as admin:
         await admin.create_partitions({topic: 5})
         await admin.alter_topic_configs(topic, {"retention.ms": "7200000",
                                                 "max.message.bytes": "200000"})
@@ -167,7 +167,7 @@ async def test_group_resumes_on_the_standby_at_exactly_the_next_record(two_regio
     await produce(west, topic, [(f"w{i}".encode(), b"west", []) for i in range(5)])
     await produce(east, topic, [(f"k{i}".encode(), f"v{i}".encode(), []) for i in range(40)])
     flow = topo.flows[0]
-    async with MirrorWorker(flow, east, west):
+    async with MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west)):
         await eventually(drained({"east": east, "west": west}, flow, topic), 60,
                          "mirror drained")
     await _commit(east, group, topic, 25)  # read k0..k24 on east
@@ -185,7 +185,7 @@ async def test_group_resumes_on_the_standby_at_exactly_the_next_record(two_regio
     await active.start()
     try:
         async def member() -> bool:
-            return bool((await group_members(west, group))[1] > 0)
+            return bool((await group_members(KafkaConnection.of(west), group))[1] > 0)
         await eventually(member, 30, "group active on west")
         await _commit(east, group, topic, 35)
         [out] = await sync_once(ctx)
@@ -193,7 +193,7 @@ async def test_group_resumes_on_the_standby_at_exactly_the_next_record(two_regio
         assert out.groups_applied == []
     finally:
         await active.stop()
-    async with KafkaAdmin(west) as admin:
+    async with KafkaAdmin(KafkaConnection.of(west)) as admin:
         assert (await admin.group_offsets(group))[TopicPartition(topic, 0)] == 30
 
 
@@ -310,7 +310,7 @@ async def test_a_partly_untranslatable_group_still_moves_what_translates(two_reg
     await _listed(east, carried, alone)
     [out] = await sync_once(ctx)
     assert sorted(out.created) == sorted([carried, alone])
-    async with MirrorWorker(flow, east, west):
+    async with MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west)):
         await eventually(drained({"east": east, "west": west}, flow, carried), 60,
                          "mirror drained")
     await _commit(east, group, carried, 4)
@@ -320,6 +320,6 @@ async def test_a_partly_untranslatable_group_still_moves_what_translates(two_reg
     assert out.groups_untranslatable == [group]
     assert out.groups_applied == []
     assert f"group {group} offsets not translatable" in out.blocking[0]
-    async with KafkaAdmin(west) as admin:
+    async with KafkaAdmin(KafkaConnection.of(west)) as admin:
         have = await admin.group_offsets(group)
     assert have == {TopicPartition(carried, 0): 4}  # `alone` left uncommitted

@@ -25,6 +25,7 @@ from kafka_helpers import (
     unique,
 )
 
+from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.offsets import load_offset_map
 from crossdc.clients.primary import read_primary, write_primary
@@ -92,12 +93,13 @@ async def _mirror_until_drained(two_regions: Any, topic: str, **flow_kw: Any
     flow = Flow(source="east", target="west", topics=topic, discovery_interval_s=1.0,
                 group=unique("mm-tail"), **flow_kw)
     metrics = MirrorMetrics()
-    worker = MirrorWorker(flow, east, west, metrics, consul_http_addrs=[
-        topo.region("west").consul.http_addr, topo.region("east").consul.http_addr])
+    worker = MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west), metrics,
+                          consul_http_addrs=[topo.region("west").consul.http_addr,
+                                             topo.region("east").consul.http_addr])
 
     async def drained() -> bool:
         ends = await end_offsets(east, topic)
-        marks = await load_offset_map(west, "east")
+        marks = await load_offset_map(KafkaConnection.of(west), "east")
         return bool(marks.next_src.get((topic, 0), 0) >= ends[0])
 
     async with worker:
@@ -253,8 +255,9 @@ async def test_a_running_worker_follows_the_promotion(  # type: ignore[no-untype
     await _put(topo, old)
     flow = Flow(source="east", target="west", topics=topic, discovery_interval_s=1.0,
                 group=unique("mm-tail"))
-    worker = MirrorWorker(flow, east, west, consul_http_addrs=[
-        topo.region("west").consul.http_addr, topo.region("east").consul.http_addr])
+    worker = MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west),
+                          consul_http_addrs=[topo.region("west").consul.http_addr,
+                                             topo.region("east").consul.http_addr])
 
     def ordered(rid: str, value: bytes) -> Any:
         return (b"k", value, [("dr-id", rid.encode()), ("dr-origin", b"east"),
