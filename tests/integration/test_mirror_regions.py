@@ -27,7 +27,8 @@ async def test_three_region_mesh_one_copy_per_region(two_regions, north) -> None
     for b in boot.values():
         await create_topic(b, topic, partitions=2)
     flows = [mirror_flow(s, t, f"{prefix}-.*") for s in boot for t in boot if s != t]
-    workers = [MirrorWorker(f, boot[f.source], boot[f.target]) for f in flows]
+    workers = [MirrorWorker(f, KafkaConnection.of(boot[f.source]),
+                            KafkaConnection.of(boot[f.target])) for f in flows]
     for w in workers:
         await w.start()
     try:
