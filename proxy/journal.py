@@ -14,8 +14,9 @@ left, stated: a process killed (SIGKILL) loses the outcomes it had not appended 
 `linger_s` plus an append's round trip of them, or all it queued while its Kafka was down);
 the reconciliation judges those records as it judges records written straight to Kafka.
 
-Cost (bench/proxy, `--no-journal` beside the default): one JSON encoding per `CHUNK`
-outcomes and one Kafka record per linger, on the serving loop's thread.
+Cost (bench/results/proxy-journal.md, `dr proxy serve --no-journal` beside the default):
+grouped per call and topic, at most about 2 us of proxy CPU and 61 bytes per record on the
+batch and stream paths (one entry per record cost 3-4 us); nothing measurable on unary calls.
 """
 
 from __future__ import annotations
