@@ -75,10 +75,9 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import KafkaAdmin, TopicSpec, kafka_kw
+from crossdc.clients.kafka import kafka_kw, open_log
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
-from crossdc.settings import RetrySettings
 from proxy.writers import RegionWrite
 
 if TYPE_CHECKING:
@@ -505,33 +504,23 @@ class IdempotencyLog(Lifecycle):
 
     async def _connect(self) -> bool:
         try:
-            async with KafkaAdmin(self.bootstrap, RetrySettings(attempts=1, total_s=5.0,
-                                                                call_timeout_s=5.0),
-                                  client_id=self.client_id) as admin:
-                replication = self.replication or min(3, await admin.broker_count())
-                await admin.create_topics([TopicSpec(
-                    self.topic, 1, replication,
-                    {"cleanup.policy": "delete",
-                     "retention.ms": str(int(self.window.window_s * 2000)),
-                     "segment.ms": str(int(max(60.0, self.window.window_s) * 1000))})],
-                    exist_ok=True)
-            producer = AIOKafkaProducer(**kafka_kw(self.bootstrap), acks="all",
-                                        enable_idempotence=True, linger_ms=2,
-                                        max_batch_size=1 << 19,
-                                        client_id=self.client_id)
-            # the broker holds a fetch until `fetch_wait_ms` has passed (or 1 MB is there):
-            # a bounded number of fetches a second whatever the call rate
-            consumer = AIOKafkaConsumer(**kafka_kw(self.bootstrap), group_id=None,
-                                        enable_auto_commit=False,
-                                        fetch_max_wait_ms=self.fetch_wait_ms,
-                                        fetch_min_bytes=1 << 20,
-                                        client_id=self.client_id)
-        except (CrossdcError, KafkaError, OSError) as exc:
+            producer = await open_log(self.bootstrap, self.topic, {
+                "cleanup.policy": "delete",
+                "retention.ms": str(int(self.window.window_s * 2000)),
+                "segment.ms": str(int(max(60.0, self.window.window_s) * 1000))},
+                client_id=self.client_id, replication=self.replication, linger_ms=2,
+                max_batch_size=1 << 19)
+        except CrossdcError as exc:  # unreachable, or refused (ACLs): tried again later
             self.log.warning("idempotency_log_unreachable", error=str(exc))
             return False
+        # the broker holds a fetch until `fetch_wait_ms` has passed (or 1 MB is there): a
+        # bounded number of fetches a second whatever the call rate
+        consumer = AIOKafkaConsumer(**kafka_kw(self.bootstrap), group_id=None,
+                                    enable_auto_commit=False,
+                                    fetch_max_wait_ms=self.fetch_wait_ms,
+                                    fetch_min_bytes=1 << 20, client_id=self.client_id)
         try:
             async with asyncio.timeout(10.0):
-                await producer.start()
                 await consumer.start()
                 consumer.assign([self._tp])
                 consumer.pause(self._tp)  # read on demand (`_tail`)

@@ -31,11 +31,10 @@ import structlog
 from aiokafka import AIOKafkaProducer
 
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import KafkaAdmin, kafka_kw
+from crossdc.clients.kafka import open_log
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
 from crossdc.outcomes import CHUNK, JOURNAL_TOPIC, Group, encode
-from crossdc.settings import RetrySettings
 
 if TYPE_CHECKING:
     from proxy.metrics import ProxyMetrics
@@ -128,25 +127,12 @@ class OutcomeJournal(Lifecycle):
 
     async def _connect(self) -> bool:
         try:
-            async with KafkaAdmin(self.bootstrap, RetrySettings(attempts=1, total_s=5.0,
-                                                                call_timeout_s=5.0),
-                                  client_id=self.client_id) as admin:
-                await admin.ensure_topic(self.topic, 1, {
-                    "cleanup.policy": "delete",
-                    "retention.ms": str(int(self.retention_s * 1000)),
-                    "segment.ms": str(int(min(self.retention_s, 3600.0) * 1000))})
-            producer = AIOKafkaProducer(**kafka_kw(self.bootstrap), acks="all",
-                                        enable_idempotence=True, linger_ms=5,
-                                        max_batch_size=1 << 20, client_id=self.client_id)
-        except (CrossdcError, KafkaError, OSError) as exc:
+            producer = await open_log(self.bootstrap, self.topic, {
+                "cleanup.policy": "delete", "retention.ms": str(int(self.retention_s * 1000)),
+                "segment.ms": str(int(min(self.retention_s, 3600.0) * 1000))},
+                client_id=self.client_id, linger_ms=5, max_batch_size=1 << 20)
+        except CrossdcError as exc:  # unreachable, or refused (ACLs): tried again later
             self.log.warning("journal_unreachable", error=str(exc))
-            return False
-        try:
-            async with asyncio.timeout(10.0):
-                await producer.start()
-        except (KafkaError, OSError, TimeoutError) as exc:
-            await producer.stop()
-            self.log.warning("journal_unreachable", error=repr(exc))
             return False
         if self.closed:  # stop() ran meanwhile
             await producer.stop()

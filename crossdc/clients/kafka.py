@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
@@ -52,6 +52,7 @@ __all__ = [
     "TopicSpec",
     "kafka_kw",
     "kafka_principal",
+    "open_log",
     "principal_name",
     "security_for",
     "set_kafka_principal",
@@ -472,4 +473,30 @@ class KafkaAdmin(Lifecycle):
                 await consumer.stop()
 
         await self._call(f"commit offsets {group}", commit, retry)
+
+
+async def open_log(bootstrap: str, topic: str, configs: dict[str, str], *, client_id: str,
+                   replication: int | None = None, timeout_s: float = 10.0,
+                   **producer_kw: Any) -> AIOKafkaProducer:
+    """A started idempotent producer (acks=all) to crossdc's own one-partition `topic`, the
+    topic created first unless it exists (`replication`: default `replication_factor()`).
+    ClientError when the cluster does not answer within `timeout_s`, ClientRefused when it
+    refuses the topic (nothing left open either way)."""
+    try:
+        async with KafkaAdmin(bootstrap, RetrySettings(attempts=1, total_s=timeout_s / 2,
+                                                       call_timeout_s=timeout_s / 2),
+                              client_id=client_id) as admin:
+            reps = replication or await admin.replication_factor()
+            await admin.create_topics([TopicSpec(topic, 1, reps, configs)], exist_ok=True)
+        producer = AIOKafkaProducer(**kafka_kw(bootstrap), acks="all", enable_idempotence=True,
+                                    client_id=client_id, **producer_kw)
+    except (KafkaError, OSError) as exc:
+        raise ClientError(f"{topic}: {exc!r}") from exc
+    try:
+        async with asyncio.timeout(timeout_s):
+            await producer.start()
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await producer.stop()
+        raise ClientError(f"{topic}: producer did not start: {exc!r}") from exc
+    return producer
 
