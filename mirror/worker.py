@@ -156,6 +156,7 @@ class MirrorWorker(Lifecycle):
         self.target_bootstrap = target_bootstrap
         self.metrics = metrics or MirrorMetrics()
         self.group = flow.group or f"crossdc-mirror-{flow.source}-{flow.target}"
+        self._client_id = f"crossdc-mirror-{flow.source}-{flow.target}"  # in logs and leaks
         self.worker_id = flow.worker_id or socket.gethostname()
         self.transactional_id = f"crossdc-mirror-{self.group}-{self.worker_id}"
         self._flow_label = f"{flow.source}->{flow.target}"
@@ -231,6 +232,7 @@ class MirrorWorker(Lifecycle):
             # Known before the first record is carried (bounded: never waits on Consul).
             await self._primary_watch.refresh()
         self._producer_kw = {"acks": "all", "enable_idempotence": True,
+                             "client_id": self._client_id,
                              "linger_ms": 5, "max_batch_size": 512 * 1024,
                              "max_request_size": self.flow.max_request_bytes}
         if self.flow.exactly_once:
@@ -238,7 +240,7 @@ class MirrorWorker(Lifecycle):
             self._producer_kw["transaction_timeout_ms"] = _TXN_TIMEOUT_MS
         await self._new_producer()
         self._consumer = AIOKafkaConsumer(
-            **kafka_kw(self.source_bootstrap), group_id=self.group,
+            **kafka_kw(self.source_bootstrap), client_id=self._client_id, group_id=self.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed" if self.flow.exactly_once
             else "read_uncommitted", max_partition_fetch_bytes=4 * 1024 * 1024,
@@ -518,7 +520,8 @@ class MirrorWorker(Lifecycle):
         `pos:` record (a worker died before recording them), so they are not sent again."""
         suffix = f",{self.flow.source},{self.flow.target}".encode()
         start = f"{self.flow.source},{self.flow.target}".encode()
-        c = AIOKafkaConsumer(**kafka_kw(self.target_bootstrap), enable_auto_commit=False)
+        c = AIOKafkaConsumer(**kafka_kw(self.target_bootstrap),
+                             client_id=f"{self._client_id}-recover", enable_auto_commit=False)
         try:
             await c.start()
         except BaseException:

@@ -317,7 +317,8 @@ async def pending_hints(bootstrap: str, region: str, targets: Sequence[str],
     offset of `hints_topic(target)` minus the group `hints_group(region)`'s committed offset
     (or the log start). 0 for a target without a hints topic there. Raises (ClientError,
     KafkaError, OSError, TimeoutError) when the cluster does not answer within `timeout_s`."""
-    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), client_id="crossdc-hints-pending",
+                                enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
     admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:

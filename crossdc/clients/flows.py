@@ -56,7 +56,8 @@ class FlowStatus(_Out):
 
 async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
     admin = KafkaAdmin(bootstrap, ONCE)  # bounded by flow_status's deadline
-    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), client_id="crossdc-flow-lag",
+                                enable_auto_commit=False)
     try:
         await admin.start()
         await consumer.start()
@@ -85,7 +86,8 @@ async def _lag(flow: Flow, group: str, bootstrap: str) -> list[PartitionLag]:
 async def _newest(flow: Flow, bootstrap: str) -> tuple[int | None, float | None]:
     tp = TopicPartition(sync_topic_name(flow.source), MAP_PARTITION)
     pattern = re.compile(flow.topics)
-    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    c = AIOKafkaConsumer(**kafka_kw(bootstrap), client_id="crossdc-flow-newest",
+                         enable_auto_commit=False,
                          isolation_level="read_committed")
     try:
         await c.start()  # inside: a region that does not answer still gets its client closed

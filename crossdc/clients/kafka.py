@@ -462,7 +462,8 @@ class KafkaAdmin(Lifecycle):
             return
 
         async def commit() -> None:
-            consumer = AIOKafkaConsumer(**kafka_kw(self.bootstrap), group_id=group,
+            consumer = AIOKafkaConsumer(**kafka_kw(self.bootstrap),
+                                        client_id="crossdc-group-commit", group_id=group,
                                         enable_auto_commit=False)
             try:
                 await consumer.start()

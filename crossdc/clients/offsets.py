@@ -243,7 +243,8 @@ async def _committed_reader(bootstrap: str, topic: str) -> AsyncIterator[AIOKafk
     """A started read_committed consumer, stopped at the end (also when its start fails: a
     failed start leaves its metadata task running); Kafka's errors become
     `OffsetsUnavailable`."""
-    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    c = AIOKafkaConsumer(**kafka_kw(bootstrap), client_id="crossdc-offsets-reader",
+                         enable_auto_commit=False,
                          isolation_level="read_committed")
     try:
         try:

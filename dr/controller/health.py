@@ -264,7 +264,8 @@ class RegionProber:
                         self.settings.canary_topic, 1, rf, {"retention.ms": "3600000"})],
                         unchecked=True)
                 producer = AIOKafkaProducer(
-                    **kafka_kw(self.bootstrap_servers()), acks="all", linger_ms=0,
+                    **kafka_kw(self.bootstrap_servers()), client_id="crossdc-health-canary",
+                    acks="all", linger_ms=0,
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
                 self._producer = producer
                 await producer.start()
@@ -272,7 +273,8 @@ class RegionProber:
                 # Short request deadlines: closing a consumer whose broker died waits for
                 # its in-flight fetch (40 s by default).
                 consumer = AIOKafkaConsumer(
-                    **kafka_kw(self.bootstrap_servers()), enable_auto_commit=False,
+                    **kafka_kw(self.bootstrap_servers()), client_id="crossdc-health-canary",
+                    enable_auto_commit=False,
                     request_timeout_ms=int(max(2.0, self.settings.timeout_s * 2) * 1000),
                     fetch_max_wait_ms=200)
                 self._consumer = consumer

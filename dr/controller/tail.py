@@ -150,7 +150,8 @@ async def _read_topic(bootstrap: str, topic: str, timeout_s: float) -> list[Any]
     n = await _partitions(bootstrap, topic, timeout_s)
     if not n:
         return []
-    c = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    c = AIOKafkaConsumer(**kafka_kw(bootstrap), client_id="crossdc-tail-reader",
+                         enable_auto_commit=False,
                          isolation_level="read_committed",
                          request_timeout_ms=int(timeout_s * 1000))
     out: list[Any] = []
@@ -356,7 +357,8 @@ async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None
             # Started (init_transactions) before the markers are read: a replay still
             # running is fenced by now, or its commit is visible to what we read next.
             producer = AIOKafkaProducer(
-                **kafka_kw(bootstrap), acks="all", enable_idempotence=True,
+                **kafka_kw(bootstrap), client_id="crossdc-tail-replay", acks="all",
+                enable_idempotence=True,
                 transactional_id=f"crossdc-tail-replay-{target}",
                 request_timeout_ms=int(timeout_s * 1000))
             try:

@@ -48,7 +48,8 @@ class RegionSurvey:
 async def _survey_region(region: str, bootstrap: str, pattern: re.Pattern[str],
                          timeout_s: float) -> RegionSurvey:
     admin = KafkaAdmin(bootstrap, ONCE, request_timeout_ms=int(timeout_s * 1000))
-    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**kafka_kw(bootstrap), client_id="crossdc-reconcile-survey",
+                                enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
