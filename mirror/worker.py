@@ -44,11 +44,10 @@ from crossdc.clients.errors import (
     KafkaError,
     MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
-    ProducerClosed,
     ProducerFenced,
     RecordTooLargeError,
 )
-from crossdc.clients.kafka import ONCE, KafkaAdmin, kafka_kw
+from crossdc.clients.kafka import ONCE, KafkaAdmin, close_producer, kafka_kw
 from crossdc.clients.offsets import (
     MAP_PARTITION,
     POS_PARTITION,
@@ -256,7 +255,7 @@ class MirrorWorker(Lifecycle):
         (OutOfOrderSequenceNumber on every later batch); a new producer id starts clean, and
         the transactional id reused fences the old one."""
         if self._producer is not None:
-            await _close_producer(self._producer)
+            await close_producer(self._producer, _CLOSE_S)
             self._producer = None
             # acked ones are kept (as acked): _flush_sync must know a newer record of the
             # same key landed, so an older one is not sent again after it
@@ -332,7 +331,7 @@ class MirrorWorker(Lifecycle):
                 await self._closing("offset-sync flush", self._send_sync_queue(), left())
             finally:
                 self._producer = None
-                await _close_producer(producer, min(_CLOSE_S, left()))
+                await close_producer(producer, min(_CLOSE_S, left()))
         for admin in admins:
             if admin is not None:
                 await self._closing("admin", admin.stop(), left())
@@ -1106,26 +1105,6 @@ async def _follow(producer: AIOKafkaProducer, topics: Iterable[str]) -> None:
     is under way may be left out of it."""
     for topic in topics:
         await producer.client.add_topic(topic)  # at once when followed already
-
-
-async def _close_producer(producer: AIOKafkaProducer, timeout_s: float = _CLOSE_S) -> None:
-    """Stop a producer within `timeout_s`. aiokafka's stop() flushes first and waits forever
-    while the target is away; then its sender and connections are closed without flushing
-    (in at-least-once mode those records are sent again by the next attempt or worker), and
-    the batches still queued are failed: the flush task stop() started waits for them, and
-    nothing else would ever end it (nor the waits on their acks)."""
-    try:
-        await asyncio.wait_for(producer.stop(), timeout_s)
-    except (KafkaError, TimeoutError):
-        sender = getattr(producer, "_sender", None)
-        if sender is not None:
-            with contextlib.suppress(KafkaError, asyncio.CancelledError):
-                await sender.close()
-        with contextlib.suppress(KafkaError):
-            await producer.client.close()
-        accumulator = getattr(producer, "_message_accumulator", None)
-        if accumulator is not None:
-            accumulator.fail_all(ProducerClosed())
 
 
 def _dr_ts(record: Any) -> int | None:

@@ -75,7 +75,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import kafka_kw, open_log
+from crossdc.clients.kafka import close_producer, kafka_kw, open_log
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
 from proxy.writers import RegionWrite
@@ -623,12 +623,10 @@ class IdempotencyLog(Lifecycle):
             try:
                 async with asyncio.timeout(limit):
                     await self._send_queued(producer)
-                    await producer.stop()
             except (KafkaError, TimeoutError) as exc:
                 self.log.warning("idempotency_log_close_incomplete", error=repr(exc))
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(1.0):
-                        await producer.client.close()
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            await close_producer(producer, max(1.0, left))
         for w in list(self._waiters):
             if not w.done():
                 w.set_result(None)

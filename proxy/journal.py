@@ -22,7 +22,6 @@ batch and stream paths (one entry per record cost 3-4 us); nothing measurable on
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -31,7 +30,7 @@ import structlog
 from aiokafka import AIOKafkaProducer
 
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import open_log
+from crossdc.clients.kafka import close_producer, open_log
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
 from crossdc.outcomes import CHUNK, JOURNAL_TOPIC, Group, encode
@@ -209,10 +208,8 @@ class OutcomeJournal(Lifecycle):
         try:
             async with asyncio.timeout(limit):
                 await self._append(producer)
-                await producer.stop()
         except (KafkaError, TimeoutError) as exc:
             self.log.warning("journal_close_incomplete", outcomes=self.pending,
                              error=repr(exc))
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(1.0):
-                    await producer.client.close()
+        left = 1.0 if deadline is None else deadline - time.monotonic()
+        await close_producer(producer, max(1.0, left))

@@ -32,7 +32,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import KafkaError, ProducerClosed, TopicAlreadyExistsError, for_code
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest
 from aiokafka.structs import OffsetAndMetadata
 
@@ -50,6 +50,7 @@ __all__ = [
     "QuorumInfo",
     "Retry",
     "TopicSpec",
+    "close_producer",
     "kafka_kw",
     "kafka_principal",
     "open_log",
@@ -499,5 +500,30 @@ async def open_log(bootstrap: str, topic: str, configs: dict[str, str], *, clien
     except (KafkaError, OSError, TimeoutError) as exc:
         await producer.stop()
         raise ClientError(f"{topic}: producer did not start: {exc!r}") from exc
+    except BaseException:  # cancelled while starting (the owner is stopping): closed too
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5.0):
+                await asyncio.shield(producer.stop())
+        raise
     return producer
+
+
+async def close_producer(producer: AIOKafkaProducer, timeout_s: float) -> None:
+    """Stop a producer within `timeout_s`. aiokafka's stop() flushes first and waits forever
+    while the cluster is away; then its sender and connections are closed without flushing
+    (whoever owns those records must send them again), and the batches still queued are
+    failed: the flush task stop() started waits for them, and nothing else would ever end it
+    (nor the waits on their acks)."""
+    try:
+        await asyncio.wait_for(producer.stop(), max(0.1, timeout_s))
+    except (KafkaError, TimeoutError):
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            with contextlib.suppress(KafkaError, asyncio.CancelledError):
+                await sender.close()
+        with contextlib.suppress(KafkaError):
+            await producer.client.close()
+        accumulator = getattr(producer, "_message_accumulator", None)
+        if accumulator is not None:
+            accumulator.fail_all(ProducerClosed())
 
