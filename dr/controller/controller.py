@@ -55,6 +55,10 @@ log = structlog.get_logger("crossdc.controller")
 SyncHook = Callable[["Controller"], Awaitable[None]]
 """One round of standby metadata sync (run by the leader every `sync.interval_s`)."""
 
+LEAD_INTERVAL_S = 0.5
+"""The leader's work (primary record, DNS, failovers) runs this often, and at once when a
+probe round changes a region's status."""
+
 RETRY_FAILED_S = 5.0
 """A failover that failed after its fence (no writable primary) is retried this often."""
 
@@ -99,6 +103,9 @@ class Controller(Lifecycle):
         self._lags_loaded = False
         self._last_observe = 0.0
         self._stop = asyncio.Event()
+        self._judged = asyncio.Event()
+        """Set when a probe round changed a region's status: the leader's work runs at once
+        (a primary judged down is failed over without waiting for the next lead round)."""
         self._task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
@@ -162,7 +169,9 @@ class Controller(Lifecycle):
                 tg.create_task(self._every(self.settings.health.interval_s, self._health_round),
                                name="controller:health")
                 tg.create_task(self._every(2.0, self._lag_round), name="controller:lag")
-                tg.create_task(self._every(0.5, self._lead_round), name="controller:lead")
+                tg.create_task(every(self._stop, LEAD_INTERVAL_S, self._lead_round,
+                                     log=self._log, wake=self._judged),
+                               name="controller:lead")
                 tg.create_task(self._every(self.settings.sync.interval_s, self._sync_round),
                                name="controller:sync")
         finally:
@@ -188,6 +197,7 @@ class Controller(Lifecycle):
             h = self.hysteresis[region]
             if h.forget(rnd.at_ms) if cut_off else h.observe(rnd):
                 changed = True
+                self._judged.set()  # the leader acts on it now, not at its next round
                 self._log.warning("region_status", target_region=region, status=h.status,
                                   failures=h.failures, checks={k: (c.ok, c.detail) for k, c
                                                                in rnd.checks.items()},

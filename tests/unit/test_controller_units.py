@@ -216,6 +216,38 @@ async def test_automatic_failover_waits_out_the_wait_period_and_the_gate() -> No
     await ctl.dcs.close()
 
 
+async def test_a_change_of_a_regions_status_wakes_the_leaders_work() -> None:
+    """The lead round runs on a schedule; a region judged down must not wait for it (the
+    wait was up to a whole lead interval between detection and the fence)."""
+    from dr.controller import Controller
+
+    ctl = Controller(_topology(), ControllerSettings(region="east"))
+    east_ok = True
+
+    class Prober:
+        def __init__(self, region: str) -> None:
+            self.region = region
+
+        async def probe(self) -> Round:
+            return rnd(east_ok or self.region != "east", 0)
+
+        async def stop(self) -> None:
+            pass
+
+    ctl.probers = {r: Prober(r) for r in ctl.probers}  # type: ignore[misc]
+    await ctl._health_round()  # unknown -> up: a change
+    assert ctl._judged.is_set()
+    ctl._judged.clear()
+    east_ok = False
+    for _ in range(ctl.settings.health.failures_to_down - 1):
+        await ctl._health_round()
+        assert not ctl._judged.is_set(), "a failed round that changes nothing wakes nobody"
+    await ctl._health_round()
+    assert ctl.hysteresis["east"].status == "down"
+    assert ctl._judged.is_set()
+    await ctl.dcs.close()
+
+
 class _Consul:
     """A datacenter's Consul as the leader lock sees it: one lock key, sessions, reachable
     or cut off (a stand-in: the lock against real Consul is tests/integration/test_controller)."""
