@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -138,7 +139,7 @@ def figures(report: dict[str, Any], folder: Path) -> dict[str, Any]:
         row[f"{name}_s"] = s.get("seconds")
         row[f"{name}_status"] = s.get("status")
     # a skipped step has no end: the next step's start bounds it
-    for name, nxt in zip(STEPS, STEPS[1:], strict=False):
+    for name, nxt in itertools.pairwise(STEPS):
         if row[f"{name}_s"] is None and steps.get(name, {}).get("started_ms") \
                 and steps.get(nxt, {}).get("started_ms"):
             row[f"{name}_s"] = _secs(steps[name]["started_ms"], steps[nxt]["started_ms"])
@@ -295,6 +296,12 @@ class Bench:
     def stack_down(self) -> None:
         if not self.up:
             return
+        if self.a.keep is not None:  # the services' logs and the drill reports, for reading
+            self.a.keep.mkdir(parents=True, exist_ok=True)
+            for part in ("services", "reports"):
+                if (self.state / part).exists():
+                    shutil.copytree(self.state / part, self.a.keep / part, dirs_exist_ok=True)
+            print(f"logs and reports kept in {self.a.keep}", flush=True)
         print("dr down --purge", flush=True)
         try:
             dr("down", "--purge", state=self.state, timeout_s=300, check=False)
@@ -351,6 +358,8 @@ def main() -> None:
                     help="each drill's --duration (seconds of traffic)")
     ap.add_argument("--rate", type=float, default=200.0)
     ap.add_argument("--out", default="rto", help="result files' name under bench/results/")
+    ap.add_argument("--keep", type=Path, help="copy the services' logs and the drills' "
+                    "reports here before the stack is purged")
     ap.add_argument("--notes", type=Path, help="a Markdown file pasted under Notes")
     ap.add_argument("--report-only", action="store_true",
                     help="redraw the .md from bench/results/<out>.json")

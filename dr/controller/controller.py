@@ -199,8 +199,9 @@ class Controller(Lifecycle):
                 changed = True
                 self._judged.set()  # the leader acts on it now, not at its next round
                 self._log.warning("region_status", target_region=region, status=h.status,
-                                  failures=h.failures, checks={k: (c.ok, c.detail) for k, c
-                                                               in rnd.checks.items()},
+                                  failures=h.failures,
+                                  checks={k: (c.ok, c.detail, c.latency_ms)
+                                          for k, c in rnd.checks.items()},
                                   why="no majority of datacenters reached" if cut_off
                                   else None)
             self.metrics.set_status(region, h.status)

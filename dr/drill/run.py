@@ -256,7 +256,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                 progress(f"traffic: {rate:g} records/s through "
                          f"{len(plan.proxies)} proxies on {', '.join(topics.values())}")
                 await _warm_up(traffic, topics, config.warmup_s)
-            tl.fault_ms = _now_ms()
+            tl.fault_ms = _now_ms()  # at the latest: set again right as the fault begins
             found = _Found()
             try:
                 with tl.step("inject"):  # inside: a half-done injection is healed too
@@ -264,6 +264,9 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                     progress(f"fault: {plan.scenario}")
                     plan.fault.topics = dict(topics)
                     bound.warning("drill_fault_injected")
+                    # the fault's moment, which detection and RTO count from: after the
+                    # steady check's Consul reads (tens of ms, more on a loaded machine)
+                    tl.fault_ms = _now_ms()
                     await plan.fault.inject()
                 with tl.step("recovery"):
                     try:
