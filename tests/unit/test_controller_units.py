@@ -3,6 +3,7 @@ failover record's step bookkeeping, settings validation."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, ClassVar
 
@@ -246,6 +247,57 @@ async def test_a_change_of_a_regions_status_wakes_the_leaders_work() -> None:
     assert ctl.hysteresis["east"].status == "down"
     assert ctl._judged.is_set()
     await ctl.dcs.close()
+
+
+async def test_a_region_whose_probe_hangs_never_holds_back_another_regions_judgement() -> None:
+    """Each region is probed in a loop of its own: west's probe hanging (a slow canary on a
+    loaded machine) must not space out east's rounds (one round for both waited for the
+    slower: 2.8 s to judge a dead primary down under load)."""
+    import asyncio
+
+    from dr.controller import Controller
+    from dr.controller.config import HealthSettings
+
+    ctl = Controller(_topology(), ControllerSettings(
+        region="east", health=HealthSettings(interval_s=0.01)))
+    hung = asyncio.Event()  # never set
+    probed = {"east": 0, "west": 0}
+
+    class Prober:
+        def __init__(self, region: str) -> None:
+            self.region = region
+
+        async def probe(self) -> Round:
+            probed[self.region] += 1
+            if self.region == "west":
+                await hung.wait()
+            return rnd(False, probed[self.region])
+
+        async def stop(self) -> None:
+            pass
+
+    class Lock:
+        leading = False
+        reaches_majority = True
+        why_not = "test"
+
+        async def run(self, stop: asyncio.Event) -> None:
+            await stop.wait()
+
+    ctl.probers = {r: Prober(r) for r in ctl.probers}  # type: ignore[misc]
+    ctl.lock = Lock()  # type: ignore[assignment]
+    ctl._last_observe = time.monotonic() + 3600  # no Consul reads while following
+    task = asyncio.create_task(ctl.run())
+    try:
+        await asyncio.wait_for(ctl._judged.wait(), 10)
+        assert ctl.hysteresis["east"].status == "down"
+        assert probed == {"east": ctl.settings.health.failures_to_down, "west": 1}
+        assert ctl.hysteresis["west"].status == "unknown"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await ctl.dcs.close()
 
 
 class _Consul:
