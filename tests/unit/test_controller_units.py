@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings, LeaderSettings
+from dr.controller.failover import Behind
 from dr.controller.health import Hysteresis, Round
 from dr.controller.ops import ControllerView
 from dr.controller.state import STEPS, CheckResult, FailoverRecord, GateRecord, LeaderRecord
@@ -624,6 +625,40 @@ async def test_an_error_inside_a_step_fails_the_step_and_never_escapes() -> None
     assert "offsets" in final.error
     assert [r.seq for r in saved] == sorted(r.seq for r in saved), "ordered by sequence"
     await engine.dcs.close()  # type: ignore[attr-defined]
+
+
+async def test_the_drain_asks_no_region_for_hints_toward_itself(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hints toward a region are never stored in it (proxy.hints): with the source down and
+    the target the only other region, the drain has nobody to ask, and asks nobody."""
+    import dr.controller.failover as failover_mod
+
+    asked: list[tuple[str, tuple[str, ...]]] = []
+
+    async def pending_hints(bootstrap: str, region: str, targets: list[str],
+                            timeout_s: float = 5.0) -> dict[str, int]:
+        asked.append((region, tuple(targets)))
+        return {t: 0 for t in targets}
+
+    monkeypatch.setattr(failover_mod, "pending_hints", pending_hints)
+    engine, _ = _engine(_topology(), is_down=lambda r: r == "east")
+    rec = FailoverRecord(source="east", target="west", epoch=4, from_epoch=3)
+    out = await engine._drain(rec)  # type: ignore[attr-defined]
+    assert asked == []
+    assert out.step("drain").status == "skipped"
+    assert "hints toward west: 0 replayed, 0 left" in out.step("drain").detail
+    # the source answering: it is asked for its hints toward the target, the target never
+    engine2, _ = _engine(_topology())
+
+    async def behind(*a: object) -> Behind:
+        return Behind(0, 0.0)
+
+    monkeypatch.setattr(failover_mod, "behind", behind)
+    out = await engine2._drain(rec)  # type: ignore[attr-defined]
+    assert asked == [("east", ("west",))]
+    assert out.step("drain").detail.startswith("0 record(s) copied, 0 left")
+    await engine.dcs.close()  # type: ignore[attr-defined]
+    await engine2.dcs.close()  # type: ignore[attr-defined]
 
 
 async def test_a_step_that_hangs_fails_at_its_time_limit() -> None:
