@@ -129,6 +129,7 @@ def figures(report: dict[str, Any], folder: Path) -> dict[str, Any]:
              and ":" not in s["name"]}  # the failover's own (failback steps are "failback:x")
     row: dict[str, Any] = {
         "run_id": report["run_id"], "passed": report["passed"],
+        "primary": report.get("primary_before"),
         "detection_s": report.get("detection_s"), "rto_s": report.get("rto_s"),
         "rpo_records": report.get("rpo_records"), "breaches": report.get("breaches", []),
     }
@@ -263,16 +264,17 @@ def write_md(doc: dict[str, Any], path: Path) -> None:
         "",
         *table(rows),
         "",
-        "| run | run id | load avg (1 min) at start | RTO per producer | "
+        "| run | run id | primary (killed) | load avg (1 min) at start | RTO per producer | "
         "promoted→ack per producer | notes |",
-        "|---|---|---:|---|---|---|",
+        "|---|---|---|---:|---|---|---|",
     ]
     for i, r in enumerate(rows, 1):
         by = ", ".join(f"{k} {fmt(v)}" for k, v in r.get("rto_by_producer_s", {}).items())
         ap = ", ".join(f"{k} {fmt(v)}" for k, v in
                        r.get("after_promote_by_producer_s", {}).items())
         notes = "; ".join(r.get("breaches", [])) or r.get("error", "")
-        lines.append(f"| {i} | {r.get('run_id', '—')} | {fmt(r.get('load_avg', [None])[0])} "
+        lines.append(f"| {i} | {r.get('run_id', '—')} | {r.get('primary') or '—'} | "
+                     f"{fmt(r.get('load_avg', [None])[0])} "
                      f"| {by} | {ap} | {notes} |")
     if doc.get("notes"):
         lines += ["", "## Notes", "", doc["notes"].strip()]
