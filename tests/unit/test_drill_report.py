@@ -235,6 +235,7 @@ def test_the_timeline_counts_acks_and_markers_from_the_drill_start() -> None:
     t0 = 1_000_000
     tl = Timeline(started_ms=t0, fault_ms=t0 + 12_800, healed_ms=t0 + 40_000)
     traffic_start = t0 + 4_600
+    assert tl.fault_ms is not None
     acks = [ack(f"e-{t}", t, first="east") for t in range(traffic_start, tl.fault_ms, 50)]
     acks += [ack(f"w-{t}", t, first="west") for t in range(traffic_start, t0 + 50_000, 50)]
     series, markers, spans = chart_inputs(tl, acks, None, None, "primary-outage",
