@@ -91,9 +91,13 @@ async def guard(name: str, coro: Awaitable[None], *, log: Any,
 
 async def every(stop: asyncio.Event, interval_s: float | Callable[[], float],
                 fn: Callable[[], Awaitable[None]], *, log: Any,
-                from_start: bool = True) -> None:
+                from_start: bool = True, wake: asyncio.Event | None = None) -> None:
     """Call `fn` every `interval_s` (counted from the start of each round, or, with
-    `from_start=False`, from its end) until `stop` is set.
+    `from_start=False`, from its end) until `stop` is set. With `wake`, setting it starts the
+    next round at once instead of at the end of the pause (it is cleared as each round
+    starts, so a set during a round brings the next one straight after it): a loop that
+    polls on a schedule and also acts on news (the controller's leader work when a
+    region's health changes).
 
     A `CancelledError` that nobody sent this task (a client library cancelling one of its
     own futures under us: see `cancelled_from_outside`) fails that round only, logged;
@@ -101,6 +105,8 @@ async def every(stop: asyncio.Event, interval_s: float | Callable[[], float],
     without a word. A real cancel ends the loop."""
     while not stop.is_set():
         t0 = time.monotonic()
+        if wake is not None:
+            wake.clear()
         try:
             await fn()
         except asyncio.CancelledError:
@@ -112,7 +118,24 @@ async def every(stop: asyncio.Event, interval_s: float | Callable[[], float],
         pause = interval_s() if callable(interval_s) else interval_s
         if from_start:
             pause -= time.monotonic() - t0
-        await sleep_unless(stop, max(0.0, pause))
+        if wake is None:
+            await sleep_unless(stop, max(0.0, pause))
+        else:
+            await _sleep_unless_either(stop, wake, max(0.0, pause))
+
+
+async def _sleep_unless_either(stop: asyncio.Event, wake: asyncio.Event, seconds: float
+                               ) -> None:
+    """Sleep `seconds`, or less when `stop` or `wake` is set meanwhile."""
+    if stop.is_set() or wake.is_set():
+        return
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
 
 
 def first_error(group: BaseExceptionGroup[BaseException],

@@ -94,8 +94,11 @@ def drill_timeline(path: Path, *, series: Mapping[str, Sequence[tuple[float, flo
 
     for i, (name, pts) in enumerate(series.items()):
         ordered = sorted(pts)
+        # Each point is one second's count at that second's middle: drawn as a step over
+        # the whole second, so a fall to zero shows at the second it happened (a line
+        # between the middles started falling half a second before it, ahead of the fault)
         ax.plot([x for x, _ in ordered], [y for _, y in ordered], label=name,
-                color=PALETTE[i % len(PALETTE)], linewidth=1.8)
+                color=PALETTE[i % len(PALETTE)], linewidth=1.8, drawstyle="steps-mid")
     if not ys:
         ax.text(0.5, 0.5, "no writes recorded", transform=ax.transAxes, ha="center",
                 va="center", color="#888888", fontsize=12)

@@ -45,11 +45,10 @@ from crossdc.clients.errors import (
     KafkaError,
     MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
-    ProducerClosed,
     ProducerFenced,
     RecordTooLargeError,
 )
-from crossdc.clients.kafka import ONCE, KafkaAdmin
+from crossdc.clients.kafka import ONCE, KafkaAdmin, close_producer
 from crossdc.clients.offsets import (
     MAP_PARTITION,
     POS_PARTITION,
@@ -158,6 +157,7 @@ class MirrorWorker(Lifecycle):
         self.target = target
         self.metrics = metrics or MirrorMetrics()
         self.group = flow.group or f"crossdc-mirror-{flow.source}-{flow.target}"
+        self._client_id = f"crossdc-mirror-{flow.source}-{flow.target}"  # in logs and leaks
         self.worker_id = flow.worker_id or socket.gethostname()
         self.transactional_id = f"crossdc-mirror-{self.group}-{self.worker_id}"
         self._flow_label = f"{flow.source}->{flow.target}"
@@ -233,6 +233,7 @@ class MirrorWorker(Lifecycle):
             # Known before the first record is carried (bounded: never waits on Consul).
             await self._primary_watch.refresh()
         self._producer_kw = {"acks": "all", "enable_idempotence": True,
+                             "client_id": self._client_id,
                              "linger_ms": 5, "max_batch_size": 512 * 1024,
                              "max_request_size": self.flow.max_request_bytes}
         if self.flow.exactly_once:
@@ -240,7 +241,7 @@ class MirrorWorker(Lifecycle):
             self._producer_kw["transaction_timeout_ms"] = _TXN_TIMEOUT_MS
         await self._new_producer()
         self._consumer = AIOKafkaConsumer(
-            **self.source.aiokafka_kwargs(), group_id=self.group,
+            **self.source.aiokafka_kwargs(), client_id=self._client_id, group_id=self.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed" if self.flow.exactly_once
             else "read_uncommitted", max_partition_fetch_bytes=4 * 1024 * 1024,
@@ -256,7 +257,7 @@ class MirrorWorker(Lifecycle):
         (OutOfOrderSequenceNumber on every later batch); a new producer id starts clean, and
         the transactional id reused fences the old one."""
         if self._producer is not None:
-            await _close_producer(self._producer)
+            await close_producer(self._producer, _CLOSE_S)
             self._producer = None
             # acked ones are kept (as acked): _flush_sync must know a newer record of the
             # same key landed, so an older one is not sent again after it
@@ -332,7 +333,7 @@ class MirrorWorker(Lifecycle):
                 await self._closing("offset-sync flush", self._send_sync_queue(), left())
             finally:
                 self._producer = None
-                await _close_producer(producer, min(_CLOSE_S, left()))
+                await close_producer(producer, min(_CLOSE_S, left()))
         for admin in admins:
             if admin is not None:
                 await self._closing("admin", admin.stop(), left())
@@ -520,7 +521,8 @@ class MirrorWorker(Lifecycle):
         `pos:` record (a worker died before recording them), so they are not sent again."""
         suffix = f",{self.flow.source},{self.flow.target}".encode()
         start = f"{self.flow.source},{self.flow.target}".encode()
-        c = AIOKafkaConsumer(**self.target.aiokafka_kwargs(), enable_auto_commit=False)
+        c = AIOKafkaConsumer(**self.target.aiokafka_kwargs(),
+                             client_id=f"{self._client_id}-recover", enable_auto_commit=False)
         try:
             await c.start()
         except BaseException:
@@ -1105,26 +1107,6 @@ async def _follow(producer: AIOKafkaProducer, topics: Iterable[str]) -> None:
     is under way may be left out of it."""
     for topic in topics:
         await producer.client.add_topic(topic)  # at once when followed already
-
-
-async def _close_producer(producer: AIOKafkaProducer, timeout_s: float = _CLOSE_S) -> None:
-    """Stop a producer within `timeout_s`. aiokafka's stop() flushes first and waits forever
-    while the target is away; then its sender and connections are closed without flushing
-    (in at-least-once mode those records are sent again by the next attempt or worker), and
-    the batches still queued are failed: the flush task stop() started waits for them, and
-    nothing else would ever end it (nor the waits on their acks)."""
-    try:
-        await asyncio.wait_for(producer.stop(), timeout_s)
-    except (KafkaError, TimeoutError):
-        sender = getattr(producer, "_sender", None)
-        if sender is not None:
-            with contextlib.suppress(KafkaError, asyncio.CancelledError):
-                await sender.close()
-        with contextlib.suppress(KafkaError):
-            await producer.client.close()
-        accumulator = getattr(producer, "_message_accumulator", None)
-        if accumulator is not None:
-            accumulator.fail_all(ProducerClosed())
 
 
 def _dr_ts(record: Any) -> int | None:

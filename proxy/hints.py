@@ -318,7 +318,8 @@ async def pending_hints(conn: KafkaConnection, region: str, targets: Sequence[st
     offset of `hints_topic(target)` minus the group `hints_group(region)`'s committed offset
     (or the log start). 0 for a target without a hints topic there. Raises (ClientError,
     KafkaError, OSError, TimeoutError) when the cluster does not answer within `timeout_s`."""
-    consumer = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**conn.aiokafka_kwargs(), client_id="crossdc-hints-pending",
+                                enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
     admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:

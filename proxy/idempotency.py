@@ -76,10 +76,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import KafkaAdmin, TopicSpec
+from crossdc.clients.kafka import close_producer, open_log
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
-from crossdc.settings import RetrySettings
 from proxy.writers import RegionWrite
 
 if TYPE_CHECKING:
@@ -506,33 +505,23 @@ class IdempotencyLog(Lifecycle):
 
     async def _connect(self) -> bool:
         try:
-            async with KafkaAdmin(self.conn, RetrySettings(attempts=1, total_s=5.0,
-                                                                call_timeout_s=5.0),
-                                  client_id=self.client_id) as admin:
-                replication = self.replication or min(3, await admin.broker_count())
-                await admin.create_topics([TopicSpec(
-                    self.topic, 1, replication,
-                    {"cleanup.policy": "delete",
-                     "retention.ms": str(int(self.window.window_s * 2000)),
-                     "segment.ms": str(int(max(60.0, self.window.window_s) * 1000))})],
-                    exist_ok=True)
-            producer = AIOKafkaProducer(**self.conn.aiokafka_kwargs(), acks="all",
-                                        enable_idempotence=True, linger_ms=2,
-                                        max_batch_size=1 << 19,
-                                        client_id=self.client_id)
-            # the broker holds a fetch until `fetch_wait_ms` has passed (or 1 MB is there):
-            # a bounded number of fetches a second whatever the call rate
-            consumer = AIOKafkaConsumer(**self.conn.aiokafka_kwargs(), group_id=None,
-                                        enable_auto_commit=False,
-                                        fetch_max_wait_ms=self.fetch_wait_ms,
-                                        fetch_min_bytes=1 << 20,
-                                        client_id=self.client_id)
-        except (CrossdcError, KafkaError, OSError) as exc:
+            producer = await open_log(self.conn, self.topic, {
+                "cleanup.policy": "delete",
+                "retention.ms": str(int(self.window.window_s * 2000)),
+                "segment.ms": str(int(max(60.0, self.window.window_s) * 1000))},
+                client_id=self.client_id, replication=self.replication, linger_ms=2,
+                max_batch_size=1 << 19)
+        except CrossdcError as exc:  # unreachable, or refused (ACLs): tried again later
             self.log.warning("idempotency_log_unreachable", error=str(exc))
             return False
+        # the broker holds a fetch until `fetch_wait_ms` has passed (or 1 MB is there): a
+        # bounded number of fetches a second whatever the call rate
+        consumer = AIOKafkaConsumer(**self.conn.aiokafka_kwargs(), group_id=None,
+                                    enable_auto_commit=False,
+                                    fetch_max_wait_ms=self.fetch_wait_ms,
+                                    fetch_min_bytes=1 << 20, client_id=self.client_id)
         try:
             async with asyncio.timeout(10.0):
-                await producer.start()
                 await consumer.start()
                 consumer.assign([self._tp])
                 consumer.pause(self._tp)  # read on demand (`_tail`)
@@ -635,12 +624,10 @@ class IdempotencyLog(Lifecycle):
             try:
                 async with asyncio.timeout(limit):
                     await self._send_queued(producer)
-                    await producer.stop()
             except (KafkaError, TimeoutError) as exc:
                 self.log.warning("idempotency_log_close_incomplete", error=repr(exc))
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(1.0):
-                        await producer.client.close()
+            left = 1.0 if deadline is None else deadline - time.monotonic()
+            await close_producer(producer, max(1.0, left))
         for w in list(self._waiters):
             if not w.done():
                 w.set_result(None)

@@ -14,14 +14,14 @@ left, stated: a process killed (SIGKILL) loses the outcomes it had not appended 
 `linger_s` plus an append's round trip of them, or all it queued while its Kafka was down);
 the reconciliation judges those records as it judges records written straight to Kafka.
 
-Cost (bench/proxy, `--no-journal` beside the default): one JSON encoding per `CHUNK`
-outcomes and one Kafka record per linger, on the serving loop's thread.
+Cost (bench/results/proxy-journal.md, `dr proxy serve --no-journal` beside the default):
+grouped per call and topic, at most about 2 us of proxy CPU and 61 bytes per record on the
+batch and stream paths (one entry per record cost 3-4 us); nothing measurable on unary calls.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -31,11 +31,10 @@ from aiokafka import AIOKafkaProducer
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import KafkaAdmin
+from crossdc.clients.kafka import close_producer, open_log
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
 from crossdc.outcomes import CHUNK, JOURNAL_TOPIC, Group, encode
-from crossdc.settings import RetrySettings
 
 if TYPE_CHECKING:
     from proxy.metrics import ProxyMetrics
@@ -128,25 +127,12 @@ class OutcomeJournal(Lifecycle):
 
     async def _connect(self) -> bool:
         try:
-            async with KafkaAdmin(self.conn, RetrySettings(attempts=1, total_s=5.0,
-                                                                call_timeout_s=5.0),
-                                  client_id=self.client_id) as admin:
-                await admin.ensure_topic(self.topic, 1, {
-                    "cleanup.policy": "delete",
-                    "retention.ms": str(int(self.retention_s * 1000)),
-                    "segment.ms": str(int(min(self.retention_s, 3600.0) * 1000))})
-            producer = AIOKafkaProducer(**self.conn.aiokafka_kwargs(), acks="all",
-                                        enable_idempotence=True, linger_ms=5,
-                                        max_batch_size=1 << 20, client_id=self.client_id)
-        except (CrossdcError, KafkaError, OSError) as exc:
+            producer = await open_log(self.conn, self.topic, {
+                "cleanup.policy": "delete", "retention.ms": str(int(self.retention_s * 1000)),
+                "segment.ms": str(int(min(self.retention_s, 3600.0) * 1000))},
+                client_id=self.client_id, linger_ms=5, max_batch_size=1 << 20)
+        except CrossdcError as exc:  # unreachable, or refused (ACLs): tried again later
             self.log.warning("journal_unreachable", error=str(exc))
-            return False
-        try:
-            async with asyncio.timeout(10.0):
-                await producer.start()
-        except (KafkaError, OSError, TimeoutError) as exc:
-            await producer.stop()
-            self.log.warning("journal_unreachable", error=repr(exc))
             return False
         if self.closed:  # stop() ran meanwhile
             await producer.stop()
@@ -223,10 +209,8 @@ class OutcomeJournal(Lifecycle):
         try:
             async with asyncio.timeout(limit):
                 await self._append(producer)
-                await producer.stop()
         except (KafkaError, TimeoutError) as exc:
             self.log.warning("journal_close_incomplete", outcomes=self.pending,
                              error=repr(exc))
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(1.0):
-                    await producer.client.close()
+        left = 1.0 if deadline is None else deadline - time.monotonic()
+        await close_producer(producer, max(1.0, left))

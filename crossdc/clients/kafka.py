@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import KafkaError, ProducerClosed, TopicAlreadyExistsError, for_code
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest
 from aiokafka.structs import OffsetAndMetadata
 
@@ -45,6 +45,8 @@ __all__ = [
     "QuorumInfo",
     "Retry",
     "TopicSpec",
+    "close_producer",
+    "open_log",
 ]
 
 log = structlog.get_logger("crossdc.kafka")
@@ -370,7 +372,8 @@ class KafkaAdmin(Lifecycle):
             return
 
         async def commit() -> None:
-            consumer = AIOKafkaConsumer(**self.conn.aiokafka_kwargs(), group_id=group,
+            consumer = AIOKafkaConsumer(**self.conn.aiokafka_kwargs(),
+                                        client_id="crossdc-group-commit", group_id=group,
                                         enable_auto_commit=False)
             try:
                 await consumer.start()
@@ -381,4 +384,55 @@ class KafkaAdmin(Lifecycle):
                 await consumer.stop()
 
         await self._call(f"commit offsets {group}", commit, retry)
+
+
+async def open_log(conn: KafkaConnection, topic: str, configs: dict[str, str], *, client_id: str,
+                   replication: int | None = None, timeout_s: float = 10.0,
+                   **producer_kw: Any) -> AIOKafkaProducer:
+    """A started idempotent producer (acks=all) to crossdc's own one-partition `topic`, the
+    topic created first unless it exists (`replication`: default `replication_factor()`).
+    ClientError when the cluster does not answer within `timeout_s`, ClientRefused when it
+    refuses the topic (nothing left open either way)."""
+    try:
+        async with KafkaAdmin(conn, RetrySettings(attempts=1, total_s=timeout_s / 2,
+                                                  call_timeout_s=timeout_s / 2),
+                              client_id=client_id) as admin:
+            reps = replication or await admin.replication_factor()
+            await admin.create_topics([TopicSpec(topic, 1, reps, configs)], exist_ok=True)
+        producer = AIOKafkaProducer(**conn.aiokafka_kwargs(), acks="all", enable_idempotence=True,
+                                    client_id=client_id, **producer_kw)
+    except (KafkaError, OSError) as exc:
+        raise ClientError(f"{topic}: {exc!r}") from exc
+    try:
+        async with asyncio.timeout(timeout_s):
+            await producer.start()
+    except (KafkaError, OSError, TimeoutError) as exc:
+        await producer.stop()
+        raise ClientError(f"{topic}: producer did not start: {exc!r}") from exc
+    except BaseException:  # cancelled while starting (the owner is stopping): closed too
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5.0):
+                await asyncio.shield(producer.stop())
+        raise
+    return producer
+
+
+async def close_producer(producer: AIOKafkaProducer, timeout_s: float) -> None:
+    """Stop a producer within `timeout_s`. aiokafka's stop() flushes first and waits forever
+    while the cluster is away; then its sender and connections are closed without flushing
+    (whoever owns those records must send them again), and the batches still queued are
+    failed: the flush task stop() started waits for them, and nothing else would ever end it
+    (nor the waits on their acks)."""
+    try:
+        await asyncio.wait_for(producer.stop(), max(0.1, timeout_s))
+    except (KafkaError, TimeoutError):
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            with contextlib.suppress(KafkaError, asyncio.CancelledError):
+                await sender.close()
+        with contextlib.suppress(KafkaError):
+            await producer.client.close()
+        accumulator = getattr(producer, "_message_accumulator", None)
+        if accumulator is not None:
+            accumulator.fail_all(ProducerClosed())
 

@@ -244,7 +244,8 @@ async def _committed_reader(conn: KafkaConnection, topic: str) -> AsyncIterator[
     """A started read_committed consumer, stopped at the end (also when its start fails: a
     failed start leaves its metadata task running); Kafka's errors become
     `OffsetsUnavailable`."""
-    c = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
+    c = AIOKafkaConsumer(**conn.aiokafka_kwargs(), client_id="crossdc-offsets-reader",
+                         enable_auto_commit=False,
                          isolation_level="read_committed")
     try:
         try:

@@ -1,9 +1,11 @@
 """The DR controller: one per region, one of them leads.
 
 `Controller(topology, settings)` runs, in one TaskGroup (named tasks, a failing loop stops
-the controller): the leader lock (`controller:leader`), the health probes of every region
-(`controller:health`), the mirror lag measurements (`controller:lag`), the leader's work
-(`controller:lead`: correct stale datacenters, publish DNS, resume or start failovers), the
+the controller): the leader lock (`controller:leader`), the health probes, a loop per region
+(`controller:health:<region>`: one region's slow probe never spaces out another's rounds),
+the mirror lag measurements (`controller:lag`), the leader's work (`controller:lead`: correct
+stale datacenters, publish DNS, resume or start failovers; woken at once when a region's
+status changes), the
 standby metadata sync (`controller:sync`) and the HTTP server for /health and /metrics.
 Every controller probes; only the leader writes.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -55,6 +58,10 @@ log = structlog.get_logger("crossdc.controller")
 
 SyncHook = Callable[["Controller"], Awaitable[None]]
 """One round of standby metadata sync (run by the leader every `sync.interval_s`)."""
+
+LEAD_INTERVAL_S = 0.5
+"""The leader's work (primary record, DNS, failovers) runs this often, and at once when a
+probe round changes a region's status."""
 
 RETRY_FAILED_S = 5.0
 """A failover that failed after its fence (no writable primary) is retried this often."""
@@ -104,6 +111,10 @@ class Controller(Lifecycle):
         self._lags_loaded = False
         self._last_observe = 0.0
         self._stop = asyncio.Event()
+        self._publishing = asyncio.Lock()
+        self._judged = asyncio.Event()
+        """Set when a probe round changed a region's status: the leader's work runs at once
+        (a primary judged down is failed over without waiting for the next lead round)."""
         self._task: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
         self.http_port: int | None = None
@@ -164,10 +175,14 @@ class Controller(Lifecycle):
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self.lock.run(self._stop), name="controller:leader")
-                tg.create_task(self._every(self.settings.health.interval_s, self._health_round),
-                               name="controller:health")
+                for region in self.probers:
+                    tg.create_task(self._every(self.settings.health.interval_s,
+                                               functools.partial(self._health_of, region)),
+                                   name=f"controller:health:{region}")
                 tg.create_task(self._every(2.0, self._lag_round), name="controller:lag")
-                tg.create_task(self._every(0.5, self._lead_round), name="controller:lead")
+                tg.create_task(every(self._stop, LEAD_INTERVAL_S, self._lead_round,
+                                     log=self._log, wake=self._judged),
+                               name="controller:lead")
                 tg.create_task(self._every(self.settings.sync.interval_s, self._sync_round),
                                name="controller:sync")
         finally:
@@ -179,28 +194,44 @@ class Controller(Lifecycle):
 
     # -- health --------------------------------------------------------------------------
     async def _health_round(self) -> None:
-        rounds = await asyncio.gather(*(p.probe() for p in self.probers.values()))
-        changed = False
-        # Cut off from a majority: probes that fail may be our isolation, not the regions'.
-        cut_off = self.lock is not None and not self.lock.reaches_majority
-        for region, rnd in zip(self.probers, rounds, strict=True):
-            for name, check in rnd.checks.items():
-                if check.latency_ms is not None:
-                    self.metrics.probe_seconds.labels(region=region, check=name).observe(
-                        check.latency_ms / 1000)
-                if not check.ok:
-                    self.metrics.probe_failures.labels(region=region, check=name).inc()
-            h = self.hysteresis[region]
-            if h.forget(rnd.at_ms) if cut_off else h.observe(rnd):
-                changed = True
-                self._log.warning("region_status", target_region=region, status=h.status,
-                                  failures=h.failures, checks={k: (c.ok, c.detail) for k, c
-                                                               in rnd.checks.items()},
-                                  why="no majority of datacenters reached" if cut_off
-                                  else None)
-            self.metrics.set_status(region, h.status)
+        """Every region probed once, together (tests; `run()` probes each region in a loop
+        of its own: `_health_of`)."""
+        changed = await asyncio.gather(*(self._judge(r) for r in self.probers))
+        if self.leading:
+            await self._publish_health(any(changed))
+
+    async def _health_of(self, region: str) -> None:
+        """One probe round of `region` (its own loop, `controller:health:<region>`: a slow
+        region's probe, a canary taking 0.6 s on a loaded machine, never spaces out the
+        rounds of another, so a dead primary is judged down after its own
+        `failures_to_down` rounds at `interval_s`)."""
+        changed = await self._judge(region)
         if self.leading:
             await self._publish_health(changed)
+
+    async def _judge(self, region: str) -> bool:
+        """Probe `region` and take the round into its hysteresis; True when its status
+        changed (the leader's work is woken then)."""
+        rnd = await self.probers[region].probe()
+        for name, check in rnd.checks.items():
+            if check.latency_ms is not None:
+                self.metrics.probe_seconds.labels(region=region, check=name).observe(
+                    check.latency_ms / 1000)
+            if not check.ok:
+                self.metrics.probe_failures.labels(region=region, check=name).inc()
+        # Cut off from a majority: probes that fail may be our isolation, not the regions'.
+        cut_off = self.lock is not None and not self.lock.reaches_majority
+        h = self.hysteresis[region]
+        changed = h.forget(rnd.at_ms) if cut_off else h.observe(rnd)
+        if changed:
+            self._judged.set()  # the leader acts on it now, not at its next round
+            self._log.warning("region_status", target_region=region, status=h.status,
+                              failures=h.failures,
+                              checks={k: (c.ok, c.detail, c.latency_ms)
+                                      for k, c in rnd.checks.items()},
+                              why="no majority of datacenters reached" if cut_off else None)
+        self.metrics.set_status(region, h.status)
+        return changed
 
     def health(self) -> dict[str, RegionHealth]:
         """Every region as this controller judges it now."""
@@ -217,10 +248,11 @@ class Controller(Lifecycle):
         if not changed and time.monotonic() - self._last_health_publish < 5.0:
             return
         self._last_health_publish = time.monotonic()
-        verdicts = self.health()
-        await self.dns.health(verdicts)
-        for region, v in verdicts.items():
-            await self.dcs.put_all(HEALTH_PREFIX + region, v, sessions=self._sessions())
+        async with self._publishing:  # one region's loop at a time; each writes the newest
+            verdicts = self.health()
+            await self.dns.health(verdicts)
+            for region, v in verdicts.items():
+                await self.dcs.put_all(HEALTH_PREFIX + region, v, sessions=self._sessions())
 
     async def _lag_round(self) -> None:
         if not self.leading:

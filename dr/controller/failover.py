@@ -420,9 +420,13 @@ class FailoverEngine:
             except STEP_ERRORS as exc:
                 return region, f"{exc.__class__.__name__}: {exc}"
 
+        # A hint is never stored in the region it is for (proxy.hints: it goes to the
+        # proxy's own region, else the next one that takes it, the missed region never):
+        # asking the target costs a Kafka round trip (two clients started) for a zero.
+        holders = [r for r in self.topology.regions if r.name != target]
         first: dict[str, int] | None = None
         while True:
-            got = dict(await asyncio.gather(*(one(r.name) for r in self.topology.regions)))
+            got = dict(await asyncio.gather(*(one(r.name) for r in holders)))
             counts = {r: n for r, n in got.items() if isinstance(n, int)}
             if first is None:
                 first = counts

@@ -269,6 +269,7 @@ class RegionProber:
                         unchecked=True)
                 producer = AIOKafkaProducer(
                     **self.kafka.with_servers(self.bootstrap_servers()).aiokafka_kwargs(),
+                    client_id="crossdc-health-canary",
                     acks="all", linger_ms=0,
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
                 self._producer = producer
@@ -278,6 +279,7 @@ class RegionProber:
                 # its in-flight fetch (40 s by default).
                 consumer = AIOKafkaConsumer(
                     **self.kafka.with_servers(self.bootstrap_servers()).aiokafka_kwargs(),
+                    client_id="crossdc-health-canary",
                     enable_auto_commit=False,
                     request_timeout_ms=int(max(2.0, self.settings.timeout_s * 2) * 1000),
                     fetch_max_wait_ms=200)

@@ -45,9 +45,16 @@ from dr.drill.report import (
     write_gaps,
     write_report,
 )
-from dr.drill.traffic import Ack, Traffic, create_topics, drill_topics, read_ack_log
+from dr.drill.traffic import (
+    Ack,
+    Traffic,
+    create_topics,
+    drill_topics,
+    per_second,
+    read_ack_log,
+)
 
-__all__ = ["DrillConfig", "DrillPlan", "Hook", "plan_drill", "run_drill"]
+__all__ = ["DrillConfig", "DrillPlan", "Hook", "chart_inputs", "plan_drill", "run_drill"]
 
 log = structlog.get_logger("crossdc.drill")
 T = TypeVar("T")
@@ -251,7 +258,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                 progress(f"traffic: {rate:g} records/s through "
                          f"{len(plan.proxies)} proxies on {', '.join(topics.values())}")
                 await _warm_up(traffic, topics, config.warmup_s)
-            tl.fault_ms = _now_ms()
+            tl.fault_ms = _now_ms()  # at the latest: set again right as the fault begins
             found = _Found()
             try:
                 with tl.step("inject"):  # inside: a half-done injection is healed too
@@ -259,6 +266,9 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                     progress(f"fault: {plan.scenario}")
                     plan.fault.topics = dict(topics)
                     bound.warning("drill_fault_injected")
+                    # the fault's moment, which detection and RTO count from: after the
+                    # steady check's Consul reads (tens of ms, more on a loaded machine)
+                    tl.fault_ms = _now_ms()
                     await plan.fault.inject()
                 with tl.step("recovery"):
                     try:
@@ -349,12 +359,9 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
         report = report.model_copy(update={"passed": False,
                                            "breaches": [*problems, *report.breaches],
                                            "notes": [*report.notes, *problems]})
-    markers = _markers(tl, failover, failback)
-    spans = []
-    if tl.fault_ms is not None and tl.healed_ms is not None:
-        spans.append(((tl.fault_ms - tl.started_ms) / 1000,
-                      (tl.healed_ms - tl.started_ms) / 1000, plan.scenario))
-    files = write_report(report, config.reports, traffic.per_second(), markers, spans=spans,
+    series, markers, spans = chart_inputs(tl, acks, failover, failback, plan.scenario,
+                                          until_ms=traffic.stopped_ms)
+    files = write_report(report, config.reports, series, markers, spans=spans,
                          ack_log=folder / "acks.jsonl")
     report = report.model_copy(update={"files": files})
     bound.info("drill_reported", passed=report.passed, rto_s=report.rto_s,
@@ -546,6 +553,27 @@ def _producer(ack: Ack) -> str:
 
 def _read_acks(path: Path) -> list[Ack]:
     return read_ack_log(path)
+
+
+def chart_inputs(tl: Timeline, acks: Sequence[Ack], failover: FailoverRecord | None,
+                 failback: FailoverRecord | None, scenario: str, *,
+                 until_ms: int | None = None
+                 ) -> tuple[dict[str, list[tuple[float, float]]], list[tuple[float, str]],
+                            list[tuple[float, float, str]]]:
+    """The timeline picture's inputs, every one in seconds since the DRILL started
+    (`tl.started_ms`): acknowledgements per second per region (binned by arrival), the
+    markers (fault, detection, fence, promote, DNS, heal, failback) and the outage span.
+
+    One origin for all three: the traffic starts seconds after the drill (waiting for a
+    leader, the standby's lag, the steady check), and series counted from the traffic's start
+    beside markers counted from the drill's drew the acknowledgements stopping that long
+    BEFORE the fault."""
+    t0 = tl.started_ms
+    series = per_second(acks, t0, until_ms)
+    spans: list[tuple[float, float, str]] = []
+    if tl.fault_ms is not None and tl.healed_ms is not None:
+        spans.append(((tl.fault_ms - t0) / 1000, (tl.healed_ms - t0) / 1000, scenario))
+    return series, _markers(tl, failover, failback), spans
 
 
 def _markers(tl: Timeline, failover: FailoverRecord | None, failback: FailoverRecord | None

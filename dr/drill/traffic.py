@@ -63,6 +63,7 @@ from proxy.errors import ProduceFailed, ProxyError
 
 __all__ = [
     "MODES",
+    "TOPIC_CONFIGS",
     "Ack",
     "Traffic",
     "TrafficStats",
@@ -108,16 +109,26 @@ def drill_topics(run_id: str) -> dict[str, str]:
     return {mode: f"{prefix}.drill-{run_id}" for mode, prefix in _TOPIC_PREFIX.items()}
 
 
-async def create_topics(topology: Topology, topics: Iterable[str], partitions: int = 3, *,
+TOPIC_CONFIGS: Mapping[str, str] = {"message.timestamp.type": "LogAppendTime"}
+"""The drill's topics keep the broker's append time in every region: the reconciliation's
+replication latency (target append time - `dr-ts`, dr/reconcile/job.py) is measured only
+on such topics (a CreateTime copy keeps the producer's time, which the mirror preserves, so
+its latency is `unmeasured`). Nothing in the drill reads a record's own timestamp: its
+windows and figures use `dr-ts` and the acknowledgement log."""
+
+
+async def create_topics(topology: Topology, topics: Iterable[str], partitions: int = 3,
+                        configs: Mapping[str, str] = TOPIC_CONFIGS, *,
                         principal: str | None = None) -> None:
-    """Create `topics` in every region with `partitions` partitions (one that exists already
-    is fine; one that exists with another partition count is an error: the mirror keeps
-    partition numbers, so the counts must match)."""
+    """Create `topics` in every region with `partitions` partitions and `configs` (one that
+    exists already is fine; one that exists with another partition count is an error: the
+    mirror keeps partition numbers, so the counts must match)."""
     names = sorted(set(topics))
     for region in topology.regions:
         async with KafkaAdmin(KafkaConnection.of(region, principal=principal),
                               ADMIN_RETRY) as admin:
-            await admin.create_topics([TopicSpec(n, partitions) for n in names], exist_ok=True)
+            await admin.create_topics([TopicSpec(n, partitions, configs=dict(configs))
+                                       for n in names], exist_ok=True)
             counts = await admin.partition_counts(names)
         wrong = {n: c for n, c in counts.items() if c != partitions}
         if wrong:

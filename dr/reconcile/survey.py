@@ -54,7 +54,8 @@ class RegionSurvey:
 async def _survey_region(region: str, conn: KafkaConnection, pattern: re.Pattern[str],
                          timeout_s: float) -> RegionSurvey:
     admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
-    consumer = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**conn.aiokafka_kwargs(), client_id="crossdc-reconcile-survey",
+                                enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)

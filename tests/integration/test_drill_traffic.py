@@ -18,6 +18,7 @@ from kafka_helpers import eventually, read_all
 from primary_helpers import agreed_primary
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.kafka import KafkaAdmin
 from crossdc.topology import Flow, Topology
 from dr.drill.count import judge, read_back, wait_replicated
 from dr.drill.traffic import MODES, Traffic, create_topics, drill_topics, read_ack_log
@@ -32,6 +33,7 @@ pytestmark = [
 
 POLICY = Path(__file__).parents[2] / "policies" / "default.yaml"
 PARTITIONS = 3
+LOG_APPEND_TIME = 1  # Kafka's timestampType for broker-assigned (append) timestamps
 
 
 def _cfg(region: str, port: int = 0) -> ProxyConfig:
@@ -54,6 +56,12 @@ async def run(two_regions) -> AsyncIterator[tuple[Topology, dict[str, str]]]:  #
     topics = drill_topics(uuid.uuid4().hex[:10])
     await create_topics(topology, topics.values(), PARTITIONS)
     await create_topics(topology, topics.values(), PARTITIONS)  # idempotent
+    for region in topology.regions:  # the reconciliation's latency needs the append time
+        async with KafkaAdmin(KafkaConnection.of(region)) as admin:
+            for topic in topics.values():
+                configs = await admin.topic_configs(topic, only_set=True)
+                assert configs.get("message.timestamp.type") == "LogAppendTime", (
+                    region.name, topic, configs)
     pattern = "|".join(t.replace(".", r"\.") for t in topics.values())
     group = f"drill-mirror-{uuid.uuid4().hex[:8]}"
     workers = [MirrorWorker(Flow(source=s, target=t, topics=pattern, group=f"{group}-{s}",
@@ -124,6 +132,7 @@ async def test_traffic_is_acked_logged_replicated_and_counted_exactly(
         for topic in topics.values():
             recs = await read_all(topology.region(region).kafka.bootstrap, topic, PARTITIONS)
             mine = Counter(dict(r.headers)["dr-id"].decode() for r in recs)
+            assert {r.timestamp_type for r in recs} == {LOG_APPEND_TIME}, (region, topic)
             assert again[region][topic] == dict(mine), (region, topic)
             assert sum(mine.values()) == sum(1 for a in acks if a.topic == topic)
 

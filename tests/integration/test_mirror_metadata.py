@@ -23,11 +23,11 @@ from kafka_helpers import (
 )
 
 from crossdc.clients.connection import KafkaConnection
-from crossdc.clients.kafka import KafkaAdmin
+from crossdc.clients.kafka import KafkaAdmin, close_producer
 from crossdc.clients.offsets import ensure_sync_topic, sync_topic_name
 from crossdc.topology import Flow
 from mirror import MirrorWorker
-from mirror.worker import _close_producer, _follow
+from mirror.worker import _follow
 
 # the batch queued for the known topic waits (lingers) this long before the sender takes it:
 # long enough for the producer to learn about the new topic meanwhile, deterministically
@@ -69,7 +69,7 @@ async def test_a_batch_queued_for_a_followed_topic_is_sent_when_a_new_topic_is_l
         md = await asyncio.wait_for(queued, 15)
         assert md.offset == 0
     finally:
-        await _close_producer(producer)
+        await close_producer(producer, 10.0)
 
 
 async def test_a_forced_close_fails_what_is_queued_and_leaves_no_task(two_regions) -> None:  # type: ignore[no-untyped-def]
@@ -84,7 +84,7 @@ async def test_a_forced_close_fails_what_is_queued_and_leaves_no_task(two_region
     # stop() cannot flush it and the close is forced
     queued = await producer.send(known, b"stranded", partition=0)
     await producer.send(new, b"new", partition=0)
-    await _close_producer(producer, timeout_s=1.0)
+    await close_producer(producer, timeout_s=1.0)
     assert queued.done()
     # an ack here would mean aiokafka keeps unfollowed topics now: this test then no longer
     # forces the close, and _follow may be unnecessary

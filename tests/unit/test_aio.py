@@ -131,6 +131,31 @@ async def test_every_survives_a_cancel_from_inside_a_client_and_stops_on_a_real_
         await task
 
 
+async def test_every_starts_the_next_round_at_once_when_woken() -> None:
+    # An hour between rounds: only the wake can bring the second and third rounds.
+    log, stop, wake = _Log(), asyncio.Event(), asyncio.Event()
+    rounds: list[int] = []
+    first, second = asyncio.Event(), asyncio.Event()
+
+    async def round_() -> None:
+        rounds.append(len(rounds))
+        first.set()
+        if len(rounds) == 2:
+            wake.set()  # news during a round: the next one follows it at once
+            second.set()
+        if len(rounds) == 3:
+            stop.set()
+
+    task = asyncio.create_task(every(stop, 3600, round_, log=log, wake=wake))
+    await asyncio.wait_for(first.wait(), 5)
+    assert not wake.is_set()  # cleared as the round started
+    wake.set()
+    await asyncio.wait_for(task, 5)
+    assert second.is_set()
+    assert rounds == [0, 1, 2]
+    assert log.events == []
+
+
 async def test_first_error_prefers_our_own_and_skips_cancels() -> None:
     ours, theirs = ClientError("ours"), OSError("theirs")
     eg = BaseExceptionGroup("g", [asyncio.CancelledError(), theirs,

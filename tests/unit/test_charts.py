@@ -10,6 +10,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 from dr.charts import DPI, BarPanel, bars, drill_timeline, lines
 from dr.stack.paths import REPO_ROOT
 
@@ -34,6 +36,24 @@ def test_drill_timeline_is_a_12x5_inch_png(tmp_path: Path) -> None:
         spans=[(30.0, 38.0, "outage")], title="east region loss")
     assert out == tmp_path / "sub" / "drill.png"
     assert png_size(out) == (12 * DPI, 5 * DPI)
+
+
+def test_drill_timeline_draws_each_seconds_count_over_that_second(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a count per whole second, at its middle: a step over the second, never a slope from
+    # the middle of the second before (which drew writes falling ahead of the fault)
+    from matplotlib.axes import Axes
+    seen: list[str] = []
+    plot = Axes.plot
+
+    def spy(self: Axes, *args: object, **kw: object) -> object:
+        seen.append(str(kw.get("drawstyle")))
+        return plot(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Axes, "plot", spy)
+    drill_timeline(tmp_path / "steps.png", series={"east": [(0.5, 9.0), (1.5, 0.0)]},
+                   markers=[(1.1, "fault")], title="steps")
+    assert seen == ["steps-mid"]
 
 
 def test_drill_timeline_survives_empty_and_crowded_inputs(tmp_path: Path) -> None:

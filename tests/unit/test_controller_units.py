@@ -3,6 +3,7 @@ failover record's step bookkeeping, settings validation."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import TYPE_CHECKING, ClassVar
 
@@ -15,6 +16,7 @@ from pydantic import ValidationError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings, LeaderSettings
+from dr.controller.failover import Behind
 from dr.controller.health import Hysteresis, Round
 from dr.controller.ops import ControllerView
 from dr.controller.state import STEPS, CheckResult, FailoverRecord, GateRecord, LeaderRecord
@@ -214,6 +216,89 @@ async def test_automatic_failover_waits_out_the_wait_period_and_the_gate() -> No
     assert ctl.metrics.auto_blocked.labels(reason="gate_closed")._value.get() == 1
     assert called == []
     await ctl.dcs.close()
+
+
+async def test_a_change_of_a_regions_status_wakes_the_leaders_work() -> None:
+    """The lead round runs on a schedule; a region judged down must not wait for it (the
+    wait was up to a whole lead interval between detection and the fence)."""
+    from dr.controller import Controller
+
+    ctl = Controller(_topology(), ControllerSettings(region="east"))
+    east_ok = True
+
+    class Prober:
+        def __init__(self, region: str) -> None:
+            self.region = region
+
+        async def probe(self) -> Round:
+            return rnd(east_ok or self.region != "east", 0)
+
+        async def stop(self) -> None:
+            pass
+
+    ctl.probers = {r: Prober(r) for r in ctl.probers}  # type: ignore[misc]
+    await ctl._health_round()  # unknown -> up: a change
+    assert ctl._judged.is_set()
+    ctl._judged.clear()
+    east_ok = False
+    for _ in range(ctl.settings.health.failures_to_down - 1):
+        await ctl._health_round()
+        assert not ctl._judged.is_set(), "a failed round that changes nothing wakes nobody"
+    await ctl._health_round()
+    assert ctl.hysteresis["east"].status == "down"
+    assert ctl._judged.is_set()
+    await ctl.dcs.close()
+
+
+async def test_a_region_whose_probe_hangs_never_holds_back_another_regions_judgement() -> None:
+    """Each region is probed in a loop of its own: west's probe hanging (a slow canary on a
+    loaded machine) must not space out east's rounds (one round for both waited for the
+    slower: 2.8 s to judge a dead primary down under load)."""
+    import asyncio
+
+    from dr.controller import Controller
+    from dr.controller.config import HealthSettings
+
+    ctl = Controller(_topology(), ControllerSettings(
+        region="east", health=HealthSettings(interval_s=0.01)))
+    hung = asyncio.Event()  # never set
+    probed = {"east": 0, "west": 0}
+
+    class Prober:
+        def __init__(self, region: str) -> None:
+            self.region = region
+
+        async def probe(self) -> Round:
+            probed[self.region] += 1
+            if self.region == "west":
+                await hung.wait()
+            return rnd(False, probed[self.region])
+
+        async def stop(self) -> None:
+            pass
+
+    class Lock:
+        leading = False
+        reaches_majority = True
+        why_not = "test"
+
+        async def run(self, stop: asyncio.Event) -> None:
+            await stop.wait()
+
+    ctl.probers = {r: Prober(r) for r in ctl.probers}  # type: ignore[misc]
+    ctl.lock = Lock()  # type: ignore[assignment]
+    ctl._last_observe = time.monotonic() + 3600  # no Consul reads while following
+    task = asyncio.create_task(ctl.run())
+    try:
+        await asyncio.wait_for(ctl._judged.wait(), 10)
+        assert ctl.hysteresis["east"].status == "down"
+        assert probed == {"east": ctl.settings.health.failures_to_down, "west": 1}
+        assert ctl.hysteresis["west"].status == "unknown"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await ctl.dcs.close()
 
 
 class _Consul:
@@ -540,6 +625,40 @@ async def test_an_error_inside_a_step_fails_the_step_and_never_escapes() -> None
     assert "offsets" in final.error
     assert [r.seq for r in saved] == sorted(r.seq for r in saved), "ordered by sequence"
     await engine.dcs.close()  # type: ignore[attr-defined]
+
+
+async def test_the_drain_asks_no_region_for_hints_toward_itself(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hints toward a region are never stored in it (proxy.hints): with the source down and
+    the target the only other region, the drain has nobody to ask, and asks nobody."""
+    import dr.controller.failover as failover_mod
+
+    asked: list[tuple[str, tuple[str, ...]]] = []
+
+    async def pending_hints(bootstrap: str, region: str, targets: list[str],
+                            timeout_s: float = 5.0) -> dict[str, int]:
+        asked.append((region, tuple(targets)))
+        return {t: 0 for t in targets}
+
+    monkeypatch.setattr(failover_mod, "pending_hints", pending_hints)
+    engine, _ = _engine(_topology(), is_down=lambda r: r == "east")
+    rec = FailoverRecord(source="east", target="west", epoch=4, from_epoch=3)
+    out = await engine._drain(rec)  # type: ignore[attr-defined]
+    assert asked == []
+    assert out.step("drain").status == "skipped"
+    assert "hints toward west: 0 replayed, 0 left" in out.step("drain").detail
+    # the source answering: it is asked for its hints toward the target, the target never
+    engine2, _ = _engine(_topology())
+
+    async def behind(*a: object) -> Behind:
+        return Behind(0, 0.0)
+
+    monkeypatch.setattr(failover_mod, "behind", behind)
+    out = await engine2._drain(rec)  # type: ignore[attr-defined]
+    assert asked == [("east", ("west",))]
+    assert out.step("drain").detail.startswith("0 record(s) copied, 0 left")
+    await engine.dcs.close()  # type: ignore[attr-defined]
+    await engine2.dcs.close()  # type: ignore[attr-defined]
 
 
 async def test_a_step_that_hangs_fails_at_its_time_limit() -> None:

@@ -224,3 +224,26 @@ def test_markdown_of_a_passed_drill_without_limits_says_so() -> None:
     md = render_markdown(report)
     assert "**PASSED**: every figure within its limit (no limits were set)." in md
     assert "## Timeline" not in md  # no files written yet
+
+
+def test_the_timeline_counts_acks_and_markers_from_the_drill_start() -> None:
+    # The traffic starts 4.6 s after the drill (leader, standby lag, steady check); east's
+    # acknowledgements stop at the fault (12.8 s), west's go on. The picture must show
+    # east's acks stopping in the second of the fault marker, not 4.6 s before it.
+    from dr.drill.run import Timeline, chart_inputs
+
+    t0 = 1_000_000
+    tl = Timeline(started_ms=t0, fault_ms=t0 + 12_800, healed_ms=t0 + 40_000)
+    traffic_start = t0 + 4_600
+    assert tl.fault_ms is not None
+    acks = [ack(f"e-{t}", t, first="east") for t in range(traffic_start, tl.fault_ms, 50)]
+    acks += [ack(f"w-{t}", t, first="west") for t in range(traffic_start, t0 + 50_000, 50)]
+    series, markers, spans = chart_inputs(tl, acks, None, None, "primary-outage",
+                                          until_ms=t0 + 50_000)
+    fault_x = dict((label, x) for x, label in markers)["fault"]
+    assert fault_x == pytest.approx(12.8)
+    assert spans == [(pytest.approx(12.8), pytest.approx(40.0), "primary-outage")]
+    east = [x for x, n in series["east"] if n > 0]
+    assert min(east) - 0.5 <= 4.6 < min(east) + 0.5  # the first acks where traffic began
+    assert max(east) - 0.5 <= fault_x < max(east) + 0.5  # the last ones at the fault
+    assert all(n > 0 for x, n in series["west"] if 5 <= x <= 49)

@@ -300,6 +300,21 @@ def test_missing_and_altered_fail_without_any_threshold_given() -> None:
     assert v.summary == "FAIL: 3 missing in east, 12 in west, 3 altered, 2 order violations"
 
 
+def test_copies_whose_clients_were_told_they_failed_are_no_loss() -> None:
+    r = _found(missing={"west": 2}, compared=2)
+    r = conclude(r.model_copy(update={"totals": r.totals.model_copy(update={
+        "missing_by_outcome": {"told_failed": {"west": 2}}, "journaled": 2})}))
+    v = _verdict(r)
+    assert v.status == "ok"
+    assert v.summary == ("OK: 2 records compared, nothing acknowledged missing, altered or "
+                         "out of order, no duplicates; no loss: 2 told-failed missing in west")
+    lossy = conclude(r.model_copy(update={"totals": r.totals.model_copy(update={
+        "missing_by_outcome": {"told_failed": {"west": 1}, "acknowledged": {"west": 1}}})}))
+    assert [b.name for b in lossy.breaches] == ["missing"]
+    assert _verdict(lossy).summary == ("FAIL: 1 acknowledged missing in west; no loss: 1 "
+                                       "told-failed missing in west")
+
+
 def test_a_clean_window_says_what_was_compared() -> None:
     r = _found()
     assert r.ok
