@@ -635,7 +635,7 @@ async def test_the_drain_asks_no_region_for_hints_toward_itself(
 
     asked: list[tuple[str, tuple[str, ...]]] = []
 
-    async def pending_hints(bootstrap: str, region: str, targets: list[str],
+    async def pending_hints(conn: object, region: str, targets: list[str],
                             timeout_s: float = 5.0) -> dict[str, int]:
         asked.append((region, tuple(targets)))
         return {t: 0 for t in targets}
@@ -650,7 +650,7 @@ async def test_the_drain_asks_no_region_for_hints_toward_itself(
     # the source answering: it is asked for its hints toward the target, the target never
     engine2, _ = _engine(_topology())
 
-    async def behind(*a: object) -> Behind:
+    async def behind(*a: object, **kw: object) -> Behind:
         return Behind(0, 0.0)
 
     monkeypatch.setattr(failover_mod, "behind", behind)
