@@ -28,7 +28,7 @@ from crossdc.lifecycle import Closed
 from crossdc.primary import PrimaryRecord
 from dr.stack.ports import free_topology
 from proxy.api import pb, pb_grpc
-from proxy.config import KafkaWriterSettings, ProxyConfig
+from proxy.config import JournalSettings, KafkaWriterSettings, ProxyConfig
 from proxy.errors import ProxyTaskFailed
 from proxy.policy import Policy, parse_policy
 from proxy.server import ProxyServer
@@ -45,6 +45,11 @@ default:
 def _cfg(region: str, **kw: Any) -> ProxyConfig:
     kw.setdefault("kafka", KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0))
     kw.setdefault("grace_s", 1.0)
+    # The outcome journal's producer is left out here (tests/integration/test_journal.py
+    # has it): under a frozen Kafka it sometimes leaves one aiokafka connection unclosed at
+    # the server's stop (seen in a CI rehearsal; open, not yet explained), which the leak
+    # guard reports against these tests of the writers' lifecycle.
+    kw.setdefault("journal", JournalSettings(enabled=False))
     return ProxyConfig(region=region, consul_check_interval_s=1.0, primary_wait_s=5.0,
                        register_consul=False, **kw)
 
