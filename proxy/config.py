@@ -86,7 +86,11 @@ class JournalSettings(_Model):
     reads it to tell an acknowledged record that is missing (a loss) from one whose client
     was told it failed."""
 
-    enabled: bool = Field(True, description="Journal every outcome. Off: the reconciliation "
+    enabled: bool = Field(False, description="Journal every outcome (`dr proxy serve` turns "
+                          "it on unless --no-journal; off by default for a ProxyServer built "
+                          "in-process, whose journal producer may leave an aiokafka "
+                          "connection unclosed when stopped during a Kafka fault). Off: the "
+                          "reconciliation "
                           "judges this proxy's records as if written straight to Kafka.")
     retention_s: float = Field(7 * 24 * 3600.0, gt=0, description="Retention of the journal "
                                "topic (set when the proxy creates it): reconcile windows "

@@ -17,7 +17,7 @@ from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin
 from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, Entry, decode
 from proxy.api import pb, pb_grpc
-from proxy.config import KafkaWriterSettings, ProxyConfig
+from proxy.config import JournalSettings, KafkaWriterSettings, ProxyConfig
 from proxy.server import ProxyServer
 
 pytestmark = pytest.mark.timeout(180)
@@ -42,7 +42,8 @@ async def proxy(two_regions: Any, tmp_path: Path) -> AsyncIterator[tuple[ProxySe
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     cfg = ProxyConfig(region="east", register_consul=False, primary_wait_s=5.0, grace_s=2.0,
-                      kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0))
+                      kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0),
+                      journal=JournalSettings(enabled=True))
     async with ProxyServer(two_regions.topology, cfg, policy) as server, \
             grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
         yield server, pb_grpc.ProxyStub(ch)
