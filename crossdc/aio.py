@@ -11,7 +11,7 @@ from typing import Any
 from crossdc.errors import CrossdcError
 
 __all__ = ["TaskEnded", "cancelled_from_outside", "checkpoint", "every", "first_error", "guard",
-           "sleep_unless"]
+           "sleep_unless", "wait_any"]
 
 
 class TaskEnded(CrossdcError):
@@ -127,11 +127,16 @@ async def every(stop: asyncio.Event, interval_s: float | Callable[[], float],
 async def _sleep_unless_either(stop: asyncio.Event, wake: asyncio.Event, seconds: float
                                ) -> None:
     """Sleep `seconds`, or less when `stop` or `wake` is set meanwhile."""
-    if stop.is_set() or wake.is_set():
+    await wait_any(stop, wake, timeout_s=seconds)
+
+
+async def wait_any(*events: asyncio.Event, timeout_s: float | None = None) -> None:
+    """Return when one of `events` is set (at once if one is), or after `timeout_s`."""
+    if any(e.is_set() for e in events):
         return
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
     try:
-        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(waiters, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for w in waiters:
             w.cancel()

@@ -36,10 +36,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
-    wait_exponential_jitter,
 )
 
-from crossdc.aio import cancelled_from_outside, first_error, guard, sleep_unless
+from crossdc.aio import cancelled_from_outside, first_error, guard, sleep_unless, wait_any
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import (
     KafkaError,
@@ -198,8 +197,7 @@ class MirrorWorker(Lifecycle):
         self._stopper: asyncio.Task[None] | None = None  # the one stop under way or done
         self._stop_event = asyncio.Event()  # set by stop(): pauses and retries wake on it
         self._fatal: Exception | None = None  # a rebalance callback failed: the loops end
-        self._carry_task: asyncio.Task[None] | None = None
-        self._woke_carry = False  # _fail cancelled the carrying loop to end the worker
+        self._failed = asyncio.Event()  # set with _fatal: the worker's loops end at once
         self._assign_budget_s = _ASSIGN_BUDGET_S
         self._primary_watch = (PrimaryWatch(consul_http_addrs, log=self.log)
                                if consul_http_addrs else None)
@@ -472,12 +470,10 @@ class MirrorWorker(Lifecycle):
         if self._fatal is None:
             self._fatal = exc
             # The carrying loop may wait in getmany for an assignment that does not come
-            # (aiokafka waits without a deadline while a reassignment is in progress): wake
-            # it, so that the worker ends with `exc` and `--restart` starts a new one.
-            task = self._carry_task
-            if task is not None and not task.done():
-                self._woke_carry = True
-                task.cancel()
+            # (aiokafka waits without a deadline while a reassignment is in progress): the
+            # watch (`_until_failed`) ends the worker with `exc` now, and `--restart` starts
+            # a new one.
+            self._failed.set()
 
     async def _load_positions(self) -> dict[tuple[str, int], Position] | None:
         """The resume points, retried while the target cannot be read, but never beyond
@@ -498,7 +494,7 @@ class MirrorWorker(Lifecycle):
         try:
             async for attempt in AsyncRetrying(
                     stop=give_up, sleep=self._pause,
-                    wait=wait_exponential_jitter(multiplier=0.5, max=5.0, jitter=0.2),
+                    wait=Backoff(0.5, 5.0, jitter_s=0.2).wait(),
                     retry=retry_if_exception_type(OffsetsUnavailable),
                     before_sleep=log_retry, reraise=True):
                 with attempt:
@@ -567,7 +563,8 @@ class MirrorWorker(Lifecycle):
                                                 finishable=self._stop_event.is_set),
                                           name=name)
 
-                self._carry_task = spawn(f"mirror:{label}:carry", self._carry())
+                spawn(f"mirror:{label}:carry", self._carry_loop())
+                spawn(f"mirror:{label}:failed", self._until_failed())
                 spawn(f"mirror:{label}:discovery", self._discover())
                 spawn(f"mirror:{label}:commit", self._commit_loop())
                 if self._primary_watch is not None:
@@ -580,17 +577,12 @@ class MirrorWorker(Lifecycle):
                 raise
             raise first from None
 
-    async def _carry(self) -> None:
-        try:
-            await self._carry_loop()
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            # cancelled by _fail alone (not by stop or the TaskGroup as well): end with the
-            # callback's error instead
-            if self._woke_carry and self._fatal is not None and task is not None \
-                    and task.uncancel() == 0:
-                raise self._fatal from None
-            raise
+    async def _until_failed(self) -> None:
+        """Raise a rebalance callback's error as soon as `_fail` records it (the TaskGroup
+        then cancels the other loops, wherever they wait); return when the worker stops."""
+        await wait_any(self._stop_event, self._failed)
+        if self._fatal is not None:
+            raise self._fatal
 
     async def _carry_loop(self) -> None:
         consumer = self._consumer

@@ -73,12 +73,14 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
+from crossdc.aio import sleep_unless
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import IllegalStateError, KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec
 from crossdc.errors import CrossdcError
 from crossdc.headers import DR_EPOCH, DR_ID
-from crossdc.settings import RetrySettings
+from crossdc.lifecycle import Lifecycle
+from crossdc.settings import Backoff, RetrySettings
 from proxy.errors import IncompleteSync, ProxyError, RegionWriteFailed, shown
 from proxy.writers import Outgoing, RegionWrite
 
@@ -381,10 +383,11 @@ class _Item:
     known: list[RegionWrite] = field(default_factory=list)
 
 
-class HintReplayer:
-    """Replays the hints stored in the own region (see the module docstring). `run()` is the
-    task (it never ends on its own: Kafka errors are logged, counted and retried); `stop()`
-    closes the consumer."""
+class HintReplayer(Lifecycle):
+    """Replays the hints stored in the own region (see the module docstring). `start()`
+    connects nothing (the own region's Kafka may be down); `run()` is the task (it never ends
+    on its own: Kafka errors are logged, counted and retried); `stop()` closes the
+    consumer."""
 
     def __init__(self, own: str, topology: Topology, writers: dict[str, RegionWriter],
                  window: IdempotencyWindow, metrics: ProxyMetrics, settings: HintSettings, *,
@@ -405,11 +408,11 @@ class HintReplayer:
         self._bg: set[asyncio.Task[Any]] = set()  # Kafka clients starting, stopping
         self._own_ready = asyncio.Event()
         self._held: dict[TopicPartition, float] = {}  # tp -> when it may resume
-        self._backoff: dict[TopicPartition, float] = {}  # tp -> the last wait; reset by progress
+        self._backoff: dict[TopicPartition, int] = {}  # tp -> stalls in a row; reset by progress
         self._ahead: dict[TopicPartition, set[int]] = {}  # replayed past the commit point
         self._committed: dict[TopicPartition, int] = {}
         self._measured_at = 0.0
-        self._closed = False
+        self._stopping = asyncio.Event()  # the pauses between retries end at stop()
         self.pending: dict[str, int] = {t: 0 for t in self.targets}
         """Hints not replayed yet per target, in the topics assigned to this process (as of
         the last measure, every `pending_interval_s`)."""
@@ -421,6 +424,10 @@ class HintReplayer:
         self.log = log.bind(region=own, group=self.group)
 
     # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Nothing to connect yet: `run()` does."""
+        self._begin_start()
+
     async def run(self) -> None:
         """Create the hints topics in every region (retried in the background until each
         answers), then replay the own region's hints, forever."""
@@ -433,7 +440,9 @@ class HintReplayer:
     async def stop(self, deadline: float | None = None) -> None:
         """Close the consumer and let the Kafka clients being started finish and close
         (bounded by `deadline`: whatever is left then is cancelled, logged); idempotent."""
-        self._closed = True
+        if not self._begin_stop():
+            return
+        self._stopping.set()
         consumer = self._consumer
         if consumer is not None and self._closing is None:
             self._closing = self._own(self._close(consumer, None))
@@ -478,18 +487,19 @@ class HintReplayer:
             self._committed.clear()
 
     async def _ensure_topics(self, region: str) -> None:
-        s = self.settings
-        wait = s.retry_s
-        while not self._closed:
+        backoff = Backoff(self.settings.retry_s, 60.0)  # a region down for long: not every 2 s
+        failures = 0
+        while not self.closed:
             attempt = self._own(self._create_topics(region), f"proxy:hints-topics-{region}")
             try:
                 await asyncio.shield(attempt)
             except (CrossdcError, KafkaError, OSError, TimeoutError) as exc:
                 self.metrics.hint_errors.labels("topics").inc()
+                failures += 1
+                wait = backoff.pause(failures)
                 self.log.info("hints_topics_not_created", store=region, error=str(exc),
-                              retry_in_s=wait)
-                await asyncio.sleep(wait)
-                wait = min(60.0, wait * 2)  # a region down for long: not every 2 s
+                              retry_in_s=round(wait, 2))
+                await sleep_unless(self._stopping, wait)
                 continue
             self.log.info("hints_topics_ready", store=region)
             if region == self.own:
@@ -517,7 +527,7 @@ class HintReplayer:
 
     async def _replay_forever(self) -> None:
         await self._own_ready.wait()
-        while not self._closed:
+        while not self.closed:
             consumer = AIOKafkaConsumer(
                 **self.writers[self.own].conn.aiokafka_kwargs(), group_id=self.group,
                 client_id=self.client_id,
@@ -545,7 +555,7 @@ class HintReplayer:
                 if self._closing is None:
                     self._closing = self._own(self._close(consumer, starting))
                 await asyncio.shield(self._closing)
-            await asyncio.sleep(self.settings.retry_s)
+            await sleep_unless(self._stopping, self.settings.retry_s)
 
     # -- the loop ----------------------------------------------------------------------------
     async def _consume(self, consumer: AIOKafkaConsumer) -> None:
@@ -580,8 +590,8 @@ class HintReplayer:
         if hold.short:
             backoff = 0.2
         else:
-            backoff = s.backoff_s if prev is None else min(s.backoff_max_s, prev * 2)
-            self._backoff[tp] = backoff
+            stalls = self._backoff[tp] = (prev or 0) + 1
+            backoff = Backoff(s.backoff_s, s.backoff_max_s).pause(stalls)
         try:
             consumer.seek(tp, hold.offset)
             consumer.pause(tp)

@@ -395,8 +395,10 @@ class ProxyServer(Lifecycle):
         if self.idem_log is not None:
             self._spawn("proxy:idempotency-log", self.idem_log.run())
         if self.hint_replayer is not None:
+            await self.hint_replayer.start()
             self._spawn("proxy:hints", self.hint_replayer.run())
         if self.journal is not None:
+            await self.journal.start()
             self._spawn("proxy:journal", self.journal.run())
         if self.policy_store is not None and self._own_store:
             self._spawn("proxy:policy-watch", self.policy_store.run())

@@ -38,12 +38,12 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
 )
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber
 from crossdc.lifecycle import Lifecycle
+from crossdc.settings import Backoff
 from crossdc.topology import Region
 from proxy.breaker import BreakerState, CircuitBreaker
 from proxy.config import BreakerSettings, KafkaWriterSettings
@@ -353,8 +353,7 @@ class RegionWriter(Lifecycle):
         retrying = AsyncRetrying(
             stop=stop_after_attempt(s.retry_attempts)
             | stop_after_delay(max(0.0, deadline - time.monotonic())),
-            wait=wait_exponential_jitter(multiplier=s.retry_backoff_s, max=0.5,
-                                         jitter=s.retry_backoff_s),
+            wait=Backoff(s.retry_backoff_s, 0.5).wait(),
             retry=retry_if_exception(_retry_attempt),
             before_sleep=lambda rs: self.log.debug(
                 "write_retry", topic=topic, attempt=rs.attempt_number, of=s.retry_attempts,

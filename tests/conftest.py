@@ -43,15 +43,25 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[SLICE_ENV] = f"{int(worker[2:])}/{count}"
 
 
+# Integration modules that start every server they need themselves (no session stack): they
+# run on the worker of the unit tests, beside the session stack's worker.
+OWN_SERVERS = ("tests/integration/test_services.py", "tests/integration/test_prometheus.py",
+               "tests/integration/test_stack_variants.py",
+               "tests/integration/test_hostile_files.py")
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """`make test` runs on two workers (`pytest -n 2`): one runs every test that needs the
-    servers, in order, so the session's stack starts once; the other runs the unit tests
-    beside it. (xdist's `--dist loadgroup` would do this with a mark, but it renames node ids
-    in a way pytest 9 no longer reads.)"""
+    session's stack, in order, so it starts once; the other runs the modules that bring their
+    own servers (`OWN_SERVERS`, one after the other) and the unit tests beside it. (xdist's
+    `--dist loadgroup` would do this with a mark, but it renames node ids in a way pytest 9
+    no longer reads.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ServersOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(OWN_SERVERS):
+                return "own-servers"
             if nodeid.startswith(("tests/integration/", "tests/chaos/")):
                 return "servers"
             return nodeid  # each unit test on its own: the idle worker takes the next

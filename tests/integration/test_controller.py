@@ -41,8 +41,10 @@ TOPIC_RE = "ctl-.*"
 
 
 def fast(region: str, *, auto: bool = False, max_behind: int = 10_000,
-         controller_id: str | None = None) -> ControllerSettings:
-    """Settings for tests: quick probes, a short lease (the defaults are for production)."""
+         controller_id: str | None = None, drain_s: float = 20.0) -> ControllerSettings:
+    """Settings for tests: quick probes, a short lease (the defaults are for production).
+    `drain_s`: short for a failover with no mirror running (nothing would drain: the drain
+    waits out its bound)."""
     extra = {"controller_id": controller_id} if controller_id else {}
     return ControllerSettings(
         region=region, **extra,
@@ -51,7 +53,7 @@ def fast(region: str, *, auto: bool = False, max_behind: int = 10_000,
         leader=LeaderSettings(check_ttl_s=2.0, lock_delay_s=1, retry_interval_s=0.3),
         failover=FailoverSettings(auto=auto, primary_lease_s=1.0, lease_margin_s=0.2,
                                   primary_write_s=0.5,
-                                  wait_period_s=1.0, drain_timeout_s=20.0,
+                                  wait_period_s=1.0, drain_timeout_s=drain_s,
                                   max_behind_records=max_behind),
         sync=SyncSettings(interval_s=3600))
 
@@ -322,7 +324,7 @@ async def test_a_failover_interrupted_after_its_fence_is_resumed_by_the_next_lea
                         ended_ms=rec.started_ms)
     rec = rec.with_step("lease_wait", status="running", started_ms=rec.started_ms)
     await dcs.put_all(FAILOVER_KEY, rec)
-    async with Controller(topo, fast("west")) as ctl:
+    async with Controller(topo, fast("west", drain_s=1.0)) as ctl:
         async def finished() -> bool:
             r = await newest_failover(dcs)
             return r is not None and r.state == "done"
@@ -369,7 +371,7 @@ async def test_a_failover_that_failed_after_its_fence_is_retried_until_a_primary
     rec = rec.model_copy(update={"state": "failed", "error": "no datacenter answered"})
     await dcs.put_all(FAILOVER_KEY, rec)
     assert (await dcs.primary()).current.writable is None, "nobody writable: fenced"
-    async with Controller(topo, fast("east")):
+    async with Controller(topo, fast("east", drain_s=1.0)):
         async def completed() -> bool:
             # the primary is named by the promote step; the record says done just after
             # (stopping the controller in between would leave it for the next leader)
@@ -524,9 +526,9 @@ async def test_a_deposed_leader_writes_nothing_and_a_stale_request_fences_nothin
     assert (await dcs.primary()).current == view.current
 
     # The next leader finishes east → west meanwhile ...
-    async with Controller(topo, fast("west", controller_id="ctl-new")) as new:
+    async with Controller(topo, fast("west", controller_id="ctl-new", drain_s=1.0)) as new:
         await eventually(lambda: _leading(new), 20, "the next controller leads")
-        plan = await plan_failover(topo, dcs, fast("west"), "west", force=True)
+        plan = await plan_failover(topo, dcs, fast("west", drain_s=1.0), "west", force=True)
         assert plan.record.from_epoch == start.epoch
         await start_failover(dcs, plan)
 

@@ -214,6 +214,7 @@ def test_totals_and_latency(report: Report, seeded: Seeded) -> None:
         "1 duplicate in west (at-least-once flows")
 
 
+@pytest.mark.slow  # two more Spark runs (`make test-more`); make test keeps one per module
 def test_incremental_run_judges_only_new_records(two_regions, jars: Path,  # type: ignore[no-untyped-def]
                                                  tmp_path: Path, spark_cleanup: None) -> None:
     import asyncio
@@ -321,6 +322,7 @@ async def _delete_before(bootstrap: str, topic: str, offset: int) -> None:
         await admin.close()
 
 
+@pytest.mark.slow  # another Spark run (`make test-more`)
 def test_records_deleted_by_retention_are_counted_not_silent(  # type: ignore[no-untyped-def]
         two_regions, jars: Path, tmp_path: Path, spark_cleanup: None) -> None:
     """Defect 9: east's retention deleted records the run was asked to compare (below the log

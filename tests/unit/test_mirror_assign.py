@@ -167,13 +167,13 @@ async def test_a_failed_callback_ends_the_worker_even_while_getmany_waits() -> N
     w = MirrorWorker(_FLOW, KafkaConnection.of("127.0.0.1:1"), KafkaConnection.of("127.0.0.1:1"))
     w._consumer = _Consumer()
     w._topics = TopicPlan({"t": 1}, {})
-    w._carry_task = asyncio.create_task(w._carry())
+    running = asyncio.create_task(w._run())
     await asyncio.sleep(0.05)  # in getmany
-    assert not w._carry_task.done()
+    assert not running.done()
     w._fail(AssertionError("seek without an assignment"))
     async with asyncio.timeout(3):
         with pytest.raises(AssertionError, match="seek without an assignment"):
-            await w._carry_task
+            await running
     await w.stop()
 
 
@@ -182,7 +182,7 @@ async def test_stop_still_cancels_the_carrying_loop() -> None:
     w = MirrorWorker(_FLOW, KafkaConnection.of("127.0.0.1:1"), KafkaConnection.of("127.0.0.1:1"))
     w._consumer = _Consumer()
     w._topics = TopicPlan({"t": 1}, {})
-    task = w._carry_task = asyncio.create_task(w._carry())
+    task = asyncio.create_task(w._run())
     await asyncio.sleep(0.05)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
