@@ -15,6 +15,7 @@ __all__ = [
     "DR_ORIGIN",
     "DR_PATH",
     "DR_PREFIX",
+    "DR_REPAIRED",
     "DR_TS",
     "RESERVED_HEADERS",
     "Mode",
@@ -27,7 +28,12 @@ DR_TS: Final = "dr-ts"
 DR_MODE: Final = "dr-mode"
 DR_EPOCH: Final = "dr-epoch"
 DR_PATH: Final = "dr-path"
+DR_REPAIRED: Final = "dr-repaired"
+"""On a copy written late into a region that missed a sync write (hinted handoff,
+`proxy.hints`): the region whose proxy stored the hint. Every other header is the original's;
+the reconciliation counts these copies as repaired."""
 
-RESERVED_HEADERS: Final = frozenset({DR_ID, DR_ORIGIN, DR_TS, DR_MODE, DR_EPOCH, DR_PATH})
+RESERVED_HEADERS: Final = frozenset({DR_ID, DR_ORIGIN, DR_TS, DR_MODE, DR_EPOCH, DR_PATH,
+                                     DR_REPAIRED})
 
 Mode = Literal["ordered", "sync", "nearest"]
