@@ -10,9 +10,10 @@ from kafka_helpers import end_offsets, unique
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.offsets import load_offset_map
-from crossdc.topology import Flow
+from crossdc.topology import Flow, Topology
+from mirror import MirrorWorker
 
-__all__ = ["drained", "flow"]
+__all__ = ["drained", "flow", "start_mirrors"]
 
 
 def flow(source: str, target: str, topics: str, *, discovery_interval_s: float = 1.0,
@@ -35,3 +36,14 @@ def drained(boot: Mapping[str, str], flow: Flow | tuple[str, str], topic: str,
         return all(marks.next_src.get((topic, p), 0) >= end for p, end in ends.items() if end)
 
     return check
+
+
+async def start_mirrors(topo: Topology) -> list[MirrorWorker]:
+    """A started mirror worker per flow of `topo` (the caller stops them)."""
+    out = []
+    for f in topo.flows:
+        w = MirrorWorker(f, KafkaConnection.of(topo.region(f.source)),
+                         KafkaConnection.of(topo.region(f.target)))
+        await w.start()
+        out.append(w)
+    return out

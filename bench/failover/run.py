@@ -39,7 +39,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -144,53 +143,22 @@ async def dr_ids(bootstrap: str, topic: str) -> set[str]:
 async def takeover(tpath: Path, tmp: Path, dcs: Any) -> float:
     """Two `dr controller run` processes with default settings; kill -9 the leader's; seconds
     until the other holds the lock."""
+    from controller_helpers import kill_the_leader, start_controllers, stop_processes
     from kafka_helpers import eventually
 
     from dr.controller.ops import leader_of
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    procs = start_controllers(tpath, tmp, lambda region: f"region: {region}\n")
     try:
-        for region in ("east", "west"):
-            cfg = tmp / f"controller-{region}.yaml"
-            cfg.write_text(f"region: {region}\n")
-            with (tmp / f"controller-{region}.log").open("wb") as log:
-                procs[region] = subprocess.Popen(  # noqa: ASYNC220 - outlives the call
-                    [sys.executable, "-m", "dr.cli", "controller", "run", "--region", region,
-                     "--topology", str(tpath), "--config", str(cfg)],
-                    stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True,
-                    cwd=ROOT)
         # The in-process leader's lock may still be held until its session goes: wait for
         # a subprocess controller to lead.
-        ids: set[str] = set()
-
         async def sub_leads() -> bool:
             lead = await leader_of(dcs)
-            if lead is None:
-                return False
-            ids.add(lead.controller_id)
-            return any(str(p.pid) in lead.controller_id for p in procs.values())
+            return lead is not None and any(str(p.pid) in lead.controller_id
+                                            for p in procs.values())
         await eventually(sub_leads, 60, "a controller process leads")
-        first = await leader_of(dcs)
-        assert first is not None
-        victim = procs[first.region]
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.wait(10)
-        t0 = time.monotonic()
-
-        async def taken() -> bool:
-            lead = await leader_of(dcs)
-            return lead is not None and lead.controller_id != first.controller_id
-        await eventually(taken, 30, "the other controller takes over")
-        return time.monotonic() - t0
+        return await kill_the_leader(dcs, procs, 30)
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait()
+        stop_processes(procs)
 
 
 async def scenario(stack: Any, topo: Any, tpath: Path, tmp: Path, rate: int,

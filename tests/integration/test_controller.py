@@ -6,11 +6,7 @@ where a test kills one with SIGKILL."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,10 +17,11 @@ import dns.rdatatype
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
+from controller_helpers import kill_the_leader, start_controllers, stop_processes
 from kafka_helpers import create_topic, eventually, produce, unique
+from mirror_helpers import start_mirrors
 from tests_support import write_topology
 
-from crossdc.clients.connection import KafkaConnection
 from crossdc.primary import PRIMARY_KEY, PrimaryRecord
 from crossdc.topology import Flow, Topology, split_hostport
 from dr.controller import Controller, ControllerSettings, FailoverRefused
@@ -33,7 +30,6 @@ from dr.controller.datacenters import Datacenters
 from dr.controller.failover import behind
 from dr.controller.ops import leader_of, newest_failover, plan_failover, start_failover
 from dr.controller.state import FAILOVER_KEY, LEADER_KEY, FailoverRecord
-from mirror import MirrorWorker
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -129,41 +125,18 @@ async def test_one_controller_leads_and_a_clean_stop_hands_over(topo: Topology,
 async def test_killed_leader_is_replaced_within_15_s(topo: Topology, dcs: Datacenters,
                                                      tmp_path: Path) -> None:
     path = write_topology(topo, tmp_path / "topology.yaml")
-    cfg = tmp_path / "controller.yaml"
-    cfg.write_text("region: east\nhealth: {interval_s: 0.5, proxy: false}\n"
-                   "sync: {interval_s: 3600}\n")
-    procs = {}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for region in ("east", "west"):
-        log_file = (tmp_path / f"{region}.log").open("wb")
-        procs[region] = subprocess.Popen(  # noqa: ASYNC220 - a server that outlives the call
-            [sys.executable, "-m", "dr.cli", "controller", "run", "--region", region,
-             "--topology", str(path), "--config", str(cfg)],
-            stdout=subprocess.DEVNULL, stderr=log_file, env=env, start_new_session=True)
-        log_file.close()
+    # both with east's settings file, as before: region east, fast probes
+    procs = start_controllers(path, tmp_path, lambda _: (
+        "region: east\nhealth: {interval_s: 0.5, proxy: false}\nsync: {interval_s: 3600}\n"))
     try:
         async def someone_leads() -> bool:
             return await leader_of(dcs) is not None
         await eventually(someone_leads, 30, "a leader")
-        first = await leader_of(dcs)
-        assert first is not None
-        victim = procs[first.region]
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.wait(10)
-        t0 = time.monotonic()
-
-        async def taken_over() -> bool:
-            now = await leader_of(dcs)
-            return now is not None and now.controller_id != first.controller_id
-        await eventually(taken_over, 20, "the other controller takes over")
-        took = time.monotonic() - t0
+        took = await kill_the_leader(dcs, procs, 20)
         print(f"leader takeover after kill -9: {took:.2f} s")
         assert took <= 15.0
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(20)
+        stop_processes(procs)
 
 
 async def _dns(topo: Topology, dc: str, name: str, rtype: str = "SRV") -> list[int]:
@@ -180,16 +153,6 @@ async def _dns(topo: Topology, dc: str, name: str, rtype: str = "SRV") -> list[i
     return sorted(r.port for r in answer)
 
 
-async def _mirrors(topo: Topology) -> list[MirrorWorker]:
-    out = []
-    for f in topo.flows:
-        w = MirrorWorker(f, KafkaConnection.of(topo.region(f.source)),
-                         KafkaConnection.of(topo.region(f.target)))
-        await w.start()
-        out.append(w)
-    return out
-
-
 async def test_failover_and_failback_move_primary_epoch_and_dns_everywhere(
         topo: Topology, dcs: Datacenters) -> None:
     topic = unique("ctl-fo")
@@ -197,7 +160,7 @@ async def test_failover_and_failback_move_primary_epoch_and_dns_everywhere(
         await create_topic(topo.region(r).kafka.bootstrap, topic, 2)
     await produce(topo.region("east").kafka.bootstrap, topic,
                   [(b"k%d" % i, b"v", []) for i in range(50)])
-    workers = await _mirrors(topo)
+    workers = await start_mirrors(topo)
     east = Controller(topo, fast("east"))
     west = Controller(topo, fast("west"))
     try:
@@ -418,7 +381,7 @@ async def test_failover_moves_the_proxies_ordered_writes_and_the_consumer_groups
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
     group = unique("ctl-group")
-    workers = await _mirrors(topo)
+    workers = await start_mirrors(topo)
     cfg = ProxyConfig(region="east", register_consul=False, grace_s=2.0, primary_lease_s=3.0,
                       kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0))
     try:

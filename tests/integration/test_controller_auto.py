@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from kafka_helpers import consume, create_topic, eventually, produce, unique
+from mirror_helpers import start_mirrors
 from tests_support import write_topology
 
 from crossdc.clients.connection import KafkaConnection
@@ -70,16 +71,6 @@ def settings(region: str) -> ControllerSettings:
                               sync=SyncSettings(interval_s=3600))
 
 
-async def _mirrors(topo: Topology) -> list[MirrorWorker]:
-    out = []
-    for f in topo.flows:
-        w = MirrorWorker(f, KafkaConnection.of(topo.region(f.source)),
-                         KafkaConnection.of(topo.region(f.target)))
-        await w.start()
-        out.append(w)
-    return out
-
-
 async def _revive(topo: Topology, workers: list[MirrorWorker]) -> None:
     """Restart mirror workers that ended (a worker whose target stayed down past its
     assignment budget ends with an error, as `dr mirror run` exits for its supervisor)."""
@@ -107,7 +98,7 @@ async def test_automatic_failover_meets_its_targets_and_fails_back_without_loss(
         await create_topic(topo.region(r).kafka.bootstrap, topic, 3)
     sent: list[Rec] = [(b"k%d" % i, b"v%d" % i, []) for i in range(300)]
     await produce(topo.region("east").kafka.bootstrap, topic, sent, acks="all")
-    workers = await _mirrors(topo)
+    workers = await start_mirrors(topo)
     try:
         async with Datacenters(topo) as dcs, Controller(topo, settings("east")) as east, \
                 Controller(topo, settings("west")) as west:
@@ -169,7 +160,7 @@ async def test_detection_and_rto_with_default_settings(pair: Pair, tmp_path: Pat
     topic = unique("auto-rto")
     for r in ("east", "west"):
         await create_topic(topo.region(r).kafka.bootstrap, topic, 3)
-    workers = await _mirrors(topo)
+    workers = await start_mirrors(topo)
     try:
         async with Datacenters(topo) as dcs, Controller(topo, settings("east")) as east, \
                 Controller(topo, settings("west")) as west:

@@ -57,7 +57,8 @@ async def test_a_failing_loop_ends_the_worker_and_stop_closes_every_client(  # t
     clients = _clients(w)
     assert all(c is not None for c in clients)
     label = "mirror:east->west"
-    loops = sorted([label, f"{label}:carry", f"{label}:commit", f"{label}:discovery"])
+    loops = sorted([label, f"{label}:carry", f"{label}:commit", f"{label}:discovery",
+                    f"{label}:failed"])
 
     async def all_running() -> bool:  # the group starts its tasks on the loop's next turns
         return _mirror_tasks() == loops
