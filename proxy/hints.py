@@ -36,27 +36,27 @@ topic is replayed by one process; the `_crossdc` prefix keeps it out of the cons
 that failovers and the standby sync translate) reads the own region's hint topics. For a hint
 whose target is writable (its writer's probe and breaker), it writes the record there — same
 topic, partition, key, value and headers, plus `dr-repaired: <own region>` (the copy came late,
-through this region's hints; the reconciliation counts such copies) — and commits the hint's offset only after the target
-acknowledged. A target that is down (or a write that fails) holds its topic: paused, sought
-back to the first hint not done, resumed with backoff (0.5 s doubling to `backoff_max_s`) once
-the target is writable again. Nothing is dropped: a hint that can never be written (the topic
-or partition does not exist in the target, an undecodable hint) is PARKED — written as is to
-`_crossdc.proxy.hints-parked` in the own region (no retention limit), logged and counted —
-instead of blocking the hints behind it.
+through this region's hints; the reconciliation counts such copies) — and commits the hint's
+offset only after the target acknowledged. A target that is down (or a write that fails) holds
+its topic: paused, sought back to the first hint not done, resumed with backoff (0.5 s doubling
+to `backoff_max_s`) once the target is writable again. Nothing is dropped: a hint that can
+never be written (the topic or partition does not exist in the target, an undecodable hint) is
+PARKED — written as is to `_crossdc.proxy.hints-parked` in the own region (no retention limit),
+logged and counted — instead of blocking the hints behind it.
 
 At-least-once: a process that dies between the target's ack and the commit writes the record
-again when the hint is read again (same dr-id: dedupe on it). So may a client retry of a PARTIAL
-write that races a replay in another process. In the replaying process the idempotency window
-(and the region-shared log, when on: the replayer reads it up to its end first, as a retry
-does, so a retry another process answered is known) serialises the two: a hint of a record
-with a client idempotency key claims the key first, skips a region the window says holds the record already,
-and records the region written (so the client's retry then writes nothing twice and is OK).
-Replayed records reach the missed region late and possibly after records written there since
-(per-key order holds in the other regions only); their Kafka timestamp is the replay time
-(`dr-ts` keeps the accept time). A hint replayed into a region that became the writable
-primary at a newer epoch than the record's is still written, logged `hint_replayed_late`
-and counted: the failover's drain step waits for hints toward its target (see
-`pending_hints`) and records how many were left.
+again when the hint is read again (same dr-id: dedupe on it). So may a client retry of a
+PARTIAL write that races a replay in another process. In the replaying process the idempotency
+window (and the region-shared log, when on: the replayer reads it up to its end first, as a
+retry does, so a retry another process answered is known) serialises the two: a hint of a
+record with a client idempotency key claims the key first, skips a region the window says holds
+the record already, and records the region written (so the client's retry then writes nothing
+twice and is OK). Replayed records reach the missed region late and possibly after records
+written there since (per-key order holds in the other regions only); their Kafka timestamp is
+the replay time (`dr-ts` keeps the accept time). A hint replayed into a region that became the
+writable primary at a newer epoch than the record's is still written, logged
+`hint_replayed_late` and counted: the failover's drain step waits for hints toward its target
+(see `pending_hints`) and records how many were left.
 
 Pending = per hint topic, end offset - the group's committed offset (or the log start): the
 gauge `crossdc_proxy_hints_pending{target}` (this process's assigned topics), and
