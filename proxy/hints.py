@@ -7,7 +7,9 @@ records. A region whose write failed (down, refused, timed out) would miss the r
 out of a partial write (fewer than quorum, the client told it failed).
 
 **Append** (`HintStore.append`, called by the router BEFORE it answers): for every record the
-primary took and each region that did not, one HINT is written to the Kafka topic
+primary took and each region that did not, one HINT is written (acknowledged or not: a partial
+write the client was told failed is made whole too, so the regions converge whether or not
+the client retries) to the Kafka topic
 `_crossdc.proxy.hints.<missed region>` (one topic per target region, one partition, internal:
 never mirrored) in the proxy's OWN region; if the own region cannot take it (its Kafka down, or
 it is the missed region itself), in the next region of the topology's preference that can (the
@@ -33,26 +35,28 @@ topic's replication factor on disk. Nothing is held in the proxy's memory.
 topic is replayed by one process; the `_crossdc` prefix keeps it out of the consumer groups
 that failovers and the standby sync translate) reads the own region's hint topics. For a hint
 whose target is writable (its writer's probe and breaker), it writes the record there — same
-topic, partition, key, value and headers — and commits the hint's offset only after the target
-acknowledged. A target that is down (or a write that fails) holds its topic: paused, sought
-back to the first hint not done, resumed with backoff (0.5 s doubling to `backoff_max_s`) once
-the target is writable again. Nothing is dropped: a hint that can never be written (the topic
-or partition does not exist in the target, an undecodable hint) is PARKED — written as is to
-`_crossdc.proxy.hints-parked` in the own region (no retention limit), logged and counted —
-instead of blocking the hints behind it.
+topic, partition, key, value and headers, plus `dr-repaired: <own region>` (the copy came late,
+through this region's hints; the reconciliation counts such copies) — and commits the hint's
+offset only after the target acknowledged. A target that is down (or a write that fails) holds
+its topic: paused, sought back to the first hint not done, resumed with backoff (0.5 s doubling
+to `backoff_max_s`) once the target is writable again. Nothing is dropped: a hint that can
+never be written (the topic or partition does not exist in the target, an undecodable hint) is
+PARKED — written as is to `_crossdc.proxy.hints-parked` in the own region (no retention limit),
+logged and counted — instead of blocking the hints behind it.
 
 At-least-once: a process that dies between the target's ack and the commit writes the record
-again when the hint is read again (same dr-id: dedupe on it). So may a client retry of a PARTIAL
-write that races a replay in another process. In the replaying process the idempotency window
-(and the region-shared log, when on) serialises the two: a hint of a record with a client
-idempotency key claims the key first, skips a region the window says holds the record already,
-and records the region written (so the client's retry then writes nothing twice and is OK).
-Replayed records reach the missed region late and possibly after records written there since
-(per-key order holds in the other regions only); their Kafka timestamp is the replay time
-(`dr-ts` keeps the accept time). A hint replayed into a region that became the writable
-primary at a newer epoch than the record's is still written, logged `hint_replayed_late`
-and counted: the failover's drain step waits for hints toward its target (see
-`pending_hints`) and records how many were left.
+again when the hint is read again (same dr-id: dedupe on it). So may a client retry of a
+PARTIAL write that races a replay in another process. In the replaying process the idempotency
+window (and the region-shared log, when on: the replayer reads it up to its end first, as a
+retry does, so a retry another process answered is known) serialises the two: a hint of a
+record with a client idempotency key claims the key first, skips a region the window says holds
+the record already, and records the region written (so the client's retry then writes nothing
+twice and is OK). Replayed records reach the missed region late and possibly after records
+written there since (per-key order holds in the other regions only); their Kafka timestamp is
+the replay time (`dr-ts` keeps the accept time). A hint replayed into a region that became the
+writable primary at a newer epoch than the record's is still written, logged
+`hint_replayed_late` and counted: the failover's drain step waits for hints toward its target
+(see `pending_hints`) and records how many were left.
 
 Pending = per hint topic, end offset - the group's committed offset (or the log start): the
 gauge `crossdc_proxy_hints_pending{target}` (this process's assigned topics), and
@@ -78,10 +82,11 @@ from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import IllegalStateError, KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec
 from crossdc.errors import CrossdcError
-from crossdc.headers import DR_EPOCH, DR_ID
+from crossdc.headers import DR_EPOCH, DR_ID, DR_REPAIRED
 from crossdc.lifecycle import Lifecycle
 from crossdc.settings import Backoff, RetrySettings
 from proxy.errors import IncompleteSync, ProxyError, RegionWriteFailed, shown
+from proxy.idempotency import LogUnavailable
 from proxy.writers import Outgoing, RegionWrite
 
 if TYPE_CHECKING:
@@ -676,6 +681,8 @@ class HintReplayer(Lifecycle):
             else:
                 if not w.writable:
                     raise _Hold(w.why_not_writable() or "not writable")
+                if any(it.hint is not None and it.hint.client_key for it in items):
+                    await self._catch_up()
                 try:
                     n = await w.partition_count(first.topic, self.settings.replay_write_s)
                 except RegionWriteFailed as exc:
@@ -708,6 +715,22 @@ class HintReplayer(Lifecycle):
         if hold is not None:
             hold.offset = done_to
             raise hold
+
+    async def _catch_up(self) -> None:
+        """Read the region-shared idempotency log up to its end before claiming client keys,
+        as a client's retry does (`proxy.idempotency`): a retry that another process of the
+        region answered (it wrote the missed region itself) is then known here, and the hint
+        is skipped instead of writing the record twice. When the log cannot be read in time
+        the local window decides alone (counted, logged)."""
+        shared = self.window.log
+        if shared is None:
+            return
+        limit = time.monotonic() + min(shared.wait_s, self.settings.replay_write_s)
+        try:
+            await shared.catch_up(limit)
+        except LogUnavailable as exc:
+            self.metrics.idem_log_errors.labels("catch_up").inc()
+            self.log.warning("hints_idempotency_log_unread", error=str(exc))
 
     def _claim(self, it: _Item, target: str) -> bool:
         """Ask the idempotency window about a hint of a record with a client key: False when a
@@ -744,11 +767,15 @@ class HintReplayer(Lifecycle):
             if parked:  # first: a failure to park then leaves nothing written unrecorded
                 await self._park(target, parked, parked[0].why)
             if todo:
+                # the copy says it came late, through whom (the reconciliation counts it)
+                repaired = (DR_REPAIRED, self.own.encode())
+                extra = len(DR_REPAIRED) + len(repaired[1])
                 out = []
                 for it in todo:
                     h = it.hint
                     assert h is not None
-                    out.append(Outgoing(h.key, h.value, h.headers, h.partition, h.size))
+                    out.append(Outgoing(h.key, h.value, [*h.headers, repaired], h.partition,
+                                        h.size + extra))
                 res = await w.write(topic, out, mode="hint-replay",
                                     deadline=time.monotonic() + self.settings.replay_write_s)
                 results = dict(zip((it.offset for it in todo), res, strict=True))

@@ -639,11 +639,11 @@ class Router:
             part = next(w.partition for w in o.written if w.region == primary)
             rec = records[i]
             hs = headers(i)
+            # Told failed too (a partial write): the regions that took it keep it, so the
+            # others get it late, whether or not the client retries. With a client key the
+            # replay and a retry are serialised by the idempotency window (proxy.hints):
+            # whichever writes a region first, the other skips it.
             acked = len(o.written) >= needed_for(i)
-            if not acked and rec.idempotency_key:
-                # Told failed, with a key: the client's retry resumes it (the missing regions
-                # only, through the idempotency window); a hint too would write it twice.
-                continue
             for region in failed[i]:
                 hints.append(Hint(region, topic, part, rec.key, rec.value, hs, acked=acked,
                                   client_key=bool(rec.idempotency_key),

@@ -45,6 +45,10 @@ rules:
     mode: ordered
     sync: true
     quorum: 2
+  - topic: "hall-*"
+    mode: ordered
+    sync: true
+    quorum: 3
 """
 
 
@@ -82,8 +86,8 @@ async def proxy(topo: Topology, policy_file: Path) -> AsyncIterator[tuple[ProxyS
         yield server, pb_grpc.ProxyStub(ch)
 
 
-async def _topic(topo: Topology) -> str:
-    name = str(unique("hq"))
+async def _topic(topo: Topology, prefix: str = "hq") -> str:
+    name = str(unique(prefix))
     for r in topo.regions:
         await create_topic(r.kafka.bootstrap, name, partitions=2)
     return name
@@ -179,7 +183,8 @@ async def test_an_acked_sync_record_reaches_the_region_that_missed_it(  # type: 
     [copy] = [x for x in north_recs if x.key == b"acct-7"]
     assert copy.value == b"ledger-7"
     assert copy.partition == east_copy.partition
-    assert list(copy.headers) == list(east_copy.headers)   # same dr-id, dr-* and app headers
+    # same dr-id, dr-* and app headers, and the mark of a late copy (counted as repaired)
+    assert list(copy.headers) == [*east_copy.headers, ("dr-repaired", b"east")]
     assert dict(copy.headers)["dr-id"] == rec.idempotency_key.encode()
     assert dict(copy.headers)["dr-path"] == b"east,west,north"
 
@@ -198,6 +203,47 @@ async def test_an_acked_sync_record_reaches_the_region_that_missed_it(  # type: 
     assert again.duplicate
     north_recs = await read_all(topo.region("north").kafka.bootstrap, topic, 2)
     assert [x.key for x in north_recs].count(b"acct-7") == 1
+
+
+async def test_a_partial_write_told_failed_converges_once_and_its_retry_writes_nothing_twice(  # type: ignore[no-untyped-def]
+        two_regions, north, topo: Topology, proxy) -> None:
+    """Quorum 3 with north down: the client is told the write failed (east and west hold
+    it), and its retry too. Once north is back the hints make it whole: one copy in every
+    region (the two hints, first attempt and retry, are one record), and a retry then is
+    acknowledged without a write."""
+    stack, _ = north
+    server, stub = proxy
+    topic = await _topic(topo, "hall")
+    await _hint_topics_ready(topo)
+    await _north_down(server, stack)
+    rec = pb.Record(topic=topic, key=b"acct-3", value=b"ledger-3",
+                    idempotency_key=unique("tx"))
+    try:
+        for attempt in (1, 2):
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await stub.Produce(pb.ProduceRequest(record=rec), timeout=15)
+            assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, attempt
+            md = dict(ei.value.trailing_metadata() or ())
+            assert sorted(x.split(":")[0] for x in md["dr-written"].split(",")) == \
+                ["east", "west"], (attempt, md)
+        assert _metric(server, "crossdc_proxy_hints_written_total", target="north") >= 1
+    finally:
+        await _north_up(server, stack)
+
+    async def whole() -> bool:
+        got = await read_all(topo.region("north").kafka.bootstrap, topic, 2)
+        return any(x.key == b"acct-3" for x in got) and await _pending(topo) == 0
+    await eventually(whole, 60, "the told-failed record replayed into north, hints committed")
+    for r in topo.regions:
+        got = [x for x in await read_all(r.kafka.bootstrap, topic, 2) if x.key == b"acct-3"]
+        assert len(got) == 1, (r.name, len(got))
+        assert dict(got[0].headers)["dr-id"] == rec.idempotency_key.encode()
+        assert (dict(got[0].headers).get("dr-repaired") == b"east") == (r.name == "north")
+    done = (await stub.Produce(pb.ProduceRequest(record=rec), timeout=15)).result
+    assert done.status == pb.STATUS_OK
+    for r in topo.regions:
+        got = await read_all(r.kafka.bootstrap, topic, 2)
+        assert [x.key for x in got].count(b"acct-3") == 1, r.name
 
 
 async def _max_message_bytes(topo: Topology, regions: list[str], value: str | None) -> None:

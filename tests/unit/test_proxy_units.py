@@ -759,6 +759,12 @@ async def test_a_partial_sync_write_is_hinted_too() -> None:
     assert not decode_hint("north", hint.key, hint.value, hint.headers).acked
     out, = await r.route([Incoming("sync", b"k", b"v")], _deadline(), retry=False)
     assert len(_hints_in(ws["west"], "north")) == 2  # a new record (no key): a new hint
+    # with a client key too (the replay and the client's retry are serialised by the key)
+    out, = await r.route([Incoming("sync", b"k", b"v", idempotency_key="tx-1")], _deadline())
+    assert isinstance(out.error, IncompleteSync)
+    last = _hints_in(ws["west"], "north")[-1]
+    keyed = decode_hint("north", last.key, last.value, last.headers)
+    assert (keyed.acked, keyed.client_key, keyed.dr_id) == (False, True, "tx-1")
 
 
 def test_hint_encoding_round_trip_and_cost() -> None:
