@@ -15,7 +15,8 @@ detail lists capped by `max_details`.
 Plan (a run is a handful of Spark jobs over one cached read of the regions):
 1. read each region's pinned offset ranges (`minPartitions`: at least two input tasks per
    core), keep compact columns, cache (`rows`);
-2. inventory: counts per region/partition/window side, next offsets, distinct origins;
+2. inventory: counts per region/partition/window side, next offsets, distinct origins, copies
+   hinted handoff wrote late (`dr-repaired`: counted, kept out of the order check and latency);
 3. latency: a fine histogram per origin → region (exact to 0.1 %), percentiles on the driver;
 4. per dr-id aggregate (`ids`, cached): copies, first offset and hash bounds per region;
 5. per partition counts from `ids`; detail rows only where a count is non-zero;
@@ -49,6 +50,15 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.headers import (
+    DR_EPOCH,
+    DR_ID,
+    DR_MODE,
+    DR_ORIGIN,
+    DR_PATH,
+    DR_REPAIRED,
+    DR_TS,
+)
 from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, SPARK_SCHEMA, UNKNOWN
 from crossdc.quarantine import DR_Q_TOPIC, QUARANTINE_TOPIC
 from dr.reconcile.errors import SparkFailed
@@ -170,7 +180,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-DR_HEADERS = ("dr-id", "dr-origin", "dr-ts", "dr-mode", "dr-epoch", "dr-path")
+DR_HEADERS = (DR_ID, DR_ORIGIN, DR_TS, DR_MODE, DR_EPOCH, DR_PATH, DR_REPAIRED)
+"""The headers left out of the content hash: the mirror stamps and extends them, hinted
+handoff adds dr-repaired (so a repaired copy is not altered)."""
 ID_SALT = 0x5EED_C0DE_D1FF  # seeds the second of the two 64-bit hashes of a dr-id
 
 
@@ -242,12 +254,15 @@ def _read_region(spark: SparkSession, s: RegionSurvey, ri: int, topic_codes: dic
         h["dr-origin"].cast("string").alias("origin"), dr_ts.isNotNull().alias("has_ts"),
         _code(h["dr-mode"].cast("string"), list(MODES)).cast("tinyint").alias("mc"),
         F.when(F.col("key").isNotNull(), F.xxhash64("key")).alias("kh"),
-        content.alias("chash"), rid.alias("dr_id"), "key")
+        content.alias("chash"), rid.alias("dr_id"), "key",
+        # a copy hinted handoff wrote late (the region missed the sync write): counted, and
+        # kept out of the order check and the latency (its place and time are the replay's)
+        h[DR_REPAIRED].isNotNull().alias("rep"))
 
 
 ROW_SCHEMA = ("ri tinyint, tc int, partition int, offset long, event_ms long, lat_ms long, "
               "id1 long, id2 long, origin string, has_ts boolean, mc tinyint, kh long, "
-              "chash long, dr_id binary, key binary")
+              "chash long, dr_id binary, key binary, rep boolean")
 
 
 def _rows(spark: SparkSession, surveys: dict[str, RegionSurvey], topic_codes: dict[str, int],
@@ -395,7 +410,7 @@ class _Comparison:
         unreadable = unreadable_counts(self.surveys, start_offsets, inv.first_read,
                                        inv.older_seen)
         topics = self.summaries(counts, missing_counts, order_counts, inv.headerless,
-                                lonely_counts, unreadable, gone.by_outcome)
+                                lonely_counts, unreadable, gone.by_outcome, inv.repaired)
         by_outcome: dict[str, dict[str, int]] = {}
         for (_, _, r, outcome), n in gone.by_outcome.items():
             per = by_outcome.setdefault(outcome, {})
@@ -406,6 +421,8 @@ class _Comparison:
             lost=sum(n for o in ("acknowledged", "unjournaled")
                      for n in by_outcome.get(o, {}).values()),
             missing_by_outcome=by_outcome, journaled=journaled,
+            repaired={r: sum(p.repaired[r] for t in topics for p in t.partitions)
+                      for r in self.regions},
             duplicates=sum(n for t in topics for p in t.partitions
                            for n in p.duplicates.values()),
             altered=sum(p.altered for t in topics for p in t.partitions),
@@ -431,7 +448,7 @@ class _Comparison:
             for (topic, p), end in s.end.items():
                 inv.next_offsets.setdefault(r, {}).setdefault(topic, {})[str(p)] = end
         stats = (rows.groupBy("ri", "tc", "partition", "when",
-                              F.col("id1").isNull().alias("plain"), "origin")
+                              F.col("id1").isNull().alias("plain"), "origin", "rep")
                  .agg(F.count(F.lit(1)).alias("n"), F.min("offset").alias("first"),
                       F.max("event_ms").alias("newest"))
                  .collect())
@@ -444,6 +461,9 @@ class _Comparison:
                 inv.older_seen.add(at)
             inv.read[r] += n
             inv.by_when[row["when"]] += n
+            if row["when"] == IN and row["rep"]:
+                tp = (topic, row["partition"], r)
+                inv.repaired[tp] = inv.repaired.get(tp, 0) + n
             if row["when"] == AFTER:  # the next incremental run starts at the first of these
                 inv.newest_in_flight = max(inv.newest_in_flight or 0, row["newest"])
                 marks = inv.next_offsets[r][topic]
@@ -463,12 +483,17 @@ class _Comparison:
         """Per (topic, partition, dr-id): for each region i, copies n_i, first offset o_i and
         the smallest/largest content hash lo_i/hi_i; the origin as an index into
         `inv.names`, the mode, and a hash of the key (for the order check). Every grouping
-        key and buffer is fixed width (the dr-id as two 64-bit hashes)."""
+        key and buffer is fixed width (the dr-id as two 64-bit hashes).
+
+        o_i is the first copy hinted handoff did not write: a repaired copy lands wherever
+        the replay put it, after records written since (per-key order holds only where the
+        write was taken), so it is left out of the order check (o_i null when it is the only
+        copy). The origin took the write itself: its o_i is never a repaired copy's."""
         aggs = []
         for i in range(len(self.regions)):
             here = F.col("ri") == i
             aggs += [F.sum(here.cast("int")).alias(f"n{i}"),
-                     F.min(F.when(here, F.col("offset"))).alias(f"o{i}"),
+                     F.min(F.when(here & ~F.col("rep"), F.col("offset"))).alias(f"o{i}"),
                      F.min(F.when(here, F.col("chash"))).alias(f"lo{i}"),
                      F.max(F.when(here, F.col("chash"))).alias(f"hi{i}")]
         aggs += [F.max(_code(F.col("origin"), inv.names)).alias("oc"),
@@ -799,7 +824,8 @@ class _Comparison:
                   plain: dict[tuple[str, int, str], int],
                   unmatched: dict[tuple[str, int], int],
                   unreadable: dict[tuple[str, int, str], int],
-                  by_outcome: dict[tuple[str, int, str, str], int]) -> list[TopicSummary]:
+                  by_outcome: dict[tuple[str, int, str, str], int],
+                  repaired: dict[tuple[str, int, str], int]) -> list[TopicSummary]:
         regions, surveys = self.regions, self.surveys
         empty = {"expected": 0, "altered": 0, "duplicates": {}}
         out = []
@@ -819,7 +845,8 @@ class _Comparison:
                     headerless={r: plain.get((topic, p, r), 0) for r in regions},
                     headerless_unmatched=unmatched.get((topic, p), 0),
                     unreadable={r: unreadable.get((topic, p, r), 0) for r in regions},
-                    missing_by_outcome=_outcomes_of(by_outcome, topic, p)))
+                    missing_by_outcome=_outcomes_of(by_outcome, topic, p),
+                    repaired={r: repaired.get((topic, p, r), 0) for r in regions}))
             out.append(TopicSummary(
                 topic=topic, absent_in=[r for r in regions if r not in sizes],
                 partition_mismatch=sizes if len(set(sizes.values())) > 1 else {},
@@ -860,6 +887,8 @@ class _Inventory:
         self.next_offsets: dict[str, dict[str, dict[str, int]]] = {}
         self.headerless: dict[tuple[str, int, str], int] = {}
         self.headerless_total = 0
+        self.repaired: dict[tuple[str, int, str], int] = {}
+        """Copies in the window carrying dr-repaired, per (topic, partition, region)."""
         self.newest_in_flight: int | None = None
         """Event time (ms) of the newest record after the window's end."""
         self.first_read: dict[tuple[str, str, int], int] = {}
@@ -888,13 +917,15 @@ def _pick(index: Column, cols: list[Column]) -> Column:
 
 # -- 3. latency -----------------------------------------------------------------------
 def _latency(inw: DataFrame, regions: list[str]) -> list[LatencyStats]:
-    """Target append time - dr-ts per (origin, region), for copies outside their origin.
+    """Target append time - dr-ts per (origin, region), for copies outside their origin
+    (copies hinted handoff wrote late excepted).
 
     Latencies are counted exactly below 1 s and to three significant digits above, so the
     distribution collected to the driver stays small (a few thousand buckets at most) and
     the percentiles are exact to 0.1 %."""
     home = F.coalesce(_code(F.col("origin"), regions), F.lit(-1))
-    copies = inw.filter(F.col("id1").isNotNull() & F.col("has_ts")
+    # a repaired copy's delay is the hint's wait (the region was down), not replication's
+    copies = inw.filter(F.col("id1").isNotNull() & F.col("has_ts") & ~F.col("rep")
                         & F.col("origin").isNotNull() & (F.col("ri") != home))
     lat = F.col("lat_ms")
     scale = F.pow(F.lit(10.0), F.floor(F.log10(lat.cast("double"))) - 2)

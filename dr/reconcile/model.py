@@ -212,6 +212,10 @@ class PartitionSummary(_Model):
     missing_by_outcome: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="outcome → region → missing copies (`missing` "
         "split by what the record's client was told)")
+    repaired: dict[str, int] = Field(
+        default_factory=dict, description="region → copies in the window written there late "
+        "by hinted handoff (carrying `dr-repaired`): present copies, counted, never judged "
+        "as a fault")
 
 
 class TopicSummary(_Model):
@@ -233,6 +237,10 @@ class Totals(_Model):
         default_factory=dict, description="outcome → region → missing copies")
     journaled: int = Field(0, description="outcomes read from the proxies' journals for the "
                            "window's topics (0: no proxy journaled these records)")
+    repaired: dict[str, int] = Field(
+        default_factory=dict, description="region → copies in the window written there late "
+        "by hinted handoff (`dr-repaired`: a sync write the region missed, made whole); "
+        "empty in reports from before the count")
     duplicates: int
     altered: int
     order_violations: int

@@ -29,6 +29,17 @@ def _n(v: int) -> str:
     return f"[red]{v}[/]" if v else "0"
 
 
+def _repaired_line(report: Report) -> str | None:
+    """"repaired by hinted handoff: east 0, west 12 (...)", the copies per region; None for
+    a report from before the count."""
+    rep = report.totals.repaired
+    if not rep:
+        return None
+    counts = ", ".join(f"{r} {rep.get(r, 0):,}" for r in report.regions)
+    return (f"repaired by hinted handoff: {counts} (copies written late into a region a sync "
+            "write missed: present, never a failure)")
+
+
 def print_summary(report: Report, console: Console) -> None:
     """One row per topic and region, then latency per region pair, then the verdict."""
     w = report.window
@@ -86,6 +97,9 @@ def print_summary(report: Report, console: Console) -> None:
     tot = report.totals
     console.print(f"compared {tot.compared} records; in flight (not judged) {tot.in_flight}; "
                   f"before the window {tot.before_window}; took {report.duration_s:.1f}s")
+    repaired = _repaired_line(report)
+    if repaired is not None:
+        console.print(escape(repaired), soft_wrap=True)
     if tot.unreadable:
         console.print(f"[yellow]unreadable (retention): {tot.unreadable} record(s) the run "
                       f"was asked to compare were deleted before they could be read[/]")
@@ -207,7 +221,8 @@ def write_html(report: Report, path: Path) -> None:
                 "order violations": sum(p.order_violations for p in t.partitions),
                 "headerless": sum(p.headerless[r] for p in t.partitions),
                 "headerless unmatched": sum(p.headerless_unmatched for p in t.partitions),
-                "unreadable (retention)": sum(p.unreadable.get(r, 0) for p in t.partitions)}
+                "unreadable (retention)": sum(p.unreadable.get(r, 0) for p in t.partitions),
+                "repaired (hinted handoff)": sum(p.repaired.get(r, 0) for p in t.partitions)}
                for t in report.topics for r in report.regions]
     examples: dict[str, list[str]] = {}
     for m in report.missing:
@@ -231,6 +246,8 @@ def write_html(report: Report, path: Path) -> None:
            if report.details_truncated else "")
     unreadable_note = (" (deleted before they could be compared: not judged)"
                        if tot.unreadable else "")
+    repaired = _repaired_line(report)
+    repaired_note = f"<p>{html.escape(repaired)}.</p>" if repaired else ""
     w = report.window
     doc = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>crossdc reconciliation</title><style>
@@ -258,6 +275,7 @@ missing <b>{tot.missing:,}</b>, duplicates <b>{tot.duplicates:,}</b>, altered
 {tot.headerless:,} (unmatched <b>{tot.headerless_unmatched:,}</b>); in flight (not judged)
 {tot.in_flight:,}, before the window {tot.before_window:,}; unreadable (retention)
 <b>{tot.unreadable:,}</b>{unreadable_note}.</p>
+{repaired_note}
 {cut}
 {table("per topic and region", summary, count=False, commas=True)}
 {table("missing copies by what their clients were told", outcomes, count=False,

@@ -5,7 +5,9 @@ One topic is seeded straight into the clusters with east holding every record an
 some, and east's journal saying what each record's client was told: the run classifies every
 copy west lacks (acknowledged, told failed, unknown outcome, quarantined, no journal entry),
 finds an acknowledged record that no region holds, and fails on the losses only, naming
-them (that told-failed copies alone pass is a unit test of the verdict).
+them (that told-failed copies alone pass is a unit test of the verdict). Two sync records
+reach west late, as hinted handoff writes them (`dr-repaired`, after records written there
+since): counted as repaired in west, neither missing, altered nor out of order.
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ from dr.reconcile import Report, RunSettings, run
 pytestmark = pytest.mark.timeout(300)
 
 
-def _headers(dr_id: str, ts: int) -> list[tuple[str, bytes]]:
+def _headers(dr_id: str, ts: int, mode: str = "ordered") -> list[tuple[str, bytes]]:
+    path = b"east,west" if mode == "sync" else b"east"
     return [("dr-id", dr_id.encode()), ("dr-origin", b"east"), ("dr-ts", str(ts).encode()),
-            ("dr-mode", b"ordered"), ("dr-epoch", b"1"), ("dr-path", b"east")]
+            ("dr-mode", mode.encode()), ("dr-epoch", b"1"), ("dr-path", path)]
 
 
 @dataclass
@@ -39,6 +42,8 @@ class Seeded:
     """outcome → the dr-ids west lacks for that reason (mixed topic)."""
     lost_everywhere: str = ""
     both: list[str] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
+    """Sync records east took on time and west late, by hinted handoff."""
 
 
 def _ids(n: int) -> list[str]:
@@ -58,13 +63,21 @@ async def seeded(two_regions: Any) -> Seeded:
     s.ids = {"acknowledged": _ids(3), "told_failed": _ids(2), "unknown": _ids(1),
              "unjournaled": _ids(1), "quarantined": _ids(1)}
     s.both = _ids(2)
+    s.repaired = _ids(2)
     s.lost_everywhere = uuid.uuid4().hex
+    # with a user header: the content hash goes through array_except, which must drop
+    # dr-repaired like every dr-* header (else the late copy would be "altered")
+    sync = {i: [*_headers(i, now, "sync"), ("trace", i[:8].encode())] for i in s.repaired}
     in_east = [i for ids in s.ids.values() for i in ids] + s.both
-    metas = await produce(east, s.mixed, [(b"k", i.encode(), _headers(i, now))
-                                          for i in in_east], partition=0)
-    at = {i: m.offset for i, m in zip(in_east, metas, strict=True)}
+    metas = await produce(east, s.mixed, [(b"k", i.encode(), sync.get(i) or _headers(i, now))
+                                          for i in s.repaired + in_east], partition=0)
+    at = {i: m.offset for i, m in zip(s.repaired + in_east, metas, strict=True)}
     west_metas = await produce(west, s.mixed, [(b"k", i.encode(), _headers(i, now))
                                                for i in s.both], partition=0)
+    # the hints' replay: same key, value and headers plus dr-repaired, after `both` (records
+    # east took later): out of east's order, which is no order violation for a late copy
+    await produce(west, s.mixed, [(b"k", i.encode(), [*sync[i], ("dr-repaired", b"east")])
+                                  for i in s.repaired], partition=0)
     [q] = s.ids["quarantined"]
     await produce(west, QUARANTINE_TOPIC, [(b"k", q.encode(), quarantine_headers(
         _headers(q, now), source="east", topic=s.mixed, partition=0, offset=at[q],
@@ -83,6 +96,8 @@ async def seeded(two_regions: Any) -> Seeded:
         group(s.mixed, [(i, ACKED, f"east:0:{at[i]},west:0:{m.offset}")
                         for i, m in zip(s.both, west_metas, strict=True)]),
         group(s.mixed, [(s.lost_everywhere, ACKED, "east:0:99999")]),
+        # acknowledged at the quorum (east), west's hint stored, then replayed
+        group(s.mixed, [(i, ACKED, f"east:0:{at[i]}") for i in s.repaired]),
         group(f"{prefix}-elsewhere", [(uuid.uuid4().hex, ACKED, "east:0:1")])]
     # the journal of a proxy that wrote nothing else: no entry for the "unjournaled" one
     await produce(east, JOURNAL_TOPIC, [(None, encode(groups[:3]), []),
@@ -117,11 +132,12 @@ def test_every_missing_copy_is_classified_by_what_its_client_was_told(
         "acknowledged": {"west": 4, "east": 1}, "unjournaled": {"west": 1},
         "told_failed": {"west": 2}, "unknown": {"west": 1}, "quarantined": {"west": 1}}
     assert (t.missing, t.lost) == (10, 6)
-    assert t.journaled == len(seeded.both) + sum(
+    assert t.journaled == len(seeded.both) + len(seeded.repaired) + sum(
         len(v) for k, v in seeded.ids.items() if k != "unjournaled") + 1
     [part] = report.topics[0].partitions
     assert part.missing == {"east": 1, "west": 9}
-    assert part.expected == len(seeded.both) + 8 + 1  # the lost one is expected too
+    # the lost one is expected too
+    assert part.expected == len(seeded.both) + len(seeded.repaired) + 8 + 1
 
 
 def test_a_record_no_region_holds_is_named_where_kafka_acknowledged_it(
@@ -141,3 +157,23 @@ def test_the_verdict_fails_on_losses_only_and_names_the_rest(report: Report) -> 
                               "1 missing with no journal entry in west"), summary
     assert ("no loss: 2 told-failed missing in west, 1 unknown-outcome missing in west, "
             "1 quarantined (divergent tail) in west") in summary, summary
+
+
+def test_copies_written_late_by_hinted_handoff_are_counted_as_repaired(
+        report: Report, seeded: Seeded) -> None:
+    t = report.totals
+    assert t.repaired == {"east": 0, "west": 2}
+    [part] = report.topics[0].partitions
+    assert part.repaired == {"east": 0, "west": 2}
+    # present in west (not missing), same content (not altered), no duplicate, and out of
+    # east's order without being an order violation
+    assert part.present["west"] == len(seeded.both) + len(seeded.repaired)
+    named = {m.dr_id for m in report.missing} | {d.dr_id for d in report.duplicates} \
+        | {a.dr_id for a in report.altered} \
+        | {i for o in report.order_violations for i in (o.first_id, o.second_id)}
+    assert not named & set(seeded.repaired)
+    assert (t.altered, t.duplicates, t.order_violations) == (0, 0, 0)
+    # their latency is the hint's wait, not replication's: only the on-time copies count
+    [lat] = report.latency
+    assert (lat.origin, lat.region, lat.count + lat.unmeasured) == (
+        "east", "west", len(seeded.both))

@@ -259,6 +259,50 @@ def test_missing_copies_by_outcome_and_the_loss_line_in_every_face(tmp_path: Pat
     assert loss_line(unjournaled).startswith("acknowledged records lost: not known")
 
 
+def test_repaired_copies_are_counted_in_every_face_and_never_fail(tmp_path: Path) -> None:
+    """Copies hinted handoff wrote late (`dr-repaired`) are present copies: each face says
+    how many per region, and the verdict does not change for them."""
+    r = _report()
+    part = r.topics[0].partitions[0].model_copy(update={"repaired": {"east": 0, "west": 12}})
+    r = r.model_copy(update={
+        "totals": r.totals.model_copy(update={"repaired": {"east": 0, "west": 12}}),
+        "topics": [r.topics[0].model_copy(update={"partitions": [part]})]})
+    line = ("repaired by hinted handoff: east 0, west 12 (copies written late into a region "
+            "a sync write missed: present, never a failure)")
+    buf = io.StringIO()
+    print_summary(r, Console(file=buf, width=160, color_system=None))
+    assert line in buf.getvalue()
+    write_html(r, tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert f"<p>{line}.</p>" in page
+    assert "<th>repaired (hinted handoff)</th>" in page
+    # west's row ends: unreadable 0, repaired 12
+    assert '<td class="n">0</td><td class="n">12</td></tr>' in page
+    write_json(r, tmp_path / "r.json")
+    got = json.loads((tmp_path / "r.json").read_text())
+    assert got["totals"]["repaired"] == {"east": 0, "west": 12}
+    assert got["topics"][0]["partitions"][0]["repaired"] == {"east": 0, "west": 12}
+    # never a failure: the same findings judge the same with or without repaired copies
+    clean = _found(compared=12)
+    healed = clean.model_copy(update={"totals": clean.totals.model_copy(update={
+        "repaired": {"east": 0, "west": 12}})})
+    assert conclude(healed).verdict == clean.verdict
+    assert conclude(healed).breaches == []
+
+
+def test_a_report_from_before_the_repaired_count_still_loads(tmp_path: Path) -> None:
+    old = json.loads(_report().model_dump_json())
+    del old["totals"]["repaired"]
+    for t in old["topics"]:
+        for p in t["partitions"]:
+            del p["repaired"]
+    r = Report.model_validate(old)
+    assert (r.totals.repaired, r.topics[0].partitions[0].repaired) == ({}, {})
+    buf = io.StringIO()
+    print_summary(r, Console(file=buf, width=160, color_system=None))
+    assert "repaired by hinted handoff" not in buf.getvalue()
+
+
 # -- verdicts ------------------------------------------------------------------------------
 NOW = 1_700_000_100_000
 
