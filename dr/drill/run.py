@@ -25,7 +25,7 @@ from crossdc.topology import Topology
 from crossdc.yamlfile import load_model
 from dr.controller.config import ControllerSettings
 from dr.controller.datacenters import Datacenters
-from dr.controller.errors import ControllerError
+from dr.controller.errors import ControllerError, FailoverRefused
 from dr.controller.ops import (
     controller_view,
     leader_of,
@@ -258,6 +258,10 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                 progress(f"traffic: {rate:g} records/s through "
                          f"{len(plan.proxies)} proxies on {', '.join(topics.values())}")
                 await _warm_up(traffic, topics, config.warmup_s)
+            if plan.scenario in FAILOVER_SCENARIOS:
+                await _mirror_copying(topology, dcs, settings, plan.standby,
+                                      time.monotonic() + config.recovery_timeout_s, progress,
+                                      principal)
             tl.fault_ms = _now_ms()  # at the latest: set again right as the fault begins
             found = _Found()
             try:
@@ -489,6 +493,29 @@ async def _failover_ready(dcs: Datacenters, standby: str, deadline: float,
         _check(deadline, f"the leading controller never published {standby} up with a "
                "measured mirror lag: it would refuse an automatic failover")
         await asyncio.sleep(0.5)  # polls the health the leader publishes
+
+
+async def _mirror_copying(topology: Topology, dcs: Datacenters, settings: ControllerSettings,
+                          standby: str, deadline: float, progress: Progress,
+                          principal: str | None) -> None:
+    """Until the controller's own rules would let the standby take over (`plan_failover`):
+    a mirror into it that has records pending and copied nothing lately (just restarted,
+    rescanning its partitions) makes the controller refuse the failover for as long as the
+    fault lasts (rule target-behind), and the drill would measure that, not a failover. Any
+    other refusal is the drill's to report."""
+    said = False
+    while True:
+        try:
+            await plan_failover(topology, dcs, settings, standby, principal=principal)
+            return
+        except FailoverRefused as exc:
+            if exc.rule != "target-behind":
+                return
+            if not said:
+                progress(f"waiting for the mirror into {standby} to catch up: {exc}")
+                said = True
+            _check(deadline, f"the controller would refuse a failover to {standby}: {exc}")
+        await asyncio.sleep(1.0)  # the mirror's next copies; each plan measures the lag
 
 
 async def _unexpected_failover(dcs: Datacenters, since_ms: int, config: DrillConfig
