@@ -36,8 +36,8 @@ from dr.stack.local import LocalStack
 from dr.stack.paths import StackPaths
 from dr.stack.services import Services
 
-__all__ = ["Agreement", "DemoResult", "agreement_of", "journals_flushed", "reconcile_drill",
-           "run_demo"]
+__all__ = ["Agreement", "DemoResult", "agreement_of", "hints_replayed", "journals_flushed",
+           "reconcile_drill", "run_demo"]
 
 log = structlog.get_logger("crossdc.demo")
 
@@ -156,9 +156,11 @@ async def run_demo(topology: Topology, topology_path: Path, paths: StackPaths, *
     checkpoint()  # a Ctrl-C lost on the way (Python 3.11) stops the demo here
     note("[bold]4/5[/] Spark reconciliation of the drill's topics in every region, with "
          "the proxies' outcome journals")
+    proxies = [i.metrics for i in infos if i.kind == "proxy" and i.metrics]
+    with console.status("waiting for the proxies' hints (sync records a region missed)"):
+        await hints_replayed(proxies, timeout_s=180)
     with console.status("waiting for the proxies' outcome journals"):
-        await journals_flushed([i.metrics for i in infos
-                                if i.kind == "proxy" and i.metrics], timeout_s=60)
+        await journals_flushed(proxies, timeout_s=60)
     html, report = await asyncio.to_thread(
         _reconcile, topology, topology_path, paths, drill, console)
     agreement = await agreement_of(topology, drill, report)
@@ -176,13 +178,29 @@ async def journals_flushed(metrics: list[str], timeout_s: float) -> bool:
     """Until every proxy (its metrics address) has appended its outcome journal
     (`crossdc_proxy_journal_pending` 0), or `timeout_s` passed (False, logged): outcomes the
     proxies still hold would make their records look unjournaled."""
+    return await _proxies_at_zero(metrics, "crossdc_proxy_journal_pending", timeout_s,
+                                  "demo_journals_not_flushed")
+
+
+async def hints_replayed(metrics: list[str], timeout_s: float) -> bool:
+    """Until no proxy (its metrics address) has a hint left to replay
+    (`crossdc_proxy_hints_pending` 0), or `timeout_s` passed (False, logged): the sync
+    records a region missed during the outage are written there late, and the
+    reconciliation then counts them repaired instead of told-failed and missing."""
+    return await _proxies_at_zero(metrics, "crossdc_proxy_hints_pending", timeout_s,
+                                  "demo_hints_not_replayed")
+
+
+async def _proxies_at_zero(metrics: list[str], gauge: str, timeout_s: float,
+                           event: str) -> bool:
+    """Until `gauge` sums to 0 in every proxy's metrics, or `timeout_s` (False, logged)."""
     import urllib.request
 
     def pending(address: str) -> float:
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as resp:
             text = resp.read().decode()
         return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith("crossdc_proxy_journal_pending"))
+                   if line.startswith(gauge))
 
     deadline = time.monotonic() + timeout_s
     left: list[str] = list(metrics)
@@ -196,7 +214,7 @@ async def journals_flushed(metrics: list[str], timeout_s: float) -> bool:
                 still.append(address)
         left = still
         if left and time.monotonic() >= deadline:
-            log.warning("demo_journals_not_flushed", proxies=left)
+            log.warning(event, proxies=left)
             return False
         if left:
             await asyncio.sleep(0.5)  # polls the proxies' metrics

@@ -119,6 +119,7 @@ class RegionWriter(Lifecycle):
         """A batch came back OutOfOrderSequenceNumber: the next attempt uses a new producer."""
         self._last_error = "not started"
         self._refreshed: dict[str, float] = {}
+        self._lookup_failed: set[str] = set()  # topics whose last metadata look failed
         self._lookups: dict[str, asyncio.Future[bool]] = {}
         self._lock = asyncio.Lock()
         self._metric_children: dict[str, _ModeMetrics] = {}
@@ -253,6 +254,7 @@ class RegionWriter(Lifecycle):
         while len(lru) > self.settings.max_topics:
             old, _ = lru.popitem(last=False)
             self._refreshed.pop(old, None)
+            self._lookup_failed.discard(old)
             locks = self._submit_locks.get(old)
             if locks is not None and not any(lk.locked() for lk in locks.values()):
                 del self._submit_locks[old]
@@ -274,6 +276,8 @@ class RegionWriter(Lifecycle):
         if lookup is None:
             if topic in client._topics and \
                     time.monotonic() - self._refreshed.get(topic, 0.0) < 1.0:
+                if topic in self._lookup_failed:  # unknown, not absent: the region is away
+                    raise RegionWriteFailed(self.name, topic, "metadata request failed")
                 return None
             lookup = asyncio.ensure_future(self._lookup(client, topic))
             self._lookups[topic] = lookup
@@ -289,6 +293,7 @@ class RegionWriter(Lifecycle):
         return len(parts) if parts is not None else None
 
     async def _lookup(self, client: Any, topic: str) -> bool:
+        ok = False
         try:
             ok = bool(await client.add_topic(topic))
             if not ok or client.cluster.partitions_for_topic(topic) is None:
@@ -296,6 +301,13 @@ class RegionWriter(Lifecycle):
             return ok
         finally:
             self._refreshed[topic] = time.monotonic()
+            # a failed look says nothing of the topic: the next call within the second
+            # must not take the empty answer for "does not exist" (a sync write would be
+            # refused everywhere instead of hinted for this region)
+            if ok:
+                self._lookup_failed.discard(topic)
+            else:
+                self._lookup_failed.add(topic)
 
     # -- writing ---------------------------------------------------------------------------
     def _children(self, mode: str) -> _ModeMetrics:

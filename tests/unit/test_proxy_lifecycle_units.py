@@ -322,6 +322,49 @@ def test_writer_per_topic_state_is_bounded() -> None:
     assert len(w._refreshed) <= 5
 
 
+class _DownCluster:
+    def partitions_for_topic(self, topic: str) -> None:
+        return None  # what aiokafka holds of a topic whose metadata never came
+
+
+class _DownClient:
+    """aiokafka's client of a region whose Kafka is down: a look adds the topic to its list
+    and fails."""
+
+    def __init__(self) -> None:
+        self.cluster = _DownCluster()
+        self._topics: set[str] = set()
+
+    async def add_topic(self, topic: str) -> bool:
+        self._topics.add(topic)
+        return False
+
+    async def force_metadata_update(self) -> bool:
+        return False
+
+
+class _DownProducer:
+    def __init__(self) -> None:
+        self.client = _DownClient()
+
+
+async def test_a_failed_metadata_look_is_unknown_not_absent() -> None:
+    """Within a second of a failed look the topic is in the client's list with no partitions:
+    that said "does not exist" (NOT_FOUND everywhere) instead of "metadata request failed"
+    (the region missed, the record hinted)."""
+    from proxy.config import BreakerSettings, KafkaWriterSettings
+    from proxy.errors import RegionWriteFailed
+    from proxy.writers import RegionWriter
+    east = TOPO.region("east")
+    w = RegionWriter(east, KafkaConnection.of(east), KafkaWriterSettings(), BreakerSettings(),
+                     ProxyMetrics(), client_id="t")
+    w._producer = _DownProducer()  # type: ignore[assignment]
+    for _ in range(2):  # the look, then a call within its second
+        with pytest.raises(RegionWriteFailed, match="metadata request failed"):
+            await w.partition_count("orders", 1.0)
+    w._producer = None
+
+
 def test_policy_rule_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     from proxy import policy as policy_mod
     monkeypatch.setattr(policy_mod, "_RULE_CACHE_MAX", 10)
