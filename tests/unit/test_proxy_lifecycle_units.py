@@ -358,7 +358,7 @@ async def test_a_failed_metadata_look_is_unknown_not_absent() -> None:
     east = TOPO.region("east")
     w = RegionWriter(east, KafkaConnection.of(east), KafkaWriterSettings(), BreakerSettings(),
                      ProxyMetrics(), client_id="t")
-    w._producer = _DownProducer()  # type: ignore[assignment]
+    w._producer = _DownProducer()
     for _ in range(2):  # the look, then a call within its second
         with pytest.raises(RegionWriteFailed, match="metadata request failed"):
             await w.partition_count("orders", 1.0)
