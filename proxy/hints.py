@@ -687,6 +687,7 @@ class HintReplayer(Lifecycle):
                     n = await w.partition_count(first.topic, self.settings.replay_write_s)
                 except RegionWriteFailed as exc:
                     raise _Hold(exc.why) from None
+                claimed: set[str] = set()  # keys this batch writes
                 for k, it in enumerate(items):
                     h = it.hint
                     assert h is not None
@@ -695,11 +696,17 @@ class HintReplayer(Lifecycle):
                     elif h.partition >= n:
                         it.action = "park"
                         it.why = f"partition {h.partition} does not exist in {target} ({n})"
+                    elif it.action == "replay" and h.client_key and h.dr_id in claimed:
+                        # the same record again (the hint of a retry that missed the region
+                        # too): written by the earlier item; done only once that one is
+                        it.action = "skip"
                     elif it.action == "replay" and h.client_key and not self._claim(it, target):
                         # a request writes the record's idempotency key now: after it
                         hold = _Hold("its idempotency key is being written now", short=True)
                         del items[k:]
                         break
+                    elif it.action == "replay" and h.client_key:
+                        claimed.add(h.dr_id)
                 if items:
                     done_to = await self._write(tp, target, w, first.topic, items)
         except _Hold as exc:

@@ -234,6 +234,9 @@ async def test_a_partial_write_told_failed_converges_once_and_its_retry_writes_n
         got = await read_all(topo.region("north").kafka.bootstrap, topic, 2)
         return any(x.key == b"acct-3" for x in got) and await _pending(topo) == 0
     await eventually(whole, 60, "the told-failed record replayed into north, hints committed")
+    # two hints (the first attempt's, the retry's), one write: the second is skipped
+    assert _metric(server, "crossdc_proxy_hints_replayed_total", target="north") == 1
+    assert _metric(server, "crossdc_proxy_hints_skipped_total", target="north") >= 1
     for r in topo.regions:
         got = [x for x in await read_all(r.kafka.bootstrap, topic, 2) if x.key == b"acct-3"]
         assert len(got) == 1, (r.name, len(got))
