@@ -383,8 +383,10 @@ class Traffic(Lifecycle):
         clients, self._clients = list(self._clients.values()), {}
         channels, self._channels = self._channels, []
         try:
-            for client in clients:
-                await client.stop()
+            # together: a stop cut short by the caller's bound cancels every one of them,
+            # and each stop's own clean-up then ends its flusher (one after the other, the
+            # clients not reached yet kept their flusher tasks pending for good)
+            await asyncio.gather(*(client.stop() for client in clients))
         finally:
             for channel in channels:
                 await channel.close()

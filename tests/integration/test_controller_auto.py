@@ -34,7 +34,7 @@ from mirror import MirrorWorker
 # the clients the controller owns are leak-checked in test_controller.py, where no broker
 # is killed).
 # `make test-more` (the demo measures the same detection and RTO in CI).
-pytestmark = [pytest.mark.timeout(420), pytest.mark.allow_leaks, pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(420), pytest.mark.slow]
 
 TOPICS = "auto-.*"
 Rec = tuple[bytes, bytes, list[tuple[str, bytes]]]
