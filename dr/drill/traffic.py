@@ -386,7 +386,11 @@ class Traffic(Lifecycle):
             # together: a stop cut short by the caller's bound cancels every one of them,
             # and each stop's own clean-up then ends its flusher (one after the other, the
             # clients not reached yet kept their flusher tasks pending for good)
-            await asyncio.gather(*(client.stop() for client in clients))
+            results = await asyncio.gather(*(client.stop() for client in clients),
+                                           return_exceptions=True)
+            failed = next((r for r in results if isinstance(r, BaseException)), None)
+            if failed is not None:
+                raise failed
         finally:
             for channel in channels:
                 await channel.close()
