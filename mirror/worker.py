@@ -40,6 +40,7 @@ from tenacity import (
 
 from crossdc.aio import cancelled_from_outside, first_error, guard, sleep_unless, wait_any
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import (
     KafkaError,
     MessageSizeTooLargeError,
@@ -238,7 +239,7 @@ class MirrorWorker(Lifecycle):
             self._producer_kw["transactional_id"] = self.transactional_id
             self._producer_kw["transaction_timeout_ms"] = _TXN_TIMEOUT_MS
         await self._new_producer()
-        self._consumer = AIOKafkaConsumer(
+        self._consumer = Consumer(
             **self.source.aiokafka_kwargs(), client_id=self._client_id, group_id=self.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed" if self.flow.exactly_once
@@ -517,7 +518,7 @@ class MirrorWorker(Lifecycle):
         `pos:` record (a worker died before recording them), so they are not sent again."""
         suffix = f",{self.flow.source},{self.flow.target}".encode()
         start = f"{self.flow.source},{self.flow.target}".encode()
-        c = AIOKafkaConsumer(**self.target.aiokafka_kwargs(),
+        c = Consumer(**self.target.aiokafka_kwargs(),
                              client_id=f"{self._client_id}-recover", enable_auto_commit=False)
         try:
             await c.start()

@@ -79,6 +79,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
 from crossdc.aio import sleep_unless
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import IllegalStateError, KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec
 from crossdc.errors import CrossdcError
@@ -325,7 +326,7 @@ async def pending_hints(conn: KafkaConnection, region: str, targets: Sequence[st
     offset of `hints_topic(target)` minus the group `hints_group(region)`'s committed offset
     (or the log start). 0 for a target without a hints topic there. Raises (ClientError,
     KafkaError, OSError, TimeoutError) when the cluster does not answer within `timeout_s`."""
-    consumer = AIOKafkaConsumer(**conn.aiokafka_kwargs(), client_id="crossdc-hints-pending",
+    consumer = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-hints-pending",
                                 enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
     admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
@@ -533,7 +534,7 @@ class HintReplayer(Lifecycle):
     async def _replay_forever(self) -> None:
         await self._own_ready.wait()
         while not self.closed:
-            consumer = AIOKafkaConsumer(
+            consumer = Consumer(
                 **self.writers[self.own].conn.aiokafka_kwargs(), group_id=self.group,
                 client_id=self.client_id,
                 enable_auto_commit=False, auto_offset_reset="earliest",

@@ -75,6 +75,7 @@ import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import close_producer, open_log
 from crossdc.errors import CrossdcError
@@ -516,7 +517,7 @@ class IdempotencyLog(Lifecycle):
             return False
         # the broker holds a fetch until `fetch_wait_ms` has passed (or 1 MB is there): a
         # bounded number of fetches a second whatever the call rate
-        consumer = AIOKafkaConsumer(**self.conn.aiokafka_kwargs(), group_id=None,
+        consumer = Consumer(**self.conn.aiokafka_kwargs(), group_id=None,
                                     enable_auto_commit=False,
                                     fetch_max_wait_ms=self.fetch_wait_ms,
                                     fetch_min_bytes=1 << 20, client_id=self.client_id)

@@ -13,10 +13,11 @@ import json
 import re
 import time
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from pydantic import BaseModel, ConfigDict
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin
 from crossdc.clients.offsets import MAP_PARTITION, sync_topic_name
@@ -57,7 +58,7 @@ class FlowStatus(_Out):
 
 async def _lag(flow: Flow, group: str, conn: KafkaConnection) -> list[PartitionLag]:
     admin = KafkaAdmin(conn, ONCE)  # bounded by flow_status's deadline
-    consumer = AIOKafkaConsumer(**conn.aiokafka_kwargs(), client_id="crossdc-flow-lag",
+    consumer = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-flow-lag",
                                 enable_auto_commit=False)
     try:
         await admin.start()
@@ -87,7 +88,7 @@ async def _lag(flow: Flow, group: str, conn: KafkaConnection) -> list[PartitionL
 async def _newest(flow: Flow, conn: KafkaConnection) -> tuple[int | None, float | None]:
     tp = TopicPartition(sync_topic_name(flow.source), MAP_PARTITION)
     pattern = re.compile(flow.topics)
-    c = AIOKafkaConsumer(**conn.aiokafka_kwargs(), client_id="crossdc-flow-newest",
+    c = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-flow-newest",
                          enable_auto_commit=False,
                          isolation_level="read_committed")
     try:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError, ProducerClosed, TopicAlreadyExistsError, for_code
@@ -33,6 +33,7 @@ from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, Descri
 from aiokafka.structs import OffsetAndMetadata
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
 from crossdc.clients.kafka_quorum import QuorumInfo, describe_quorum
 from crossdc.errors import ClientError, ClientRefused
 from crossdc.lifecycle import Lifecycle
@@ -372,7 +373,7 @@ class KafkaAdmin(Lifecycle):
             return
 
         async def commit() -> None:
-            consumer = AIOKafkaConsumer(**self.conn.aiokafka_kwargs(),
+            consumer = Consumer(**self.conn.aiokafka_kwargs(),
                                         client_id="crossdc-group-commit", group_id=group,
                                         enable_auto_commit=False)
             try:

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin
 from crossdc.errors import ClientError, OffsetsError, OffsetsUnavailable
@@ -244,7 +245,7 @@ async def _committed_reader(conn: KafkaConnection, topic: str) -> AsyncIterator[
     """A started read_committed consumer, stopped at the end (also when its start fails: a
     failed start leaves its metadata task running); Kafka's errors become
     `OffsetsUnavailable`."""
-    c = AIOKafkaConsumer(**conn.aiokafka_kwargs(), client_id="crossdc-offsets-reader",
+    c = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-offsets-reader",
                          enable_auto_commit=False,
                          isolation_level="read_committed")
     try:

@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from crossdc.aio import cancelled_from_outside
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec
 from crossdc.errors import ClientError
@@ -277,7 +278,7 @@ class RegionProber:
             if self._consumer is None:
                 # Short request deadlines: closing a consumer whose broker died waits for
                 # its in-flight fetch (40 s by default).
-                consumer = AIOKafkaConsumer(
+                consumer = Consumer(
                     **self.kafka.with_servers(self.bootstrap_servers()).aiokafka_kwargs(),
                     client_id="crossdc-health-canary",
                     enable_auto_commit=False,

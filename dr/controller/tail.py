@@ -29,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer, TopicPartition
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec
 from crossdc.errors import ClientError
@@ -151,7 +152,7 @@ async def _read_topic(conn: KafkaConnection, topic: str, timeout_s: float) -> li
     n = await _partitions(conn, topic, timeout_s)
     if not n:
         return []
-    c = AIOKafkaConsumer(**conn.aiokafka_kwargs(), client_id="crossdc-tail-reader",
+    c = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-tail-reader",
                          enable_auto_commit=False,
                          isolation_level="read_committed",
                          request_timeout_ms=int(timeout_s * 1000))

@@ -35,9 +35,10 @@ from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import KafkaAdmin
 from crossdc.errors import ClientError, CrossdcError
@@ -121,7 +122,7 @@ async def _records(conn: KafkaConnection, topics: list[str], client_id: str
     tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
     if not tps:
         return
-    c = AIOKafkaConsumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
+    c = Consumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
                          isolation_level="read_committed", client_id=client_id)
     try:
         await c.start()

@@ -11,9 +11,10 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import ONCE, KafkaAdmin
 from crossdc.errors import ClientError
@@ -54,7 +55,7 @@ class RegionSurvey:
 async def _survey_region(region: str, conn: KafkaConnection, pattern: re.Pattern[str],
                          timeout_s: float) -> RegionSurvey:
     admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
-    consumer = AIOKafkaConsumer(**conn.aiokafka_kwargs(), client_id="crossdc-reconcile-survey",
+    consumer = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-reconcile-survey",
                                 enable_auto_commit=False,
                                 request_timeout_ms=int(timeout_s * 1000))
     try:

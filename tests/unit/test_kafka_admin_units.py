@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from aiokafka.errors import NodeNotReadyError, TopicAuthorizationFailedError
 
@@ -66,3 +68,30 @@ async def test_a_failed_start_leaves_the_admin_as_new() -> None:
     assert not admin.started
     assert not admin.closed
     await admin.stop()
+
+
+class _Fetcher:
+    """aiokafka's fetcher closing with a fetch request in flight: it awaits the request it
+    cancelled and re-raises its CancelledError."""
+
+    async def close(self) -> None:
+        raise asyncio.CancelledError
+
+
+class _Client:
+    def __init__(self) -> None:
+        self.closed = 0
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+async def test_a_consumer_stop_closes_its_client_whatever_the_fetcher_raises() -> None:
+    from crossdc.clients.consumer import Consumer
+    c = Consumer(bootstrap_servers="127.0.0.1:1")
+    real = c._client
+    client = c._client = _Client()
+    c._fetcher = _Fetcher()
+    await c.stop()  # not a cancel of ours: swallowed, the client closed
+    assert client.closed >= 1
+    await real.close()
