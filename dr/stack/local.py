@@ -31,7 +31,7 @@ import structlog
 
 from crossdc.security import ADMIN
 from crossdc.topology import Region, Topology, Witness
-from dr.errors import StackError
+from dr.errors import PortTaken, StackError
 from dr.stack.consul import ConsulAgent, Site, sites
 from dr.stack.kafka import KafkaNode, cluster_id_for, kafka_nodes
 from dr.stack.netns import NetNamespaces, teardown_recorded, wrap_agent, wrap_node
@@ -293,7 +293,7 @@ class LocalStack:
         reg = self.topology.region(region)
         for n in self.nodes(reg):
             if (node_ids is None or n.node_id in node_ids) and not self.kafka_process(n).running():
-                n.check_ports()
+                await _ports_released(n.check_ports, RELEASE_S)
                 self.kafka_process(n).start()
         await self.wait_kafka_ready(reg, timeout_s)
 
@@ -379,3 +379,23 @@ async def _wait_until(cond: Callable[[], Awaitable[bool]], what: str,
         return (f"{what} did not answer within {timeout_s:.0f}s. Its processes ({names}) are "
                 f"running; see their server.log files under {procs[0].workdir.parent}.")
     await poll_while_alive(cond, procs, time.monotonic() + timeout_s, message)
+
+
+RELEASE_S = 10.0
+"""How long a restart waits for the ports of a process it killed to be free again."""
+
+
+async def _ports_released(check: Callable[[], None], within_s: float) -> None:
+    """Until `check` (a node's `check_ports`) passes, at most `within_s`; then its
+    `PortTaken`. A broker just killed with SIGKILL (a drill's primary outage) can leave its
+    listener's accepted connections closing in the kernel for a moment on a loaded machine:
+    seen as the heal's restart refused with the broker's own controller port "in use"."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            check()
+            return
+        except PortTaken:
+            if time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.2)  # the kernel finishes closing the dead process's sockets

@@ -307,3 +307,25 @@ def test_services_run_inside_their_regions_namespaces(tmp_path: Path) -> None:
         assert "--metrics-host" not in s.argv
         assert s.metrics is not None
         assert s.metrics.startswith("127.0.0.1:")
+
+
+async def test_a_restart_waits_a_moment_for_a_killed_process_s_ports() -> None:
+    """A broker killed with SIGKILL may leave its sockets closing in the kernel for a moment:
+    the heal waits (bounded) instead of refusing at once; a port still held then is named."""
+    from dr.errors import PortTaken
+    from dr.stack.local import _ports_released
+    left = [2]
+
+    def check() -> None:
+        if left[0]:
+            left[0] -= 1
+            raise PortTaken(26159, "east kafka broker 1 controller listener",
+                            "regions[0].local.kafka.controller_port", None)
+    await _ports_released(check, 5.0)
+    assert left == [0]
+
+    def held() -> None:
+        raise PortTaken(26159, "east kafka broker 1 controller listener",
+                        "regions[0].local.kafka.controller_port", None)
+    with pytest.raises(PortTaken, match="26159"):
+        await _ports_released(held, 0.3)
