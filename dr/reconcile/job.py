@@ -396,7 +396,7 @@ class _Comparison:
                 with self.stage("altered"):
                     altered = self.altered(ids, counts)
                 with self.stage("order"):
-                    order_counts, order = self.order(ids)
+                    order_counts, order, order_unacked = self.order(ids, journal)
             finally:
                 ids.unpersist()
                 if journal is not None:
@@ -427,6 +427,7 @@ class _Comparison:
                            for n in p.duplicates.values()),
             altered=sum(p.altered for t in topics for p in t.partitions),
             order_violations=sum(p.order_violations for t in topics for p in t.partitions),
+            order_unacknowledged=order_unacked,
             headerless=sum(n for t in topics for p in t.partitions
                            for n in p.headerless.values()),
             headerless_unmatched=sum(p.headerless_unmatched for t in topics
@@ -754,9 +755,14 @@ class _Comparison:
         return sorted(rows, key=lambda a: (a.topic, a.partition, a.dr_id))
 
     # -- 6. order -----------------------------------------------------------------------
-    def order(self, ids: DataFrame) -> tuple[dict[tuple[str, int], int], list[Any]]:
+    def order(self, ids: DataFrame, journal: DataFrame | None = None,
+              ) -> tuple[dict[tuple[str, int], int], list[Any], int]:
         """Ordered/sync records of one key, taken in their origin's order: a copy whose
-        offset in a region is below the previous one's is a violation (the pair is named)."""
+        offset in a region is below the previous one's is a violation (the pair is named).
+        A pair with a record whose client was told it failed, or whose outcome is unknown
+        (the proxies' journal), is no violation of what was acknowledged: counted apart (the
+        third value). Seen: a sync write told failed whose copy the region took although its
+        answer never came, placed after a later record of the same key."""
         n = len(self.regions)
         ordered = ids.filter(F.col("mc").isin(MODES.index("ordered"), MODES.index("sync"))
                              & F.col("kh").isNotNull()
@@ -772,16 +778,35 @@ class _Comparison:
                       .withColumn("prev2", F.lag("id2").over(w))
                       .filter(F.col("off") < F.col("prev_off"))
                       .select("tc", "partition", "ri", "oc", "origin_offset", "prev1",
-                              "prev2", "id1", "id2")).persist()
+                              "prev2", "id1", "id2"))
+        unacked = 0
+        if journal is not None:
+            told = journal.filter(F.col("jr").isin(_RANK[FAILED], _RANK[UNKNOWN])) \
+                .select("tc", "id1", "id2", F.lit(1).alias("u"))
+            prev = told.select("tc", F.col("id1").alias("prev1"), F.col("id2").alias("prev2"),
+                               F.col("u").alias("pu"))
+            marked = (inversions.join(told, ["tc", "id1", "id2"], "left")
+                      .join(prev, ["tc", "prev1", "prev2"], "left")
+                      .withColumn("unacked", F.col("u").isNotNull() | F.col("pu").isNotNull())
+                      ).persist()
+            try:
+                unacked = marked.filter(F.col("unacked")).count()
+            except BaseException:
+                marked.unpersist()
+                raise
+            inversions = marked.filter(~F.col("unacked")).drop("u", "pu", "unacked")
+        inversions = inversions.persist()
         try:
             counts = {(self.topics[r["tc"]], r["partition"]): r["count"] for r in
                       inversions.groupBy("tc", "partition").count().collect()}
             if not counts:
-                return {}, []
+                return {}, [], unacked
             got = self.take(inversions, ["tc", "partition", "ri", "origin_offset"])
         finally:
             inversions.unpersist()
-        return counts, got
+            if journal is not None:
+                marked.unpersist()
+        return counts, got, unacked
 
     def order_rows(self, got: list[Any], inv: _Inventory,
                    named: dict[Ref, _Named]) -> list[OrderViolation]:

@@ -244,6 +244,10 @@ class Totals(_Model):
     duplicates: int
     altered: int
     order_violations: int
+    order_unacknowledged: int = Field(
+        0, description="pairs of one key out of their origin's order where a record's client "
+        "was told the write failed or its outcome is unknown (the proxies' journals): no "
+        "violation of what was acknowledged, never a failure")
     headerless: int
     headerless_unmatched: int
     in_flight: int = Field(description="records newer than the window's end (not judged)")

@@ -182,6 +182,9 @@ def decide(report: Report, exactly_once: Collection[tuple[str, str]] = ()) -> Ve
     if tot.order_violations:
         note(_plural(tot.order_violations, "order violation"), ["order_violations"],
              limit_text("order_violations"))
+    if tot.order_unacknowledged:
+        counted.append(f"{tot.order_unacknowledged:,} out of order among writes told failed "
+                       "or of unknown outcome")
     dups = _per_region(report, "duplicates")
     if dups:
         if limits.duplicates is not None:
