@@ -7,6 +7,8 @@ to gRPC status codes (`grpc_code`).
         │   ├── MissingKey      ordered/sync (or require_key) without a key
         │   ├── RecordTooLarge  key + value + headers above max_record_bytes
         │   └── ReservedHeader  a client header starting with "dr-"
+        ├── InvalidConsume      a consume request the proxy cannot take      INVALID_ARGUMENT
+        │                       (open, ack or nack ranges, settings asked)
         ├── UnknownTopic        strict policy without a rule, topic absent   NOT_FOUND
         ├── PartitionMismatch   partition counts differ across regions       FAILED_PRECONDITION
         ├── NoWritableRegion    every candidate region failed (named)        UNAVAILABLE *
@@ -43,6 +45,7 @@ __all__ = [
     "STATUS_TABLE",
     "DeadlineExceeded",
     "IncompleteSync",
+    "InvalidConsume",
     "InvalidRecord",
     "MissingKey",
     "NoWritableRegion",
@@ -121,6 +124,11 @@ class ReservedHeader(InvalidRecord):
         self.header = name
         super().__init__(f"header {shown(name)} is reserved: names starting with 'dr-' are "
                          f"stamped by the proxy", topic=topic)
+
+
+class InvalidConsume(ProxyError):
+    """A consume request that is wrong whatever the state: a bad open (group, topics and
+    pattern), a negative or inverted offset range, settings out of bounds. Not retriable."""
 
 
 class UnknownTopic(ProxyError):
@@ -258,6 +266,7 @@ class ProduceFailed(ProxyError):
 
 STATUS_TABLE: dict[type[ProxyError], str] = {
     InvalidRecord: "INVALID_ARGUMENT",
+    InvalidConsume: "INVALID_ARGUMENT",
     UnknownTopic: "NOT_FOUND",
     PartitionMismatch: "FAILED_PRECONDITION",
     NoWritableRegion: "UNAVAILABLE",
