@@ -98,8 +98,9 @@ Step = Literal["commit", "translate", "resume"]
 
 @dataclass(frozen=True)
 class Pause:
-    """Stop new deliveries of the partitions read from `region`; tell the streams (PAUSED).
-    Acks and nacks still apply."""
+    """Stop new deliveries of the partitions read from `region`; tell the streams (PAUSED);
+    commit what is acked so far (not awaited: the controller's offsets step, which runs
+    before the promotion, then reads a recent prefix). Acks and nacks still apply."""
 
     region: str
     epoch: int
