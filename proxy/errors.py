@@ -22,7 +22,8 @@ to gRPC status codes (`grpc_code`).
         ├── Unauthenticated     no or unknown bearer token                   UNAUTHENTICATED
         ├── PermissionDenied    the token may not write this topic           PERMISSION_DENIED
         ├── ProxyTaskFailed     a background loop of the server died (it stopped)
-        └── ProduceFailed       (client SDK) the proxy answered an error; carries `code`
+        ├── ProduceFailed       (client SDK) the proxy answered an error; carries `code`
+        └── ConsumeFailed       (client SDK) a consumer's stream ended for good; `code`
 
 (* retriable; (*) per cause)
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_MESSAGE_CHARS",
     "STATUS_TABLE",
+    "ConsumeFailed",
     "DeadlineExceeded",
     "IncompleteSync",
     "InvalidConsume",
@@ -238,10 +240,10 @@ class Unauthenticated(ProxyError):
 class PermissionDenied(ProxyError):
     """The token is valid but none of its topic patterns matches the record's topic."""
 
-    def __init__(self, topic: str, token_name: str) -> None:
+    def __init__(self, topic: str, token_name: str, *, action: str = "write") -> None:
         self.topic = topic
         self.token_name = token_name
-        super().__init__(f"token {token_name!r} may not write topic {shown(topic)}")
+        super().__init__(f"token {token_name!r} may not {action} topic {shown(topic)}")
 
 
 class ProxyTaskFailed(ProxyError):
@@ -260,6 +262,16 @@ class ProduceFailed(ProxyError):
     def __init__(self, code: grpc.StatusCode, message: str, *, result: Any = None) -> None:
         self.code = code
         self.result = result
+        self.retriable = code.name in {"UNAVAILABLE"}  # type: ignore[misc]
+        super().__init__(f"{code.name}: {message}")
+
+
+class ConsumeFailed(ProxyError):
+    """Client SDK: a consumer's stream ended with a status it cannot reconnect after
+    (`code`, a grpc.StatusCode), or reconnecting failed `reconnect_attempts` times."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
         self.retriable = code.name in {"UNAVAILABLE"}  # type: ignore[misc]
         super().__init__(f"{code.name}: {message}")
 
@@ -285,7 +297,7 @@ STATUS_TABLE: dict[type[ProxyError], str] = {
 
 def code_name(exc: BaseException) -> str:
     """The gRPC status code name for `exc` (a ProduceFailed keeps its own code)."""
-    if isinstance(exc, ProduceFailed):
+    if isinstance(exc, (ProduceFailed, ConsumeFailed)):
         return str(exc.code.name)
     for cls in type(exc).__mro__:
         if cls in STATUS_TABLE:

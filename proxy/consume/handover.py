@@ -32,21 +32,12 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from crossdc.headers import record_id
 from proxy.errors import InvalidConsume
 
 __all__ = ["MAX_SKIP", "Handover", "SettledIds", "SkipSet", "hand_over", "record_id"]
 
 MAX_SKIP = 10_000
-
-
-def record_id(dr_id: bytes | str | None, region: str, topic: str, partition: int,
-              offset: int) -> str:
-    """The id of a record in every region: its `dr-id`, else (written straight to Kafka in
-    `region`, where it has none) the one the mirror stamps on its copies,
-    `<region>:<topic>:<partition>:<offset>` (mirror/worker.py, `id_hint`)."""
-    if dr_id:
-        return dr_id.decode() if isinstance(dr_id, bytes) else dr_id
-    return f"{region}:{topic}:{partition}:{offset}"
 
 
 class SettledIds:
