@@ -162,6 +162,11 @@ class Dispatcher:
         """The partitions assigned to `stream` (delivered to it, or about to be)."""
         return frozenset(tp for tp, p in self._parts.items() if p.owner == stream)
 
+    def next_offset(self, tp: TopicPartition) -> int:
+        """One past the last offset fetched of `tp` (-1: none yet, or not held)."""
+        p = self._parts.get(tp)
+        return p.next if p is not None else -1
+
     def acks_of(self, tp: TopicPartition) -> PartitionAcks | None:
         p = self._parts.get(tp)
         return p.acks if p is not None else None
