@@ -216,6 +216,7 @@ class AsyncConsumer(Lifecycle):
             await self._open_with_retries(first=True)
         except BaseException:
             await self._close()
+            self._start_undone()  # nothing left open: as new
             raise
 
     async def stop(self) -> None:
@@ -238,7 +239,8 @@ class AsyncConsumer(Lifecycle):
                     await asyncio.wait({reader}, timeout=2.0)
         await self._drop_call()
         if self._own_channel and self._channel is not None:
-            await self._channel.close()
+            channel, self._channel = self._channel, None
+            await channel.close()
 
     async def _drop_call(self) -> None:
         reader, self._reader = self._reader, None
