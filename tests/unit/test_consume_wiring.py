@@ -3,6 +3,8 @@ server), what a stream sends (batches cut by size, controls, its end), the group
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from proxy.api import pb
@@ -44,7 +46,7 @@ def test_the_server_reads_ranges_half_open_and_merged() -> None:
 
 
 @pytest.mark.parametrize("rng", [pb.OffsetRange(first=-1), pb.OffsetRange(first=5, last=4)])
-def test_a_bad_range_is_invalid(rng: object) -> None:
+def test_a_bad_range_is_invalid(rng: Any) -> None:
     p = pb.PartitionRanges(topic="t", partition=0, region="east", ranges=[rng])
     with pytest.raises(InvalidConsume):
         _ranges(p)
