@@ -1,6 +1,8 @@
 """The gRPC server: `ProxyServer` (start()/stop(), `port`) wiring the servicer, health,
 reflection, writers, primary watch, policy, metrics and the Consul registration.
 
+Reading (`Consume`, `Ack`, `Nack`: docs/consume.md) goes to `proxy.consume.service`.
+
 Servicer methods stay thin: decode → `Router.route` → encode; errors become gRPC statuses
 through `proxy.errors.grpc_code` (the one table), never UNKNOWN.
 
@@ -23,7 +25,8 @@ UNAVAILABLE with the reason (`proxy.primary`), while nearest writes, and so SERV
 
 Lifecycle: every background loop (`proxy:health` — the region probes and health —,
 `proxy:primary-watch`, `proxy:policy-watch`, `proxy:auth-watch`, `proxy:hints` (the hinted
-handoff's topics and replayer: `proxy.hints`), `proxy:heap-trim` (a full gc
+handoff's topics and replayer: `proxy.hints`), `proxy:consume` (the consumer groups'
+members: `proxy.consume.service`; their own tasks fail it), `proxy:heap-trim` (a full gc
 and freed native memory back to the OS after bursts: `proxy.heap`), and one-shot
 `proxy:policy-topics` / `proxy:reload` tasks) runs in ONE asyncio.TaskGroup held by the task
 `proxy:run`. A loop that fails (or ends) stops the component: it is logged and counted
