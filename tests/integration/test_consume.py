@@ -359,3 +359,115 @@ async def test_what_a_stream_cannot_open(east: ProxyServer, topics: list[str],
         await c.start()
     assert ei.value.code == code
     await c.stop()
+
+
+async def test_credit_bounds_what_is_outstanding(two_regions: Any, east: ProxyServer) -> None:
+    topic = await _topic(two_regions, "cons", 1)
+    await produce(_boot(two_regions), topic, [(b"k", f"v{i}".encode(), ()) for i in range(20)])
+    group = unique("g")
+    async with AsyncConsumer(_target(east), group, [topic], credit=5) as c:
+        got = await _take(c, 5, ack=False)
+        assert [r.offset for r in got] == [0, 1, 2, 3, 4]
+        with pytest.raises(TimeoutError):  # no credit left (the deadline is 2 s)
+            await _next(c, 1.0)
+        await c.ack(got)
+        more = await _take(c, 5)
+        assert [r.offset for r in more] == [5, 6, 7, 8, 9]
+
+
+async def test_a_stream_that_ends_gives_its_records_to_the_group_at_once(
+        two_regions: Any, east: ProxyServer) -> None:
+    topic = await _topic(two_regions, "cons", 1)
+    await produce(_boot(two_regions), topic, [(b"k", f"v{i}".encode(), ()) for i in range(3)])
+    group = unique("g")
+    first = AsyncConsumer(_target(east), group, [topic], credit=10)
+    await first.start()
+    try:
+        got = await _take(first, 3, ack=False)
+        assert [r.delivery_attempt for r in got] == [1, 1, 1]
+        async with AsyncConsumer(_target(east), group, [topic], credit=10) as keeper:
+            assert keeper.assigned == set()  # one partition, held by the first stream
+            await first.stop()
+            t0 = time.monotonic()
+            again = await _take(keeper, 3)
+            assert [(r.offset, r.delivery_attempt) for r in again] == [(0, 2), (1, 2), (2, 2)]
+            assert time.monotonic() - t0 < 1.5  # given back, not waiting for the deadline
+            assert keeper.assigned == {(topic, 0)}
+    finally:
+        await first.stop()
+
+
+async def test_a_pattern_reads_every_matching_topic(two_regions: Any,
+                                                    east: ProxyServer) -> None:
+    stem = unique("cons")
+    topics = [f"{stem}-a", f"{stem}-b"]
+    for t in topics:
+        await create_topic(_boot(two_regions), t, partitions=1)
+        await create_topic(_boot(two_regions, "west"), t, partitions=1)
+        await produce(_boot(two_regions), t, [(b"k", t.encode(), ())])
+    async with AsyncConsumer(_target(east), unique("g"), pattern=f"{stem}-*") as c:
+        got = await _take(c, 2)
+    assert sorted(r.value or b"" for r in got) == sorted(t.encode() for t in topics)
+
+
+async def test_a_consumer_reconnects_when_its_proxy_restarts(two_regions: Any,
+                                                             policy_file: Path) -> None:
+    from proxy.server import _free_port
+    port = _free_port("127.0.0.1")
+    cfg = ProxyConfig(region="east", port=port, consul_check_interval_s=1.0,
+                      primary_wait_s=5.0, grace_s=1.0, register_consul=False,
+                      kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0),
+                      consume=ConsumeConfig(commit_interval_s=0.2, member_linger_s=0.5))
+    topic = await _topic(two_regions, "cons", 1)
+    await produce(_boot(two_regions), topic, [(b"k", b"v0", ()), (b"k", b"v1", ())])
+    group = unique("g")
+    one = ProxyServer(two_regions.topology, cfg, policy_file)
+    await one.start()
+    two: ProxyServer | None = None
+    try:
+        async with AsyncConsumer(f"127.0.0.1:{port}", group, [topic], credit=1) as c:
+            first = await _next(c)
+            assert [r.value for r in first] == [b"v0"]
+            await first.ack()
+            await asyncio.sleep(0.5)  # the ack committed
+            second = await _next(c)
+            assert [r.value for r in second] == [b"v1"]  # not acked: the proxy goes
+            await one.stop()
+            two = ProxyServer(two_regions.topology, cfg, policy_file)
+            await two.start()
+            again = await _next(c, 30)
+            assert [(r.value, r.offset) for r in again] == [(b"v1", 1)]
+            assert c.reconnects >= 1
+            await again.ack()
+    finally:
+        await one.stop()
+        if two is not None:
+            await two.stop()
+
+
+async def test_a_token_reads_only_its_topics(two_regions: Any, policy_file: Path,
+                                             tmp_path: Path) -> None:
+    from proxy.auth import hash_token, new_token
+    reader, other = new_token(), new_token()
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("tokens:\n"
+                    f"  - name: reader\n    sha256: {hash_token(reader)}\n"
+                    "    topics: ['cons-*']\n"
+                    f"  - name: other\n    sha256: {hash_token(other)}\n"
+                    "    topics: ['elsewhere']\n")
+    topic = await _topic(two_regions, "cons", 1)
+    await produce(_boot(two_regions), topic, [(b"k", b"v", ())])
+    cfg = ProxyConfig(region="east", consul_check_interval_s=1.0, primary_wait_s=5.0,
+                      grace_s=1.0, register_consul=False, auth_file=auth,
+                      kafka=KafkaWriterSettings(probe_interval_s=0.3))
+    async with ProxyServer(two_regions.topology, cfg, policy_file) as server:
+        target = _target(server)
+        async with AsyncConsumer(target, unique("g"), [topic], token=reader) as c:
+            assert [r.value for r in await _next(c)] == [b"v"]
+        for token, code in ((other, grpc.StatusCode.PERMISSION_DENIED),
+                            (None, grpc.StatusCode.UNAUTHENTICATED)):
+            refused = AsyncConsumer(target, unique("g"), [topic], token=token)
+            with pytest.raises(ConsumeFailed) as ei:
+                await refused.start()
+            assert ei.value.code == code
+            await refused.stop()
