@@ -471,3 +471,56 @@ async def test_a_token_reads_only_its_topics(two_regions: Any, policy_file: Path
                 await refused.start()
             assert ei.value.code == code
             await refused.stop()
+
+
+async def test_two_proxies_share_a_group_through_kafka(two_regions: Any, east: ProxyServer,
+                                                       policy_file: Path) -> None:
+    """Each proxy's member gets its share of the partitions from Kafka; every record is read
+    once; when one proxy's member leaves, the other takes its partitions and keeps the
+    state of its own (no record read again)."""
+    topic = await _topic(two_regions, "cons", 4)
+    group = unique("g")
+    cfg = east.config.model_copy(update={"port": 0})
+    other = ProxyServer(two_regions.topology, cfg, policy_file)
+    await other.start()
+    try:
+        async with AsyncConsumer(_target(east), group, [topic], credit=100) as a:
+            pa = _Puller(a)
+            b = AsyncConsumer(_target(other), group, [topic], credit=100)
+            await b.start()
+            pb_ = _Puller(b)
+            try:
+                async def split() -> bool:
+                    return len(a.assigned) == 2 and len(b.assigned) == 2
+                await eventually(split, 20, "the partitions split between the two proxies")
+                await produce(_boot(two_regions), topic,
+                              [(f"k{i}".encode(), f"v{i}".encode(), ()) for i in range(40)])
+
+                async def all_read() -> bool:
+                    return len(pa.records) + len(pb_.records) >= 40
+                await eventually(all_read, 20, "every record read through one proxy")
+                assert pa.records
+                assert pb_.records
+            finally:
+                await pb_.stop()
+                await b.stop()
+            mine = east.consume.member(group, "primary")
+            assert mine is not None
+
+            async def took_all() -> bool:
+                return len(a.assigned) == 4
+            await eventually(took_all, 30, "the partitions of the proxy that left taken over")
+            await produce(_boot(two_regions), topic,
+                          [(f"k{i}".encode(), f"w{i}".encode(), ()) for i in range(20)])
+
+            async def rest_read() -> bool:
+                return len(pa.records) + len(pb_.records) >= 60
+            await eventually(rest_read, 20, "the records after the takeover")
+            await asyncio.sleep(0.5)  # nothing else comes
+            await pa.stop()
+        values = [r.value for r in pa.records + pb_.records]
+        assert sorted(v or b"" for v in values) == sorted(
+            [f"v{i}".encode() for i in range(40)] + [f"w{i}".encode() for i in range(20)])
+        assert mine.rebalances >= 2
+    finally:
+        await other.stop()
