@@ -362,7 +362,7 @@ class GroupMember(Lifecycle):
         cfg = self.config
         while True:
             self._apply_pauses(consumer)
-            data = await consumer.getmany(timeout_ms=200, max_records=cfg.max_batch_records)
+            data = await consumer.getmany(timeout_ms=200, max_records=cfg.prefetch_records)
             got = 0
             for tp, msgs in data.items():
                 key = (tp.topic, tp.partition)
