@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from crossdc.security import PROXY
 from crossdc.settings import RetrySettings
 
-__all__ = ["BreakerSettings", "HintSettings", "JournalSettings", "KafkaWriterSettings",
-           "ProxyConfig", "TlsSettings"]
+__all__ = ["BreakerSettings", "ConsumeConfig", "HintSettings", "JournalSettings",
+           "KafkaWriterSettings", "ProxyConfig", "TlsSettings"]
 
 
 class _Model(BaseModel):
@@ -100,6 +100,45 @@ class JournalSettings(_Model):
     max_queued: int = Field(1_000_000, gt=0, description="Outcomes kept while the own "
                             "region's Kafka is down (about 150 bytes each); the oldest are "
                             "dropped beyond it (counted).")
+
+
+class ConsumeConfig(_Model):
+    """Reading through the proxy (`Consume`, docs/consume.md): the group members this
+    process runs and what they hold in memory. What a topic's records get (ack deadline,
+    deliveries, dead-letter topic) is the policy's (`consume:` per rule)."""
+
+    max_span: int = Field(100_000, gt=0, description="Offsets of one partition from the "
+                          "first unsettled record to the last delivered one; the partition "
+                          "is delivered no further (and its fetch paused) at this span, so "
+                          "one record never acked holds at most this many behind it.")
+    prefetch_records: int = Field(1_000, gt=0, description="Records of one partition "
+                                  "fetched ahead of the credit the streams gave; the "
+                                  "partition's fetch pauses above it.")
+    max_buffered_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Record bytes a "
+                                    "process holds for delivery and redelivery (fetched, "
+                                    "not settled); every fetch pauses above it.")
+    max_batch_records: int = Field(500, gt=0, description="Records in one batch message "
+                                   "of a stream.")
+    max_batch_bytes: int = Field(1024 * 1024, gt=0, description="Record bytes in one batch "
+                                 "message (at least one record, whatever its size).")
+    commit_interval_s: float = Field(1.0, gt=0, description="How often each member commits "
+                                     "the acknowledged prefix of its partitions.")
+    member_linger_s: float = Field(5.0, ge=0, description="A member whose last stream left "
+                                   "stays this long in its Kafka group, so a client that "
+                                   "reconnects does not rebalance the group.")
+    auto_offset_reset: Literal["earliest", "latest"] = Field(
+        "earliest", description="Where a group without a committed offset starts.")
+    dead_letter_write_s: float = Field(10.0, gt=0, description="Bound of one dead-letter "
+                                       "write (retried after `retry_s` when it fails: the "
+                                       "record stays unsettled meanwhile).")
+    retry_s: float = Field(1.0, gt=0, description="First pause after a member could not "
+                           "join its group or write a dead letter; doubled up to 30 s.")
+    open_timeout_s: float = Field(5.0, gt=0, description="Bound of the topic checks when a "
+                                  "stream opens (the topic in the region it is read from).")
+    start_timeout_s: float = Field(30.0, gt=0, description="Bound of a member's consumer "
+                                   "start (connecting to the region's Kafka).")
+    close_timeout_s: float = Field(10.0, gt=0, description="Bound of a member's last commit "
+                                   "and close.")
 
 
 class TlsSettings(_Model):
@@ -217,6 +256,7 @@ class ProxyConfig(_Model):
     kafka: KafkaWriterSettings = KafkaWriterSettings()
     breaker: BreakerSettings = BreakerSettings()
     hints: HintSettings = HintSettings()
+    consume: ConsumeConfig = ConsumeConfig()
     consul_retry: RetrySettings = RetrySettings(attempts=2, total_s=3.0, call_timeout_s=2.0)
 
     @model_validator(mode="after")

@@ -7,6 +7,8 @@ to gRPC status codes (`grpc_code`).
         │   ├── MissingKey      ordered/sync (or require_key) without a key
         │   ├── RecordTooLarge  key + value + headers above max_record_bytes
         │   └── ReservedHeader  a client header starting with "dr-"
+        ├── InvalidConsume      a consume request the proxy cannot take      INVALID_ARGUMENT
+        │                       (open, ack or nack ranges, settings asked)
         ├── UnknownTopic        strict policy without a rule, topic absent   NOT_FOUND
         ├── PartitionMismatch   partition counts differ across regions       FAILED_PRECONDITION
         ├── NoWritableRegion    every candidate region failed (named)        UNAVAILABLE *
@@ -20,7 +22,8 @@ to gRPC status codes (`grpc_code`).
         ├── Unauthenticated     no or unknown bearer token                   UNAUTHENTICATED
         ├── PermissionDenied    the token may not write this topic           PERMISSION_DENIED
         ├── ProxyTaskFailed     a background loop of the server died (it stopped)
-        └── ProduceFailed       (client SDK) the proxy answered an error; carries `code`
+        ├── ProduceFailed       (client SDK) the proxy answered an error; carries `code`
+        └── ConsumeFailed       (client SDK) a consumer's stream ended for good; `code`
 
 (* retriable; (*) per cause)
 
@@ -41,8 +44,10 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_MESSAGE_CHARS",
     "STATUS_TABLE",
+    "ConsumeFailed",
     "DeadlineExceeded",
     "IncompleteSync",
+    "InvalidConsume",
     "InvalidRecord",
     "MissingKey",
     "NoWritableRegion",
@@ -121,6 +126,11 @@ class ReservedHeader(InvalidRecord):
         self.header = name
         super().__init__(f"header {shown(name)} is reserved: names starting with 'dr-' are "
                          f"stamped by the proxy", topic=topic)
+
+
+class InvalidConsume(ProxyError):
+    """A consume request that is wrong whatever the state: a bad open (group, topics and
+    pattern), a negative or inverted offset range, settings out of bounds. Not retriable."""
 
 
 class UnknownTopic(ProxyError):
@@ -230,10 +240,10 @@ class Unauthenticated(ProxyError):
 class PermissionDenied(ProxyError):
     """The token is valid but none of its topic patterns matches the record's topic."""
 
-    def __init__(self, topic: str, token_name: str) -> None:
+    def __init__(self, topic: str, token_name: str, *, action: str = "write") -> None:
         self.topic = topic
         self.token_name = token_name
-        super().__init__(f"token {token_name!r} may not write topic {shown(topic)}")
+        super().__init__(f"token {token_name!r} may not {action} topic {shown(topic)}")
 
 
 class ProxyTaskFailed(ProxyError):
@@ -256,8 +266,19 @@ class ProduceFailed(ProxyError):
         super().__init__(f"{code.name}: {message}")
 
 
+class ConsumeFailed(ProxyError):
+    """Client SDK: a consumer's stream ended with a status it cannot reconnect after
+    (`code`, a grpc.StatusCode), or reconnecting failed `reconnect_attempts` times."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        self.code = code
+        self.retriable = code.name in {"UNAVAILABLE"}  # type: ignore[misc]
+        super().__init__(f"{code.name}: {message}")
+
+
 STATUS_TABLE: dict[type[ProxyError], str] = {
     InvalidRecord: "INVALID_ARGUMENT",
+    InvalidConsume: "INVALID_ARGUMENT",
     UnknownTopic: "NOT_FOUND",
     PartitionMismatch: "FAILED_PRECONDITION",
     NoWritableRegion: "UNAVAILABLE",
@@ -276,7 +297,7 @@ STATUS_TABLE: dict[type[ProxyError], str] = {
 
 def code_name(exc: BaseException) -> str:
     """The gRPC status code name for `exc` (a ProduceFailed keeps its own code)."""
-    if isinstance(exc, ProduceFailed):
+    if isinstance(exc, (ProduceFailed, ConsumeFailed)):
         return str(exc.code.name)
     for cls in type(exc).__mro__:
         if cls in STATUS_TABLE:

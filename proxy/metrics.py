@@ -199,6 +199,48 @@ class ProxyMetrics:
             self.hint_errors.labels(step)
         self.serving = Gauge("crossdc_proxy_serving", "1 when health says SERVING",
                              registry=r, multiprocess_mode="livemax")
+        # reading through the proxy (proxy/consume, docs/consume.md), per client group
+        self.consume_delivered = Counter("crossdc_proxy_consume_delivered", "Records sent to "
+                                         "consumer streams for the first time", ("group",),
+                                         registry=r)
+        self.consume_redelivered = Counter("crossdc_proxy_consume_redelivered", "Records sent "
+                                           "again (their ack deadline passed, they were "
+                                           "nacked, or their stream ended before the ack)",
+                                           ("group",), registry=r)
+        self.consume_acked = Counter("crossdc_proxy_consume_acked", "Records settled by an "
+                                     "ack", ("group",), registry=r)
+        self.consume_nacked = Counter("crossdc_proxy_consume_nacked", "Records nacked by a "
+                                      "client (delivered again after the nack's delay)",
+                                      ("group",), registry=r)
+        self.consume_stale_acks = Counter("crossdc_proxy_consume_stale_acks", "Offsets acked "
+                                          "or nacked that were settled already, never "
+                                          "delivered, or read from another region: ignored",
+                                          ("group",), registry=r)
+        self.consume_dead_lettered = Counter("crossdc_proxy_consume_dead_lettered", "Records "
+                                             "written to their dead-letter topic after "
+                                             "max_deliveries deliveries", ("group",),
+                                             registry=r)
+        self.consume_dead_letter_errors = Counter("crossdc_proxy_consume_dead_letter_errors",
+                                                  "Dead-letter writes that failed (retried; "
+                                                  "the record holds its partition's commit "
+                                                  "meanwhile)", ("group",), registry=r)
+        self.consume_in_flight = Gauge("crossdc_proxy_consume_in_flight", "Records delivered "
+                                       "and waiting for their ack, within their deadline",
+                                       ("group",), registry=r, multiprocess_mode="livesum")
+        self.consume_outstanding = Gauge("crossdc_proxy_consume_outstanding", "Records "
+                                         "delivered and not settled (in flight, nacked, due "
+                                         "again, being dead-lettered)", ("group",),
+                                         registry=r, multiprocess_mode="livesum")
+        self.consume_streams = Gauge("crossdc_proxy_consume_streams", "Consumer streams open",
+                                     ("group",), registry=r, multiprocess_mode="livesum")
+        self.consume_paused = Gauge("crossdc_proxy_consume_paused_partitions", "Partitions "
+                                    "whose fetch is paused (span, prefetch or memory bound "
+                                    "reached)", ("group",), registry=r,
+                                    multiprocess_mode="livesum")
+        self.consume_rebalances = Counter("crossdc_proxy_consume_kafka_rebalances", "Kafka "
+                                          "rebalances a member of the group went through "
+                                          "(partitions assigned to it)", ("group",),
+                                          registry=r)
 
 
 class WorkerMetrics:

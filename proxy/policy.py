@@ -5,7 +5,8 @@ order (first match wins), then a `default` rule for every other topic; without a
 unmatched topics are refused, and `strict: true` says so explicitly (a default is then an
 error). Per rule: `mode` (ordered | nearest), `sync: true` (ordered only: write the primary,
 then every other region, before the ack; `quorum` regions suffice), `require_key`,
-`max_record_bytes`, and `prefer` (nearest only: the order of the regions to try).
+`max_record_bytes`, `prefer` (nearest only: the order of the regions to try), and `consume`
+(reading through the proxy: `ack_deadline_s`, `max_deliveries`, `dead_letter_topic`).
 
 Nearest writes stay local: a proxy writes its own region first. `prefer` orders the OTHER
 regions (only those it names are tried after the own one); the word `local` in it places the
@@ -36,6 +37,8 @@ from crossdc.yamlfile import load_model, parse_model, repeated
 
 __all__ = [
     "LOCAL",
+    "TOPIC_PLACEHOLDER",
+    "ConsumeSettings",
     "DefaultRule",
     "Mode",
     "Policy",
@@ -148,6 +151,49 @@ class _RuleIndex:
         return best
 
 
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,249}$")
+TOPIC_PLACEHOLDER = "{topic}"
+"""In a `dead_letter_topic`: the name of the topic the record was read from."""
+
+
+class ConsumeSettings(BaseModel):
+    """How the topic's records are read through the proxy (docs/consume.md): a stream may
+    ask for a shorter deadline or fewer deliveries, never more."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ack_deadline_s: float = Field(30.0, ge=1, le=3600, allow_inf_nan=False,
+                                  description="A record not acked this "
+                                  "long after it was sent is delivered again; the proxy holds "
+                                  "it (and what follows it in its partition) meanwhile.")
+    max_deliveries: int = Field(5, ge=1, le=100, description="Deliveries of one record; one "
+                                "more expiry or nack sends it to `dead_letter_topic`.")
+    dead_letter_topic: str = Field(f"dlq.{TOPIC_PLACEHOLDER}", min_length=1, max_length=249,
+                                   description="Where a record goes after `max_deliveries`: "
+                                   "a topic name, `{topic}` standing for the topic it was "
+                                   "read from; written like any record, by its own rule. It "
+                                   "must not match this rule (a consumer of these topics "
+                                   "would read its dead letters back).")
+
+    @field_validator("dead_letter_topic")
+    @classmethod
+    def _dead_letter_topic(cls, v: str) -> str:
+        rest = v.replace(TOPIC_PLACEHOLDER, "")
+        if "{" in rest or "}" in rest:
+            raise ValueError(f"{v!r}: the only placeholder is {TOPIC_PLACEHOLDER}")
+        if v == TOPIC_PLACEHOLDER:
+            raise ValueError(f"{v!r} is the topic itself: dead letters would be read again")
+        sample = v.replace(TOPIC_PLACEHOLDER, "t")
+        if not _TOPIC_NAME.match(sample) or sample in {".", ".."}:
+            raise ValueError(f"{v!r} is not a topic name: letters, digits, '.', '_' and '-', "
+                             "at most 249")
+        return v
+
+    def dead_letter_for(self, topic: str) -> str:
+        """The dead-letter topic of records read from `topic`."""
+        return self.dead_letter_topic.replace(TOPIC_PLACEHOLDER, topic)
+
+
 class _RuleFields(BaseModel):
     """What a rule decides about a record (shared by `Rule` and `DefaultRule`)."""
 
@@ -173,6 +219,9 @@ class _RuleFields(BaseModel):
                                            "the own region); without `local` the own region "
                                            "is always first [default: the own region, then "
                                            "the topology's preference].")
+    consume: ConsumeSettings = Field(default_factory=ConsumeSettings, description="Reading "
+                                     "through the proxy: ack deadline, deliveries, "
+                                     "dead-letter topic.")
 
     @field_validator("mode", mode="before")
     @classmethod
@@ -247,7 +296,9 @@ class DefaultRule(_RuleFields):
     def for_topic(self, topic: str) -> Rule:
         """This default as a `Rule` for `topic`."""
         # No re-validation: the fields are valid, and a topic name is the broker's to judge.
-        return Rule.model_construct(topic=topic, **self.model_dump())
+        # The fields as they are (a dump would turn `consume` into a dict).
+        return Rule.model_construct(topic=topic, **{name: getattr(self, name)
+                                                    for name in type(self).model_fields})
 
 
 class Policy(BaseModel):
@@ -347,6 +398,7 @@ class Policy(BaseModel):
                                               f"({self.rules[j].topic!r}) matches "
                                               f"{rule.topic!r} first; move this rule "
                                               "above it")
+        yield from self._dead_letter_problems()
         if topology is None:
             return
         names = [r.name for r in topology.regions]
@@ -369,6 +421,40 @@ class Policy(BaseModel):
             if r.quorum is not None and r.quorum > len(names):
                 yield (*loc, "quorum"), (f"{r.quorum} is more than the {len(names)} "
                                          "region(s) of the topology")
+
+
+    def _dead_letter_problems(self) -> Iterator[tuple[Sequence[int | str], str]]:
+        """A rule whose dead-letter topic it matches itself (its consumers would read their
+        dead letters back; for a glob, checked with the pattern put in for `{topic}`), and
+        a dead-letter topic no rule admits (dead letters could not be written). Only rules
+        that say `consume:` are checked here, so a policy written before it stays valid; the
+        proxy checks the others when a stream opens."""
+        targets: list[tuple[tuple[str | int, ...], str | None, _RuleFields]] = [
+            (("rules", i), r.topic, r) for i, r in enumerate(self.rules)]
+        if self.default is not None:
+            targets.append((("default",), None, self.default))
+        for loc, topic, r in targets:
+            if "consume" not in r.model_fields_set:
+                continue
+            template = r.consume.dead_letter_topic
+            if topic is not None:
+                named = r.consume.dead_letter_for(topic)
+                if fnmatch.fnmatchcase(named, topic):
+                    yield (*loc, "consume", "dead_letter_topic"), (
+                        f"{named!r} matches this rule's topic {topic!r}: its consumers would "
+                        "read their dead letters back; name it outside the rule (the default "
+                        f"is 'dlq.{TOPIC_PLACEHOLDER}')")
+                    continue
+                if _is_glob(named):
+                    continue  # a pattern stands in for {topic}: no one topic to look up
+            elif TOPIC_PLACEHOLDER in template:
+                continue  # the default rule's topics are any: nothing to look up
+            else:
+                named = template
+            if self.rule_for(named) is None:
+                yield (*loc, "consume", "dead_letter_topic"), (
+                    f"no rule admits the dead-letter topic {named!r} (and no default): "
+                    "dead letters could not be written")
 
 
 def load_policy(path: str | Path, topology: Topology | None = None) -> Policy:

@@ -1,6 +1,8 @@
 """The gRPC server: `ProxyServer` (start()/stop(), `port`) wiring the servicer, health,
 reflection, writers, primary watch, policy, metrics and the Consul registration.
 
+Reading (`Consume`, `Ack`, `Nack`: docs/consume.md) goes to `proxy.consume.service`.
+
 Servicer methods stay thin: decode → `Router.route` → encode; errors become gRPC statuses
 through `proxy.errors.grpc_code` (the one table), never UNKNOWN.
 
@@ -23,7 +25,8 @@ UNAVAILABLE with the reason (`proxy.primary`), while nearest writes, and so SERV
 
 Lifecycle: every background loop (`proxy:health` — the region probes and health —,
 `proxy:primary-watch`, `proxy:policy-watch`, `proxy:auth-watch`, `proxy:hints` (the hinted
-handoff's topics and replayer: `proxy.hints`), `proxy:heap-trim` (a full gc
+handoff's topics and replayer: `proxy.hints`), `proxy:consume` (the consumer groups'
+members: `proxy.consume.service`; their own tasks fail it), `proxy:heap-trim` (a full gc
 and freed native memory back to the OS after bursts: `proxy.heap`), and one-shot
 `proxy:policy-topics` / `proxy:reload` tasks) runs in ONE asyncio.TaskGroup held by the task
 `proxy:run`. A loop that fails (or ends) stops the component: it is logged and counted
@@ -64,9 +67,11 @@ from proxy.api import SERVICE_NAME, pb, pb_grpc
 from proxy.auth import AuthStore, TokenEntry, authenticate
 from proxy.backpressure import InflightBudget
 from proxy.config import ProxyConfig
+from proxy.consume.service import ConsumeService, ConsumeStream
 from proxy.errors import (
     DeadlineExceeded,
     IncompleteSync,
+    InvalidConsume,
     InvalidRecord,
     NotServing,
     PermissionDenied,
@@ -170,6 +175,15 @@ def _add_servicer(server: grpc.aio.Server, servicer: _Servicer) -> None:
             servicer.ProduceStream,
             request_deserializer=_lenient(pb.ProduceBatchRequest.FromString),
             response_serializer=pb.ProduceBatchResponse.SerializeToString),
+        "Consume": grpc.stream_stream_rpc_method_handler(
+            servicer.Consume, request_deserializer=_lenient(pb.ConsumeRequest.FromString),
+            response_serializer=pb.ConsumeResponse.SerializeToString),
+        "Ack": grpc.unary_unary_rpc_method_handler(
+            servicer.Ack, request_deserializer=_lenient(pb.AckRequest.FromString),
+            response_serializer=pb.AckResponse.SerializeToString),
+        "Nack": grpc.unary_unary_rpc_method_handler(
+            servicer.Nack, request_deserializer=_lenient(pb.NackRequest.FromString),
+            response_serializer=pb.AckResponse.SerializeToString),
     }
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
@@ -261,6 +275,119 @@ class _Servicer(pb_grpc.ProxyServicer):
                     t.exception()
 
 
+    # -- reading (docs/consume.md) -------------------------------------------------------------
+    async def Consume(self, request_iterator: AsyncIterator[Any],
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        """The first message opens the stream (`ConsumeService.open`: every refusal is the
+        call's status); then credits, acks and nacks are applied as they arrive while
+        batches and controls go out. A token is checked at the open and again with each
+        credit (a revoked token gets no more records); a bad message ends the stream
+        INVALID_ARGUMENT; the client half-closing ends it OK. Its records in flight are
+        given back when it ends, however it ends."""
+        s = self.s
+        try:
+            entry = s.authenticate(context)
+        except Unauthenticated as exc:
+            await context.abort(grpc_code(exc), str(exc))
+        requests = request_iterator.__aiter__()
+        try:
+            first = await anext(requests)
+        except StopAsyncIteration:
+            return
+        if type(first) is _Undecodable:
+            await self._refuse_undecodable("Consume", first, context)
+        if first.WhichOneof("kind") != "open":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "the first message of a Consume stream is `open`")
+        try:
+            if s._draining:
+                raise NotServing("proxy is shutting down; use another proxy of the region")
+            stream = await s.consume.open(first.open, entry, peer=context.peer())
+        except ProxyError as exc:
+            await context.abort(grpc_code(exc), str(exc))
+            raise  # pragma: no cover - abort raises
+        reader = asyncio.create_task(self._consume_requests(requests, stream, context),
+                                     name="proxy:consume-reader")
+        try:
+            settings = [st for _, st in stream.topics.values()]
+            yield pb.ConsumeResponse(control=pb.ConsumeControl(
+                kind=pb.ConsumeControl.OPENED, stream_id=stream.id,
+                ack_deadline_s=min(x.ack_deadline_s for x in settings),
+                max_deliveries=min(x.max_deliveries for x in settings)))
+            while True:
+                item = await stream.out.get()
+                if isinstance(item, pb.ConsumeResponse):
+                    yield item
+                    continue
+                if item.error is not None:
+                    await context.abort(grpc_code(item.error), str(item.error))
+                return
+        finally:
+            s.consume.close(stream)
+            reader.cancel()
+            await asyncio.wait({reader})
+            if not reader.cancelled():
+                reader.exception()
+
+    async def _consume_requests(self, requests: AsyncIterator[Any], stream: ConsumeStream,
+                                context: grpc.aio.ServicerContext) -> None:
+        s = self.s
+        try:
+            async for req in requests:
+                if type(req) is _Undecodable:
+                    s.metrics.undecodable.labels("Consume").inc()
+                    stream.end(InvalidConsume(f"message does not decode: {req.error}"))
+                    return
+                kind = req.WhichOneof("kind")
+                if kind == "credit":
+                    s.authenticate(context)
+                    s.consume.credit(stream, req.credit.records)
+                elif kind == "ack":
+                    s.consume.settle(stream.group, req.ack.partitions, None)
+                elif kind == "nack":
+                    s.consume.settle(stream.group, req.nack.partitions, req.nack.delay_s)
+                else:
+                    stream.end(InvalidConsume(f"`{kind}` after the stream opened: credit, "
+                                              "ack or nack"))
+                    return
+            stream.end(None)  # the client half-closed: nothing more to say
+        except ProxyError as exc:  # a bad range, a revoked token
+            stream.end(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the client went away: grpc's error on its side
+            s.log.debug("consume_stream_read_ended", error=repr(exc))
+            stream.end(None)
+
+    async def Ack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._settle("Ack", request, context, None)
+
+    async def Nack(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if type(request) is _Undecodable:
+            await self._refuse_undecodable("Nack", request, context)
+        return await self._settle("Nack", request, context, request.delay_s)
+
+    async def _settle(self, method: str, request: Any, context: grpc.aio.ServicerContext,
+                      delay_s: float | None) -> Any:
+        s = self.s
+        if type(request) is _Undecodable:
+            await self._refuse_undecodable(method, request, context)
+        try:
+            entry = s.authenticate(context)
+            if entry is not None:
+                for p in request.partitions:
+                    if not entry.allows(p.topic):
+                        s.metrics.auth_refusals.labels("topic_denied").inc()
+                        raise PermissionDenied(p.topic, entry.name, action="read")
+            settled, ignored, not_here = s.consume.settle(request.group, request.partitions,
+                                                          delay_s)
+        except ProxyError as exc:
+            await context.abort(grpc_code(exc), str(exc))
+            raise  # pragma: no cover - abort raises
+        return pb.AckResponse(settled=settled, ignored=ignored, not_here=[
+            pb.TopicPartition(topic=t, partition=p) for t, p in not_here])
+
+
 class ProxyServer(Lifecycle):
     """The proxy of one region. `async with ProxyServer(...) as s:` or start()/stop().
 
@@ -341,6 +468,11 @@ class ProxyServer(Lifecycle):
                                        linger_s=config.journal.linger_s,
                                        max_queued=config.journal.max_queued)
                         if config.journal.enabled else None)
+        self.consume = ConsumeService(region=config.region, kafka=self.kafka,
+                                      writers=self.writers,
+                                      current=lambda: self.primary.current,
+                                      policy=lambda: self._policy_fn(), config=config.consume,
+                                      metrics=self.metrics, client_id=client_id)
         self.router = Router(config.region, topology, self.writers, self.primary.grant,
                              self._policy_fn, self.window, self.metrics,
                              current=lambda: self.primary.current, hints=self.hint_store,
@@ -404,6 +536,8 @@ class ProxyServer(Lifecycle):
             self._spawn("proxy:policy-watch", self.policy_store.run())
         if self.auth_store is not None:
             self._spawn("proxy:auth-watch", self.auth_store.run())
+        await self.consume.start()
+        self._spawn("proxy:consume", self.consume.run())
         if self.heap.interval_s > 0:  # trims only with glibc
             self._spawn("proxy:heap-trim", self.heap.run())
         await self.primary.wait_first(5.0)
@@ -484,6 +618,7 @@ class ProxyServer(Lifecycle):
         self.metrics.serving.set(0)
         await self._health.enter_graceful_shutdown()
         self.log.error("proxy_stopping_after_failure", error=str(self.failure))
+        self.consume.drain()
         if self._server is not None:
             await self._server.stop(self.config.grace_s)
         self._ended.set()
@@ -548,6 +683,7 @@ class ProxyServer(Lifecycle):
         await self._health.enter_graceful_shutdown()
         self._serving = False
         self.metrics.serving.set(0)
+        self.consume.drain()  # consume streams end UNAVAILABLE: clients go elsewhere
         if self._server is not None:
             await self._bounded("grpc_server", self._server.stop(grace), deadline)
         run = self._run_task
@@ -560,6 +696,7 @@ class ProxyServer(Lifecycle):
                         "proxy:") and t is not asyncio.current_task()))
             elif not run.cancelled() and run.exception() is not None:
                 self.log.error("proxy_run_failed", error=repr(run.exception()))
+        await self._bounded("consume", self.consume.stop(deadline), deadline)
         if self.idem_log is not None:
             await self._bounded("idempotency_log", self.idem_log.stop(deadline), deadline)
         if self.hint_replayer is not None:

@@ -323,16 +323,19 @@ class RegionWriter(Lifecycle):
 
     async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
                     deadline: float, still_valid: Callable[[], str] | None = None,
-                    ) -> list[RegionWrite | RegionWriteFailed]:
+                    bounded: bool | None = None) -> list[RegionWrite | RegionWriteFailed]:
         """Send `items` (in order) to this region. `still_valid()` returns "" while retrying
-        makes sense (e.g. the primary epoch is unchanged), else why not."""
+        makes sense (e.g. the primary epoch is unchanged), else why not. `bounded`: nothing
+        may be sent after the deadline (the producer is dropped if records are unanswered
+        then); default: for every mode but nearest."""
         results: list[RegionWrite | RegionWriteFailed | None] = [None] * len(items)
         if self._producer is None:
             err = RegionWriteFailed(self.name, topic, self.why_not_writable())
             return [err] * len(items)
         t0 = time.perf_counter()
         self._touch(topic)
-        bounded = mode != "nearest"  # ordered, sync: nothing may be sent after the deadline
+        if bounded is None:  # ordered, sync: nothing may be sent after the deadline
+            bounded = mode != "nearest"
         # The first attempt runs here; the retry machinery is built only when it failed.
         pending = await self._attempt(topic, items, range(len(items)), results, deadline,
                                       bounded)

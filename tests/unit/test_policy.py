@@ -18,7 +18,14 @@ from structlog.testing import capture_logs
 from crossdc.errors import ConfigError
 from crossdc.topology import Topology, load_topology
 from dr.stack.paths import REPO_ROOT
-from proxy.policy import DefaultRule, Policy, Rule, load_policy, parse_policy
+from proxy.policy import (
+    ConsumeSettings,
+    DefaultRule,
+    Policy,
+    Rule,
+    load_policy,
+    parse_policy,
+)
 from proxy.reload import PolicyStore
 
 POLICIES = REPO_ROOT / "policies"
@@ -166,6 +173,89 @@ def test_each_error_names_line_and_field(text: str, needle: str, field: str,
     # the duplicate's own line: the last occurrence of the needle
     nth = text.count(needle) if "repeats" in message else 1
     assert issues(text) == [f"p.yaml:{line_of(text, needle, nth)} {field}: {message}"]
+
+
+# -- consume-side settings ------------------------------------------------------------------
+
+
+def test_consume_settings_default_and_resolve_the_dead_letter_topic() -> None:
+    rule = Rule(topic="orders")
+    assert rule.consume == ConsumeSettings(ack_deadline_s=30, max_deliveries=5,
+                                           dead_letter_topic="dlq.{topic}")
+    assert rule.consume.dead_letter_for("orders") == "dlq.orders"
+    p = parse_policy("rules:\n  - topic: a\n    consume:\n      ack_deadline_s: 90\n"
+                     "      max_deliveries: 2\n      dead_letter_topic: '{topic}-dead'\n"
+                     "default:\n  mode: nearest\n  consume: {max_deliveries: 7}\n", "p.yaml")
+    a = p.rule_for("a")
+    assert a is not None
+    assert (a.consume.ack_deadline_s, a.consume.max_deliveries) == (90, 2)
+    assert a.consume.dead_letter_for("a") == "a-dead"
+    other = p.rule_for("b")  # the default's settings, as a model (not a dict)
+    assert other is not None
+    assert isinstance(other.consume, ConsumeSettings)
+    assert other.consume.max_deliveries == 7
+
+
+@pytest.mark.parametrize(("text", "needle", "field", "message"), [
+    ("rules:\n  - topic: a\n    consume:\n      ack_deadline_s: 0.5\n", "ack_deadline_s",
+     "rules[0].consume.ack_deadline_s", "Input should be greater than or equal to 1"),
+    ("rules:\n  - topic: a\n    consume:\n      ack_deadline_s: 7200\n", "ack_deadline_s",
+     "rules[0].consume.ack_deadline_s", "Input should be less than or equal to 3600"),
+    ("rules:\n  - topic: a\n    consume:\n      ack_deadline_s: .nan\n", "ack_deadline_s",
+     "rules[0].consume.ack_deadline_s", "Input should be a finite number"),
+    ("rules:\n  - topic: a\n    consume:\n      max_deliveries: 0\n", "max_deliveries",
+     "rules[0].consume.max_deliveries", "Input should be greater than or equal to 1"),
+    ("rules:\n  - topic: a\n    consume:\n      max_deliveries: 1000\n", "max_deliveries",
+     "rules[0].consume.max_deliveries", "Input should be less than or equal to 100"),
+    ("rules:\n  - topic: a\n    consume:\n      max_deliveries: 2.5\n", "max_deliveries",
+     "rules[0].consume.max_deliveries",
+     "Input should be a valid integer, got a number with a fractional part"),
+    ("rules:\n  - topic: a\n    consume:\n      dead_letter_topic: 'dlq {topic}'\n",
+     "dead_letter_topic", "rules[0].consume.dead_letter_topic",
+     "'dlq {topic}' is not a topic name: letters, digits, '.', '_' and '-', "
+     "at most 249"),
+    ("rules:\n  - topic: a\n    consume:\n      dead_letter_topic: '{topic}'\n",
+     "dead_letter_topic", "rules[0].consume.dead_letter_topic",
+     "'{topic}' is the topic itself: dead letters would be read again"),
+    ("rules:\n  - topic: a\n    consume:\n      dead_letter_topic: 'dlq.{name}'\n",
+     "dead_letter_topic", "rules[0].consume.dead_letter_topic",
+     "'dlq.{name}': the only placeholder is {topic}"),
+    ("rules:\n  - topic: a\n    consume:\n      dead_letter_topic: ''\n",
+     "dead_letter_topic", "rules[0].consume.dead_letter_topic",
+     "String should have at least 1 character"),
+    ("rules:\n  - topic: a\n    consume:\n      ack_deadline: 10\n", "ack_deadline",
+     "rules[0].consume.ack_deadline", "unknown field (check the spelling)"),
+    ("default:\n  consume:\n    max_deliveries: -1\n", "max_deliveries",
+     "default.consume.max_deliveries", "Input should be greater than or equal to 1"),
+    # the checks across rules
+    ("rules:\n  - topic: 'orders.*'\n    consume:\n      dead_letter_topic: '{topic}.dlq'\n"
+     "default: {}\n", "dead_letter_topic", "rules[0].consume.dead_letter_topic",
+     "'orders.*.dlq' matches this rule's topic 'orders.*': its consumers would read their "
+     "dead letters back; name it outside the rule (the default is 'dlq.{topic}')"),
+    ("rules:\n  - topic: orders\n    consume:\n      dead_letter_topic: orders\n",
+     "dead_letter_topic", "rules[0].consume.dead_letter_topic",
+     "'orders' matches this rule's topic 'orders': its consumers would read their dead "
+     "letters back; name it outside the rule (the default is 'dlq.{topic}')"),
+    ("strict: true\nrules:\n  - topic: orders\n    consume:\n      max_deliveries: 3\n",
+     "max_deliveries", "rules[0].consume.dead_letter_topic",
+     "no rule admits the dead-letter topic 'dlq.orders' (and no default): dead letters could "
+     "not be written"),
+])
+def test_bad_consume_settings_name_line_and_field(text: str, needle: str, field: str,
+                                                 message: str) -> None:
+    assert issues(text) == [f"p.yaml:{line_of(text, needle)} {field}: {message}"]
+
+
+def test_dead_letter_checks_apply_only_where_consume_is_written() -> None:
+    # a policy written before `consume:` existed stays valid (the proxy checks at open)
+    parse_policy("strict: true\nrules:\n  - topic: orders\n", "p.yaml")
+    parse_policy("rules:\n  - topic: '*'\n", "p.yaml")
+    # a strict policy that names its dead-letter topics passes
+    parse_policy("strict: true\nrules:\n  - topic: orders\n    consume:\n"
+                 "      max_deliveries: 3\n  - topic: 'dlq.*'\n", "p.yaml")
+    # a glob whose dead letters fall outside it
+    parse_policy("rules:\n  - topic: 'orders.*'\n    consume: {max_deliveries: 2}\n"
+                 "default: {}\n", "p.yaml")
 
 
 def test_topology_checks_prefer_regions_and_quorum(topo: Topology) -> None:

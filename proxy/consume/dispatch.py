@@ -1,0 +1,465 @@
+"""What one group member does with the records it fetched: which stream gets which record
+when, what is delivered again, what goes to the dead letter, what may be committed, and when
+to stop fetching. Pure: no I/O and no clock (`now` is passed in, monotonic seconds); the
+Kafka member (`proxy.consume.member`) feeds it and carries out what it returns.
+
+Per partition the member owns (its share of the Kafka group):
+
+- `fetched()` queues records in offset order (`fresh`); the tracker (`acks.PartitionAcks`)
+  starts at the first record fetched (the group's committed offset, or past offsets that
+  hold no record);
+- `pump()` hands records to the partition's stream while the stream has credit: records due
+  again first (`take_pending`), then fresh ones as far as the span allows (`room`); each
+  delivered record's body is held until it settles, for redelivery and the dead letter;
+- `ack()`/`nack()` change the tracker and free what settled; `tick()` turns passed deadlines
+  and nack delays into records due again, and records out of deliveries into `DeadLetter`s
+  (`dead_lettered()` once written);
+- `commits()`: the acknowledged prefix of each partition whose prefix moved;
+- `wants_fetch()`: whether the partition may fetch more (prefetch, span and memory bounds).
+
+Streams (`attach`/`detach`) share the partitions through `assign.assign` (the second
+rebalance): a partition moving between live streams is REVOKED on the old one at once and
+ASSIGNED on the new one once its records in flight are settled or expired, so two streams
+never hold first deliveries of one partition; a stream that ends gives its records in flight
+back at once (each counts as a delivery). Credit is a shared `Credit`: a stream reading
+topics of two members (primary and local) spends one credit on both.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from proxy.consume.acks import PartitionAcks, RecordState
+from proxy.consume.assign import Stream, TopicPartition, assign
+from proxy.consume.source import ReadSettings
+
+__all__ = ["Batch", "Control", "Credit", "DeadLetter", "Delivery", "Dispatcher", "Fetched",
+           "Output", "StreamState"]
+
+MAX_CREDIT = 1 << 31
+"""Credit a stream may hold at once (more is cut: a client cannot overflow anything)."""
+
+
+@dataclass(slots=True)
+class Fetched:
+    """One record fetched from Kafka: its offset, its size (bytes held) and the body the
+    driver sends (opaque here)."""
+
+    offset: int
+    size: int
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    tp: TopicPartition
+    offset: int
+    attempt: int
+    ack_deadline_s: float
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Records for one stream, in delivery order (per partition: offset order)."""
+
+    stream: str
+    records: tuple[Delivery, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    stream: str
+    kind: Literal["ASSIGNED", "REVOKED"]
+    partitions: tuple[TopicPartition, ...]
+
+
+Output = Batch | Control
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A record out of deliveries: write it to `topic`, then `dead_lettered()`."""
+
+    tp: TopicPartition
+    offset: int
+    deliveries: int
+    topic: str
+    body: Any
+
+
+@dataclass(slots=True)
+class Credit:
+    """Records a stream may still be sent (shared by the members it reads from)."""
+
+    n: int = 0
+
+    def add(self, records: int) -> None:
+        self.n = min(MAX_CREDIT, self.n + max(0, records))
+
+
+@dataclass(slots=True)
+class StreamState:
+    """A stream as a member sees it: the topics it takes from this member, each with its
+    settings, and its credit."""
+
+    id: str
+    topics: dict[str, ReadSettings]
+    credit: Credit = field(default_factory=Credit)
+
+
+class _Part:
+    __slots__ = ("acks", "deliverer", "fresh", "fresh_bytes", "held", "held_bytes", "holder",
+                 "last_commit", "next", "owner", "settings")
+
+    def __init__(self) -> None:
+        self.acks: PartitionAcks | None = None
+        self.fresh: deque[Fetched] = deque()
+        self.held: dict[int, Fetched] = {}
+        self.fresh_bytes = 0
+        self.held_bytes = 0
+        self.next = -1                     # one past the last offset fetched
+        self.owner: str | None = None      # the stream the assignment gives it to
+        self.deliverer: str | None = None  # the stream it is delivered to now
+        self.holder: str | None = None     # the stream its records in flight were sent to
+        self.settings: ReadSettings | None = None  # of the last stream it was delivered to
+        self.last_commit: int | None = None
+
+
+class Dispatcher:
+    """The records of one member's partitions and the streams attached to it."""
+
+    def __init__(self, *, max_span: int = 100_000, prefetch_records: int = 1_000,
+                 max_buffered_bytes: int = 64 * 1024 * 1024, max_batch_records: int = 500,
+                 default_deliveries: int = 5) -> None:
+        self.max_span = max_span
+        self.prefetch_records = prefetch_records
+        self.max_buffered_bytes = max_buffered_bytes
+        self.max_batch_records = max_batch_records
+        self.default_deliveries = default_deliveries
+        self.streams: dict[str, StreamState] = {}
+        self._parts: dict[TopicPartition, _Part] = {}
+        self._outbox: list[Control] = []
+        self._rr = 0  # where the next pump starts among a stream's partitions
+        self.buffered_bytes = 0
+
+    # -- what the driver reads ----------------------------------------------------------------
+    @property
+    def partitions(self) -> frozenset[TopicPartition]:
+        return frozenset(self._parts)
+
+    def holds(self, tp: TopicPartition) -> bool:
+        return tp in self._parts
+
+    def owner_of(self, tp: TopicPartition) -> str | None:
+        p = self._parts.get(tp)
+        return p.owner if p is not None else None
+
+    def of_stream(self, stream: str) -> frozenset[TopicPartition]:
+        """The partitions assigned to `stream` (delivered to it, or about to be)."""
+        return frozenset(tp for tp, p in self._parts.items() if p.owner == stream)
+
+    def next_offset(self, tp: TopicPartition) -> int:
+        """One past the last offset fetched of `tp` (-1: none yet, or not held)."""
+        p = self._parts.get(tp)
+        return p.next if p is not None else -1
+
+    def acks_of(self, tp: TopicPartition) -> PartitionAcks | None:
+        p = self._parts.get(tp)
+        return p.acks if p is not None else None
+
+    def count(self, *states: RecordState) -> int:
+        """Records in `states` over every partition (unsettled ones when none named)."""
+        return sum(p.acks.count(*states) for p in self._parts.values() if p.acks is not None)
+
+    def next_due(self) -> float:
+        """The earliest time `tick()` can change something (inf when nothing waits)."""
+        return min((p.acks.next_due for p in self._parts.values() if p.acks is not None),
+                   default=float("inf"))
+
+    def wants_fetch(self, tp: TopicPartition) -> bool:
+        """Whether `tp` may fetch more: fewer than `prefetch_records` waiting for credit,
+        span left for them, and the process under `max_buffered_bytes`."""
+        p = self._parts.get(tp)
+        if p is None or self.buffered_bytes >= self.max_buffered_bytes:
+            return False
+        if len(p.fresh) >= self.prefetch_records:
+            return False
+        return p.acks is None or p.acks.room > len(p.fresh)
+
+    # -- the Kafka side ---------------------------------------------------------------------
+    def add_partitions(self, tps: Iterable[TopicPartition]) -> None:
+        """Kafka gave this member `tps`: spread over the streams."""
+        for tp in tps:
+            self._parts.setdefault(tp, _Part())
+        self._reassign()
+
+    def remove_partitions(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        """Kafka took `tps` away: their state is dropped (REVOKED to their streams); returns
+        the prefix of each to commit (only those that moved since the last commit)."""
+        out: dict[TopicPartition, int] = {}
+        revoked: dict[str, list[TopicPartition]] = {}
+        for tp in tps:
+            p = self._parts.pop(tp, None)
+            if p is None:
+                continue
+            if p.acks is not None and p.acks.committed != p.last_commit:
+                out[tp] = p.acks.committed
+            if p.owner is not None and p.owner in self.streams:
+                revoked.setdefault(p.owner, []).append(tp)
+            self.buffered_bytes -= p.fresh_bytes + p.held_bytes
+        for sid, parts in sorted(revoked.items()):
+            self._outbox.append(Control(sid, "REVOKED", tuple(sorted(parts))))
+        if revoked:
+            self._reassign()  # the streams that lost some may take others
+        return out
+
+    def fetched(self, tp: TopicPartition, records: Iterable[Fetched]) -> int:
+        """Records of `tp` fetched, in offset order; returns how many were queued (those of a
+        partition no longer held, or already fetched, are dropped)."""
+        p = self._parts.get(tp)
+        if p is None:
+            return 0
+        n = 0
+        for r in records:
+            if r.offset < p.next:
+                continue
+            if p.acks is None:
+                p.acks = PartitionAcks(r.offset, max_deliveries=self._deliveries(tp, p),
+                                       max_span=self.max_span)
+            p.fresh.append(r)
+            p.fresh_bytes += r.size
+            self.buffered_bytes += r.size
+            p.next = r.offset + 1
+            n += 1
+        return n
+
+    def commits(self) -> dict[TopicPartition, int]:
+        """The acknowledged prefix of each partition whose prefix moved since it was last
+        committed (`committed()`)."""
+        return {tp: p.acks.committed for tp, p in self._parts.items()
+                if p.acks is not None and p.acks.committed != p.last_commit}
+
+    def committed(self, offsets: dict[TopicPartition, int]) -> None:
+        """Kafka holds `offsets` as the group's commits."""
+        for tp, off in offsets.items():
+            p = self._parts.get(tp)
+            if p is not None:
+                p.last_commit = off
+
+    # -- the streams --------------------------------------------------------------------------
+    def attach(self, stream: StreamState) -> None:
+        if stream.id in self.streams:
+            raise ValueError(f"stream {stream.id} is attached already")
+        self.streams[stream.id] = stream
+        self._reassign()
+
+    def detach(self, stream_id: str, *, now: float) -> int:
+        """The stream ended: its records in flight are due again at once (each counted as a
+        delivery: at the last one, dead-lettered); its partitions go to the other streams.
+        Returns the records given back."""
+        if self.streams.pop(stream_id, None) is None:
+            return 0
+        back = 0
+        for p in self._parts.values():
+            if p.acks is None or stream_id not in (p.owner, p.deliverer, p.holder):
+                continue
+            if p.holder == stream_id:
+                for first, end in p.acks.ranges(RecordState.INFLIGHT):
+                    back += p.acks.nack(first, end, now=now)
+                p.holder = None
+            if p.owner == stream_id:
+                p.owner = None
+            if p.deliverer == stream_id:
+                p.deliverer = None
+        self._reassign()
+        return back
+
+    def update(self, stream_id: str, topics: dict[str, ReadSettings]) -> None:
+        """The stream's topics or settings here changed."""
+        st = self.streams.get(stream_id)
+        if st is not None:
+            st.topics = dict(topics)
+            self._reassign()
+
+    # -- acks ----------------------------------------------------------------------------------
+    def ack(self, tp: TopicPartition, first: int, end: int) -> int:
+        """Settle `[first, end)` of `tp`; returns the records settled now."""
+        p = self._parts.get(tp)
+        if p is None or p.acks is None:
+            return 0
+        n = p.acks.ack(first, end)
+        if n:
+            self._drop_bodies(p, first, end)
+        return n
+
+    def nack(self, tp: TopicPartition, first: int, end: int, *, now: float,
+             delay_s: float = 0.0) -> int:
+        """Records of `[first, end)` in flight are due again after `delay_s`."""
+        p = self._parts.get(tp)
+        if p is None or p.acks is None:
+            return 0
+        return p.acks.nack(first, end, now=now, delay_s=delay_s)
+
+    def tick(self, now: float) -> tuple[int, list[DeadLetter]]:
+        """Deadlines and delays passed by `now`: returns the records now due again, and the
+        records out of deliveries (to write to their dead-letter topic)."""
+        due = 0
+        dead: list[DeadLetter] = []
+        for tp, p in self._parts.items():
+            if p.acks is None or now < p.acks.next_due:
+                continue
+            ex = p.acks.expire(now)
+            due += ex.pending
+            topic = (p.settings.dead_letter_topic if p.settings is not None
+                     else f"dlq.{tp[0]}")
+            for first, end, deliveries in ex.dead:
+                for off in range(first, end):
+                    rec = p.held.get(off)
+                    if rec is not None:
+                        dead.append(DeadLetter(tp, off, deliveries, topic, rec.body))
+        return due, dead
+
+    def dead_lettered(self, tp: TopicPartition, offset: int) -> bool:
+        """The dead letter of `offset` is written: settle it. False when it was settled
+        (acked late) or the partition went away meanwhile."""
+        p = self._parts.get(tp)
+        if p is None or p.acks is None:
+            return False
+        if p.acks.dead_lettered(offset, offset + 1):
+            self._drop_bodies(p, offset, offset + 1)
+            return True
+        return False
+
+    # -- delivering ----------------------------------------------------------------------------
+    def pump(self, now: float) -> list[Output]:
+        """What to send now: controls (moves finished, partitions assigned and revoked), then
+        records for every stream with credit, in batches of at most `max_batch_records`."""
+        self._finish_moves()
+        out: list[Output] = list(self._outbox)
+        self._outbox.clear()
+        for st in self.streams.values():
+            if st.credit.n <= 0:
+                continue
+            parts = [(tp, p) for tp, p in self._parts.items() if p.deliverer == st.id]
+            if not parts:
+                continue
+            self._rr = (self._rr + 1) % len(parts)
+            parts = parts[self._rr:] + parts[:self._rr]
+            records: list[Delivery] = []
+            progress = True
+            while st.credit.n > 0 and progress:
+                progress = False
+                for tp, p in parts:
+                    if st.credit.n <= 0:
+                        break
+                    got = self._take(tp, p, st, min(st.credit.n, self.max_batch_records),
+                                     now, records)
+                    if got:
+                        st.credit.n -= got
+                        progress = True
+            for chunk in _chunks(records, self.max_batch_records):
+                out.append(Batch(st.id, tuple(chunk)))
+        return out
+
+    def _take(self, tp: TopicPartition, p: _Part, st: StreamState, limit: int, now: float,
+              out: list[Delivery]) -> int:
+        acks = p.acks
+        if acks is None or limit <= 0:
+            return 0
+        settings = st.topics.get(tp[0])
+        if settings is None:
+            return 0
+        p.settings = settings
+        p.holder = st.id
+        acks.max_deliveries = settings.max_deliveries
+        deadline = settings.ack_deadline_s
+        got = 0
+        for first, end, attempt in acks.take_pending(limit, now=now, deadline_s=deadline):
+            for off in range(first, end):
+                out.append(Delivery(tp, off, attempt, deadline, p.held[off].body))
+            got += end - first
+        if got >= limit or not p.fresh:
+            return got
+        chunk: list[Fetched] = []
+        ceiling = acks.committed + acks.max_span  # the end a delivery may reach
+        while p.fresh and got + len(chunk) < limit and p.fresh[0].offset < ceiling:
+            chunk.append(p.fresh.popleft())
+        if not chunk:
+            return got
+        acks.delivered([r.offset for r in chunk], chunk[-1].offset + 1, now=now,
+                       deadline_s=deadline)
+        for r in chunk:
+            p.held[r.offset] = r
+            p.fresh_bytes -= r.size
+            p.held_bytes += r.size
+            out.append(Delivery(tp, r.offset, 1, deadline, r.body))
+        return got + len(chunk)
+
+    # -- internals ------------------------------------------------------------------------------
+    def _deliveries(self, tp: TopicPartition, p: _Part) -> int:
+        st = self.streams.get(p.owner) if p.owner is not None else None
+        settings = st.topics.get(tp[0]) if st is not None else None
+        return settings.max_deliveries if settings is not None else self.default_deliveries
+
+    def _drop_bodies(self, p: _Part, first: int, end: int) -> None:
+        """Forget the bodies of settled records of `[first, end)`."""
+        acks = p.acks
+        assert acks is not None
+        if end - first <= len(p.held):
+            offsets: Iterable[int] = range(first, end)
+        else:
+            offsets = [o for o in p.held if first <= o < end]
+        for off in offsets:
+            if off in p.held and acks.state_of(off) == RecordState.SETTLED:
+                r = p.held.pop(off)
+                p.held_bytes -= r.size
+                self.buffered_bytes -= r.size
+
+    def _inflight(self, p: _Part) -> int:
+        return p.acks.count(RecordState.INFLIGHT) if p.acks is not None else 0
+
+    def _reassign(self) -> None:
+        """Spread the partitions over the streams (assign.assign) and note the moves."""
+        streams = [Stream(st.id, st.credit.n, frozenset(st.topics))
+                   for st in self.streams.values()]
+        current = {tp: p.owner for tp, p in self._parts.items() if p.owner is not None}
+        busy = [tp for tp, p in self._parts.items() if self._inflight(p)]
+        a = assign(self._parts, streams, current, busy=busy)
+        assigned: dict[str, list[TopicPartition]] = {}
+        revoked: dict[str, list[TopicPartition]] = {}
+        for tp in sorted(self._parts):
+            p = self._parts[tp]
+            new = a.owner.get(tp)
+            if new == p.owner:
+                continue
+            if p.owner is not None and p.owner in self.streams:
+                revoked.setdefault(p.owner, []).append(tp)
+            p.owner = new
+            if new is not None and not self._inflight(p):
+                p.deliverer = new
+                assigned.setdefault(new, []).append(tp)
+            else:
+                p.deliverer = None  # drained first (ASSIGNED then: _finish_moves)
+        for sid, tps in sorted(revoked.items()):
+            self._outbox.append(Control(sid, "REVOKED", tuple(tps)))
+        for sid, tps in sorted(assigned.items()):
+            self._outbox.append(Control(sid, "ASSIGNED", tuple(tps)))
+
+    def _finish_moves(self) -> None:
+        """Partitions whose old stream has nothing in flight any more go to the new one."""
+        assigned: dict[str, list[TopicPartition]] = {}
+        for tp, p in self._parts.items():
+            if p.owner is not None and p.deliverer is None and not self._inflight(p):
+                p.deliverer = p.owner
+                assigned.setdefault(p.owner, []).append(tp)
+        for sid, tps in sorted(assigned.items()):
+            self._outbox.append(Control(sid, "ASSIGNED", tuple(sorted(tps))))
+
+
+def _chunks(items: list[Delivery], size: int) -> Iterator[list[Delivery]]:
+    for i in range(0, len(items), size):
+        yield items[i:i + size]

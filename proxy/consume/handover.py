@@ -1,0 +1,153 @@
+"""What one partition's reader hands to the reader in the new primary. Pure.
+
+Committing the acknowledged prefix alone would deliver again every record acked above an
+unacknowledged one. So the handover carries, per partition: where to start in the new region
+(the prefix translated through the mirror's offset map: `crossdc.clients.offsets`), and the
+ids of the records settled at or after it (`skip`), which the new reader skips once each
+until it passes `horizon` (the translated end of what was delivered). The ids are what every
+copy of a record shares: its `dr-id`, or for a record written straight to Kafka the id the
+mirror stamps on its copies (`record_id`). Duplicates are then only the records delivered
+and not acknowledged when the positions were taken.
+
+Ordered topics are exact this way: the standby holds only mirrored copies, in the primary's
+order. Sync topics are not: the proxy writes a sync record into the standby itself (never
+mirrored), so its copy there may lie before the copies of records that preceded it in the
+primary (by up to the mirror's lag then). `rewind` starts the new reader that many offsets
+(of the new region) before the translated prefix, and the ids of the records settled in the
+last `keep` source offsets below the prefix are carried too (`SettledIds(keep)`, keep >=
+rewind): a sync copy displaced by at most `rewind` is not lost, and the copies around it
+that were consumed are skipped by id (a consumed one whose id was not kept is read again).
+A sync copy written after `horizon` (late, by hinted handoff) may be read again; one
+displaced further back than `rewind` is the one case that loses it (docs/consume.md).
+
+Bounded: `SettledIds` holds at most the tracker's span plus `keep` ids; a handover carries at
+most `max_skip` of them (the lowest offsets first; ids left out are duplicates, never gaps),
+so its record stays well under Kafka's message size (about 40 bytes an id).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from crossdc.headers import record_id
+from proxy.errors import InvalidConsume
+
+__all__ = ["MAX_SKIP", "Handover", "SettledIds", "SkipSet", "hand_over", "record_id"]
+
+MAX_SKIP = 10_000
+
+
+class SettledIds:
+    """The ids of one partition's settled records from `committed - keep` on: add each when
+    its record settles, prune when the prefix moves."""
+
+    __slots__ = ("_heap", "_ids", "keep")
+
+    def __init__(self, keep: int = 0) -> None:
+        self.keep = keep
+        self._ids: dict[int, str] = {}
+        self._heap: list[int] = []
+
+    def add(self, offset: int, rid: str) -> None:
+        if offset not in self._ids:
+            heapq.heappush(self._heap, offset)
+        self._ids[offset] = rid
+
+    def prune(self, committed: int) -> None:
+        """Forget the ids below `committed - keep`."""
+        floor = committed - self.keep
+        while self._heap and self._heap[0] < floor:
+            del self._ids[heapq.heappop(self._heap)]
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def lowest(self, n: int, at_or_above: int = 0) -> list[str]:
+        """Up to `n` ids from `at_or_above` on, lowest offsets first."""
+        return [self._ids[o] for o in heapq.nsmallest(
+            n, (o for o in self._heap if o >= at_or_above))]
+
+
+class Handover(BaseModel):
+    """One partition's positions, handed to the reader in the new region (stored as JSON in
+    the new region: docs/consume.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    group: str
+    topic: str
+    partition: int = Field(ge=0)
+    source: str = Field(description="The region left.")
+    epoch: int = Field(ge=0, description="The epoch of the promotion it was made for.")
+    committed: int = Field(ge=0, description="The acknowledged prefix in `source`.")
+    start: int | None = Field(ge=0, description="Where to read in the new region; None: "
+                              "the partition was never mirrored (the group's committed "
+                              "offset there).")
+    horizon: int | None = Field(ge=0, description="Past this offset of the new region "
+                                "nothing is skipped.")
+    skip: frozenset[str] = Field(description="Ids of records settled in `source` at or "
+                                 "after the start.")
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Handover:
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as exc:
+            raise InvalidConsume(f"not a consume handover: "
+                                 f"{exc.errors(include_url=False)[0]['msg']}") from None
+
+
+def hand_over(group: str, topic: str, partition: int, *, source: str, epoch: int,
+              committed: int, end: int, settled: SettledIds,
+              translate: Callable[[int], int | None], rewind: int = 0,
+              max_skip: int = MAX_SKIP) -> Handover:
+    """The handover of a partition read from `source` up to `end` (one past the last
+    delivered), acknowledged up to `committed`; `translate` maps a source offset to the new
+    region's (`OffsetMap.translate` for this partition); `rewind`: offsets of the new region
+    read again before the translated prefix (sync topics). The caller raises `start` to the
+    new region's log start when retention removed what it names."""
+    start = translate(committed)
+    if start is not None:
+        start = max(start - rewind, 0)
+    stop = translate(end)
+    horizon = None if stop is None else stop + rewind
+    skip = frozenset(settled.lowest(max_skip)) if start is not None else frozenset()
+    return Handover(group=group, topic=topic, partition=partition, source=source, epoch=epoch,
+                    committed=committed, start=start, horizon=horizon, skip=skip)
+
+
+class SkipSet:
+    """The new reader's filter: a record whose id the handover lists is skipped, once, until
+    the reader passes the horizon."""
+
+    __slots__ = ("_horizon", "_ids", "skipped")
+
+    def __init__(self, handover: Handover) -> None:
+        self._ids = set(handover.skip)
+        self._horizon = handover.horizon
+        self.skipped = 0
+
+    @property
+    def done(self) -> bool:
+        """Nothing left to skip: the reader may drop the filter."""
+        return not self._ids
+
+    def skip(self, offset: int, rid: str) -> bool:
+        """Whether the record at `offset` (of the new region) with id `rid` was settled
+        already. Called in offset order."""
+        if not self._ids:
+            return False
+        if self._horizon is not None and offset >= self._horizon:
+            self._ids.clear()  # past every copy of what was delivered
+            return False
+        if rid in self._ids:
+            self._ids.discard(rid)
+            self.skipped += 1
+            return True
+        return False

@@ -1,0 +1,565 @@
+"""One member of a proxy-owned Kafka group: `GroupMember` reads the partitions Kafka gives it
+and hands them to the client streams attached to it (`proxy.consume.dispatch` decides who
+gets what; this module talks to Kafka and to the streams).
+
+For the client group G and a scope (`primary`: ordered and sync topics, read from the
+primary; `local`: nearest topics, read from the proxy's own region) the member is one
+`crossdc.clients.consumer.Consumer` in the group `_crossdc.proxy.consume.G.<scope>` on the
+cluster of the region it reads (fixed for the member's life: following a move of the
+primary is the failover hookup's, docs/consume.md). Auto-commit is off: every
+`commit_interval_s`, at a revocation and at the end, the member commits each partition's
+acknowledged prefix (`acks.PartitionAcks.committed`), never past an unacknowledged record.
+
+Tasks (each under `crossdc.aio.guard`: an unexpected error is logged and stops the proxy,
+as for every other loop; Kafka errors are logged, counted and retried):
+
+- `fetch`: joins the group (retried with backoff while the region's Kafka does not answer),
+  fetches, pauses the partitions the dispatcher does not want fetched (prefetch, span,
+  memory) and resumes them; the consumer is started and stopped in tasks of their own,
+  awaited through `asyncio.shield`, so a cancellation never leaves a connection open;
+- `timer`: deadlines and nack delays (`tick`) at the next time one is due, and the commits;
+- `dead-letter`: writes the records out of deliveries to their dead-letter topic in the
+  region they were read from (`RegionWriter`), with the original's key, value and user
+  headers, dr-* headers of their own and the `dr-dl-*` headers (crossdc/headers.py); a
+  failed write is retried (the record stays unsettled meanwhile, holding the commit).
+
+A Kafka rebalance (another proxy joins or leaves the group): the revoked partitions'
+prefixes are committed and delivery stops until the new assignment; partitions assigned
+again keep their state (the consumer seeks past what was fetched), the others are dropped
+(REVOKED to their streams; their new owner reads from the commit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Iterable
+from typing import Any, Protocol
+
+import structlog
+from aiokafka import ConsumerRebalanceListener, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from crossdc.aio import guard, sleep_unless, wait_any
+from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.consumer import Consumer
+from crossdc.clients.errors import IllegalStateError, KafkaError
+from crossdc.headers import (
+    DR_DL_DELIVERIES,
+    DR_DL_GROUP,
+    DR_DL_ID,
+    DR_DL_OFFSET,
+    DR_DL_PARTITION,
+    DR_DL_REGION,
+    DR_DL_TOPIC,
+    DR_ID,
+    DR_PREFIX,
+    Mode,
+    record_id,
+)
+from crossdc.lifecycle import Lifecycle
+from crossdc.settings import Backoff
+from proxy.api import pb
+from proxy.config import ConsumeConfig
+from proxy.consume.acks import Range
+from proxy.consume.dispatch import (
+    Batch,
+    DeadLetter,
+    Dispatcher,
+    Fetched,
+    Output,
+    StreamState,
+)
+from proxy.errors import ProxyError, RegionWriteFailed
+from proxy.headers import stamp
+from proxy.metrics import ProxyMetrics
+from proxy.writers import Outgoing, RegionWrite, RegionWriter
+
+__all__ = ["GROUP_PREFIX", "GroupMember", "Sink", "kafka_group"]
+
+log = structlog.get_logger("crossdc.proxy.consume")
+
+GROUP_PREFIX = "_crossdc.proxy.consume."
+"""Kafka groups of the proxies' members (`_crossdc*`: the controller's offsets step and the
+standby sync skip them)."""
+
+_DL_NAMESPACE = uuid.UUID("5b1f3c52-8f8e-4f4e-9a57-2f0c9d1f6a24")
+
+
+def kafka_group(group: str, scope: str) -> str:
+    """The Kafka group of client group `group`'s members of `scope` (primary | local)."""
+    return f"{GROUP_PREFIX}{group}.{scope}"
+
+
+class Sink(Protocol):
+    """A client stream as a member sends to it."""
+
+    @property
+    def id(self) -> str: ...
+
+    def push(self, out: Output) -> None: ...
+
+
+def _size(m: Any) -> int:
+    key = m.serialized_key_size if m.serialized_key_size > 0 else 0
+    value = m.serialized_value_size if m.serialized_value_size > 0 else 0
+    return int(key + value + sum(len(k) + len(v or b"") for k, v in m.headers or ()))
+
+
+class GroupMember(Lifecycle):
+    """The member of (`group`, `scope`) in this process, reading `region` through `conn`;
+    dead letters go through `writer` (the same region's producer)."""
+
+    def __init__(self, group: str, scope: str, region: str, conn: KafkaConnection,
+                 writer: RegionWriter, config: ConsumeConfig, metrics: ProxyMetrics, *,
+                 client_id: str, dead_letter_mode: Callable[[str], tuple[Mode, int | None]],
+                 default_deliveries: int = 5,
+                 on_failure: Callable[[str, BaseException], None] | None = None) -> None:
+        self.group = group
+        self.scope = scope
+        self.region = region
+        self.conn = conn
+        self.writer = writer
+        self.config = config
+        self.metrics = metrics
+        self.client_id = client_id
+        self.kafka_group = kafka_group(group, scope)
+        self._dead_letter_mode = dead_letter_mode
+        self._on_failure = on_failure
+        self.dispatcher = Dispatcher(max_span=config.max_span,
+                                     prefetch_records=config.prefetch_records,
+                                     max_buffered_bytes=config.max_buffered_bytes,
+                                     max_batch_records=config.max_batch_records,
+                                     default_deliveries=default_deliveries)
+        self.sinks: dict[str, Sink] = {}
+        self.topics: set[str] = set()
+        self.idle_since: float | None = time.monotonic()
+        self.rebalances = 0
+        self.paused = 0  # partitions whose fetch was paused at the last fetch
+        self._consumer: Any = None
+        self._rebalancing = False
+        self._revoked: set[tuple[str, int]] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._bg: set[asyncio.Task[Any]] = set()
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()       # the timer: a nack may be due before its wait ends
+        self._dl_wake = asyncio.Event()
+        self._dead: list[DeadLetter] = []  # to write
+        self._dead_keys: set[tuple[str, int, int]] = set()
+        self._joined = asyncio.Event()
+        self._m_delivered = metrics.consume_delivered.labels(group)
+        self._m_redelivered = metrics.consume_redelivered.labels(group)
+        self.log = log.bind(group=group, scope=scope, region=region)
+
+    # -- what the service and the tests read ---------------------------------------------------
+    @property
+    def generation(self) -> int:
+        """The Kafka group generation this member is in (-1: not joined)."""
+        c = self._consumer
+        coordinator = getattr(c, "_coordinator", None) if c is not None else None
+        return int(getattr(coordinator, "generation", -1)) if coordinator is not None else -1
+
+    @property
+    def member_id(self) -> str:
+        c = self._consumer
+        coordinator = getattr(c, "_coordinator", None) if c is not None else None
+        return str(getattr(coordinator, "member_id", "")) if coordinator is not None else ""
+
+    async def wait_joined(self, timeout_s: float) -> bool:
+        """Whether the member got its first assignment within `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                await self._joined.wait()
+        return self._joined.is_set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the tasks; the group is joined in the background."""
+        if not self._begin_start():
+            return
+        for name, coro in (("fetch", self._fetch_forever()), ("timer", self._timer()),
+                           ("dead-letter", self._dead_letters())):
+            full = f"proxy:consume:{self.group}:{self.scope}:{name}"
+            self._tasks.append(asyncio.create_task(
+                guard(full, coro, log=self.log, finishable=lambda: self.closed,
+                      on_failure=self._on_failure), name=full))
+
+    async def stop(self) -> None:
+        """Commit what is acknowledged, leave the group, close the consumer; bounded by
+        `close_timeout_s` (what is left then is cancelled, logged). Idempotent."""
+        if not self._begin_stop():
+            return
+        self._stopping.set()
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+            for t in self._tasks:
+                if not t.cancelled() and t.exception() is not None:
+                    t.exception()  # logged by the guard
+        left = {t for t in self._bg if not t.done()}
+        if left:
+            _, pending = await asyncio.wait(left, timeout=self.config.close_timeout_s + 1.0)
+            if pending:
+                self.log.error("consume_member_close_timeout",
+                               tasks=sorted(t.get_name() for t in pending))
+                for t in pending:
+                    t.cancel()
+                await asyncio.wait(pending, timeout=1.0)
+        self.log.info("consume_member_stopped")
+
+    def _own(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """A task that starts or stops the consumer: awaited through `asyncio.shield`, so a
+        cancellation never interrupts it half-way; `stop()` waits for it."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+        return task
+
+    # -- streams -------------------------------------------------------------------------------
+    def attach(self, sink: Sink, topics: dict[str, Any], credit: Any) -> None:
+        """`sink` reads `topics` (topic -> ReadSettings) from this member with `credit` (a
+        `dispatch.Credit` shared with its other members). New topics subscribe the consumer
+        to them (a Kafka rebalance of this group)."""
+        self.sinks[sink.id] = sink
+        self.dispatcher.attach(StreamState(sink.id, dict(topics), credit))
+        self.idle_since = None
+        new = set(topics) - self.topics
+        if new:
+            self.topics |= new
+            c = self._consumer
+            if c is not None:
+                self.log.info("consume_member_subscribes", topics=sorted(self.topics))
+                c.subscribe(sorted(self.topics), listener=_Listener(self))
+        self.pump()
+
+    def detach(self, stream_id: str) -> None:
+        """The stream ended: its records in flight are given back (due again at once)."""
+        if self.sinks.pop(stream_id, None) is None:
+            return
+        back = self.dispatcher.detach(stream_id, now=time.monotonic())
+        if back:
+            self.log.info("consume_stream_gave_back", stream=stream_id, records=back)
+        if not self.sinks:
+            self.idle_since = time.monotonic()
+        self._wake.set()
+        self.pump()
+
+    def pump(self) -> None:
+        """Send what the streams' credit allows (nothing while Kafka rebalances)."""
+        if self._rebalancing or self.closed:
+            return
+        for out in self.dispatcher.pump(time.monotonic()):
+            sink = self.sinks.get(out.stream)
+            if sink is None:
+                continue
+            if isinstance(out, Batch):
+                first = sum(1 for d in out.records if d.attempt == 1)
+                if first:
+                    self._m_delivered.inc(first)
+                if first < len(out.records):
+                    self._m_redelivered.inc(len(out.records) - first)
+            sink.push(out)
+
+    def settle(self, tp: tuple[str, int], region: str, ranges: Iterable[Range],
+               delay_s: float | None) -> tuple[int, int] | None:
+        """Ack (`delay_s` None) or nack the `ranges` of `tp` read from `region`: (records
+        settled or nacked, offsets ignored); None when this member does not hold `tp`."""
+        d = self.dispatcher
+        if not d.holds(tp):
+            return None
+        done = asked = 0
+        now = time.monotonic()
+        for first, end in ranges:
+            asked += end - first
+            if region != self.region:
+                continue  # read from another region: an old one's offsets
+            done += (d.ack(tp, first, end) if delay_s is None
+                     else d.nack(tp, first, end, now=now, delay_s=delay_s))
+        if done:
+            if delay_s is None:
+                self.metrics.consume_acked.labels(self.group).inc(done)
+            else:
+                self.metrics.consume_nacked.labels(self.group).inc(done)
+                self._wake.set()
+            self.pump()
+        if asked > done:
+            self.metrics.consume_stale_acks.labels(self.group).inc(asked - done)
+        return done, asked - done
+
+    # -- fetching ------------------------------------------------------------------------------
+    async def _fetch_forever(self) -> None:
+        backoff = Backoff(self.config.retry_s, 30.0)
+        failures = 0
+        while not self.closed:
+            if not self.topics:
+                await sleep_unless(self._stopping, 0.2)
+                continue
+            consumer = Consumer(
+                **self.conn.aiokafka_kwargs(), group_id=self.kafka_group,
+                client_id=self.client_id, enable_auto_commit=False,
+                auto_offset_reset=self.config.auto_offset_reset,
+                isolation_level="read_committed", max_poll_interval_ms=600_000)
+            consumer.subscribe(sorted(self.topics), listener=_Listener(self))
+            self._consumer = consumer
+            starting = self._own(self._start_consumer(consumer),
+                                 f"proxy:consume:{self.group}:{self.scope}:start")
+            try:
+                try:
+                    await asyncio.shield(starting)
+                except (KafkaError, OSError, TimeoutError) as exc:
+                    failures += 1
+                    self.log.warning("consume_member_cannot_join", error=repr(exc),
+                                     group_id=self.kafka_group)
+                else:
+                    failures = 0
+                    self.log.info("consume_member_started", group_id=self.kafka_group,
+                                  topics=sorted(self.topics))
+                    await self._fetch(consumer)
+            except (KafkaError, OSError) as exc:
+                failures += 1
+                self.log.warning("consume_member_restarting", error=repr(exc))
+            finally:
+                closing = self._own(self._close(consumer, starting),
+                                    f"proxy:consume:{self.group}:{self.scope}:close")
+                await asyncio.shield(closing)
+            await sleep_unless(self._stopping, backoff.pause(max(1, failures)))
+
+    async def _start_consumer(self, consumer: Any) -> None:
+        async with asyncio.timeout(self.config.start_timeout_s):
+            await consumer.start()
+
+    async def _close(self, consumer: Any, starting: asyncio.Task[Any]) -> None:
+        """Commit the acknowledged prefixes, leave the group, close; forget the state."""
+        try:
+            if not starting.done():
+                await asyncio.wait({starting}, timeout=self.config.start_timeout_s + 5.0)
+            if starting.done() and not starting.cancelled() and starting.exception() is None:
+                await self._commit(consumer, self.dispatcher.commits())
+            async with asyncio.timeout(self.config.close_timeout_s):
+                await consumer.stop()
+        except (KafkaError, OSError, TimeoutError) as exc:
+            self.log.warning("consume_member_close_failed", error=repr(exc))
+        finally:
+            if self._consumer is consumer:
+                self._consumer = None
+            self._rebalancing = False
+            self._revoked.clear()
+            self.dispatcher.remove_partitions(self.dispatcher.partitions)
+            self.pump_controls()
+
+    def pump_controls(self) -> None:
+        """Send the controls waiting (REVOKED after the consumer closed), even stopping."""
+        for out in self.dispatcher.pump(time.monotonic()):
+            sink = self.sinks.get(out.stream)
+            if sink is not None and not isinstance(out, Batch):
+                sink.push(out)
+
+    async def _fetch(self, consumer: Any) -> None:
+        cfg = self.config
+        while True:
+            self._apply_pauses(consumer)
+            data = await consumer.getmany(timeout_ms=200, max_records=cfg.prefetch_records)
+            got = 0
+            for tp, msgs in data.items():
+                key = (tp.topic, tp.partition)
+                got += self.dispatcher.fetched(key, [Fetched(m.offset, _size(m), self._body(m))
+                                                     for m in msgs])
+            if got:
+                self.pump()
+
+    def _body(self, m: Any) -> Any:
+        rec = pb.ConsumedRecord(topic=m.topic, partition=m.partition, offset=m.offset,
+                                region=self.region, key=m.key, value=m.value,
+                                timestamp_ms=m.timestamp)
+        if m.headers:
+            add = rec.headers.add
+            for k, v in m.headers:
+                add(key=k, value=v or b"")
+        return rec
+
+    def _apply_pauses(self, consumer: Any) -> None:
+        assigned = consumer.assignment()
+        if not assigned:
+            return
+        paused = consumer.paused()
+        d = self.dispatcher
+        want = {tp for tp in assigned if not d.wants_fetch((tp.topic, tp.partition))}
+        with contextlib.suppress(IllegalStateError):
+            if want - paused:
+                consumer.pause(*(want - paused))
+            back = (paused & assigned) - want
+            if back:
+                consumer.resume(*back)
+        self.paused = len(want)
+
+    # -- commits and time ----------------------------------------------------------------------
+    async def _commit(self, consumer: Any, offsets: dict[tuple[str, int], int]) -> bool:
+        if not offsets:
+            return True
+        try:
+            async with asyncio.timeout(self.config.close_timeout_s):
+                await consumer.commit({TopicPartition(t, p): OffsetAndMetadata(off, "")
+                                       for (t, p), off in offsets.items()})
+        except (KafkaError, TimeoutError) as exc:  # rebalancing, the coordinator moved
+            self.log.info("consume_commit_failed", error=repr(exc), partitions=len(offsets))
+            return False
+        self.dispatcher.committed(offsets)
+        return True
+
+    async def _timer(self) -> None:
+        interval = self.config.commit_interval_s
+        next_commit = time.monotonic() + interval
+        while True:
+            now = time.monotonic()
+            _, dead = self.dispatcher.tick(now)
+            if dead:
+                for x in dead:
+                    k = (x.tp[0], x.tp[1], x.offset)
+                    if k not in self._dead_keys:
+                        self._dead_keys.add(k)
+                        self._dead.append(x)
+                self._dl_wake.set()
+            self.pump()
+            if now >= next_commit:
+                c = self._consumer
+                if c is not None and not self._rebalancing and self._joined.is_set():
+                    await self._commit(c, self.dispatcher.commits())
+                next_commit = time.monotonic() + interval
+            wait = min(self.dispatcher.next_due(), next_commit) - time.monotonic()
+            await wait_any(self._wake, timeout_s=max(0.005, wait))
+            self._wake.clear()
+
+    # -- dead letters --------------------------------------------------------------------------
+    async def _dead_letters(self) -> None:
+        backoff = Backoff(self.config.retry_s, 30.0)
+        failures = 0
+        while True:
+            await self._dl_wake.wait()
+            self._dl_wake.clear()
+            while self._dead:
+                todo, self._dead = self._dead, []
+                failed: list[DeadLetter] = []
+                by_topic: dict[str, list[DeadLetter]] = {}
+                for x in todo:
+                    by_topic.setdefault(x.topic, []).append(x)
+                for topic, items in by_topic.items():
+                    failed += await self._write_dead(topic, items)
+                again = {id(x) for x in failed}
+                for x in todo:
+                    if id(x) not in again:
+                        self._dead_keys.discard((x.tp[0], x.tp[1], x.offset))
+                self._dead[:0] = failed
+                self.pump()
+                if failed:
+                    failures += 1
+                    await sleep_unless(self._stopping, backoff.pause(failures))
+                else:
+                    failures = 0
+
+    async def _write_dead(self, topic: str, items: list[DeadLetter]) -> list[DeadLetter]:
+        """Write `items` to `topic` in this member's region; returns those not written."""
+        mode, epoch = self._dead_letter_mode(topic)
+        now_ms = int(time.time() * 1000)
+        out: list[Outgoing] = []
+        for x in items:
+            body = x.body
+            key = body.key if body.HasField("key") else None
+            value = body.value if body.HasField("value") else None
+            headers = [(h.key, h.value) for h in body.headers]
+            original = next((v for k, v in headers if k == DR_ID), None)
+            rid = record_id(original, self.region, x.tp[0], x.tp[1], x.offset)
+            user = [(k, v) for k, v in headers if not k.lower().startswith(DR_PREFIX)]
+            dl_id = str(uuid.uuid5(_DL_NAMESPACE, f"{self.group}|{rid}"))
+            hs = stamp(user, dr_id=dl_id, origin=self.region, ts_ms=now_ms, mode=mode,
+                       epoch=epoch, path=[self.region])
+            hs += [(DR_DL_TOPIC, x.tp[0].encode()), (DR_DL_PARTITION, str(x.tp[1]).encode()),
+                   (DR_DL_OFFSET, str(x.offset).encode()), (DR_DL_REGION, self.region.encode()),
+                   (DR_DL_GROUP, self.group.encode()),
+                   (DR_DL_DELIVERIES, str(x.deliveries).encode()), (DR_DL_ID, rid.encode())]
+            size = len(key or b"") + len(value or b"") + sum(len(k) + len(v) for k, v in hs)
+            out.append(Outgoing(key, value, hs, None, size))
+        bound = self.config.dead_letter_write_s
+        errors = self.metrics.consume_dead_letter_errors.labels(self.group)
+        try:
+            n = await self.writer.partition_count(topic, bound)
+        except RegionWriteFailed as exc:
+            errors.inc(len(items))
+            self.log.warning("dead_letter_not_written", topic=topic, records=len(items),
+                             error=str(exc))
+            return items
+        if n is None:
+            errors.inc(len(items))
+            self.log.error("dead_letter_topic_missing", topic=topic, records=len(items),
+                           why=f"the dead-letter topic does not exist in {self.region}; "
+                           "the records hold their partitions' commits until it does")
+            return items
+        try:
+            results = await self.writer.write(topic, out, mode="dead_letter",
+                                              deadline=time.monotonic() + bound, bounded=False)
+        except ProxyError as exc:
+            results = [RegionWriteFailed(self.region, topic, str(exc))] * len(items)
+        failed: list[DeadLetter] = []
+        written = 0
+        for x, r in zip(items, results, strict=True):
+            if isinstance(r, RegionWrite):
+                written += 1
+                self.dispatcher.dead_lettered(x.tp, x.offset)
+            else:
+                failed.append(x)
+        if written:
+            self.metrics.consume_dead_lettered.labels(self.group).inc(written)
+            self.log.info("dead_lettered", topic=topic, records=written)
+        if failed:
+            errors.inc(len(failed))
+            first = next(r for r in results if not isinstance(r, RegionWrite))
+            self.log.warning("dead_letter_not_written", topic=topic, records=len(failed),
+                             error=str(first))
+        return failed
+
+    # -- Kafka's rebalance -----------------------------------------------------------------------
+    async def _revoked_now(self, revoked: list[TopicPartition]) -> None:
+        self._rebalancing = True
+        keys = {(tp.topic, tp.partition) for tp in revoked}
+        self._revoked |= keys
+        c = self._consumer
+        if c is not None:
+            mine = self.dispatcher.commits()
+            await self._commit(c, {k: v for k, v in mine.items() if k in keys})
+
+    async def _assigned_now(self, assigned: list[TopicPartition]) -> None:
+        keys = {(tp.topic, tp.partition) for tp in assigned}
+        d = self.dispatcher
+        lost = (self._revoked | d.partitions) - keys
+        self._revoked.clear()
+        if lost:
+            d.remove_partitions(lost)
+        kept = keys & d.partitions
+        d.add_partitions(keys - kept)
+        c = self._consumer
+        for t, p in kept:  # read on from where this member is, not from the commit
+            nxt = d.next_offset((t, p))
+            if c is not None and nxt >= 0:
+                with contextlib.suppress(IllegalStateError):
+                    c.seek(TopicPartition(t, p), nxt)
+        self.rebalances += 1
+        self.metrics.consume_rebalances.labels(self.group).inc()
+        self.log.info("consume_member_assigned", generation=self.generation,
+                      partitions=len(keys), kept=len(kept), lost=len(lost))
+        self._rebalancing = False
+        self._joined.set()
+        self.pump()
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, member: GroupMember) -> None:
+        self.m = member
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.m._revoked_now(list(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self.m._assigned_now(list(assigned))

@@ -1,0 +1,410 @@
+"""Reading through the proxy, the server's side: `ConsumeService` opens client streams
+(checks, settings), keeps one `GroupMember` per (group, scope) in this process while it has
+streams (and `member_linger_s` after the last one left), and routes credits, acks and nacks.
+`ConsumeStream` is one client stream: what the servicer sends it comes out of `out`.
+
+Opening a stream (`open`): the group is a name of at most 200 characters of `[A-Za-z0-9._-]`;
+exact topics or one glob (matched once, at open, against the topics of the proxy's own
+region, never `__*` or `_crossdc.*`); per topic a policy rule (NOT_FOUND), the token's
+patterns (PERMISSION_DENIED), a rule for its dead-letter topic (NOT_FOUND), the region it is
+read from (`source.read_region`: UNAVAILABLE while the primary is fenced) and the topic
+there (NOT_FOUND); the settings asked are cut to the rule's (`source.stream_settings`).
+Nearest topics are read by the group's `local` member (own region), ordered and sync ones
+by its `primary` member (the primary when the member started: following a later move is the
+failover hookup's; meanwhile a stream that would read another primary than the member is
+refused UNAVAILABLE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import itertools
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+
+from crossdc.aio import wait_any
+from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.kafka import KafkaAdmin
+from crossdc.errors import CrossdcError
+from crossdc.headers import Mode
+from crossdc.lifecycle import Lifecycle
+from crossdc.primary import PrimaryRecord
+from crossdc.settings import RetrySettings
+from proxy.api import pb
+from proxy.auth import TokenEntry
+from proxy.config import ConsumeConfig
+from proxy.consume.acks import Range, RecordState, normalize_ranges
+from proxy.consume.dispatch import Batch, Control, Credit, Output
+from proxy.consume.member import GroupMember
+from proxy.consume.source import ReadSettings, read_region, stream_settings
+from proxy.errors import (
+    InvalidConsume,
+    NotServing,
+    PermissionDenied,
+    PrimaryUnavailable,
+    ProxyError,
+    RegionWriteFailed,
+    UnknownTopic,
+    shown,
+)
+from proxy.metrics import ProxyMetrics
+from proxy.policy import Policy
+from proxy.writers import RegionWriter
+
+__all__ = ["SCOPES", "ConsumeService", "ConsumeStream"]
+
+log = structlog.get_logger("crossdc.proxy.consume")
+
+SCOPES = ("primary", "local")
+_GROUP = re.compile(r"^[A-Za-z0-9._\-]{1,200}$")
+_INTERNAL = ("__", "_crossdc.")
+MAX_TOPICS = 1_000
+"""Topics one stream may read (exact or matched by its pattern)."""
+
+_KIND = {"ASSIGNED": pb.ConsumeControl.ASSIGNED, "REVOKED": pb.ConsumeControl.REVOKED}
+
+
+class _End:
+    """The last thing a stream's `out` gives: end the call (with `error`'s status)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: ProxyError | None) -> None:
+        self.error = error
+
+
+class ConsumeStream:
+    """One client stream: `topics` (topic -> (scope, settings)), a credit shared by the
+    members it reads from, and `out`, what to send (responses, then an `_End`)."""
+
+    def __init__(self, id: str, group: str, client_id: str,
+                 topics: dict[str, tuple[str, ReadSettings]], *, max_batch_bytes: int) -> None:
+        self.id = id
+        self.group = group
+        self.client_id = client_id
+        self.topics = topics
+        self.credit = Credit()
+        self.max_batch_bytes = max_batch_bytes
+        self.out: asyncio.Queue[Any] = asyncio.Queue()
+        self.ended = False
+        self.records_sent = 0
+
+    def of_scope(self, scope: str) -> dict[str, ReadSettings]:
+        return {t: s for t, (sc, s) in self.topics.items() if sc == scope}
+
+    def push(self, out: Output) -> None:
+        """Queue what a member sends (a batch is cut into messages of `max_batch_bytes`)."""
+        if self.ended:
+            return
+        if isinstance(out, Control):
+            self.out.put_nowait(pb.ConsumeResponse(control=pb.ConsumeControl(
+                kind=_KIND[out.kind],
+                partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in out.partitions])))
+            return
+        assert isinstance(out, Batch)
+        resp = pb.ConsumeResponse()
+        size = 0
+        for d in out.records:
+            body = d.body
+            n = body.ByteSize()
+            if size and size + n > self.max_batch_bytes:
+                self.out.put_nowait(resp)
+                resp, size = pb.ConsumeResponse(), 0
+            r = resp.batch.records.add()
+            r.CopyFrom(body)
+            r.delivery_attempt = d.attempt
+            r.ack_deadline_s = d.ack_deadline_s
+            size += n
+        self.records_sent += len(out.records)
+        if size:
+            self.out.put_nowait(resp)
+
+    def end(self, error: ProxyError | None = None) -> None:
+        """End the stream (OK, or with `error`'s status); what is queued is sent first."""
+        if not self.ended:
+            self.ended = True
+            self.out.put_nowait(_End(error))
+
+
+class ConsumeService(Lifecycle):
+    """The consume side of one proxy process (see the module docstring)."""
+
+    def __init__(self, *, region: str, kafka: dict[str, KafkaConnection],
+                 writers: dict[str, RegionWriter], current: Callable[[], PrimaryRecord],
+                 policy: Callable[[], Policy], config: ConsumeConfig, metrics: ProxyMetrics,
+                 client_id: str) -> None:
+        self.region = region
+        self.kafka = kafka
+        self.writers = writers
+        self.current = current
+        self.policy = policy
+        self.config = config
+        self.metrics = metrics
+        self.client_id = client_id
+        self.members: dict[tuple[str, str], GroupMember] = {}
+        self.streams: dict[str, ConsumeStream] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._ids = itertools.count(1)
+        self._prefix = f"{region}-{os.getpid()}-{os.urandom(3).hex()}"
+        self._failed = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._stopping = asyncio.Event()
+        self._groups: set[str] = set()  # with gauges set (zeroed when their last member goes)
+        self.log = log.bind(region=region)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._begin_start()
+
+    async def run(self) -> None:
+        """Retire the members idle for `member_linger_s`, keep the gauges; raise the first
+        failure of a member's task (the server then stops, as for any of its loops)."""
+        while not self._stopping.is_set():
+            await wait_any(self._failed, self._stopping, timeout_s=0.5)
+            if self._failure is not None:
+                raise self._failure
+            now = time.monotonic()
+            for key, m in list(self.members.items()):
+                if not m.sinks and m.idle_since is not None and \
+                        now - m.idle_since >= self.config.member_linger_s:
+                    self._retire(key)
+            self._gauges()
+
+    def _member_failed(self, name: str, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+        self._failed.set()
+
+    def _retire(self, key: tuple[str, str]) -> None:
+        m = self.members.pop(key)
+        self.log.info("consume_member_retired", group=key[0], scope=key[1],
+                      idle_s=round(time.monotonic() - (m.idle_since or 0.0), 1))
+        task = asyncio.create_task(m.stop(), name=f"proxy:consume-retire:{key[0]}:{key[1]}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    def drain(self) -> None:
+        """End every stream UNAVAILABLE (the proxy is stopping: clients go elsewhere)."""
+        for s in list(self.streams.values()):
+            s.end(NotServing("proxy is shutting down; use another proxy of the region"))
+
+    async def stop(self, deadline: float | None = None) -> None:
+        """End the streams, stop every member (each commits and leaves its group)."""
+        if not self._begin_stop():
+            return
+        self._stopping.set()
+        self.drain()
+        members = list(self.members.values())
+        self.members.clear()
+        tasks = [asyncio.create_task(m.stop(), name="proxy:consume-stop") for m in members]
+        tasks += list(self._retiring)
+        if tasks:
+            timeout = None if deadline is None else max(0.5, deadline - time.monotonic())
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            if pending:
+                self.log.error("consume_stop_timeout", members=len(pending))
+                for t in pending:
+                    t.cancel()
+                await asyncio.wait(pending, timeout=1.0)
+        self._gauges()
+
+    # -- streams -------------------------------------------------------------------------------
+    async def open(self, req: Any, entry: TokenEntry | None, peer: str = "") -> ConsumeStream:
+        """Check an `open` and attach a new stream to its members (see the module
+        docstring for what is refused, and how)."""
+        if self.closed or self._stopping.is_set():
+            raise NotServing("proxy is shutting down; use another proxy of the region")
+        group = req.group
+        if not _GROUP.match(group):
+            raise InvalidConsume(f"group {shown(group)}: 1 to 200 characters of letters, "
+                                 "digits, '.', '_' and '-'")
+        topics = list(dict.fromkeys(req.topics))
+        if bool(topics) == bool(req.pattern):
+            raise InvalidConsume("name the topics or one pattern (not both)")
+        if len(topics) > MAX_TOPICS:
+            raise InvalidConsume(f"{len(topics)} topics; at most {MAX_TOPICS} per stream")
+        policy = self.policy()
+        if req.pattern:
+            topics = await self._matching(req.pattern, policy, entry)
+        checked: dict[str, tuple[str, ReadSettings]] = {}
+        regions: dict[str, str] = {}
+        for topic in topics:
+            scope, settings, region = await self._check(topic, policy, entry,
+                                                       req.ack_deadline_s, req.max_deliveries)
+            checked[topic] = (scope, settings)
+            if regions.setdefault(scope, region) != region:  # pragma: no cover - one record
+                raise PrimaryUnavailable("the primary moved while the stream opened",
+                                         reason="moved", epoch=self.current().epoch)
+        for scope, region in regions.items():
+            m = self.members.get((group, scope))
+            if m is not None and m.region != region:
+                raise PrimaryUnavailable(
+                    f"group {shown(group)} is read from {m.region} here and the primary is now "
+                    f"{region}; readers do not follow a failover yet (docs/consume.md): "
+                    "reconnect once the group's streams have ended here",
+                    reason="moved", epoch=self.current().epoch)
+        sid = f"{self._prefix}-{next(self._ids)}"
+        stream = ConsumeStream(sid, group, req.client_id or peer, checked,
+                               max_batch_bytes=self.config.max_batch_bytes)
+        stream.credit.add(req.credit)
+        self.streams[sid] = stream
+        for scope, region in sorted(regions.items()):
+            m = self.members.get((group, scope))
+            if m is None:
+                m = self._member(group, scope, region, policy)
+                self.members[(group, scope)] = m
+                await m.start()
+            m.attach(stream, stream.of_scope(scope), stream.credit)
+        self.log.info("consume_stream_opened", group=group, stream=sid,
+                      client=stream.client_id, topics=sorted(checked)[:20],
+                      regions=regions, credit=req.credit)
+        self._gauges()
+        return stream
+
+    def close(self, stream: ConsumeStream) -> None:
+        """The stream ended (whichever side ended it): detach it from its members."""
+        stream.ended = True
+        if self.streams.pop(stream.id, None) is None:
+            return
+        for scope in SCOPES:
+            m = self.members.get((stream.group, scope))
+            if m is not None:
+                m.detach(stream.id)
+        self.log.info("consume_stream_closed", group=stream.group, stream=stream.id,
+                      records_sent=stream.records_sent)
+        self._gauges()
+
+    def credit(self, stream: ConsumeStream, records: int) -> None:
+        stream.credit.add(records)
+        for scope in SCOPES:
+            m = self.members.get((stream.group, scope))
+            if m is not None:
+                m.pump()
+
+    def member(self, group: str, scope: str) -> GroupMember | None:
+        return self.members.get((group, scope))
+
+    # -- acks ----------------------------------------------------------------------------------
+    def settle(self, group: str, partitions: Sequence[Any], delay_s: float | None,
+               ) -> tuple[int, int, list[tuple[str, int]]]:
+        """Ack (`delay_s` None) or nack `partitions` (PartitionRanges) of `group`: (records
+        settled or nacked, offsets ignored, partitions not held here)."""
+        if not _GROUP.match(group):
+            raise InvalidConsume(f"group {shown(group)}: not a group name")
+        if delay_s is not None and (not 0 <= delay_s <= 3600 or delay_s != delay_s):
+            raise InvalidConsume(f"nack delay_s {delay_s}: 0 to 3600")
+        members = [m for s in SCOPES if (m := self.members.get((group, s))) is not None]
+        settled = ignored = 0
+        not_here: list[tuple[str, int]] = []
+        for p in partitions:
+            ranges = _ranges(p)
+            tp = (p.topic, p.partition)
+            for m in members:
+                got = m.settle(tp, p.region, ranges, delay_s)
+                if got is not None:
+                    settled += got[0]
+                    ignored += got[1]
+                    break
+            else:
+                not_here.append(tp)
+        return settled, ignored, not_here
+
+    # -- checks --------------------------------------------------------------------------------
+    async def _check(self, topic: str, policy: Policy, entry: TokenEntry | None,
+                     ack_deadline_s: float, max_deliveries: int,
+                     ) -> tuple[str, ReadSettings, str]:
+        if topic.startswith(_INTERNAL) or not topic:
+            raise InvalidConsume(f"topic {shown(topic)}: internal topics are not read "
+                                 "through the proxy")
+        rule = policy.rule_for(topic)
+        if rule is None:
+            raise UnknownTopic(topic, "no policy rule admits it")
+        if entry is not None and not entry.allows(topic):
+            self.metrics.auth_refusals.labels("topic_denied").inc()
+            raise PermissionDenied(topic, entry.name, action="read")
+        settings = stream_settings(rule.consume, topic, ack_deadline_s=ack_deadline_s,
+                                   max_deliveries=max_deliveries)
+        if policy.rule_for(settings.dead_letter_topic) is None:
+            raise UnknownTopic(topic, f"its dead-letter topic "
+                               f"{shown(settings.dead_letter_topic)} has no policy rule")
+        current = self.current()
+        region = read_region(rule, current, self.region)
+        if region is None:
+            raise PrimaryUnavailable("no writable primary (a failover is under way): "
+                                     f"{shown(topic)} is read from the primary",
+                                     reason="fenced", epoch=current.epoch)
+        n = await self.writers[region].partition_count(topic, self.config.open_timeout_s)
+        if n is None:
+            raise UnknownTopic(topic, f"does not exist in {region}")
+        scope = "local" if rule.dr_mode == "nearest" else "primary"
+        return scope, settings, region
+
+    async def _matching(self, pattern: str, policy: Policy, entry: TokenEntry | None,
+                        ) -> list[str]:
+        """The topics of the own region `pattern` matches that this stream may read."""
+        if len(pattern) > 249 or not re.match(r"^[A-Za-z0-9._\-*?\[\]!]+$", pattern):
+            raise InvalidConsume(f"pattern {shown(pattern)}: a glob of topic-name "
+                                 "characters and * ? [ ]")
+        try:
+            async with KafkaAdmin(self.kafka[self.region],
+                                  RetrySettings(attempts=1, total_s=self.config.open_timeout_s,
+                                                call_timeout_s=self.config.open_timeout_s),
+                                  client_id=self.client_id) as admin:
+                names = await admin.list_topics()
+        except CrossdcError as exc:
+            raise RegionWriteFailed(self.region, pattern, f"cannot list topics: {exc}") \
+                from None
+        out = [t for t in sorted(names)
+               if fnmatch.fnmatchcase(t, pattern) and not t.startswith(_INTERNAL)
+               and policy.rule_for(t) is not None and (entry is None or entry.allows(t))]
+        if not out:
+            raise UnknownTopic(pattern, f"the pattern matches no topic of {self.region} "
+                               "this token may read")
+        if len(out) > MAX_TOPICS:
+            raise InvalidConsume(f"the pattern matches {len(out)} topics; at most "
+                                 f"{MAX_TOPICS} per stream")
+        return out
+
+    def _member(self, group: str, scope: str, region: str, policy: Policy) -> GroupMember:
+        def dead_letter_mode(topic: str) -> tuple[Mode, int | None]:
+            rule = self.policy().rule_for(topic)
+            if rule is not None and rule.mode == "ordered":
+                return "ordered", self.current().epoch
+            return "nearest", None
+
+        return GroupMember(group, scope, region, self.kafka[region], self.writers[region],
+                           self.config, self.metrics,
+                           client_id=f"{self.client_id}-consume",
+                           dead_letter_mode=dead_letter_mode, on_failure=self._member_failed)
+
+    def _gauges(self) -> None:
+        m = self.metrics
+        groups: dict[str, list[GroupMember]] = {}
+        for (g, _), member in self.members.items():
+            groups.setdefault(g, []).append(member)
+        streams: dict[str, int] = {}
+        for s in self.streams.values():
+            streams[s.group] = streams.get(s.group, 0) + 1
+        for g in self._groups | set(groups) | set(streams):
+            ms = groups.get(g, [])
+            m.consume_in_flight.labels(g).set(sum(x.dispatcher.count(RecordState.INFLIGHT)
+                                                  for x in ms))
+            m.consume_outstanding.labels(g).set(sum(x.dispatcher.count() for x in ms))
+            m.consume_paused.labels(g).set(sum(x.paused for x in ms))
+            m.consume_streams.labels(g).set(streams.get(g, 0))
+        self._groups = set(groups) | set(streams)
+
+
+def _ranges(p: Any) -> list[Range]:
+    """A PartitionRanges' inclusive ranges as half-open, sorted and merged."""
+    try:
+        return normalize_ranges((r.first, (r.last if r.HasField("last") else r.first) + 1)
+                                for r in p.ranges)
+    except ValueError as exc:
+        raise InvalidConsume(f"{shown(p.topic)} partition {p.partition}: {exc}") from None

@@ -1,0 +1,441 @@
+"""Client SDK for reading through the proxy: `AsyncConsumer` (docs/consume.md).
+
+    async with AsyncConsumer("127.0.0.1:7000", "billing", ["orders"]) as c:
+        async for batch in c:
+            for rec in batch:
+                handle(rec.key, rec.value)
+            await batch.ack()                 # or batch.nack(delay_s=5)
+
+One `Consume` stream per consumer. Credit is the backpressure: the consumer grants `credit`
+records when the stream opens and grants each record again once it is acked or nacked (or
+its ack deadline passed here: the proxy delivers it again, on this stream or another of the
+group), so at most `credit` records are outstanding. Acks and nacks go on the stream (the
+proxy process that delivered a record is the one that holds its state); when the stream is
+gone they go as unary `Ack`/`Nack` on the same channel, best effort (a record whose ack is
+lost comes back at its deadline: at-least-once).
+
+A stream that ends with UNAVAILABLE (the proxy drains, restarts, or the connection broke)
+is opened again with the producer's backoff (doubling from `retry_backoff_s`, at most 2 s);
+after `reconnect_attempts` failures in a row, or any other status (NOT_FOUND,
+PERMISSION_DENIED, INVALID_ARGUMENT, ...), iteration raises `ConsumeFailed` (`.code`).
+Records outstanding when a stream ends come back (they count as a delivery).
+
+Security: as `AsyncProducer` (`token`, `tls`, `root_ca`, `client_cert`/`client_key`,
+`tls_server_name`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, overload
+
+import grpc
+import structlog
+
+from crossdc.headers import DR_ID
+from crossdc.lifecycle import Lifecycle
+from crossdc.logs import register_secret
+from crossdc.settings import Backoff
+from proxy.api import pb, pb_grpc
+from proxy.client import channel_credentials
+from proxy.errors import ConsumeFailed, ProxyError
+
+__all__ = ["AsyncConsumer", "ConsumedBatch", "ConsumedRecord", "offset_ranges"]
+
+log = structlog.get_logger("crossdc.proxy.consumer")
+
+_RECONNECT = frozenset({grpc.StatusCode.UNAVAILABLE})
+Key = tuple[str, int, str, int]  # topic, partition, region, offset
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumedRecord:
+    topic: str
+    partition: int
+    offset: int          # in `region`'s copy of the topic
+    region: str          # where it was read
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]  # every header, dr-* included
+    timestamp_ms: int
+    delivery_attempt: int
+    ack_deadline_s: float
+
+    @property
+    def dr_id(self) -> str | None:
+        """The record's id in every region (None for a record written straight to Kafka and
+        read where it was written)."""
+        return next((v.decode() for k, v in self.headers if k == DR_ID), None)
+
+    @property
+    def key_(self) -> Key:
+        return (self.topic, self.partition, self.region, self.offset)
+
+
+def _record(r: Any) -> ConsumedRecord:
+    return ConsumedRecord(r.topic, r.partition, r.offset, r.region,
+                          r.key if r.HasField("key") else None,
+                          r.value if r.HasField("value") else None,
+                          tuple((h.key, h.value) for h in r.headers), r.timestamp_ms,
+                          r.delivery_attempt, r.ack_deadline_s)
+
+
+def offset_ranges(offsets: Iterable[int]) -> list[tuple[int, int]]:
+    """Offsets as inclusive `(first, last)` ranges, sorted and joined."""
+    out: list[tuple[int, int]] = []
+    for o in sorted(set(offsets)):
+        if out and o == out[-1][1] + 1:
+            out[-1] = (out[-1][0], o)
+        else:
+            out.append((o, o))
+    return out
+
+
+def _partition_ranges(records: Iterable[ConsumedRecord]) -> list[Any]:
+    by: dict[tuple[str, int, str], list[int]] = {}
+    for r in records:
+        by.setdefault((r.topic, r.partition, r.region), []).append(r.offset)
+    return [pb.PartitionRanges(topic=t, partition=p, region=region, ranges=[
+                pb.OffsetRange(first=f, last=last) if last != f else pb.OffsetRange(first=f)
+                for f, last in offset_ranges(offs)])
+            for (t, p, region), offs in sorted(by.items())]
+
+
+class ConsumedBatch(Sequence[ConsumedRecord]):
+    """Records delivered together (of one or more partitions; each partition's in offset
+    order). `ack()` / `nack()` settle all of them."""
+
+    def __init__(self, consumer: AsyncConsumer, records: tuple[ConsumedRecord, ...]) -> None:
+        self._consumer = consumer
+        self.records = records
+
+    @overload
+    def __getitem__(self, i: int) -> ConsumedRecord: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[ConsumedRecord]: ...
+
+    def __getitem__(self, i: int | slice) -> ConsumedRecord | Sequence[ConsumedRecord]:
+        return self.records[i]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[ConsumedRecord]:
+        return iter(self.records)
+
+    async def ack(self) -> None:
+        await self._consumer.ack(self.records)
+
+    async def nack(self, delay_s: float = 0.0) -> None:
+        await self._consumer.nack(self.records, delay_s=delay_s)
+
+
+class _Ended:
+    __slots__ = ("error",)
+
+    def __init__(self, error: grpc.aio.AioRpcError | None) -> None:
+        self.error = error
+
+
+class AsyncConsumer(Lifecycle):
+    """A consumer of `group` reading `topics` (exact names) or `pattern` (one glob) through
+    the proxy at `target` (see the module docstring)."""
+
+    def __init__(self, target: str, group: str, topics: Sequence[str] = (), *,
+                 pattern: str = "", credit: int = 1000, ack_deadline_s: float = 0.0,
+                 max_deliveries: int = 0, client_id: str = "", reconnect_attempts: int = 10,
+                 retry_backoff_s: float = 0.1, open_timeout_s: float = 15.0,
+                 max_message_bytes: int = 64 * 1024 * 1024,
+                 channel: grpc.aio.Channel | None = None, token: str | None = None,
+                 tls: bool = False, root_ca: bytes | str | Path | None = None,
+                 client_cert: bytes | str | Path | None = None,
+                 client_key: bytes | str | Path | None = None,
+                 tls_server_name: str | None = None) -> None:
+        if credit <= 0:
+            raise ValueError("credit must be > 0")
+        if isinstance(topics, str):
+            raise TypeError("topics is a list of topic names")
+        self.target = target
+        self.group = group
+        self.topics = list(topics)
+        self.pattern = pattern
+        self.window = credit
+        self.ack_deadline_s = ack_deadline_s
+        self.max_deliveries = max_deliveries
+        self.client_id = client_id
+        self.reconnect_attempts = reconnect_attempts
+        self.open_timeout_s = open_timeout_s
+        # the producer's retry pauses: doubling from retry_backoff_s, at most 2 s
+        self._backoff = Backoff(retry_backoff_s, max(retry_backoff_s, 2.0),
+                                jitter_s=retry_backoff_s / 5)
+        register_secret(token)
+        self._metadata: tuple[tuple[str, str], ...] = (
+            (("authorization", f"Bearer {token}"),) if token else ())
+        self._credentials: grpc.ChannelCredentials | None = None
+        if tls or root_ca is not None or client_cert is not None or client_key is not None:
+            self._credentials = channel_credentials(root_ca, client_cert, client_key)
+        self._options: list[tuple[str, Any]] = [
+            ("grpc.max_receive_message_length", max_message_bytes)]
+        if tls_server_name:
+            self._options.append(("grpc.ssl_target_name_override", tls_server_name))
+        self._own_channel = channel is None
+        self._channel = channel
+        self._stub: Any = None
+        self._call: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._write_lock = asyncio.Lock()
+        self._outstanding: dict[Key, float] = {}  # record -> local deadline (monotonic)
+        self._deadlines: list[tuple[float, Key]] = []
+        self._returned = 0  # credit to grant again
+        self.stream_id = ""
+        self.assigned: set[tuple[str, int]] = set()
+        self.opened: dict[str, Any] = {}
+        self.reconnects = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the channel and the stream (retried on UNAVAILABLE); `ConsumeFailed` when
+        the proxy refuses it."""
+        if not self._begin_start():
+            return
+        if self._channel is None:
+            self._channel = (
+                grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
+                if self._credentials is not None
+                else grpc.aio.insecure_channel(self.target, options=self._options))
+        self._stub = pb_grpc.ProxyStub(self._channel)  # type: ignore[no-untyped-call]
+        try:
+            await self._open_with_retries(first=True)
+        except BaseException:
+            await self._close()
+            self._start_undone()  # nothing left open: as new
+            raise
+
+    async def stop(self) -> None:
+        """Half-close the stream (the proxy gives back what is outstanding), close the
+        channel. Idempotent."""
+        if not self._begin_stop():
+            return
+        await self._close()
+
+    async def _close(self) -> None:
+        call = self._call
+        if call is not None:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(1.0):
+                    async with self._write_lock:
+                        await call.done_writing()
+            reader = self._reader
+            if reader is not None:  # the proxy answers the half-close by ending the call
+                with contextlib.suppress(Exception):
+                    await asyncio.wait({reader}, timeout=2.0)
+        await self._drop_call()
+        if self._own_channel and self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close()
+
+    async def _drop_call(self) -> None:
+        reader, self._reader = self._reader, None
+        call, self._call = self._call, None
+        if reader is not None:
+            reader.cancel()
+            await asyncio.wait({reader})
+        if call is not None:
+            call.cancel()
+
+    # -- the stream ----------------------------------------------------------------------------
+    async def _open_with_retries(self, *, first: bool) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._open()
+                return
+            except ConsumeFailed as exc:
+                if exc.code not in _RECONNECT:
+                    raise
+                failures += 1
+                if failures > self.reconnect_attempts:
+                    raise ConsumeFailed(exc.code, f"{failures} attempts to open the stream "
+                                        f"failed; the last: {exc}") from exc
+                pause = self._backoff.pause(failures)
+                log.info("consume_stream_retry", group=self.group, attempt=failures,
+                         error=str(exc), pause_s=round(pause, 3), first=first)
+                await asyncio.sleep(pause)
+
+    async def _open(self) -> None:
+        await self._drop_call()
+        self._queue = asyncio.Queue()
+        self._outstanding.clear()
+        self._deadlines.clear()
+        self._returned = 0
+        self.assigned.clear()
+        call = self._stub.Consume(metadata=self._metadata)
+        self._call = call
+        try:
+            async with asyncio.timeout(self.open_timeout_s):
+                await call.write(pb.ConsumeRequest(open=pb.ConsumeOpen(
+                    group=self.group, topics=self.topics, pattern=self.pattern,
+                    ack_deadline_s=self.ack_deadline_s, max_deliveries=self.max_deliveries,
+                    credit=self.window, client_id=self.client_id)))
+                first = await call.read()
+        except grpc.aio.AioRpcError as exc:
+            await self._drop_call()
+            raise ConsumeFailed(exc.code(), exc.details() or "") from None
+        except TimeoutError:
+            await self._drop_call()
+            raise ConsumeFailed(grpc.StatusCode.UNAVAILABLE,
+                                f"no answer to open within {self.open_timeout_s} s") from None
+        except asyncio.InvalidStateError as exc:  # written on a call that ended
+            await self._drop_call()
+            raise ConsumeFailed(grpc.StatusCode.UNAVAILABLE, repr(exc)) from None
+        if first is grpc.aio.EOF or first.WhichOneof("kind") != "control" or \
+                first.control.kind != pb.ConsumeControl.OPENED:
+            await self._drop_call()
+            raise ConsumeFailed(grpc.StatusCode.UNAVAILABLE, "the stream ended before it "
+                                "opened")
+        c = first.control
+        self.stream_id = c.stream_id
+        self.opened = {"ack_deadline_s": c.ack_deadline_s, "max_deliveries": c.max_deliveries}
+        self._reader = asyncio.create_task(self._read(call), name="proxy-consumer:reader")
+
+    async def _read(self, call: Any) -> None:
+        try:
+            while True:
+                msg = await call.read()
+                if msg is grpc.aio.EOF:
+                    self._queue.put_nowait(_Ended(None))
+                    return
+                if msg.WhichOneof("kind") == "control":
+                    self._control(msg.control)
+                    continue
+                self._queue.put_nowait(msg.batch)
+        except grpc.aio.AioRpcError as exc:
+            self._queue.put_nowait(_Ended(exc))
+
+    def _control(self, c: Any) -> None:
+        tps = {(tp.topic, tp.partition) for tp in c.partitions}
+        if c.kind == pb.ConsumeControl.ASSIGNED:
+            self.assigned |= tps
+        elif c.kind == pb.ConsumeControl.REVOKED:
+            self.assigned -= tps
+
+    # -- iterating ------------------------------------------------------------------------------
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> ConsumedBatch:
+        while True:
+            if self.closed:
+                raise StopAsyncIteration
+            if self._call is None:
+                raise ProxyError("AsyncConsumer is not started (use `async with`)")
+            await self._expire_local()
+            wait = (self._deadlines[0][0] - time.monotonic()) if self._deadlines else None
+            try:
+                async with asyncio.timeout(None if wait is None else max(0.0, wait)):
+                    item = await self._queue.get()
+            except TimeoutError:
+                continue
+            if isinstance(item, _Ended):
+                await self._ended(item)
+                continue
+            records = tuple(_record(r) for r in item.records)
+            now = time.monotonic()
+            for r in records:
+                due = now + r.ack_deadline_s
+                self._outstanding[r.key_] = due
+                heapq.heappush(self._deadlines, (due, r.key_))
+            return ConsumedBatch(self, records)
+
+    async def _ended(self, item: _Ended) -> None:
+        exc = item.error
+        code = exc.code() if exc is not None else grpc.StatusCode.UNAVAILABLE
+        details = (exc.details() or "") if exc is not None else "the proxy ended the stream"
+        if self.closed:
+            return
+        if code not in _RECONNECT:
+            raise ConsumeFailed(code, details)
+        self.reconnects += 1
+        log.info("consume_stream_reconnecting", group=self.group, stream=self.stream_id,
+                 why=f"{code.name}: {details}")
+        await asyncio.sleep(self._backoff.pause(1))
+        await self._open_with_retries(first=False)
+
+    async def _expire_local(self) -> None:
+        """Records whose deadline passed unsettled: the proxy delivers them again; their
+        credit is granted again."""
+        now = time.monotonic()
+        n = 0
+        while self._deadlines and self._deadlines[0][0] <= now:
+            due, key = heapq.heappop(self._deadlines)
+            if self._outstanding.get(key) == due:
+                del self._outstanding[key]
+                n += 1
+        if n:
+            await self._give_back(n)
+
+    async def _give_back(self, n: int) -> None:
+        self._returned += n
+        if self._returned >= max(1, self.window // 4) or not self._outstanding:
+            n, self._returned = self._returned, 0
+            await self._write(pb.ConsumeRequest(credit=pb.ConsumeCredit(records=n)))
+
+    # -- settling --------------------------------------------------------------------------------
+    async def ack(self, records: Iterable[ConsumedRecord]) -> None:
+        """Settle `records`: they are not delivered again."""
+        await self._settle(list(records), None)
+
+    async def nack(self, records: Iterable[ConsumedRecord], *, delay_s: float = 0.0) -> None:
+        """Deliver `records` again after `delay_s` (or send them to the dead-letter topic
+        when they had their last delivery)."""
+        await self._settle(list(records), delay_s)
+
+    async def _settle(self, records: list[ConsumedRecord], delay_s: float | None) -> None:
+        self._check_open()
+        if not records:
+            return
+        parts = _partition_ranges(records)
+        req = (pb.ConsumeRequest(ack=pb.Acks(partitions=parts)) if delay_s is None else
+               pb.ConsumeRequest(nack=pb.Nacks(partitions=parts, delay_s=delay_s)))
+        if not await self._write(req):
+            await self._unary(parts, delay_s)
+        n = 0
+        for r in records:
+            if self._outstanding.pop(r.key_, None) is not None:
+                n += 1
+        if n:
+            await self._give_back(n)
+
+    async def _write(self, req: Any) -> bool:
+        """Send on the stream; False when it is gone."""
+        call = self._call
+        if call is None:
+            return False
+        try:
+            async with self._write_lock:
+                await call.write(req)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            log.debug("consume_stream_write_failed", error=repr(exc))
+            return False
+        return True
+
+    async def _unary(self, parts: list[Any], delay_s: float | None) -> None:
+        try:
+            if delay_s is None:
+                await self._stub.Ack(pb.AckRequest(group=self.group, partitions=parts),
+                                     timeout=5.0, metadata=self._metadata)
+            else:
+                await self._stub.Nack(pb.NackRequest(group=self.group, partitions=parts,
+                                                     delay_s=delay_s),
+                                      timeout=5.0, metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:  # the records come back at their deadline
+            log.info("consume_ack_lost", group=self.group, error=f"{exc.code().name}: "
+                     f"{exc.details()}")
