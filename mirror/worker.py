@@ -509,6 +509,7 @@ class MirrorWorker(Lifecycle):
                 f"the resume points of {self._flow_label} could not be read within "
                 f"{self._assign_budget_s:.0f}s of an assignment: {exc}")
             self.errors.append(self._fatal)
+            self._failed.set()  # the worker ends now, wherever its loops wait
             self.log.error("positions_unavailable_gave_up", error=str(exc))
             return None
         raise AssertionError("unreachable")  # pragma: no cover
