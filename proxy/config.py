@@ -139,6 +139,20 @@ class ConsumeConfig(_Model):
                                    "start (connecting to the region's Kafka).")
     close_timeout_s: float = Field(10.0, gt=0, description="Bound of a member's last commit "
                                    "and close.")
+    commit_timeout_s: float = Field(5.0, gt=0, description="When the primary moves: bound of "
+                                    "the last commit to the old primary (it may be down) and "
+                                    "of the handovers' write.")
+    translate_timeout_s: float = Field(20.0, gt=0, description="When the primary moves: bound "
+                                       "of reading the mirror's offset map in the new "
+                                       "primary (past it the members start from the group's "
+                                       "offsets there: more duplicates).")
+    handover_wait_s: float = Field(3.0, ge=0, description="How long a member reading the new "
+                                   "primary waits for the handover of a partition another "
+                                   "proxy held (it may still be translating).")
+    sync_rewind: int = Field(1_000, ge=0, description="Sync topics: offsets of the new "
+                             "primary read again before the translated position, for a sync "
+                             "copy written there before the mirror's copies of earlier "
+                             "records (what was consumed is skipped by id).")
 
 
 class TlsSettings(_Model):

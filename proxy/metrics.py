@@ -237,6 +237,13 @@ class ProxyMetrics:
                                     "whose fetch is paused (span, prefetch or memory bound "
                                     "reached)", ("group",), registry=r,
                                     multiprocess_mode="livesum")
+        self.consume_failover_unsettled = Counter(
+            "crossdc_proxy_consume_failover_unsettled", "Records delivered and not settled "
+            "when the primary moved: delivered again from the new primary (the failover's "
+            "duplicates)", ("group",), registry=r)
+        self.consume_handover_skipped = Counter(
+            "crossdc_proxy_consume_handover_skipped", "Records of the new primary skipped "
+            "because the old one's readers had settled them", ("group",), registry=r)
         self.consume_rebalances = Counter("crossdc_proxy_consume_kafka_rebalances", "Kafka "
                                           "rebalances a member of the group went through "
                                           "(partitions assigned to it)", ("group",),

@@ -536,6 +536,7 @@ class ProxyServer(Lifecycle):
             self._spawn("proxy:policy-watch", self.policy_store.run())
         if self.auth_store is not None:
             self._spawn("proxy:auth-watch", self.auth_store.run())
+        self.primary.on_change.append(self.consume.primary_changed)
         await self.consume.start()
         self._spawn("proxy:consume", self.consume.run())
         if self.heap.interval_s > 0:  # trims only with glibc

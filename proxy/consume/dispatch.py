@@ -32,12 +32,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from crossdc.headers import DR_ID, record_id
 from proxy.consume.acks import PartitionAcks, RecordState
 from proxy.consume.assign import Stream, TopicPartition, assign
+from proxy.consume.handover import SettledIds
 from proxy.consume.source import ReadSettings
 
 __all__ = ["Batch", "Control", "Credit", "DeadLetter", "Delivery", "Dispatcher", "Fetched",
-           "Output", "StreamState"]
+           "Output", "StreamState", "body_id"]
 
 MAX_CREDIT = 1 << 31
 """Credit a stream may hold at once (more is cut: a client cannot overflow anything)."""
@@ -113,9 +115,11 @@ class StreamState:
 
 class _Part:
     __slots__ = ("acks", "deliverer", "fresh", "fresh_bytes", "held", "held_bytes", "holder",
-                 "last_commit", "next", "owner", "settings")
+                 "last_commit", "next", "owner", "settings", "settled")
 
-    def __init__(self) -> None:
+    def __init__(self, keep_ids: int | None = None) -> None:
+        # the ids of settled records from `committed - keep` on (the handover's skip list)
+        self.settled = SettledIds(keep_ids) if keep_ids is not None else None
         self.acks: PartitionAcks | None = None
         self.fresh: deque[Fetched] = deque()
         self.held: dict[int, Fetched] = {}
@@ -134,8 +138,14 @@ class Dispatcher:
 
     def __init__(self, *, max_span: int = 100_000, prefetch_records: int = 1_000,
                  max_buffered_bytes: int = 64 * 1024 * 1024, max_batch_records: int = 500,
-                 default_deliveries: int = 5) -> None:
+                 default_deliveries: int = 5, keep_ids: int | None = None) -> None:
+        """`keep_ids`: remember the ids of settled records (for a handover to another
+        region: a reader of the primary), and those of the last `keep_ids` offsets below
+        each partition's prefix; None: remember none."""
         self.max_span = max_span
+        self.keep_ids = keep_ids
+        self.delivering = True
+        """False: no records are delivered (the primary is moving); controls still are."""
         self.prefetch_records = prefetch_records
         self.max_buffered_bytes = max_buffered_bytes
         self.max_batch_records = max_batch_records
@@ -171,6 +181,12 @@ class Dispatcher:
         p = self._parts.get(tp)
         return p.acks if p is not None else None
 
+    def positions(self) -> dict[TopicPartition, tuple[int, int, SettledIds | None]]:
+        """Per partition with records fetched: (acknowledged prefix, one past the last
+        delivered, the ids of the settled records)."""
+        return {tp: (p.acks.committed, p.acks.end, p.settled)
+                for tp, p in self._parts.items() if p.acks is not None}
+
     def count(self, *states: RecordState) -> int:
         """Records in `states` over every partition (unsettled ones when none named)."""
         return sum(p.acks.count(*states) for p in self._parts.values() if p.acks is not None)
@@ -194,7 +210,7 @@ class Dispatcher:
     def add_partitions(self, tps: Iterable[TopicPartition]) -> None:
         """Kafka gave this member `tps`: spread over the streams."""
         for tp in tps:
-            self._parts.setdefault(tp, _Part())
+            self._parts.setdefault(tp, _Part(self.keep_ids))
         self._reassign()
 
     def remove_partitions(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -341,6 +357,8 @@ class Dispatcher:
         self._finish_moves()
         out: list[Output] = list(self._outbox)
         self._outbox.clear()
+        if not self.delivering:
+            return out
         for st in self.streams.values():
             if st.credit.n <= 0:
                 continue
@@ -418,6 +436,10 @@ class Dispatcher:
                 r = p.held.pop(off)
                 p.held_bytes -= r.size
                 self.buffered_bytes -= r.size
+                if p.settled is not None:
+                    p.settled.add(off, body_id(r.body, off))
+        if p.settled is not None:
+            p.settled.prune(acks.committed)
 
     def _inflight(self, p: _Part) -> int:
         return p.acks.count(RecordState.INFLIGHT) if p.acks is not None else 0
@@ -458,6 +480,15 @@ class Dispatcher:
                 assigned.setdefault(p.owner, []).append(tp)
         for sid, tps in sorted(assigned.items()):
             self._outbox.append(Control(sid, "ASSIGNED", tuple(sorted(tps))))
+
+
+def body_id(body: Any, offset: int) -> str:
+    """The id of a delivered record (a `pb.ConsumedRecord`) in every region
+    (`crossdc.headers.record_id`)."""
+    for h in body.headers:
+        if h.key == DR_ID:
+            return record_id(h.value, body.region, body.topic, body.partition, offset)
+    return record_id(None, body.region, body.topic, body.partition, offset)
 
 
 def _chunks(items: list[Delivery], size: int) -> Iterator[list[Delivery]]:

@@ -35,7 +35,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 import structlog
@@ -63,7 +63,7 @@ from crossdc.lifecycle import Lifecycle
 from crossdc.settings import Backoff
 from proxy.api import pb
 from proxy.config import ConsumeConfig
-from proxy.consume.acks import Range
+from proxy.consume.acks import Range, RecordState
 from proxy.consume.dispatch import (
     Batch,
     DeadLetter,
@@ -72,6 +72,7 @@ from proxy.consume.dispatch import (
     Output,
     StreamState,
 )
+from proxy.consume.handover import Handover, SettledIds, SkipSet
 from proxy.errors import ProxyError, RegionWriteFailed
 from proxy.headers import stamp
 from proxy.metrics import ProxyMetrics
@@ -102,6 +103,12 @@ class Sink(Protocol):
     def push(self, out: Output) -> None: ...
 
 
+HandoverLookup = Callable[["GroupMember", set[tuple[str, int]]],
+                         Awaitable[dict[tuple[str, int], Handover]]]
+"""Where a member that reads a new primary finds the handovers of the partitions Kafka
+gave it (the service: its own, then the handover topic of the member's region)."""
+
+
 def _size(m: Any) -> int:
     key = m.serialized_key_size if m.serialized_key_size > 0 else 0
     value = m.serialized_value_size if m.serialized_value_size > 0 else 0
@@ -115,7 +122,8 @@ class GroupMember(Lifecycle):
     def __init__(self, group: str, scope: str, region: str, conn: KafkaConnection,
                  writer: RegionWriter, config: ConsumeConfig, metrics: ProxyMetrics, *,
                  client_id: str, dead_letter_mode: Callable[[str], tuple[Mode, int | None]],
-                 default_deliveries: int = 5,
+                 default_deliveries: int = 5, keep_ids: int | None = None,
+                 handovers: HandoverLookup | None = None, handover_epoch: int | None = None,
                  on_failure: Callable[[str, BaseException], None] | None = None) -> None:
         self.group = group
         self.scope = scope
@@ -132,7 +140,17 @@ class GroupMember(Lifecycle):
                                      prefetch_records=config.prefetch_records,
                                      max_buffered_bytes=config.max_buffered_bytes,
                                      max_batch_records=config.max_batch_records,
-                                     default_deliveries=default_deliveries)
+                                     default_deliveries=default_deliveries,
+                                     keep_ids=keep_ids)
+        self._handovers = handovers
+        self.handover_epoch = handover_epoch
+        """Set: this member reads a new primary; its partitions start from the handovers
+        made for that promotion (epoch)."""
+        self._skips: dict[tuple[str, int], SkipSet] = {}
+        self.frozen = False
+        """Positions were handed over: acks from now on are stale (the primary moved)."""
+        self.skipped = 0  # records skipped by a handover's ids
+        self.handed_over = 0  # partitions started from a handover
         self.sinks: dict[str, Sink] = {}
         self.topics: set[str] = set()
         self.idle_since: float | None = time.monotonic()
@@ -275,7 +293,7 @@ class GroupMember(Lifecycle):
         now = time.monotonic()
         for first, end in ranges:
             asked += end - first
-            if region != self.region:
+            if region != self.region or self.frozen:
                 continue  # read from another region: an old one's offsets
             done += (d.ack(tp, first, end) if delay_s is None
                      else d.nack(tp, first, end, now=now, delay_s=delay_s))
@@ -289,6 +307,49 @@ class GroupMember(Lifecycle):
         if asked > done:
             self.metrics.consume_stale_acks.labels(self.group).inc(asked - done)
         return done, asked - done
+
+    # -- the move of the primary (the service's `Switch` drives these) -------------------------
+    def hold(self, held: bool) -> None:
+        """Stop (True) or restart delivering records; acks and nacks still apply."""
+        self.dispatcher.delivering = not held
+        if not held:
+            self.pump()
+
+    async def commit_now(self) -> bool:
+        """Commit the acknowledged prefixes now (False: not joined, or Kafka refused)."""
+        c = self._consumer
+        if c is None or not self._joined.is_set():
+            return False
+        return await self._commit(c, self.dispatcher.commits())
+
+    def positions(self) -> dict[tuple[str, int], tuple[int, int, SettledIds | None, int]]:
+        """Freeze the member (acks from now on are stale) and return, per partition it
+        holds: (acknowledged prefix, one past the last delivered, the settled records' ids,
+        records delivered and not settled). A partition with nothing fetched yet has its
+        consumer position as both offsets (unknown: left out)."""
+        self.frozen = True
+        out: dict[tuple[str, int], tuple[int, int, SettledIds | None, int]] = {}
+        d = self.dispatcher
+        for tp, (committed, end, ids) in d.positions().items():
+            acks = d.acks_of(tp)
+            open_ = acks.count(RecordState.INFLIGHT, RecordState.WAITING, RecordState.PENDING,
+                               RecordState.DEAD) if acks is not None else 0
+            out[tp] = (committed, end, ids, open_)
+        c = self._consumer
+        for tp in d.partitions - set(out):
+            pos = _position(c, tp)
+            if pos is not None:
+                out[tp] = (pos, pos, None, 0)
+        return out
+
+    def release(self) -> list[str]:
+        """Let go of the streams without giving their records back (they are handed over):
+        returns their ids. The member is then stopped."""
+        ids = list(self.sinks)
+        for sid in ids:
+            self.dispatcher.streams.pop(sid, None)
+        self.sinks.clear()
+        return ids
 
     # -- fetching ------------------------------------------------------------------------------
     async def _fetch_forever(self) -> None:
@@ -366,10 +427,24 @@ class GroupMember(Lifecycle):
             got = 0
             for tp, msgs in data.items():
                 key = (tp.topic, tp.partition)
+                skips = self._skips.get(key)
+                if skips is not None:
+                    before = skips.skipped
+                    msgs = [m for m in msgs if not skips.skip(m.offset, self._id_of(m))]
+                    if skips.skipped > before:
+                        self.skipped += skips.skipped - before
+                        self.metrics.consume_handover_skipped.labels(self.group).inc(
+                            skips.skipped - before)
+                    if skips.done:
+                        del self._skips[key]
                 got += self.dispatcher.fetched(key, [Fetched(m.offset, _size(m), self._body(m))
                                                      for m in msgs])
             if got:
                 self.pump()
+
+    def _id_of(self, m: Any) -> str:
+        dr_id = next((v for k, v in m.headers or () if k == DR_ID), None)
+        return record_id(dr_id, self.region, m.topic, m.partition, m.offset)
 
     def _body(self, m: Any) -> Any:
         rec = pb.ConsumedRecord(topic=m.topic, partition=m.partition, offset=m.offset,
@@ -540,6 +615,14 @@ class GroupMember(Lifecycle):
         kept = keys & d.partitions
         d.add_partitions(keys - kept)
         c = self._consumer
+        if self._handovers is not None and keys - kept and c is not None:
+            for tp, h in (await self._handovers(self, keys - kept)).items():
+                if h.start is not None:
+                    with contextlib.suppress(IllegalStateError):
+                        c.seek(TopicPartition(*tp), h.start)
+                if h.skip:
+                    self._skips[tp] = SkipSet(h)
+                self.handed_over += 1
         for t, p in kept:  # read on from where this member is, not from the commit
             nxt = d.next_offset((t, p))
             if c is not None and nxt >= 0:
@@ -552,6 +635,17 @@ class GroupMember(Lifecycle):
         self._rebalancing = False
         self._joined.set()
         self.pump()
+
+
+def _position(consumer: Any, tp: tuple[str, int]) -> int | None:
+    """The consumer's fetch position of `tp`, without asking Kafka (None: not known)."""
+    try:
+        state = consumer._subscription.subscription.assignment.state_value(TopicPartition(*tp))
+    except (AttributeError, KeyError):
+        return None
+    if state is None or not state.has_valid_position:
+        return None
+    return int(state.position)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]

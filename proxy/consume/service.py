@@ -41,6 +41,7 @@ from proxy.auth import TokenEntry
 from proxy.config import ConsumeConfig
 from proxy.consume.acks import Range, RecordState, normalize_ranges
 from proxy.consume.dispatch import Batch, Control, Credit, Output
+from proxy.consume.follow import PrimaryFollower
 from proxy.consume.member import GroupMember
 from proxy.consume.source import ReadSettings, read_region, stream_settings
 from proxy.errors import (
@@ -125,6 +126,12 @@ class ConsumeStream:
         if size:
             self.out.put_nowait(resp)
 
+    def control(self, kind: Any, *, region: str, epoch: int) -> None:
+        """Queue a control without partitions (PAUSED, RESUMED)."""
+        if not self.ended:
+            self.out.put_nowait(pb.ConsumeResponse(control=pb.ConsumeControl(
+                kind=kind, region=region, epoch=epoch)))
+
     def end(self, error: ProxyError | None = None) -> None:
         """End the stream (OK, or with `error`'s status); what is queued is sent first."""
         if not self.ended:
@@ -154,7 +161,8 @@ class ConsumeService(Lifecycle):
         self._prefix = f"{region}-{os.getpid()}-{os.urandom(3).hex()}"
         self._failed = asyncio.Event()
         self._failure: BaseException | None = None
-        self._stopping = asyncio.Event()
+        self.stopping = asyncio.Event()
+        self.follower = PrimaryFollower(self)
         self._groups: set[str] = set()  # with gauges set (zeroed when their last member goes)
         self.log = log.bind(region=region)
 
@@ -162,11 +170,21 @@ class ConsumeService(Lifecycle):
     async def start(self) -> None:
         self._begin_start()
 
+    def primary_changed(self, old: PrimaryRecord, new: PrimaryRecord) -> None:
+        """The primary watch's `on_change` hook: the readers of the primary follow it."""
+        self.follower.seen(old, new)
+
     async def run(self) -> None:
-        """Retire the members idle for `member_linger_s`, keep the gauges; raise the first
-        failure of a member's task (the server then stops, as for any of its loops)."""
-        while not self._stopping.is_set():
-            await wait_any(self._failed, self._stopping, timeout_s=0.5)
+        """Follow the primary (`follow.PrimaryFollower`), retire the members idle for
+        `member_linger_s`, keep the gauges; raise the first failure of a member's task (the
+        server then stops, as for any of its loops)."""
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.follower.run(self.stopping), name="proxy:consume-follow")
+            tg.create_task(self._housekeeping(), name="proxy:consume-housekeeping")
+
+    async def _housekeeping(self) -> None:
+        while not self.stopping.is_set():
+            await wait_any(self._failed, self.stopping, timeout_s=0.5)
             if self._failure is not None:
                 raise self._failure
             now = time.monotonic()
@@ -189,6 +207,29 @@ class ConsumeService(Lifecycle):
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
+    async def replace_member(self, old: GroupMember, region: str, policy: Policy, *,
+                             handover_epoch: int | None) -> GroupMember:
+        """The primary moved to `region`: `old`'s streams go on with a member reading there
+        (from the handovers of `handover_epoch`, or the group's offsets there); `old` stops
+        in the background (its last commit goes to the old region, if it answers)."""
+        key = (old.group, old.scope)
+        sids = old.release()
+        new = self._member(old.group, old.scope, region, policy, handover_epoch=handover_epoch)
+        self.members[key] = new
+        await new.start()
+        for sid in sids:
+            st = self.streams.get(sid)
+            if st is not None and not st.ended:
+                new.attach(st, st.of_scope(old.scope), st.credit)
+        if not new.sinks:
+            new.idle_since = time.monotonic()
+        task = asyncio.create_task(old.stop(), name=f"proxy:consume-retire:{key[0]}:{key[1]}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+        self.log.info("consume_member_moved", group=old.group, source=old.region,
+                      target=region, streams=len(new.sinks), handover_epoch=handover_epoch)
+        return new
+
     def drain(self) -> None:
         """End every stream UNAVAILABLE (the proxy is stopping: clients go elsewhere)."""
         for s in list(self.streams.values()):
@@ -198,7 +239,7 @@ class ConsumeService(Lifecycle):
         """End the streams, stop every member (each commits and leaves its group)."""
         if not self._begin_stop():
             return
-        self._stopping.set()
+        self.stopping.set()
         self.drain()
         members = list(self.members.values())
         self.members.clear()
@@ -218,7 +259,7 @@ class ConsumeService(Lifecycle):
     async def open(self, req: Any, entry: TokenEntry | None, peer: str = "") -> ConsumeStream:
         """Check an `open` and attach a new stream to its members (see the module
         docstring for what is refused, and how)."""
-        if self.closed or self._stopping.is_set():
+        if self.closed or self.stopping.is_set():
             raise NotServing("proxy is shutting down; use another proxy of the region")
         group = req.group
         if not _GROUP.match(group):
@@ -335,6 +376,8 @@ class ConsumeService(Lifecycle):
                                f"{shown(settings.dead_letter_topic)} has no policy rule")
         current = self.current()
         region = read_region(rule, current, self.region)
+        if region is not None and rule.dr_mode != "nearest" and region != self.follower.reading:
+            region = None  # the readers of the primary are moving: wait for them
         if region is None:
             raise PrimaryUnavailable("no writable primary (a failover is under way): "
                                      f"{shown(topic)} is read from the primary",
@@ -371,7 +414,8 @@ class ConsumeService(Lifecycle):
                                  f"{MAX_TOPICS} per stream")
         return out
 
-    def _member(self, group: str, scope: str, region: str, policy: Policy) -> GroupMember:
+    def _member(self, group: str, scope: str, region: str, policy: Policy, *,
+                handover_epoch: int | None = None) -> GroupMember:
         def dead_letter_mode(topic: str) -> tuple[Mode, int | None]:
             rule = self.policy().rule_for(topic)
             if rule is not None and rule.mode == "ordered":
@@ -381,7 +425,10 @@ class ConsumeService(Lifecycle):
         return GroupMember(group, scope, region, self.kafka[region], self.writers[region],
                            self.config, self.metrics,
                            client_id=f"{self.client_id}-consume",
-                           dead_letter_mode=dead_letter_mode, on_failure=self._member_failed)
+                           dead_letter_mode=dead_letter_mode, on_failure=self._member_failed,
+                           keep_ids=(self.config.sync_rewind if scope == "primary" else None),
+                           handovers=self.follower.handovers if scope == "primary" else None,
+                           handover_epoch=handover_epoch)
 
     def _gauges(self) -> None:
         m = self.metrics
