@@ -61,13 +61,16 @@ def component_acls() -> list[AclBinding]:
         out.extend(AclBinding(resource, name, _user(principal), op)  # type: ignore[arg-type]
                    for op in ops)
 
-    # proxy: produce (idempotent) to any topic; nothing else
-    allow(PROXY, "topic", ["WRITE", "DESCRIBE"])
+    # proxy: produce (idempotent) to any topic, and read any for the clients that consume
+    # through it (`Consume`, docs/consume.md: the token's topic patterns decide who reads
+    # what; the mirror's offset maps, for the handover when the primary moves)
+    allow(PROXY, "topic", ["WRITE", "DESCRIBE", "READ"])
     allow(PROXY, "cluster", ["IDEMPOTENT_WRITE"])
     # ... and its own internal topics (the shared idempotency store, proxy/idempotency.py)
     out.extend(AclBinding("topic", PROXY_INTERNAL_PREFIX, _user(PROXY), op, pattern="PREFIXED")
                for op in ("CREATE", "READ", "DESCRIBE_CONFIGS"))
-    # ... and the consumer group that replays its hints (proxy/hints.py)
+    # ... and its consumer groups: the hints' replay (proxy/hints.py) and the members reading
+    # for its clients (`_crossdc.proxy.consume.<group>.<scope>`)
     out.append(AclBinding("group", PROXY_INTERNAL_PREFIX, _user(PROXY), "READ",
                           pattern="PREFIXED"))
     # mirror: read sources, write/create targets, its groups, offset syncs, transactions

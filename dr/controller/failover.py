@@ -47,6 +47,7 @@ from dr.controller.config import ControllerSettings
 from dr.controller.datacenters import Datacenters, PrimaryView
 from dr.controller.errors import FailoverRefused, NotLeader, StepFailed
 from dr.controller.state import FailoverRecord, StepName, now_ms
+from dr.controller.sync import PROXY_CONSUME_PREFIX
 from proxy.hints import pending_hints
 
 __all__ = ["Behind", "FailoverEngine", "behind"]
@@ -546,5 +547,5 @@ async def _user_groups(conn: KafkaConnection, timeout_s: float) -> list[str]:
             listed = await admin.consumer_groups()
     finally:
         await admin.stop()
-    return [g for g in listed
-            if not g.startswith(("crossdc-mirror", "_crossdc", "crossdc-controller"))]
+    return [g for g in listed if (g.startswith(PROXY_CONSUME_PREFIX) and g.endswith(".primary"))
+            or not g.startswith(("crossdc-mirror", "_crossdc", "crossdc-controller"))]

@@ -82,14 +82,23 @@ def is_user_topic(topic: str, pattern: re.Pattern[str]) -> bool:
         and not is_internal(topic)
 
 
+PROXY_CONSUME_PREFIX = "_crossdc.proxy.consume."
+"""The proxies' consumer groups (proxy/consume/member.py `GROUP_PREFIX`)."""
+
+
 def mirror_groups(topology: Topology) -> set[str]:
     """The mirror workers' groups the topology names (explicit or default)."""
     return {f.group or f"crossdc-mirror-{f.source}-{f.target}" for f in topology.flows}
 
 
 def is_user_group(group: str, topology: Topology) -> bool:
-    """A consumer group users run: not the mirror's (`crossdc-mirror*`, a flow's group), not
-    crossdc's own (`_crossdc*`, `crossdc-controller*`)."""
+    """A consumer group whose positions follow the primary: one users run (not the mirror's,
+    `crossdc-mirror*` or a flow's group; not crossdc's own, `_crossdc*`,
+    `crossdc-controller*`), or the proxies' reading the primary for their clients
+    (`_crossdc.proxy.consume.<group>.primary`, docs/consume.md: the fallback of a partition
+    no proxy handed over)."""
+    if group.startswith(PROXY_CONSUME_PREFIX) and group.endswith(".primary"):
+        return True
     return not group.startswith(("crossdc-mirror", "_crossdc", "crossdc-controller")) \
         and group not in mirror_groups(topology)
 

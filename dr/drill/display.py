@@ -119,12 +119,23 @@ def report_table(report: DrillReport) -> Group:
         m.add_row(mode, f"{f.acked:,}", f"{f.lost:,}", f"{f.duplicates:,}",
                   f"{sum(f.missing_replicas.values()):,}", seconds(f.max_write_gap_s),
                   seconds(f.recovery_s))
+    parts: list[RenderableType] = [t, m]
+    if report.readers:
+        c = Table(title="consumers through the proxies", title_justify="left")
+        for col in ("reader", "mode", "delivered", "duplicates", "gap", "longest pause",
+                    "reconnects"):
+            c.add_column(col, justify="left" if col in ("reader", "mode") else "right")
+        for rf in report.readers:
+            c.add_row(rf.region, rf.mode, f"{rf.delivered:,}", f"{rf.duplicates:,}",
+                      f"[red]{rf.gap:,}[/]" if rf.gap else "0", seconds(rf.longest_pause_s),
+                      str(rf.reconnects))
+        parts.append(c)
     if report.history is None:
-        return Group(t, m)
+        return Group(*parts)
     h = Table(title="whole-history checks", title_justify="left")
     for col in ("check", "outcome", "figures"):
         h.add_column(col)
     for c in report.history["checks"].values():
         state = {True: "[green]ok[/]", False: "[red]FAILED[/]", None: "not run"}[c["passed"]]
         h.add_row(c["title"], state, ", ".join(f"{k} {v}" for k, v in c["counts"].items()))
-    return Group(t, m, h)
+    return Group(*parts, h)

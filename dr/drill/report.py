@@ -41,6 +41,7 @@ from crossdc.errors import ConfigError, ConfigIssue
 from crossdc.yamlfile import load_model
 from dr.controller.state import FailoverRecord
 from dr.drill.count import Judgement
+from dr.drill.readers import ReaderFigures
 from dr.drill.traffic import MODES, Ack, TrafficStats
 
 __all__ = [
@@ -195,6 +196,9 @@ class DrillReport(BaseModel):
         "Ordered records read back from every region: epoch -> origin region -> records."))
     split_brain: list[str] = Field(default_factory=list, description=(
         "Epochs under which more than one region accepted ordered writes (must be empty)."))
+    readers: list[ReaderFigures] = Field(default_factory=list, description=(
+        "What a consumer per region, reading through its proxy, saw of each mode "
+        "(dr/drill/readers.py)."))
     history: dict[str, Any] | None = Field(None, description=(
         "The whole-history checker's outcome (dr/drill/history.py, the partition suite's "
         "checker): each check with its counts and examples."))
@@ -475,6 +479,28 @@ def render_markdown(report: DrillReport) -> str:
             if m.duplicate_ids:
                 add(f"Duplicated {mode} records (examples): "
                     + ", ".join(f"`{i}`" for i in m.duplicate_ids))
+                add("")
+    if r.readers:
+        add("## Consumers through the proxies")
+        add("")
+        add("One consumer per region, a group of its own, reading every mode through its "
+            "region's proxy and acknowledging each batch. Gap: acknowledged records every "
+            "region holds that it never received (must be 0).")
+        add("")
+        add("| reader | mode | delivered | distinct | duplicates | gap | longest pause | "
+            "reconnects |")
+        add("|---|---|---:|---:|---:|---:|---:|---:|")
+        for f in r.readers:
+            add(f"| {f.region} | {f.mode} | {f.delivered} | {f.distinct} | {f.duplicates} | "
+                f"{f.gap} | {_s(f.longest_pause_s)} | {f.reconnects} |")
+        add("")
+        for f in r.readers:
+            if f.gap_examples:
+                add(f"Never delivered to {f.region} ({f.mode}, examples): "
+                    + ", ".join(f"`{i}`" for i in f.gap_examples))
+                add("")
+            if f.error:
+                add(f"Reader {f.region} failed: {f.error}")
                 add("")
     if r.steps:
         add("## Steps")

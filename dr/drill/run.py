@@ -34,10 +34,11 @@ from dr.controller.ops import (
     start_failover,
 )
 from dr.controller.state import HEALTH_PREFIX, FailoverRecord, RegionHealth
-from dr.drill.count import Judgement, judge, read_epochs, split_brain, wait_replicated
+from dr.drill.count import Held, Judgement, judge, read_epochs, split_brain, wait_replicated
 from dr.drill.errors import DrillError
 from dr.drill.faults import SCENARIOS, Fault, HookFault, local_fault
 from dr.drill.history import History, PrimaryWatch, judge_run
+from dr.drill.readers import Readers
 from dr.drill.report import (
     DrillReport,
     Thresholds,
@@ -109,6 +110,9 @@ class DrillConfig(BaseModel):
     replicate_timeout_s: float = Field(180.0, gt=0, le=1800)
     warmup_s: float = Field(5.0, ge=0, le=120)
     failback: bool = True
+    readers: bool = Field(True, description=(
+        "Run a consumer per region through its proxy (`Consume`) and report what it saw: "
+        "records delivered, the gap (must be 0), duplicates, the longest pause."))
     reports: Path = Path("reports")
 
 
@@ -231,6 +235,8 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
 
     traffic = Traffic(plan.proxies, topics, rate=rate, ack_log=folder / "acks.jsonl",
                       discover=discover if plan.scenario in DISCOVER_SCENARIOS else None)
+    readers = Readers(plan.proxies, topics, group_prefix=f"drill-{run_id}") \
+        if config.readers else None
     failover: FailoverRecord | None = None
     failback: FailoverRecord | None = None
     leader_before: str | None = None
@@ -251,6 +257,8 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
             await _failover_ready(dcs, plan.standby, time.monotonic() + config.recovery_timeout_s,
                                   progress)
         await _steady(dcs, plan)
+        if readers is not None:
+            await readers.start()
         await traffic.start()
         traffic_seen(traffic)
         try:
@@ -332,6 +340,24 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                      "records (or the bound)")
             held = await wait_replicated(topology, acks, config.replicate_timeout_s,
                                          principal=principal)
+        reader_figures = []
+        if readers is not None:
+            with tl.step("readers"):
+                expected = _kept_everywhere(acks, held)
+                progress("waiting until each region's consumer received the "
+                         f"{sum(map(len, expected.values()))} records every region holds")
+                try:
+                    await readers.wait_caught_up(expected, config.replicate_timeout_s)
+                finally:
+                    await readers.stop()
+                acked_ms: dict[str, list[int]] = {}
+                for a in acks:
+                    acked_ms.setdefault(a.mode, []).append(a.t_ms)
+                reader_figures = readers.figures(expected, since_ms=tl.fault_ms,
+                                                 until_ms=traffic.stopped_ms, acked_ms=acked_ms)
+                problems += [f"consumer gap: {f.gap} {f.mode} records acknowledged and held "
+                             f"everywhere never reached {f.region}'s reader"
+                             for f in reader_figures if f.gap]
         with tl.step("judge"):
             judgement = judge(acks, held, [r.name for r in topology.regions])
             await watch.stop()
@@ -354,7 +380,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                      leader_before, leader_after, config.thresholds)
     brains = split_brain(epochs)
     report = report.model_copy(update={
-        "epochs": epochs, "split_brain": brains,
+        "epochs": epochs, "split_brain": brains, "readers": reader_figures,
         "history": None if history is None else history.as_dict()})
     problems += [f"split brain: {b}" for b in brains]
     if history is not None:
@@ -571,6 +597,16 @@ async def _failback(topology: Topology, dcs: Datacenters, settings: ControllerSe
             return rec
         _check(deadline + 60, "the failback did not end within the bound")
         await asyncio.sleep(0.2)  # polls the failover record the leader writes
+
+
+def _kept_everywhere(acks: Iterable[Ack], held: Held) -> dict[str, set[str]]:
+    """Mode -> the acknowledged dr-ids every region holds (what each reader must get)."""
+    out: dict[str, set[str]] = {}
+    regions = list(held.values())
+    for a in acks:
+        if regions and all(a.dr_id in r.get(a.topic, {}) for r in regions):
+            out.setdefault(a.mode, set()).add(a.dr_id)
+    return out
 
 
 def _producer(ack: Ack) -> str:

@@ -47,12 +47,14 @@ MAX_CREDIT = 1 << 31
 
 @dataclass(slots=True)
 class Fetched:
-    """One record fetched from Kafka: its offset, its size (bytes held) and the body the
-    driver sends (opaque here)."""
+    """One record fetched from Kafka: its offset, its size (bytes held), the body the
+    driver sends (opaque here, but a `pb.ConsumedRecord` where ids are kept: `body_id`) and
+    its timestamp."""
 
     offset: int
     size: int
     body: Any
+    ts_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,7 @@ class StreamState:
 
 class _Part:
     __slots__ = ("acks", "deliverer", "fresh", "fresh_bytes", "held", "held_bytes", "holder",
-                 "last_commit", "next", "owner", "settings", "settled")
+                 "last_commit", "last_ms", "next", "owner", "settings", "settled")
 
     def __init__(self, keep_ids: int | None = None) -> None:
         # the ids of settled records from `committed - keep` on (the handover's skip list)
@@ -131,6 +133,7 @@ class _Part:
         self.holder: str | None = None     # the stream its records in flight were sent to
         self.settings: ReadSettings | None = None  # of the last stream it was delivered to
         self.last_commit: int | None = None
+        self.last_ms: int | None = None    # the timestamp of the last record delivered
 
 
 class Dispatcher:
@@ -186,6 +189,18 @@ class Dispatcher:
         delivered, the ids of the settled records)."""
         return {tp: (p.acks.committed, p.acks.end, p.settled)
                 for tp, p in self._parts.items() if p.acks is not None}
+
+    def resume_ms(self, tp: TopicPartition) -> int | None:
+        """The timestamp where reading `tp` again loses nothing: the oldest record fetched
+        and not settled, else the last one delivered (None: nothing delivered yet)."""
+        p = self._parts.get(tp)
+        if p is None or p.acks is None:
+            return None
+        acks = p.acks
+        times = [r.ts_ms for off, r in p.held.items()
+                 if r.ts_ms is not None and acks.state_of(off) != RecordState.SETTLED]
+        times += [r.ts_ms for r in p.fresh if r.ts_ms is not None]
+        return min(times) if times else p.last_ms
 
     def count(self, *states: RecordState) -> int:
         """Records in `states` over every partition (unsettled ones when none named)."""
@@ -408,6 +423,7 @@ class Dispatcher:
             chunk.append(p.fresh.popleft())
         if not chunk:
             return got
+        p.last_ms = chunk[-1].ts_ms
         acks.delivered([r.offset for r in chunk], chunk[-1].offset + 1, now=now,
                        deadline_s=deadline)
         for r in chunk:

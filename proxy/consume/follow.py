@@ -4,8 +4,8 @@ records the proxy's watch sees into a `source.Switch` and carries out its action
 
 - `Pause`: the members stop delivering records (acks still apply), the streams get PAUSED,
   a commit of the prefixes so far starts (not awaited).
-- `Commit`: the prefixes committed to the old region, bounded by `commit_timeout_s` (a dead
-  region only fails this step: the handover does not need it).
+- `Commit`: the prefixes committed to the old region in the background, bounded by
+  `commit_timeout_s` (the old region may be down: the handover does not wait for it).
 - `Translate`: each member's positions are frozen (acks after this are stale) and translated
   through the mirror's offset map read in the new region (`load_translation`), one
   `Handover` per partition, kept in memory and written to the handover topic of the new
@@ -40,7 +40,7 @@ from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.settings import RetrySettings
 from proxy.api import pb
-from proxy.consume.handover import Handover, hand_over
+from proxy.consume.handover import MAX_SKIP, Handover, hand_over
 from proxy.consume.source import (
     Action,
     Commit,
@@ -145,7 +145,12 @@ class PrimaryFollower:
                 task.add_done_callback(self._bg.discard)
             return None
         if isinstance(a, Commit):
-            return StepDone("commit", await self._commit_all())
+            # in the background: the old primary may be down (a commit would wait out its
+            # timeout), and the handover carries the positions without it
+            task = asyncio.create_task(self._commit_all(), name="proxy:consume-last-commit")
+            self._bg.add(task)
+            task.add_done_callback(self._bg.discard)
+            return StepDone("commit", True)
         if isinstance(a, Translate):
             return StepDone("translate", await self._translate(a.source, a.target))
         return StepDone("resume", await self._resume(a))
@@ -169,6 +174,7 @@ class PrimaryFollower:
         self._handover_epoch = epoch
         members = self._members()
         snaps = {m.group: m.positions() for m in members}
+        times = {(m.group, tp): m.resume_ms(tp) for m in members for tp in snaps[m.group]}
         if not snaps:
             return True
         unsettled = 0
@@ -190,13 +196,17 @@ class PrimaryFollower:
         for group, pos in snaps.items():
             for (topic, partition), (c, end, ids, _) in pos.items():
                 rule = policy.rule_for(topic)
-                rewind = self.config.sync_rewind if rule is not None and \
-                    rule.dr_mode == "sync" else 0
+                sync = rule is not None and rule.dr_mode == "sync"
                 h = hand_over(group, topic, partition, source=source, epoch=epoch,
                               committed=c, end=end, settled=ids or _NO_IDS,
                               translate=functools.partial(offsets.translate, topic,
-                                                          partition),
-                              rewind=rewind)
+                                                          partition))
+                at = times.get((group, (topic, partition)))
+                if h.start is None and sync and at is not None:
+                    # never mirrored: find the place by time, skip what was consumed by id
+                    h = h.model_copy(update={
+                        "start_ms": max(0, at - int(self.config.sync_rewind_s * 1000)),
+                        "skip": frozenset((ids or _NO_IDS).lowest(MAX_SKIP))})
                 self._handed[(group, topic, partition)] = h
                 made.append(h)
             if unsettled:

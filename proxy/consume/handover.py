@@ -90,6 +90,10 @@ class Handover(BaseModel):
                                 "nothing is skipped.")
     skip: frozenset[str] = Field(description="Ids of records settled in `source` at or "
                                  "after the start.")
+    start_ms: int | None = Field(None, ge=0, description="No offset map (a sync topic: the "
+                                 "proxy writes each region itself, the mirror copies none): "
+                                 "read the new region from this time (the first record not "
+                                 "consumed, minus the rewind), skipping `skip`.")
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

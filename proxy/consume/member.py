@@ -322,6 +322,9 @@ class GroupMember(Lifecycle):
             return False
         return await self._commit(c, self.dispatcher.commits())
 
+    def resume_ms(self, tp: tuple[str, int]) -> int | None:
+        return self.dispatcher.resume_ms(tp)
+
     def positions(self) -> dict[tuple[str, int], tuple[int, int, SettledIds | None, int]]:
         """Freeze the member (acks from now on are stale) and return, per partition it
         holds: (acknowledged prefix, one past the last delivered, the settled records' ids,
@@ -341,6 +344,21 @@ class GroupMember(Lifecycle):
             if pos is not None:
                 out[tp] = (pos, pos, None, 0)
         return out
+
+    async def _offset_at(self, c: Any, tp: tuple[str, int], ms: int) -> int | None:
+        """The first offset of `tp` at or after time `ms` (its end when every record is
+        older); None when Kafka does not answer (the group's offset then)."""
+        k = TopicPartition(*tp)
+        try:
+            async with asyncio.timeout(self.config.open_timeout_s):
+                found = (await c.offsets_for_times({k: ms})).get(k)
+                if found is not None:
+                    return int(found.offset)
+                return int((await c.end_offsets([k]))[k])
+        except (KafkaError, TimeoutError) as exc:
+            self.log.warning("consume_handover_time_unresolved", topic=tp[0], partition=tp[1],
+                             error=repr(exc))
+            return None
 
     def release(self) -> list[str]:
         """Let go of the streams without giving their records back (they are handed over):
@@ -437,7 +455,8 @@ class GroupMember(Lifecycle):
                             skips.skipped - before)
                     if skips.done:
                         del self._skips[key]
-                got += self.dispatcher.fetched(key, [Fetched(m.offset, _size(m), self._body(m))
+                got += self.dispatcher.fetched(key, [Fetched(m.offset, _size(m), self._body(m),
+                                                             m.timestamp)
                                                      for m in msgs])
             if got:
                 self.pump()
@@ -617,9 +636,12 @@ class GroupMember(Lifecycle):
         c = self._consumer
         if self._handovers is not None and keys - kept and c is not None:
             for tp, h in (await self._handovers(self, keys - kept)).items():
-                if h.start is not None:
+                start = h.start
+                if start is None and h.start_ms is not None:
+                    start = await self._offset_at(c, tp, h.start_ms)
+                if start is not None:
                     with contextlib.suppress(IllegalStateError):
-                        c.seek(TopicPartition(*tp), h.start)
+                        c.seek(TopicPartition(*tp), start)
                 if h.skip:
                     self._skips[tp] = SkipSet(h)
                 self.handed_over += 1

@@ -123,6 +123,18 @@ async def test_primary_outage_fails_over_and_back_without_losing_a_sync_record(
     assert report.rto_s is not None
     assert 0 < report.rto_s <= 15
     assert report.modes["sync"].lost == 0, "acked sync records are everywhere"
+    # a consumer per region read every mode through its proxy across the failover and back
+    assert {(f.region, f.mode) for f in report.readers} == {
+        (r, m) for r in report.regions for m in report.topics}
+    for f in report.readers:
+        assert f.gap == 0, f
+        assert f.error is None, f
+        assert f.distinct > 0, f
+        assert f.reconnects == 0, f"{f.region}'s stream stayed open"
+    ordered = [f for f in report.readers if f.mode == "ordered"]
+    for f in ordered:
+        assert f.longest_pause_s is not None
+        assert f.longest_pause_s <= report.rto_s + 2.0, f
     names = [s.name for s in report.steps]
     assert "promote" in names
     assert "failback:promote" in names

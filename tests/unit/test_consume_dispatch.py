@@ -318,3 +318,75 @@ def test_no_record_is_lost_or_in_flight_on_two_streams(ops: list[tuple[str, int,
             assert len(holders) <= 1
             assert acks.state_of(acks.committed) in (None, *(set(RecordState) -
                                                              {RecordState.SETTLED}))
+
+
+# -- what a move of the primary needs (proxy.consume.follow) ------------------------------------
+def _pb(offset: int, dr_id: str | None = None, ts: int = 0) -> Fetched:
+    from proxy.api import pb
+    body = pb.ConsumedRecord(topic=T, partition=0, offset=offset, region="east",
+                             timestamp_ms=ts)
+    if dr_id is not None:
+        body.headers.add(key="dr-id", value=dr_id.encode())
+    return Fetched(offset, 10, body, ts)
+
+
+def test_held_delivery_sends_controls_but_no_records() -> None:
+    d = Dispatcher()
+    d.add_partitions([(T, 0)])
+    s = stream("a", credit=10)
+    d.attach(s)
+    d.fetched((T, 0), recs(0, 5))
+    d.delivering = False
+    out = d.pump(0.0)
+    assert controls(out) == [("a", "ASSIGNED", (0,))]
+    assert delivered(out) == []
+    assert s.credit.n == 10, "no credit spent while held"
+    d.delivering = True
+    assert [o for _, _, o, _ in delivered(d.pump(0.0))] == [0, 1, 2, 3, 4]
+
+
+def test_settled_ids_are_kept_for_the_handover_from_keep_below_the_prefix() -> None:
+    d = Dispatcher(keep_ids=2)
+    d.add_partitions([(T, 0)])
+    d.attach(stream("a", credit=100))
+    d.fetched((T, 0), [_pb(0, "x0"), _pb(1), _pb(2, "x2"), _pb(3, "x3"), _pb(4, "x4"),
+                       _pb(5, "x5")])
+    d.pump(0.0)
+    d.ack((T, 0), 4, 6)   # above an unacked record: kept (skipped after a move)
+    committed, end, ids = d.positions()[(T, 0)]
+    assert (committed, end) == (0, 6)
+    assert ids is not None
+    assert sorted(ids.lowest(10)) == ["x4", "x5"]
+    d.ack((T, 0), 0, 4)   # the prefix moves to 6: ids below 6 - 2 = 4 are forgotten
+    _, _, ids = d.positions()[(T, 0)]
+    assert ids is not None
+    assert sorted(ids.lowest(10)) == ["x4", "x5"]
+    # a record without a dr-id has the id the mirror stamps on its copies
+    d2 = Dispatcher(keep_ids=10)
+    d2.add_partitions([(T, 0)])
+    d2.attach(stream("a", credit=10))
+    d2.fetched((T, 0), [_pb(7)])
+    d2.pump(0.0)
+    d2.ack((T, 0), 7, 8)
+    _, _, ids2 = d2.positions()[(T, 0)]
+    assert ids2 is not None
+    assert ids2.lowest(1) == ["east:t:0:7"]
+    assert Dispatcher().positions() == {}
+
+
+def test_resume_time_is_the_oldest_record_not_settled_else_the_last_delivered() -> None:
+    d = Dispatcher()
+    d.add_partitions([(T, 0)])
+    d.attach(stream("a", credit=2))
+    assert d.resume_ms((T, 0)) is None
+    d.fetched((T, 0), [_pb(0, ts=100), _pb(1, ts=200), _pb(2, ts=300)])
+    d.pump(0.0)              # 0 and 1 delivered, 2 fetched
+    assert d.resume_ms((T, 0)) == 100
+    d.ack((T, 0), 0, 1)
+    assert d.resume_ms((T, 0)) == 200
+    d.ack((T, 0), 1, 2)
+    assert d.resume_ms((T, 0)) == 300  # fetched, not delivered
+    d.streams["a"].credit.add(1)
+    d.pump(0.0)
+    d.ack((T, 0), 2, 3)
+    assert d.resume_ms((T, 0)) == 300  # all settled: the last delivered

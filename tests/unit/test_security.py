@@ -225,10 +225,14 @@ def test_each_component_gets_what_it_needs_and_the_proxy_no_more() -> None:
     assert by[f"User:{PROXY}"] == {("topic", "WRITE"), ("topic", "DESCRIBE"),
                                    ("cluster", "IDEMPOTENT_WRITE"), ("topic", "CREATE"),
                                    ("topic", "READ"), ("topic", "DESCRIBE_CONFIGS"),
-                                   ("group", "READ")}  # the group replaying its hints
-    # beyond writing, only its own internal topics (by prefix)
-    assert {a.name for a in acls if a.principal == f"User:{PROXY}" and
-            a.operation in ("CREATE", "READ", "DESCRIBE_CONFIGS")} == {"_crossdc.proxy."}
+                                   ("group", "READ")}  # hints' replay, consumers' members
+    # it reads every topic (for clients consuming through it) and writes every one; it
+    # creates and configures only its own internal topics, joins only its own groups
+    assert {(a.name, a.pattern) for a in acls if a.principal == f"User:{PROXY}" and
+            a.operation == "READ"} == {("*", "LITERAL"), ("_crossdc.proxy.", "PREFIXED")}
+    mine = [a for a in acls if a.principal == f"User:{PROXY}"]
+    assert {a.name for a in mine if a.operation in ("CREATE", "DESCRIBE_CONFIGS")
+            or a.resource == "group"} == {"_crossdc.proxy."}
     assert not any(op in ("WRITE", "ALL") for _, op in by[f"User:{RECONCILE}"])
     assert ("topic", "ALL") in by[f"User:{MIRROR}"]
     assert ("cluster", "ALL") in by[f"User:{CONTROLLER}"]  # ALTER: it writes the fence's ACLs

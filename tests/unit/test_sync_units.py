@@ -56,6 +56,11 @@ def test_user_groups_exclude_the_mirrors_and_crossdcs(topo: Topology) -> None:
     assert not is_user_group("crossdc-mirror-west-east", topo)  # a flow's default group
     assert not is_user_group("crossdc-mirror-anything", topo)
     assert not is_user_group("_crossdc.canary", topo)
+    # the proxies' readers of the primary follow it like a user's group; their own-region
+    # readers (nearest topics) and the hints' replay do not
+    assert is_user_group("_crossdc.proxy.consume.billing.primary", topo)
+    assert not is_user_group("_crossdc.proxy.consume.billing.local", topo)
+    assert not is_user_group("_crossdc.proxy.hints", topo)
 
 
 def test_blocking_is_missing_fewer_untranslatable_only() -> None:
