@@ -2,11 +2,13 @@
 reads what a direct consumer reads, records come back after their deadline and after a nack,
 the last delivery goes to the dead-letter topic, the group's committed offset never passes
 an unacknowledged record, and a second stream of the group shares the partitions without a
-Kafka rebalance. One region (east, the primary); following a failover is not built yet."""
+Kafka rebalance; idle and abandoned streams leave nothing behind. East is the primary
+throughout (following a failover: test_consume_failover.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -529,3 +531,57 @@ async def test_two_proxies_share_a_group_through_kafka(two_regions: Any, east: P
         assert mine.rebalances >= 2
     finally:
         await other.stop()
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+async def test_idle_and_abandoned_streams_do_not_leak(two_regions: Any,
+                                                      east: ProxyServer) -> None:
+    """Rounds of 200 streams opened on one group and left idle, then abandoned (cancelled,
+    or their channel closed, without the half-close): each round leaves no stream, no
+    member and no stream object behind, and memory does not grow round over round."""
+    import gc
+
+    from proxy.consume.service import ConsumeStream
+    topic = await _topic(two_regions, "cons", 2)
+    group = unique("g")
+    rss: list[float] = []
+    for _ in range(3):
+        channels = [grpc.aio.insecure_channel(_target(east)) for _ in range(4)]
+        calls = []
+        idle = asyncio.Event()
+
+        async def requests(idle: asyncio.Event = idle) -> AsyncIterator[Any]:
+            yield pb.ConsumeRequest(open=pb.ConsumeOpen(group=group, topics=[topic],
+                                                        credit=10))
+            await idle.wait()  # idle: never a credit, ack or half-close
+
+        for i in range(200):
+            stub = pb_grpc.ProxyStub(channels[i % 4])  # type: ignore[no-untyped-call]
+            call = stub.Consume(requests())
+            calls.append(call)
+        for call in calls:  # every stream opened
+            first = await asyncio.wait_for(call.read(), 30)
+            assert first.control.kind == pb.ConsumeControl.OPENED
+
+        async def all_open() -> bool:
+            return len(east.consume.streams) == 200
+        await eventually(all_open, 10, "200 streams open")
+        for call in calls[:100]:
+            call.cancel()  # the client gives up on the call
+        for ch in channels:
+            await ch.close(grace=None)  # and the rest vanish with their connections
+        idle.set()
+
+        async def gone() -> bool:
+            return not east.consume.streams and not east.consume.members
+        await eventually(gone, 20, "every stream closed and the member retired")
+        del calls, channels
+        gc.collect()
+        assert not [o for o in gc.get_objects() if isinstance(o, ConsumeStream)]
+        rss.append(_rss_mb())
+    assert _metric(east, "crossdc_proxy_consume_streams", group) == 0
+    assert rss[2] - rss[0] < 25, f"memory grew round over round: {rss}"
