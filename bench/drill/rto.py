@@ -56,7 +56,7 @@ from stats import pct  # type: ignore[import-not-found]  # noqa: E402
 STEPS = ("fence", "lease_wait", "drain", "offsets", "promote", "dns")
 TARGETS = {"rto_s": 10.0, "detection_s": 3.0}
 COLUMNS = ("detection_s", "to_fence_s", *(f"{s}_s" for s in STEPS), "promote_at_s",
-           "after_promote_s", "rto_s")
+           "after_promote_s", "rto_s", "reader_pause_s")
 """The per-run figures the table and the summary show (seconds)."""
 
 
@@ -167,6 +167,15 @@ def figures(report: dict[str, Any], folder: Path) -> dict[str, Any]:
     row["after_promote_by_producer_s"] = after
     known = [v for v in after.values() if v is not None]
     row["after_promote_s"] = max(known) if known else None
+    # the consumers through the proxies (issue 24): the longest delivery pause of the
+    # ordered topic over the regions' readers, and what they never received
+    readers = report.get("readers") or []
+    pauses = [f["longest_pause_s"] for f in readers
+              if f.get("mode") == "ordered" and f.get("longest_pause_s") is not None]
+    row["reader_pause_s"] = max(pauses) if pauses else None
+    row["reader_gap"] = sum(f.get("gap", 0) for f in readers) if readers else None
+    row["reader_duplicates"] = sum(f.get("duplicates", 0) for f in readers) \
+        if readers else None
     return row
 
 
@@ -200,16 +209,19 @@ def fmt(v: Any) -> str:
 HEAD = {"detection_s": "detection", "to_fence_s": "fault→fence", "fence_s": "fence",
         "lease_wait_s": "lease_wait", "drain_s": "drain", "offsets_s": "offsets",
         "promote_s": "promote", "dns_s": "dns", "promote_at_s": "fault→promoted",
-        "after_promote_s": "promoted→ack", "rto_s": "RTO"}
+        "after_promote_s": "promoted→ack", "rto_s": "RTO",
+        "reader_pause_s": "consumer pause"}
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
     cols = list(COLUMNS)
-    lines = ["| run | " + " | ".join(HEAD[c] for c in cols) + " | RPO | verdict |",
-             "|---|" + "---:|" * len(cols) + "---:|---|"]
+    lines = ["| run | " + " | ".join(HEAD[c] for c in cols)
+             + " | RPO | consumer gap | consumer duplicates | verdict |",
+             "|---|" + "---:|" * len(cols) + "---:|---:|---:|---|"]
     for i, r in enumerate(rows, 1):
         lines.append(f"| {i} | " + " | ".join(fmt(r.get(c)) for c in cols)
-                     + f" | {fmt(r.get('rpo_records'))} | "
+                     + f" | {fmt(r.get('rpo_records'))} | {fmt(r.get('reader_gap'))} | "
+                     f"{fmt(r.get('reader_duplicates'))} | "
                      + ("passed" if r.get("passed") else "FAILED") + " |")
     return lines
 
@@ -260,7 +272,11 @@ def write_md(doc: dict[str, Any], path: Path) -> None:
         "steps (a skipped step: until the next one starts); fault→promoted: fault → promote "
         "step end; promoted→ack: promote end → the first ordered acknowledgement of the "
         "slowest producer; RTO: fault → ordered writes acknowledged again for every "
-        "producer (the drill's figure).",
+        "producer (the drill's figure); consumer pause: the longest time without a delivery "
+        "of the ordered topic to a consumer reading through its region's proxy (the worst "
+        "of the regions' readers; target: RTO + 2 s); consumer gap: acknowledged records "
+        "every region holds that a reader never received (must be 0); consumer duplicates: "
+        "records delivered again to a reader (all modes).",
         "",
         *table(rows),
         "",
