@@ -560,7 +560,7 @@ async def test_idle_and_abandoned_streams_do_not_leak(two_regions: Any,
             await idle.wait()  # idle: never a credit, ack or half-close
 
         for i in range(200):
-            stub = pb_grpc.ProxyStub(channels[i % 4])  # type: ignore[no-untyped-call]
+            stub = pb_grpc.ProxyStub(channels[i % 4])
             call = stub.Consume(requests())
             calls.append(call)
         for call in calls:  # every stream opened
