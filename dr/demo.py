@@ -343,6 +343,16 @@ def final_table(result: DemoResult) -> Table:
             t.add_row(f"  {k}", f"{rows[k]:,}")
     for flow, lag in sorted(result.lags.items()):
         t.add_row(f"mirror lag {flow} at the end", "?" if lag is None else f"{lag:,}")
+    for region in dict.fromkeys(f.region for f in d.readers):
+        mine = [f for f in d.readers if f.region == region]
+        pause = max((f.longest_pause_s for f in mine if f.mode == "ordered"
+                     and f.longest_pause_s is not None), default=None)
+        gap = sum(f.gap for f in mine)
+        t.add_row(f"consumer through {region}'s proxy: delivered, gap, duplicates, "
+                  "ordered pause",
+                  f"{sum(f.delivered for f in mine):,}, "
+                  + (f"[red]{gap:,}[/]" if gap else "0")
+                  + f", {sum(f.duplicates for f in mine):,}, {seconds(pause)}")
     t.add_row("failed sends (the client was told; not RPO)", f"{d.failed_records:,}")
     t.add_row("drill (read-back of every region)", "passed" if d.passed else
               "FAILED: " + "; ".join(d.breaches))
