@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import os
 import signal
 import socket
@@ -16,12 +17,13 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
-from kafka_helpers import create_topic, eventually, produce, unique
+from kafka_helpers import create_topic, eventually, produce, read_all, unique
 from primary_helpers import agreed_primary
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.kafka import KafkaAdmin
+from proxy.client import AsyncProducer
 from proxy.config import ConsumeConfig, KafkaWriterSettings, ProxyConfig
 from proxy.connect import CONSUL_SERVICE, RegionProxies
 from proxy.consume.member import kafka_group
@@ -210,3 +212,172 @@ async def test_the_sdk_moves_to_another_proxy_of_the_region_when_its_proxy_is_ki
         await c.stop()
         if second is not None:
             await second.stop()
+
+
+# -- dr consume -----------------------------------------------------------------------------
+
+def _config(**kw: Any) -> ProxyConfig:
+    return ProxyConfig(region="east", consul_check_interval_s=1.0, primary_wait_s=5.0,
+                       grace_s=1.0, kafka=KafkaWriterSettings(probe_interval_s=0.3,
+                                                              attempt_timeout_s=2.0),
+                       consume=ConsumeConfig(commit_interval_s=0.2, member_linger_s=0.5),
+                       **kw)
+
+
+@pytest.fixture
+async def east(two_regions: Any, policy_file: Path) -> AsyncIterator[ProxyServer]:
+    """An east proxy in this process, registered in Consul (`dr consume --region east`)."""
+    server = ProxyServer(two_regions.topology, _config(register_consul=True), policy_file)
+    await server.start()
+    try:
+        target = f"127.0.0.1:{server.port}"
+
+        async def listed() -> bool:
+            return await _passing(two_regions) == {target}
+        await eventually(listed, 30, "the proxy passing in Consul")
+        yield server
+    finally:
+        await server.stop()
+
+
+async def _dr_consume(two_regions: Any, *args: str, token: str | None = None,
+                      ) -> tuple[int, list[str], str]:
+    """`dr consume ARGS` as a process (this loop keeps serving the proxy meanwhile): exit
+    status, stdout lines, stderr."""
+    env = {**os.environ, "COLUMNS": "200"}
+    env.pop("CROSSDC_PROXY_TOKEN", None)
+    if token is not None:
+        env["CROSSDC_PROXY_TOKEN"] = token
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dr.cli", "consume", "-t", str(two_regions.topology_path),
+        *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env)
+    try:
+        async with asyncio.timeout(90):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode().splitlines(), err.decode()
+
+
+async def test_dr_consume_prints_what_was_produced(two_regions: Any,
+                                                    east: ProxyServer) -> None:
+    """Through the region's proxy (found in Consul), --json: every record, each partition
+    in Kafka's order, with its headers; then the group has nothing left."""
+    topic = await _topic(two_regions, 3)
+    async with AsyncProducer(f"127.0.0.1:{east.port}") as p:
+        for i in range(30):
+            await p.send(topic, f"v{i}".encode(), key=f"k{i % 7}".encode(),
+                         headers=[("app", b"x")])
+        await p.flush()
+    group = unique("g")
+    code, lines, err = await _dr_consume(two_regions, "--region", "east", "--group", group,
+                                         "--topic", topic, "--max", "30", "--json")
+    assert code == 0, err
+    assert "30 record(s)" in err
+    docs = [json.loads(line) for line in lines]
+    direct = await read_all(_boot(two_regions), topic, 3)
+    for part in range(3):
+        mine = [(d["offset"], d["key"], d["value"]) for d in docs if d["partition"] == part]
+        theirs = [(r.offset, r.key.decode(), r.value.decode()) for r in direct
+                  if r.partition == part]
+        assert mine == theirs
+    assert len(docs) == 30
+    assert {d["region"] for d in docs} == {"east"}
+    assert all({"key": "app", "value": "x"} in d["headers"] and d["dr_id"] for d in docs)
+    assert {d["delivery_attempt"] for d in docs} == {1}
+
+    async def all_committed() -> bool:
+        got = await _committed(two_regions, group)
+        return sum(got.get(TopicPartition(topic, p), 0) for p in range(3)) == 30
+    await eventually(all_committed, 20, "every printed record acknowledged and committed")
+
+
+async def test_dr_consume_stops_at_max_and_the_group_goes_on_from_there(
+        two_regions: Any, east: ProxyServer) -> None:
+    topic = await _topic(two_regions, 1)
+    await produce(_boot(two_regions), topic, [(f"k{i}".encode(), f"v{i}".encode(), ())
+                                              for i in range(20)])
+    group = unique("g")
+    target = f"127.0.0.1:{east.port}"
+    code, first, err = await _dr_consume(two_regions, "--target", target, "--group", group,
+                                         "--topic", topic, "--max", "7")
+    assert code == 0, err
+    assert first == [f"{topic}/0@{i}\teast\tk{i}\tv{i}" for i in range(7)]
+    code, rest, err = await _dr_consume(two_regions, "--target", target, "--group", group,
+                                        "--topic", topic, "--max", "13")
+    assert code == 0, err
+    assert rest == [f"{topic}/0@{i}\teast\tk{i}\tv{i}" for i in range(7, 20)]
+
+
+async def test_dr_consume_stops_cleanly_on_ctrl_c(two_regions: Any,
+                                                   east: ProxyServer) -> None:
+    """SIGINT: exit 0, and what it printed was acknowledged (the group's commit there)."""
+    topic = await _topic(two_regions, 1)
+    await produce(_boot(two_regions), topic, [(b"k", f"v{i}".encode(), ())
+                                              for i in range(10)])
+    group = unique("g")
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dr.cli", "consume", "--target", f"127.0.0.1:{east.port}",
+        "--group", group, "--topic", topic, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    try:
+        lines: list[str] = []
+        async with asyncio.timeout(60):
+            while len(lines) < 10:
+                lines.append((await proc.stdout.readline()).decode().rstrip("\n"))
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):
+            rest, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert rest == b""
+    assert lines == [f"{topic}/0@{i}\teast\tk\tv{i}" for i in range(10)]
+    assert "10 record(s)" in err.decode()
+    assert "Traceback" not in err.decode()
+
+    async def committed() -> bool:
+        return (await _committed(two_regions, group)).get(TopicPartition(topic, 0)) == 10
+    await eventually(committed, 20, "the printed records acknowledged and committed")
+
+
+async def test_dr_consume_refusals_are_one_line_and_an_exit_code(
+        two_regions: Any, policy_file: Path, tmp_path: Path) -> None:
+    from proxy.auth import hash_token, new_token
+    reader, other = new_token(), new_token()
+    auth = tmp_path / "auth.yaml"
+    auth.write_text("tokens:\n"
+                    f"  - name: reader\n    sha256: {hash_token(reader)}\n"
+                    "    topics: ['ccli-*']\n"
+                    f"  - name: other\n    sha256: {hash_token(other)}\n"
+                    "    topics: ['elsewhere']\n")
+    topic = await _topic(two_regions, 1)
+    await produce(_boot(two_regions), topic, [(b"k", b"v", ())])
+    async with ProxyServer(two_regions.topology, _config(register_consul=False,
+                                                         auth_file=auth),
+                           policy_file) as server:
+        target = f"127.0.0.1:{server.port}"
+        base = ("--target", target, "--group", unique("g"), "--max", "1")
+        code, lines, _ = await _dr_consume(two_regions, *base, "--topic", topic,
+                                           token=reader)
+        assert code == 0
+        assert lines == [f"{topic}/0@0\teast\tk\tv"]
+        for token, topics, want, exit_code in (
+                (reader, unique("ccli"), "NOT_FOUND", 2),  # a rule, but no such topic
+                (other, topic, "PERMISSION_DENIED", 1),
+                (None, topic, "UNAUTHENTICATED", 1)):
+            code, lines, err = await _dr_consume(two_regions, *base, "--topic", topics,
+                                                 token=token)
+            assert code == exit_code, err
+            assert lines == []
+            shown = [ln for ln in err.splitlines() if ln.strip()]
+            assert len(shown) == 1, err
+            assert shown[0].startswith(f"error: reading through {target} failed: {want}: ")
