@@ -303,10 +303,13 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
 def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
     rows, prof = res["rows"], res["profile"]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=ROOT, check=False).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "proxy/"], capture_output=True,
-                           text=True, cwd=ROOT, check=False).stdout.split()[1::2]
+    commit = res.get("git_commit") or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
+        check=False).stdout.strip()
+    dirty = res.get("proxy_uncommitted_at_run")
+    if dirty is None:
+        dirty = subprocess.run(["git", "status", "--porcelain", "proxy/"], capture_output=True,
+                               text=True, cwd=ROOT, check=False).stdout.split()[1::2]
     modes = ["direct", "proxy", "proxy-big-credit"]
 
     def of(mode: str) -> list[dict[str, Any]]:
@@ -422,10 +425,22 @@ def main() -> None:
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--out", type=Path, default=None, help="write the results here instead "
                     "of bench/results")
+    ap.add_argument("--render-only", action="store_true", help="rewrite consume.md from the "
+                    "last consume.json (and bench/consume/notes.md), measuring nothing")
     a = ap.parse_args()
     global RESULTS
     if a.out is not None:
         RESULTS = a.out
+    if a.render_only:
+        last = json.loads((RESULTS / "consume.json").read_text())
+        for k in ("records", "rounds", "credit", "big_credit"):
+            setattr(a, k, last[k])
+        a.size = last["record_bytes"]
+        write_results({"rows": last["runs"], "profile": last["profile"],
+                       "server": last["server"], "load_avg": last["load_avg"],
+                       "git_commit": last["git_commit"],
+                       "proxy_uncommitted_at_run": last["proxy_uncommitted_at_run"]}, a)
+        return
     with tempfile.TemporaryDirectory(prefix="bench-consume-") as tmp:
         res = asyncio.run(bench(a, Path(tmp)))
     write_results(res, a)
