@@ -39,11 +39,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from crossdc.files import read_user_file
 from crossdc.lifecycle import Lifecycle
-from crossdc.logs import register_secret
-from crossdc.settings import Backoff
 from proxy.api import pb, pb_grpc
+from proxy.connect import Connection, channel_credentials, retry_backoff
 from proxy.errors import ProduceFailed, ProxyError
 from proxy.headers import uuid7
 
@@ -78,27 +76,6 @@ class _Pending:
     started: float = field(default_factory=time.monotonic)
 
 
-def _pem(value: bytes | str | Path | None) -> bytes | None:
-    """PEM bytes as given, or read from a file path (a regular file of at most 1 MiB:
-    ConfigError naming it otherwise)."""
-    if value is None or isinstance(value, bytes):
-        return value
-    return read_user_file(value, max_bytes=1024 * 1024, timeout_s=5.0)
-
-
-def channel_credentials(root_ca: bytes | str | Path | None = None,
-                        client_cert: bytes | str | Path | None = None,
-                        client_key: bytes | str | Path | None = None,
-                        ) -> grpc.ChannelCredentials:
-    """TLS channel credentials: `root_ca` to verify the proxy (None: system roots), a client
-    certificate and key for mTLS (both or neither). PEM bytes or file paths."""
-    if (client_cert is None) != (client_key is None):
-        raise ValueError("client_cert and client_key go together")
-    return grpc.ssl_channel_credentials(root_certificates=_pem(root_ca),
-                                        private_key=_pem(client_key),
-                                        certificate_chain=_pem(client_cert))
-
-
 def _result(r: Any) -> ProduceResult:
     return ProduceResult(r.dr_id, r.mode, r.epoch,
                          tuple(Written(w.region, w.partition, w.offset) for w in r.written),
@@ -118,23 +95,16 @@ class AsyncProducer(Lifecycle):
                  client_key: bytes | str | Path | None = None,
                  tls_server_name: str | None = None) -> None:
         self.target = target
-        register_secret(token)  # never in this process's logs, even inside an error's text
-        self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ())
-        self._credentials: grpc.ChannelCredentials | None = None
-        if tls or root_ca is not None or client_cert is not None or client_key is not None:
-            self._credentials = channel_credentials(root_ca, client_cert, client_key)
-        self._channel_options: list[tuple[str, Any]] = (
-            [("grpc.ssl_target_name_override", tls_server_name)] if tls_server_name else [])
+        self._conn = Connection(token=token, tls=tls, root_ca=root_ca, client_cert=client_cert,
+                                client_key=client_key, tls_server_name=tls_server_name)
+        self._metadata = self._conn.metadata
         self.deadline_s = deadline_s
         self.linger_s = linger_ms / 1000
         self.max_batch_records = max_batch_records
         self.max_batch_bytes = max_batch_bytes
         self.retries = retries
         self.retry_backoff_s = retry_backoff_s
-        # doubling from retry_backoff_s (the first retry 100 ms after a failure by default)
-        self._backoff = Backoff(retry_backoff_s, max(retry_backoff_s, 2.0),
-                                jitter_s=retry_backoff_s / 5)
+        self._backoff = retry_backoff(retry_backoff_s)
         self.auto_idempotency = auto_idempotency
         if max_pending_records <= 0 or max_pending_bytes <= 0:
             raise ValueError("max_pending_records and max_pending_bytes must be > 0")
@@ -159,11 +129,7 @@ class AsyncProducer(Lifecycle):
         if not self._begin_start():
             return
         if self._channel is None:
-            self._channel = (
-                grpc.aio.secure_channel(self.target, self._credentials,
-                                        options=self._channel_options)
-                if self._credentials is not None
-                else grpc.aio.insecure_channel(self.target, options=self._channel_options))
+            self._channel = self._conn.open(self.target)
         self._stub = pb_grpc.ProxyStub(self._channel)  # type: ignore[no-untyped-call]
         self._flusher = asyncio.create_task(self._flush_loop(), name="proxy-client:flusher")
 

@@ -14,14 +14,29 @@ proxy process that delivered a record is the one that holds its state); when the
 gone they go as unary `Ack`/`Nack` on the same channel, best effort (a record whose ack is
 lost comes back at its deadline: at-least-once).
 
-A stream that ends with UNAVAILABLE (the proxy drains, restarts, or the connection broke)
-is opened again with the producer's backoff (doubling from `retry_backoff_s`, at most 2 s);
-after `reconnect_attempts` failures in a row, or any other status (NOT_FOUND,
-PERMISSION_DENIED, INVALID_ARGUMENT, ...), iteration raises `ConsumeFailed` (`.code`).
-Records outstanding when a stream ends come back (they count as a delivery).
+Where: `target` is one proxy (`"host:port"`), or `RegionProxies(region, consul)` (also
+`RegionProxies.of(topology, region)`, `proxy.connect`): any healthy proxy of the region as
+its Consul datacenter lists them (`crossdc-proxy` with the region's tag, checks passing),
+one picked at random, so a region's consumers spread over its proxies.
+
+    async with AsyncConsumer(RegionProxies("east", "127.0.0.1:8500"), "billing",
+                             ["orders"]) as c: ...
+
+A stream that ends with UNAVAILABLE (the proxy drains, restarts, died, or the connection
+broke) is opened again with the producer's backoff (`proxy.connect.retry_backoff`: doubling
+from `retry_backoff_s`, at most 2 s). With a region the consumer asks Consul again before
+each try and moves to another proxy: one that has not failed it yet first (a proxy killed
+a moment ago may still be listed passing until its check runs), else the one whose failure
+is the oldest; the group's partitions follow it (the proxy it left gives them back through
+Kafka, and the records it had delivered and not acked come again: at-least-once). After
+`reconnect_attempts` failures in a row (a region with no healthy proxy counts as one), or
+any other status (NOT_FOUND, PERMISSION_DENIED, INVALID_ARGUMENT, ...), iteration raises
+`ConsumeFailed` (`.code`). Records outstanding when a stream ends come back (they count as
+a delivery). `target` is the proxy in use (`""` before the first), `moves` how often it
+changed.
 
 Security: as `AsyncProducer` (`token`, `tls`, `root_ca`, `client_cert`/`client_key`,
-`tls_server_name`).
+`tls_server_name`; the same `proxy.connect.Connection`).
 """
 
 from __future__ import annotations
@@ -29,24 +44,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import itertools
+import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import grpc
 import structlog
 
+from crossdc.errors import CrossdcError
 from crossdc.headers import DR_ID
 from crossdc.lifecycle import Lifecycle
-from crossdc.logs import register_secret
-from crossdc.settings import Backoff
 from proxy.api import pb, pb_grpc
-from proxy.client import channel_credentials
+from proxy.connect import Connection, RegionProxies, retry_backoff
 from proxy.errors import ConsumeFailed, ProxyError
 
-__all__ = ["AsyncConsumer", "ConsumedBatch", "ConsumedRecord", "offset_ranges"]
+__all__ = ["AsyncConsumer", "ConsumedBatch", "ConsumedRecord", "RegionProxies",
+           "offset_ranges"]
 
 log = structlog.get_logger("crossdc.proxy.consumer")
 
@@ -54,8 +70,10 @@ _RECONNECT = frozenset({grpc.StatusCode.UNAVAILABLE})
 Key = tuple[str, int, str, int]  # topic, partition, region, offset
 
 
-@dataclass(frozen=True, slots=True)
-class ConsumedRecord:
+class ConsumedRecord(NamedTuple):
+    """One record as delivered (immutable; a named tuple: built at a fraction of a frozen
+    dataclass's cost, which showed in the consume bench's client CPU)."""
+
     topic: str
     partition: int
     offset: int          # in `region`'s copy of the topic
@@ -79,11 +97,12 @@ class ConsumedRecord:
 
 
 def _record(r: Any) -> ConsumedRecord:
+    hs = r.headers
     return ConsumedRecord(r.topic, r.partition, r.offset, r.region,
                           r.key if r.HasField("key") else None,
                           r.value if r.HasField("value") else None,
-                          tuple((h.key, h.value) for h in r.headers), r.timestamp_ms,
-                          r.delivery_attempt, r.ack_deadline_s)
+                          tuple([(h.key, h.value) for h in hs]) if hs else (),
+                          r.timestamp_ms, r.delivery_attempt, r.ack_deadline_s)
 
 
 def offset_ranges(offsets: Iterable[int]) -> list[tuple[int, int]]:
@@ -146,9 +165,10 @@ class _Ended:
 
 class AsyncConsumer(Lifecycle):
     """A consumer of `group` reading `topics` (exact names) or `pattern` (one glob) through
-    the proxy at `target` (see the module docstring)."""
+    the proxy at `target`, or any healthy proxy of a region (`RegionProxies`; see the module
+    docstring)."""
 
-    def __init__(self, target: str, group: str, topics: Sequence[str] = (), *,
+    def __init__(self, target: str | RegionProxies, group: str, topics: Sequence[str] = (), *,
                  pattern: str = "", credit: int = 1000, ack_deadline_s: float = 0.0,
                  max_deliveries: int = 0, client_id: str = "", reconnect_attempts: int = 10,
                  retry_backoff_s: float = 0.1, open_timeout_s: float = 15.0,
@@ -162,7 +182,14 @@ class AsyncConsumer(Lifecycle):
             raise ValueError("credit must be > 0")
         if isinstance(topics, str):
             raise TypeError("topics is a list of topic names")
-        self.target = target
+        if isinstance(target, RegionProxies):
+            if channel is not None:
+                raise ValueError("a channel is to one proxy: give a target, not a region")
+            self._proxies: RegionProxies | None = target
+            self.target = ""
+        else:
+            self._proxies = None
+            self.target = target
         self.group = group
         self.topics = list(topics)
         self.pattern = pattern
@@ -172,19 +199,14 @@ class AsyncConsumer(Lifecycle):
         self.client_id = client_id
         self.reconnect_attempts = reconnect_attempts
         self.open_timeout_s = open_timeout_s
-        # the producer's retry pauses: doubling from retry_backoff_s, at most 2 s
-        self._backoff = Backoff(retry_backoff_s, max(retry_backoff_s, 2.0),
-                                jitter_s=retry_backoff_s / 5)
-        register_secret(token)
-        self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ())
-        self._credentials: grpc.ChannelCredentials | None = None
-        if tls or root_ca is not None or client_cert is not None or client_key is not None:
-            self._credentials = channel_credentials(root_ca, client_cert, client_key)
-        self._options: list[tuple[str, Any]] = [
-            ("grpc.max_receive_message_length", max_message_bytes)]
-        if tls_server_name:
-            self._options.append(("grpc.ssl_target_name_override", tls_server_name))
+        self._backoff = retry_backoff(retry_backoff_s)  # the producer's retry pauses
+        self._conn = Connection(token=token, tls=tls, root_ca=root_ca, client_cert=client_cert,
+                                client_key=client_key, tls_server_name=tls_server_name,
+                                options=[("grpc.max_receive_message_length",
+                                          max_message_bytes)])
+        self._metadata = self._conn.metadata
+        self._failed: dict[str, float] = {}  # proxy -> when it last failed (monotonic)
+        self._known: list[str] = []  # the region's proxies Consul listed last
         self._own_channel = channel is None
         self._channel = channel
         self._stub: Any = None
@@ -193,12 +215,15 @@ class AsyncConsumer(Lifecycle):
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._write_lock = asyncio.Lock()
         self._outstanding: dict[Key, float] = {}  # record -> local deadline (monotonic)
-        self._deadlines: list[tuple[float, Key]] = []
+        # local deadlines, one entry per batch and deadline: (due, seq, the records' keys)
+        self._deadlines: list[tuple[float, int, list[Key]]] = []
+        self._seq = itertools.count()
         self._returned = 0  # credit to grant again
         self.stream_id = ""
         self.assigned: set[tuple[str, int]] = set()
         self.opened: dict[str, Any] = {}
         self.reconnects = 0
+        self.moves = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
@@ -206,12 +231,8 @@ class AsyncConsumer(Lifecycle):
         the proxy refuses it."""
         if not self._begin_start():
             return
-        if self._channel is None:
-            self._channel = (
-                grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
-                if self._credentials is not None
-                else grpc.aio.insecure_channel(self.target, options=self._options))
-        self._stub = pb_grpc.ProxyStub(self._channel)  # type: ignore[no-untyped-call]
+        if self._channel is not None:
+            self._stub = pb_grpc.ProxyStub(self._channel)  # type: ignore[no-untyped-call]
         try:
             await self._open_with_retries(first=True)
         except BaseException:
@@ -238,9 +259,49 @@ class AsyncConsumer(Lifecycle):
                 with contextlib.suppress(Exception):
                     await asyncio.wait({reader}, timeout=2.0)
         await self._drop_call()
+        await self._close_channel()
+        if self._proxies is not None:
+            await self._proxies.close()
+
+    async def _close_channel(self) -> None:
         if self._own_channel and self._channel is not None:
             channel, self._channel = self._channel, None
+            self._stub = None
             await channel.close()
+
+    async def _connect(self) -> None:
+        """A channel to the proxy to try next: with a region, the one `_choose` picks (a new
+        channel when it differs from the one in use); else `target`."""
+        if self._proxies is not None:
+            target = await self._choose()
+            if target != self.target or self._channel is None:
+                if self.target and target != self.target:
+                    self.moves += 1
+                    log.info("consume_proxy_moved", group=self.group, from_=self.target,
+                             to=target)
+                await self._close_channel()
+                self.target = target
+        if self._channel is None:
+            self._channel = self._conn.open(self.target)
+            self._stub = pb_grpc.ProxyStub(self._channel)  # type: ignore[no-untyped-call]
+
+    async def _choose(self) -> str:
+        """The region's proxy to try: Consul's passing instances (the last list when Consul
+        does not answer), one that never failed this consumer first (in Consul's shuffled
+        order), else the one whose last failure is the oldest. UNAVAILABLE when none."""
+        assert self._proxies is not None
+        try:
+            self._known = await self._proxies.addresses()
+        except CrossdcError as exc:
+            log.info("consume_discovery_failed", group=self.group, error=str(exc),
+                     known=self._known)
+            if not self._known:
+                raise ConsumeFailed(grpc.StatusCode.UNAVAILABLE,
+                                    f"{self._proxies}: {exc}") from None
+        if not self._known:
+            raise ConsumeFailed(grpc.StatusCode.UNAVAILABLE,
+                                f"no healthy proxy: Consul lists none of {self._proxies}")
+        return min(self._known, key=lambda a: self._failed.get(a, -math.inf))
 
     async def _drop_call(self) -> None:
         reader, self._reader = self._reader, None
@@ -256,18 +317,23 @@ class AsyncConsumer(Lifecycle):
         failures = 0
         while True:
             try:
+                await self._connect()
                 await self._open()
+                self._failed.pop(self.target, None)
                 return
             except ConsumeFailed as exc:
                 if exc.code not in _RECONNECT:
                     raise
+                if self.target:
+                    self._failed[self.target] = time.monotonic()
                 failures += 1
                 if failures > self.reconnect_attempts:
                     raise ConsumeFailed(exc.code, f"{failures} attempts to open the stream "
                                         f"failed; the last: {exc}") from exc
                 pause = self._backoff.pause(failures)
                 log.info("consume_stream_retry", group=self.group, attempt=failures,
-                         error=str(exc), pause_s=round(pause, 3), first=first)
+                         target=self.target, error=str(exc), pause_s=round(pause, 3),
+                         first=first)
                 await asyncio.sleep(pause)
 
     async def _open(self) -> None:
@@ -347,12 +413,21 @@ class AsyncConsumer(Lifecycle):
             if isinstance(item, _Ended):
                 await self._ended(item)
                 continue
-            records = tuple(_record(r) for r in item.records)
+            records = tuple([_record(r) for r in item.records])
             now = time.monotonic()
+            outstanding = self._outstanding
+            by_due: dict[float, list[Key]] = {}
             for r in records:
                 due = now + r.ack_deadline_s
-                self._outstanding[r.key_] = due
-                heapq.heappush(self._deadlines, (due, r.key_))
+                key = (r.topic, r.partition, r.region, r.offset)
+                outstanding[key] = due
+                keys = by_due.get(due)
+                if keys is None:
+                    by_due[due] = [key]
+                else:
+                    keys.append(key)
+            for due, keys in by_due.items():
+                heapq.heappush(self._deadlines, (due, next(self._seq), keys))
             return ConsumedBatch(self, records)
 
     async def _ended(self, item: _Ended) -> None:
@@ -364,8 +439,9 @@ class AsyncConsumer(Lifecycle):
         if code not in _RECONNECT:
             raise ConsumeFailed(code, details)
         self.reconnects += 1
+        self._failed[self.target] = time.monotonic()
         log.info("consume_stream_reconnecting", group=self.group, stream=self.stream_id,
-                 why=f"{code.name}: {details}")
+                 target=self.target, why=f"{code.name}: {details}")
         await asyncio.sleep(self._backoff.pause(1))
         await self._open_with_retries(first=False)
 
@@ -375,10 +451,11 @@ class AsyncConsumer(Lifecycle):
         now = time.monotonic()
         n = 0
         while self._deadlines and self._deadlines[0][0] <= now:
-            due, key = heapq.heappop(self._deadlines)
-            if self._outstanding.get(key) == due:
-                del self._outstanding[key]
-                n += 1
+            due, _, keys = heapq.heappop(self._deadlines)
+            for key in keys:
+                if self._outstanding.get(key) == due:
+                    del self._outstanding[key]
+                    n += 1
         if n:
             await self._give_back(n)
 
@@ -408,8 +485,9 @@ class AsyncConsumer(Lifecycle):
         if not await self._write(req):
             await self._unary(parts, delay_s)
         n = 0
+        pop = self._outstanding.pop
         for r in records:
-            if self._outstanding.pop(r.key_, None) is not None:
+            if pop((r.topic, r.partition, r.region, r.offset), None) is not None:
                 n += 1
         if n:
             await self._give_back(n)
@@ -428,6 +506,9 @@ class AsyncConsumer(Lifecycle):
         return True
 
     async def _unary(self, parts: list[Any], delay_s: float | None) -> None:
+        if self._stub is None:  # between two proxies: the records come back at their deadline
+            log.info("consume_ack_lost", group=self.group, error="no proxy connected")
+            return
         try:
             if delay_s is None:
                 await self._stub.Ack(pb.AckRequest(group=self.group, partitions=parts),

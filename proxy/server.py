@@ -67,6 +67,7 @@ from proxy.api import SERVICE_NAME, pb, pb_grpc
 from proxy.auth import AuthStore, TokenEntry, authenticate
 from proxy.backpressure import InflightBudget
 from proxy.config import ProxyConfig
+from proxy.connect import CONSUL_SERVICE
 from proxy.consume.service import ConsumeService, ConsumeStream
 from proxy.errors import (
     DeadlineExceeded,
@@ -96,7 +97,6 @@ __all__ = ["CONSUL_SERVICE", "ProxyServer"]
 
 log = structlog.get_logger("crossdc.proxy.server")
 
-CONSUL_SERVICE = "crossdc-proxy"
 _STATUS = {"ok": pb.STATUS_OK, "partial": pb.STATUS_PARTIAL, "failed": pb.STATUS_FAILED}
 
 

@@ -500,8 +500,11 @@ CATEGORIES = [  # (label, substring of a frame) — inclusive share of samples
 ]
 
 
-def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
-    """py-spy raw (collapsed stacks): top self frames and inclusive shares by category."""
+def summarize_profile(raw: Path, top: int = 15,
+                      categories: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """py-spy raw (collapsed stacks): top self frames and inclusive shares by category
+    (`categories`: (label, substring of a frame); default the producer path's)."""
+    categories = CATEGORIES if categories is None else categories
     selfs: collections.Counter[str] = collections.Counter()
     cats: collections.Counter[str] = collections.Counter()
     total = 0
@@ -518,7 +521,7 @@ def summarize_profile(raw: Path, top: int = 15) -> dict[str, Any]:
         where = where.split("site-packages/")[-1].replace(str(ROOT) + "/", "")
         selfs[f"{name} ({where})"] += k
         label = ""
-        for lab, sub in CATEGORIES:
+        for lab, sub in categories:
             label = lab or label
             if any(sub in f for f in frames):
                 cats[label] += k

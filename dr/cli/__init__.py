@@ -2,7 +2,8 @@
 
 One module per command group (`stack`: setup/up/down/status, `topology`, `policy`, `proxy`,
 `mirror`: mirror and offsets, `controller`: the controller run and failover / failback /
-gate, `sync`: standby metadata, `tail`: the divergent tail); `dr reconcile` lives with its
+gate, `sync`: standby metadata, `tail`: the divergent tail, `consume`: records read through
+a proxy); `dr reconcile` lives with its
 job (`dr.reconcile.cli`) so that spark-submit loads neither this package nor grpc. Exit
 codes: 0 ok, 1 a crossdc error (one red paragraph, no traceback), 2 bad input.
 """
@@ -14,6 +15,7 @@ from typing import Annotated
 import typer
 
 from crossdc.logs import LogFormat, LogLevel, configure_logging
+from dr.cli.consume import consume_command
 from dr.cli.controller import controller_app, failback, failover, gate_app
 from dr.cli.demo import demo_command
 from dr.cli.drill import drill_command
@@ -47,6 +49,7 @@ app.command("failback")(failback)
 app.add_typer(gate_app, name="gate")
 app.add_typer(sync_app, name="sync")
 app.add_typer(tail_app, name="tail")
+app.command("consume")(consume_command)
 app.add_typer(prometheus_app, name="prometheus")
 app.command("drill")(drill_command)
 app.command("demo")(demo_command)

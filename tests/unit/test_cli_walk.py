@@ -83,7 +83,7 @@ STRINGS: dict[str, tuple[str, ...]] = {  # malformed (and over-long) values of s
     "--host": ("bad host!", "a" * 300), "--http-host": ("bad host!",),
     "--metrics-host": ("bad host!",), "--master": ("bogus",), "--driver-memory": ("lots",),
     "--executor-memory": ("lots",), "--reason": ("x" * 2000, "two\nlines"),
-    "--principal": ("", "a b", LONG),
+    "--principal": ("", "a b", LONG), "--pattern": ("", "a b"), "--token": ("", "a b"),
 }
 
 
