@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from crossdc.headers import DR_ID, record_id
 from proxy.consume.acks import PartitionAcks, RecordState
@@ -48,8 +48,8 @@ MAX_CREDIT = 1 << 31
 @dataclass(slots=True)
 class Fetched:
     """One record fetched from Kafka: its offset, its size (bytes held), the body the
-    driver sends (opaque here, but a `pb.ConsumedRecord` where ids are kept: `body_id`) and
-    its timestamp."""
+    driver sends (opaque here, but a Kafka record where ids are kept: `body_id`) and its
+    timestamp."""
 
     offset: int
     size: int
@@ -57,13 +57,15 @@ class Fetched:
     ts_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):
+    """One record sent to a stream (a tuple: one is made per record delivered)."""
+
     tp: TopicPartition
     offset: int
     attempt: int
     ack_deadline_s: float
     body: Any
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,8 @@ class Batch:
 
     stream: str
     records: tuple[Delivery, ...]
+    region: str = ""
+    """Where the records were read (the member's region)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,12 +145,14 @@ class Dispatcher:
 
     def __init__(self, *, max_span: int = 100_000, prefetch_records: int = 1_000,
                  max_buffered_bytes: int = 64 * 1024 * 1024, max_batch_records: int = 500,
-                 default_deliveries: int = 5, keep_ids: int | None = None) -> None:
+                 default_deliveries: int = 5, keep_ids: int | None = None,
+                 region: str = "") -> None:
         """`keep_ids`: remember the ids of settled records (for a handover to another
         region: a reader of the primary), and those of the last `keep_ids` offsets below
         each partition's prefix; None: remember none."""
         self.max_span = max_span
         self.keep_ids = keep_ids
+        self.region = region  # where the records are read (their ids without a dr-id)
         self.delivering = True
         """False: no records are delivered (the primary is moving); controls still are."""
         self.prefetch_records = prefetch_records
@@ -395,7 +401,7 @@ class Dispatcher:
                         st.credit.n -= got
                         progress = True
             for chunk in _chunks(records, self.max_batch_records):
-                out.append(Batch(st.id, tuple(chunk)))
+                out.append(Batch(st.id, tuple(chunk), self.region))
         return out
 
     def _take(self, tp: TopicPartition, p: _Part, st: StreamState, limit: int, now: float,
@@ -411,9 +417,11 @@ class Dispatcher:
         acks.max_deliveries = settings.max_deliveries
         deadline = settings.ack_deadline_s
         got = 0
+        held = p.held
         for first, end, attempt in acks.take_pending(limit, now=now, deadline_s=deadline):
             for off in range(first, end):
-                out.append(Delivery(tp, off, attempt, deadline, p.held[off].body))
+                r = held[off]
+                out.append(Delivery(tp, off, attempt, deadline, r.body, r.size))
             got += end - first
         if got >= limit or not p.fresh:
             return got
@@ -426,11 +434,11 @@ class Dispatcher:
         p.last_ms = chunk[-1].ts_ms
         acks.delivered([r.offset for r in chunk], chunk[-1].offset + 1, now=now,
                        deadline_s=deadline)
-        for r in chunk:
-            p.held[r.offset] = r
-            p.fresh_bytes -= r.size
-            p.held_bytes += r.size
-            out.append(Delivery(tp, r.offset, 1, deadline, r.body))
+        p.held.update((r.offset, r) for r in chunk)
+        size = sum(r.size for r in chunk)
+        p.fresh_bytes -= size
+        p.held_bytes += size
+        out.extend([Delivery(tp, r.offset, 1, deadline, r.body, r.size) for r in chunk])
         return got + len(chunk)
 
     # -- internals ------------------------------------------------------------------------------
@@ -443,17 +451,22 @@ class Dispatcher:
         """Forget the bodies of settled records of `[first, end)`."""
         acks = p.acks
         assert acks is not None
-        if end - first <= len(p.held):
+        held = p.held
+        if end - first <= len(held):
             offsets: Iterable[int] = range(first, end)
         else:
-            offsets = [o for o in p.held if first <= o < end]
+            offsets = [o for o in held if first <= o < end]
+        # below the prefix every record is settled: no state to look up (the usual ack)
+        all_settled = acks.committed >= end
+        freed = 0
         for off in offsets:
-            if off in p.held and acks.state_of(off) == RecordState.SETTLED:
-                r = p.held.pop(off)
-                p.held_bytes -= r.size
-                self.buffered_bytes -= r.size
+            if off in held and (all_settled or acks.state_of(off) == RecordState.SETTLED):
+                r = held.pop(off)
+                freed += r.size
                 if p.settled is not None:
-                    p.settled.add(off, body_id(r.body, off))
+                    p.settled.add(off, body_id(r.body, off, self.region))
+        p.held_bytes -= freed
+        self.buffered_bytes -= freed
         if p.settled is not None:
             p.settled.prune(acks.committed)
 
@@ -498,13 +511,13 @@ class Dispatcher:
             self._outbox.append(Control(sid, "ASSIGNED", tuple(sorted(tps))))
 
 
-def body_id(body: Any, offset: int) -> str:
-    """The id of a delivered record (a `pb.ConsumedRecord`) in every region
-    (`crossdc.headers.record_id`)."""
-    for h in body.headers:
-        if h.key == DR_ID:
-            return record_id(h.value, body.region, body.topic, body.partition, offset)
-    return record_id(None, body.region, body.topic, body.partition, offset)
+def body_id(body: Any, offset: int, region: str) -> str:
+    """The id in every region (`crossdc.headers.record_id`) of a record read from `region`
+    (a Kafka record: `topic`, `partition`, `headers` as (key, value) pairs)."""
+    for k, v in body.headers or ():
+        if k == DR_ID:
+            return record_id(v, region, body.topic, body.partition, offset)
+    return record_id(None, region, body.topic, body.partition, offset)
 
 
 def _chunks(items: list[Delivery], size: int) -> Iterator[list[Delivery]]:

@@ -61,7 +61,6 @@ from crossdc.headers import (
 )
 from crossdc.lifecycle import Lifecycle
 from crossdc.settings import Backoff
-from proxy.api import pb
 from proxy.config import ConsumeConfig
 from proxy.consume.acks import Range, RecordState
 from proxy.consume.dispatch import (
@@ -112,7 +111,9 @@ gave it (the service: its own, then the handover topic of the member's region)."
 def _size(m: Any) -> int:
     key = m.serialized_key_size if m.serialized_key_size > 0 else 0
     value = m.serialized_value_size if m.serialized_value_size > 0 else 0
-    return int(key + value + sum(len(k) + len(v or b"") for k, v in m.headers or ()))
+    if not m.headers:
+        return int(key + value)
+    return int(key + value + sum(len(k) + len(v or b"") for k, v in m.headers))
 
 
 class GroupMember(Lifecycle):
@@ -141,7 +142,7 @@ class GroupMember(Lifecycle):
                                      max_buffered_bytes=config.max_buffered_bytes,
                                      max_batch_records=config.max_batch_records,
                                      default_deliveries=default_deliveries,
-                                     keep_ids=keep_ids)
+                                     keep_ids=keep_ids, region=region)
         self._handovers = handovers
         self.handover_epoch = handover_epoch
         """Set: this member reads a new primary; its partitions start from the handovers
@@ -455,8 +456,8 @@ class GroupMember(Lifecycle):
                             skips.skipped - before)
                     if skips.done:
                         del self._skips[key]
-                got += self.dispatcher.fetched(key, [Fetched(m.offset, _size(m), self._body(m),
-                                                             m.timestamp)
+                # the record as fetched is the body: the stream builds its message once
+                got += self.dispatcher.fetched(key, [Fetched(m.offset, _size(m), m, m.timestamp)
                                                      for m in msgs])
             if got:
                 self.pump()
@@ -464,16 +465,6 @@ class GroupMember(Lifecycle):
     def _id_of(self, m: Any) -> str:
         dr_id = next((v for k, v in m.headers or () if k == DR_ID), None)
         return record_id(dr_id, self.region, m.topic, m.partition, m.offset)
-
-    def _body(self, m: Any) -> Any:
-        rec = pb.ConsumedRecord(topic=m.topic, partition=m.partition, offset=m.offset,
-                                region=self.region, key=m.key, value=m.value,
-                                timestamp_ms=m.timestamp)
-        if m.headers:
-            add = rec.headers.add
-            for k, v in m.headers:
-                add(key=k, value=v or b"")
-        return rec
 
     def _apply_pauses(self, consumer: Any) -> None:
         assigned = consumer.assignment()
@@ -561,9 +552,8 @@ class GroupMember(Lifecycle):
         out: list[Outgoing] = []
         for x in items:
             body = x.body
-            key = body.key if body.HasField("key") else None
-            value = body.value if body.HasField("value") else None
-            headers = [(h.key, h.value) for h in body.headers]
+            key, value = body.key, body.value
+            headers = [(k, v or b"") for k, v in body.headers or ()]
             original = next((v for k, v in headers if k == DR_ID), None)
             rid = record_id(original, self.region, x.tp[0], x.tp[1], x.offset)
             user = [(k, v) for k, v in headers if not k.lower().startswith(DR_PREFIX)]

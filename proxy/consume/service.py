@@ -68,6 +68,10 @@ _INTERNAL = ("__", "_crossdc.")
 MAX_TOPICS = 1_000
 """Topics one stream may read (exact or matched by its pattern)."""
 
+_RECORD_OVERHEAD = 48
+"""Bytes of a record's message besides its key, value and headers (topic, numbers, tags):
+an estimate, for cutting batches at `max_batch_bytes`."""
+
 _KIND = {"ASSIGNED": pb.ConsumeControl.ASSIGNED, "REVOKED": pb.ConsumeControl.REVOKED}
 
 
@@ -109,18 +113,27 @@ class ConsumeStream:
                 partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in out.partitions])))
             return
         assert isinstance(out, Batch)
+        # each record is built here, once, straight into the batch message (a body is the
+        # Kafka record as fetched: `member.GroupMember`)
+        region = out.region
         resp = pb.ConsumeResponse()
+        add = resp.batch.records.add
         size = 0
+        limit = self.max_batch_bytes
         for d in out.records:
-            body = d.body
-            n = body.ByteSize()
-            if size and size + n > self.max_batch_bytes:
+            m = d.body
+            n = d.size + _RECORD_OVERHEAD
+            if size and size + n > limit:
                 self.out.put_nowait(resp)
                 resp, size = pb.ConsumeResponse(), 0
-            r = resp.batch.records.add()
-            r.CopyFrom(body)
-            r.delivery_attempt = d.attempt
-            r.ack_deadline_s = d.ack_deadline_s
+                add = resp.batch.records.add
+            r = add(topic=m.topic, partition=m.partition, offset=d.offset, region=region,
+                    key=m.key, value=m.value, timestamp_ms=m.timestamp,
+                    delivery_attempt=d.attempt, ack_deadline_s=d.ack_deadline_s)
+            if m.headers:
+                h = r.headers.add
+                for k, v in m.headers:
+                    h(key=k, value=v or b"")
             size += n
         self.records_sent += len(out.records)
         if size:

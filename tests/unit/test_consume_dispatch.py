@@ -322,11 +322,10 @@ def test_no_record_is_lost_or_in_flight_on_two_streams(ops: list[tuple[str, int,
 
 # -- what a move of the primary needs (proxy.consume.follow) ------------------------------------
 def _pb(offset: int, dr_id: str | None = None, ts: int = 0) -> Fetched:
-    from proxy.api import pb
-    body = pb.ConsumedRecord(topic=T, partition=0, offset=offset, region="east",
-                             timestamp_ms=ts)
-    if dr_id is not None:
-        body.headers.add(key="dr-id", value=dr_id.encode())
+    """A fetched Kafka record (the fields the dispatcher reads of it)."""
+    from types import SimpleNamespace
+    headers = [("dr-id", dr_id.encode())] if dr_id is not None else []
+    body = SimpleNamespace(topic=T, partition=0, offset=offset, headers=headers)
     return Fetched(offset, 10, body, ts)
 
 
@@ -346,7 +345,7 @@ def test_held_delivery_sends_controls_but_no_records() -> None:
 
 
 def test_settled_ids_are_kept_for_the_handover_from_keep_below_the_prefix() -> None:
-    d = Dispatcher(keep_ids=2)
+    d = Dispatcher(keep_ids=2, region="east")
     d.add_partitions([(T, 0)])
     d.attach(stream("a", credit=100))
     d.fetched((T, 0), [_pb(0, "x0"), _pb(1), _pb(2, "x2"), _pb(3, "x3"), _pb(4, "x4"),
@@ -362,7 +361,7 @@ def test_settled_ids_are_kept_for_the_handover_from_keep_below_the_prefix() -> N
     assert ids is not None
     assert sorted(ids.lowest(10)) == ["x4", "x5"]
     # a record without a dr-id has the id the mirror stamps on its copies
-    d2 = Dispatcher(keep_ids=10)
+    d2 = Dispatcher(keep_ids=10, region="east")
     d2.add_partitions([(T, 0)])
     d2.attach(stream("a", credit=10))
     d2.fetched((T, 0), [_pb(7)])

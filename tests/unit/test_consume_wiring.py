@@ -3,7 +3,7 @@ server), what a stream sends (batches cut by size, controls, its end), the group
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -52,26 +52,40 @@ def test_a_bad_range_is_invalid(rng: Any) -> None:
         _ranges(p)
 
 
-def _body(offset: int, size: int) -> object:
-    return pb.ConsumedRecord(topic="t", partition=0, offset=offset, region="east",
-                             value=b"x" * size)
+class _Rec(NamedTuple):  # what aiokafka fetches (the fields the stream reads)
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp: int
+
+
+def _body(offset: int, size: int) -> _Rec:
+    return _Rec("t", 0, offset, None, b"x" * size, (("h", b"1"),), 7)
 
 
 def test_a_stream_cuts_batches_by_size_and_stamps_each_delivery() -> None:
-    s = ConsumeStream("s1", "g", "c", {"t": ("primary", RS)}, max_batch_bytes=250)
-    s.push(Batch("s1", tuple(Delivery(("t", 0), o, 2, 5.0, _body(o, 100))
-                             for o in range(5))))
+    s = ConsumeStream("s1", "g", "c", {"t": ("primary", RS)}, max_batch_bytes=300)
+    s.push(Batch("s1", tuple(Delivery(("t", 0), o, 2, 5.0, _body(o, 100), 101)
+                             for o in range(5)), "east"))
     msgs = [s.out.get_nowait() for _ in range(s.out.qsize())]
     assert [len(m.batch.records) for m in msgs] == [2, 2, 1]
     recs = [r for m in msgs for r in m.batch.records]
     assert [(r.offset, r.delivery_attempt, r.ack_deadline_s) for r in recs] == \
         [(o, 2, 5.0) for o in range(5)]
+    # the record as read: its region, no key (None), the value, headers and timestamp
+    r = recs[0]
+    assert (r.topic, r.partition, r.region, r.HasField("key"), r.value, r.timestamp_ms) == \
+        ("t", 0, "east", False, b"x" * 100, 7)
+    assert [(h.key, h.value) for h in r.headers] == [("h", b"1")]
     assert s.records_sent == 5
 
 
 def test_a_record_larger_than_a_batch_goes_alone() -> None:
     s = ConsumeStream("s1", "g", "c", {}, max_batch_bytes=10)
-    s.push(Batch("s1", (Delivery(("t", 0), 0, 1, 5.0, _body(0, 100)),)))
+    s.push(Batch("s1", (Delivery(("t", 0), 0, 1, 5.0, _body(0, 100), 101),)))
     assert len(s.out.get_nowait().batch.records) == 1
 
 
