@@ -1,0 +1,73 @@
+"""`dr images`: the container images crossdc builds here (dr/stack/images.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from dr.cli._common import err, out, paths_for
+
+__all__ = ["images_app"]
+
+images_app = typer.Typer(help="Container images built here: the Debian base, Kafka, Consul, "
+                         "crossdc (no image registry needed).", no_args_is_help=True)
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.0f} MB"
+
+
+@images_app.command("build")
+def images_build(
+    names: Annotated[list[str] | None, typer.Argument(
+        help="Images to build: base, kafka, consul, crossdc [default: all].",
+        show_default=False)] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Rebuild even when the inputs are unchanged.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Build the images (cached: an image is rebuilt only when its inputs changed, their hash
+    being the label io.crossdc.inputs). Needs a Docker engine: compose/docker/engine.sh."""
+    from dr.stack.images import IMAGES, build_images
+    unknown = sorted(set(names or []) - set(IMAGES))
+    if unknown:
+        from dr.exits import fail
+        fail(f"no image {', '.join(unknown)}; images: {', '.join(IMAGES)}")
+    paths = paths_for(None)
+    with err.status("building images") as status:
+        results = build_images(paths, names or None, force=force, progress=status.update)
+    if as_json:
+        sys.stdout.write(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+        return
+    t = Table(title="images", title_justify="left", header_style="bold")
+    for col in ("image", "tag", "", "seconds", "size"):
+        t.add_column(col)
+    for r in results:
+        t.add_row(r.name, r.tag, "[green]built[/]" if r.built else "unchanged",
+                  f"{r.seconds:.1f}" if r.built else "-", _mb(r.size_bytes))
+    out.print(t)
+
+
+@images_app.command("list")
+def images_list(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """The crossdc images the engine holds, their size and inputs hash."""
+    from dr.stack.images import image_states, require_engine
+    require_engine()
+    states = image_states()
+    if as_json:
+        sys.stdout.write(json.dumps([asdict(s) for s in states], indent=2) + "\n")
+        return
+    t = Table(title="images", title_justify="left", header_style="bold")
+    for col in ("image", "tag", "present", "size", "inputs"):
+        t.add_column(col)
+    for s in states:
+        t.add_row(s.name, s.tag, "[green]yes[/]" if s.present else "[red]no[/]",
+                  _mb(s.size_bytes) if s.present else "-", (s.inputs or "-")[:12])
+    out.print(t)
