@@ -6,6 +6,7 @@
     crossdc/kafka:<v>         Kafka (KRaft) from the jars `dr setup` fetches (compose/local/pom.xml)
     crossdc/consul:<v>        the Consul binary `dr setup` builds from its Go module
     crossdc/crossdc:<v>       the `dr` entry point: proxy, mirror, controller, the CLI
+    crossdc/prometheus:<suite>  Debian's prometheus package (the compose deployment's)
 
 Each image but the base is a Dockerfile under `compose/images/<name>/`, built with
 `docker build --network host` (the engine does no NAT here: compose/docker/engine.sh) from a
@@ -39,7 +40,8 @@ from dr.stack.paths import COMPOSE_LOCAL, REPO_ROOT, StackPaths, in_checkout
 from dr.stack.toolchain import CONSUL_VERSION, _pom_version
 
 __all__ = ["BASE_IMAGE", "CONSUL_IMAGE", "CROSSDC_IMAGE", "IMAGES", "INPUTS_LABEL",
-           "KAFKA_IMAGE", "BuildResult", "ImageState", "build_images", "image_states"]
+           "KAFKA_IMAGE", "PROMETHEUS_IMAGE", "BuildResult", "ImageState", "build_images",
+           "image_states", "require_engine"]
 
 log = structlog.get_logger("crossdc.stack.images")
 
@@ -72,9 +74,11 @@ CONSUL_IMAGE = f"crossdc/consul:{CONSUL_VERSION.lstrip('v')}"
 CROSSDC_VERSION = "0.1.0"
 """= pyproject.toml's version (a unit test holds them together)."""
 CROSSDC_IMAGE = f"crossdc/crossdc:{CROSSDC_VERSION}"
+PROMETHEUS_IMAGE = f"crossdc/prometheus:{DEBIAN_SUITE}"
+"""Debian's prometheus package: its version is the suite's."""
 
 IMAGES = {"base": BASE_IMAGE, "kafka": KAFKA_IMAGE, "consul": CONSUL_IMAGE,
-          "crossdc": CROSSDC_IMAGE}
+          "crossdc": CROSSDC_IMAGE, "prometheus": PROMETHEUS_IMAGE}
 """Every image by its short name, in build order (the base first)."""
 
 _PACKAGE_SOURCES = ["pyproject.toml", "setup.py", "README.md", "crossdc", "dr", "proxy",
