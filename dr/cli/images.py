@@ -10,9 +10,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from dr.cli._common import err, out, paths_for
+from dr.cli._common import Exit, err, out, paths_for
 
-__all__ = ["images_app"]
+__all__ = ["compose_app", "images_app"]
 
 images_app = typer.Typer(help="Container images built here: the Debian base, Kafka, Consul, "
                          "crossdc (no image registry needed).", no_args_is_help=True)
@@ -71,3 +71,34 @@ def images_list(
         t.add_row(s.name, s.tag, "[green]yes[/]" if s.present else "[red]no[/]",
                   _mb(s.size_bytes) if s.present else "-", (s.inputs or "-")[:12])
     out.print(t)
+
+
+compose_app = typer.Typer(help="The compose deployment's files (dr/stack/compose.py).",
+                          no_args_is_help=True)
+
+
+@compose_app.command("write")
+def compose_write(
+    check: Annotated[bool, typer.Option(
+        "--check", help="Only say whether the committed files are current (exit 1 if not).")
+                     ] = False,
+) -> None:
+    """Write compose/docker-compose.yml and compose/prometheus.docker.yml from
+    policies/topology.docker.yaml (paths relative to compose/)."""
+    from crossdc.topology import load_topology
+    from dr.stack.compose import COMPOSE_FILE, DOCKER_TOPOLOGY, committed_compose_text
+    compose_text, prometheus_text = committed_compose_text(load_topology(DOCKER_TOPOLOGY))
+    files = {COMPOSE_FILE: compose_text,
+             COMPOSE_FILE.with_name("prometheus.docker.yml"): prometheus_text}
+    stale = [p for p, text in files.items()
+             if not p.is_file() or p.read_text(encoding="utf-8") != text]
+    if check:
+        if stale:
+            err.print(f"[red]not current[/]: {', '.join(str(p) for p in stale)} (run `dr "
+                      "compose write`)")
+            raise Exit(1)
+        out.print("current")
+        return
+    for p, text in files.items():
+        p.write_text(text, encoding="utf-8")
+    out.print(f"wrote {', '.join(str(p) for p in files)}")

@@ -23,9 +23,9 @@ dr/stack/netns.py are the project's partition tool).
 The topology file reaches the crossdc containers as a read-only mount at
 `/etc/crossdc/topology.yaml`; the routing policy is the image's `/etc/crossdc/policies/...`
 (policies/ is copied into the image) unless another is mounted.
-`compose_document()` turns the specs into a docker-compose file (version 2.4 syntax: Debian's
-docker-compose 1.29 and Compose v2 both read it; `depends_on: condition: service_healthy`
-orders the start on the images' health checks).
+`compose_document()` turns the specs into a compose file (the Compose specification, as
+Docker Compose v2 reads it; `depends_on: condition: service_healthy` orders the start on the
+images' health checks).
 """
 
 from __future__ import annotations
@@ -122,12 +122,14 @@ def deployment_specs(topology: Topology, topology_file: str, *, brokers: int = 1
                      services: bool = True, auto_failover: bool = True,
                      cluster_ids: dict[str, str] | None = None,
                      service_ports: dict[str, int] | None = None,
-                     prometheus: tuple[int, str] | None = None) -> list[ContainerSpec]:
+                     prometheus: tuple[int, str] | None = None,
+                     alerts_file: str | None = None) -> list[ContainerSpec]:
     """Every container of `topology` (see the module docstring). `topology_file` is the
     host path mounted at TOPOLOGY_IN_CONTAINER; `cluster_ids` region -> Kafka cluster id
     (default `stable_cluster_id`); `service_ports` the controllers' and mirrors' ports
     (default: the scheme of `_default_service_ports`); `prometheus` (port, host path of its
-    configuration: `prometheus_config()` written as YAML) adds a Prometheus."""
+    configuration: `prometheus_config()` written as YAML) adds a Prometheus, with
+    `alerts_file` (default: crossdc's observability/alerts.yml) as its rules."""
     ids = cluster_ids or {}
     ports = {**_default_service_ports(topology), **(service_ports or {})}
     specs: list[ContainerSpec] = []
@@ -193,7 +195,8 @@ def deployment_specs(topology: Topology, topology_file: str, *, brokers: int = 1
                      "--storage.tsdb.path=/var/lib/prometheus/data",
                      "--storage.tsdb.retention.time=2h"],
             env={"PROMETHEUS_URL": url},
-            volumes={config: PROMETHEUS_CONFIG, str(alerts_path()): PROMETHEUS_RULES},
+            volumes={config: PROMETHEUS_CONFIG,
+                     alerts_file or str(alerts_path()): PROMETHEUS_RULES},
             health=url))
     return specs
 
@@ -228,6 +231,6 @@ def compose_document(specs: list[ContainerSpec], *, project: str = "crossdc",
         if s.depends_on:
             svc["depends_on"] = {d: {"condition": "service_healthy"} for d in s.depends_on}
         services[s.name] = svc
-    doc = {"version": "2.4", "services": services}
+    doc = {"services": services}
     body = yaml.safe_dump(doc, sort_keys=False, width=100)
     return header + body
