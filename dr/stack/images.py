@@ -340,7 +340,7 @@ def _build(name: str, paths: StackPaths, base_id: str, force: bool,
     log_file = paths.cache / "images" / f"build-{name}.log"
     say(f"Building {tag} (docker build --network host; log {log_file})")
     log.info("image_build", image=tag, context=str(ctx), log=str(log_file))
-    _docker("build", "--network", "host", "--build-arg", f"BASE={BASE_IMAGE}",
+    _docker("build", "--network", "host", "--force-rm", "--build-arg", f"BASE={BASE_IMAGE}",
             "--label", f"{INPUTS_LABEL}={inputs}", "-t", tag, str(ctx),
             what=f"Building {tag}", log_file=log_file)
     now = _inspect(tag)
