@@ -119,3 +119,8 @@ def test_an_image_input_change_changes_its_hash(tmp_path: Path) -> None:
 def test_entry_points_are_valid_bash(script: str) -> None:
     subprocess.run(["bash", "-n", str(IMAGES_DIR / script)], check=True)
     assert (IMAGES_DIR / script).stat().st_mode & 0o111
+
+
+def test_the_cli_offers_every_image() -> None:
+    from dr.cli.images import ImageName
+    assert [n.value for n in ImageName] == list(IMAGES)
