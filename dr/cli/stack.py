@@ -201,11 +201,18 @@ def status(
     flows = run(flows_status(topo, timeout_s * 2, principal=principal)) if topo.flows else []
     ctl = run(_controller_view(topo, principal))
     services = run(_services(topo, path, paths))
+    containers: list[tuple[str, str]] = []
+    docker = (saved or {}).get("docker")
+    if isinstance(docker, dict) and saved and saved.get("topology") == str(path.resolve()):
+        from dr.stack.compose import PROJECT, container_states
+        containers = container_states(str(docker.get("project", PROJECT)))
     if as_json:
         doc = st.model_dump(mode="json")
         doc["flows"] = [f.model_dump(mode="json") for f in flows]
         doc["controller"] = ctl.model_dump(mode="json")
         doc["services"] = [{**asdict(i), "healthy": ok} for i, ok in services]
+        if containers:
+            doc["containers"] = [{"name": n, "status": st_} for n, st_ in containers]
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         render_status(st)
@@ -214,6 +221,8 @@ def status(
         render_controller(ctl)
         if services:
             render_services(services)
+        if containers:
+            render_containers(containers)
     if not st.healthy:
         raise Exit(1)
 
@@ -226,6 +235,18 @@ async def _services(topo: Topology, path: Path, paths: StackPaths
     infos = svc.info()
     oks = await asyncio.gather(*(svc.healthy(i.name, 2.0) for i in infos))
     return list(zip(infos, oks, strict=True))
+
+
+def render_containers(containers: list[tuple[str, str]]) -> None:
+    """The containers of a `dr up --docker` deployment: Docker's status of each."""
+    t = Table(title="containers (dr up --docker)", title_justify="left", header_style="bold")
+    t.add_column("name")
+    t.add_column("status")
+    for name, state in containers:
+        colour = "green" if "(healthy)" in state else \
+            "red" if ("unhealthy" in state or not state.startswith("Up")) else "yellow"
+        t.add_row(name, f"[{colour}]{escape(state)}[/]")
+    out.print(t)
 
 
 def render_services(services: list[tuple[ServiceInfo, bool]]) -> None:

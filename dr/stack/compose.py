@@ -38,7 +38,7 @@ from dr.stack.paths import REPO_ROOT, StackPaths
 from dr.status import probe_topology
 
 __all__ = ["COMPOSE_FILE", "DOCKER_TOPOLOGY", "PROJECT", "PROMETHEUS_PORT", "ComposeDeployment",
-           "committed_compose_text"]
+           "committed_compose_text", "container_states"]
 
 log = structlog.get_logger("crossdc.stack.compose")
 
@@ -181,6 +181,22 @@ async def _wait_ready(topology: Topology, timeout_s: float) -> None:
             raise StartTimeout(f"{', '.join(bad)}: not answering within {timeout_s:.0f}s "
                                "(`docker compose logs` says why)")
         await asyncio.sleep(1.0)  # the servers come up on their own
+
+
+def container_states(project: str = PROJECT) -> list[tuple[str, str]]:
+    """(name, Docker's status line, e.g. `Up 3 minutes (healthy)`) of every container of the
+    compose project, by name; [] when the engine does not answer."""
+    try:
+        proc = subprocess.run(["docker", "ps", "-a", "--filter",
+                               f"label=com.docker.compose.project={project}", "--format",
+                               "{{.Names}}|{{.Status}}"], capture_output=True, text=True,
+                              timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if proc.returncode != 0:
+        return []
+    rows = [tuple(line.split("|", 1)) for line in proc.stdout.splitlines() if "|" in line]
+    return sorted((r[0], r[1]) for r in rows)
 
 
 def _health(name: str) -> tuple[bool, str | None]:
