@@ -3,7 +3,7 @@
 #
 #   bash compose/docker/engine.sh          # install (apt-get), start, wait; idempotent
 #
-# Installs Debian's docker.io (dockerd, containerd, runc) and docker-compose when missing,
+# Installs Debian's docker.io (dockerd, containerd, runc), iptables and debootstrap when missing,
 # starts `dockerd` as root when no engine answers at $DOCKER_HOST (default
 # unix:///var/run/docker.sock), and waits until the engine answers (`docker info`: the engine
 # itself, never the mere presence of the client).
@@ -31,7 +31,6 @@ answers() { docker -H "$host" info --format '{{.ServerVersion}}' >/dev/null 2>&1
 
 need=()
 command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
-command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
 command -v iptables >/dev/null 2>&1 || need+=(iptables)
 command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
 if [ ${#need[@]} -gt 0 ]; then
