@@ -7,7 +7,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test test-more chaos setup lint unit integration down clean
+.PHONY: demo test test-more chaos setup lint unit integration down clean engine images docker-up
 
 $(STAMP): pyproject.toml setup.py
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -50,6 +50,18 @@ unit: $(STAMP)
 
 integration: setup
 	$(BIN)/pytest -m integration
+
+## Containers: a Docker engine (Debian's docker.io, started with --iptables=false so the
+## partition suite keeps working; idempotent), the images built here (cached by their inputs),
+## and the whole deployment in containers (docs/docker.md). `make down` removes it.
+engine:
+	@bash compose/docker/engine.sh
+
+images: setup engine
+	$(BIN)/dr images build
+
+docker-up: images
+	$(BIN)/dr up --docker
 
 down:
 	$(BIN)/dr down

@@ -47,7 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # run on the worker of the unit tests, beside the session stack's worker.
 OWN_SERVERS = ("tests/integration/test_services.py", "tests/integration/test_prometheus.py",
                "tests/integration/test_stack_variants.py",
-               "tests/integration/test_hostile_files.py")
+               "tests/integration/test_hostile_files.py",
+               "tests/integration/test_docker_stack.py")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

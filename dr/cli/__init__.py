@@ -19,6 +19,7 @@ from dr.cli.consume import consume_command
 from dr.cli.controller import controller_app, failback, failover, gate_app
 from dr.cli.demo import demo_command
 from dr.cli.drill import drill_command
+from dr.cli.images import compose_app, images_app
 from dr.cli.mirror import mirror_app, offsets_app
 from dr.cli.observe import prometheus_app
 from dr.cli.policy import policy_app
@@ -51,6 +52,8 @@ app.add_typer(sync_app, name="sync")
 app.add_typer(tail_app, name="tail")
 app.command("consume")(consume_command)
 app.add_typer(prometheus_app, name="prometheus")
+app.add_typer(images_app, name="images")
+app.add_typer(compose_app, name="compose")
 app.command("drill")(drill_command)
 app.command("demo")(demo_command)
 

@@ -87,14 +87,28 @@ def up(
         "--secure", help="Brokers on SASL/SCRAM over TLS with ACLs (a throwaway CA and "
         "passwords under <state>/secrets; the topology used is written to "
         "<state>/topology.secure.yaml). See docs/security.md.")] = False,
+    docker: Annotated[bool, typer.Option(
+        "--docker", help="The whole deployment in containers instead (Docker Compose v2; "
+        "images built here by `dr images build`): every region's Kafka, Consul, proxy, "
+        "controller and mirror, the witness, Prometheus. Topology default: "
+        "policies/topology.docker.yaml. See docs/docker.md.")] = False,
 ) -> None:
     """Start every region (Kafka KRaft + Consul) and every witness (Consul only) on loopback
-    and wait until all answer; with --services, then the proxies, mirrors and controllers."""
+    and wait until all answer; with --services, then the proxies, mirrors and controllers;
+    with --docker, all of it in containers."""
     from dr.stack.local import LocalStack
     for option, given in (("--policy", policy), ("--controller-config", controller_config)):
         if given is not None and not given.exists():  # a FIFO or folder: said by the loader
             fail(f"{option} {given}: no such file")
     paths = paths_for(state_dir)
+    if docker:
+        _up_docker(topology, paths, timeout_s, auto_failover,
+                   refused=[o for o, on in (("--secure", secure), ("--services", services),
+                                            ("--policy", policy is not None),
+                                            ("--controller-config",
+                                             controller_config is not None),
+                                            ("--brokers", brokers != 1)) if on])
+        return
     topo, path = topology_for(topology, paths)
     # their content too, before anything starts
     check_files(topo, policy=policy, controller_config=controller_config)
@@ -118,15 +132,48 @@ def up(
         err.print(f"[green]services[/]: {', '.join(s.name for s in started)}")
 
 
+def _up_docker(topology: Path | None, paths: StackPaths, timeout_s: float, auto_failover: bool,
+               refused: list[str]) -> None:
+    """`dr up --docker`: the compose deployment (dr/stack/compose.py)."""
+    from dr.stack.compose import DOCKER_TOPOLOGY, ComposeDeployment
+    from dr.stack.local import read_stack_file, stack_processes
+    if refused:
+        fail(f"--docker runs the compose deployment as its topology defines it; "
+             f"{', '.join(refused)} not taken with it")
+    if topology is None and DOCKER_TOPOLOGY.is_file():
+        topology = DOCKER_TOPOLOGY
+    topo, path = topology_for(topology, None)
+    saved = read_stack_file(paths)
+    if saved and "docker" not in saved and any(p.running() for p in stack_processes(paths)):
+        fail(f"a local stack runs in {paths.state} (from {saved.get('topology')}): `dr down` "
+             "first, or use another --state-dir", code=1)
+    with err.status("starting the compose deployment") as status:
+        dep = ComposeDeployment(topo, path, paths, auto_failover=auto_failover,
+                                progress=status.update)
+        names = run(dep.up(timeout_s))
+    err.print(f"[green]up[/] (docker): {len(names)} container(s) from {dep.compose_file}; "
+              f"topology {path}; Prometheus http://127.0.0.1:{dep.prometheus_port}")
+
+
 @stack_commands.command()
 def down(
     state_dir: StateDirOpt = None,
     purge: Annotated[bool, typer.Option("--purge", help="Also delete data and logs.")] = False,
 ) -> None:
     """Stop every process of the local stack: the services (proxies, mirrors, controllers,
-    a Prometheus) first, then Kafka, then Consul."""
-    from dr.stack.local import LocalStack
+    a Prometheus) first, then Kafka, then Consul; or remove the containers of `dr up
+    --docker` (docker compose down)."""
+    from dr.stack.local import LocalStack, read_stack_file
     paths = paths_for(state_dir)
+    saved = read_stack_file(paths) or {}
+    docker = saved.get("docker")
+    if isinstance(docker, dict):
+        from dr.stack.compose import ComposeDeployment
+        with err.status("docker compose down"):
+            run(ComposeDeployment.down(paths, docker))
+        err.print(f"removed the compose deployment's containers ({docker.get('compose_file')})")
+        if not purge:
+            paths.stack_file.unlink(missing_ok=True)
     stopped = run(LocalStack.down(paths, purge=purge))
     err.print(f"stopped {len(stopped)} process(es)" + (f" and removed {paths.state}"
                                                        if purge else ""))
@@ -154,11 +201,18 @@ def status(
     flows = run(flows_status(topo, timeout_s * 2, principal=principal)) if topo.flows else []
     ctl = run(_controller_view(topo, principal))
     services = run(_services(topo, path, paths))
+    containers: list[tuple[str, str]] = []
+    docker = (saved or {}).get("docker")
+    if isinstance(docker, dict) and saved and saved.get("topology") == str(path.resolve()):
+        from dr.stack.compose import PROJECT, container_states
+        containers = container_states(str(docker.get("project", PROJECT)))
     if as_json:
         doc = st.model_dump(mode="json")
         doc["flows"] = [f.model_dump(mode="json") for f in flows]
         doc["controller"] = ctl.model_dump(mode="json")
         doc["services"] = [{**asdict(i), "healthy": ok} for i, ok in services]
+        if containers:
+            doc["containers"] = [{"name": n, "status": st_} for n, st_ in containers]
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         render_status(st)
@@ -167,6 +221,8 @@ def status(
         render_controller(ctl)
         if services:
             render_services(services)
+        if containers:
+            render_containers(containers)
     if not st.healthy:
         raise Exit(1)
 
@@ -179,6 +235,18 @@ async def _services(topo: Topology, path: Path, paths: StackPaths
     infos = svc.info()
     oks = await asyncio.gather(*(svc.healthy(i.name, 2.0) for i in infos))
     return list(zip(infos, oks, strict=True))
+
+
+def render_containers(containers: list[tuple[str, str]]) -> None:
+    """The containers of a `dr up --docker` deployment: Docker's status of each."""
+    t = Table(title="containers (dr up --docker)", title_justify="left", header_style="bold")
+    t.add_column("name")
+    t.add_column("status")
+    for name, state in containers:
+        colour = "green" if "(healthy)" in state else \
+            "red" if ("unhealthy" in state or not state.startswith("Up")) else "yellow"
+        t.add_row(name, f"[{colour}]{escape(state)}[/]")
+    out.print(t)
 
 
 def render_services(services: list[tuple[ServiceInfo, bool]]) -> None:

@@ -30,12 +30,16 @@ from dr.errors import SetupFailed, ToolchainMissing
 from dr.stack.paths import StackPaths
 
 __all__ = [
+    "COMPOSE_MODULE",
+    "COMPOSE_VERSION",
     "CONSUL_MODULE",
     "CONSUL_VERSION",
     "TOXIPROXY_MODULE",
     "TOXIPROXY_VERSION",
     "check_toolchain",
+    "compose_binary",
     "consul_binary",
+    "ensure_compose",
     "ensure_consul",
     "ensure_kafka_libs",
     "ensure_spark_kafka_jars",
@@ -47,6 +51,8 @@ __all__ = [
 
 CONSUL_MODULE = "github.com/hashicorp/consul"
 CONSUL_VERSION = "v1.22.0"
+COMPOSE_MODULE = "github.com/docker/compose/v2"
+COMPOSE_VERSION = "v2.29.7"
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2"
 TOXIPROXY_VERSION = "v2.5.0"
 
@@ -166,6 +172,21 @@ def ensure_consul(paths: StackPaths, progress: Progress | None = None) -> Path:
     """Build the pinned Consul from its Go module once; return the binary's path."""
     return _go_build(GoBinary("Consul", CONSUL_MODULE, CONSUL_VERSION, ".",
                               consul_binary(paths), ["version"]), paths, progress)
+
+
+def compose_binary(paths: StackPaths) -> Path:
+    return paths.cache / f"compose-{COMPOSE_VERSION}" / "docker-compose"
+
+
+def ensure_compose(paths: StackPaths, progress: Progress | None = None) -> Path:
+    """Build the pinned Docker Compose v2 from its Go module once (the compose deployment:
+    `dr up --docker`; about 2 minutes here); return the binary's path. It runs standalone
+    (`docker-compose ...`) and as the `docker compose` plugin (linked into
+    ~/.docker/cli-plugins by `dr compose install`)."""
+    return _go_build(GoBinary("Docker Compose", COMPOSE_MODULE, COMPOSE_VERSION, "./cmd",
+                              compose_binary(paths), ["version"],
+                              ldflags=f"-X {COMPOSE_MODULE}/internal.Version={COMPOSE_VERSION}"),
+                     paths, progress)
 
 
 def toxiproxy_binary(paths: StackPaths) -> Path:

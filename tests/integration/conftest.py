@@ -1,8 +1,11 @@
 """The two-region stack, started once per test session.
 
-With a Docker engine that answers `docker.from_env().ping()`, the regions run in containers
-(testcontainers); otherwise as local processes through the same code `dr up` uses. Ports are
-picked free at start, so the suite runs beside a `dr up` demo stack or another suite.
+The regions run as local processes through the same code `dr up` uses; with
+CROSSDC_TEST_STACK=docker, in containers of the images built here (testcontainers, an engine
+that answers `docker.from_env().ping()` required). Never switched by the mere presence of an
+engine: the machine's engine is shared (CI starts one for the container tests, which run on
+stacks of their own: tests/integration/test_docker_stack.py). Ports are picked free at start,
+so the suite runs beside a `dr up` demo stack or another suite.
 """
 
 from __future__ import annotations
@@ -44,7 +47,10 @@ async def two_regions(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
     root = tmp_path_factory.mktemp("stack")
     topo = free_topology(["east", "west"])
     path = write_topology(topo, root / "topology.yaml")
-    if docker_available() and not os.environ.get("CROSSDC_TEST_LOCAL"):
+    if os.environ.get("CROSSDC_TEST_STACK") == "docker":
+        if not docker_available():
+            pytest.fail("CROSSDC_TEST_STACK=docker but no Docker engine answers "
+                        "(compose/docker/engine.sh starts one)")
         from dr.stack.docker import DockerStack
         dstack = DockerStack(topo)
         await dstack.up()

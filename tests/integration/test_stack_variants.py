@@ -16,14 +16,14 @@ from tests_support import write_topology
 
 from crossdc.topology import Topology
 from dr.errors import ProcessDied
-from dr.stack.docker import docker_available
 from dr.stack.local import LocalStack
 from dr.stack.paths import StackPaths
 from dr.stack.ports import free_topology
 from dr.stack.process import ManagedProcess
 from dr.status import probe_topology
 
-pytestmark = pytest.mark.skipif(docker_available(), reason="local-stack behaviour")
+pytestmark = pytest.mark.skipif(os.environ.get("CROSSDC_TEST_STACK") == "docker",
+                                reason="local-stack behaviour")
 
 
 def _stack(tmp_path: Path, topo: Topology, brokers: int) -> tuple[LocalStack, StackPaths]:
