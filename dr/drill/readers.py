@@ -12,9 +12,9 @@ which holds both origins through the mirror) and acknowledges each batch as it a
 - `gap`: records the producers had acknowledged, that every region holds once the drill
   read them back, and that the reader never received (the consumer's loss: must be 0;
   records no region kept are the failover's RPO, counted by the drill, not here);
-- `longest_pause_s`: the longest time without a delivery between the fault and the end of
-  the traffic, while records of the mode were being acknowledged (what a consumer feels of
-  the failover: its RTO).
+- `longest_pause_s`: the longest time without a delivery between the fault and the
+  failback (or the end of the traffic), while records of the mode were being acknowledged
+  (what a consumer feels of the failover: its RTO).
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ class ReaderFigures(BaseModel):
                      "reader never received.")
     gap_examples: list[str] = Field(default_factory=list)
     longest_pause_s: float | None = Field(None, description="The longest time without a "
-                                          "delivery from the fault to the end of traffic.")
+                                          "delivery from the fault to the failback (or the "
+                                          "end of traffic).")
     reconnects: int = 0
     error: str | None = None
 

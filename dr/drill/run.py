@@ -353,8 +353,13 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                 acked_ms: dict[str, list[int]] = {}
                 for a in acks:
                     acked_ms.setdefault(a.mode, []).append(a.t_ms)
-                reader_figures = readers.figures(expected, since_ms=tl.fault_ms,
-                                                 until_ms=traffic.stopped_ms, acked_ms=acked_ms)
+                # the pause around the failover: from the fault to the failback (which has
+                # a write pause of its own: the planned move's fence and lease wait)
+                failback_at = next((t0 for name, t0, _ in tl.steps if name == "failback"),
+                                   None)
+                reader_figures = readers.figures(
+                    expected, since_ms=tl.fault_ms,
+                    until_ms=failback_at or traffic.stopped_ms, acked_ms=acked_ms)
                 problems += [f"consumer gap: {f.gap} {f.mode} records acknowledged and held "
                              f"everywhere never reached {f.region}'s reader"
                              for f in reader_figures if f.gap]

@@ -215,7 +215,11 @@ class PrimaryFollower:
         self.log.info("consume_handover_made", source=source, target=target, epoch=epoch,
                       partitions=len(made), unsettled=unsettled,
                       untranslated=sum(1 for h in made if h.start is None))
-        await self._store(target, made)
+        # this process resumes from its own handovers at once; the topic is for the proxies
+        # that get its partitions after the new group's rebalance (they wait for it)
+        task = asyncio.create_task(self._store(target, made), name="proxy:consume-handover")
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
         return True
 
     async def _store(self, region: str, made: list[Handover]) -> None:
