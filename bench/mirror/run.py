@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from bench.cpu import tree_cpu_s  # noqa: E402
+from bench.preflight import died, require, stop  # noqa: E402
 from bench.stats import pct  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -47,6 +47,22 @@ RESULTS = ROOT / "bench" / "results"
 PARTITIONS = 12
 SIZE = 1024
 CLK = os.sysconf("SC_CLK_TCK")
+
+
+class ContenderDied(Exception):
+    """A contender exited before its work was done; the message carries its log's tail."""
+
+
+def needs(names: list[str], setup: bool = False) -> None:
+    """Exit at once, before the stack and the backlog, when a contender's parts are missing."""
+    modules = ["matplotlib"] if not setup else []  # the chart
+    tools: list[str] = []
+    if "ceiling" in names and not setup:
+        modules.append("confluent_kafka")
+    if "mm2" in names or setup:
+        tools += ["java", "mvn"]
+    require("bench/mirror/run.py", modules=modules, tools=tools,
+            skip_hint="--only NAMES runs a subset of ceiling,mm2,crossdc,crossdc_eos")
 
 
 def mm2_libs() -> Path:
@@ -245,7 +261,8 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
         deadline = time.monotonic() + 1800
         while True:
             if proc.poll() is not None:
-                raise SystemExit(f"[{name}] exited with {proc.returncode}; see {log_path}")
+                log.flush()
+                raise ContenderDied(died(name, proc.returncode, log_path))
             if time.monotonic() > deadline:
                 raise SystemExit(f"[{name}] did not finish within 30 min")
             arrived = sum(asyncio.run(ends(west, tp_topic)).values())
@@ -286,12 +303,7 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
               f"({len(lat)} records)", flush=True)
         return res
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(proc, 30, group=True)  # quiet when it is already gone
         log.close()
 
 
@@ -357,6 +369,9 @@ def write_report(flat: dict[str, Any], notes: str = "") -> None:
                      f"{r['e2e_p50_ms']:.0f} / {r['e2e_p99_ms']:.0f} | {r['startup_s']} | "
                      f"{r.get('load_avg_1m_at_copy_start', '-')} / "
                      f"{r.get('load_avg_1m_at_latency_start', '')} |")
+    for name, why in (flat.get("failed") or {}).items():
+        lines.append(f"| {label.get(name, name)} | failed: "
+                     f"{why.splitlines()[0]} (mirror.json `failed`) |")
     lines += ["", "![throughput and p99 latency](mirror.png)", ""]
     if notes:
         lines += [notes, ""]
@@ -384,7 +399,9 @@ def main() -> None:
     if a.report_only:
         write_report(json.loads((RESULTS / "mirror.json").read_text()), a.notes)
         return
-    libs = mm2_libs()
+    names = a.only.split(",")
+    needs(names, a.setup)
+    libs = mm2_libs() if "mm2" in names or a.setup else Path()
     if a.setup:
         print(libs)
         return
@@ -395,9 +412,9 @@ def main() -> None:
     from dr.stack.paths import StackPaths
     from dr.stack.ports import free_topology
 
-    names = a.only.split(",")
     load_before = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-mirror-") as tmp_s:
         tmp = Path(tmp_s)
         topo = free_topology(["east", "west"])
@@ -433,8 +450,12 @@ def main() -> None:
                     group = f"bench-{name}"
                     prof = RESULTS / f"mirror-{name}.prof" if a.profile else None
                     cmd = crossdc_command(tpath, topics, group, name == "crossdc_eos", prof)
-                results[name] = run_contender(name, cmd, topo, a.records, a.rate,
-                                              a.latency_s, tmp / f"{name}.log", group)
+                try:
+                    results[name] = run_contender(name, cmd, topo, a.records, a.rate,
+                                                  a.latency_s, tmp / f"{name}.log", group)
+                except ContenderDied as exc:  # reported once; the others still run
+                    print(exc, flush=True)
+                    failed[name] = str(exc)
         finally:
             asyncio.run(LocalStack.down(paths))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -456,10 +477,16 @@ def main() -> None:
                 flat[f"{name}_vs_ceiling"] = round(flat[f"{name}_rps"] / ceiling, 2)
     flat["load_avg"] = {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}
     flat["runs"] = results
+    if failed:
+        flat["failed"] = failed
+    if not results:
+        raise SystemExit("no contender finished: " + ", ".join(failed))
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "mirror.json").write_text(json.dumps(flat, indent=2) + "\n")
     print(json.dumps(flat, indent=2))
     write_report(flat, a.notes)
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)} (above, and under `failed` in mirror.json)")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ import collections
 import functools
 import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from bench.cpu import machine_busy_s, tree_cpu_s  # noqa: E402
+from bench.preflight import died, find_tool, require, signal_quietly  # noqa: E402
 from bench.stats import pct  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -471,8 +472,7 @@ async def wait_serving(target: str, proc: asyncio.subprocess.Process, log: Path)
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < deadline:
             if proc.returncode is not None:
-                tail = (await asyncio.to_thread(log.read_text))[-3000:]
-                raise SystemExit(f"proxy exited {proc.returncode}:\n{tail}")
+                raise SystemExit(died("proxy", proc.returncode, log))
             try:
                 r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
                 if r.status == health_pb2.HealthCheckResponse.SERVING:
@@ -480,8 +480,7 @@ async def wait_serving(target: str, proc: asyncio.subprocess.Process, log: Path)
             except grpc.aio.AioRpcError:
                 pass
             await asyncio.sleep(0.2)
-    tail = (await asyncio.to_thread(log.read_text))[-3000:]
-    raise SystemExit(f"proxy not SERVING within 90 s:\n{tail}")
+    raise SystemExit(died("proxy (not SERVING within 90 s)", proc.returncode, log))
 
 
 # -- profile ------------------------------------------------------------------------------
@@ -624,11 +623,11 @@ class ProxyProc:
     async def stop(self) -> None:
         if self.proc is None or self.proc.returncode is not None:
             return
-        self.proc.terminate()
+        signal_quietly(self.proc, signal.SIGTERM)  # it may be gone, not yet reaped
         try:
             await asyncio.wait_for(self.proc.wait(), 20)
         except TimeoutError:
-            self.proc.kill()
+            signal_quietly(self.proc, signal.SIGKILL)
             await self.proc.wait()
 
 
@@ -780,8 +779,7 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         async def spy_runs(px: ProxyProc, size: int, stub: Any, topic: str,
                            value: bytes, pids: dict[str, int | None]) -> None:
-            spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(
-                Path(sys.executable).parent))
+            spy = find_tool("py-spy")
             if spy is None:
                 print("py-spy not installed: no profile", flush=True)
                 return
@@ -1052,6 +1050,9 @@ def main() -> None:
                        "git_commit": last["git_commit"],
                        "proxy_uncommitted_at_run": last["proxy_uncommitted_at_run"]}, a)
         return
+    require("bench/proxy/run.py", modules=["matplotlib"],
+            tools=["py-spy"] if a.profile else [],
+            skip_hint="--no-profile runs it without py-spy")
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
         res = asyncio.run(bench(a, Path(tmp)))
