@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from bench.cpu import tree_cpu_s  # noqa: E402
 from bench.preflight import died, require, stop  # noqa: E402
+from bench.spy import Spy  # noqa: E402
 from bench.stats import pct  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -246,7 +247,8 @@ def ceiling_command(east: str, west: str, topics: str, group: str) -> list[str]:
 
 
 def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s: float,
-                  log_path: Path, group: str | None) -> dict[str, Any]:
+                  log_path: Path, group: str | None, spy_dir: Path | None = None
+                  ) -> dict[str, Any]:
     east = topo.region("east").kafka.bootstrap
     west = topo.region("west").kafka.bootstrap
     tp_topic, lat_topic = f"tp-{name}", f"lat-{name}"
@@ -257,6 +259,8 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
                             start_new_session=True)
     try:
         t_first = cpu_first = None
+        spy: Spy | None = None
+        profile: dict[str, Any] | None = None
         load_copy = 0.0
         deadline = time.monotonic() + 1800
         while True:
@@ -269,12 +273,17 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
             if t_first is None and arrived > 0:
                 t_first, cpu_first = time.monotonic(), tree_cpu_s(proc.pid)
                 load_copy = os.getloadavg()[0]
+                if spy_dir is not None:  # the copy loop only, not the start-up
+                    spy = Spy(proc.pid, spy_dir / f"mirror-{name}").start()
             if group is None:
                 done = arrived >= n
             else:  # crossdc: its group commit follows the target write (EOS ends hold markers)
                 done = asyncio.run(group_committed(east, group, tp_topic)) >= n
             if done:
                 t_done, cpu_done = time.monotonic(), tree_cpu_s(proc.pid)
+                if spy is not None:
+                    spy.stop()
+                    profile = spy.summary()
                 break
             time.sleep(0.1)
         assert t_first is not None
@@ -299,10 +308,14 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
                "latency_phase_cpu_s": round(cpu_end - cpu_done, 1),
                "load_avg_1m_at_copy_start": round(load_copy, 2),
                "load_avg_1m_at_latency_start": round(load, 2)}
+        if profile is not None:
+            res["profile"] = profile
         print(f"[{name}] latency p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms "
               f"({len(lat)} records)", flush=True)
         return res
     finally:
+        if spy is not None and spy.procs:
+            spy.stop()
         stop(proc, 30, group=True)  # quiet when it is already gone
         log.close()
 
@@ -392,6 +405,9 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true",
                     help="Rewrite mirror.md and mirror.png from mirror.json.")
     ap.add_argument("--notes", default="", help="A paragraph appended to mirror.md.")
+    ap.add_argument("--spy", type=Path, default=None, metavar="DIR",
+                    help="py-spy over each crossdc contender's copy loop: flame graph and "
+                    "speedscope into DIR (issue 26)")
     ap.add_argument("--profile", action="store_true",
                     help="Run crossdc under cProfile (bench/results/mirror-<name>.prof); "
                     "figures of such a run are not comparable.")
@@ -452,7 +468,8 @@ def main() -> None:
                     cmd = crossdc_command(tpath, topics, group, name == "crossdc_eos", prof)
                 try:
                     results[name] = run_contender(name, cmd, topo, a.records, a.rate,
-                                                  a.latency_s, tmp / f"{name}.log", group)
+                                                  a.latency_s, tmp / f"{name}.log", group,
+                                                  a.spy if name.startswith("crossdc") else None)
                 except ContenderDied as exc:  # reported once; the others still run
                     print(exc, flush=True)
                     failed[name] = str(exc)
@@ -481,6 +498,20 @@ def main() -> None:
         flat["failed"] = failed
     if not results:
         raise SystemExit("no contender finished: " + ", ".join(failed))
+    if a.spy is not None:  # a profiled run: its figures are not the official ones
+        from bench.spy import render
+        (a.spy / "mirror-spy.json").write_text(json.dumps(flat, indent=2) + "\n")
+        lines = [f"## Mirror, commit `{commit}` (load average {flat['load_avg']})", ""]
+        for name, r in results.items():
+            lines.append(f"- {name}: {r['rps']:,} records/s, {r['cpu_s_per_m']} CPU-s per M "
+                         "records (under py-spy)")
+        lines.append("")
+        for name, r in results.items():
+            if "profile" in r:
+                lines += render(f"mirror {name} copy loop", r["profile"])
+        (a.spy / "mirror-spy.md").write_text("\n".join(lines))
+        print("\n".join(lines))
+        return
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "mirror.json").write_text(json.dumps(flat, indent=2) + "\n")
     print(json.dumps(flat, indent=2))

@@ -800,9 +800,43 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 else:
                     print(f"py-spy failed: {err.decode()[-500:]}", flush=True)
 
+        async def spy_paths(size: int) -> None:
+            """Issue 26: each path's figures without the profiler, then py-spy (flame graph
+            and speedscope) over the unary, batch and stream paths under the same load."""
+            from bench.spy import Spy
+            px = ProxyProc(tpath, policy, tmp / "proxy-spy.log")
+            proxies.append(px)
+            await px.start()
+            pids = {"proxy": px.pid, "broker": broker_pid}
+            topic, value = topics[size], os.urandom(size)
+            async with grpc.aio.insecure_channel(px.target) as ch:
+                stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+                fns: dict[str, Callable[[Window], Awaitable[None]]] = {
+                    "direct": lambda w: run_direct(producer, topic, value, w),
+                    "unary": lambda w: run_unary(stub, pb, topic, value, w),
+                    "batch": lambda w: run_batch(stub, pb, topic, value, w),
+                    "stream": lambda w: run_stream(stub, pb, topic, value, w)}
+                for mode in fns:
+                    rows.append(await measure(mode, size, fns[mode], pids))
+                for mode in ("unary", "batch", "stream"):
+                    spy = Spy(px.pid, a.spy / f"proxy-{mode}",
+                              seconds=a.seconds + a.warmup)
+                    async with spy:
+                        row = await measure(f"{mode} (under py-spy)", size, fns[mode], pids)
+                    profiles[mode] = {**spy.summary(), "rps_under_profiler": row["rps"],
+                                      "proxy_cpu_us_per_record_under_profiler":
+                                          row["proxy_cpu_s_per_m"]}
+            await px.stop()
+
         gc_info: dict[str, Any] = {}
         caps: dict[str, Any] = {}
         big = max(a.sizes)
+        if a.spy is not None:
+            await spy_paths(big)
+            await producer.stop()
+            return {"rows": rows, "profiles": profiles, "server": "dr proxy serve",
+                    "load_avg": {"before": load_before,
+                                 "after": [round(x, 2) for x in os.getloadavg()]}}
         for size in a.sizes:
             how = await phase(size, ["direct", "unary", "batch", "stream", "sdk"],
                               paced_too=size == big)
@@ -1028,6 +1062,9 @@ def main() -> None:
     ap.add_argument("--gen-channels", type=int, default=4, help="gRPC channels per generator")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
+    ap.add_argument("--spy", type=Path, default=None, metavar="DIR",
+                    help="only the closed-loop paths, then py-spy over unary, batch and "
+                    "stream: flame graphs, speedscope files and spy.json into DIR (issue 26)")
     ap.add_argument("--render-only", action="store_true", help="rewrite proxy.md/png from "
                     "the last proxy.json (no measuring)")
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
@@ -1056,7 +1093,33 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
         res = asyncio.run(bench(a, Path(tmp)))
+    if a.spy is not None:
+        write_spy(res, a.spy)
+        return
     write_results(res, a)
+
+
+def write_spy(res: dict[str, Any], out: Path) -> None:
+    """`--spy`: the rows and profiles as JSON, and their Markdown, into `out`."""
+    from bench.spy import render
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT, check=False).stdout.strip()
+    res = {**res, "git_commit": commit}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "proxy-spy.json").write_text(json.dumps(res, indent=2) + "\n")
+    lines = [f"## Proxy, commit `{commit}` (load average {res['load_avg']})", "",
+             "| path | records/s | p50 ms | CPU µs per record: proxy | client | broker "
+             "| proxy CPU (cores) |", "|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['mode']} | {r['rps']:,} | {r['p50_ms']} | {r['proxy_cpu_s_per_m']} "
+                     f"| {r['client_cpu_s_per_m']} | {r['broker_cpu_s_per_m']} "
+                     f"| {r['proxy_cpu_util']} |")
+    lines.append("")
+    for mode, p in res["profiles"].items():
+        lines += render(f"proxy {mode} path", p,
+                        f"Under py-spy: {p.get('rps_under_profiler')} records/s.")
+    (out / "proxy-spy.md").write_text("\n".join(lines))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

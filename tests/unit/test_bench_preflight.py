@@ -101,3 +101,29 @@ def test_stop_kills_what_ignores_sigterm() -> None:
     assert proc.stdout.readline().strip() == b"ready"
     assert pf.stop(proc, 0.5) == -signal.SIGKILL
     proc.stdout.close()
+
+
+def test_spy_areas_from_speedscope(tmp_path: Path) -> None:
+    """bench/spy.py reads py-spy's speedscope file: one count per sample, self by the
+    innermost frame (C code under a loop callback as its own row), inclusive by any."""
+    import json
+
+    sys.path.insert(0, str(REPO_ROOT))
+    from bench.spy import area_shares, load_speedscope, top_self
+
+    frames = [{"name": "_run_once", "file": "/py/asyncio/base_events.py", "line": 1},
+              {"name": "Handle._run", "file": "/py/asyncio/events.py", "line": 2},
+              {"name": "route", "file": f"{REPO_ROOT}/proxy/router.py", "line": 3},
+              {"name": "dumps", "file": "/py/json/__init__.py", "line": 4}]
+    doc = {"shared": {"frames": frames}, "profiles": [
+        {"type": "sampled", "samples": [[0, 1], [0, 1, 2], [0, 1, 2, 3], [0, 1, 2, 3]],
+         "weights": [0.01] * 4}]}
+    path = tmp_path / "p.speedscope.json"
+    path.write_text(json.dumps(doc))
+    stacks = load_speedscope(path)
+    assert sum(stacks.values()) == 4
+    shares = {a: (s, i) for a, s, i in area_shares(stacks)}
+    assert shares["JSON (json module)"] == (50.0, 50.0)
+    assert shares["routing: router (proxy/router.py)"] == (25.0, 75.0)
+    assert shares[next(a for a in shares if a.startswith("C code run by loop"))] == (25.0, 0.0)
+    assert top_self(stacks, 1) == [("dumps (/py/json/__init__.py)", 50.0)]
