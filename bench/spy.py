@@ -37,7 +37,7 @@ AREAS: list[tuple[str, tuple[str, ...]]] = [
     ("aiokafka connection, protocol", ("aiokafka/conn.py", "aiokafka/protocol/",
                                       "aiokafka/client.py")),
     ("grpc (grpc.aio, cygrpc)", ("grpc/", "grpc_health/")),
-    ("protobuf (messages, upb)", ("protobuf/", "_pb2.py", "SerializeToString",
+    ("protobuf (messages, upb)", ("protobuf/", "_pb2.py", "_upb", "upb_", "SerializeToString",
                                   "FromString", "ParseFromString")),
     ("structlog", ("structlog/",)),
     ("prometheus_client", ("prometheus_client/",)),
@@ -133,8 +133,9 @@ class Spy:
     while the block runs (or for `seconds`)."""
 
     def __init__(self, pid: int, base: Path, seconds: float | None = None,
-                 rate: int = 100) -> None:
+                 rate: int = 100, native: bool = False) -> None:
         self.pid, self.base, self.seconds, self.rate = pid, base, seconds, rate
+        self.native = native  # C frames too; py-spy then pauses the process per sample
         self.procs: list[subprocess.Popen[bytes]] = []
         self.load_avg: list[float] = []
         self.errors: list[str] = []
@@ -156,7 +157,8 @@ class Spy:
         for fmt, out in (("flamegraph", self.svg), ("speedscope", self.speedscope)):
             self.procs.append(subprocess.Popen(
                 [spy, "record", "--pid", str(self.pid), "--rate", str(self.rate),
-                 "--format", fmt, "--nonblocking", "--subprocesses", "-o", str(out),
+                 "--format", fmt, "--native" if self.native else "--nonblocking",
+                 "--subprocesses", "-o", str(out),
                  *(["--duration", str(int(self.seconds))] if self.seconds else [])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         time.sleep(0.5)  # attached

@@ -692,8 +692,10 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                  f"{row['first_error']}")
             return row
 
-        async def phase(size: int, modes: list[str], paced_too: bool) -> str:
-            """One fresh proxy process (an empty idempotency window) for one record size."""
+        async def phase(size: int, modes: list[str], paced_too: bool, spy: bool = False) -> str:
+            """One fresh proxy process (an empty idempotency window) for one record size;
+            `spy` (issue 26): then py-spy (flame graph and speedscope) over the paths
+            `--spy-paths` under the same load."""
             px = ProxyProc(tpath, policy, tmp / f"proxy-{size}.log")
             proxies.append(px)
             await px.start()
@@ -709,6 +711,15 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     "sdk": lambda w: run_sdk(px.target, topic, value, w)}
                 for mode in modes:
                     rows.append(await measure(mode, size, fns[mode], pids))
+                for mode in a.spy_paths.split(",") if spy else []:
+                    from bench.spy import Spy
+                    sp = Spy(px.pid, a.spy / f"proxy-{mode}{'-native' if a.native else ''}",
+                             seconds=a.seconds + a.warmup, native=a.native)
+                    async with sp:
+                        row = await measure(f"{mode} (under py-spy)", size, fns[mode], pids)
+                    profiles[mode] = {**sp.summary(), "rps_under_profiler": row["rps"],
+                                      "proxy_cpu_us_per_record_under_profiler":
+                                          row["proxy_cpu_s_per_m"]}
                 if paced_too:
                     ids = Ids()
 
@@ -800,39 +811,11 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 else:
                     print(f"py-spy failed: {err.decode()[-500:]}", flush=True)
 
-        async def spy_paths(size: int) -> None:
-            """Issue 26: each path's figures without the profiler, then py-spy (flame graph
-            and speedscope) over the unary, batch and stream paths under the same load."""
-            from bench.spy import Spy
-            px = ProxyProc(tpath, policy, tmp / "proxy-spy.log")
-            proxies.append(px)
-            await px.start()
-            pids = {"proxy": px.pid, "broker": broker_pid}
-            topic, value = topics[size], os.urandom(size)
-            async with grpc.aio.insecure_channel(px.target) as ch:
-                stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
-                fns: dict[str, Callable[[Window], Awaitable[None]]] = {
-                    "direct": lambda w: run_direct(producer, topic, value, w),
-                    "unary": lambda w: run_unary(stub, pb, topic, value, w),
-                    "batch": lambda w: run_batch(stub, pb, topic, value, w),
-                    "stream": lambda w: run_stream(stub, pb, topic, value, w)}
-                for mode in fns:
-                    rows.append(await measure(mode, size, fns[mode], pids))
-                for mode in ("unary", "batch", "stream"):
-                    spy = Spy(px.pid, a.spy / f"proxy-{mode}",
-                              seconds=a.seconds + a.warmup)
-                    async with spy:
-                        row = await measure(f"{mode} (under py-spy)", size, fns[mode], pids)
-                    profiles[mode] = {**spy.summary(), "rps_under_profiler": row["rps"],
-                                      "proxy_cpu_us_per_record_under_profiler":
-                                          row["proxy_cpu_s_per_m"]}
-            await px.stop()
-
         gc_info: dict[str, Any] = {}
         caps: dict[str, Any] = {}
         big = max(a.sizes)
         if a.spy is not None:
-            await spy_paths(big)
+            await phase(big, ["direct", "unary", "batch", "stream"], paced_too=False, spy=True)
             await producer.stop()
             return {"rows": rows, "profiles": profiles, "server": "dr proxy serve",
                     "load_avg": {"before": load_before,
@@ -1062,6 +1045,8 @@ def main() -> None:
     ap.add_argument("--gen-channels", type=int, default=4, help="gRPC channels per generator")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
+    ap.add_argument("--spy-paths", default="unary,batch,stream",
+                    help="the paths --spy profiles")
     ap.add_argument("--spy", type=Path, default=None, metavar="DIR",
                     help="only the closed-loop paths, then py-spy over unary, batch and "
                     "stream: flame graphs, speedscope files and spy.json into DIR (issue 26)")
