@@ -15,6 +15,7 @@ from prometheus_client import Counter
 
 from crossdc.aio import cancelled_from_outside, sleep_unless
 from crossdc.clients.connection import KafkaConnection
+from crossdc.gctune import collect_every
 from crossdc.security import MIRROR
 from crossdc.settings import Backoff
 from crossdc.topology import Flow, Topology
@@ -136,6 +137,8 @@ async def serve(topo: Topology, flows: list[Flow], metrics_port: int | None,
                                 for f in flows]
             # ends after the drain; cancelled by the group when a worker fails
             tg.create_task(drain(), name="mirror:signals")
+            # the collector off the copy loop (crossdc.gctune); ends when stop is set
+            tg.create_task(collect_every(stop), name="mirror:gc")
     except BaseExceptionGroup as eg:
         errors = [e for e in eg.exceptions if not isinstance(e, asyncio.CancelledError)]
         if not errors:

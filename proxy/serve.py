@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import signal
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from crossdc.gctune import tune_gc
 from crossdc.security import PROXY
 from crossdc.topology import load_topology, split_hostport
 from proxy import memdebug
@@ -32,23 +32,6 @@ from proxy.server import ProxyServer
 __all__ = ["serve", "serve_workers", "tune_gc"]
 
 log = structlog.get_logger("crossdc.proxy.serve")
-
-GC_THRESHOLD = (10_000, 20, 20)
-
-
-def tune_gc() -> None:
-    """Keep the cyclic garbage collector off the hot path (measured: 36% of the proxy's CPU
-    under batch load with CPython's defaults). Thousands of records in flight keep their
-    per-record objects alive long enough to be promoted, so with the default threshold
-    (700, 10, 10) full collections ran about once a second over the whole heap. Called once
-    the server has started: everything allocated so far (modules, grpc, producers) is moved
-    to the permanent generation (`gc.freeze`) and never scanned again, and the youngest
-    generation is collected every 10,000 net allocations instead of 700. The oldest
-    generation then almost never is: cycles that got old (grpc's per-call objects of calls
-    open a while) are collected by the periodic full collection of `proxy.heap` instead."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLD)
 
 
 async def serve(topology_path: Path, region: str, policy_path: Path, *,

@@ -35,7 +35,7 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from bench.cpu import machine_busy_s, tree_cpu_s  # noqa: E402
+from bench.preflight import BENCH_EXTRA, find_tool, require, signal_quietly  # noqa: E402
 from bench.proxy.run import ProxyProc, summarize_profile  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -211,9 +212,9 @@ async def write_topic(boot: str, total: int, size: int) -> float:
 
 async def profile(px: ProxyProc, total: int, credit: int, pids: dict[str, int | None],
                   tmp: Path) -> dict[str, Any]:
-    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    spy = find_tool("py-spy")
     if spy is None:
-        return {"error": "py-spy not installed (pip install py-spy)"}
+        return {"error": f"py-spy not installed ({BENCH_EXTRA})"}
     raw = tmp / "profile.txt"
     prof = await asyncio.create_subprocess_exec(
         spy, "record", "--pid", str(px.pid), "--rate", "200", "--format", "raw",
@@ -221,7 +222,7 @@ async def profile(px: ProxyProc, total: int, credit: int, pids: dict[str, int | 
         stderr=asyncio.subprocess.PIPE)
     await asyncio.sleep(1.0)  # py-spy attached
     row = await read_proxy(px.target, total, credit, pids, "proxy (under py-spy)")
-    prof.send_signal(2)  # SIGINT: py-spy writes what it sampled and exits
+    signal_quietly(prof, signal.SIGINT)  # py-spy writes what it sampled and exits
     _, err = await prof.communicate()
     if not raw.exists():
         return {"error": f"py-spy failed ({prof.returncode}): {err.decode()[-500:]}"}
@@ -441,6 +442,8 @@ def main() -> None:
                        "git_commit": last["git_commit"],
                        "proxy_uncommitted_at_run": last["proxy_uncommitted_at_run"]}, a)
         return
+    require("bench/consume/run.py", tools=["py-spy"] if a.profile else [],
+            skip_hint="--no-profile runs it without py-spy")
     with tempfile.TemporaryDirectory(prefix="bench-consume-") as tmp:
         res = asyncio.run(bench(a, Path(tmp)))
     write_results(res, a)

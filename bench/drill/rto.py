@@ -53,6 +53,8 @@ RESULTS = ROOT / "bench" / "results"
 
 from stats import pct  # type: ignore[import-not-found]  # noqa: E402
 
+from bench.preflight import signal_quietly  # noqa: E402
+
 STEPS = ("fence", "lease_wait", "drain", "offsets", "promote", "dns")
 TARGETS = {"rto_s": 10.0, "detection_s": 3.0}
 COLUMNS = ("detection_s", "to_fence_s", *(f"{s}_s" for s in STEPS), "promote_at_s",
@@ -355,11 +357,11 @@ class Bench:
         """Ctrl-C / SIGTERM: stop a drill under way the way a user would (it heals)."""
         d = self.drill
         if d is not None and d.poll() is None:
-            d.send_signal(signal.SIGINT)
+            signal_quietly(d, signal.SIGINT)  # it may end on its own meanwhile
             try:
                 d.wait(timeout=180)
             except subprocess.TimeoutExpired:
-                d.kill()
+                signal_quietly(d, signal.SIGKILL)
 
 
 def print_run(i: int, r: dict[str, Any]) -> None:

@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from bench.cpu import tree_cpu_s  # noqa: E402
+from bench.preflight import died, require, stop  # noqa: E402
+from bench.spy import Spy  # noqa: E402
 from bench.stats import pct  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -47,6 +48,22 @@ RESULTS = ROOT / "bench" / "results"
 PARTITIONS = 12
 SIZE = 1024
 CLK = os.sysconf("SC_CLK_TCK")
+
+
+class ContenderDied(Exception):
+    """A contender exited before its work was done; the message carries its log's tail."""
+
+
+def needs(names: list[str], setup: bool = False) -> None:
+    """Exit at once, before the stack and the backlog, when a contender's parts are missing."""
+    modules = ["matplotlib"] if not setup else []  # the chart
+    tools: list[str] = []
+    if "ceiling" in names and not setup:
+        modules.append("confluent_kafka")
+    if "mm2" in names or setup:
+        tools += ["java", "mvn"]
+    require("bench/mirror/run.py", modules=modules, tools=tools,
+            skip_hint="--only NAMES runs a subset of ceiling,mm2,crossdc,crossdc_eos")
 
 
 def mm2_libs() -> Path:
@@ -230,7 +247,8 @@ def ceiling_command(east: str, west: str, topics: str, group: str) -> list[str]:
 
 
 def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s: float,
-                  log_path: Path, group: str | None) -> dict[str, Any]:
+                  log_path: Path, group: str | None, spy_dir: Path | None = None
+                  ) -> dict[str, Any]:
     east = topo.region("east").kafka.bootstrap
     west = topo.region("west").kafka.bootstrap
     tp_topic, lat_topic = f"tp-{name}", f"lat-{name}"
@@ -241,23 +259,31 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
                             start_new_session=True)
     try:
         t_first = cpu_first = None
+        spy: Spy | None = None
+        profile: dict[str, Any] | None = None
         load_copy = 0.0
         deadline = time.monotonic() + 1800
         while True:
             if proc.poll() is not None:
-                raise SystemExit(f"[{name}] exited with {proc.returncode}; see {log_path}")
+                log.flush()
+                raise ContenderDied(died(name, proc.returncode, log_path))
             if time.monotonic() > deadline:
                 raise SystemExit(f"[{name}] did not finish within 30 min")
             arrived = sum(asyncio.run(ends(west, tp_topic)).values())
             if t_first is None and arrived > 0:
                 t_first, cpu_first = time.monotonic(), tree_cpu_s(proc.pid)
                 load_copy = os.getloadavg()[0]
+                if spy_dir is not None:  # the copy loop only, not the start-up
+                    spy = Spy(proc.pid, spy_dir / f"mirror-{name}").start()
             if group is None:
                 done = arrived >= n
             else:  # crossdc: its group commit follows the target write (EOS ends hold markers)
                 done = asyncio.run(group_committed(east, group, tp_topic)) >= n
             if done:
                 t_done, cpu_done = time.monotonic(), tree_cpu_s(proc.pid)
+                if spy is not None:
+                    spy.stop()
+                    profile = spy.summary()
                 break
             time.sleep(0.1)
         assert t_first is not None
@@ -282,16 +308,15 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
                "latency_phase_cpu_s": round(cpu_end - cpu_done, 1),
                "load_avg_1m_at_copy_start": round(load_copy, 2),
                "load_avg_1m_at_latency_start": round(load, 2)}
+        if profile is not None:
+            res["profile"] = profile
         print(f"[{name}] latency p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms "
               f"({len(lat)} records)", flush=True)
         return res
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if spy is not None and spy.procs:
+            spy.stop()
+        stop(proc, 30, group=True)  # quiet when it is already gone
         log.close()
 
 
@@ -357,6 +382,9 @@ def write_report(flat: dict[str, Any], notes: str = "") -> None:
                      f"{r['e2e_p50_ms']:.0f} / {r['e2e_p99_ms']:.0f} | {r['startup_s']} | "
                      f"{r.get('load_avg_1m_at_copy_start', '-')} / "
                      f"{r.get('load_avg_1m_at_latency_start', '')} |")
+    for name, why in (flat.get("failed") or {}).items():
+        lines.append(f"| {label.get(name, name)} | failed: "
+                     f"{why.splitlines()[0]} (mirror.json `failed`) |")
     lines += ["", "![throughput and p99 latency](mirror.png)", ""]
     if notes:
         lines += [notes, ""]
@@ -377,6 +405,9 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true",
                     help="Rewrite mirror.md and mirror.png from mirror.json.")
     ap.add_argument("--notes", default="", help="A paragraph appended to mirror.md.")
+    ap.add_argument("--spy", type=Path, default=None, metavar="DIR",
+                    help="py-spy over each crossdc contender's copy loop: flame graph and "
+                    "speedscope into DIR (issue 26)")
     ap.add_argument("--profile", action="store_true",
                     help="Run crossdc under cProfile (bench/results/mirror-<name>.prof); "
                     "figures of such a run are not comparable.")
@@ -384,7 +415,9 @@ def main() -> None:
     if a.report_only:
         write_report(json.loads((RESULTS / "mirror.json").read_text()), a.notes)
         return
-    libs = mm2_libs()
+    names = a.only.split(",")
+    needs(names, a.setup)
+    libs = mm2_libs() if "mm2" in names or a.setup else Path()
     if a.setup:
         print(libs)
         return
@@ -395,9 +428,9 @@ def main() -> None:
     from dr.stack.paths import StackPaths
     from dr.stack.ports import free_topology
 
-    names = a.only.split(",")
     load_before = [round(x, 2) for x in os.getloadavg()]
     results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="bench-mirror-") as tmp_s:
         tmp = Path(tmp_s)
         topo = free_topology(["east", "west"])
@@ -433,8 +466,13 @@ def main() -> None:
                     group = f"bench-{name}"
                     prof = RESULTS / f"mirror-{name}.prof" if a.profile else None
                     cmd = crossdc_command(tpath, topics, group, name == "crossdc_eos", prof)
-                results[name] = run_contender(name, cmd, topo, a.records, a.rate,
-                                              a.latency_s, tmp / f"{name}.log", group)
+                try:
+                    results[name] = run_contender(name, cmd, topo, a.records, a.rate,
+                                                  a.latency_s, tmp / f"{name}.log", group,
+                                                  a.spy if name.startswith("crossdc") else None)
+                except ContenderDied as exc:  # reported once; the others still run
+                    print(exc, flush=True)
+                    failed[name] = str(exc)
         finally:
             asyncio.run(LocalStack.down(paths))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -456,10 +494,30 @@ def main() -> None:
                 flat[f"{name}_vs_ceiling"] = round(flat[f"{name}_rps"] / ceiling, 2)
     flat["load_avg"] = {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}
     flat["runs"] = results
+    if failed:
+        flat["failed"] = failed
+    if not results:
+        raise SystemExit("no contender finished: " + ", ".join(failed))
+    if a.spy is not None:  # a profiled run: its figures are not the official ones
+        from bench.spy import render
+        (a.spy / "mirror-spy.json").write_text(json.dumps(flat, indent=2) + "\n")
+        lines = [f"## Mirror, commit `{commit}` (load average {flat['load_avg']})", ""]
+        for name, r in results.items():
+            lines.append(f"- {name}: {r['rps']:,} records/s, {r['cpu_s_per_m']} CPU-s per M "
+                         "records (under py-spy)")
+        lines.append("")
+        for name, r in results.items():
+            if "profile" in r:
+                lines += render(f"mirror {name} copy loop", r["profile"])
+        (a.spy / "mirror-spy.md").write_text("\n".join(lines))
+        print("\n".join(lines))
+        return
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "mirror.json").write_text(json.dumps(flat, indent=2) + "\n")
     print(json.dumps(flat, indent=2))
     write_report(flat, a.notes)
+    if failed:
+        raise SystemExit(f"failed: {', '.join(failed)} (above, and under `failed` in mirror.json)")
 
 
 if __name__ == "__main__":

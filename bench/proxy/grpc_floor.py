@@ -30,6 +30,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.preflight import stop
+
 CLK = os.sysconf("SC_CLK_TCK")
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 
@@ -151,8 +154,7 @@ def measure(a: argparse.Namespace) -> dict[str, float]:
     try:
         return asyncio.run(client(port, a, proc.pid))
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop(proc, 10)
 
 
 def write_results(a: argparse.Namespace, closed: dict[str, float],

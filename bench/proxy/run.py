@@ -38,7 +38,7 @@ import collections
 import functools
 import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 from bench.cpu import machine_busy_s, tree_cpu_s  # noqa: E402
+from bench.preflight import died, find_tool, require, signal_quietly  # noqa: E402
 from bench.stats import pct  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -471,8 +472,7 @@ async def wait_serving(target: str, proc: asyncio.subprocess.Process, log: Path)
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < deadline:
             if proc.returncode is not None:
-                tail = (await asyncio.to_thread(log.read_text))[-3000:]
-                raise SystemExit(f"proxy exited {proc.returncode}:\n{tail}")
+                raise SystemExit(died("proxy", proc.returncode, log))
             try:
                 r = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
                 if r.status == health_pb2.HealthCheckResponse.SERVING:
@@ -480,8 +480,7 @@ async def wait_serving(target: str, proc: asyncio.subprocess.Process, log: Path)
             except grpc.aio.AioRpcError:
                 pass
             await asyncio.sleep(0.2)
-    tail = (await asyncio.to_thread(log.read_text))[-3000:]
-    raise SystemExit(f"proxy not SERVING within 90 s:\n{tail}")
+    raise SystemExit(died("proxy (not SERVING within 90 s)", proc.returncode, log))
 
 
 # -- profile ------------------------------------------------------------------------------
@@ -624,11 +623,11 @@ class ProxyProc:
     async def stop(self) -> None:
         if self.proc is None or self.proc.returncode is not None:
             return
-        self.proc.terminate()
+        signal_quietly(self.proc, signal.SIGTERM)  # it may be gone, not yet reaped
         try:
             await asyncio.wait_for(self.proc.wait(), 20)
         except TimeoutError:
-            self.proc.kill()
+            signal_quietly(self.proc, signal.SIGKILL)
             await self.proc.wait()
 
 
@@ -693,8 +692,10 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                  f"{row['first_error']}")
             return row
 
-        async def phase(size: int, modes: list[str], paced_too: bool) -> str:
-            """One fresh proxy process (an empty idempotency window) for one record size."""
+        async def phase(size: int, modes: list[str], paced_too: bool, spy: bool = False) -> str:
+            """One fresh proxy process (an empty idempotency window) for one record size;
+            `spy` (issue 26): then py-spy (flame graph and speedscope) over the paths
+            `--spy-paths` under the same load."""
             px = ProxyProc(tpath, policy, tmp / f"proxy-{size}.log")
             proxies.append(px)
             await px.start()
@@ -710,6 +711,15 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     "sdk": lambda w: run_sdk(px.target, topic, value, w)}
                 for mode in modes:
                     rows.append(await measure(mode, size, fns[mode], pids))
+                for mode in a.spy_paths.split(",") if spy else []:
+                    from bench.spy import Spy
+                    sp = Spy(px.pid, a.spy / f"proxy-{mode}{'-native' if a.native else ''}",
+                             seconds=a.seconds + a.warmup, native=a.native)
+                    async with sp:
+                        row = await measure(f"{mode} (under py-spy)", size, fns[mode], pids)
+                    profiles[mode] = {**sp.summary(), "rps_under_profiler": row["rps"],
+                                      "proxy_cpu_us_per_record_under_profiler":
+                                          row["proxy_cpu_s_per_m"]}
                 if paced_too:
                     ids = Ids()
 
@@ -780,8 +790,7 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         async def spy_runs(px: ProxyProc, size: int, stub: Any, topic: str,
                            value: bytes, pids: dict[str, int | None]) -> None:
-            spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(
-                Path(sys.executable).parent))
+            spy = find_tool("py-spy")
             if spy is None:
                 print("py-spy not installed: no profile", flush=True)
                 return
@@ -805,6 +814,12 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         gc_info: dict[str, Any] = {}
         caps: dict[str, Any] = {}
         big = max(a.sizes)
+        if a.spy is not None:
+            await phase(big, ["direct", "unary", "batch", "stream"], paced_too=False, spy=True)
+            await producer.stop()
+            return {"rows": rows, "profiles": profiles, "server": "dr proxy serve",
+                    "load_avg": {"before": load_before,
+                                 "after": [round(x, 2) for x in os.getloadavg()]}}
         for size in a.sizes:
             how = await phase(size, ["direct", "unary", "batch", "stream", "sdk"],
                               paced_too=size == big)
@@ -1030,6 +1045,11 @@ def main() -> None:
     ap.add_argument("--gen-channels", type=int, default=4, help="gRPC channels per generator")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
+    ap.add_argument("--spy-paths", default="unary,batch,stream",
+                    help="the paths --spy profiles")
+    ap.add_argument("--spy", type=Path, default=None, metavar="DIR",
+                    help="only the closed-loop paths, then py-spy over unary, batch and "
+                    "stream: flame graphs, speedscope files and spy.json into DIR (issue 26)")
     ap.add_argument("--render-only", action="store_true", help="rewrite proxy.md/png from "
                     "the last proxy.json (no measuring)")
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
@@ -1052,10 +1072,39 @@ def main() -> None:
                        "git_commit": last["git_commit"],
                        "proxy_uncommitted_at_run": last["proxy_uncommitted_at_run"]}, a)
         return
+    require("bench/proxy/run.py", modules=["matplotlib"],
+            tools=["py-spy"] if a.profile else [],
+            skip_hint="--no-profile runs it without py-spy")
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
         res = asyncio.run(bench(a, Path(tmp)))
+    if a.spy is not None:
+        write_spy(res, a.spy)
+        return
     write_results(res, a)
+
+
+def write_spy(res: dict[str, Any], out: Path) -> None:
+    """`--spy`: the rows and profiles as JSON, and their Markdown, into `out`."""
+    from bench.spy import render
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT, check=False).stdout.strip()
+    res = {**res, "git_commit": commit}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "proxy-spy.json").write_text(json.dumps(res, indent=2) + "\n")
+    lines = [f"## Proxy, commit `{commit}` (load average {res['load_avg']})", "",
+             "| path | records/s | p50 ms | CPU µs per record: proxy | client | broker "
+             "| proxy CPU (cores) |", "|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        lines.append(f"| {r['mode']} | {r['rps']:,} | {r['p50_ms']} | {r['proxy_cpu_s_per_m']} "
+                     f"| {r['client_cpu_s_per_m']} | {r['broker_cpu_s_per_m']} "
+                     f"| {r['proxy_cpu_util']} |")
+    lines.append("")
+    for mode, p in res["profiles"].items():
+        lines += render(f"proxy {mode} path", p,
+                        f"Under py-spy: {p.get('rps_under_profiler')} records/s.")
+    (out / "proxy-spy.md").write_text("\n".join(lines))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+from bench.preflight import died, require  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 APPEND = {"message.timestamp.type": "LogAppendTime"}
 
@@ -85,8 +88,7 @@ def measured(cmd: list[str], log: Path) -> tuple[float, float, str, float]:
         t.join()
     took = time.monotonic() - started
     if proc.returncode not in (0, 3):
-        raise SystemExit(f"{cmd[:3]} failed ({proc.returncode}), see {log}:\n"
-                         f"{log.read_text()[-3000:]}")
+        raise SystemExit(died(" ".join(cmd[:3]), proc.returncode, log, lines=40))
     return took, peak / 1024, out, load
 
 
@@ -160,6 +162,7 @@ def main() -> None:
     ap.add_argument("--no-standalone", action="store_true")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
+    require("bench/reconcile/run.py", modules=["pyspark", "matplotlib"], tools=["java"])
     from produce import faults  # type: ignore[import-not-found]
     from tests_support import write_topology  # type: ignore[import-not-found]
 
