@@ -158,7 +158,7 @@ async def test_wan_latency_slows_but_loses_nothing_and_moves_no_primary(
     assert {lk.name for lk in wan.links} <= set(proxies), "one Toxiproxy proxy per broker"
 
     # the warm-up (every mode flowing, then 15 s) is the mirrors' baseline
-    cfg = DrillConfig(reports=tmp_path / "reports", outage_s=HOLD_S, warmup_s=15,
+    cfg = DrillConfig(reports=tmp_path / "reports", outage_s=HOLD_S, warmup_s=15, readers=False,
                       replicate_timeout_s=180, recovery_timeout_s=240,
                       thresholds=Thresholds.model_validate({}))
     base = await plan_drill(topo, "mirror-outage", cfg, stack=chaos.stack,
