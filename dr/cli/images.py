@@ -25,6 +25,7 @@ class ImageName(StrEnum):
     consul = "consul"
     crossdc = "crossdc"
     prometheus = "prometheus"
+    reconcile = "reconcile"
 
 images_app = typer.Typer(help="Container images built here: the Debian base, Kafka, Consul, "
                          "crossdc (no image registry needed).", no_args_is_help=True)

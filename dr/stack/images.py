@@ -40,8 +40,8 @@ from dr.stack.paths import COMPOSE_LOCAL, REPO_ROOT, StackPaths, in_checkout
 from dr.stack.toolchain import CONSUL_VERSION, _pom_version
 
 __all__ = ["BASE_IMAGE", "CONSUL_IMAGE", "CROSSDC_IMAGE", "IMAGES", "INPUTS_LABEL",
-           "KAFKA_IMAGE", "PROMETHEUS_IMAGE", "BuildResult", "ImageState", "build_images",
-           "image_states", "require_engine"]
+           "KAFKA_IMAGE", "PROMETHEUS_IMAGE", "RECONCILE_IMAGE", "BuildResult", "ImageState",
+           "build_images", "image_states", "require_engine"]
 
 log = structlog.get_logger("crossdc.stack.images")
 
@@ -74,11 +74,14 @@ CONSUL_IMAGE = f"crossdc/consul:{CONSUL_VERSION.lstrip('v')}"
 CROSSDC_VERSION = "0.1.0"
 """= pyproject.toml's version (a unit test holds them together)."""
 CROSSDC_IMAGE = f"crossdc/crossdc:{CROSSDC_VERSION}"
+RECONCILE_IMAGE = f"crossdc/reconcile:{CROSSDC_VERSION}"
+"""`dr reconcile` (pyspark, a Java runtime, the Kafka connector jars): an image of its own."""
 PROMETHEUS_IMAGE = f"crossdc/prometheus:{DEBIAN_SUITE}"
 """Debian's prometheus package: its version is the suite's."""
 
 IMAGES = {"base": BASE_IMAGE, "kafka": KAFKA_IMAGE, "consul": CONSUL_IMAGE,
-          "crossdc": CROSSDC_IMAGE, "prometheus": PROMETHEUS_IMAGE}
+          "crossdc": CROSSDC_IMAGE, "prometheus": PROMETHEUS_IMAGE,
+          "reconcile": RECONCILE_IMAGE}
 """Every image by its short name, in build order (the base first)."""
 
 _PACKAGE_SOURCES = ["pyproject.toml", "setup.py", "README.md", "crossdc", "dr", "proxy",
@@ -239,10 +242,24 @@ def _context(name: str, paths: StackPaths, say: Progress) -> Path:
         shutil.copy2(paths.log4j_config, ctx / "log4j2.yaml")
     elif name == "consul":
         _strip_copy(ensure_consul(paths, say), ctx / "consul")
-    elif name == "crossdc":
+    elif name in ("crossdc", "reconcile"):
         _copy_sources(ctx / "src")
         _copy_ca_bundle(ctx / "build-ca.crt")
+    if name == "reconcile":  # the connector jars, where `dr reconcile` looks for them
+        from dr.stack.toolchain import ensure_spark_kafka_jars
+        jars = ensure_spark_kafka_jars(paths, say).parent  # <cache>/spark-kafka-<v>-<hash>
+        shutil.copytree(jars, ctx / "cache" / jars.name)
+        for f in (ctx / "cache").rglob("*"):  # Maven's folder is 0700: the image's user reads
+            f.chmod(0o755 if f.is_dir() else 0o644)
+        (ctx / "extra-requirements.txt").write_text("\n".join(_extra("reconcile")) + "\n")
     return ctx
+
+
+def _extra(name: str) -> list[str]:
+    """The requirements of the package's extra `name`, as pyproject.toml lists them."""
+    import tomllib
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    return [r for r in project["optional-dependencies"][name] if not r.startswith("crossdc")]
 
 
 # -- the base --------------------------------------------------------------------------------
