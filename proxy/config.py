@@ -178,6 +178,8 @@ class ProxyConfig(_Model):
                                  "proxy's Kafka clients authenticate as in regions whose "
                                  "topology has `security:` (SASL/SCRAM).")
     host: str = Field("127.0.0.1", description="Address the gRPC server binds.")
+    advertise_host: str | None = Field(None, description="Address registered in Consul "
+                                       "(and checked by its agent) [default: host].")
     port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 picks a free one.")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="Prometheus port "
                                      "(None: not served; 0: a free one).")
@@ -276,6 +278,11 @@ class ProxyConfig(_Model):
     hints: HintSettings = HintSettings()
     consume: ConsumeConfig = ConsumeConfig()
     consul_retry: RetrySettings = RetrySettings(attempts=2, total_s=3.0, call_timeout_s=2.0)
+
+    @property
+    def registered_host(self) -> str:
+        """The address others are told (Consul): `advertise_host`, else the bind host."""
+        return self.advertise_host or self.host
 
     @model_validator(mode="after")
     def _write_fits_the_lease(self) -> ProxyConfig:

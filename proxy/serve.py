@@ -58,6 +58,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
     reg = topology.region(region)
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
     cfg = ProxyConfig(region=region, host=host or ep_host,
+                      advertise_host=_advertised(host, ep_host),
                       port=ep_port if port is None else port,
                       metrics_port=None if not serve_metrics else reg.proxy.metrics_port
                       if metrics_port is None else metrics_port,
@@ -122,6 +123,7 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
     reg = topology.region(region)
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
     cfg = ProxyConfig(region=region, host=host or ep_host,
+                      advertise_host=_advertised(host, ep_host),
                       port=ep_port if port is None else port,
                       metrics_port=reg.proxy.metrics_port if metrics_port is None
                       else metrics_port,
@@ -148,3 +150,9 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
+
+
+def _advertised(host: str | None, endpoint_host: str) -> str | None:
+    """A proxy bound to every address (`--host 0.0.0.0`) registers the topology's endpoint
+    host in Consul (what its region's clients and Consul's check reach)."""
+    return endpoint_host if host in ("0.0.0.0", "::") else None

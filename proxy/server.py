@@ -874,7 +874,7 @@ class ProxyServer(Lifecycle):
             await asyncio.sleep(interval)
 
     async def _register(self) -> None:
-        host = self.config.host
+        host = self.config.registered_host
         sid = f"{CONSUL_SERVICE}-{self.config.region}-{host}-{self.port}"
         check = _consul_check(self.config, self.port)
         try:
@@ -925,12 +925,12 @@ def _consul_check(config: ProxyConfig, port: int) -> dict[str, Any]:
     the agent must present a client certificate, which it does only when configured with
     `enable_agent_tls_for_checks` and a certificate our client CA trusts: so a TCP check
     unless `consul_mtls_check: grpc` says the agent is set up for it."""
-    addr = f"{config.host}:{port}"
+    addr = f"{config.registered_host}:{port}"
     interval = f"{config.consul_check_interval_s:g}s"
     mode = _tls_mode(config)
     check: dict[str, Any]
     if mode == "mtls" and config.consul_mtls_check == "tcp":
-        check = Check.tcp(config.host, port, interval, timeout="2s", deregister="1m")
+        check = Check.tcp(config.registered_host, port, interval, timeout="2s", deregister="1m")
     elif mode == "off":
         check = Check.grpc(addr, interval, use_tls=False, timeout="2s", deregister="1m")
     else:

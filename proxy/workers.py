@@ -241,11 +241,12 @@ class ProxySupervisor:
             return
         self._consul = ConsulClient(self.region.consul.http_addr, self.config.consul_retry)
         from proxy.server import CONSUL_SERVICE, _consul_check
-        sid = f"{CONSUL_SERVICE}-{self.config.region}-{self.config.host}-{self.port}"
+        host = self.config.registered_host
+        sid = f"{CONSUL_SERVICE}-{self.config.region}-{host}-{self.port}"
         while not self._stop.is_set():
             try:
                 await self._consul.register_service(
-                    CONSUL_SERVICE, sid, self.config.host, self.port,
+                    CONSUL_SERVICE, sid, host, self.port,
                     check=_consul_check(self.config, self.port), tags=[self.config.region],
                     meta={"region": self.config.region, "workers": str(self.workers)})
             except CrossdcError as exc:

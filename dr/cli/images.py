@@ -93,13 +93,13 @@ def compose_write(
         "--check", help="Only say whether the committed files are current (exit 1 if not).")
                      ] = False,
 ) -> None:
-    """Write compose/docker-compose.yml and compose/prometheus.docker.yml from
-    policies/topology.docker.yaml (paths relative to compose/)."""
+    """Write compose/docker-compose.yml, compose/prometheus.docker.yml and each datacenter's
+    topology view (compose/topology.docker.<dc>.yaml) from policies/topology.docker.yaml
+    (paths relative to compose/)."""
     from crossdc.topology import load_topology
-    from dr.stack.compose import COMPOSE_FILE, DOCKER_TOPOLOGY, committed_compose_text
-    compose_text, prometheus_text = committed_compose_text(load_topology(DOCKER_TOPOLOGY))
-    files = {COMPOSE_FILE: compose_text,
-             COMPOSE_FILE.with_name("prometheus.docker.yml"): prometheus_text}
+    from dr.stack.compose import COMPOSE_FILE, DOCKER_TOPOLOGY, committed_compose_files
+    files = {COMPOSE_FILE.with_name(name): text for name, text in
+             committed_compose_files(load_topology(DOCKER_TOPOLOGY)).items()}
     stale = [p for p, text in files.items()
              if not p.is_file() or p.read_text(encoding="utf-8") != text]
     if check:

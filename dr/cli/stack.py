@@ -152,7 +152,7 @@ def _up_docker(topology: Path | None, paths: StackPaths, timeout_s: float, auto_
                                 progress=status.update)
         names = run(dep.up(timeout_s))
     err.print(f"[green]up[/] (docker): {len(names)} container(s) from {dep.compose_file}; "
-              f"topology {path}; Prometheus http://127.0.0.1:{dep.prometheus_port}")
+              f"topology {path}; Prometheus {dep.prometheus_url}")
 
 
 @stack_commands.command()

@@ -9,6 +9,15 @@ answers and every container's health check passes. It records itself in `<state>
 (`"docker": {...}`), so `dr status` finds the topology and `dr down` brings it down
 (`docker-compose down`: nothing is left running).
 
+The containers are on a Docker network per datacenter plus a shared `wan`
+(`dr.stack.containers.NetworkPlan`): the topology file names every server and daemon at its
+address on its datacenter's network (which the host reaches over the bridge), and each
+datacenter's containers read a view of their own (`<state>/docker/topology.<dc>.yaml`: the
+other datacenters at their `wan` addresses). `up()` turns off IPv4 forwarding on the bridges
+(`disable_forwarding`: the engine sets no iptables rules, so without that a container would
+reach every bridge through the host), so disconnecting a datacenter's containers from `wan`
+(compose/docker/partition.sh) is a real partition.
+
 `compose/docker-compose.yml` is the same file written for `policies/topology.docker.yaml`
 with paths relative to compose/ (a unit test keeps it current: `dr compose write`), for
 people who run `docker compose -f compose/docker-compose.yml up -d` themselves.
@@ -30,15 +39,19 @@ from crossdc.topology import Topology
 from dr.errors import SetupFailed, StackError, StartTimeout
 from dr.stack.containers import (
     ContainerSpec,
+    NetworkPlan,
     compose_document,
     deployment_specs,
+    disable_forwarding,
+    prometheus_address,
     prometheus_config,
+    topology_view,
 )
 from dr.stack.paths import REPO_ROOT, StackPaths
 from dr.status import probe_topology
 
 __all__ = ["COMPOSE_FILE", "DOCKER_TOPOLOGY", "PROJECT", "PROMETHEUS_PORT", "ComposeDeployment",
-           "committed_compose_text", "container_states"]
+           "committed_compose_files", "container_states", "view_text"]
 
 log = structlog.get_logger("crossdc.stack.compose")
 
@@ -58,27 +71,48 @@ _HEADER = """\
 #   docker compose -f compose/docker-compose.yml down
 #
 # (or `dr up --docker` / `dr down`, which do the same and wait until everything is healthy).
-# Every container is on the host's network: see dr/stack/containers.py for why.
+# A network per datacenter plus `wan` (dr/stack/containers.py, NetworkPlan): each datacenter's
+# containers read its view of the topology (topology.docker.<dc>.yaml: the others at their
+# `wan` addresses). Run as root `sysctl -w net.ipv4.conf.xdc-<network>.forwarding=0` for each
+# network once it exists (dr up --docker does): else the host routes between the bridges.
+# A partition: bash compose/docker/partition.sh cut east (heal: ... heal east).
 # Written by `dr compose write` from the topology; edit the topology, not this file.
 """
 
 
-def _specs(topology: Topology, topology_file: str, prometheus_file: str,
+def _specs(topology: Topology, views: dict[str, str], prometheus_file: str,
            alerts_file: str | None, prometheus_port: int | None,
            auto_failover: bool) -> list[ContainerSpec]:
-    return deployment_specs(topology, topology_file, auto_failover=auto_failover,
+    return deployment_specs(topology, views, auto_failover=auto_failover,
                             prometheus=None if prometheus_port is None else
-                            (prometheus_port, prometheus_file), alerts_file=alerts_file)
+                            (prometheus_port, prometheus_file), alerts_file=alerts_file,
+                            networks=NetworkPlan(topology))
 
 
-def committed_compose_text(topology: Topology) -> tuple[str, str]:
-    """(compose/docker-compose.yml, compose/prometheus.docker.yml) as `dr compose write`
-    makes them for `topology` (paths relative to compose/)."""
-    specs = _specs(topology, "../policies/topology.docker.yaml", "./prometheus.docker.yml",
+def view_text(topology: Topology, dc: str) -> str:
+    """The topology file datacenter `dc`'s containers read (`topology_view`)."""
+    view = topology_view(topology, NetworkPlan(topology), dc)
+    return (f"# Written by `dr compose write`: policies/topology.docker.yaml as the containers "
+            f"of {dc} see it\n# (the other datacenters at their `wan` addresses).\n"
+            + yaml.safe_dump(view.model_dump(mode="json", exclude_none=True), sort_keys=False))
+
+
+def committed_compose_files(topology: Topology) -> dict[str, str]:
+    """File name under compose/ -> text, as `dr compose write` makes them for `topology`
+    (paths relative to compose/): docker-compose.yml, prometheus.docker.yml and each
+    datacenter's topology view."""
+    views = {d.name: f"./topology.docker.{d.name}.yaml" for d in topology.datacenters}
+    specs = _specs(topology, views, "./prometheus.docker.yml",
                    "../observability/alerts.yml", PROMETHEUS_PORT, True)
-    prom = yaml.safe_dump(prometheus_config(topology), sort_keys=False)
-    return (compose_document(specs, project=PROJECT, header=_HEADER),
-            "# Written by `dr compose write` (policies/topology.docker.yaml)\n" + prom)
+    prom = yaml.safe_dump(prometheus_config(topology, networks=NetworkPlan(topology)),
+                          sort_keys=False)
+    files = {"docker-compose.yml": compose_document(specs, project=PROJECT, header=_HEADER,
+                                                    networks=NetworkPlan(topology)),
+             "prometheus.docker.yml":
+                 "# Written by `dr compose write` (policies/topology.docker.yaml)\n" + prom}
+    files |= {f"topology.docker.{d.name}.yaml": view_text(topology, d.name)
+              for d in topology.datacenters}
+    return files
 
 
 class ComposeDeployment:
@@ -102,19 +136,40 @@ class ComposeDeployment:
     def compose_file(self) -> Path:
         return self.folder / "docker-compose.yml"
 
+    @property
+    def plan(self) -> NetworkPlan:
+        return NetworkPlan(self.topology)
+
+    @property
+    def prometheus_url(self) -> str | None:
+        if self.prometheus_port is None:
+            return None
+        return f"http://{prometheus_address(self.plan)}:{self.prometheus_port}"
+
+    def view_file(self, dc: str) -> Path:
+        return self.folder / f"topology.{dc}.yaml"
+
     def specs(self) -> list[ContainerSpec]:
-        return _specs(self.topology, str(self.topology_path),
+        return _specs(self.topology,
+                      {d.name: str(self.view_file(d.name)) for d in self.topology.datacenters},
                       str(self.folder / "prometheus.yml"), None, self.prometheus_port,
                       self.auto_failover)
 
     def write(self) -> Path:
-        """The compose file and Prometheus' configuration under <state>/docker/."""
+        """The compose file, Prometheus' configuration and each datacenter's topology view
+        under <state>/docker/."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.topology_path.chmod(self.topology_path.stat().st_mode | 0o044)
+        self.folder.chmod(self.folder.stat().st_mode | 0o055)
+        for d in self.topology.datacenters:  # read by the containers' own user
+            self.view_file(d.name).write_text(view_text(self.topology, d.name),
+                                              encoding="utf-8")
+            self.view_file(d.name).chmod(0o644)
         (self.folder / "prometheus.yml").write_text(
-            yaml.safe_dump(prometheus_config(self.topology), sort_keys=False), encoding="utf-8")
+            yaml.safe_dump(prometheus_config(self.topology, networks=self.plan),
+                           sort_keys=False), encoding="utf-8")
         self.compose_file.write_text(compose_document(self.specs(), project=PROJECT,
-                                                      header=_HEADER), encoding="utf-8")
+                                                      header=_HEADER, networks=self.plan),
+                                     encoding="utf-8")
         return self.compose_file
 
     def _compose(self, *args: str, what: str, timeout_s: float = 600.0) -> str:
@@ -138,6 +193,12 @@ class ComposeDeployment:
         await asyncio.to_thread(build_images, self.paths, None, progress=self._say)
         self.write()
         self._record()
+        self._say("Creating the networks and containers (docker compose up --no-start)")
+        await asyncio.to_thread(self._compose, "up", "--no-start", what="docker compose up")
+        bridges = disable_forwarding(self.plan)
+        if len(bridges) < len(self.plan.names()):
+            raise SetupFailed(f"IPv4 forwarding could not be turned off on every bridge of the "
+                              f"deployment ({', '.join(bridges) or 'none'} done): run as root")
         self._say("Starting the containers (docker compose up -d)")
         await asyncio.to_thread(self._compose, "up", "-d", what="docker compose up")
         self._say("Waiting for every region and container to answer")

@@ -10,14 +10,20 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
-from crossdc.topology import load_topology
-from dr.stack.compose import COMPOSE_FILE, DOCKER_TOPOLOGY, committed_compose_text
+from crossdc.topology import Topology, load_topology
+from dr.stack.compose import COMPOSE_FILE, DOCKER_TOPOLOGY, committed_compose_files
 from dr.stack.containers import (
+    KAFKA_WAN_PORT_OFFSET,
     TOPOLOGY_IN_CONTAINER,
+    WAN,
+    NetworkPlan,
+    compose_document,
     deployment_specs,
     kafka_env,
     stable_cluster_id,
+    topology_view,
 )
 from dr.stack.images import BASE_IMAGE, CROSSDC_VERSION, IMAGES, IMAGES_DIR, _hash_tree
 from dr.stack.kafka import KafkaNode
@@ -26,10 +32,13 @@ from dr.stack.ports import free_topology
 
 
 def test_the_committed_compose_files_are_what_the_topology_makes() -> None:
-    compose_text, prometheus_text = committed_compose_text(load_topology(DOCKER_TOPOLOGY))
-    assert COMPOSE_FILE.read_text(encoding="utf-8") == compose_text, "run `dr compose write`"
-    assert COMPOSE_FILE.with_name("prometheus.docker.yml").read_text(encoding="utf-8") == \
-        prometheus_text, "run `dr compose write`"
+    files = committed_compose_files(load_topology(DOCKER_TOPOLOGY))
+    assert sorted(files) == ["docker-compose.yml", "prometheus.docker.yml",
+                             "topology.docker.east.yaml", "topology.docker.west.yaml",
+                             "topology.docker.witness.yaml"]
+    for name, text in files.items():
+        assert COMPOSE_FILE.with_name(name).read_text(encoding="utf-8") == text, \
+            f"compose/{name}: run `dr compose write`"
 
 
 def test_the_docker_topology_has_ports_of_its_own() -> None:
@@ -44,8 +53,15 @@ def test_the_docker_topology_has_ports_of_its_own() -> None:
     assert max(docker) < 20000
 
 
-def test_every_server_and_daemon_of_the_topology_has_a_container() -> None:
-    topo = load_topology(DOCKER_TOPOLOGY)
+def _on_loopback(tmp_path: Path) -> Topology:
+    """policies/topology.docker.yaml with every address 127.0.0.1 (the host's network)."""
+    text = re.sub(r"10\.231\.\d+\.\d+", "127.0.0.1", DOCKER_TOPOLOGY.read_text("utf-8"))
+    (tmp_path / "t.yaml").write_text(text, encoding="utf-8")
+    return load_topology(tmp_path / "t.yaml")
+
+
+def test_every_server_and_daemon_of_the_topology_has_a_container(tmp_path: Path) -> None:
+    topo = _on_loopback(tmp_path)
     specs = deployment_specs(topo, "/x/topology.yaml", prometheus=(17090, "/x/prom.yml"))
     assert [s.name for s in specs] == [
         "kafka-east", "kafka-west", "consul-east", "consul-west", "consul-witness",
@@ -68,6 +84,53 @@ def test_every_server_and_daemon_of_the_topology_has_a_container() -> None:
     cfg = json.loads(by["consul-witness"].env["CONSUL_LOCAL_CONFIG"])
     assert (cfg["datacenter"], cfg["data_dir"]) == ("witness", "/consul/data")
     assert by["consul-witness"].env["CONSUL_HTTP_ADDR"] == "127.0.0.1:17500"
+
+
+def test_the_deployment_runs_a_network_per_datacenter_and_a_wan() -> None:
+    """The compose deployment's plan: each container at its home address (the topology's) on
+    its datacenter's network and at a WAN address on `wan`; each datacenter's containers read
+    a view with the others at their WAN addresses; Prometheus on every datacenter's network."""
+    topo = load_topology(DOCKER_TOPOLOGY)
+    plan = NetworkPlan(topo)
+    plan.check()
+    assert plan.names() == ["east", "west", "witness", WAN]
+    assert [plan.subnet(n) for n in plan.names()] == [
+        "10.231.1.0/24", "10.231.2.0/24", "10.231.3.0/24", "10.231.0.0/24"]
+    views = {d.name: f"/x/topology.{d.name}.yaml" for d in topo.datacenters}
+    specs = deployment_specs(topo, views, prometheus=(17090, "/x/prom.yml"), networks=plan)
+    by = {s.name: s for s in specs}
+    assert by["kafka-east"].networks == {"east": "10.231.1.2", WAN: "10.231.0.2"}
+    assert by["consul-west"].networks == {"west": "10.231.2.10", WAN: "10.231.0.50"}
+    assert by["mirror-east-west"].networks == {"west": "10.231.2.13", WAN: "10.231.0.53"}
+    assert by["mirror-east-west"].volumes == {"/x/topology.west.yaml": TOPOLOGY_IN_CONTAINER}
+    assert by["prometheus"].networks == {"east": "10.231.1.30", "west": "10.231.2.30",
+                                         "witness": "10.231.3.30"}
+    assert by["proxy-east"].labels == {"io.crossdc.datacenter": "east",
+                                       "io.crossdc.wan-address": "10.231.0.11"}
+    env = by["kafka-east"].env
+    assert env["KAFKA_ADVERTISED_LISTENERS"] == (
+        f"PLAINTEXT://10.231.1.2:15092,WAN://10.231.0.2:{15092 + KAFKA_WAN_PORT_OFFSET}")
+    cfg = json.loads(by["consul-witness"].env["CONSUL_LOCAL_CONFIG"])
+    assert (cfg["advertise_addr"], cfg["advertise_addr_wan"]) == ("10.231.3.10", "10.231.0.90")
+    assert cfg["retry_join_wan"] == ["10.231.0.10:15302", "10.231.0.50:16302"]
+    ctl = by["controller-west"].command
+    assert ctl[ctl.index("--http-host") + 1] == "10.231.2.12"
+    east = topology_view(topo, plan, "east")
+    assert east.region("east") == topo.region("east")
+    assert east.region("west").kafka.bootstrap_servers == [
+        f"10.231.0.42:{16092 + KAFKA_WAN_PORT_OFFSET}"]
+    assert east.region("west").consul.http_addr == "10.231.0.50:16500"
+    assert east.witnesses[0].consul.http_addr == "10.231.0.90:17500"
+    doc = yaml.safe_load(compose_document(specs, networks=plan))
+    assert doc["networks"]["wan"]["ipam"]["config"] == [{"subnet": "10.231.0.0/24"}]
+    assert doc["networks"]["wan"]["driver_opts"] == {
+        "com.docker.network.bridge.name": "xdc-wan"}
+    assert "network_mode" not in doc["services"]["kafka-east"]
+
+
+def test_a_topology_off_the_network_plan_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="network plan"):
+        NetworkPlan(_on_loopback(tmp_path)).check()
 
 
 def test_cluster_ids_are_stable_kafka_uuids() -> None:

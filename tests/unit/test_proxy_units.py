@@ -819,3 +819,21 @@ async def test_the_drain_waits_for_hints_toward_the_target_and_reports_them(
     assert "counted in the RPO" in detail
     assert "hints unknown in north (down)" in detail
     assert rec.rpo_records == 2 + 1                  # the mirror's 2 and the hint's 1
+
+
+def test_a_proxy_bound_to_every_address_registers_its_topology_address() -> None:
+    """`--host 0.0.0.0` (the compose deployment's proxies: reached over their datacenter's
+    network and over `wan`) registers the endpoint's host in Consul, and Consul's agent
+    checks it there; a proxy bound to one address registers that one."""
+    from proxy.config import ProxyConfig
+    from proxy.serve import _advertised
+    from proxy.server import _consul_check
+
+    bound_all = ProxyConfig(region="east", host="0.0.0.0", port=15700,
+                            advertise_host=_advertised("0.0.0.0", "10.231.1.11"))
+    assert bound_all.registered_host == "10.231.1.11"
+    assert "10.231.1.11:15700" in str(_consul_check(bound_all, 15700))
+    assert _advertised(None, "127.0.0.1") is None
+    assert _advertised("10.213.5.2", "127.0.0.1") is None
+    one = ProxyConfig(region="east", host="10.213.5.2", port=15700)
+    assert one.registered_host == "10.213.5.2"
