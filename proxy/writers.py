@@ -805,8 +805,8 @@ class RdRegionWriter(RegionWriter):
             for i in pending:
                 results[i] = err
             return []
-        records = [(it.key, it.value, it.headers, it.partition)
-                   for it in (items[i] for i in pending)]
+        # `Outgoing` starts with (key, value, headers, partition): handed over as it is
+        records = items if len(pending) == len(items) else [items[i] for i in pending]
         retry: list[int] = []
         sent = None
         try:

@@ -129,12 +129,17 @@ class Sent:
     its (partition, offset) or its KafkaError; `future` resolves (on the loop) to
     `outcomes` when every record is answered."""
 
-    __slots__ = ("future", "left", "outcomes")
+    __slots__ = ("delivered", "future", "n", "outcomes", "refused")
 
     def __init__(self, future: asyncio.Future[list[Any]], n: int) -> None:
         self.future = future
         self.outcomes: list[Any] = [None] * n
-        self.left = n
+        self.n = n
+        # Two counters, each written by one thread only (no lock per record): `delivered` by
+        # the thread serving delivery reports, `refused` (records librdkafka refused at
+        # produce()) by the loop's. Whichever sees delivered + refused == n hands it on.
+        self.delivered = 0
+        self.refused = 0
 
 
 class RdProducer(Lifecycle):
@@ -175,7 +180,6 @@ class RdProducer(Lifecycle):
         self._running = False
         self._inflight: set[asyncio.Future[list[Any]]] = set()
         self._done: list[Sent] = []  # answered groups, handed to the loop after each poll
-        self._lock = threading.Lock()  # the answers' counts: the poll thread and the loop's
         self.last_error = ""
         self.fatal = False
 
@@ -274,14 +278,12 @@ class RdProducer(Lifecycle):
         loop = self._loop
         assert producer is not None
         assert loop is not None
-        done = self._done
-        lock = self._lock
+        done = self._done  # appended to by the delivery reports, in this thread only
         while self._running:
             producer.poll(_POLL_S)
             if done:
-                with lock:
-                    batch = done[:]
-                    done.clear()
+                batch = done[:]
+                done.clear()
                 with contextlib.suppress(RuntimeError):  # the loop closed
                     loop.call_soon_threadsafe(_resolve, batch)
 
@@ -291,10 +293,9 @@ class RdProducer(Lifecycle):
         """Records produced and not answered yet."""
         return len(self._producer) if self._producer is not None else 0
 
-    def send_many(self, topic: str,
-                  records: Sequence[tuple[bytes | None, bytes | None, Any, int | None]],
-                  ) -> Sent:
-        """Produce `records` (key, value, headers, partition) in order; the `Sent` tracks
+    def send_many(self, topic: str, records: Sequence[Sequence[Any]]) -> Sent:
+        """Produce `records` in order (each a sequence whose first four items are key,
+        value, headers, partition: a tuple, or the proxy's `Outgoing`); the `Sent` tracks
         their answers. A record librdkafka refuses at once (unknown partition, too large)
         is answered at once; a full local queue is waited out by `send_many_async`."""
         producer = self._producer
@@ -306,9 +307,7 @@ class RdProducer(Lifecycle):
         self._produce(producer, topic, records, sent, 0)
         return sent
 
-    async def send_many_async(self, topic: str,
-                              records: Sequence[tuple[bytes | None, bytes | None, Any,
-                                                      int | None]]) -> Sent:
+    async def send_many_async(self, topic: str, records: Sequence[Sequence[Any]]) -> Sent:
         """`send_many`, waiting (briefly, as often as needed) while librdkafka's queue is
         full: the caller bounds it with its own timeout."""
         producer = self._producer
@@ -327,11 +326,11 @@ class RdProducer(Lifecycle):
             if producer is None:
                 err = KafkaConnectionError("producer closed")
                 for i in range(start, len(records)):
-                    self._answer(sent, i, err)
+                    self._refuse(sent, i, err)
+                _resolve([sent])
                 return sent
 
-    def _produce(self, producer: Any, topic: str,
-                 records: Sequence[tuple[bytes | None, bytes | None, Any, int | None]],
+    def _produce(self, producer: Any, topic: str, records: Sequence[Sequence[Any]],
                  sent: Sent, start: int) -> int:
         """Produce records[start:]; returns where it stopped (len(records): all produced;
         less: the local queue is full from there)."""
@@ -344,41 +343,38 @@ class RdProducer(Lifecycle):
         produce = producer.produce
         outcomes = sent.outcomes
         done = self._done
-        lock = self._lock
         n = len(records)
         for i in range(start, n):
-            key, value, headers, partition = records[i]
+            rec = records[i]
 
             def report(err: Any, msg: Any, i: int = i) -> None:  # the poll thread
                 outcomes[i] = (msg.partition(), msg.offset()) if err is None else \
                     translate(err)
-                with lock:
-                    sent.left -= 1
-                    if sent.left == 0:
-                        done.append(sent)
+                sent.delivered += 1
+                if sent.delivered + sent.refused == n:
+                    done.append(sent)
 
             try:
-                if partition is None:
-                    produce(topic, value, key, headers=headers, on_delivery=report)
+                if rec[3] is None:
+                    produce(topic, rec[1], rec[0], headers=rec[2], on_delivery=report)
                 else:
-                    produce(topic, value, key, partition, headers=headers,
+                    produce(topic, rec[1], rec[0], rec[3], headers=rec[2],
                             on_delivery=report)
             except BufferError:
                 return i
             except KafkaException as exc:
-                self._answer(sent, i, translate(exc.args[0]))
+                self._refuse(sent, i, translate(exc.args[0]))
             except (TypeError, ValueError) as exc:
-                self._answer(sent, i, KafkaError(f"{exc.__class__.__name__}: {exc}"))
+                self._refuse(sent, i, KafkaError(f"{exc.__class__.__name__}: {exc}"))
+        if sent.refused and sent.delivered + sent.refused == n:
+            _resolve([sent])  # the last answer was a refusal here: no report will come
         return n
 
-    def _answer(self, sent: Sent, i: int, err: KafkaError) -> None:
+    @staticmethod
+    def _refuse(sent: Sent, i: int, err: KafkaError) -> None:
         """Record i refused before it was queued (on the loop: its report never comes)."""
         sent.outcomes[i] = err
-        with self._lock:
-            sent.left -= 1
-            last = sent.left == 0
-        if last:  # every other record is answered already: resolve here, now
-            _resolve([sent])
+        sent.refused += 1
 
     # -- metadata --------------------------------------------------------------------------
     async def metadata(self, topic: str | None, timeout_s: float) -> Any:
