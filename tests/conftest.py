@@ -47,8 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
 KAFKA_CLIENT_ENV = "CROSSDC_TEST_KAFKA_CLIENT"
 """`CROSSDC_TEST_KAFKA_CLIENT=librdkafka pytest tests/integration/test_proxy*.py`: every
 proxy a test builds in this process (`KafkaWriterSettings` without `client`) writes with that
-client (proxy.config `KafkaWriterSettings.client`); proxies started as `dr proxy serve`
-processes read their own config."""
+client (proxy.config `KafkaWriterSettings.client`), and so does every `dr proxy serve` a test
+starts (its `--kafka-client` from $CROSSDC_PROXY_KAFKA_CLIENT)."""
 
 
 def _kafka_client_default() -> None:
@@ -57,6 +57,7 @@ def _kafka_client_default() -> None:
         return
     from proxy.config import KafkaWriterSettings, ProxyConfig
 
+    os.environ["CROSSDC_PROXY_KAFKA_CLIENT"] = client  # `dr proxy serve` processes
     KafkaWriterSettings.model_fields["client"].default = client
     KafkaWriterSettings.model_rebuild(force=True)
     ProxyConfig.model_fields["kafka"].default = KafkaWriterSettings()

@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated, Literal, cast
+from typing import Annotated, Literal
 
 import typer
 from rich.markup import escape
@@ -85,9 +85,10 @@ def proxy_serve(
         "to the region's outcome journal (`_crossdc.proxy.outcomes`), which `dr reconcile` "
         "reads to tell a lost acknowledged record from a write its client was told failed; "
         "--no-journal: those records are judged as if written straight to Kafka.")] = True,
-    kafka_client: Annotated[str, typer.Option(
-        "--kafka-client", help="The writers' Kafka client: aiokafka or librdkafka "
-        "(confluent-kafka: less CPU per record; docs/architecture.md).")] = "aiokafka",
+    kafka_client: Annotated[Literal["aiokafka", "librdkafka"], typer.Option(
+        "--kafka-client", envvar="CROSSDC_PROXY_KAFKA_CLIENT", help="The writers' Kafka "
+        "client: aiokafka or librdkafka (confluent-kafka; docs/architecture.md, \"Which Kafka "
+        "client writes\").")] = "aiokafka",
 ) -> None:
     """Run the region's routing proxy until SIGTERM (drain); SIGHUP reloads the policy (and
     the auth file)."""
@@ -101,9 +102,7 @@ def proxy_serve(
         fail("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
     tls = (TlsSettings(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
            if tls_cert is not None and tls_key is not None else None)
-    if kafka_client not in ("aiokafka", "librdkafka"):
-        fail(f"--kafka-client: aiokafka or librdkafka, not {kafka_client!r}")
-    client = cast(Literal["aiokafka", "librdkafka"], kafka_client)
+    client = kafka_client
     check_files(topo, policy=policy, auth=auth, tls=tls)  # before any worker starts
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
     bind = host or ep_host
