@@ -36,6 +36,8 @@ AREAS: list[tuple[str, tuple[str, ...]]] = [
     ("aiokafka consumer (fetcher)", ("aiokafka/consumer/",)),
     ("aiokafka connection, protocol", ("aiokafka/conn.py", "aiokafka/protocol/",
                                       "aiokafka/client.py")),
+    ("librdkafka bridge (crossdc/clients/rdkafka.py, confluent_kafka)",
+     ("crossdc/clients/rdkafka.py", "confluent_kafka/")),
     ("grpc (grpc.aio, cygrpc)", ("grpc/", "grpc_health/")),
     ("protobuf (messages, upb)", ("protobuf/", "_pb2.py", "_upb", "upb_", "SerializeToString",
                                   "FromString", "ParseFromString")),

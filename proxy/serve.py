@@ -17,7 +17,7 @@ import contextlib
 import signal
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -26,7 +26,7 @@ from crossdc.gctune import tune_gc
 from crossdc.security import PROXY
 from crossdc.topology import load_topology, split_hostport
 from proxy import memdebug
-from proxy.config import JournalSettings, ProxyConfig, TlsSettings
+from proxy.config import JournalSettings, KafkaWriterSettings, ProxyConfig, TlsSettings
 from proxy.server import ProxyServer
 
 __all__ = ["serve", "serve_workers", "tune_gc"]
@@ -44,6 +44,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 reuse_port: bool = False,
                 idempotency_log: bool = False, journal: bool = True,
                 serve_metrics: bool = True, kafka_principal: str = PROXY,
+                kafka_client: Literal["aiokafka", "librdkafka"] = "aiokafka",
                 watch: Callable[[ProxyServer], Coroutine[Any, Any, None]] | None = None,
                 ) -> None:
     """Run the proxy until SIGTERM/SIGINT; ProxyTaskFailed if a background loop fails.
@@ -52,6 +53,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
     `reuse_port`, `idempotency_log`, `journal` (`journal.enabled`): the ProxyConfig fields.
     `serve_metrics` False: no metrics port (a worker's supervisor serves its metrics).
     `kafka_principal`: what its Kafka clients authenticate as (SASL/SCRAM regions).
+    `kafka_client`: the writers' Kafka client (`kafka.client`).
     `watch(server)`: a coroutine run while serving (a worker reports its health to the
     supervisor with it), cancelled when the drain begins."""
     topology = load_topology(topology_path)
@@ -66,7 +68,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                       tls=tls, primary_lease_s=primary_lease_s,
                       primary_write_s=primary_write_s, reuse_port=reuse_port,
                       idempotency_log=idempotency_log,
-                      journal=JournalSettings(enabled=journal), kafka_principal=kafka_principal)
+                      journal=JournalSettings(enabled=journal), kafka_principal=kafka_principal,
+                      kafka=KafkaWriterSettings(client=kafka_client))
     server = ProxyServer(topology, cfg, policy_path,
                          registry=REGISTRY if registry is None else registry)
     stop = asyncio.Event()
@@ -113,6 +116,7 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                         primary_write_s: float = 1.5, idempotency_log: bool = True,
                         journal: bool = True, log_format: str = "console",
                         log_level: str = "warning", kafka_principal: str = PROXY,
+                        kafka_client: Literal["aiokafka", "librdkafka"] = "aiokafka",
                         ready: asyncio.Event | None = None) -> None:
     """`workers` server processes on one port (SO_REUSEPORT) under a supervisor in this
     process, until SIGTERM/SIGINT (all drain; exit 0); SIGHUP is passed on to every worker.
@@ -131,9 +135,10 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                       tls=tls, primary_lease_s=primary_lease_s,
                       primary_write_s=primary_write_s, reuse_port=True,
                       idempotency_log=idempotency_log,
-                      journal=JournalSettings(enabled=journal), kafka_principal=kafka_principal)
+                      journal=JournalSettings(enabled=journal), kafka_principal=kafka_principal,
+                      kafka=KafkaWriterSettings(client=kafka_client))
     spec = WorkerSpec(topology=topology_path, region=region, policy=policy_path,
-                      kafka_principal=kafka_principal,
+                      kafka_principal=kafka_principal, kafka_client=kafka_client,
                       host=cfg.host, port=cfg.port, grace_s=grace_s, auth=auth_path, tls=tls,
                       primary_lease_s=primary_lease_s, primary_write_s=primary_write_s,
                       idempotency_log=idempotency_log, journal=journal, log_format=log_format,

@@ -91,7 +91,7 @@ from proxy.primary import PrimaryWatcher
 from proxy.reload import PolicyStore
 from proxy.router import Incoming, Outcome, Router
 from proxy.tls import ReloadingTls
-from proxy.writers import RegionWriter
+from proxy.writers import make_writer
 
 __all__ = ["CONSUL_SERVICE", "ProxyServer"]
 
@@ -423,7 +423,7 @@ class ProxyServer(Lifecycle):
         # every region's Kafka as the proxy's principal: each client is built from its own
         self.kafka = {r.name: KafkaConnection.of(r, principal=config.kafka_principal)
                       for r in topology.regions}
-        self.writers = {r.name: RegionWriter(r, self.kafka[r.name], config.kafka,
+        self.writers = {r.name: make_writer(r, self.kafka[r.name], config.kafka,
                                              config.breaker, self.metrics, client_id=client_id)
                         for r in topology.regions}
         self.consul = ConsulClient(self.region.consul.http_addr, config.consul_retry)

@@ -80,6 +80,7 @@ class WorkerSpec(BaseModel):
     region: str
     policy: Path
     kafka_principal: str = PROXY
+    kafka_client: Literal["aiokafka", "librdkafka"] = "aiokafka"
     host: str
     port: int
     grace_s: float = 10.0
@@ -413,6 +414,7 @@ def worker_main(argv: list[str]) -> int:
                           primary_lease_s=spec.primary_lease_s,
                           primary_write_s=spec.primary_write_s, reuse_port=True,
                           kafka_principal=spec.kafka_principal,
+                          kafka_client=spec.kafka_client,
                           idempotency_log=spec.idempotency_log, journal=spec.journal,
                           watch=_report))
     except CrossdcError as exc:

@@ -51,7 +51,8 @@ from proxy.errors import RegionWriteFailed
 from proxy.headers import Headers
 from proxy.metrics import ProxyMetrics
 
-__all__ = ["Outgoing", "RegionWrite", "RegionWriter", "partition_for"]
+__all__ = ["Outgoing", "RdRegionWriter", "RegionWrite", "RegionWriter", "make_writer",
+           "partition_for"]
 
 log = structlog.get_logger("crossdc.proxy.writers")
 
@@ -259,7 +260,12 @@ class RegionWriter(Lifecycle):
             if locks is not None and not any(lk.locked() for lk in locks.values()):
                 del self._submit_locks[old]
             if self._producer is not None and old not in self._lookups:
-                self._producer.client._topics.discard(old)
+                self._forget(old)
+
+    def _forget(self, topic: str) -> None:
+        """`topic` leaves the producer's metadata."""
+        assert self._producer is not None
+        self._producer.client._topics.discard(topic)
 
     async def partition_count(self, topic: str, timeout_s: float) -> int | None:
         """Partitions of `topic` here; None when the topic does not exist in this region.
@@ -627,3 +633,238 @@ class RegionWriter(Lifecycle):
     def _translate(self, topic: str, exc: KafkaError) -> RegionWriteFailed:
         return RegionWriteFailed(self.name, topic, f"{exc.__class__.__name__}: {exc}",
                                  retriable=bool(exc.retriable))
+
+
+class RdRegionWriter(RegionWriter):
+    """`RegionWriter` on librdkafka (`crossdc.clients.rdkafka.RdProducer`, `kafka.client:
+    librdkafka`): the same guarantees, another client.
+
+    - Every record of an attempt is produced at once (librdkafka batches per partition in
+      its own threads, idempotent, acks=all, in order per partition); one future answers
+      the whole attempt (`Sent`), resolved from the producer's poll thread once every record
+      is acknowledged: the call is answered only after Kafka acked each record.
+    - Keyed records carry the partition `partition_for` chose (murmur2, as the aiokafka
+      writer); keyless ones without a partition go to librdkafka's `murmur2_random`
+      partitioner (sticky per batch).
+    - A bounded (ordered, sync) attempt with records unanswered at its end DROPS the
+      producer as the aiokafka writer does: librdkafka purges what it has queued (nothing
+      more is sent), the producer closes, the next probe starts a new one.
+    - A fatal error of the idempotent producer (a sequence gap librdkafka cannot repair) or
+      OutOfOrderSequenceNumber renews the producer; the records are retried with the new
+      one.
+    - Partition counts come from librdkafka's metadata, asked in a thread and cached here
+      (`metadata_max_age_ms`; a stale count is refreshed in the background).
+    """
+
+    _producer: Any
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._counts: dict[str, tuple[int | None, float]] = {}
+
+    def _new_producer(self) -> Any:
+        from crossdc.clients.rdkafka import RdProducer
+
+        s = self.settings
+        return RdProducer(self.conn, client_id=self.client_id, linger_ms=s.linger_ms,
+                          batch_bytes=s.max_batch_bytes, max_request_bytes=s.max_request_bytes,
+                          request_timeout_ms=s.request_timeout_ms,
+                          delivery_timeout_ms=s.request_timeout_ms,
+                          metadata_max_age_ms=s.metadata_max_age_ms)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> bool:
+        async with self._lock:
+            self._begin_start()
+            if self._producer is not None:
+                return True
+            producer = self._new_producer()
+            try:
+                await producer.start(timeout_s=self.settings.probe_timeout_s * 2)
+            except (KafkaError, OSError, TimeoutError) as exc:
+                self._set_reachable(False, f"cannot connect: {exc.__class__.__name__}: {exc}")
+                return False
+            self._producer = producer
+            self._set_reachable(True, "")
+            return True
+
+    async def stop(self, deadline: float | None = None) -> None:
+        self._begin_stop()
+        producer = None
+        try:
+            async with asyncio.timeout(None if deadline is None
+                                       else max(0.1, deadline - time.monotonic())):
+                async with self._lock:
+                    producer, self._producer = self._producer, None
+        except TimeoutError:
+            self.log.error("producer_close_timeout", why="start() did not end by the "
+                           "deadline")
+            return
+        if producer is not None:
+            await producer.stop(None if deadline is None
+                                else max(0.1, deadline - time.monotonic()))
+
+    async def _renew_producer(self) -> None:
+        async with self._lock:
+            if not self._renew or self.closed:
+                return
+            self._renew = False
+            old, self._producer = self._producer, None
+        self.log.warning("producer_renewed", why="fatal idempotence error or "
+                         "OutOfOrderSequenceNumber")
+        if old is not None:
+            await old.drop()
+        await self.start()
+
+    async def probe(self) -> bool:
+        if self.closed:
+            return False
+        producer = self._producer
+        if producer is None:
+            return await self.start()
+        if producer.fatal:
+            self._renew = True
+        ok = await producer.metadata(next(reversed(self._topic_lru), None),
+                                     self.settings.probe_timeout_s) is not None
+        self._set_reachable(ok, "" if ok else "metadata request failed (Kafka unreachable)")
+        return ok
+
+    # -- metadata --------------------------------------------------------------------------
+    def known_partition_count(self, topic: str) -> int | None:
+        if self._producer is None:
+            return None
+        got = self._counts.get(topic)
+        return got[0] if got is not None else None
+
+    def _forget(self, topic: str) -> None:
+        self._counts.pop(topic, None)
+
+    async def partition_count(self, topic: str, timeout_s: float) -> int | None:
+        producer = self._producer
+        if producer is None:
+            raise RegionWriteFailed(self.name, topic, self.why_not_writable())
+        self._touch(topic)
+        got = self._counts.get(topic)
+        lookup = self._lookups.get(topic)
+        if got is not None:
+            count, at = got
+            age = time.monotonic() - at
+            if count is not None:
+                if age * 1000 > self.settings.metadata_max_age_ms and lookup is None:
+                    self._start_lookup(producer, topic)
+                return count
+            if age < 1.0 and lookup is None:
+                if topic in self._lookup_failed:  # unknown, not absent: the region is away
+                    raise RegionWriteFailed(self.name, topic, "metadata request failed")
+                return None
+        if lookup is None:
+            lookup = self._start_lookup(producer, topic)
+        try:
+            async with asyncio.timeout(max(0.001, timeout_s)):
+                ok = await asyncio.shield(lookup)
+        except TimeoutError:
+            raise RegionWriteFailed(self.name, topic, "metadata request timed out") from None
+        if not ok:
+            raise RegionWriteFailed(self.name, topic, "metadata request failed")
+        got = self._counts.get(topic)
+        return got[0] if got is not None else None
+
+    def _start_lookup(self, producer: Any, topic: str) -> asyncio.Future[bool]:
+        lookup = asyncio.ensure_future(self._rd_lookup(producer, topic))
+        self._lookups[topic] = lookup
+        lookup.add_done_callback(lambda _: self._lookups.pop(topic, None))
+        return lookup
+
+    async def _rd_lookup(self, producer: Any, topic: str) -> bool:
+        n = await producer.partition_count(topic, self.settings.probe_timeout_s)
+        now = time.monotonic()
+        if n is False:
+            self._lookup_failed.add(topic)
+            if self._counts.get(topic, (None, 0.0))[0] is None:
+                self._counts[topic] = (None, now)
+            return False
+        self._lookup_failed.discard(topic)
+        self._counts[topic] = (n if isinstance(n, int) else None, now)
+        return True
+
+    # -- writing ---------------------------------------------------------------------------
+    async def _attempt(self, topic: str, items: Sequence[Outgoing], pending: Sequence[int],
+                       results: list[Any], deadline: float, bounded: bool = False) -> list[int]:
+        if self._renew:
+            await self._renew_producer()
+        producer = self._producer
+        if producer is None:
+            err = RegionWriteFailed(self.name, topic, self.why_not_writable())
+            for i in pending:
+                results[i] = err
+            return []
+        timeout = min(self.settings.attempt_timeout_s, deadline - time.monotonic())
+        if timeout <= 0:
+            err = RegionWriteFailed(self.name, topic, "deadline passed before the write",
+                                    retriable=False)
+            for i in pending:
+                results[i] = err
+            return []
+        # `Outgoing` starts with (key, value, headers, partition): handed over as it is
+        records = items if len(pending) == len(items) else [items[i] for i in pending]
+        retry: list[int] = []
+        sent = None
+        try:
+            async with asyncio.timeout(timeout):
+                sent = await producer.send_many_async(topic, records)
+                await asyncio.shield(sent.future)
+        except TimeoutError:
+            pass
+        except KafkaError as exc:  # the producer was closed (dropped by another write)
+            err = self._translate(topic, exc)
+            for i in pending:
+                results[i] = err
+            return list(pending) if err.retriable else []
+        outcomes = sent.outcomes if sent is not None else [None] * len(records)
+        name = self.name
+        stuck = 0
+        for j, i in enumerate(pending):
+            o = outcomes[j]
+            if type(o) is tuple:
+                results[i] = _tuple_new(RegionWrite, (name, o[0], o[1]))
+            elif o is None:
+                stuck += 1
+                results[i] = RegionWriteFailed(
+                    name, topic, f"no ack within {timeout:.2f}s (Kafka slow or down)"
+                    if sent is not None else f"not sent within {timeout:.2f}s",
+                    retriable=False)
+            elif isinstance(o, OutOfOrderSequenceNumber) or getattr(o, "fatal", False) or \
+                    type(o).__name__ == "RdProducerFatal":
+                self._renew = True
+                results[i] = RegionWriteFailed(name, topic, f"{o.__class__.__name__}: {o}")
+                retry.append(i)
+            else:
+                results[i] = self._translate(topic, o)
+                if o.retriable:
+                    retry.append(i)
+        if producer.fatal:
+            self._renew = True
+        if bounded and stuck:
+            await self._drop_rd(producer, f"{stuck} ordered/sync record(s) of {topic} "
+                                f"unanswered at the end of their write bound ({timeout:.2f} s)")
+        return retry
+
+    async def _drop_rd(self, producer: Any, why: str) -> None:
+        """The librdkafka producer's drop: what it queued is purged, it closes."""
+        if self._producer is producer:
+            self._producer = None
+            self._renew = False
+        elif producer.closed:
+            return
+        self.metrics.producer_drops.labels(self.name).inc()
+        self.log.warning("producer_dropped", why=why)
+        self._set_reachable(False, f"producer dropped: {why}")
+        await producer.drop()
+
+
+def make_writer(region: Region, conn: KafkaConnection, settings: KafkaWriterSettings,
+                breaker: BreakerSettings, metrics: ProxyMetrics, *,
+                client_id: str) -> RegionWriter:
+    """The writer of `region` on the client `settings.client` names."""
+    cls = RdRegionWriter if settings.client == "librdkafka" else RegionWriter
+    return cls(region, conn, settings, breaker, metrics, client_id=client_id)

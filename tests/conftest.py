@@ -41,6 +41,27 @@ def pytest_configure(config: pytest.Config) -> None:
     count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
     if worker.startswith("gw") and count.isdigit():
         os.environ[SLICE_ENV] = f"{int(worker[2:])}/{count}"
+    _kafka_client_default()
+
+
+KAFKA_CLIENT_ENV = "CROSSDC_TEST_KAFKA_CLIENT"
+"""`CROSSDC_TEST_KAFKA_CLIENT=librdkafka pytest tests/integration/test_proxy*.py`: every
+proxy a test builds in this process (`KafkaWriterSettings` without `client`) writes with that
+client (proxy.config `KafkaWriterSettings.client`), and so does every `dr proxy serve` a test
+starts (its `--kafka-client` from $CROSSDC_PROXY_KAFKA_CLIENT)."""
+
+
+def _kafka_client_default() -> None:
+    client = os.environ.get(KAFKA_CLIENT_ENV, "")
+    if not client:
+        return
+    from proxy.config import KafkaWriterSettings, ProxyConfig
+
+    os.environ["CROSSDC_PROXY_KAFKA_CLIENT"] = client  # `dr proxy serve` processes
+    KafkaWriterSettings.model_fields["client"].default = client
+    KafkaWriterSettings.model_rebuild(force=True)
+    ProxyConfig.model_fields["kafka"].default = KafkaWriterSettings()
+    ProxyConfig.model_rebuild(force=True)
 
 
 # Integration modules that start every server they need themselves (no session stack): they

@@ -169,6 +169,50 @@ async def run_direct(producer: Any, topic: str, value: bytes, win: Window) -> No
         await sem.acquire()
 
 
+def rd_direct_producer(bootstrap: str) -> Any:
+    """A plain confluent-kafka producer with the proxy's producer settings (acks=all,
+    idempotent, linger 2 ms, 512 KiB batches): what a user would pick instead."""
+    from confluent_kafka import Producer
+
+    from proxy.config import KafkaWriterSettings
+    ks = KafkaWriterSettings()
+    return Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                     "linger.ms": ks.linger_ms, "batch.size": ks.max_batch_bytes,
+                     "partitioner": "murmur2_random"})
+
+
+async def run_direct_rdkafka(producer: Any, topic: str, value: bytes, win: Window) -> None:
+    """confluent-kafka as its documentation shows it: `produce()` with a delivery callback
+    and `poll(0)` beside it, at most `INFLIGHT` records unacknowledged, in a thread of its
+    own (the loop stays free for the window's marks)."""
+    def loop() -> None:
+        errors: list[str] = []
+
+        def acked(err: Any, msg: Any, sent: float) -> None:
+            if err is not None:
+                win.failed(str(err))
+            else:
+                win.done(sent)
+
+        i = 0
+        produce, poll = producer.produce, producer.poll
+        while win.running():
+            if len(producer) >= INFLIGHT:
+                poll(0.001)
+                continue
+            sent = time.monotonic()
+            produce(topic, value, KEYS[i % len(KEYS)],
+                    on_delivery=lambda e, m, s=sent: acked(e, m, s))
+            i += 1
+            if i % 64 == 0:
+                poll(0)
+        producer.flush(30)
+        del errors
+
+    win.start()
+    await asyncio.get_running_loop().run_in_executor(None, loop)
+
+
 def _records(pb: Any, topic: str, value: bytes, ids: Ids, n: int, start: int) -> list[Any]:
     return [pb.Record(topic=topic, key=KEYS[(start + j) % len(KEYS)], value=value,
                       idempotency_key=ids.next()) for j in range(n)]
@@ -444,8 +488,8 @@ def workers_supported() -> bool:
     return probe.returncode == 0 and "--workers" in probe.stdout
 
 
-def proxy_commands(tpath: Path, policy: Path, port: int,
-                   workers: int = 1) -> list[tuple[list[str], str]]:
+def proxy_commands(tpath: Path, policy: Path, port: int, workers: int = 1,
+                   extra: tuple[str, ...] = ()) -> list[tuple[list[str], str]]:
     """`dr proxy serve` when the CLI has it, then the fallback script (one process). With
     --workers in the CLI, the worker count is always passed (its default is the core
     count); more than one worker without it: no command."""
@@ -453,6 +497,8 @@ def proxy_commands(tpath: Path, policy: Path, port: int,
     args = ["--topology", str(tpath), "--region", "east", "--policy", str(policy),
             "--port", str(port), *EXTRA_SERVE_ARGS]
     cmds = [([sys.executable, str(HERE / "serve.py"), *args], "bench/proxy/serve.py")]
+    if extra:  # `dr proxy serve` options (the fallback script has none of them)
+        args, cmds = [*args, *extra], []
     if workers_supported():
         return [([dr, "proxy", "serve", *args, "--workers", str(workers)],
                  f"dr proxy serve --workers {workers}"), *cmds[:workers == 1]]
@@ -577,8 +623,10 @@ class ProxyProc:
     """One proxy process: `dr proxy serve` (or the fallback script), or the GC-tuned variant."""
 
     def __init__(self, tpath: Path, policy: Path, log: Path, *,
-                 gc_stats: Path | None = None, workers: int = 1) -> None:
+                 gc_stats: Path | None = None, workers: int = 1,
+                 extra: tuple[str, ...] = ()) -> None:
         self.tpath, self.policy, self.log = tpath, policy, log
+        self.extra = extra
         self.workers = workers
         self.gc_stats = gc_stats
         self.proc: asyncio.subprocess.Process | None = None
@@ -592,7 +640,7 @@ class ProxyProc:
     async def start(self) -> None:
         port = free_port()
         self.target = f"127.0.0.1:{port}"
-        cmds = proxy_commands(self.tpath, self.policy, port, self.workers)
+        cmds = proxy_commands(self.tpath, self.policy, port, self.workers, self.extra)
         if self.gc_stats:
             cmds = [([*cmds[-1][0], "--gc-stats", str(self.gc_stats)],
                      "bench/proxy/serve.py --gc-stats")]
@@ -692,27 +740,43 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                                  f"{row['first_error']}")
             return row
 
-        async def phase(size: int, modes: list[str], paced_too: bool, spy: bool = False) -> str:
+        async def phase(size: int, modes: list[str], paced_too: bool, spy: bool = False,
+                        client: str = "") -> str:
             """One fresh proxy process (an empty idempotency window) for one record size;
             `spy` (issue 26): then py-spy (flame graph and speedscope) over the paths
-            `--spy-paths` under the same load."""
-            px = ProxyProc(tpath, policy, tmp / f"proxy-{size}.log")
+            `--spy-paths` under the same load. `client`: the proxy's `--kafka-client`
+            (its rows are named `mode (client)`)."""
+            px = ProxyProc(tpath, policy, tmp / f"proxy-{size}{client}.log",
+                           extra=("--kafka-client", client) if client else ())
             proxies.append(px)
             await px.start()
             pids = {"proxy": px.pid, "broker": broker_pid}
             topic, value = topics[size], os.urandom(size)
+            if client and a.idle_seconds > 0:  # no traffic yet: the proxy's own CPU, idle
+                await asyncio.sleep(3.0)
+                c0, t0 = tree_cpu_s(px.pid), time.monotonic()
+                await asyncio.sleep(a.idle_seconds)
+                share = (tree_cpu_s(px.pid) - c0) / (time.monotonic() - t0)
+                idle[client] = {"cpu_share_of_a_core": round(share, 4),
+                                "seconds": a.idle_seconds}
+                print(json.dumps({"idle": client, **idle[client]}), flush=True)
             async with grpc.aio.insecure_channel(px.target) as ch:
                 stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
                 fns: dict[str, Callable[[Window], Awaitable[None]]] = {
                     "direct": lambda w: run_direct(producer, topic, value, w),
+                    "direct confluent-kafka": lambda w: run_direct_rdkafka(
+                        rd_direct_producer(east), topic, value, w),
                     "unary": lambda w: run_unary(stub, pb, topic, value, w),
                     "batch": lambda w: run_batch(stub, pb, topic, value, w),
                     "stream": lambda w: run_stream(stub, pb, topic, value, w),
                     "sdk": lambda w: run_sdk(px.target, topic, value, w)}
                 for mode in modes:
-                    rows.append(await measure(mode, size, fns[mode], pids))
+                    name = f"{mode} ({client})" if client and mode in (
+                        "unary", "batch", "stream", "sdk") else mode
+                    rows.append(await measure(name, size, fns[mode], pids))
                 for mode in a.spy_paths.split(",") if spy else []:
                     from bench.spy import Spy
+                    assert px.pid is not None
                     sp = Spy(px.pid, a.spy / f"proxy-{mode}{'-native' if a.native else ''}",
                              seconds=a.seconds + a.warmup, native=a.native)
                     async with sp:
@@ -813,7 +877,17 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
         gc_info: dict[str, Any] = {}
         caps: dict[str, Any] = {}
+        idle: dict[str, Any] = {}
         big = max(a.sizes)
+        if a.compare_clients:
+            await phase(big, ["direct", "direct confluent-kafka", "batch", "stream", "unary"],
+                        paced_too=False, client="aiokafka")
+            await phase(big, ["batch", "stream", "unary"], paced_too=False,
+                        client="librdkafka")
+            await producer.stop()
+            return {"rows": rows, "server": "dr proxy serve", "idle": idle,
+                    "load_avg": {"before": load_before,
+                                 "after": [round(x, 2) for x in os.getloadavg()]}}
         if a.spy is not None:
             await phase(big, ["direct", "unary", "batch", "stream"], paced_too=False, spy=True)
             await producer.stop()
@@ -1055,6 +1129,12 @@ def main() -> None:
     ap.add_argument("--serve-arg", action="append", default=[], metavar="ARG",
                     help="an extra `dr proxy serve` argument (repeatable), e.g. "
                          "--serve-arg=--local-idempotency")
+    ap.add_argument("--compare-clients", action="store_true", help="only the proxy with "
+                    "aiokafka writers, with librdkafka writers, a direct aiokafka and a direct "
+                    "confluent-kafka producer (closed loop, same run): "
+                    "bench/results/proxy-clients.{json,md}")
+    ap.add_argument("--idle-seconds", type=float, default=20.0, help="--compare-clients: "
+                    "each proxy's CPU with no traffic over this long, first")
     ap.add_argument("--out", type=Path, default=None, help="write the results here instead "
                     "of bench/results (experiments that must not replace the official figures)")
     a = ap.parse_args()
@@ -1072,8 +1152,9 @@ def main() -> None:
                        "git_commit": last["git_commit"],
                        "proxy_uncommitted_at_run": last["proxy_uncommitted_at_run"]}, a)
         return
-    require("bench/proxy/run.py", modules=["matplotlib"],
-            tools=["py-spy"] if a.profile else [],
+    require("bench/proxy/run.py", modules=["matplotlib", "confluent_kafka"]
+            if a.compare_clients else ["matplotlib"],
+            tools=["py-spy"] if a.profile and not a.compare_clients else [],
             skip_hint="--no-profile runs it without py-spy")
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
@@ -1081,7 +1162,50 @@ def main() -> None:
     if a.spy is not None:
         write_spy(res, a.spy)
         return
+    if a.compare_clients:
+        write_clients(res)
+        return
     write_results(res, a)
+
+
+def write_clients(res: dict[str, Any]) -> None:
+    """`--compare-clients`: bench/results/proxy-clients.{json,md}."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT, check=False).stdout.strip()
+    res = {**res, "git_commit": commit}
+    (RESULTS / "proxy-clients.json").write_text(json.dumps(res, indent=2) + "\n")
+    rows = {r["mode"]: r for r in res["rows"]}
+    direct, rd = rows.get("direct"), rows.get("direct confluent-kafka")
+
+    def cpu(r: dict[str, Any]) -> float:
+        """CPU µs per record on the producing side: the proxy's process for a proxy path,
+        the client's for a direct producer."""
+        return float(r["proxy_cpu_s_per_m"] if r["mode"].startswith(("unary", "batch",
+                                                                       "stream", "sdk"))
+                     else r["client_cpu_s_per_m"])
+
+    lines = [f"# The proxy's writers: aiokafka vs librdkafka (commit `{commit}`)", "",
+             f"Closed loop, 1 KiB records, same run; load average (1, 5, 15 min) before "
+             f"{res['load_avg']['before']}, after {res['load_avg']['after']} (2 shared "
+             "cores: CPU per record is the figure that carries).", "",
+             "| contender | records/s | vs direct aiokafka | p50 ms | producing side's CPU "
+             "µs per record | vs direct confluent-kafka | broker CPU µs per record | "
+             "others' cores |", "|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        vs_a = f"{r['rps'] / direct['rps']:.2f}x" if direct else "-"
+        vs_c = f"{cpu(r) / cpu(rd):.2f}x" if rd and cpu(rd) else "-"
+        lines.append(f"| {r['mode']} | {r['rps']:,} | {vs_a} | {r['p50_ms']} | {cpu(r)} | "
+                     f"{vs_c} | {r['broker_cpu_s_per_m']} | {r['others_cores']} |")
+    for client, v in res.get("idle", {}).items():
+        lines.append(f"Idle (no traffic, {v['seconds']:.0f} s, journal and shared idempotency "
+                     f"log on): the proxy with {client} writers used "
+                     f"**{v['cpu_share_of_a_core'] * 100:.2f}% of a core**.  ")
+    lines += ["", "Producing side's CPU: the proxy process (its Kafka client's threads "
+              "included) for a proxy path; the bench's own process for a direct producer "
+              "(aiokafka's event loop, or confluent-kafka's librdkafka threads and the "
+              "thread that produces and polls).", ""]
+    (RESULTS / "proxy-clients.md").write_text("\n".join(lines))
+    print("\n".join(lines))
 
 
 def write_spy(res: dict[str, Any], out: Path) -> None:

@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.markup import escape
@@ -85,6 +85,10 @@ def proxy_serve(
         "to the region's outcome journal (`_crossdc.proxy.outcomes`), which `dr reconcile` "
         "reads to tell a lost acknowledged record from a write its client was told failed; "
         "--no-journal: those records are judged as if written straight to Kafka.")] = True,
+    kafka_client: Annotated[Literal["aiokafka", "librdkafka"], typer.Option(
+        "--kafka-client", envvar="CROSSDC_PROXY_KAFKA_CLIENT", help="The writers' Kafka "
+        "client: aiokafka or librdkafka (confluent-kafka; docs/architecture.md, \"Which Kafka "
+        "client writes\").")] = "aiokafka",
 ) -> None:
     """Run the region's routing proxy until SIGTERM (drain); SIGHUP reloads the policy (and
     the auth file)."""
@@ -98,6 +102,7 @@ def proxy_serve(
         fail("--tls-cert and --tls-key go together (and --tls-client-ca needs them)")
     tls = (TlsSettings(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
            if tls_cert is not None and tls_key is not None else None)
+    client = kafka_client
     check_files(topo, policy=policy, auth=auth, tls=tls)  # before any worker starts
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
     bind = host or ep_host
@@ -110,7 +115,8 @@ def proxy_serve(
                   grace_s=grace_s, register_consul=not no_consul, auth_path=auth, tls=tls,
                   primary_lease_s=primary_lease_s, primary_write_s=primary_write_s,
                   idempotency_log=shared_idempotency, journal=journal,
-                  kafka_principal=PROXY))  # its own Kafka principal (SASL/SCRAM regions)
+                  # its own Kafka principal (SASL/SCRAM regions)
+                  kafka_principal=PROXY, kafka_client=client))
         return
     from proxy.serve import serve_workers
     root = ctx.parent.params if ctx.parent is not None else {}
@@ -121,7 +127,7 @@ def proxy_serve(
                       idempotency_log=shared_idempotency, journal=journal,
                       log_format=str(root.get("log_format") or "console"),
                       log_level=str(root.get("log_level") or "warning"),
-                      kafka_principal=PROXY))
+                      kafka_principal=PROXY, kafka_client=client))
 
 
 def check_port_free(host: str, port: int | None, what: str, option: str) -> None:

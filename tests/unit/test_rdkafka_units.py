@@ -1,0 +1,140 @@
+"""crossdc.clients.rdkafka without a broker: the security settings as librdkafka's, its
+errors as the data paths' classes, the writers' client chosen by the config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.errors import (
+    KafkaConnectionError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
+)
+from crossdc.clients.rdkafka import rdkafka_config
+from crossdc.security import PROXY, KafkaSecurity
+from crossdc.topology import Region
+from proxy.config import KafkaWriterSettings, ProxyConfig
+
+
+def _region() -> Region:
+    return Region.model_validate({
+        "name": "east", "kafka": {"bootstrap_servers": ["127.0.0.1:1"]},
+        "consul": {"http_addr": "127.0.0.1:2", "datacenter": "east",
+                   "dns_addr": "127.0.0.1:3"},
+        "proxy": {"endpoint": "127.0.0.1:4"}})
+
+
+def _password(tmp_path: Path, name: str) -> Path:
+    p = tmp_path / f"{name}.password"
+    p.write_text("s3cret\n")
+    os.chmod(p, 0o600)
+    return p
+
+
+def test_plaintext_is_only_the_servers() -> None:
+    assert rdkafka_config(KafkaConnection.of("a:1,b:2")) == {"bootstrap.servers": "a:1,b:2"}
+
+
+def test_sasl_ssl_maps_to_librdkafka_settings(tmp_path: Path) -> None:
+    _password(tmp_path, PROXY)
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    sec = KafkaSecurity(protocol="SASL_SSL", mechanism="SCRAM-SHA-256", ca_file=ca,
+                        credentials_dir=tmp_path)
+    conn = KafkaConnection(("b:9093",), sec, PROXY)
+    assert rdkafka_config(conn) == {
+        "bootstrap.servers": "b:9093", "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": PROXY, "sasl.password": "s3cret",
+        "ssl.endpoint.identification.algorithm": "https", "ssl.ca.location": str(ca)}
+
+
+def test_sasl_plaintext_with_a_pinned_user_has_no_tls(tmp_path: Path) -> None:
+    pw = _password(tmp_path, "ops")
+    sec = KafkaSecurity(protocol="SASL_PLAINTEXT", username="ops", password_file=pw)
+    cfg = rdkafka_config(KafkaConnection(("b:9092",), sec, PROXY))
+    assert cfg["sasl.username"] == "ops"
+    assert cfg["security.protocol"] == "SASL_PLAINTEXT"
+    assert not any(k.startswith("ssl.") for k in cfg)
+
+
+def test_errors_map_to_the_data_paths_classes() -> None:
+    ck = pytest.importorskip("confluent_kafka")
+    from crossdc.clients.rdkafka import RdProducerFatal, translate
+
+    KE = ck.KafkaError
+    timed_out = translate(KE(KE._MSG_TIMED_OUT))
+    assert isinstance(timed_out, KafkaTimeoutError)
+    assert not timed_out.retriable  # it may have landed: a second send would duplicate it
+    assert isinstance(translate(KE(KE._TRANSPORT)), KafkaConnectionError)
+    assert translate(KE(KE._TRANSPORT)).retriable
+    assert isinstance(translate(KE(KE.MSG_SIZE_TOO_LARGE)), MessageSizeTooLargeError)
+    assert isinstance(translate(KE(KE.OUT_OF_ORDER_SEQUENCE_NUMBER)), OutOfOrderSequenceNumber)
+    not_leader = translate(KE(KE.NOT_LEADER_FOR_PARTITION))
+    assert not_leader.retriable
+    assert type(not_leader).__name__.startswith("NotLeader")
+    assert not translate(KE(KE._UNKNOWN_PARTITION)).retriable
+    assert isinstance(translate(KE(KE._PURGE_QUEUE)), KafkaTimeoutError)
+    assert isinstance(translate(KE(KE._FATAL, fatal=True)), RdProducerFatal)
+
+
+def test_the_writers_client_is_a_config_choice() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.config import BreakerSettings
+    from proxy.metrics import ProxyMetrics
+    from proxy.writers import RdRegionWriter, RegionWriter, make_writer
+
+    assert ProxyConfig(region="east").kafka.client in ("aiokafka", "librdkafka")
+    assert KafkaWriterSettings(client="librdkafka").client == "librdkafka"
+    region = _region()
+    metrics = ProxyMetrics(CollectorRegistry())
+    for client, cls in (("aiokafka", RegionWriter), ("librdkafka", RdRegionWriter)):
+        w = make_writer(region, KafkaConnection.of(region),
+                        KafkaWriterSettings(client=client), BreakerSettings(), metrics,
+                        client_id="t")
+        assert type(w) is cls
+
+
+class _Metadata:
+    """A stand-in RdProducer's metadata: `answers` in turn (False: no answer)."""
+
+    def __init__(self, *answers: int | bool | None) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+        self.closed = False
+        self.fatal = False
+
+    async def partition_count(self, topic: str, timeout_s: float) -> int | bool | None:
+        self.asked += 1
+        return self.answers.pop(0)
+
+
+async def test_partition_counts_absent_unknown_and_cached() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from proxy.config import BreakerSettings
+    from proxy.errors import RegionWriteFailed
+    from proxy.metrics import ProxyMetrics
+    from proxy.writers import RdRegionWriter
+
+    region = _region()
+    w = RdRegionWriter(region, KafkaConnection.of(region), KafkaWriterSettings(),
+                       BreakerSettings(), ProxyMetrics(CollectorRegistry()), client_id="t")
+    md = _Metadata(False, 6, None)
+    w._producer = md
+    for _ in range(2):  # the look fails, then a call within its second: unknown, not absent
+        with pytest.raises(RegionWriteFailed, match="metadata request failed"):
+            await w.partition_count("orders", 1.0)
+    assert md.asked == 1
+    w._counts["orders"] = (None, 0.0)  # the failed look is old: ask again
+    assert await w.partition_count("orders", 1.0) == 6
+    assert await w.partition_count("orders", 1.0) == 6  # cached
+    assert w.known_partition_count("orders") == 6
+    assert md.asked == 2
+    assert await w.partition_count("gone", 1.0) is None  # the cluster says: no such topic
+    w._producer = None
