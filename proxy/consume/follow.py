@@ -87,6 +87,9 @@ class PrimaryFollower:
         """The region primary members read now (None: paused or moving)."""
         self.epoch = 0
         self._handed: dict[tuple[str, str, int], Handover] = {}
+        self._left: dict[tuple[str, str, str, int], int] = {}
+        """(region, group, topic, partition) -> where delivery stopped when this process's
+        readers left that region: a failback starts there (`hand_over`'s `left`)."""
         self._handover_epoch: int | None = None
         self._bg: set[asyncio.Task[Any]] = set()
         self.log = log.bind(region=service.region)
@@ -197,10 +200,13 @@ class PrimaryFollower:
             for (topic, partition), (c, end, ids, _) in pos.items():
                 rule = policy.rule_for(topic)
                 sync = rule is not None and rule.dr_mode == "sync"
+                self._left[(source, group, topic, partition)] = end
                 h = hand_over(group, topic, partition, source=source, epoch=epoch,
                               committed=c, end=end, settled=ids or _NO_IDS,
                               translate=functools.partial(offsets.translate, topic,
-                                                          partition))
+                                                          partition),
+                              left=self._left.pop((target, group, topic, partition), None),
+                              region=target)
                 at = times.get((group, (topic, partition)))
                 if h.start is None and sync and at is not None:
                     # never mirrored: find the place by time, skip what was consumed by id
@@ -214,7 +220,8 @@ class PrimaryFollower:
                     sum(x[3] for x in pos.values()))
         self.log.info("consume_handover_made", source=source, target=target, epoch=epoch,
                       partitions=len(made), unsettled=unsettled,
-                      untranslated=sum(1 for h in made if h.start is None))
+                      untranslated=sum(1 for h in made if h.start is None),
+                      back_from_left=sum(1 for h in made if h.native_until is not None))
         # this process resumes from its own handovers at once; the topic is for the proxies
         # that get its partitions after the new group's rebalance (they wait for it)
         task = asyncio.create_task(self._store(target, made), name="proxy:consume-handover")

@@ -20,6 +20,17 @@ that were consumed are skipped by id (a consumed one whose id was not kept is re
 A sync copy written after `horizon` (late, by hinted handoff) may be read again; one
 displaced further back than `rewind` is the one case that loses it (docs/consume.md).
 
+Back to a region left before (a failback): the old primary may hold records of its own after
+where this reader stopped there (`left`), acknowledged before its fence but mirrored to the
+other region late (a partition: after the heal), so their copies there may never have been
+read; the translated prefix lies after the copies of what the reader read elsewhere, which
+come after that tail in the old primary's log. Starting at the translated prefix would skip
+the tail for good. So the reader starts at `left` instead and, below the translated prefix
+(`native_until`), delivers only the records native to the region (`dr-origin` it, or none:
+written straight into it), skipping the copies of what it read in the region it leaves. A
+record of the tail it did read there (its copy came before it left) comes again: a
+duplicate, never a gap.
+
 Bounded: `SettledIds` holds at most the tracker's span plus `keep` ids; a handover carries at
 most `max_skip` of them (the lowest offsets first; ids left out are duplicates, never gaps),
 so its record stays well under Kafka's message size (about 40 bytes an id).
@@ -90,6 +101,11 @@ class Handover(BaseModel):
                                 "nothing is skipped.")
     skip: frozenset[str] = Field(description="Ids of records settled in `source` at or "
                                  "after the start.")
+    native_region: str | None = Field(None, description="Back in a region left before: "
+                                      "below `native_until` only its own records are read.")
+    native_until: int | None = Field(None, ge=0, description="Where the translated prefix "
+                                     "lies; from `start` (where the reader left the region) "
+                                     "to here, copies of other regions' records are skipped.")
     start_ms: int | None = Field(None, ge=0, description="No offset map (a sync topic: the "
                                  "proxy writes each region itself, the mirror copies none): "
                                  "read the new region from this time (the first record not "
@@ -110,41 +126,64 @@ class Handover(BaseModel):
 def hand_over(group: str, topic: str, partition: int, *, source: str, epoch: int,
               committed: int, end: int, settled: SettledIds,
               translate: Callable[[int], int | None], rewind: int = 0,
-              max_skip: int = MAX_SKIP) -> Handover:
+              max_skip: int = MAX_SKIP, left: int | None = None,
+              region: str | None = None) -> Handover:
     """The handover of a partition read from `source` up to `end` (one past the last
     delivered), acknowledged up to `committed`; `translate` maps a source offset to the new
     region's (`OffsetMap.translate` for this partition); `rewind`: offsets of the new region
     read again before the translated prefix (sync topics). The caller raises `start` to the
-    new region's log start when retention removed what it names."""
+    new region's log start when retention removed what it names. `left`: where this reader
+    stopped reading the new region `region` when it left it (a failback; see the module
+    docstring)."""
     start = translate(committed)
     if start is not None:
         start = max(start - rewind, 0)
     stop = translate(end)
     horizon = None if stop is None else stop + rewind
     skip = frozenset(settled.lowest(max_skip)) if start is not None else frozenset()
+    native_region, native_until = None, None
+    if left is not None and region is not None and start is not None and left < start:
+        native_region, native_until, start = region, start, left
     return Handover(group=group, topic=topic, partition=partition, source=source, epoch=epoch,
-                    committed=committed, start=start, horizon=horizon, skip=skip)
+                    committed=committed, start=start, horizon=horizon, skip=skip,
+                    native_region=native_region, native_until=native_until)
 
 
 class SkipSet:
     """The new reader's filter: a record whose id the handover lists is skipped, once, until
     the reader passes the horizon."""
 
-    __slots__ = ("_horizon", "_ids", "skipped")
+    __slots__ = ("_horizon", "_ids", "_native", "_native_until", "skipped")
 
     def __init__(self, handover: Handover) -> None:
         self._ids = set(handover.skip)
         self._horizon = handover.horizon
+        self._native = handover.native_region
+        self._native_until = handover.native_until
         self.skipped = 0
+
+    @property
+    def needs_origin(self) -> bool:
+        """`skip` wants each record's `dr-origin` (a failback's native window is open)."""
+        return self._native_until is not None
 
     @property
     def done(self) -> bool:
         """Nothing left to skip: the reader may drop the filter."""
-        return not self._ids
+        return not self._ids and self._native_until is None
 
-    def skip(self, offset: int, rid: str) -> bool:
-        """Whether the record at `offset` (of the new region) with id `rid` was settled
-        already. Called in offset order."""
+    def skip(self, offset: int, rid: str, origin: str | None = None) -> bool:
+        """Whether the record at `offset` (of the new region) with id `rid` (from region
+        `origin`, its `dr-origin`) was settled already, or is a copy of another region's
+        record below the native window's end. Called in offset order."""
+        if self._native_until is not None:
+            if offset < self._native_until:
+                if origin is not None and origin != self._native:
+                    self._ids.discard(rid)
+                    self.skipped += 1
+                    return True
+            else:
+                self._native_until = None
         if not self._ids:
             return False
         if self._horizon is not None and offset >= self._horizon:

@@ -55,6 +55,7 @@ from crossdc.headers import (
     DR_DL_REGION,
     DR_DL_TOPIC,
     DR_ID,
+    DR_ORIGIN,
     DR_PREFIX,
     Mode,
     record_id,
@@ -449,7 +450,11 @@ class GroupMember(Lifecycle):
                 skips = self._skips.get(key)
                 if skips is not None:
                     before = skips.skipped
-                    msgs = [m for m in msgs if not skips.skip(m.offset, self._id_of(m))]
+                    if skips.needs_origin:
+                        msgs = [m for m in msgs if not skips.skip(
+                            m.offset, self._id_of(m), _header(m, DR_ORIGIN))]
+                    else:
+                        msgs = [m for m in msgs if not skips.skip(m.offset, self._id_of(m))]
                     if skips.skipped > before:
                         self.skipped += skips.skipped - before
                         self.metrics.consume_handover_skipped.labels(self.group).inc(
@@ -647,6 +652,11 @@ class GroupMember(Lifecycle):
         self._rebalancing = False
         self._joined.set()
         self.pump()
+
+
+def _header(m: Any, name: str) -> str | None:
+    raw = next((v for k, v in m.headers or () if k == name), None)
+    return raw.decode(errors="replace") if raw else None
 
 
 def _position(consumer: Any, tp: tuple[str, int]) -> int | None:

@@ -384,6 +384,36 @@ def test_sync_copies_displaced_within_the_rewind_are_neither_lost_nor_read_twice
     assert read([0, 1], rewind=3, keep=1) == ["s2", "m0", "m3"]
 
 
+def test_a_failback_reads_the_old_primarys_tail_it_never_saw() -> None:
+    """Partition: the reader left east at 6 (e0..e5 delivered); east acknowledged e6..e9
+    before its fence, mirrored to west only after the heal, behind west's own w0..w4. The
+    reader read w0..w4 in west, then the primary went back to east, whose log is e0..e9,
+    the copies of w0..w4 (10..14), then its own records again (n0.. from 15)."""
+    west_to_east = OffsetMap.from_pairs({("t", 0): [(6 + i, 10 + i) for i in range(5)]})
+    east = [*((o, f"e{o}", "east") for o in range(10)),
+            *((10 + i, f"w{i}", "west") for i in range(5)),
+            *((15 + i, f"n{i}", "east") for i in range(3))]
+
+    def read(left: int | None) -> list[str]:
+        h = hand_over("g", "t", 0, source="west", epoch=2, committed=11, end=11,
+                      settled=SettledIds(), translate=lambda o: west_to_east.translate(
+                          "t", 0, o), left=left, region="east")
+        h = Handover.decode(h.encode())
+        assert h.start is not None
+        skip = SkipSet(h)
+        got = [rid for off, rid, origin in east
+               if off >= h.start and not skip.skip(off, rid, origin)]
+        assert skip.done
+        return got
+
+    assert read(left=None) == ["n0", "n1", "n2"]  # the translated prefix alone: e6..e9 lost
+    assert read(left=6) == ["e6", "e7", "e8", "e9", "n0", "n1", "n2"]
+    # left at or past the translated prefix: nothing to go back for
+    h = hand_over("g", "t", 0, source="west", epoch=2, committed=11, end=11,
+                  settled=SettledIds(), translate=lambda o: 15, left=15, region="east")
+    assert (h.start, h.native_until) == (15, None)
+
+
 def test_the_skip_set_is_bounded() -> None:
     settled = SettledIds()
     for o in range(50):
