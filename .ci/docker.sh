@@ -4,9 +4,8 @@
 # in containers (`dr up --docker`: Docker Compose v2, built from its Go module on first use and
 # cached), runs a primary-outage drill against it through the drill file's docker hooks (a
 # breach fails CI), then `dr down` and checks that no container of the deployment is left.
-# The partition drill (`--scenario partition`: a region off the `wan` network) is not run here:
-# its report still flags a consumer gap and the outage-sized limits (docs/docker.md); `make
-# test-more` checks the partition itself (tests/integration/test_docker_stack.py).
+# Then the partition drill (`--scenario partition`: the primary's datacenter off the `wan`
+# network; policies/drill.docker-partition.yaml, whose limits are sized for a partition).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dr="${CROSSDC_DR:-.venv/bin/dr}"   # the dr to run (another venv's: CROSSDC_DR=/path/to/dr)
@@ -20,6 +19,8 @@ echo "docker.sh: the deployment was up and healthy after $((SECONDS - start)) s"
 "$dr" status --topology policies/topology.docker.yaml >/dev/null
 "$dr" drill --scenario primary-outage --topology policies/topology.docker.yaml \
   --config policies/drill.docker.yaml --reports "$reports"
+"$dr" drill --scenario partition --topology policies/topology.docker.yaml \
+  --config policies/drill.docker-partition.yaml --reports "$reports"
 "$dr" down --state-dir "$state"
 left="$(docker ps -aq --filter label=com.docker.compose.project=crossdc)"
 if [ -n "$left" ]; then
