@@ -191,7 +191,8 @@ class Flow(_Model):
     worker_id: str | None = None
     kafka_client: Literal["aiokafka", "librdkafka"] = Field(
         "aiokafka", description="The copy loop's producer: aiokafka, or librdkafka "
-        "(confluent-kafka: less CPU per record). At-least-once only: an "
+        "(confluent-kafka; on the bench it cost more CPU per record: "
+        "bench/results/mirror-rdkafka.md). At-least-once only: an "
         "exactly-once flow writes its transactions with aiokafka whatever this says.")
 
     @field_validator("topics")
