@@ -57,13 +57,16 @@ class _Batch:
 
 class _Client:
     """aiokafka's `producer.client` calls the worker makes: librdkafka follows the topics it
-    produces to and asks the cluster afresh in `partitions_for`."""
+    produces to by itself; a forced update forgets the partitions known (asked again)."""
+
+    def __init__(self, parts: dict[str, set[int]]) -> None:
+        self._parts = parts
 
     async def add_topic(self, topic: str) -> None:
         return None
 
     async def force_metadata_update(self) -> None:
-        return None
+        self._parts.clear()
 
 
 class MirrorRdProducer(RdProducer):
@@ -158,7 +161,10 @@ class RdMirrorProducer:
         self._p = MirrorRdProducer(conn, client_id=client_id, linger_ms=linger_ms,
                                    batch_bytes=min(512 * 1024, max_request_bytes),
                                    max_request_bytes=max(1000, max_request_bytes))
-        self.client = _Client()
+        # partitions per topic, known from the cluster: the worker asks for every partition
+        # of every batch (`_target_has`); asked again after `client.force_metadata_update()`
+        self._parts: dict[str, set[int]] = {}
+        self.client = _Client(self._parts)
 
     @property
     def fatal(self) -> bool:
@@ -198,7 +204,15 @@ class RdMirrorProducer:
                                 [(key, value, headers or None, timestamp_ms)])
 
     async def partitions_for(self, topic: str) -> set[int]:
+        """The partitions of `topic` the target had when last asked (aiokafka's answer
+        comes from its metadata cache too)."""
+        known = self._parts.get(topic)
+        if known is not None:
+            return known
         n = await self._p.partition_count(topic, 10.0)
         if n is False:
             raise KafkaError(f"the target did not answer for the partitions of {topic}")
-        return set(range(n or 0))
+        parts = set(range(n or 0))
+        if parts:
+            self._parts[topic] = parts
+        return parts
