@@ -61,9 +61,10 @@ class _Client:
 
     def __init__(self, parts: dict[str, set[int]]) -> None:
         self._parts = parts
+        self._topics: set[str] = set()  # the topics the worker follows (as aiokafka's)
 
     async def add_topic(self, topic: str) -> None:
-        return None
+        self._topics.add(topic)
 
     async def force_metadata_update(self) -> None:
         self._parts.clear()
@@ -170,6 +171,10 @@ class RdMirrorProducer:
     def fatal(self) -> bool:
         """librdkafka's idempotent producer hit a fatal error: make a new one."""
         return self._p.fatal
+
+    @property
+    def closed(self) -> bool:
+        return self._p.closed
 
     async def start(self) -> None:
         await self._p.start()
