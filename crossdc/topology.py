@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
@@ -189,6 +189,11 @@ class Flow(_Model):
                               "`_crossdc.dead-letter.<source>` on the target instead of "
                               "stopping its partition.")
     worker_id: str | None = None
+    kafka_client: Literal["aiokafka", "librdkafka"] = Field(
+        "aiokafka", description="The copy loop's producer: aiokafka, or librdkafka "
+        "(confluent-kafka; on the bench it cost more CPU per record: "
+        "bench/results/mirror-rdkafka.md). At-least-once only: an "
+        "exactly-once flow writes its transactions with aiokafka whatever this says.")
 
     @field_validator("topics")
     @classmethod

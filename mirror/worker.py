@@ -77,6 +77,7 @@ from mirror.errors import (
 from mirror.metrics import MirrorMetrics
 from mirror.primary import PrimaryWatch
 from mirror.quarantine import ensure_quarantine_topic
+from mirror.rdproducer import RdMirrorProducer
 from mirror.rules import epoch_rule, plan
 from mirror.topics import TopicPlan, sync_topics
 
@@ -186,9 +187,12 @@ class MirrorWorker(Lifecycle):
         self._refresh_lock = asyncio.Lock()
         self._generation = 0
         self._producer_kw: dict[str, Any] = {}
+        # the copy loop's producer: librdkafka when the flow asks (at-least-once only;
+        # exactly-once stays on aiokafka's transactions)
+        self._rdkafka = flow.kafka_client == "librdkafka" and not flow.exactly_once
         self._task: asyncio.Task[None] | None = None
         self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: Any = None  # AIOKafkaProducer, or RdMirrorProducer (librdkafka)
         self._src_admin: KafkaAdmin | None = None
         self._dst_admin: KafkaAdmin | None = None
         self._sync_topic = sync_topic_name(flow.source)
@@ -256,16 +260,21 @@ class MirrorWorker(Lifecycle):
         (OutOfOrderSequenceNumber on every later batch); a new producer id starts clean, and
         the transactional id reused fences the old one."""
         if self._producer is not None:
-            await close_producer(self._producer, _CLOSE_S)
+            await _close_producer(self._producer, _CLOSE_S)
             self._producer = None
             # acked ones are kept (as acked): _flush_sync must know a newer record of the
             # same key landed, so an older one is not sent again after it
             self._sync_unacked = [(k, v, p, f if f is not None and f.done() and
                                    not f.cancelled() and f.exception() is None else None)
                                   for k, v, p, f in self._sync_unacked]
-        self._producer = AIOKafkaProducer(**self.target.aiokafka_kwargs(),
-                                          **self._producer_kw)
-        await self._producer.start()
+        if self._rdkafka:
+            producer: Any = RdMirrorProducer(self.target, client_id=self._client_id,
+                                             linger_ms=5,
+                                             max_request_bytes=self.flow.max_request_bytes)
+        else:
+            producer = AIOKafkaProducer(**self.target.aiokafka_kwargs(), **self._producer_kw)
+        await producer.start()
+        self._producer = producer
         # before a record is queued: the offset-sync topic, say, is written right after a
         # batch's records, and must not make the producer forget their topics (_follow)
         await _follow(self._producer, self._own_topics())
@@ -332,7 +341,7 @@ class MirrorWorker(Lifecycle):
                 await self._closing("offset-sync flush", self._send_sync_queue(), left())
             finally:
                 self._producer = None
-                await close_producer(producer, min(_CLOSE_S, left()))
+                await _close_producer(producer, min(_CLOSE_S, left()))
         for admin in admins:
             if admin is not None:
                 await self._closing("admin", admin.stop(), left())
@@ -670,7 +679,8 @@ class MirrorWorker(Lifecycle):
                 except (ClientError, KafkaError) as exc:  # ClientError: _target_has's refresh
                     self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
                                                "target_write").inc()
-                    if self.flow.exactly_once or isinstance(exc, OutOfOrderSequenceNumber):
+                    if self.flow.exactly_once or isinstance(exc, OutOfOrderSequenceNumber) \
+                            or getattr(self._producer, "fatal", False):
                         # A transactional producer may be left in an error state: start a
                         # new one (same transactional id: its open transaction is aborted).
                         with contextlib.suppress(KafkaError):
@@ -879,8 +889,8 @@ class MirrorWorker(Lifecycle):
                                          offset=srcs[0], exact=len(srcs) == 1) from None
                 # (source, target) per record, paired in C (a generator here was a tenth
                 # of the copy loop's CPU: bench/results/profile.md)
-                a.pairs[tp].extend(zip(srcs, range(md.offset, md.offset + len(srcs)),
-                                       strict=True))
+                a.pairs[tp].extend(zip(srcs, getattr(md, "offsets", None) or
+                                       range(md.offset, md.offset + len(srcs)), strict=True))
         a.acked_ms = time.time() * 1000
 
     def _offset_sync_records(self, batch: dict[TopicPartition, list[Any]],
@@ -1040,8 +1050,10 @@ class MirrorWorker(Lifecycle):
                 ok = not failed(f)
                 keep = len(srcs) if lost is None else sum(1 for s in srcs if s < lost)
                 if ok and not broken:
-                    base = f.result().offset
-                    prefix.extend((s, base + i) for i, s in enumerate(srcs[:keep]))
+                    md = f.result()
+                    dst = getattr(md, "offsets", None) or range(md.offset,
+                                                               md.offset + len(srcs))
+                    prefix.extend(zip(srcs[:keep], dst, strict=False))
                     if keep < len(srcs):
                         broken = True
                         self.metrics.redelivered.labels(self.flow.source, self.flow.target,
@@ -1084,7 +1096,15 @@ async def _end_transaction(producer: AIOKafkaProducer,
         await asyncio.wait_for(producer.abort_transaction(), _CLOSE_S)
 
 
-async def _follow(producer: AIOKafkaProducer, topics: Iterable[str]) -> None:
+async def _close_producer(producer: Any, timeout_s: float) -> None:
+    """Close the target producer (aiokafka's or librdkafka's) within `timeout_s`."""
+    if isinstance(producer, RdMirrorProducer):
+        await producer.stop(max(0.1, timeout_s))
+    else:
+        await close_producer(producer, timeout_s)
+
+
+async def _follow(producer: Any, topics: Iterable[str]) -> None:
     """Make the producer's metadata follow `topics`; call it before a record is queued for
     any of them.
 

@@ -48,16 +48,24 @@ KAFKA_CLIENT_ENV = "CROSSDC_TEST_KAFKA_CLIENT"
 """`CROSSDC_TEST_KAFKA_CLIENT=librdkafka pytest tests/integration/test_proxy*.py`: every
 proxy a test builds in this process (`KafkaWriterSettings` without `client`) writes with that
 client (proxy.config `KafkaWriterSettings.client`), and so does every `dr proxy serve` a test
-starts (its `--kafka-client` from $CROSSDC_PROXY_KAFKA_CLIENT)."""
+starts (its `--kafka-client` from $CROSSDC_PROXY_KAFKA_CLIENT). The mirror too: every `Flow`
+built in this process (without `kafka_client`) copies with that client (at-least-once;
+exactly-once flows stay on aiokafka), and `dr mirror run` processes started by the tests read
+it from CROSSDC_MIRROR_KAFKA_CLIENT (its --kafka-client)."""
 
 
 def _kafka_client_default() -> None:
     client = os.environ.get(KAFKA_CLIENT_ENV, "")
     if not client:
         return
+    from crossdc.topology import Flow, Topology
     from proxy.config import KafkaWriterSettings, ProxyConfig
 
     os.environ["CROSSDC_PROXY_KAFKA_CLIENT"] = client  # `dr proxy serve` processes
+    Flow.model_fields["kafka_client"].default = client
+    Flow.model_rebuild(force=True)
+    Topology.model_rebuild(force=True)
+    os.environ["CROSSDC_MIRROR_KAFKA_CLIENT"] = client
     KafkaWriterSettings.model_fields["client"].default = client
     KafkaWriterSettings.model_rebuild(force=True)
     ProxyConfig.model_fields["kafka"].default = KafkaWriterSettings()

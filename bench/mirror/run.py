@@ -63,7 +63,8 @@ def needs(names: list[str], setup: bool = False) -> None:
     if "mm2" in names or setup:
         tools += ["java", "mvn"]
     require("bench/mirror/run.py", modules=modules, tools=tools,
-            skip_hint="--only NAMES runs a subset of ceiling,mm2,crossdc,crossdc_eos")
+            skip_hint="--only NAMES runs a subset of ceiling,mm2,crossdc,crossdc_rdkafka,"
+            "crossdc_eos")
 
 
 def mm2_libs() -> Path:
@@ -232,12 +233,13 @@ def mm2_command(libs: Path, tmp: Path, east: str, west: str, topics: str, tasks:
 
 
 def crossdc_command(tpath: Path, topics: str, group: str, eos: bool,
-                    profile: Path | None = None) -> list[str]:
+                    profile: Path | None = None, kafka_client: str = "aiokafka") -> list[str]:
     dr = str(Path(sys.executable).parent / "dr")
     prefix = [sys.executable, "-m", "cProfile", "-o", str(profile), dr] if profile else [dr]
     return [*prefix, "--log-level", "warning", "mirror", "run", "--topology", str(tpath),
             "--from", "east", "--to", "west", "--topics", topics, "--group", group,
-            "--worker-id", "bench", *(["--exactly-once"] if eos else [])]
+            "--worker-id", "bench", "--kafka-client", kafka_client,
+            *(["--exactly-once"] if eos else [])]
 
 
 def ceiling_command(east: str, west: str, topics: str, group: str) -> list[str]:
@@ -326,7 +328,7 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
 
     names = list(results)
     colors = {"ceiling": "#9d755d", "mm2": "#e45756", "crossdc": "#4c78a8",
-              "crossdc_eos": "#72b7b2"}
+              "crossdc_eos": "#72b7b2", "crossdc_rdkafka": "#54a24b"}
     return bars(path, [
         BarPanel("throughput", ["records/s"],
                  {n: [float(results[n]["rps"])] for n in names}, ylabel="records / s"),
@@ -337,13 +339,14 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
         colors=colors)
 
 
-def write_report(flat: dict[str, Any], notes: str = "") -> None:
-    """bench/results/mirror.md (and the PNG chart) from the figures of one run."""
+def write_report(flat: dict[str, Any], notes: str = "", out: str = "mirror") -> None:
+    """bench/results/<out>.md (and the PNG chart) from the figures of one run."""
     runs: dict[str, dict[str, Any]] = flat["runs"]
-    chart(runs, RESULTS / "mirror.png")
+    chart(runs, RESULTS / f"{out}.png")
     label = {"ceiling": "ceiling: plain librdkafka copy loop (1 process)",
              "mm2": "MirrorMaker 2 (dedicated mode, 1 task)",
              "crossdc": "crossdc, at-least-once (1 worker)",
+             "crossdc_rdkafka": "crossdc, at-least-once, librdkafka producer (1 worker)",
              "crossdc_eos": "crossdc, exactly-once (1 worker)"}
     ceiling = flat.get("ceiling_rps")
     load = flat.get("load_avg") or {}
@@ -385,13 +388,13 @@ def write_report(flat: dict[str, Any], notes: str = "") -> None:
     for name, why in (flat.get("failed") or {}).items():
         lines.append(f"| {label.get(name, name)} | failed: "
                      f"{why.splitlines()[0]} (mirror.json `failed`) |")
-    lines += ["", "![throughput and p99 latency](mirror.png)", ""]
+    lines += ["", f"![throughput and p99 latency]({out}.png)", ""]
     if notes:
         lines += [notes, ""]
     notes_md = HERE / "notes.md"
-    if notes_md.exists():  # the analysis of the run, kept beside the script
+    if notes_md.exists() and out == "mirror":  # the analysis of the run, kept beside the script
         lines += [notes_md.read_text().rstrip(), ""]
-    (RESULTS / "mirror.md").write_text("\n".join(lines))
+    (RESULTS / f"{out}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 
@@ -405,6 +408,8 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true",
                     help="Rewrite mirror.md and mirror.png from mirror.json.")
     ap.add_argument("--notes", default="", help="A paragraph appended to mirror.md.")
+    ap.add_argument("--out", default="mirror", help="Results as bench/results/OUT.{json,md,"
+                    "png} (a partial run: another name than mirror, the official figures)")
     ap.add_argument("--spy", type=Path, default=None, metavar="DIR",
                     help="py-spy over each crossdc contender's copy loop: flame graph and "
                     "speedscope into DIR (issue 26)")
@@ -413,7 +418,7 @@ def main() -> None:
                     "figures of such a run are not comparable.")
     a = ap.parse_args()
     if a.report_only:
-        write_report(json.loads((RESULTS / "mirror.json").read_text()), a.notes)
+        write_report(json.loads((RESULTS / f"{a.out}.json").read_text()), a.notes, a.out)
         return
     names = a.only.split(",")
     needs(names, a.setup)
@@ -465,7 +470,9 @@ def main() -> None:
                 else:
                     group = f"bench-{name}"
                     prof = RESULTS / f"mirror-{name}.prof" if a.profile else None
-                    cmd = crossdc_command(tpath, topics, group, name == "crossdc_eos", prof)
+                    cmd = crossdc_command(tpath, topics, group, name == "crossdc_eos", prof,
+                                          "librdkafka" if name == "crossdc_rdkafka"
+                                          else "aiokafka")
                 try:
                     results[name] = run_contender(name, cmd, topo, a.records, a.rate,
                                                   a.latency_s, tmp / f"{name}.log", group,
@@ -489,7 +496,7 @@ def main() -> None:
         flat[f"{name}_p99_ms"] = r["p99_ms"]
     ceiling = flat.get("ceiling_rps")
     if ceiling:
-        for name in ("mm2", "crossdc", "crossdc_eos"):
+        for name in ("mm2", "crossdc", "crossdc_rdkafka", "crossdc_eos"):
             if f"{name}_rps" in flat:
                 flat[f"{name}_vs_ceiling"] = round(flat[f"{name}_rps"] / ceiling, 2)
     flat["load_avg"] = {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}
@@ -513,11 +520,12 @@ def main() -> None:
         print("\n".join(lines))
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "mirror.json").write_text(json.dumps(flat, indent=2) + "\n")
+    (RESULTS / f"{a.out}.json").write_text(json.dumps(flat, indent=2) + "\n")
     print(json.dumps(flat, indent=2))
-    write_report(flat, a.notes)
+    write_report(flat, a.notes, a.out)
     if failed:
-        raise SystemExit(f"failed: {', '.join(failed)} (above, and under `failed` in mirror.json)")
+        raise SystemExit(f"failed: {', '.join(failed)} (above, and under `failed` in "
+                         f"{a.out}.json)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,223 @@
+"""The mirror's librdkafka producer (`Flow.kafka_client: librdkafka`, at-least-once only).
+
+`crossdc.clients.rdkafka.RdProducer` behind the few calls of aiokafka's producer the copy
+loop makes (`send`, `create_batch` / `send_batch`, `partitions_for`, `client.add_topic`,
+`client.force_metadata_update`), so MirrorWorker's routing, offset-sync records, fencing,
+quarantine, dead letters and retries stay one code path:
+
+- a "batch" is the records of one partition produced in order with one `Sent`: its future
+  resolves to `_Md` (the first record's offset and, unlike aiokafka's batch, the offset of
+  every record: librdkafka builds its own batches, the copies need not be consecutive) or
+  raises the first record's error (a partly acked chunk is sent again: counted duplicates,
+  never a loss);
+- records carry the source timestamp (a subclass of RdProducer produces it: the shared
+  module passes none);
+- a record larger than `message.max.bytes` (the flow's `max_request_bytes`) is refused at
+  produce(): `MessageSizeTooLargeError`, as aiokafka's, so quarantine / dead letter /
+  partition stop work unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.errors import KafkaConnectionError, KafkaError
+from crossdc.clients.rdkafka import RdProducer, Sent, _resolve, translate
+
+__all__ = ["MirrorRdProducer", "RdMirrorProducer"]
+
+
+class _Md:
+    """What an ack says: the first record's offset, and every record's."""
+
+    __slots__ = ("offset", "offsets")
+
+    def __init__(self, offsets: list[int]) -> None:
+        self.offsets = offsets
+        self.offset = offsets[0]
+
+
+class _Batch:
+    """Records of one partition gathered for one `send_batch` (never full: librdkafka splits
+    them into its own batches)."""
+
+    __slots__ = ("records",)
+
+    def __init__(self) -> None:
+        self.records: list[tuple[Any, Any, Any, int | None]] = []
+
+    def append(self, *, timestamp: int | None, key: Any, value: Any,
+               headers: Any) -> _Batch:
+        self.records.append((key, value, headers or None, timestamp))
+        return self
+
+
+class _Client:
+    """aiokafka's `producer.client` calls the worker makes: librdkafka follows the topics it
+    produces to by itself; a forced update forgets the partitions known (asked again)."""
+
+    def __init__(self, parts: dict[str, set[int]]) -> None:
+        self._parts = parts
+        self._topics: set[str] = set()  # the topics the worker follows (as aiokafka's)
+
+    async def add_topic(self, topic: str) -> None:
+        self._topics.add(topic)
+
+    async def force_metadata_update(self) -> None:
+        self._parts.clear()
+
+
+class MirrorRdProducer(RdProducer):
+    """RdProducer that produces one partition's records, (key, value, headers,
+    timestamp_ms) each, with their source timestamps."""
+
+    async def send_part(self, topic: str, partition: int,
+                        records: Sequence[Sequence[Any]]) -> Sent:
+        """`send_many_async` for records of one partition (waits while the local queue is
+        full; the caller bounds it)."""
+        producer = self._producer
+        if producer is None:
+            raise KafkaConnectionError("producer not started" if not self.closed
+                                       else "producer closed")
+        assert self._loop is not None
+        sent = Sent(self._loop.create_future(), len(records))
+        start = 0
+        while True:
+            start = self._produce_part(producer, topic, partition, records, sent, start)
+            if start >= len(records):
+                return sent
+            await asyncio.sleep(0.005)
+            producer = self._producer
+            if producer is None:
+                err = KafkaConnectionError("producer closed")
+                for i in range(start, len(records)):
+                    self._refuse(sent, i, err)
+                _resolve([sent])
+                return sent
+
+    def _produce_part(self, producer: Any, topic: str, partition: int,
+                      records: Sequence[Sequence[Any]], sent: Sent, start: int) -> int:
+        """RdProducer._produce with a partition and timestamps."""
+        from confluent_kafka import KafkaException
+
+        fut = sent.future
+        if start == 0:
+            self._inflight.add(fut)
+            fut.add_done_callback(self._inflight.discard)
+        produce = producer.produce
+        outcomes = sent.outcomes
+        done = self._done
+        n = len(records)
+        for i in range(start, n):
+            rec = records[i]
+
+            def report(err: Any, msg: Any, i: int = i) -> None:  # the poll thread
+                outcomes[i] = (msg.partition(), msg.offset()) if err is None else \
+                    translate(err)
+                sent.delivered += 1
+                if sent.delivered + sent.refused == n:
+                    done.append(sent)
+
+            try:
+                produce(topic, rec[1], rec[0], partition, on_delivery=report,
+                        timestamp=rec[3] or 0, headers=rec[2])
+            except BufferError:
+                return i
+            except KafkaException as exc:
+                self._refuse(sent, i, translate(exc.args[0]))
+            except (TypeError, ValueError) as exc:
+                self._refuse(sent, i, KafkaError(f"{exc.__class__.__name__}: {exc}"))
+        if sent.refused and sent.delivered + sent.refused == n:
+            _resolve([sent])  # the last answer was a refusal here: no report will come
+        return n
+
+
+def _acked(sent: Sent, out: asyncio.Future[_Md]) -> None:
+    if out.done():
+        return
+    if sent.future.cancelled():
+        out.cancel()
+        return
+    exc = sent.future.exception()
+    if exc is not None:
+        out.set_exception(exc)
+        return
+    offsets = []
+    for o in sent.outcomes:
+        if isinstance(o, BaseException):
+            out.set_exception(o)
+            return
+        offsets.append(o[1])
+    out.set_result(_Md(offsets))
+
+
+class RdMirrorProducer:
+    """The copy loop's producer on librdkafka, with aiokafka's producer's calls."""
+
+    def __init__(self, conn: KafkaConnection, *, client_id: str, linger_ms: int = 5,
+                 max_request_bytes: int = 1024 * 1024) -> None:
+        self._p = MirrorRdProducer(conn, client_id=client_id, linger_ms=linger_ms,
+                                   batch_bytes=min(512 * 1024, max_request_bytes),
+                                   max_request_bytes=max(1000, max_request_bytes))
+        # partitions per topic, known from the cluster: the worker asks for every partition
+        # of every batch (`_target_has`); asked again after `client.force_metadata_update()`
+        self._parts: dict[str, set[int]] = {}
+        self.client = _Client(self._parts)
+
+    @property
+    def fatal(self) -> bool:
+        """librdkafka's idempotent producer hit a fatal error: make a new one."""
+        return self._p.fatal
+
+    @property
+    def closed(self) -> bool:
+        return self._p.closed
+
+    async def start(self) -> None:
+        await self._p.start()
+
+    async def stop(self, timeout_s: float | None = None) -> None:
+        await self._p.stop(timeout_s)
+
+    async def drop(self) -> None:
+        await self._p.drop()
+
+    def create_batch(self) -> _Batch:
+        return _Batch()
+
+    async def _send(self, topic: str, partition: int,
+                    records: list[Any]) -> asyncio.Future[_Md]:
+        sent = await self._p.send_part(topic, partition, records)
+        out: asyncio.Future[_Md] = asyncio.get_running_loop().create_future()
+        if sent.future.done():
+            _acked(sent, out)
+        else:
+            sent.future.add_done_callback(lambda _f: _acked(sent, out))
+        return out
+
+    async def send_batch(self, builder: _Batch, topic: str, *,
+                         partition: int) -> asyncio.Future[_Md]:
+        return await self._send(topic, partition, builder.records)
+
+    async def send(self, topic: str, value: Any = None, key: Any = None,
+                   partition: int | None = None, timestamp_ms: int | None = None,
+                   headers: Any = None) -> asyncio.Future[_Md]:
+        return await self._send(topic, -1 if partition is None else partition,
+                                [(key, value, headers or None, timestamp_ms)])
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        """The partitions of `topic` the target had when last asked (aiokafka's answer
+        comes from its metadata cache too)."""
+        known = self._parts.get(topic)
+        if known is not None:
+            return known
+        n = await self._p.partition_count(topic, 10.0)
+        if n is False:
+            raise KafkaError(f"the target did not answer for the partitions of {topic}")
+        parts = set(range(n or 0))
+        if parts:
+            self._parts[topic] = parts
+        return parts
