@@ -10,8 +10,7 @@ quarantine, dead letters and retries stay one code path:
   every record: librdkafka builds its own batches, the copies need not be consecutive) or
   raises the first record's error (a partly acked chunk is sent again: counted duplicates,
   never a loss);
-- records carry the source timestamp (a subclass of RdProducer produces it: the shared
-  module passes none);
+- records carry the source timestamp (`send_many_async`'s `timestamps`);
 - a record larger than `message.max.bytes` (the flow's `max_request_bytes`) is refused at
   produce(): `MessageSizeTooLargeError`, as aiokafka's, so quarantine / dead letter /
   partition stop work unchanged.
@@ -20,14 +19,13 @@ quarantine, dead letters and retries stay one code path:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 from crossdc.clients.connection import KafkaConnection
-from crossdc.clients.errors import KafkaConnectionError, KafkaError
-from crossdc.clients.rdkafka import RdProducer, Sent, _resolve, translate
+from crossdc.clients.errors import KafkaError
+from crossdc.clients.rdkafka import RdProducer, Sent
 
-__all__ = ["MirrorRdProducer", "RdMirrorProducer"]
+__all__ = ["RdMirrorProducer"]
 
 
 class _Md:
@@ -70,71 +68,6 @@ class _Client:
         self._parts.clear()
 
 
-class MirrorRdProducer(RdProducer):
-    """RdProducer that produces one partition's records, (key, value, headers,
-    timestamp_ms) each, with their source timestamps."""
-
-    async def send_part(self, topic: str, partition: int,
-                        records: Sequence[Sequence[Any]]) -> Sent:
-        """`send_many_async` for records of one partition (waits while the local queue is
-        full; the caller bounds it)."""
-        producer = self._producer
-        if producer is None:
-            raise KafkaConnectionError("producer not started" if not self.closed
-                                       else "producer closed")
-        assert self._loop is not None
-        sent = Sent(self._loop.create_future(), len(records))
-        start = 0
-        while True:
-            start = self._produce_part(producer, topic, partition, records, sent, start)
-            if start >= len(records):
-                return sent
-            await asyncio.sleep(0.005)
-            producer = self._producer
-            if producer is None:
-                err = KafkaConnectionError("producer closed")
-                for i in range(start, len(records)):
-                    self._refuse(sent, i, err)
-                _resolve([sent])
-                return sent
-
-    def _produce_part(self, producer: Any, topic: str, partition: int,
-                      records: Sequence[Sequence[Any]], sent: Sent, start: int) -> int:
-        """RdProducer._produce with a partition and timestamps."""
-        from confluent_kafka import KafkaException
-
-        fut = sent.future
-        if start == 0:
-            self._inflight.add(fut)
-            fut.add_done_callback(self._inflight.discard)
-        produce = producer.produce
-        outcomes = sent.outcomes
-        done = self._done
-        n = len(records)
-        for i in range(start, n):
-            rec = records[i]
-
-            def report(err: Any, msg: Any, i: int = i) -> None:  # the poll thread
-                outcomes[i] = (msg.partition(), msg.offset()) if err is None else \
-                    translate(err)
-                sent.delivered += 1
-                if sent.delivered + sent.refused == n:
-                    done.append(sent)
-
-            try:
-                produce(topic, rec[1], rec[0], partition, on_delivery=report,
-                        timestamp=rec[3] or 0, headers=rec[2])
-            except BufferError:
-                return i
-            except KafkaException as exc:
-                self._refuse(sent, i, translate(exc.args[0]))
-            except (TypeError, ValueError) as exc:
-                self._refuse(sent, i, KafkaError(f"{exc.__class__.__name__}: {exc}"))
-        if sent.refused and sent.delivered + sent.refused == n:
-            _resolve([sent])  # the last answer was a refusal here: no report will come
-        return n
-
-
 def _acked(sent: Sent, out: asyncio.Future[_Md]) -> None:
     if out.done():
         return
@@ -159,9 +92,9 @@ class RdMirrorProducer:
 
     def __init__(self, conn: KafkaConnection, *, client_id: str, linger_ms: int = 5,
                  max_request_bytes: int = 1024 * 1024) -> None:
-        self._p = MirrorRdProducer(conn, client_id=client_id, linger_ms=linger_ms,
-                                   batch_bytes=min(512 * 1024, max_request_bytes),
-                                   max_request_bytes=max(1000, max_request_bytes))
+        self._p = RdProducer(conn, client_id=client_id, linger_ms=linger_ms,
+                             batch_bytes=min(512 * 1024, max_request_bytes),
+                             max_request_bytes=max(1000, max_request_bytes))
         # partitions per topic, known from the cluster: the worker asks for every partition
         # of every batch (`_target_has`); asked again after `client.force_metadata_update()`
         self._parts: dict[str, set[int]] = {}
@@ -190,7 +123,10 @@ class RdMirrorProducer:
 
     async def _send(self, topic: str, partition: int,
                     records: list[Any]) -> asyncio.Future[_Md]:
-        sent = await self._p.send_part(topic, partition, records)
+        # (key, value, headers, timestamp) each: one partition, the source timestamps
+        sent = await self._p.send_many_async(
+            topic, [(r[0], r[1], r[2], partition) for r in records],
+            timestamps=[r[3] for r in records])
         out: asyncio.Future[_Md] = asyncio.get_running_loop().create_future()
         if sent.future.done():
             _acked(sent, out)

@@ -307,9 +307,11 @@ class RdProducer(Lifecycle):
         self._produce(producer, topic, records, sent, 0)
         return sent
 
-    async def send_many_async(self, topic: str, records: Sequence[Sequence[Any]]) -> Sent:
+    async def send_many_async(self, topic: str, records: Sequence[Sequence[Any]],
+                              timestamps: Sequence[int | None] | None = None) -> Sent:
         """`send_many`, waiting (briefly, as often as needed) while librdkafka's queue is
-        full: the caller bounds it with its own timeout."""
+        full: the caller bounds it with its own timeout. `timestamps`: each record's
+        CreateTime in ms (None: now), e.g. the mirror's source timestamps."""
         producer = self._producer
         if producer is None:
             raise KafkaConnectionError("producer not started" if not self.closed
@@ -318,7 +320,7 @@ class RdProducer(Lifecycle):
         sent = Sent(self._loop.create_future(), len(records))
         start = 0
         while True:
-            start = self._produce(producer, topic, records, sent, start)
+            start = self._produce(producer, topic, records, sent, start, timestamps)
             if start >= len(records):
                 return sent
             await asyncio.sleep(0.005)
@@ -331,7 +333,8 @@ class RdProducer(Lifecycle):
                 return sent
 
     def _produce(self, producer: Any, topic: str, records: Sequence[Sequence[Any]],
-                 sent: Sent, start: int) -> int:
+                 sent: Sent, start: int,
+                 timestamps: Sequence[int | None] | None = None) -> int:
         """Produce records[start:]; returns where it stopped (len(records): all produced;
         less: the local queue is full from there)."""
         from confluent_kafka import KafkaException
@@ -355,7 +358,11 @@ class RdProducer(Lifecycle):
                     done.append(sent)
 
             try:
-                if rec[3] is None:
+                if timestamps is not None:
+                    produce(topic, rec[1], rec[0], -1 if rec[3] is None else rec[3],
+                            on_delivery=report, timestamp=timestamps[i] or 0,
+                            headers=rec[2])
+                elif rec[3] is None:
                     produce(topic, rec[1], rec[0], headers=rec[2], on_delivery=report)
                 else:
                     produce(topic, rec[1], rec[0], rec[3], headers=rec[2],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from pydantic import ValidationError
@@ -116,7 +116,7 @@ def run(
         "again after a pause doubling from 1 s to 10 s; the command runs until SIGTERM. "
         "Without it, the first error ends the command (exit 1) for an outside supervisor."
     )] = False,
-    kafka_client: Annotated[str | None, typer.Option(
+    kafka_client: Annotated[Literal["aiokafka", "librdkafka"] | None, typer.Option(
         "--kafka-client", envvar="CROSSDC_MIRROR_KAFKA_CLIENT",
         help="The copy loop's producer, for every flow run here: aiokafka or librdkafka "
         "(at-least-once flows; exactly-once ones stay on aiokafka) [default: each flow's "
@@ -124,9 +124,6 @@ def run(
 ) -> None:
     """Replicate topics source → target (or the topology's flows) until stopped."""
     topo, _ = topology_for(topology, paths_for(None))
-    if kafka_client not in (None, "", "aiokafka", "librdkafka"):
-        raise typer.BadParameter(f"aiokafka or librdkafka, not {kafka_client!r}",
-                                 param_hint="--kafka-client")
     flows = _flows(topo, source, target, topics, group, exactly_once, forward,
                    discovery_interval, dead_letter, worker_id, flow)
     if kafka_client:
