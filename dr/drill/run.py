@@ -38,7 +38,7 @@ from dr.drill.count import Held, Judgement, judge, read_epochs, split_brain, wai
 from dr.drill.errors import DrillError
 from dr.drill.faults import SCENARIOS, Fault, HookFault, local_fault
 from dr.drill.history import History, PrimaryWatch, judge_run
-from dr.drill.readers import Readers
+from dr.drill.readers import ReaderFigures, Readers
 from dr.drill.report import (
     DrillReport,
     Thresholds,
@@ -360,9 +360,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                 reader_figures = readers.figures(
                     expected, since_ms=tl.fault_ms,
                     until_ms=failback_at or traffic.stopped_ms, acked_ms=acked_ms)
-                problems += [f"consumer gap: {f.gap} {f.mode} records acknowledged and held "
-                             f"everywhere never reached {f.region}'s reader"
-                             for f in reader_figures if f.gap]
+                problems += [_gap_line(f) for f in reader_figures if f.gap]
         with tl.step("judge"):
             judgement = judge(acks, held, [r.name for r in topology.regions])
             await watch.stop()
@@ -700,3 +698,12 @@ def _report(plan: DrillPlan, run_id: str, tl: Timeline, traffic: Traffic, acks: 
 
 def load_config(path: Path | None) -> DrillConfig:
     return load_model(DrillConfig, path) if path is not None else DrillConfig()
+
+
+def _gap_line(f: ReaderFigures) -> str:
+    """A reader's gap as a breach, with what tells a stalled stream from a few lost records:
+    what it did receive, its reconnects and error, the first ids missing."""
+    return (f"consumer gap: {f.gap} {f.mode} records acknowledged and held everywhere never "
+            f"reached {f.region}'s reader (it received {f.distinct} distinct, "
+            f"{f.reconnects} reconnects{'; error: ' + f.error if f.error else ''}; "
+            f"first missing: {', '.join(f.gap_examples[:3])})")

@@ -132,10 +132,13 @@ async def test_primary_outage_fails_over_and_back_without_losing_a_sync_record(
         assert f.error is None, f
         assert f.distinct > 0, f
         assert f.reconnects == 0, f"{f.region}'s stream stayed open"
+    # a reader's pause is the writers' RTO plus its own move: the proxy's commit to the
+    # region that is down runs to its bound, then the group joins in the new primary
+    # (measured 2.5 s over the RTO on a loaded box; the failback comes a minute later)
     ordered = [f for f in report.readers if f.mode == "ordered"]
     for f in ordered:
         assert f.longest_pause_s is not None
-        assert f.longest_pause_s <= report.rto_s + 2.0, f
+        assert f.longest_pause_s <= report.rto_s + 4.0, f
     names = [s.name for s in report.steps]
     assert "promote" in names
     assert "failback:promote" in names
@@ -143,11 +146,6 @@ async def test_primary_outage_fails_over_and_back_without_losing_a_sync_record(
     _check_counts(report, await _independent(dep, report))
 
 
-@pytest.mark.xfail(strict=False, reason="known open defect (2026-11-27, ci20): after the "
-                   "seeded loss (west's ledger deleted) the reconciliation also named 18 of the "
-                   "run's last sync writes as missing with outcome 'unjournaled' (no journal "
-                   "entry for writes in flight when the traffic stopped) that the drill, which "
-                   "holds only the ack log, does not count; passed in ci21")
 async def test_the_drill_and_the_reconciliation_agree_then_both_fail_a_seeded_loss(
         dep: Deployment, outage: tuple[str, DrillReport], tmp_path: Path, jars: Path,
         spark_cleanup: None) -> None:
@@ -203,8 +201,11 @@ async def test_the_drill_and_the_reconciliation_agree_then_both_fail_a_seeded_lo
     agreement = await agreement_of(dep.topology, report, lossy)
     seeded = {(i, "west") for i in acked_sync}
     assert agreement.drill == seeded, "the read-back finds every acknowledged copy gone"
-    if agreement.reconcile != seeded:  # the known open defect: its evidence in the summary
-        pytest.xfail(agreement.summary() + await _explain(
+    # (ci20-ci25: the reconciliation also named the run's last sync writes, acknowledged by
+    # the proxy after the drill's stop bound had cancelled them; the drill's producers now
+    # keep a bounded backlog, so the stop hears every answer)
+    if agreement.reconcile != seeded:
+        raise AssertionError(agreement.summary() + await _explain(
             dep, agreement.reconcile - seeded, ledger, partitions))
     held = await read_back(dep.topology, report.topics.values())
     judged = judge(acks, held, [r.name for r in dep.topology.regions])
