@@ -217,8 +217,15 @@ class RegionProber:
         await self._drop_clients()
 
     async def _drop_clients(self) -> None:
-        admin, producer, consumer = self._admin, self._producer, self._consumer
-        self._admin = self._producer = self._consumer = None
+        admin, self._admin = self._admin, None
+        await self._close_clients(admin)
+
+    async def _drop_canary_clients(self) -> None:
+        await self._close_clients(None)
+
+    async def _close_clients(self, admin: KafkaAdmin | None) -> None:
+        producer, consumer = self._producer, self._consumer
+        self._producer = self._consumer = None
         for name, obj, close in (("admin", admin, admin.stop if admin else None),
                                  ("producer", producer, producer.stop if producer else None),
                                  ("consumer", consumer, consumer.stop if consumer else None)):
@@ -242,7 +249,7 @@ class RegionProber:
                             await inner.close()
 
     async def _setup(self) -> None:
-        """Make the clients that are missing (bounded by SETUP_TIMEOUT_S)."""
+        """Make the admin client if it is missing (bounded by SETUP_TIMEOUT_S)."""
         if self._closed:
             raise ClientError("prober stopped")
         async with asyncio.timeout(self.SETUP_TIMEOUT_S):
@@ -254,8 +261,15 @@ class RegionProber:
                     request_timeout_ms=int(self.settings.timeout_s * 1000))
                 self._admin = admin  # kept even if start fails: stop() closes it
                 await admin.start()
-            if not self.settings.canary:
-                return
+
+    async def _setup_canary(self) -> None:
+        """Make the canary's topic and clients if they are missing (bounded by
+        SETUP_TIMEOUT_S). Called once metadata answered: what fails here is the canary's,
+        under its grace (a cluster just started, on a loaded machine, timed out creating the
+        canary topic three rounds in a row, and the region it had just seen answer was called
+        down and failed over: chaos suite, CI)."""
+        assert self._admin is not None
+        async with asyncio.timeout(self.SETUP_TIMEOUT_S):
             if self._producer is None:
                 topics = await _any_broker(self._admin.list_topics)
                 if self.settings.canary_topic not in topics:
@@ -315,7 +329,7 @@ class RegionProber:
         else:
             checks["kafka"] = await self._kafka()
             if self.settings.canary:
-                checks["canary"] = (await self._canary() if checks["kafka"].ok else
+                checks["canary"] = (await self._canary_round() if checks["kafka"].ok else
                                     CheckResult(ok=False, detail="kafka unreachable"))
         if self.settings.proxy:
             checks["proxy"] = await self._proxy()
@@ -344,6 +358,17 @@ class RegionProber:
     async def _ask_any_broker(admin: KafkaAdmin) -> dict[str, Any]:
         """Cluster metadata from any broker that answers (see `_any_broker`)."""
         return await _any_broker(admin.describe_cluster)
+
+    async def _canary_round(self) -> CheckResult:
+        """The canary, its clients made first where they are missing."""
+        t0 = time.monotonic()
+        try:
+            await self._setup_canary()
+        except (TimeoutError, ClientError, KafkaError, OSError) as exc:
+            await self._drop_canary_clients()
+            return CheckResult(ok=False, latency_ms=_ms(t0),
+                               detail=f"canary setup: {exc.__class__.__name__} {exc}".strip())
+        return await self._canary()
 
     async def _canary(self) -> CheckResult:
         """Produce a record and read it back: the region takes and serves data."""

@@ -585,6 +585,49 @@ async def test_the_clients_renewed_after_failed_rounds_list_topics_from_any_brok
     assert asked == 3
 
 
+async def test_a_canary_topic_not_made_in_time_is_the_canarys_failure_under_its_grace() -> None:
+    # CI, chaos suite: the leader's first three probes of a primary just started, on a loaded
+    # machine, timed out creating the canary topic. That was counted as Kafka failing (the
+    # metadata answered), three hard failures downed the region, and a healthy primary
+    # was failed over before the drill began.
+    from crossdc.errors import ClientError
+    from dr.controller.config import HealthSettings
+    from dr.controller.health import Hysteresis, RegionProber
+
+    class Admin:
+        created = 0
+
+        async def describe_cluster(self) -> dict[str, object]:
+            return {"brokers": [{"node_id": 1, "host": "127.0.0.1", "port": 1}],
+                    "controller_id": 1}
+
+        async def list_topics(self) -> list[str]:
+            return []
+
+        async def create_topics(self, specs: object, unchecked: bool = False) -> None:
+            self.created += 1
+            raise ClientError("create topics ['_crossdc.canary'] failed: RequestTimedOutError")
+
+        async def stop(self) -> None:
+            return None
+
+    prober = RegionProber(_topology().region("east"), HealthSettings(proxy=False), "c1")
+    admin = Admin()
+    prober._admin = admin  # type: ignore[assignment]
+    judge = Hysteresis("east", failures_to_down=3, successes_to_up=3, canary_grace_ms=15_000)
+    for _ in range(3):
+        rnd = await prober.probe()
+        assert rnd.checks["kafka"].ok, rnd.checks
+        assert not rnd.checks["canary"].ok
+        assert "canary setup" in rnd.checks["canary"].detail
+        assert rnd.canary_only
+        judge.observe(rnd)
+    assert admin.created == 3, "each round tries to make the canary again"
+    assert prober._admin is admin, "the admin client that answered is kept"
+    assert judge.status != "down", "a region that answers metadata is not down before the grace"
+    await prober.stop()
+
+
 # -- issue 21: the failover path's defects, each with the test that fails on the old code ---
 def _engine(topo: Topology, **kw: object) -> tuple[object, list[FailoverRecord]]:
     from dr.controller.config import FailoverSettings
