@@ -262,10 +262,6 @@ async def _max_message_bytes(topo: Topology, regions: list[str], value: str | No
             await eventually(applied, 15, f"max.message.bytes {want} in {region}")
 
 
-@pytest.mark.xfail(strict=False, reason="known open defect (2026-11-26): in about one full "
-                   "`make test` run in two, the hint the retry stored is never replayed into "
-                   "north once it is back (passes alone); the ack and no-second-copy parts "
-                   "hold in every run")
 async def test_no_ack_when_the_hint_cannot_be_stored(  # type: ignore[no-untyped-def]
         two_regions, north, topo: Topology, proxy) -> None:
     """east and west refuse the hint (its topic takes no record that large): the record is
