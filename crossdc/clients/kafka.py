@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar
 
@@ -277,6 +278,25 @@ class KafkaAdmin(Lifecycle):
             _raise_codes("create topic", rows)
 
         await self._call(f"create topics {[t.name for t in topics]}", create)
+
+    async def wait_for_topics(self, counts: Mapping[str, int], timeout_s: float) -> None:
+        """Wait until the cluster describes each topic of `counts` with its partition count.
+        KRaft acknowledges a creation once the controller commits it; a broker answers
+        metadata from its own image, which a busy broker (one creating the 50 partitions of
+        `__consumer_offsets`) publishes seconds later: a client that asks it in between is
+        told the topic does not exist. Raises `ClientError` naming what is missing."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            got = await self.partition_counts(sorted(counts))
+            off = {t: got.get(t) for t in sorted(counts) if got.get(t) != counts[t]}
+            if not off:
+                return
+            if time.monotonic() >= deadline:
+                raise ClientError(
+                    f"Kafka at {self.bootstrap}: topics not described with their partition "
+                    f"counts within {timeout_s:g} s (topic: partitions described, None = not "
+                    f"yet): {off}")
+            await asyncio.sleep(0.2)  # polls the brokers' metadata
 
     async def ensure_topic(self, name: str, partitions: int,
                            configs: dict[str, str] | None = None) -> None:

@@ -101,6 +101,9 @@ ADMIN_RETRY = RetrySettings(attempts=8, total_s=120.0, call_timeout_s=20.0,
 """A drill's admin calls (topic creation, the read-back's partition counts) are few: they
 wait out a loaded cluster (a machine running six brokers on two cores answers in seconds,
 not milliseconds) instead of failing the drill."""
+TOPICS_VISIBLE_S = 60.0
+"""How long a drill waits for the topics it created to be described by each region's
+brokers (seconds)."""
 
 
 def drill_topics(run_id: str) -> dict[str, str]:
@@ -130,10 +133,12 @@ async def create_topics(topology: Topology, topics: Iterable[str], partitions: i
             await admin.create_topics([TopicSpec(n, partitions, configs=dict(configs))
                                        for n in names], exist_ok=True)
             counts = await admin.partition_counts(names)
-        wrong = {n: c for n, c in counts.items() if c != partitions}
-        if wrong:
-            raise DrError(f"{region.name}: topics exist with other partition counts than "
-                          f"{partitions}: {wrong}")
+            wrong = {n: c for n, c in counts.items() if c != partitions}
+            if wrong:
+                raise DrError(f"{region.name}: topics exist with other partition counts "
+                              f"than {partitions}: {wrong}")
+            # the proxies and readers ask the brokers next: wait until the brokers say so
+            await admin.wait_for_topics(dict.fromkeys(names, partitions), TOPICS_VISIBLE_S)
 
 
 @dataclass(frozen=True)

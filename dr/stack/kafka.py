@@ -107,6 +107,13 @@ class KafkaNode:
             "share.coordinator.state.topic.replication.factor": rf,
             "share.coordinator.state.topic.min.isr": isr,
             "group.initial.rebalance.delay.ms": "0",
+            # The internal topics' default 50 partitions are made when the first group or
+            # transaction asks: seconds of a small broker's time, during which its metadata
+            # (topics created meanwhile included) is not published. A cluster of three
+            # brokers at most spreads its coordinators over 6 as well.
+            "offsets.topic.num.partitions": "6",
+            "transaction.state.log.num.partitions": "6",
+            "share.coordinator.state.topic.num.partitions": "6",
             # Topics are created on purpose (same partition count in every region), never by
             # a stray produce or fetch.
             "auto.create.topics.enable": "false",

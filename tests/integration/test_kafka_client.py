@@ -28,6 +28,10 @@ async def test_topics_create_describe_grow_and_configs(admin: KafkaAdmin) -> Non
     topic = unique("admin")
     await admin.create_topics([TopicSpec(topic, 2, configs={"retention.ms": "3600000"})])
     assert await admin.partition_counts([topic, unique("missing")]) == {topic: 2}
+    await admin.wait_for_topics({topic: 2}, timeout_s=30)
+    missing = unique("missing")
+    with pytest.raises(ClientError, match=rf"within 0.5 s .*'{topic}': 2, '{missing}': None"):
+        await admin.wait_for_topics({topic: 3, missing: 1}, timeout_s=0.5)
     assert topic in await admin.list_topics()
     await admin.create_topics([TopicSpec(topic, 2)], exist_ok=True)
     with pytest.raises(ClientRefused, match="TopicAlreadyExists"):
