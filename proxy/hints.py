@@ -417,6 +417,10 @@ class HintReplayer(Lifecycle):
         self._backoff: dict[TopicPartition, int] = {}  # tp -> stalls in a row; reset by progress
         self._ahead: dict[TopicPartition, set[int]] = {}  # replayed past the commit point
         self._committed: dict[TopicPartition, int] = {}
+        # a commit that failed, to be made again: (offset, when). The hints before it are
+        # written and the position is past them; nothing else would commit them (a topic no
+        # hint is added to is never fetched again) until a restart wrote them once more
+        self._uncommitted: dict[TopicPartition, tuple[int, float]] = {}
         self._measured_at = 0.0
         self._stopping = asyncio.Event()  # the pauses between retries end at stop()
         self.pending: dict[str, int] = {t: 0 for t in self.targets}
@@ -568,6 +572,7 @@ class HintReplayer(Lifecycle):
         s = self.settings
         while True:
             self._release(consumer)
+            await self._commit_again(consumer)
             data = await consumer.getmany(timeout_ms=500, max_records=s.replay_batch)
             for tp, msgs in data.items():
                 if tp in self._held or not msgs:
@@ -855,16 +860,27 @@ class HintReplayer(Lifecycle):
                        dr_ids=[it.hint.dr_id for it in items if it.hint is not None][:10],
                        parked_topic=PARKED_TOPIC)
 
+    async def _commit_again(self, consumer: AIOKafkaConsumer) -> None:
+        """Make again the failed commits whose pause passed (a later commit of the same
+        partition replaces one)."""
+        now = time.monotonic()
+        for tp, (offset, at) in list(self._uncommitted.items()):
+            if now >= at and tp in consumer.assignment():
+                await self._commit(consumer, tp, offset)
+
     async def _commit(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
         try:
             async with asyncio.timeout(self.settings.replay_write_s):
                 await consumer.commit({tp: offset})
-        except (KafkaError, TimeoutError) as exc:  # rebalanced away, coordinator moved:
-            # the hints from the last commit on are read (and written) again
+        except (KafkaError, TimeoutError) as exc:  # rebalanced away, coordinator moved or
+            # down: made again after `retry_s` while the partition stays here (a new owner
+            # reads, and writes again, from the last commit)
             self.metrics.hint_errors.labels("commit").inc()
             self.log.warning("hints_commit_failed", target=self.topics.get(tp.topic),
                              offset=offset, error=repr(exc))
+            self._uncommitted[tp] = (offset, time.monotonic() + self.settings.retry_s)
             return
+        self._uncommitted.pop(tp, None)
         self._committed[tp] = offset
         self._backoff.pop(tp, None)  # progress: the next stall starts from backoff_s again
 
@@ -881,6 +897,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
             self.r._backoff.pop(tp, None)
             self.r._ahead.pop(tp, None)
             self.r._committed.pop(tp, None)
+            self.r._uncommitted.pop(tp, None)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         self.r._measured_at = 0.0  # measure the pending hints at once

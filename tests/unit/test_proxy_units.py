@@ -837,3 +837,51 @@ def test_a_proxy_bound_to_every_address_registers_its_topology_address() -> None
     assert _advertised("10.213.5.2", "127.0.0.1") is None
     one = ProxyConfig(region="east", host="10.213.5.2", port=15700)
     assert one.registered_host == "10.213.5.2"
+
+
+async def test_a_hint_commit_that_failed_is_made_again() -> None:
+    """CI, 2026-11-27: east's replayer wrote 18 hints into west while east, which holds the
+    hints topic and its group, was going down; the commit timed out and was never made again
+    (no new hint for west, so the partition was not fetched again). The pending gauge said 18
+    for good, and a restart would have written them twice. Now the commit is made again."""
+    from aiokafka import TopicPartition
+    from aiokafka.errors import RequestTimedOutError
+    from prometheus_client import CollectorRegistry
+
+    from proxy.config import HintSettings
+    from proxy.hints import HintReplayer
+
+    tp = TopicPartition("_crossdc.proxy.hints.west", 0)
+
+    class Consumer:
+        def __init__(self) -> None:
+            self.failing = 2
+            self.commits: list[dict[TopicPartition, int]] = []
+
+        def assignment(self) -> set[TopicPartition]:
+            return {tp}
+
+        async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+            if self.failing:
+                self.failing -= 1
+                raise RequestTimedOutError()
+            self.commits.append(offsets)
+
+    r = HintReplayer("east", TOPO, {}, IdempotencyWindow(60.0, 100),
+                     ProxyMetrics(CollectorRegistry()), HintSettings(retry_s=0.05),
+                     client_id="t")
+    c = Consumer()
+    await r._commit(c, tp, 50)
+    assert c.commits == []
+    assert tp not in r._committed
+    await r._commit_again(c)  # not yet: its pause runs
+    assert c.failing == 1
+    deadline = time.monotonic() + 5
+    while not c.commits and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)  # the pause between attempts
+        await r._commit_again(c)
+    assert c.commits == [{tp: 50}]
+    assert r._committed[tp] == 50
+    assert not r._uncommitted
+    await r._commit_again(c)  # done: not made a third time
+    assert c.commits == [{tp: 50}]
