@@ -8,8 +8,9 @@ interrupted.
 
 from __future__ import annotations
 
+import functools
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from pydantic import ValidationError
@@ -18,7 +19,7 @@ from rich.markup import escape
 
 from crossdc.errors import ConfigError, ConfigIssue, CrossdcError
 
-__all__ = ["COMMAND_LINE", "Exit", "fail", "fail_line", "run_app"]
+__all__ = ["COMMAND_LINE", "Exit", "click_command", "fail", "fail_line", "run_app"]
 
 COMMAND_LINE = "command line"
 """The `file` of a ConfigIssue about an option rather than a file."""
@@ -62,10 +63,18 @@ def _validation_line(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+@functools.cache
+def click_command(app: typer.Typer) -> Any:
+    """The click command of `app`, built once per process. Typer builds it at every call of
+    the app, reading the type hints of every command (~0.15 s of a `dr` call); a process
+    that imported the CLI and forks (the CLI walk's driver) builds it once, before."""
+    return typer.main.get_command(app)
+
+
 def run_app(app: typer.Typer) -> None:
     """Run `app` (typer, not standalone) and map what it raises to one paragraph + exit."""
     try:
-        code = app(standalone_mode=False)
+        code = click_command(app)(standalone_mode=False)
         if isinstance(code, int) and code:  # click returns Exit codes without standalone
             sys.exit(code)
     except Exit as exc:

@@ -277,6 +277,8 @@ def _run_forked(variants: list[dict[str, object]], deadline_s: float,
     import dr.reconcile.__main__
     with __import__("contextlib").suppress(ImportError):  # what serve imports, loaded once
         import proxy.serve  # noqa: F401
+    from dr.exits import click_command
+    click_command(dr.cli.app)  # built once here, not in each child (dr.exits)
     entries = {"dr.cli": dr.cli.main, "dr.reconcile": dr.reconcile.__main__.main}
     work = Path(tempfile.mkdtemp(prefix="cli-walk-"))
     running: dict[int, tuple[int, float]] = {}
