@@ -212,7 +212,8 @@ def test_write_report_writes_json_markdown_and_a_timeline(tmp_path: Path) -> Non
     assert "| RPO: acknowledged records lost | 1 | ≤ 0 |" in md
     assert "| RTO (fault → ordered writes acknowledged again) | 7.00 s | ≤ 10 s |" in md
     assert "- rpo_records 1 > max_rpo_records 0" in md
-    assert "![timeline: acknowledged writes per second per region](timeline.png)" in md
+    assert ("![timeline: acknowledged writes per second by the region written first]"
+            "(timeline.png)") in md
     assert "| fence | controller | done |" in md
     assert "| ordered | " in md
     assert "Lost ordered records (examples): `ordered-90300`" in md
