@@ -224,6 +224,7 @@ async def _has_members(bootstrap: str, group: str) -> bool:
         await admin.close()
 
 
+@pytest.mark.slow  # 15-20 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_exactly_once_survives_kill_9(two_regions, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     topic = unique("mm-eos")

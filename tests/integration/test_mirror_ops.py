@@ -16,6 +16,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from kafka_helpers import (
@@ -108,6 +109,7 @@ async def test_scale_out_exactly_once_through_rebalances(two_regions) -> None:  
     assert not w2.errors
 
 
+@pytest.mark.slow  # 15-20 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_at_least_once_kill_9_bounded_counted_duplicates(two_regions,  # type: ignore[no-untyped-def]
                                                               tmp_path: Path) -> None:
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")

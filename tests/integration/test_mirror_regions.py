@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 
+import pytest
 from kafka_helpers import (
     create_topic,
     eventually,
@@ -61,6 +62,7 @@ async def test_three_region_mesh_one_copy_per_region(two_regions, north) -> None
             await w.stop()
 
 
+@pytest.mark.slow  # 15-20 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_target_down_then_back_loses_nothing(two_regions, north) -> None:  # type: ignore[no-untyped-def]
     stack, ntopo = north
     north_boot = ntopo.region("north").kafka.bootstrap

@@ -141,6 +141,7 @@ async def test_mirror_outage_kills_every_mirror_then_restarts_them(dep: Deployme
     assert rec.value == b"click"
 
 
+@pytest.mark.slow  # 15-20 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_primary_outage_kills_the_brokers_then_heals(dep: Deployment) -> None:
     fault = local_fault("primary-outage", dep.stack, dep.services, "east")
     east = dep.topology.region("east")

@@ -80,6 +80,7 @@ async def test_server_dying_at_start_is_reported_with_its_log(tmp_path: Path) ->
     assert not [p for p in (paths.state / "solo").glob("*/pid")]
 
 
+@pytest.mark.slow  # 15-20 s: in `make test-more` (CI), keeping `make test` under 10 min
 def test_dr_up_runs_the_witness_and_dr_down_stops_it(tmp_path: Path) -> None:
     """`dr up` starts the witness's Consul agent beside the region's (its own datacenter,
     WAN-joined), records it, `dr status` lists it, and `dr down` stops it."""
