@@ -213,6 +213,7 @@ async def test_internal_topics_are_never_mirrored(two_regions) -> None:  # type:
     assert not await _exists(west, kafkas)
 
 
+@pytest.mark.slow  # 10-20 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_dr_status_shows_flow_lag_and_latency(two_regions, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     topic = unique("mm-status")

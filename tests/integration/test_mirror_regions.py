@@ -99,6 +99,7 @@ async def test_target_down_then_back_loses_nothing(two_regions, north) -> None: 
     assert duplicates <= redelivered, "duplicates not counted in crossdc_mirror_redelivered"
 
 
+@pytest.mark.slow  # 10-20 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_source_down_then_back_the_worker_waits(two_regions, north) -> None:  # type: ignore[no-untyped-def]
     stack, ntopo = north
     north_boot = ntopo.region("north").kafka.bootstrap

@@ -259,6 +259,7 @@ def test_incremental_run_judges_only_new_records(two_regions, jars: Path,  # typ
     assert json.loads(state.read_text())["offsets"]["east"] == {topic: {"0": 6}}
 
 
+@pytest.mark.slow  # 10-20 s: in `make test-more` (CI), keeping `make test` under 10 min
 def test_empty_window_is_an_explicit_report(two_regions, seeded: Seeded,  # type: ignore[no-untyped-def]
                                             jars: Path, spark_cleanup: None) -> None:
     """A window before every record: nothing judged, everything counted as not yet due."""
