@@ -143,9 +143,11 @@ async def test_mirror_outage_kills_every_mirror_then_restarts_them(dep: Deployme
 
 @pytest.mark.slow  # 15-20 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_primary_outage_kills_the_brokers_then_heals(dep: Deployment) -> None:
+    await dep.services.up(timeout_s=120)  # alone in `make test-more`: nothing started it
     fault = local_fault("primary-outage", dep.stack, dep.services, "east")
     east = dep.topology.region("east")
     proxy_pid = _pids(dep.services)["proxy-east"]
+    assert proxy_pid is not None
     await fault.inject()
     assert not (await probe_kafka(east, 1, timeout_s=2.0)).healthy
     assert _pids(dep.services)["proxy-east"] == proxy_pid, "the proxy stays up"
