@@ -314,7 +314,8 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                 progress("waiting for writes of every mode from every region again")
                 try:
                     await _flowing(traffic, tl.healed_ms, traffic.topics,
-                                   time.monotonic() + config.recovery_timeout_s)
+                                   time.monotonic() + config.recovery_timeout_s,
+                                   home=plan.scenario == "proxy-outage")
                 except DrillError as exc:
                     problems.append(str(exc) + " after the heal")
             if failover is not None and failover.state == "done" and config.failback:
@@ -478,16 +479,23 @@ async def _recover(plan: DrillPlan, dcs: Datacenters, traffic: Traffic, fault_ms
 
 
 async def _flowing(traffic: Traffic, since_ms: int, modes: Iterable[str],
-                   deadline: float) -> None:
-    """Until every producer has an acknowledgement of each of `modes` after `since_ms`."""
+                   deadline: float, *, home: bool = False) -> None:
+    """Until every producer has an acknowledgement of each of `modes` after `since_ms`;
+    `home`: and writes through a proxy of its own region again (after a proxy outage the
+    producers that moved away come back: the drill must not stop their traffic before)."""
     want = {(m, r) for m in modes if m in traffic.topics for r in traffic.proxies}
     while True:
         st = traffic.stats()
         got = {k for k, t in st.last_ack_ms.items() if t > since_ms}
-        if got >= want:
+        away = sorted(r for r, via in st.via.items()
+                      if home and via.split("@", 1)[0] != r)
+        if got >= want and not away:
             return
         _check(deadline, "no acknowledgement for " + ", ".join(
-            f"{m} from {r}" for m, r in sorted(want - got)) + " within the recovery bound")
+            f"{m} from {r}" for m, r in sorted(want - got)) + " within the recovery bound"
+            if not got >= want else
+            "producers still away from their own region's proxy within the recovery "
+            f"bound: {', '.join(f'{r} (via {st.via[r]})' for r in away)}")
         await asyncio.sleep(0.2)  # polls the driver's counters
 
 

@@ -260,3 +260,32 @@ async def test_checkpoint_is_silent_without_a_cancel_request() -> None:
     from crossdc.aio import checkpoint
 
     checkpoint()  # no exception: nobody asked this task to stop
+
+
+async def test_after_a_proxy_outage_the_drill_waits_for_the_producers_to_come_home() -> None:
+    """CI rehearsal, 2026-11-27: the proxy-outage drill stopped its traffic 0.15 s after the
+    heal, before east's producer had probed its own proxy again: one move, not two. With
+    `home`, the wait after the heal lasts until every producer writes through its own region."""
+    import time
+
+    from dr.drill.run import _flowing
+    from dr.drill.traffic import TrafficStats
+
+    class Traffic:
+        def __init__(self) -> None:
+            self.topics = {"ordered": "t"}
+            self.proxies = {"east": "127.0.0.1:1", "west": "127.0.0.1:2"}
+            self.via = {"east": "west", "west": "west"}
+
+        def stats(self) -> TrafficStats:
+            return TrafficStats(acked={}, failed={}, last_error={},
+                                last_ack_ms={("ordered", "east"): 10, ("ordered", "west"): 10},
+                                in_flight=0, moves={"east": 1, "west": 0}, via=dict(self.via))
+
+    t = Traffic()
+    await _flowing(t, 5, ["ordered"], time.monotonic() + 5)  # type: ignore[arg-type]
+    with pytest.raises(DrillError, match=r"still away .*: east \(via west\)"):
+        await _flowing(t, 5, ["ordered"], time.monotonic() + 0.3,  # type: ignore[arg-type]
+                       home=True)
+    t.via["east"] = "east@127.0.0.1:3"  # another proxy of its own region counts as home
+    await _flowing(t, 5, ["ordered"], time.monotonic() + 5, home=True)  # type: ignore[arg-type]
