@@ -491,11 +491,12 @@ async def _flowing(traffic: Traffic, since_ms: int, modes: Iterable[str],
                       if home and via.split("@", 1)[0] != r)
         if got >= want and not away:
             return
-        _check(deadline, "no acknowledgement for " + ", ".join(
-            f"{m} from {r}" for m, r in sorted(want - got)) + " within the recovery bound"
-            if not got >= want else
-            "producers still away from their own region's proxy within the recovery "
-            f"bound: {', '.join(f'{r} (via {st.via[r]})' for r in away)}")
+        if not got >= want:
+            _check(deadline, "no acknowledgement for " + ", ".join(
+                f"{m} from {r}" for m, r in sorted(want - got)) + " within the recovery bound")
+        else:
+            _check(deadline, "producers still away from their own region's proxy within the "
+                   f"recovery bound: {', '.join(f'{r} (via {st.via[r]})' for r in away)}")
         await asyncio.sleep(0.2)  # polls the driver's counters
 
 
