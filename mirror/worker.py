@@ -53,11 +53,14 @@ from crossdc.clients.offsets import (
     MAP_PARTITION,
     POS_PARTITION,
     Position,
+    Run,
     Segment,
     ensure_sync_topic,
+    join_runs,
     load_positions,
     map_records,
     pos_record,
+    runs_of,
     sync_topic_name,
 )
 from crossdc.errors import ClientError
@@ -78,7 +81,7 @@ from mirror.metrics import MirrorMetrics
 from mirror.primary import PrimaryWatch
 from mirror.quarantine import ensure_quarantine_topic
 from mirror.rdproducer import RdMirrorProducer
-from mirror.rules import epoch_rule, plan
+from mirror.rules import epoch_rule, flow_headers, plan, stamp
 from mirror.topics import TopicPlan, sync_topics
 
 __all__ = ["MirrorWorker"]
@@ -101,8 +104,10 @@ class _Attempt:
     quarantined: dict[TopicPartition, list[tuple[int, asyncio.Future[Any]]]] = field(
         default_factory=dict)
     """The records written to the quarantine: (source offset, ack future)."""
-    pairs: dict[TopicPartition, list[tuple[int, int]]] = field(default_factory=dict)
-    """(source offset, target offset) of every record the target holds."""
+    runs: dict[TopicPartition, list[Run]] = field(default_factory=dict)
+    """Where every record the target holds went: runs of (first source offset, first target
+    offset, length), in source order, merged (a producer batch of consecutive source offsets
+    is one run: no tuple per record, bench/results/profile.md)."""
     skipped: dict[TopicPartition, int] = field(default_factory=dict)
     """Records loop prevention kept out."""
     segments: dict[TopicPartition, Segment] = field(default_factory=dict)
@@ -790,9 +795,9 @@ class MirrorWorker(Lifecycle):
         """Route one partition's records (loop prevention, the epoch rule, records found in
         the target already, the dead letter) and send the rest, in order: in producer
         batches built here (one ack per batch), or one by one to find a record too large."""
-        source, target = self.flow.source, self.flow.target
+        source, target, forward = self.flow.source, self.flow.target, self.flow.forward
         done = self._acked.get(tp)
-        a.pairs[tp] = list(done or [])
+        a.runs[tp] = runs_of(done) if done else []
         skip_upto = done[-1][0] if done else -1
         found = self._found.get(tp)
         id_prefix = f"{source}:{tp.topic}:{tp.partition}:"
@@ -801,34 +806,46 @@ class MirrorWorker(Lifecycle):
         builder = None
         srcs: list[int] = []
         sizes: list[int] = []
+        # Per record only what can apply to this partition (bench/results/profile.md): the
+        # epoch rule only into the writable primary (its own first test), the dead letter
+        # only once a record was refused, plan() only for a record that has headers.
+        primary = a.primary if a.primary is not None and a.primary.writable == target else None
+        dead = self._dead
+        stamped = flow_headers(source, target)
+        skipped = 0
         for r in recs:
-            if r.offset <= skip_upto:
+            offset = r.offset
+            if offset <= skip_upto:
                 continue
-            headers = plan(r.headers, source=source, target=target, timestamp_ms=r.timestamp,
-                           forward=self.flow.forward, id_hint=f"{id_prefix}{r.offset}")
-            if headers is None:
-                a.skipped[tp] = a.skipped.get(tp, 0) + 1
-                continue
-            if a.primary is not None and epoch_rule(
-                    headers, target=target, primary=a.primary) == "quarantine":
+            if r.headers:
+                headers = plan(r.headers, source=source, target=target,
+                               timestamp_ms=r.timestamp, forward=forward,
+                               id_hint=f"{id_prefix}{offset}")
+                if headers is None:
+                    skipped += 1
+                    continue
+            else:  # written straight into the source: it originated there (plan's rule)
+                headers = stamp(stamped, f"{id_prefix}{offset}".encode(), r.timestamp)
+            if primary is not None and epoch_rule(
+                    headers, target=target, primary=primary) == "quarantine":
                 # The divergent tail: kept apart, never behind newer records.
-                a.quarantined.setdefault(tp, []).append((r.offset, await producer.send(
+                a.quarantined.setdefault(tp, []).append((offset, await producer.send(
                     QUARANTINE_TOPIC, key=r.key, value=r.value, partition=0,
                     timestamp_ms=r.timestamp, headers=quarantine_headers(
                         headers, source=source, topic=tp.topic, partition=tp.partition,
-                        offset=r.offset, epoch=a.primary.epoch))))
+                        offset=offset, epoch=primary.epoch))))
                 continue
             if found:
                 rid = next((v for k, v in headers if k == DR_ID), None)
                 if rid == found[0][0]:
-                    a.pairs[tp].append((r.offset, found.popleft()[1]))
+                    a.runs[tp] = join_runs(a.runs[tp], [(offset, found.popleft()[1], 1)])
                     self.metrics.recovered.labels(source, target, tp.topic).inc()
                     continue
                 # The target holds something else: what is left would be duplicates.
                 self.metrics.redelivered.labels(source, target, tp.topic).inc(len(found))
                 found.clear()
             size = r.serialized_value_size
-            if (tp.topic, tp.partition, r.offset) in self._dead:
+            if dead and (tp.topic, tp.partition, offset) in dead:
                 await self._send_dead_letter(tp, r, headers, size)
                 continue
             if one_by_one:
@@ -848,11 +865,13 @@ class MirrorWorker(Lifecycle):
                                   headers=headers) is None:
                     raise RecordTooLarge(tp.topic, size, partition=tp.partition,
                                          offset=r.offset)
-            srcs.append(r.offset)
+            srcs.append(offset)
             sizes.append(size)
         if builder is not None and srcs:
             chunks.append((srcs, sizes, await producer.send_batch(
                 builder, tp.topic, partition=tp.partition)))
+        if skipped:
+            a.skipped[tp] = a.skipped.get(tp, 0) + skipped
         if found is not None and not found:
             self._found.pop(tp, None)
 
@@ -887,10 +906,14 @@ class MirrorWorker(Lifecycle):
                 except (MessageSizeTooLargeError, RecordTooLargeError):
                     raise RecordTooLarge(tp.topic, max(sizes), partition=tp.partition,
                                          offset=srcs[0], exact=len(srcs) == 1) from None
-                # (source, target) per record, paired in C (a generator here was a tenth
-                # of the copy loop's CPU: bench/results/profile.md)
-                a.pairs[tp].extend(zip(srcs, getattr(md, "offsets", None) or
-                                       range(md.offset, md.offset + len(srcs)), strict=True))
+                dst = getattr(md, "offsets", None)  # librdkafka: each record's own offset
+                if dst is None and srcs[-1] - srcs[0] == len(srcs) - 1:
+                    # consecutive source offsets into one producer batch: one run
+                    more = [(srcs[0], md.offset, len(srcs))]
+                else:
+                    more = runs_of(zip(srcs, dst or range(md.offset, md.offset + len(srcs)),
+                                       strict=True))
+                a.runs[tp] = join_runs(a.runs[tp], more)
         a.acked_ms = time.time() * 1000
 
     def _offset_sync_records(self, batch: dict[TopicPartition, list[Any]],
@@ -902,12 +925,12 @@ class MirrorWorker(Lifecycle):
             nxt = recs[-1].offset + 1
             last_ts = _dr_ts(recs[-1]) or recs[-1].timestamp
             dst_next = None
-            if a.pairs[tp]:
+            runs = a.runs[tp]
+            if runs:
                 recs_, a.segments[tp] = map_records(tp.topic, tp.partition,
-                                                    self._segments.get(tp), a.pairs[tp], nxt,
-                                                    last_ts)
+                                                    self._segments.get(tp), runs, nxt, last_ts)
                 out.extend((k, v, MAP_PARTITION) for k, v in recs_)
-                dst_next = a.pairs[tp][-1][1] + 1
+                dst_next = runs[-1][1] + runs[-1][2]
             k, v = pos_record(tp.topic, tp.partition, nxt, dst_next)
             out.append((k, v, POS_PARTITION))
         return out

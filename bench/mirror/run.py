@@ -54,17 +54,19 @@ class ContenderDied(Exception):
     """A contender exited before its work was done; the message carries its log's tail."""
 
 
-def needs(names: list[str], setup: bool = False) -> None:
+def needs(names: list[str], setup: bool = False, spy: bool = False) -> None:
     """Exit at once, before the stack and the backlog, when a contender's parts are missing."""
     modules = ["matplotlib"] if not setup else []  # the chart
     tools: list[str] = []
-    if "ceiling" in names and not setup:
+    if ("ceiling" in names or "crossdc_rdkafka" in names) and not setup:
         modules.append("confluent_kafka")
-    if "mm2" in names or setup:
+    if spy and not setup:
+        tools.append("py-spy")
+    if "mm2" in names or "mm2_tuned" in names or setup:
         tools += ["java", "mvn"]
     require("bench/mirror/run.py", modules=modules, tools=tools,
-            skip_hint="--only NAMES runs a subset of ceiling,mm2,crossdc,crossdc_rdkafka,"
-            "crossdc_eos")
+            skip_hint="--only NAMES runs a subset of ceiling,mm2,mm2_tuned,crossdc,"
+            "crossdc_rdkafka,crossdc_eos")
 
 
 def mm2_libs() -> Path:
@@ -197,9 +199,23 @@ async def latency_phase(east: str, west: str, topic: str, rate: int,
 
 
 
+MM2_TUNED = [
+    # The batch settings the ceiling and crossdc use, given to MM2's own clients
+    # (`<cluster>.consumer.*` / `<cluster>.producer.*`, dedicated mode): 64 MiB fetches,
+    # 4 MiB per partition, 20,000 records per poll; 512 KiB producer batches, linger 5 ms.
+    "east.consumer.fetch.max.bytes = 67108864",
+    "east.consumer.max.partition.fetch.bytes = 4194304",
+    "east.consumer.max.poll.records = 20000",
+    "west.producer.batch.size = 524288",
+    "west.producer.linger.ms = 5",
+    "west.producer.buffer.memory = 134217728",
+    "west.producer.max.request.size = 8388608",
+]
+
+
 def mm2_command(libs: Path, tmp: Path, east: str, west: str, topics: str, tasks: int,
-                ) -> list[str]:
-    props = tmp / "mm2.properties"
+                tuned: bool = False) -> list[str]:
+    props = tmp / ("mm2-tuned.properties" if tuned else "mm2.properties")
     props.write_text("\n".join([
         "clusters = east, west",
         f"east.bootstrap.servers = {east}",
@@ -220,12 +236,19 @@ def mm2_command(libs: Path, tmp: Path, east: str, west: str, topics: str, tasks:
         "sync.topic.configs.enabled = false",
         "emit.heartbeats.enabled = false",
         "refresh.topics.interval.seconds = 5",
+        *(MM2_TUNED if tuned else []),
         "",
     ]))
     log4j = tmp / "mm2-log4j2.yaml"
+    # The clients' config at INFO: the log shows the settings MM2 really gave them.
     log4j.write_text("Configuration:\n  Appenders:\n    Console:\n      name: STDOUT\n"
                      "      PatternLayout:\n        Pattern: \"[%d] %p %m (%c)%n\"\n"
-                     "  Loggers:\n    Root:\n      level: WARN\n      AppenderRef:\n"
+                     "  Loggers:\n    Logger:\n"
+                     "      - name: org.apache.kafka.clients.consumer.ConsumerConfig\n"
+                     "        level: INFO\n"
+                     "      - name: org.apache.kafka.clients.producer.ProducerConfig\n"
+                     "        level: INFO\n"
+                     "    Root:\n      level: WARN\n      AppenderRef:\n"
                      "        - ref: STDOUT\n")
     return ["java", "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{libs}/*",
@@ -327,7 +350,8 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
     from dr.charts import BarPanel, bars
 
     names = list(results)
-    colors = {"ceiling": "#9d755d", "mm2": "#e45756", "crossdc": "#4c78a8",
+    colors = {"ceiling": "#9d755d", "mm2": "#e45756", "mm2_tuned": "#f58518",
+              "crossdc": "#4c78a8",
               "crossdc_eos": "#72b7b2", "crossdc_rdkafka": "#54a24b"}
     return bars(path, [
         BarPanel("throughput", ["records/s"],
@@ -339,12 +363,40 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
         colors=colors)
 
 
+def targets(runs: dict[str, dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    """(target, this run's figure, met) for each of issue 26's mirror targets this run's
+    contenders can answer."""
+    out: list[tuple[str, str, bool]] = []
+    ceiling, alo, eos = runs.get("ceiling"), runs.get("crossdc"), runs.get("crossdc_eos")
+    tuned = runs.get("mm2_tuned")
+    if ceiling and alo:
+        f = alo["rps"] / ceiling["rps"]
+        out.append(("at-least-once >= 0.9x the ceiling", f"{f:.2f}x", f >= 0.9))
+        c = alo["cpu_s_per_m"] / ceiling["cpu_s_per_m"]
+        out.append(("CPU per record <= 1.3x the ceiling's (at-least-once)", f"{c:.2f}x",
+                    c <= 1.3))
+    if ceiling and eos:
+        f = eos["rps"] / ceiling["rps"]
+        out.append(("exactly-once >= 0.85x the ceiling", f"{f:.2f}x", f >= 0.85))
+        c = eos["cpu_s_per_m"] / ceiling["cpu_s_per_m"]
+        out.append(("CPU per record <= 1.3x the ceiling's (exactly-once)", f"{c:.2f}x",
+                    c <= 1.3))
+    if tuned and alo:
+        f = alo["rps"] / tuned["rps"]
+        out.append((">= 1.5x MirrorMaker 2 tuned (at-least-once)", f"{f:.2f}x", f >= 1.5))
+        out.append(("p99 replication latency at 10k/s <= MirrorMaker 2 tuned's",
+                    f"{alo['p99_ms']:.0f} vs {tuned['p99_ms']:.0f} ms",
+                    alo["p99_ms"] <= tuned["p99_ms"]))
+    return out
+
+
 def write_report(flat: dict[str, Any], notes: str = "", out: str = "mirror") -> None:
     """bench/results/<out>.md (and the PNG chart) from the figures of one run."""
     runs: dict[str, dict[str, Any]] = flat["runs"]
     chart(runs, RESULTS / f"{out}.png")
     label = {"ceiling": "ceiling: plain librdkafka copy loop (1 process)",
              "mm2": "MirrorMaker 2 (dedicated mode, 1 task)",
+             "mm2_tuned": "MirrorMaker 2, tuned (the mirror's batch settings, 1 task)",
              "crossdc": "crossdc, at-least-once (1 worker)",
              "crossdc_rdkafka": "crossdc, at-least-once, librdkafka producer (1 worker)",
              "crossdc_eos": "crossdc, exactly-once (1 worker)"}
@@ -389,6 +441,12 @@ def write_report(flat: dict[str, Any], notes: str = "", out: str = "mirror") -> 
         lines.append(f"| {label.get(name, name)} | failed: "
                      f"{why.splitlines()[0]} (mirror.json `failed`) |")
     lines += ["", f"![throughput and p99 latency]({out}.png)", ""]
+    rows = targets(runs)
+    if rows:
+        lines += ["Issue 26's targets, from this run:", "",
+                  "| target | figure | |", "|---|---|---|",
+                  *(f"| {t} | {fig} | {'met' if ok else '**missed**'} |" for t, fig, ok in rows),
+                  ""]
     if notes:
         lines += [notes, ""]
     notes_md = HERE / "notes.md"
@@ -403,7 +461,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--rate", type=int, default=10_000)
     ap.add_argument("--latency-s", type=float, default=30.0)
-    ap.add_argument("--only", default="ceiling,mm2,crossdc,crossdc_eos")
+    ap.add_argument("--only", default="ceiling,mm2,mm2_tuned,crossdc,crossdc_eos")
     ap.add_argument("--setup", action="store_true", help="Only fetch the MM2 jars.")
     ap.add_argument("--report-only", action="store_true",
                     help="Rewrite mirror.md and mirror.png from mirror.json.")
@@ -421,8 +479,8 @@ def main() -> None:
         write_report(json.loads((RESULTS / f"{a.out}.json").read_text()), a.notes, a.out)
         return
     names = a.only.split(",")
-    needs(names, a.setup)
-    libs = mm2_libs() if "mm2" in names or a.setup else Path()
+    needs(names, a.setup, spy=a.spy is not None)
+    libs = mm2_libs() if {"mm2", "mm2_tuned"} & set(names) or a.setup else Path()
     if a.setup:
         print(libs)
         return
@@ -462,8 +520,9 @@ def main() -> None:
             asyncio.run(seed())
             for name in names:
                 topics = f"tp-{name}|lat-{name}"
-                if name == "mm2":
-                    cmd, group = mm2_command(libs, tmp, east, west, topics, 1), None
+                if name in ("mm2", "mm2_tuned"):
+                    cmd = mm2_command(libs, tmp, east, west, topics, 1, name == "mm2_tuned")
+                    group = None
                 elif name == "ceiling":
                     group = f"bench-{name}"
                     cmd = ceiling_command(east, west, topics, group)
@@ -496,7 +555,7 @@ def main() -> None:
         flat[f"{name}_p99_ms"] = r["p99_ms"]
     ceiling = flat.get("ceiling_rps")
     if ceiling:
-        for name in ("mm2", "crossdc", "crossdc_rdkafka", "crossdc_eos"):
+        for name in ("mm2", "mm2_tuned", "crossdc", "crossdc_rdkafka", "crossdc_eos"):
             if f"{name}_rps" in flat:
                 flat[f"{name}_vs_ceiling"] = round(flat[f"{name}_rps"] / ceiling, 2)
     flat["load_avg"] = {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}

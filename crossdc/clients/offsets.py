@@ -57,12 +57,13 @@ __all__ = [
     "POS_PARTITION",
     "OffsetMap",
     "Position",
+    "Run",
     "Segment",
     "Translated",
     "apply_offsets",
     "ensure_sync_topic",
-    "extend_runs",
     "group_members",
+    "join_runs",
     "load_offset_map",
     "load_positions",
     "load_translation",
@@ -112,32 +113,36 @@ Segment = tuple[int, list[Run]]  # (first source offset, every run so far)
 
 
 def map_records(topic: str, partition: int, segment: Segment | None,
-                pairs: list[tuple[int, int]], next_src: int, last_dr_ts: int | None = None,
+                runs: list[Run], next_src: int, last_dr_ts: int | None = None,
                 ) -> tuple[list[tuple[bytes, bytes]], Segment]:
-    """The `map:` records of one batch of a partition ([(src, dst), ...] in source order),
-    given the partition's open segment (None after an assignment): one record per bucket
-    touched, each holding its segment's runs so far. Returns them and the open segment."""
-    seg, runs = segment if segment is not None else (-1, [])
+    """The `map:` records of one batch of a partition (its runs, in source order), given the
+    partition's open segment (None after an assignment): one record per bucket touched,
+    each holding its segment's runs so far. Returns them and the open segment."""
+    seg, seg_runs = segment if segment is not None else (-1, [])
     out = []
-    for bucket, bpairs in split_by_bucket(pairs).items():
+    for bucket, bruns in split_by_bucket(runs).items():
         if seg < 0 or seg // BUCKET != bucket:
-            seg, runs = bpairs[0][0], []
-        runs = extend_runs(runs, bpairs)
-        out.append(map_record(topic, partition, seg, runs, next_src, last_dr_ts))
-    return out, (seg, runs)
+            seg, seg_runs = bruns[0][0], []
+        seg_runs = join_runs(seg_runs, bruns)
+        out.append(map_record(topic, partition, seg, seg_runs, next_src, last_dr_ts))
+    return out, (seg, seg_runs)
 
 
-def split_by_bucket(pairs: list[tuple[int, int]]) -> dict[int, list[tuple[int, int]]]:
-    """[(src, dst), ...] in source order → {bucket: its pairs}."""
-    out: dict[int, list[tuple[int, int]]] = {}
-    for s, d in pairs:
-        out.setdefault(s // BUCKET, []).append((s, d))
+def split_by_bucket(runs: list[Run]) -> dict[int, list[Run]]:
+    """Runs in source order → {bucket: its runs}; a run that crosses a bucket's end is cut
+    there (a bucket's map record holds source offsets of that bucket only)."""
+    out: dict[int, list[Run]] = {}
+    for s, d, n in runs:
+        while n > 0:
+            bucket = s // BUCKET
+            take = min(n, (bucket + 1) * BUCKET - s)
+            out.setdefault(bucket, []).append((s, d, take))
+            s, d, n = s + take, d + take, n - take
     return out
 
 
-def extend_runs(runs: list[Run], pairs: list[tuple[int, int]]) -> list[Run]:
-    """`runs` followed by `pairs` (later source offsets): a new list, the seam merged."""
-    more = runs_of(pairs)
+def join_runs(runs: list[Run], more: list[Run]) -> list[Run]:
+    """`runs` followed by `more` (later source offsets): a new list, the seam merged."""
     if not runs or not more:
         return [*runs, *more]
     s, d, n = runs[-1]

@@ -127,3 +127,25 @@ def test_spy_areas_from_speedscope(tmp_path: Path) -> None:
     assert shares["routing: router (proxy/router.py)"] == (25.0, 75.0)
     assert shares[next(a for a in shares if a.startswith("C code run by loop"))] == (25.0, 0.0)
     assert top_self(stacks, 1) == [("dumps (/py/json/__init__.py)", 50.0)]
+
+
+def test_mirror_bench_asks_for_every_part_before_the_stack(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--spy needs py-spy and the librdkafka contender confluent-kafka: both are asked for
+    before the stack starts and the backlog is written (a missing py-spy used to be found
+    only after minutes of writing)."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_mirror_run", REPO_ROOT / "bench" / "mirror" / "run.py")
+    assert spec is not None
+    assert spec.loader is not None
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    asked: list[tuple[list[str], list[str]]] = []
+    monkeypatch.setattr(run, "require", lambda bench, modules=(), tools=(), skip_hint="":
+                        asked.append((list(modules), list(tools))))
+    run.needs(["crossdc"], spy=True)
+    run.needs(["crossdc_rdkafka"])
+    run.needs(["crossdc"])
+    assert "py-spy" in asked[0][1]
+    assert "confluent_kafka" in asked[1][0]
+    assert asked[2] == (["matplotlib"], [])

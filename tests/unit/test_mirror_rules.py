@@ -144,3 +144,56 @@ def test_flows_come_from_the_topology_file_or_the_command_line() -> None:
         _flows(topo, "south", "west", "orders", None, False, False, 10.0, False, None)
     with pytest.raises(typer.BadParameter, match="go together"):
         _flows(topo, "east", None, None, None, False, False, 10.0, False, None)
+
+
+def _plan_as_it_was(headers: list[tuple[str, bytes]], *, source: str, target: str,
+                    timestamp_ms: int, forward: bool = False,
+                    id_hint: str | None = None) -> list[tuple[str, bytes]] | None:
+    """plan() before its per-record cost was cut (issue 26), kept as the oracle."""
+    dr = {k: v for k, v in headers if k.startswith("dr-")} if headers else None
+    if not dr or "dr-id" not in dr:
+        return [*headers, ("dr-id", (id_hint or "x").encode()), ("dr-origin", source.encode()),
+                ("dr-ts", str(timestamp_ms).encode()), ("dr-mode", b"nearest"),
+                ("dr-path", f"{source},{target}".encode())]
+    if dr.get("dr-mode") == b"sync":
+        return None
+    path = [p for p in dr.get("dr-path", b"").decode().split(",") if p]
+    if target in path:
+        return None
+    origin = dr.get("dr-origin", b"").decode()
+    if not forward and origin and origin != source:
+        return None
+    if not path or path[-1] != source:
+        path.append(source)
+    path.append(target)
+    out = [(k, v) for k, v in headers if k != "dr-path"]
+    out.append(("dr-path", ",".join(path).encode()))
+    return out
+
+
+_names = st.sampled_from(REGIONS)
+_paths = st.lists(st.sampled_from([*REGIONS, ""]), max_size=4).map(lambda p: ",".join(p))
+_header = st.one_of(
+    st.tuples(st.sampled_from(["user", "dr-id", "dr-ts", "dr-epoch"]), st.binary(max_size=4)),
+    st.tuples(st.just("dr-origin"), _names.map(str.encode)),
+    st.tuples(st.just("dr-mode"), st.sampled_from([b"nearest", b"ordered", b"sync"])),
+    st.tuples(st.just("dr-path"), _paths.map(str.encode)))
+
+
+@given(headers=st.lists(_header, max_size=7), source=_names, target=_names,
+       forward=st.booleans(), ts=st.integers(-1, 2**45))
+def test_plan_decides_as_the_reference_does(headers: list[tuple[str, bytes]], source: str,
+                                            target: str, forward: bool, ts: int) -> None:
+    """The cheaper plan() (headers read by dict() in C, the path split as bytes, the flow's
+    constant headers cached) carries, drops and stamps exactly as the plain version did."""
+    assert plan(headers, source=source, target=target, timestamp_ms=ts, forward=forward,
+                id_hint="x") == _plan_as_it_was(headers, source=source, target=target,
+                                                timestamp_ms=ts, forward=forward, id_hint="x")
+
+
+def test_an_origin_that_is_not_utf8_is_another_region() -> None:
+    """A dr-origin of bytes that do not decode is not this flow's source: the record is not
+    carried (it used to raise UnicodeDecodeError in the copy loop)."""
+    rec = [("dr-id", b"i"), ("dr-origin", b"\xff\xfe"), ("dr-mode", b"nearest"),
+           ("dr-path", b"x")]
+    assert plan(rec, source="east", target="west", timestamp_ms=1) is None

@@ -10,7 +10,15 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crossdc.clients.offsets import BUCKET, OffsetMap, Segment, _Pick, map_records
+from crossdc.clients.offsets import (
+    BUCKET,
+    OffsetMap,
+    Segment,
+    _Pick,
+    map_record,
+    map_records,
+    runs_of,
+)
 
 
 def _brute(pairs: list[tuple[int, int]], committed: int) -> int | None:
@@ -47,7 +55,7 @@ def _run(seed: int, n_src: int, reassign_at: set[int]
         if any(batches == r for r in reassign_at):
             seg = None  # a rebalance: the next owner starts its own segment
         if batch:
-            recs, seg = map_records("t", 0, seg, batch, src, 0)
+            recs, seg = map_records("t", 0, seg, runs_of(batch), src, 0)
             log.extend(recs)
             pairs.extend(batch)
     return log, pairs, batches
@@ -97,3 +105,56 @@ def test_translation_from_the_picked_buckets_is_exact(seed: int, n: int,
     compacted = _compacted(log)
     for c in data.draw(st.lists(st.integers(0, n + 10), min_size=1, max_size=10)):
         assert _translate(compacted, c)[0] == _brute(pairs, c), c
+
+
+def _map_records_from_pairs(segment: Segment | None, pairs: list[tuple[int, int]],
+                            next_src: int) -> tuple[list[tuple[bytes, bytes]], Segment]:
+    """map_records as it was when the worker kept a (src, dst) tuple per record (before
+    issue 26 made it take runs), kept as the oracle of the record format."""
+    seg, runs = segment if segment is not None else (-1, [])
+    buckets: dict[int, list[tuple[int, int]]] = {}
+    for s, d in pairs:
+        buckets.setdefault(s // BUCKET, []).append((s, d))
+    out = []
+    for bucket, bpairs in buckets.items():
+        if seg < 0 or seg // BUCKET != bucket:
+            seg, runs = bpairs[0][0], []
+        more = runs_of(bpairs)
+        if runs and more and more[0][0] == runs[-1][0] + runs[-1][2] \
+                and more[0][1] == runs[-1][1] + runs[-1][2]:
+            runs = [*runs[:-1], (runs[-1][0], runs[-1][1], runs[-1][2] + more[0][2]),
+                    *more[1:]]
+        else:
+            runs = [*runs, *more]
+        out.append(map_record("t", 0, seg, runs, next_src, 0))
+    return out, (seg, runs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 3 * BUCKET))
+def test_map_records_from_runs_write_what_pairs_wrote(seed: int, n: int) -> None:
+    """Batch after batch of a long run (gaps on both sides, runs across bucket ends), the
+    records written from each batch's runs are byte for byte those the per-record pairs
+    gave, and so is the open segment carried to the next batch."""
+    rng = random.Random(seed)
+    seg_runs: Segment | None = None
+    seg_pairs: Segment | None = None
+    src = rng.randint(0, 3 * BUCKET)
+    dst = 0
+    while n > 0:
+        batch = []
+        for s in range(src, src + min(n, rng.randint(1, 4000))):
+            if rng.random() < 0.01:
+                continue
+            if rng.random() < 0.01:
+                dst += rng.randint(1, 3)
+            batch.append((s, dst))
+            dst += 1
+        n -= max(1, len(batch))
+        src = (batch[-1][0] if batch else src) + 1 + rng.choice([0, 0, 0, 5])
+        if not batch:
+            continue
+        got, seg_runs = map_records("t", 0, seg_runs, runs_of(batch), src, 0)
+        want, seg_pairs = _map_records_from_pairs(seg_pairs, batch, src)
+        assert got == want
+        assert seg_runs == seg_pairs
