@@ -118,8 +118,25 @@ async def group_committed(bootstrap: str, group: str, topic: str) -> int:
     return sum(m.offset for tp, m in offs.items() if tp.topic == topic and m.offset > 0)
 
 
-async def latency_phase(east: str, west: str, topic: str, rate: int,
-                        seconds: float) -> tuple[list[float], list[float]]:
+def worst_seconds(src: dict[bytes, int], dst: dict[bytes, int], top: int = 5,
+                  slow_ms: float = 100.0) -> list[dict[str, float]]:
+    """Where a latency tail comes from: the `top` seconds of the phase (by east append time)
+    with the highest replication latency, each with how many of its records took more than
+    `slow_ms`. One stall shows as one or two seconds, a steady tail as many."""
+    if not src:
+        return []
+    t0 = min(src.values())
+    per: dict[int, list[float]] = {}
+    for k, ts in dst.items():
+        if k in src:
+            per.setdefault((src[k] - t0) // 1000, []).append(float(ts - src[k]))
+    rows = [{"second": float(sec), "max_ms": max(v),
+             "over_slow": float(sum(1 for x in v if x > slow_ms))} for sec, v in per.items()]
+    return sorted(rows, key=lambda r: -r["max_ms"])[:top]
+
+
+async def latency_phase(east: str, west: str, topic: str, rate: int, seconds: float,
+                        ) -> tuple[list[float], list[float], list[dict[str, float]]]:
     """Send `rate` records/s for `seconds`. Both copies of the topic use LogAppendTime, so
     per record: replication latency = west append time - east append time (what the mirror
     adds; = target append time - dr-ts for crossdc), and end-to-end = west append time - the
@@ -195,7 +212,7 @@ async def latency_phase(east: str, west: str, topic: str, rate: int,
         print(f"  latency phase: only {len(dst)} of {total} records arrived", flush=True)
     repl = [float(ts - src[k]) for k, ts in dst.items() if k in src]
     e2e = [float(ts - sent_at[k]) for k, ts in dst.items()]
-    return repl, e2e
+    return repl, e2e, worst_seconds(src, dst)
 
 
 
@@ -319,7 +336,7 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
         print(f"[{name}] {n:,} records in {took:.1f}s ({n / took:,.0f} rec/s), "
               f"CPU {cpu:.1f}s; start-up {t_first - started:.1f}s", flush=True)
         load = os.getloadavg()[0]
-        lat, e2e = asyncio.run(latency_phase(east, west, lat_topic, rate, lat_s))
+        lat, e2e, worst = asyncio.run(latency_phase(east, west, lat_topic, rate, lat_s))
         cpu_end = tree_cpu_s(proc.pid)
         res = {"records": n, "copy_s": round(took, 2), "rps": round(n / took),
                "mb_s": round(n * SIZE / took / 1e6, 1),
@@ -331,12 +348,15 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
                "max_ms": max(lat) if lat else None,
                "e2e_p50_ms": pct(e2e, 0.50), "e2e_p99_ms": pct(e2e, 0.99),
                "latency_phase_cpu_s": round(cpu_end - cpu_done, 1),
+               "latency_worst_seconds": worst,
                "load_avg_1m_at_copy_start": round(load_copy, 2),
                "load_avg_1m_at_latency_start": round(load, 2)}
         if profile is not None:
             res["profile"] = profile
         print(f"[{name}] latency p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms "
-              f"({len(lat)} records)", flush=True)
+              f"({len(lat)} records); worst seconds of the phase: "
+              + ", ".join(f"{w['second']:.0f}s max {w['max_ms']:.0f} ms "
+                          f"({w['over_slow']:.0f} > 100 ms)" for w in worst), flush=True)
         return res
     finally:
         if spy is not None and spy.procs:

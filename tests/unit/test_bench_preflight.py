@@ -28,6 +28,16 @@ def _preflight() -> ModuleType:
 pf = _preflight()
 
 
+def _mirror_run() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "bench_mirror_run", REPO_ROOT / "bench" / "mirror" / "run.py")
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_present_parts_pass() -> None:
     assert pf.missing(modules=["json"], tools=["sh"]) == []
     pf.require("bench/x.py", modules=["json"], tools=["sh"])  # no exit
@@ -134,12 +144,7 @@ def test_mirror_bench_asks_for_every_part_before_the_stack(
     """--spy needs py-spy and the librdkafka contender confluent-kafka: both are asked for
     before the stack starts and the backlog is written (a missing py-spy used to be found
     only after minutes of writing)."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_mirror_run", REPO_ROOT / "bench" / "mirror" / "run.py")
-    assert spec is not None
-    assert spec.loader is not None
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
+    run = _mirror_run()
     asked: list[tuple[list[str], list[str]]] = []
     monkeypatch.setattr(run, "require", lambda bench, modules=(), tools=(), skip_hint="":
                         asked.append((list(modules), list(tools))))
@@ -149,3 +154,15 @@ def test_mirror_bench_asks_for_every_part_before_the_stack(
     assert "py-spy" in asked[0][1]
     assert "confluent_kafka" in asked[1][0]
     assert asked[2] == (["matplotlib"], [])
+
+
+def test_worst_seconds_find_a_stall() -> None:
+    """The latency phase's tail, located: one second holding a stall comes first."""
+    run = _mirror_run()
+    src = {b"%d" % i: 1_000 + i * 10 for i in range(1000)}  # 100 records/s for 10 s
+    dst = {k: ts + 20 for k, ts in src.items()}
+    for i in range(500, 530):  # second 5: a 400 ms stall
+        dst[b"%d" % i] = src[b"%d" % i] + 400
+    worst = run.worst_seconds(src, dst, top=2)
+    assert worst[0] == {"second": 5.0, "max_ms": 400.0, "over_slow": 30.0}
+    assert worst[1]["max_ms"] == 20.0
