@@ -24,6 +24,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import operator
 import re
 import socket
 import time
@@ -956,8 +957,7 @@ class MirrorWorker(Lifecycle):
                 m.quarantined.labels(*labels).inc(len(a.quarantined[tp]))
             if a.skipped.get(tp):
                 m.skipped.labels(*labels).inc(a.skipped[tp])
-            m.bytes.labels(*labels).inc(
-                sum(r.serialized_value_size + max(r.serialized_key_size, 0) for r in recs))
+            m.bytes.labels(*labels).inc(_source_bytes(recs))
             last = recs[-1]
             hw = consumer.highwater(tp)
             if hw is not None:
@@ -1101,6 +1101,19 @@ class MirrorWorker(Lifecycle):
                             headers=[*headers, ("dr-dead-letter", b"record-too-large")])
         self._dead.discard((tp.topic, tp.partition, r.offset))
         self.metrics.dead_lettered.labels(self.flow.source, self.flow.target, tp.topic).inc()
+
+
+_VALUE_SIZE = operator.attrgetter("serialized_value_size")
+_KEY_SIZE = operator.attrgetter("serialized_key_size")
+
+
+def _source_bytes(recs: list[Any]) -> int:
+    """Keys and values of `recs`, in C loops (a generator over the records was ~3 % of the
+    exactly-once copy loop's CPU); a missing key or value (a tombstone) has size -1 and
+    counts 0."""
+    keys = list(map(_KEY_SIZE, recs))
+    values = list(map(_VALUE_SIZE, recs))
+    return sum(keys) + operator.countOf(keys, -1) + sum(values) + operator.countOf(values, -1)
 
 
 async def _end_transaction(producer: AIOKafkaProducer,
