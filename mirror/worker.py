@@ -1111,8 +1111,8 @@ def _source_bytes(recs: list[Any]) -> int:
     """Keys and values of `recs`, in C loops (a generator over the records was ~3 % of the
     exactly-once copy loop's CPU); a missing key or value (a tombstone) has size -1 and
     counts 0."""
-    keys = list(map(_KEY_SIZE, recs))
-    values = list(map(_VALUE_SIZE, recs))
+    keys: list[int] = list(map(_KEY_SIZE, recs))
+    values: list[int] = list(map(_VALUE_SIZE, recs))
     return sum(keys) + operator.countOf(keys, -1) + sum(values) + operator.countOf(values, -1)
 
 
