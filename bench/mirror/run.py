@@ -118,6 +118,21 @@ async def group_committed(bootstrap: str, group: str, topic: str) -> int:
     return sum(m.offset for tp, m in offs.items() if tp.topic == topic and m.offset > 0)
 
 
+CLIENT_SETTINGS = ("fetch.max.bytes", "max.partition.fetch.bytes", "max.poll.records",
+                   "batch.size", "linger.ms", "buffer.memory", "max.request.size")
+
+
+def client_settings(log: str) -> dict[str, list[str]]:
+    """The batch settings MM2's Kafka clients were created with, from the ConsumerConfig /
+    ProducerConfig values its log prints (every value seen, as there are several clients)."""
+    seen: dict[str, set[str]] = {}
+    for line in log.splitlines():
+        key, sep, value = line.strip().partition(" = ")
+        if sep and key in CLIENT_SETTINGS:
+            seen.setdefault(key, set()).add(value.strip())
+    return {k: sorted(v) for k, v in sorted(seen.items())}
+
+
 def worst_seconds(src: dict[bytes, int], dst: dict[bytes, int], top: int = 5,
                   slow_ms: float = 100.0) -> list[dict[str, float]]:
     """Where a latency tail comes from: the `top` seconds of the phase (by east append time)
@@ -256,17 +271,24 @@ def mm2_command(libs: Path, tmp: Path, east: str, west: str, topics: str, tasks:
         *(MM2_TUNED if tuned else []),
         "",
     ]))
-    log4j = tmp / "mm2-log4j2.yaml"
-    # The clients' config at INFO: the log shows the settings MM2 really gave them.
-    log4j.write_text("Configuration:\n  Appenders:\n    Console:\n      name: STDOUT\n"
-                     "      PatternLayout:\n        Pattern: \"[%d] %p %m (%c)%n\"\n"
-                     "  Loggers:\n    Logger:\n"
-                     "      - name: org.apache.kafka.clients.consumer.ConsumerConfig\n"
-                     "        level: INFO\n"
-                     "      - name: org.apache.kafka.clients.producer.ProducerConfig\n"
-                     "        level: INFO\n"
-                     "    Root:\n      level: WARN\n      AppenderRef:\n"
-                     "        - ref: STDOUT\n")
+    log4j = tmp / "mm2-log4j2.properties"
+    # Properties, not YAML: log4j2 reads YAML only with jackson-dataformat-yaml on the class
+    # path, which MM2's jars lack (it fell back to its default configuration). The clients'
+    # config at INFO: the log shows the settings MM2 really gave them.
+    log4j.write_text("\n".join([
+        "appender.console.type = Console",
+        "appender.console.name = STDOUT",
+        "appender.console.layout.type = PatternLayout",
+        "appender.console.layout.pattern = [%d] %p %m (%c)%n",
+        "rootLogger.level = warn",
+        "rootLogger.appenderRef.stdout.ref = STDOUT",
+        "logger.consumer.name = org.apache.kafka.clients.consumer.ConsumerConfig",
+        "logger.consumer.level = info",
+        "logger.producer.name = org.apache.kafka.clients.producer.ProducerConfig",
+        "logger.producer.level = info",
+        "logger.config.name = org.apache.kafka.common.config.AbstractConfig",
+        "logger.config.level = info",
+        ""]))
     return ["java", "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={log4j}", "-cp", f"{libs}/*",
             "org.apache.kafka.connect.mirror.MirrorMaker", str(props)]
@@ -353,6 +375,10 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
                "load_avg_1m_at_latency_start": round(load, 2)}
         if profile is not None:
             res["profile"] = profile
+        if name.startswith("mm2"):
+            log.flush()
+            res["client_settings"] = client_settings(log_path.read_text(errors="replace"))
+            print(f"[{name}] its clients' settings: {res['client_settings']}", flush=True)
         print(f"[{name}] latency p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms "
               f"({len(lat)} records); worst seconds of the phase: "
               + ", ".join(f"{w['second']:.0f}s max {w['max_ms']:.0f} ms "

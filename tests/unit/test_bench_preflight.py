@@ -166,3 +166,14 @@ def test_worst_seconds_find_a_stall() -> None:
     worst = run.worst_seconds(src, dst, top=2)
     assert worst[0] == {"second": 5.0, "max_ms": 400.0, "over_slow": 30.0}
     assert worst[1]["max_ms"] == 20.0
+
+
+def test_client_settings_read_from_a_kafka_config_dump() -> None:
+    """MM2's log prints each client's config; the bench keeps the batch settings it saw."""
+    log = ("[2026] INFO ConsumerConfig values: \n\tfetch.max.bytes = 67108864\n"
+           "\tmax.poll.records = 20000\n\tgroup.id = x\n"
+           "[2026] INFO ConsumerConfig values: \n\tmax.poll.records = 500\n"
+           "[2026] INFO ProducerConfig values: \n\tbatch.size = 524288\n")
+    assert _mirror_run().client_settings(log) == {
+        "batch.size": ["524288"], "fetch.max.bytes": ["67108864"],
+        "max.poll.records": ["20000", "500"]}
