@@ -177,3 +177,19 @@ def test_client_settings_read_from_a_kafka_config_dump() -> None:
     assert _mirror_run().client_settings(log) == {
         "batch.size": ["524288"], "fetch.max.bytes": ["67108864"],
         "max.poll.records": ["20000", "500"]}
+
+
+def test_targets_are_judged_from_the_run() -> None:
+    row = {"rps": 90, "cpu_s_per_m": 13.0, "p99_ms": 50.0}
+    rows = _mirror_run().targets({
+        "ceiling": {"rps": 100, "cpu_s_per_m": 10.0, "p99_ms": 10.0},
+        "mm2_tuned": {"rps": 50, "cpu_s_per_m": 30.0, "p99_ms": 100.0},
+        "crossdc": row, "crossdc_eos": {**row, "rps": 80, "p99_ms": 150.0}})
+    got = {t: (fig, ok) for t, fig, ok in rows}
+    assert got["at-least-once >= 0.9x the ceiling"] == ("0.90x", True)
+    assert got["CPU per record <= 1.3x the ceiling's (at-least-once)"] == ("1.30x", True)
+    assert got["exactly-once >= 0.85x the ceiling"] == ("0.80x", False)
+    assert got[">= 1.5x MirrorMaker 2 tuned (at-least-once)"] == ("1.80x", True)
+    assert got["p99 replication latency at 10k/s <= MirrorMaker 2 tuned's (exactly-once)"] \
+        == ("150 vs 100 ms", False)
+    assert len(rows) == 7
