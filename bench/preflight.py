@@ -74,11 +74,14 @@ def require(bench: str, modules: Iterable[str] = (), tools: Iterable[str] = (),
         raise SystemExit(msg)
 
 
-def died(name: str, code: int | None, log: Path, lines: int = 20) -> str:
-    """What to print, once, when a contender exits before its work is done: its code, the
-    first line of its log that states an error, and the log's last lines."""
+def died(name: str, code: int | None, log: Path, lines: int = 20, why: str | None = None
+         ) -> str:
+    """What to print, once, when a contender exits (or, `why`, is given up on) before its
+    work is done: its code, the first line of its log that states an error, and the log's
+    last lines."""
     cause = first_error(log)
-    return (f"[{name}] exited with code {code} before it finished"
+    head = f"exited with code {code}" if why is None else f"given up on: {why}"
+    return (f"[{name}] {head} before it finished"
             + (f": {cause}" if cause else "") + f"\nlast lines of {log}:\n"
             + log_tail(log, lines))
 

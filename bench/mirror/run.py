@@ -119,6 +119,9 @@ async def group_committed(bootstrap: str, group: str, topic: str) -> int:
     return sum(m.offset for tp, m in offs.items() if tp.topic == topic and m.offset > 0)
 
 
+STALL_S = 120.0
+"""A contender whose copy has not moved for this long is reported dead and stopped."""
+
 CLIENT_SETTINGS = ("fetch.max.bytes", "max.partition.fetch.bytes", "max.poll.records",
                    "batch.size", "linger.ms", "buffer.memory", "max.request.size")
 
@@ -248,12 +251,12 @@ MM2_TUNED = [
     # The batch settings the ceiling and crossdc use, given to MM2's own clients
     # (`<cluster>.consumer.*` / `<cluster>.producer.*`, dedicated mode): 64 MiB fetches,
     # 4 MiB per partition, 20,000 records per poll; 512 KiB producer batches, linger 5 ms.
+    # (The producer's buffer stays at its 32 MiB: 128 MiB ran the 512 MB heap out.)
     "east.consumer.fetch.max.bytes = 67108864",
     "east.consumer.max.partition.fetch.bytes = 4194304",
     "east.consumer.max.poll.records = 20000",
     "west.producer.batch.size = 524288",
     "west.producer.linger.ms = 5",
-    "west.producer.buffer.memory = 134217728",
     "west.producer.max.request.size = 8388608",
 ]
 
@@ -340,6 +343,7 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
         profile: dict[str, Any] | None = None
         load_copy = 0.0
         deadline = time.monotonic() + 1800
+        last_arrived, moved_at = -1, time.monotonic()
         while True:
             if proc.poll() is not None:
                 log.flush()
@@ -347,6 +351,14 @@ def run_contender(name: str, cmd: list[str], topo: Any, n: int, rate: int, lat_s
             if time.monotonic() > deadline:
                 raise SystemExit(f"[{name}] did not finish within 30 min")
             arrived = sum(asyncio.run(ends(west, tp_topic)).values())
+            if arrived != last_arrived:
+                last_arrived, moved_at = arrived, time.monotonic()
+            elif time.monotonic() - moved_at > STALL_S:
+                # alive but stuck (MM2 out of heap keeps its JVM running): the others go on
+                log.flush()
+                raise ContenderDied(died(
+                    name, None, log_path,
+                    why=f"copied nothing for {STALL_S:.0f} s at {arrived:,} of {n:,} records"))
             if t_first is None and arrived > 0:
                 t_first, cpu_first = time.monotonic(), tree_cpu_s(proc.pid)
                 load_copy = os.getloadavg()[0]

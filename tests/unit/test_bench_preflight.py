@@ -87,6 +87,9 @@ def test_died_quotes_the_cause_and_the_last_lines(tmp_path: Path) -> None:
     assert [m.strip() for m in msg[2:]] == [
         "line 98", "line 99", "ModuleNotFoundError: No module named 'confluent_kafka'"]
     assert "(no output)" in pf.died("x", 2, tmp_path / "missing.log")
+    stuck = pf.died("mm2_tuned", None, log, why="copied nothing for 120 s").splitlines()[0]
+    assert stuck.startswith("[mm2_tuned] given up on: copied nothing for 120 s before it "
+                            "finished: ModuleNotFoundError")
 
 
 def test_stop_a_process_already_gone() -> None:
