@@ -55,8 +55,17 @@ class ContenderDied(Exception):
     """A contender exited before its work was done; the message carries its log's tail."""
 
 
+CONTENDERS = ("ceiling", "mm2", "mm2_tuned", "crossdc", "crossdc_rdkafka", "crossdc_eos")
+
+
 def needs(names: list[str], setup: bool = False, spy: bool = False) -> None:
-    """Exit at once, before the stack and the backlog, when a contender's parts are missing."""
+    """Exit at once, before the stack and the backlog, when a name is not a contender or a
+    contender's parts are missing."""
+    unknown = [n for n in names if n not in CONTENDERS]
+    if unknown:
+        raise SystemExit(f"bench/mirror/run.py: --only names no contender "
+                         f"{', '.join(map(repr, unknown))}; the contenders are "
+                         f"{','.join(CONTENDERS)}")
     modules = ["matplotlib"] if not setup else []  # the chart
     tools: list[str] = []
     if ("ceiling" in names or "crossdc_rdkafka" in names) and not setup:
@@ -66,8 +75,7 @@ def needs(names: list[str], setup: bool = False, spy: bool = False) -> None:
     if "mm2" in names or "mm2_tuned" in names or setup:
         tools += ["java", "mvn"]
     require("bench/mirror/run.py", modules=modules, tools=tools,
-            skip_hint="--only NAMES runs a subset of ceiling,mm2,mm2_tuned,crossdc,"
-            "crossdc_rdkafka,crossdc_eos")
+            skip_hint=f"--only NAMES runs a subset of {','.join(CONTENDERS)}")
 
 
 def mm2_libs() -> Path:
@@ -628,7 +636,7 @@ def main() -> None:
         flat[f"{name}_p99_ms"] = r["p99_ms"]
     ceiling = flat.get("ceiling_rps")
     if ceiling:
-        for name in ("mm2", "mm2_tuned", "crossdc", "crossdc_rdkafka", "crossdc_eos"):
+        for name in CONTENDERS[1:]:
             if f"{name}_rps" in flat:
                 flat[f"{name}_vs_ceiling"] = round(flat[f"{name}_rps"] / ceiling, 2)
     flat["load_avg"] = {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]}

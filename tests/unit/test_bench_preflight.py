@@ -196,3 +196,12 @@ def test_targets_are_judged_from_the_run() -> None:
     assert got["p99 replication latency at 10k/s <= MirrorMaker 2 tuned's (exactly-once)"] \
         == ("150 vs 100 ms", False)
     assert len(rows) == 7
+
+
+def test_mirror_bench_refuses_a_name_that_is_no_contender() -> None:
+    """A typo in --only used to run as crossdc (the last branch), after minutes of writing."""
+    with pytest.raises(SystemExit) as err:
+        _mirror_run().needs(["crossdc", "crosdc_eos"])
+    msg = str(err.value.code)
+    assert "'crosdc_eos'" in msg
+    assert "crossdc_eos" in msg.split("contenders are ")[1]
