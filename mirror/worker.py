@@ -57,7 +57,6 @@ from crossdc.clients.offsets import (
     Run,
     Segment,
     ensure_sync_topic,
-    join_runs,
     load_positions,
     map_records,
     pos_record,
@@ -839,7 +838,7 @@ class MirrorWorker(Lifecycle):
             if found:
                 rid = next((v for k, v in headers if k == DR_ID), None)
                 if rid == found[0][0]:
-                    a.runs[tp] = join_runs(a.runs[tp], [(offset, found.popleft()[1], 1)])
+                    _add_run(a.runs[tp], offset, found.popleft()[1], 1)
                     self.metrics.recovered.labels(source, target, tp.topic).inc()
                     continue
                 # The target holds something else: what is left would be duplicates.
@@ -908,13 +907,15 @@ class MirrorWorker(Lifecycle):
                     raise RecordTooLarge(tp.topic, max(sizes), partition=tp.partition,
                                          offset=srcs[0], exact=len(srcs) == 1) from None
                 dst = getattr(md, "offsets", None)  # librdkafka: each record's own offset
+                runs = a.runs[tp]
                 if dst is None and srcs[-1] - srcs[0] == len(srcs) - 1:
                     # consecutive source offsets into one producer batch: one run
-                    more = [(srcs[0], md.offset, len(srcs))]
+                    _add_run(runs, srcs[0], md.offset, len(srcs))
                 else:
-                    more = runs_of(zip(srcs, dst or range(md.offset, md.offset + len(srcs)),
-                                       strict=True))
-                a.runs[tp] = join_runs(a.runs[tp], more)
+                    for s, d, n in runs_of(zip(srcs, dst or range(md.offset,
+                                                                  md.offset + len(srcs)),
+                                               strict=True)):
+                        _add_run(runs, s, d, n)
         a.acked_ms = time.time() * 1000
 
     def _offset_sync_records(self, batch: dict[TopicPartition, list[Any]],
@@ -1101,6 +1102,17 @@ class MirrorWorker(Lifecycle):
                             headers=[*headers, ("dr-dead-letter", b"record-too-large")])
         self._dead.discard((tp.topic, tp.partition, r.offset))
         self.metrics.dead_lettered.labels(self.flow.source, self.flow.target, tp.topic).inc()
+
+
+def _add_run(runs: list[Run], src: int, dst: int, n: int) -> None:
+    """Append a run to an attempt's own list (in place: a record found in the target after a
+    crash adds one at a time), merged with the last one when both sides continue it."""
+    if runs:
+        s, d, m = runs[-1]
+        if src == s + m and dst == d + m:
+            runs[-1] = (s, d, m + n)
+            return
+    runs.append((src, dst, n))
 
 
 _VALUE_SIZE = operator.attrgetter("serialized_value_size")

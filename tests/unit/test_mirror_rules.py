@@ -212,3 +212,19 @@ def test_source_bytes_counts_keys_and_values(kv: list[tuple[bytes | None, bytes 
                            -1 if v is None else len(v), ()) for i, (k, v) in enumerate(kv)]
     assert _source_bytes(recs) == sum(max(r.serialized_value_size, 0)
                                       + max(r.serialized_key_size, 0) for r in recs)
+
+
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(0, 2)), max_size=40))
+def test_runs_added_in_place_are_the_runs_of_the_pairs(steps: list[tuple[int, int]]) -> None:
+    """The worker adds each acked chunk (or a record found in the target) to the attempt's
+    runs in place; the result is what runs_of gives for the same (src, dst) pairs."""
+    from mirror.worker import _add_run
+    pairs: list[tuple[int, int]] = []
+    runs: list[tuple[int, int, int]] = []
+    s = d = 0
+    for ds, gap in steps:
+        s += ds
+        d += 1 + gap
+        pairs.append((s, d))
+        _add_run(runs, s, d, 1)
+    assert runs == runs_of(pairs)
