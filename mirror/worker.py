@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -80,6 +80,7 @@ from mirror.errors import (
 from mirror.metrics import MirrorMetrics
 from mirror.primary import PrimaryWatch
 from mirror.quarantine import ensure_quarantine_topic
+from mirror.rdconsumer import RdMirrorConsumer
 from mirror.rdproducer import RdMirrorProducer
 from mirror.rules import epoch_rule, flow_headers, plan, stamp
 from mirror.topics import TopicPlan, sync_topics
@@ -196,7 +197,7 @@ class MirrorWorker(Lifecycle):
         # exactly-once stays on aiokafka's transactions)
         self._rdkafka = flow.kafka_client == "librdkafka" and not flow.exactly_once
         self._task: asyncio.Task[None] | None = None
-        self._consumer: AIOKafkaConsumer | None = None
+        self._consumer: Any = None  # AIOKafkaConsumer, or RdMirrorConsumer (librdkafka)
         self._producer: Any = None  # AIOKafkaProducer, or RdMirrorProducer (librdkafka)
         self._src_admin: KafkaAdmin | None = None
         self._dst_admin: KafkaAdmin | None = None
@@ -248,7 +249,18 @@ class MirrorWorker(Lifecycle):
             self._producer_kw["transactional_id"] = self.transactional_id
             self._producer_kw["transaction_timeout_ms"] = _TXN_TIMEOUT_MS
         await self._new_producer()
-        self._consumer = Consumer(
+        self._consumer = self._new_consumer()
+        await self._consumer.start()
+        await self._refresh_topics()
+
+    def _new_consumer(self) -> Any:
+        """The copy loop's consumer: aiokafka's, or librdkafka's (`consumer_client`)."""
+        if self.flow.consumer_client == "librdkafka":
+            return RdMirrorConsumer(
+                self.source, client_id=self._client_id, group_id=self.group,
+                read_committed=self.flow.exactly_once, max_poll_records=_MAX_BATCH,
+                metadata_max_age_ms=int(self.flow.discovery_interval_s * 1000))
+        return Consumer(
             **self.source.aiokafka_kwargs(), client_id=self._client_id, group_id=self.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed" if self.flow.exactly_once
@@ -256,8 +268,6 @@ class MirrorWorker(Lifecycle):
             fetch_max_bytes=64 * 1024 * 1024,
             metadata_max_age_ms=int(self.flow.discovery_interval_s * 1000),
             rebalance_timeout_ms=_REBALANCE_TIMEOUT_MS)
-        await self._consumer.start()
-        await self._refresh_topics()
 
     async def _new_producer(self) -> None:
         """(Re)create the target producer. A batch the broker refused leaves a gap in the

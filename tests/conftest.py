@@ -51,14 +51,25 @@ client (proxy.config `KafkaWriterSettings.client`), and so does every `dr proxy 
 starts (its `--kafka-client` from $CROSSDC_PROXY_KAFKA_CLIENT). The mirror too: every `Flow`
 built in this process (without `kafka_client`) copies with that client (at-least-once;
 exactly-once flows stay on aiokafka), and `dr mirror run` processes started by the tests read
-it from CROSSDC_MIRROR_KAFKA_CLIENT (its --kafka-client)."""
+it from CROSSDC_MIRROR_KAFKA_CLIENT (its --kafka-client). `CROSSDC_TEST_MIRROR_CONSUMER=librdkafka`
+does the same for the mirror's consumer (`Flow.consumer_client`, both modes;
+CROSSDC_MIRROR_CONSUMER_CLIENT for `dr mirror run`)."""
+
+MIRROR_CONSUMER_ENV = "CROSSDC_TEST_MIRROR_CONSUMER"
 
 
 def _kafka_client_default() -> None:
+    from crossdc.topology import Flow, Topology
+
+    consumer = os.environ.get(MIRROR_CONSUMER_ENV, "")
+    if consumer:
+        os.environ["CROSSDC_MIRROR_CONSUMER_CLIENT"] = consumer
+        Flow.model_fields["consumer_client"].default = consumer
+        Flow.model_rebuild(force=True)
+        Topology.model_rebuild(force=True)
     client = os.environ.get(KAFKA_CLIENT_ENV, "")
     if not client:
         return
-    from crossdc.topology import Flow, Topology
     from proxy.config import KafkaWriterSettings, ProxyConfig
 
     os.environ["CROSSDC_PROXY_KAFKA_CLIENT"] = client  # `dr proxy serve` processes

@@ -55,7 +55,20 @@ class ContenderDied(Exception):
     """A contender exited before its work was done; the message carries its log's tail."""
 
 
-CONTENDERS = ("ceiling", "mm2", "mm2_tuned", "crossdc", "crossdc_rdkafka", "crossdc_eos")
+CROSSDC: dict[str, tuple[bool, str, str, str]] = {
+    # name: (exactly-once, producer client, consumer client, label)
+    "crossdc": (False, "aiokafka", "aiokafka", "crossdc, at-least-once (1 worker)"),
+    "crossdc_rdkafka": (False, "librdkafka", "aiokafka",
+                        "crossdc, at-least-once, librdkafka producer (1 worker)"),
+    "crossdc_rdc": (False, "aiokafka", "librdkafka",
+                    "crossdc, at-least-once, librdkafka consumer (1 worker)"),
+    "crossdc_rdall": (False, "librdkafka", "librdkafka",
+                      "crossdc, at-least-once, librdkafka consumer and producer (1 worker)"),
+    "crossdc_eos": (True, "aiokafka", "aiokafka", "crossdc, exactly-once (1 worker)"),
+    "crossdc_rdc_eos": (True, "aiokafka", "librdkafka",
+                        "crossdc, exactly-once, librdkafka consumer (1 worker)"),
+}
+CONTENDERS = ("ceiling", "mm2", "mm2_tuned", *CROSSDC)
 
 
 def needs(names: list[str], setup: bool = False, spy: bool = False) -> None:
@@ -68,7 +81,8 @@ def needs(names: list[str], setup: bool = False, spy: bool = False) -> None:
                          f"{','.join(CONTENDERS)}")
     modules = ["matplotlib"] if not setup else []  # the chart
     tools: list[str] = []
-    if ("ceiling" in names or "crossdc_rdkafka" in names) and not setup:
+    if ("ceiling" in names or any(n in CROSSDC and "librdkafka" in CROSSDC[n][1:3]
+                                  for n in names)) and not setup:
         modules.append("confluent_kafka")
     if spy and not setup:
         tools.append("py-spy")
@@ -319,12 +333,14 @@ def mm2_command(libs: Path, tmp: Path, east: str, west: str, topics: str, tasks:
 
 
 def crossdc_command(tpath: Path, topics: str, group: str, eos: bool,
-                    profile: Path | None = None, kafka_client: str = "aiokafka") -> list[str]:
+                    profile: Path | None = None, kafka_client: str = "aiokafka",
+                    consumer_client: str = "aiokafka") -> list[str]:
     dr = str(Path(sys.executable).parent / "dr")
     prefix = [sys.executable, "-m", "cProfile", "-o", str(profile), dr] if profile else [dr]
     return [*prefix, "--log-level", "warning", "mirror", "run", "--topology", str(tpath),
             "--from", "east", "--to", "west", "--topics", topics, "--group", group,
             "--worker-id", "bench", "--kafka-client", kafka_client,
+            "--consumer-client", consumer_client,
             *(["--exactly-once"] if eos else [])]
 
 
@@ -431,7 +447,9 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
     names = list(results)
     colors = {"ceiling": "#9d755d", "mm2": "#e45756", "mm2_tuned": "#f58518",
               "crossdc": "#4c78a8",
-              "crossdc_eos": "#72b7b2", "crossdc_rdkafka": "#54a24b"}
+              "crossdc_eos": "#72b7b2", "crossdc_rdkafka": "#54a24b",
+              "crossdc_rdc": "#b279a2", "crossdc_rdall": "#ff9da6",
+              "crossdc_rdc_eos": "#9ecae9"}
     return bars(path, [
         BarPanel("throughput", ["records/s"],
                  {n: [float(results[n]["rps"])] for n in names}, ylabel="records / s"),
@@ -475,9 +493,7 @@ def write_report(flat: dict[str, Any], notes: str = "", out: str = "mirror") -> 
     label = {"ceiling": "ceiling: plain librdkafka copy loop (1 process)",
              "mm2": "MirrorMaker 2 (dedicated mode, 1 task)",
              "mm2_tuned": "MirrorMaker 2, tuned (the mirror's batch settings, 1 task)",
-             "crossdc": "crossdc, at-least-once (1 worker)",
-             "crossdc_rdkafka": "crossdc, at-least-once, librdkafka producer (1 worker)",
-             "crossdc_eos": "crossdc, exactly-once (1 worker)"}
+             **{n: c[3] for n, c in CROSSDC.items()}}
     ceiling = flat.get("ceiling_rps")
     load = flat.get("load_avg") or {}
     lines = ["# Mirror benchmark: the ceiling, MirrorMaker 2 and crossdc", "",
@@ -609,9 +625,8 @@ def main() -> None:
                 else:
                     group = f"bench-{name}"
                     prof = RESULTS / f"mirror-{name}.prof" if a.profile else None
-                    cmd = crossdc_command(tpath, topics, group, name == "crossdc_eos", prof,
-                                          "librdkafka" if name == "crossdc_rdkafka"
-                                          else "aiokafka")
+                    eos, producer, consumer, _ = CROSSDC[name]
+                    cmd = crossdc_command(tpath, topics, group, eos, prof, producer, consumer)
                 try:
                     results[name] = run_contender(name, cmd, topo, a.records, a.rate,
                                                   a.latency_s, tmp / f"{name}.log", group,

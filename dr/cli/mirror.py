@@ -121,6 +121,11 @@ def run(
         help="The copy loop's producer, for every flow run here: aiokafka or librdkafka "
         "(at-least-once flows; exactly-once ones stay on aiokafka) [default: each flow's "
         "kafka_client, aiokafka].", show_default=False)] = None,
+    consumer_client: Annotated[Literal["aiokafka", "librdkafka"] | None, typer.Option(
+        "--consumer-client", envvar="CROSSDC_MIRROR_CONSUMER_CLIENT",
+        help="The copy loop's consumer, for every flow run here: aiokafka or librdkafka "
+        "(both modes) [default: each flow's consumer_client, aiokafka].",
+        show_default=False)] = None,
 ) -> None:
     """Replicate topics source → target (or the topology's flows) until stopped."""
     topo, _ = topology_for(topology, paths_for(None))
@@ -128,6 +133,8 @@ def run(
                    discovery_interval, dead_letter, worker_id, flow)
     if kafka_client:
         flows = [f.model_copy(update={"kafka_client": kafka_client}) for f in flows]
+    if consumer_client:
+        flows = [f.model_copy(update={"consumer_client": consumer_client}) for f in flows]
     asyncio.run(serve(topo, flows, metrics_port, Restart() if restart else None,
                       metrics_host, principal=MIRROR))  # its own principal (SASL/SCRAM)
 

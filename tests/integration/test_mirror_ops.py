@@ -50,15 +50,18 @@ async def _async(value: bool) -> bool:
     return value
 
 
-async def test_scale_out_exactly_once_through_rebalances(two_regions) -> None:  # type: ignore[no-untyped-def]
+async def test_scale_out_exactly_once_through_rebalances_on_both_consumers(two_regions) -> None:  # type: ignore[no-untyped-def]
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     topic = unique("mm-scale")
     await create_topic(east, topic, partitions=4)
     flow = mirror_flow("east", "west", topic, exactly_once=True, worker_id="w1")
     m1, m2 = MirrorMetrics(), MirrorMetrics()
     w1 = MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west), m1)
-    w2 = MirrorWorker(flow.model_copy(update={"worker_id": "w2"}), KafkaConnection.of(east),
-                      KafkaConnection.of(west), m2)
+    # One group, both consumer clients: w2 reads with librdkafka (mirror.rdconsumer), w1
+    # with the flow's default; one group protocol (assignor "roundrobin").
+    other = "librdkafka" if flow.consumer_client == "aiokafka" else "aiokafka"
+    w2 = MirrorWorker(flow.model_copy(update={"worker_id": "w2", "consumer_client": other}),
+                      KafkaConnection.of(east), KafkaConnection.of(west), m2)
     # An aborted source transaction: read_committed never lets it through.
     p = AIOKafkaProducer(bootstrap_servers=east, transactional_id=unique("tx"))
     await p.start()
