@@ -1185,7 +1185,7 @@ async def _follow(producer: Any, topics: Iterable[str]) -> None:
 
 
 def _dr_ts(record: Any) -> int | None:
-    for k, v in record.headers:
+    for k, v in record.headers or ():  # None: librdkafka's record without headers
         if k == DR_TS:
             try:
                 return int(v)
