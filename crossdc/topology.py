@@ -195,9 +195,10 @@ class Flow(_Model):
         "bench/results/mirror-rdkafka.md). At-least-once only: an "
         "exactly-once flow writes its transactions with aiokafka whatever this says.")
     consumer_client: Literal["aiokafka", "librdkafka"] = Field(
-        "aiokafka", description="The copy loop's consumer: aiokafka, or librdkafka "
-        "(confluent-kafka: fetching, CRC checks and decoding in its own threads; "
-        "bench/results/mirror.md). Both modes; workers on either client can share a group.")
+        "librdkafka", description="The copy loop's consumer: librdkafka (confluent-kafka: "
+        "fetching, CRC checks and decoding in its own threads, beside the copy loop; "
+        "bench/results/mirror.md), or aiokafka. Both modes; workers on either client can "
+        "share a group.")
 
     @field_validator("topics")
     @classmethod

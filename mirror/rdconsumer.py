@@ -69,7 +69,7 @@ _new_rec = tuple.__new__
 _SECOND = operator.itemgetter(1)
 
 
-def _sizes(items: list[bytes | None]) -> list[int]:
+def _sizes(items: list[Any]) -> list[int]:
     """len() of each, -1 for None (aiokafka's serialized sizes), in a C loop when there is
     no None (a keyless or tombstone batch is the other common case)."""
     if None not in items:
@@ -332,6 +332,8 @@ class RdMirrorConsumer:
         Python loop over the records cost 1.8 µs per record (bench/results/profile.md)."""
         from confluent_kafka import Message
 
+        if not msgs:
+            return {}
         if any(map(Message.error, msgs)):  # rare: an error event among the records
             for m in msgs:
                 if m.error() is not None:

@@ -144,7 +144,7 @@ def test_spy_areas_from_speedscope(tmp_path: Path) -> None:
 
 def test_mirror_bench_asks_for_every_part_before_the_stack(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """--spy needs py-spy and the librdkafka contender confluent-kafka: both are asked for
+    """--spy needs py-spy and a librdkafka contender confluent-kafka: both are asked for
     before the stack starts and the backlog is written (a missing py-spy used to be found
     only after minutes of writing)."""
     run = _mirror_run()
@@ -153,10 +153,11 @@ def test_mirror_bench_asks_for_every_part_before_the_stack(
                         asked.append((list(modules), list(tools))))
     run.needs(["crossdc"], spy=True)
     run.needs(["crossdc_rdkafka"])
-    run.needs(["crossdc"])
+    run.needs(["crossdc_aio"])
     assert "py-spy" in asked[0][1]
+    assert "confluent_kafka" in asked[0][0]  # the default mirror's consumer
     assert "confluent_kafka" in asked[1][0]
-    assert asked[2] == (["matplotlib"], [])
+    assert asked[2] == (["matplotlib"], [])  # aiokafka on both sides: nothing more
 
 
 def test_worst_seconds_find_a_stall() -> None:
