@@ -9,9 +9,14 @@ record object per record (`_Rec`, built in the consume thread).
 
 How it is bridged to asyncio, without a thread per record and without spinning when idle:
 
-- one thread per consumer blocks in `consume(timeout)` (the GIL released while it waits);
-  each batch it gets is grouped by partition into `_Rec` tuples and handed to the event loop
-  (at most one batch waits there: the thread fetches the next while the worker writes);
+- one thread per consumer owns it (confluent-kafka serializes the calls on a handle: a call
+  from the loop while `consume()` runs would wait for it, holding the GIL); the loop's calls
+  (`subscribe`, `pause`, `commit`...) are queued for it and run between two consumes;
+- when `getmany` asks, the thread takes what librdkafka has fetched (or waits in
+  `consume(timeout)`, the GIL released, for the first record), groups it by partition into
+  `_Rec` tuples and hands it to the event loop. It consumes only when asked: a batch built
+  ahead would get older while the worker writes the one before it (librdkafka prefetches
+  in its own threads anyway); measured: p50 replication latency 33 ms ahead, ...;
 - librdkafka serves the group's rebalance callbacks inside `consume()`, in that thread: each
   runs the worker's listener (a coroutine) on the loop and waits for it. The listener's
   `seek()`s are gathered and become the offsets the partitions are assigned at, as
@@ -110,10 +115,10 @@ class RdMirrorConsumer:
         self._gen = 0  # assignment generation: written by the consume thread only
         self._seeks: dict[TopicPartition, int] | None = None  # gathered in a callback
         self._tps: dict[tuple[Any, Any], TopicPartition] = {}
-        # the hand-over: one batch at most waits for getmany
+        # the hand-over: the thread consumes when getmany asks, one batch at a time
         self._ready: list[tuple[int, dict[TopicPartition, list[_Rec]]]] = []
         self._arrived: asyncio.Event | None = None
-        self._taken = threading.Event()
+        self._wanted = threading.Event()  # getmany asks the thread for a batch
         self._ended: asyncio.Future[None] | None = None
         self._error: KafkaError | None = None
         self._high: dict[TopicPartition, int] = {}
@@ -130,7 +135,6 @@ class RdMirrorConsumer:
         self._ended = self._loop.create_future()
         self._c = Consumer(dict(self._config, **rdkafka_config(self.conn)))
         self._running = True
-        self._taken.set()
         self._thread = threading.Thread(target=self._consume_loop, daemon=True,
                                         name=f"rdkafka-consume:{self.client_id}")
         self._thread.start()
@@ -141,7 +145,7 @@ class RdMirrorConsumer:
         if not self._running and self._ended is None:
             return
         self._running = False
-        self._taken.set()
+        self._wanted.set()
         ended = self._ended
         if ended is not None:
             await asyncio.shield(ended)
@@ -253,12 +257,12 @@ class RdMirrorConsumer:
             raise err
         if not self._ready:
             arrived.clear()
+            self._wanted.set()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(timeout_ms / 1000):
                     await arrived.wait()
         while self._ready:
             gen, batch = self._ready.pop(0)
-            self._taken.set()
             if gen == self._gen:  # else fetched before an assignment change: dropped
                 return batch
         return {}
@@ -271,6 +275,12 @@ class RdMirrorConsumer:
             while self._running:
                 while self._cmds:
                     self._run_cmd(c, self._cmds.popleft())
+                # Only when the worker asks: a batch built ahead would wait, getting older,
+                # while the worker writes the one before it (librdkafka prefetches anyway).
+                if not self._wanted.wait(_CONSUME_S):
+                    continue
+                if not self._running:
+                    return
                 # What is fetched already, at once (a consume with a timeout waits for
                 # `_max` records); else wait for the first record, then take the rest.
                 msgs = c.consume(num_messages=self._max, timeout=0)
@@ -284,13 +294,7 @@ class RdMirrorConsumer:
                 if not batch:
                     continue
                 self._watermarks(c, batch)
-                # at most one batch waits for the worker: wait for the one before it
-                while not self._taken.wait(_CONSUME_S):
-                    if not self._running:
-                        return
-                if not self._running:
-                    return
-                self._taken.clear()
+                self._wanted.clear()
                 self._ready.append((gen, batch))
                 with contextlib.suppress(RuntimeError):  # the loop closed
                     loop.call_soon_threadsafe(_wake, self._arrived)
