@@ -100,14 +100,18 @@ async def measure(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         await LocalStack.down(paths)
 
 
-def write_results(res: dict[str, Any]) -> None:
+def write_results(res: dict[str, Any], out: str = "idle") -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
-    res = {**res, "git_commit": commit, "target_share_of_core": TARGET}
+    res = {**res, "git_commit": commit, "target_share_of_core": TARGET,
+           "mirror_consumer_client": os.environ.get("CROSSDC_MIRROR_CONSUMER_CLIENT")
+           or "aiokafka (the default)"}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "idle.json").write_text(json.dumps(res, indent=2) + "\n")
+    (RESULTS / f"{out}.json").write_text(json.dumps(res, indent=2) + "\n")
     lines = [
         "# Idle CPU: crossdc's daemons with no traffic",
+        "",
+        f"The mirrors' consumer: {res['mirror_consumer_client']}.",
         "",
         f"`bench/idle/run.py`, commit {commit}: a two-region LocalStack with a proxy, a "
         f"controller and a mirror per region, left alone {res['settle_s']:g} s after start-up, "
@@ -127,7 +131,7 @@ def write_results(res: dict[str, Any]) -> None:
               f"{res['load_avg']['before']} before, {res['load_avg']['after']} after.", ""]
     for name, prof in res.get("profiles", {}).items():
         lines += render(f"{name}: where its idle CPU goes (py-spy, busy samples only)", prof)
-    (RESULTS / "idle.md").write_text("\n".join(lines))
+    (RESULTS / f"{out}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 
@@ -138,11 +142,14 @@ def main() -> None:
     ap.add_argument("--spy", type=Path, default=None, metavar="DIR",
                     help="py-spy the east proxy, mirror and controller over the window; "
                     "flame graphs into DIR")
+    ap.add_argument("--out", default="idle",
+                    help="bench/results/OUT.{json,md} (another set-up beside the official "
+                    "one, e.g. with CROSSDC_MIRROR_CONSUMER_CLIENT=librdkafka)")
     a = ap.parse_args()
     require("bench/idle/run.py", tools=["py-spy"] if a.spy else [])
     with tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp:
         res = asyncio.run(measure(a, Path(tmp)))
-    write_results(res)
+    write_results(res, a.out)
 
 
 if __name__ == "__main__":

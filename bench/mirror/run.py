@@ -57,15 +57,15 @@ class ContenderDied(Exception):
 
 CROSSDC: dict[str, tuple[bool, str, str, str]] = {
     # name: (exactly-once, producer client, consumer client, label); "crossdc" and
-    # "crossdc_eos" are the defaults (`Flow`: aiokafka's producer, librdkafka's consumer)
-    "crossdc": (False, "aiokafka", "librdkafka", "crossdc, at-least-once (1 worker)"),
-    "crossdc_aio": (False, "aiokafka", "aiokafka",
-                    "crossdc, at-least-once, aiokafka consumer (1 worker)"),
-    "crossdc_rdkafka": (False, "librdkafka", "librdkafka",
-                        "crossdc, at-least-once, librdkafka producer too (1 worker)"),
-    "crossdc_eos": (True, "aiokafka", "librdkafka", "crossdc, exactly-once (1 worker)"),
-    "crossdc_aio_eos": (True, "aiokafka", "aiokafka",
-                        "crossdc, exactly-once, aiokafka consumer (1 worker)"),
+    # "crossdc_eos" are the defaults (`Flow`: aiokafka on both sides)
+    "crossdc": (False, "aiokafka", "aiokafka", "crossdc, at-least-once (1 worker)"),
+    "crossdc_rdc": (False, "aiokafka", "librdkafka",
+                    "crossdc, at-least-once, librdkafka consumer (1 worker)"),
+    "crossdc_rdkafka": (False, "librdkafka", "aiokafka",
+                        "crossdc, at-least-once, librdkafka producer (1 worker)"),
+    "crossdc_eos": (True, "aiokafka", "aiokafka", "crossdc, exactly-once (1 worker)"),
+    "crossdc_rdc_eos": (True, "aiokafka", "librdkafka",
+                        "crossdc, exactly-once, librdkafka consumer (1 worker)"),
 }
 CONTENDERS = ("ceiling", "mm2", "mm2_tuned", *CROSSDC)
 
@@ -333,7 +333,7 @@ def mm2_command(libs: Path, tmp: Path, east: str, west: str, topics: str, tasks:
 
 def crossdc_command(tpath: Path, topics: str, group: str, eos: bool,
                     profile: Path | None = None, kafka_client: str = "aiokafka",
-                    consumer_client: str = "librdkafka") -> list[str]:
+                    consumer_client: str = "aiokafka") -> list[str]:
     dr = str(Path(sys.executable).parent / "dr")
     prefix = [sys.executable, "-m", "cProfile", "-o", str(profile), dr] if profile else [dr]
     return [*prefix, "--log-level", "warning", "mirror", "run", "--topology", str(tpath),
@@ -447,7 +447,7 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
     colors = {"ceiling": "#9d755d", "mm2": "#e45756", "mm2_tuned": "#f58518",
               "crossdc": "#4c78a8",
               "crossdc_eos": "#72b7b2", "crossdc_rdkafka": "#54a24b",
-              "crossdc_aio": "#b279a2", "crossdc_aio_eos": "#9ecae9"}
+              "crossdc_rdc": "#b279a2", "crossdc_rdc_eos": "#9ecae9"}
     return bars(path, [
         BarPanel("throughput", ["records/s"],
                  {n: [float(results[n]["rps"])] for n in names}, ylabel="records / s"),
@@ -555,8 +555,8 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--rate", type=int, default=10_000)
     ap.add_argument("--latency-s", type=float, default=30.0)
-    ap.add_argument("--only", default="ceiling,mm2,mm2_tuned,crossdc,crossdc_aio,crossdc_eos,"
-                    "crossdc_aio_eos")
+    ap.add_argument("--only", default="ceiling,mm2,mm2_tuned,crossdc,crossdc_rdc,crossdc_eos,"
+                    "crossdc_rdc_eos")
     ap.add_argument("--setup", action="store_true", help="Only fetch the MM2 jars.")
     ap.add_argument("--report-only", action="store_true",
                     help="Rewrite mirror.md and mirror.png from mirror.json.")

@@ -124,7 +124,7 @@ def run(
     consumer_client: Annotated[Literal["aiokafka", "librdkafka"] | None, typer.Option(
         "--consumer-client", envvar="CROSSDC_MIRROR_CONSUMER_CLIENT",
         help="The copy loop's consumer, for every flow run here: aiokafka or librdkafka "
-        "(both modes) [default: each flow's consumer_client, librdkafka].",
+        "(both modes) [default: each flow's consumer_client, aiokafka].",
         show_default=False)] = None,
 ) -> None:
     """Replicate topics source → target (or the topology's flows) until stopped."""

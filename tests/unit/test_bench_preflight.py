@@ -153,11 +153,12 @@ def test_mirror_bench_asks_for_every_part_before_the_stack(
                         asked.append((list(modules), list(tools))))
     run.needs(["crossdc"], spy=True)
     run.needs(["crossdc_rdkafka"])
-    run.needs(["crossdc_aio"])
+    run.needs(["crossdc_rdc"])
+    run.needs(["crossdc"])
     assert "py-spy" in asked[0][1]
-    assert "confluent_kafka" in asked[0][0]  # the default mirror's consumer
     assert "confluent_kafka" in asked[1][0]
-    assert asked[2] == (["matplotlib"], [])  # aiokafka on both sides: nothing more
+    assert "confluent_kafka" in asked[2][0]
+    assert asked[3] == (["matplotlib"], [])  # aiokafka on both sides: nothing more
 
 
 def test_worst_seconds_find_a_stall() -> None:
