@@ -197,7 +197,7 @@ class Flow(_Model):
     consumer_client: Literal["aiokafka", "librdkafka"] = Field(
         "aiokafka", description="The copy loop's consumer: aiokafka, or librdkafka "
         "(confluent-kafka: fetching, CRC checks and decoding in its own threads; on the "
-        "bench no faster and 2-4% less CPU per record: bench/results/mirror.md). Both "
+        "bench no faster, CPU per record within -8 to +2 %: bench/results/mirror.md). Both "
         "modes; workers on either client can share a group.")
 
     @field_validator("topics")
