@@ -129,12 +129,15 @@ class RdMirrorConsumer:
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
+        """Build the consumer and its thread (the group is joined by the first consumes).
+        A failure here (a bad setting, the principal's password unreadable) leaves nothing
+        to stop."""
         from confluent_kafka import Consumer
 
         self._loop = asyncio.get_running_loop()
         self._arrived = asyncio.Event()
-        self._ended = self._loop.create_future()
         self._c = Consumer(dict(self._config, **rdkafka_config(self.conn)))
+        self._ended = self._loop.create_future()
         self._running = True
         self._thread = threading.Thread(target=self._consume_loop, daemon=True,
                                         name=f"rdkafka-consume:{self.client_id}")
@@ -143,7 +146,7 @@ class RdMirrorConsumer:
     async def stop(self) -> None:
         """End the consume thread (within `_CONSUME_S` plus a callback under way); the thread
         closes the consumer, which leaves the group."""
-        if not self._running and self._ended is None:
+        if self._ended is None:  # never started, or its start failed
             return
         self._running = False
         self._wanted.set()

@@ -4,12 +4,13 @@ over confluent-kafka's own Message objects (hypothesis); consumer errors among t
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
 from confluent_kafka import KafkaError as CKError
-from confluent_kafka import Message
+from confluent_kafka import KafkaException, Message
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -76,6 +77,17 @@ def test_a_retriable_consumer_error_is_only_logged() -> None:
     got = c._group([Message(topic="a", partition=0, error=CKError(CKError._TRANSPORT))])
     assert got == {}
     assert c._error is None
+
+
+async def test_a_failed_start_leaves_nothing_to_stop() -> None:
+    c = RdMirrorConsumer(KafkaConnection.of("127.0.0.1:1"), client_id="t", group_id="g",
+                         read_committed=False, metadata_max_age_ms=1000,
+                         fetch_max_bytes=-5)  # librdkafka refuses it when the consumer is built
+    with pytest.raises(KafkaException, match=r"fetch\.max\.bytes"):
+        await c.start()
+    async with asyncio.timeout(5):  # before: waited for a thread that never started
+        await c.stop()
+    assert not c.closed
 
 
 async def test_calls_after_stop_say_closed() -> None:
