@@ -192,8 +192,8 @@ class Flow(_Model):
     kafka_client: Literal["aiokafka", "librdkafka"] = Field(
         "aiokafka", description="The copy loop's producer: aiokafka, or librdkafka "
         "(confluent-kafka; on the bench it cost more CPU per record: "
-        "bench/results/mirror-rdkafka.md). At-least-once only: an "
-        "exactly-once flow writes its transactions with aiokafka whatever this says.")
+        "bench/results/mirror-rdkafka.md). Both modes: exactly-once with librdkafka's "
+        "transactions (the same transactional id, so either client fences the other).")
     consumer_client: Literal["aiokafka", "librdkafka"] = Field(
         "aiokafka", description="The copy loop's consumer: aiokafka, or librdkafka "
         "(confluent-kafka: fetching, CRC checks and decoding in its own threads; on the "

@@ -7,7 +7,13 @@
 """
 
 from crossdc.clients.offsets import translate_group
-from mirror.errors import MirrorError, OffsetsError, PartitionMismatch, RecordTooLarge
+from mirror.errors import (
+    MirrorError,
+    OffsetsError,
+    PartitionMismatch,
+    RecordTooLarge,
+    WorkerFenced,
+)
 from mirror.metrics import MirrorMetrics
 from mirror.worker import MirrorWorker
 
@@ -18,5 +24,6 @@ __all__ = [
     "OffsetsError",
     "PartitionMismatch",
     "RecordTooLarge",
+    "WorkerFenced",
     "translate_group",
 ]

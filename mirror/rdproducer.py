@@ -1,9 +1,11 @@
-"""The mirror's librdkafka producer (`Flow.kafka_client: librdkafka`, at-least-once only).
+"""The mirror's librdkafka producer (`Flow.kafka_client: librdkafka`), both modes.
 
 `crossdc.clients.rdkafka.RdProducer` behind the few calls of aiokafka's producer the copy
 loop makes (`send`, `create_batch` / `send_batch`, `partitions_for`, `client.add_topic`,
-`client.force_metadata_update`), so MirrorWorker's routing, offset-sync records, fencing,
-quarantine, dead letters and retries stay one code path:
+`client.force_metadata_update`, and for exactly-once `begin_transaction`,
+`commit_transaction`, `abort_transaction` with the worker's transactional id), so
+MirrorWorker's routing, offset-sync records, fencing, quarantine, dead letters and retries
+stay one code path:
 
 - a "batch" is the records of one partition produced in order with one `Sent`: its future
   resolves to `_Md` (the first record's offset and, unlike aiokafka's batch, the offset of
@@ -91,10 +93,13 @@ class RdMirrorProducer:
     """The copy loop's producer on librdkafka, with aiokafka's producer's calls."""
 
     def __init__(self, conn: KafkaConnection, *, client_id: str, linger_ms: int = 5,
-                 max_request_bytes: int = 1024 * 1024) -> None:
+                 max_request_bytes: int = 1024 * 1024, transactional_id: str | None = None,
+                 transaction_timeout_ms: int = 60_000) -> None:
         self._p = RdProducer(conn, client_id=client_id, linger_ms=linger_ms,
                              batch_bytes=min(512 * 1024, max_request_bytes),
-                             max_request_bytes=max(1000, max_request_bytes))
+                             max_request_bytes=max(1000, max_request_bytes),
+                             transactional_id=transactional_id,
+                             transaction_timeout_ms=transaction_timeout_ms)
         # partitions per topic, known from the cluster: the worker asks for every partition
         # of every batch (`_target_has`); asked again after `client.force_metadata_update()`
         self._parts: dict[str, set[int]] = {}
@@ -104,6 +109,11 @@ class RdMirrorProducer:
     def fatal(self) -> bool:
         """librdkafka's idempotent producer hit a fatal error: make a new one."""
         return self._p.fatal
+
+    @property
+    def fenced(self) -> bool:
+        """Exactly-once: a newer producer took the transactional id."""
+        return self._p.fenced
 
     @property
     def closed(self) -> bool:
@@ -117,6 +127,15 @@ class RdMirrorProducer:
 
     async def drop(self) -> None:
         await self._p.drop()
+
+    async def begin_transaction(self) -> None:
+        await self._p.begin_transaction()
+
+    async def commit_transaction(self) -> None:
+        await self._p.commit_transaction()
+
+    async def abort_transaction(self) -> None:
+        await self._p.abort_transaction()
 
     def create_batch(self) -> _Batch:
         return _Batch()

@@ -193,9 +193,8 @@ class MirrorWorker(Lifecycle):
         self._refresh_lock = asyncio.Lock()
         self._generation = 0
         self._producer_kw: dict[str, Any] = {}
-        # the copy loop's producer: librdkafka when the flow asks (at-least-once only;
-        # exactly-once stays on aiokafka's transactions)
-        self._rdkafka = flow.kafka_client == "librdkafka" and not flow.exactly_once
+        # the copy loop's producer: librdkafka when the flow asks (both modes)
+        self._rdkafka = flow.kafka_client == "librdkafka"
         self._task: asyncio.Task[None] | None = None
         self._consumer: Any = None  # AIOKafkaConsumer, or RdMirrorConsumer (librdkafka)
         self._producer: Any = None  # AIOKafkaProducer, or RdMirrorProducer (librdkafka)
@@ -283,9 +282,11 @@ class MirrorWorker(Lifecycle):
                                    not f.cancelled() and f.exception() is None else None)
                                   for k, v, p, f in self._sync_unacked]
         if self._rdkafka:
-            producer: Any = RdMirrorProducer(self.target, client_id=self._client_id,
-                                             linger_ms=5,
-                                             max_request_bytes=self.flow.max_request_bytes)
+            producer: Any = RdMirrorProducer(
+                self.target, client_id=self._client_id, linger_ms=5,
+                max_request_bytes=self.flow.max_request_bytes,
+                transactional_id=self._producer_kw.get("transactional_id"),
+                transaction_timeout_ms=_TXN_TIMEOUT_MS)
         else:
             producer = AIOKafkaProducer(**self.target.aiokafka_kwargs(), **self._producer_kw)
         await producer.start()
@@ -692,6 +693,12 @@ class MirrorWorker(Lifecycle):
                         return
                     continue
                 except (ClientError, KafkaError) as exc:  # ClientError: _target_has's refresh
+                    if getattr(self._producer, "fenced", False):
+                        # librdkafka: a record purged by the fence may fail before the
+                        # fence itself is reported; the abort that followed said it
+                        err = WorkerFenced(self.transactional_id)
+                        self.errors.append(err)
+                        raise err from exc
                     self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
                                                "target_write").inc()
                     if self.flow.exactly_once or isinstance(exc, OutOfOrderSequenceNumber) \

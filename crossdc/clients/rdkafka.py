@@ -19,6 +19,14 @@ librdkafka's own threads). It is a blocking-style API: delivery reports are serv
         sent = await p.send_many("t", [(key, value, headers, partition), ...])
         outcomes = await sent.future   # per record: (partition, offset) or a KafkaError
 
+**Transactions** (`transactional_id=`): `start()` also runs `init_transactions()` (fencing an
+older producer of the id, aborting its open transaction); `begin_transaction()`,
+`commit_transaction()` and `abort_transaction()` as aiokafka's. librdkafka's commit and abort
+block (a round trip to the transaction coordinator, and a flush): they run in a thread of
+the default executor, once per transaction. Before a commit, every record produced is first
+answered through the poll thread, so the commit never serves a delivery report in another
+thread. A fenced producer raises `ProducerFenced` (aiokafka's class).
+
 Idempotent (`enable.idempotence`, acks=all); keyless records without a partition go to
 librdkafka's partitioner (`murmur2_random`: Kafka's default for keyed ones, so direct Java
 producers agree). The connection's security maps to librdkafka's settings
@@ -34,6 +42,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +52,7 @@ from aiokafka.errors import (
     KafkaTimeoutError,
     MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
+    ProducerFenced,
     UnknownTopicOrPartitionError,
     for_code,
 )
@@ -99,6 +109,12 @@ def translate(err: Any) -> KafkaError:
     code = err.code()
     text = f"{err.name()}: {err.str()}"
     exc: KafkaError
+    if is_fenced(err):
+        # another producer took the transactional id (also fatal for librdkafka): what
+        # MirrorWorker turns into WorkerFenced, as aiokafka's own ProducerFenced
+        exc = ProducerFenced(text)
+        exc.retriable = False
+        return exc
     if err.fatal():
         exc = RdProducerFatal(text)
     elif code == CK.OUT_OF_ORDER_SEQUENCE_NUMBER:
@@ -122,6 +138,13 @@ def translate(err: Any) -> KafkaError:
                                                        CK._UNKNOWN_TOPIC):
         exc.retriable = bool(err.retriable()) or isinstance(exc, KafkaConnectionError)
     return exc
+
+
+def is_fenced(err: Any) -> bool:
+    """A confluent_kafka.KafkaError that says a newer producer took the transactional id."""
+    from confluent_kafka import KafkaError as CK
+
+    return bool(err.code() in (CK._FENCED, CK.PRODUCER_FENCED, CK.INVALID_PRODUCER_EPOCH))
 
 
 class Sent:
@@ -151,9 +174,11 @@ class RdProducer(Lifecycle):
     def __init__(self, conn: KafkaConnection, *, client_id: str, linger_ms: int = 2,
                  batch_bytes: int = 512 * 1024, max_request_bytes: int = 4 * 1024 * 1024,
                  request_timeout_ms: int = 10_000, delivery_timeout_ms: int = 30_000,
-                 metadata_max_age_ms: int = 30_000, **extra: Any) -> None:
+                 metadata_max_age_ms: int = 30_000, transactional_id: str | None = None,
+                 transaction_timeout_ms: int = 60_000, **extra: Any) -> None:
         self.conn = conn
         self.client_id = client_id
+        self.transactional_id = transactional_id
         self._config: dict[str, Any] = {
             "client.id": client_id,
             "enable.idempotence": True, "acks": "all",
@@ -174,6 +199,12 @@ class RdProducer(Lifecycle):
             "logger": _rdlog,
             **extra,
         }
+        if transactional_id is not None:
+            self._config["transactional.id"] = transactional_id
+            self._config["transaction.timeout.ms"] = transaction_timeout_ms
+            # librdkafka refuses a record that may outlive its transaction
+            self._config["message.timeout.ms"] = min(delivery_timeout_ms,
+                                                     transaction_timeout_ms)
         self._producer: Any = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -182,6 +213,7 @@ class RdProducer(Lifecycle):
         self._done: list[Sent] = []  # answered groups, handed to the loop after each poll
         self.last_error = ""
         self.fatal = False
+        self.fenced = False  # the fatal error was a fence: every later error says so
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self, timeout_s: float = 5.0) -> None:
@@ -206,6 +238,11 @@ class RdProducer(Lifecycle):
                 raise KafkaConnectionError(
                     f"no broker of {self.conn.bootstrap} answered within {timeout_s:.1f}s"
                     + (f" ({self.last_error})" if self.last_error else ""))
+            if self.transactional_id is not None:
+                # longer than the metadata's bound: the coordinator first aborts what a
+                # fenced predecessor left open (librdkafka retries meanwhile)
+                await self._txn("init transactions", self._producer.init_transactions,
+                                max(timeout_s, 30.0))
         except BaseException:
             await self._close(purge=True, wait_s=2.0)
             self._start_undone()
@@ -271,6 +308,18 @@ class RdProducer(Lifecycle):
         self.last_error = f"{err.name()}: {err.str()}"
         if err.fatal():
             self.fatal = True
+        if is_fenced(err):
+            self.fatal = self.fenced = True
+
+    def _translate(self, err: Any) -> KafkaError:
+        """`translate`, except that once the producer was fenced, a fatal error (librdkafka
+        fails what was in flight with `_FATAL`) is the fence."""
+        if self.fenced and err.fatal() and not is_fenced(err):
+            fenced = ProducerFenced(f"fenced by a newer producer of "
+                                    f"{self.transactional_id!r}: {err.name()}: {err.str()}")
+            fenced.retriable = False
+            return fenced
+        return translate(err)
 
     # -- the poll thread -------------------------------------------------------------------
     def _poll_loop(self) -> None:
@@ -278,9 +327,15 @@ class RdProducer(Lifecycle):
         loop = self._loop
         assert producer is not None
         assert loop is not None
+        from confluent_kafka import KafkaException
+
         done = self._done  # appended to by the delivery reports, in this thread only
         while self._running:
-            producer.poll(_POLL_S)
+            try:
+                producer.poll(_POLL_S)
+            except KafkaException as exc:  # a fatal error (a transactional producer's fence)
+                self._on_error(exc.args[0])
+                time.sleep(_POLL_S / 10)  # raised at once again: no spinning
             if done:
                 batch = done[:]
                 done.clear()
@@ -352,7 +407,7 @@ class RdProducer(Lifecycle):
 
             def report(err: Any, msg: Any, i: int = i) -> None:  # the poll thread
                 outcomes[i] = (msg.partition(), msg.offset()) if err is None else \
-                    translate(err)
+                    self._translate(err)
                 sent.delivered += 1
                 if sent.delivered + sent.refused == n:
                     done.append(sent)
@@ -370,7 +425,7 @@ class RdProducer(Lifecycle):
             except BufferError:
                 return i
             except KafkaException as exc:
-                self._refuse(sent, i, translate(exc.args[0]))
+                self._refuse(sent, i, self._translate(exc.args[0]))
             except (TypeError, ValueError) as exc:
                 self._refuse(sent, i, KafkaError(f"{exc.__class__.__name__}: {exc}"))
         if sent.refused and sent.delivered + sent.refused == n:
@@ -382,6 +437,53 @@ class RdProducer(Lifecycle):
         """Record i refused before it was queued (on the loop: its report never comes)."""
         sent.outcomes[i] = err
         sent.refused += 1
+
+    # -- transactions ----------------------------------------------------------------------
+    async def begin_transaction(self) -> None:
+        """Open a transaction (a local state change in librdkafka: no round trip)."""
+        producer = self._started()
+        from confluent_kafka import KafkaException
+
+        try:
+            producer.begin_transaction()
+        except KafkaException as exc:
+            raise _txn_error("begin transaction", exc.args[0],
+                             self._translate(exc.args[0])) from None
+
+    async def commit_transaction(self, timeout_s: float = 30.0) -> None:
+        """Wait for every record produced to be answered (through the poll thread), then
+        commit, in a thread; the transaction's own errors as `_txn_error` says."""
+        producer = self._started()
+        if self._inflight:
+            async with asyncio.timeout(timeout_s):
+                await asyncio.wait(set(self._inflight))
+        await self._txn("commit transaction", producer.commit_transaction, timeout_s)
+
+    async def abort_transaction(self, timeout_s: float = 30.0) -> None:
+        """Abort the open transaction, in a thread (what is queued is purged: those records
+        fail)."""
+        await self._txn("abort transaction", self._started().abort_transaction, timeout_s)
+
+    def _started(self) -> Any:
+        producer = self._producer
+        if producer is None:
+            raise KafkaConnectionError("producer not started" if not self.closed
+                                       else "producer closed")
+        return producer
+
+    async def _txn(self, what: str, call: Any, timeout_s: float) -> None:
+        """A blocking transactional call of librdkafka's, in the default executor."""
+        from confluent_kafka import KafkaException
+
+        def run() -> None:
+            try:
+                call(timeout_s)
+            except KafkaException as exc:
+                if is_fenced(exc.args[0]):
+                    self.fatal = self.fenced = True
+                raise _txn_error(what, exc.args[0], self._translate(exc.args[0])) from None
+
+        await asyncio.get_running_loop().run_in_executor(None, run)
 
     # -- metadata --------------------------------------------------------------------------
     async def metadata(self, topic: str | None, timeout_s: float) -> Any:
@@ -415,6 +517,16 @@ class RdProducer(Lifecycle):
                 return None
             return False if tm is not None else None
         return len(tm.partitions)
+
+
+def _txn_error(what: str, err: Any, out: KafkaError) -> KafkaError:
+    """A transactional call's error `err` (translated: `out`) named for the call: fenced is
+    `ProducerFenced`; an error that leaves the transaction to abort, or one librdkafka calls
+    retriable, is retriable (the caller aborts or starts a new producer and tries again)."""
+    out.args = (f"{what}: {out.args[0] if out.args else err}",)
+    if not isinstance(out, ProducerFenced) and (err.txn_requires_abort() or err.retriable()):
+        out.retriable = True
+    return out
 
 
 def _set_done(fut: asyncio.Future[None]) -> None:

@@ -119,7 +119,7 @@ def run(
     kafka_client: Annotated[Literal["aiokafka", "librdkafka"] | None, typer.Option(
         "--kafka-client", envvar="CROSSDC_MIRROR_KAFKA_CLIENT",
         help="The copy loop's producer, for every flow run here: aiokafka or librdkafka "
-        "(at-least-once flows; exactly-once ones stay on aiokafka) [default: each flow's "
+        "(both modes; exactly-once with librdkafka's transactions) [default: each flow's "
         "kafka_client, aiokafka].", show_default=False)] = None,
     consumer_client: Annotated[Literal["aiokafka", "librdkafka"] | None, typer.Option(
         "--consumer-client", envvar="CROSSDC_MIRROR_CONSUMER_CLIENT",

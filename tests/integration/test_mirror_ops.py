@@ -35,7 +35,7 @@ from tests_support import write_topology
 from crossdc.clients.connection import KafkaConnection
 from crossdc.topology import Flow
 from dr.stack.ports import free_port
-from mirror import MirrorMetrics, MirrorWorker, RecordTooLarge
+from mirror import MirrorMetrics, MirrorWorker, RecordTooLarge, WorkerFenced
 
 DR = str(Path(sys.executable).parent / "dr")
 
@@ -50,17 +50,23 @@ async def _async(value: bool) -> bool:
     return value
 
 
-async def test_scale_out_exactly_once_through_rebalances_on_both_consumers(two_regions) -> None:  # type: ignore[no-untyped-def]
+def _other(client: str) -> str:
+    return "librdkafka" if client == "aiokafka" else "aiokafka"
+
+
+async def test_scale_out_exactly_once_through_rebalances_on_both_clients(two_regions) -> None:  # type: ignore[no-untyped-def]
     east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
     topic = unique("mm-scale")
     await create_topic(east, topic, partitions=4)
     flow = mirror_flow("east", "west", topic, exactly_once=True, worker_id="w1")
     m1, m2 = MirrorMetrics(), MirrorMetrics()
     w1 = MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west), m1)
-    # One group, both consumer clients: w2 reads with librdkafka (mirror.rdconsumer), w1
-    # with the flow's default; one group protocol (assignor "roundrobin").
-    other = "librdkafka" if flow.consumer_client == "aiokafka" else "aiokafka"
-    w2 = MirrorWorker(flow.model_copy(update={"worker_id": "w2", "consumer_client": other}),
+    # One group, both clients on each side: w2 reads and writes with the client w1 does not
+    # (librdkafka: mirror.rdconsumer, and mirror.rdproducer's transactions); one group
+    # protocol (assignor "roundrobin"), one transactional protocol.
+    w2 = MirrorWorker(flow.model_copy(update={"worker_id": "w2",
+                                              "consumer_client": _other(flow.consumer_client),
+                                              "kafka_client": _other(flow.kafka_client)}),
                       KafkaConnection.of(east), KafkaConnection.of(west), m2)
     # An aborted source transaction: read_committed never lets it through.
     p = AIOKafkaProducer(bootstrap_servers=east, transactional_id=unique("tx"))
@@ -110,6 +116,67 @@ async def test_scale_out_exactly_once_through_rebalances_on_both_consumers(two_r
     assert b"never" not in {r.value for r in got}
     assert not w1.errors
     assert not w2.errors
+
+
+async def test_two_workers_of_one_id_fence_each_other_across_clients(two_regions) -> None:  # type: ignore[no-untyped-def]
+    """Exactly-once: a second worker started with the first one's id (a restarted pod whose
+    predecessor still runs) takes the transactional id, whichever client each writes with.
+    One of the two stops with WorkerFenced, its open transaction aborted, the other carries
+    on, and every record lands once. Usually the first one stops, at its next transaction;
+    when the fence races a commit of the first one, Kafka 4.1 may answer that commit with an
+    unknown server error (its coordinator's IllegalStateException: PREPARE_COMMIT during
+    PREPARE_EPOCH_FENCE, seen here), the first one's new producer fences the second, and the
+    second stops."""
+    east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
+    topic = unique("mm-fence")
+    await create_topic(east, topic, partitions=2)
+    flow = mirror_flow("east", "west", topic, exactly_once=True, worker_id="same")
+    m1, m2 = MirrorMetrics(), MirrorMetrics()
+    w1 = MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west), m1)
+    w2 = MirrorWorker(flow.model_copy(update={"kafka_client": _other(flow.kafka_client)}),
+                      KafkaConnection.of(east), KafkaConnection.of(west), m2)
+    stop_producing = asyncio.Event()
+
+    async def keep_producing() -> int:
+        n = 0
+        while not stop_producing.is_set():
+            await produce(east, topic, [(f"k{n + i}".encode(), b"v" * 100, [])
+                                        for i in range(200)], linger_ms=5)
+            n += 200
+            await asyncio.sleep(0.05)
+        return n
+    producing = asyncio.create_task(keep_producing())
+    try:
+        await w1.start()
+        await eventually(lambda: _async(_total(m1, "records") > 0), 60, "w1 writing")
+        await w2.start()  # its producer's first act fences w1's
+
+        def fenced(w: MirrorWorker) -> bool:
+            return any(isinstance(e, WorkerFenced) for e in w.errors)
+        await eventually(lambda: _async(fenced(w1) or fenced(w2)), 60, "one worker fenced")
+        gone, kept, kept_metrics = (w1, w2, m2) if fenced(w1) else (w2, w1, m1)
+        await eventually(lambda: _async(not gone.running), 10, "the fenced worker's loop ended")
+        await gone.stop()  # what `dr mirror run` does as it exits: leave the group
+        before = _total(kept_metrics, "records")
+        await eventually(lambda: _async(_total(kept_metrics, "records") > before), 60,
+                         "the other worker carrying on")
+        stop_producing.set()
+        produced = await producing
+        await eventually(drained(two_regions.boot, flow, topic, 2), 120, "drained")
+    finally:
+        stop_producing.set()
+        await producing
+        await w1.stop()
+        await w2.stop()
+    got = await read_all(west, topic, 2, isolation_level="read_committed")
+    src = await read_all(east, topic, 2)
+    assert len(src) == produced
+    ids = [dict(r.headers)["dr-id"] for r in got]
+    dupes = [i for i, n in collections.Counter(ids).items() if n > 1]
+    assert not dupes, f"{len(dupes)} duplicates after the fence"
+    assert sorted(ids) == sorted(f"east:{topic}:{r.partition}:{r.offset}".encode()
+                                 for r in src), "gap after the fence"
+    assert not kept.errors
 
 
 @pytest.mark.slow  # 15-20 s: in `make test-more` (CI), keeping `make test` under 10 min

@@ -3,6 +3,7 @@ errors as the data paths' classes, the writers' client chosen by the config."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from crossdc.clients.errors import (
     KafkaTimeoutError,
     MessageSizeTooLargeError,
     OutOfOrderSequenceNumber,
+    ProducerFenced,
 )
 from crossdc.clients.rdkafka import rdkafka_config
 from crossdc.security import PROXY, KafkaSecurity
@@ -81,6 +83,38 @@ def test_errors_map_to_the_data_paths_classes() -> None:
     assert not translate(KE(KE._UNKNOWN_PARTITION)).retriable
     assert isinstance(translate(KE(KE._PURGE_QUEUE)), KafkaTimeoutError)
     assert isinstance(translate(KE(KE._FATAL, fatal=True)), RdProducerFatal)
+    for code in (KE._FENCED, KE.PRODUCER_FENCED, KE.INVALID_PRODUCER_EPOCH):
+        fenced = translate(KE(code, fatal=True))
+        assert isinstance(fenced, ProducerFenced), code  # MirrorWorker: WorkerFenced
+        assert not fenced.retriable
+
+
+async def test_transactions_commit_and_abort_on_librdkafkas_mock_cluster() -> None:
+    """RdProducer's transactional calls against librdkafka's own mock cluster (in-process
+    brokers with a transaction coordinator): a commit waits for every record's answer, and
+    every record of an aborted transaction is answered too (delivered or purged). The mock's
+    coordinator does not fence an older epoch (tried): the fence, and the mirror's
+    exactly-once, are tested on real Kafka (tests/integration/test_mirror_ops.py,
+    test_mirror.py)."""
+    from crossdc.clients.rdkafka import RdProducer
+
+    conn = KafkaConnection.of("127.0.0.1:1")  # replaced by the mock cluster's
+    mock = {"test.mock.num.brokers": 1, "allow.auto.create.topics": True}
+    first = RdProducer(conn, client_id="t1", transactional_id="tx-a", **mock)
+    await first.start()
+    try:
+        await first.begin_transaction()
+        sent = first.send_many("t", [(b"k", b"v", None, 0)])
+        await first.commit_transaction()
+        assert sent.future.done(), "a commit waits for every record's answer"
+        assert (await sent.future)[0][1] >= 0
+        await first.begin_transaction()
+        aborted = first.send_many("t", [(b"k", b"never", None, 0)])
+        await first.abort_transaction()
+        await asyncio.wait_for(aborted.future, 10)
+        assert not first.fenced
+    finally:
+        await first.stop(5.0)
 
 
 def test_the_writers_client_is_a_config_choice() -> None:

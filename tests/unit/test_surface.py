@@ -26,7 +26,7 @@ def test_exported_names() -> None:
     assert all(getattr(proxy, name) for name in proxy.__all__)
     assert sorted(mirror.__all__) == sorted(
         ["MirrorError", "MirrorMetrics", "MirrorWorker", "OffsetsError", "PartitionMismatch",
-         "RecordTooLarge", "translate_group"])
+         "RecordTooLarge", "WorkerFenced", "translate_group"])
     assert issubclass(proxy.ProxyError, crossdc.CrossdcError)
     assert issubclass(mirror.MirrorError, crossdc.CrossdcError)
 
