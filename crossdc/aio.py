@@ -11,7 +11,7 @@ from typing import Any
 from crossdc.errors import CrossdcError
 
 __all__ = ["TaskEnded", "cancelled_from_outside", "checkpoint", "every", "first_error", "guard",
-           "sleep_unless", "wait_any"]
+           "set_done", "sleep_unless", "wait_any"]
 
 
 class TaskEnded(CrossdcError):
@@ -32,6 +32,13 @@ def cancelled_from_outside() -> bool:
     the real one."""
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
+
+
+def set_done(fut: asyncio.Future[None] | None) -> None:
+    """Resolve `fut` (None: nothing) unless it is done already: the callback a thread hands
+    to `loop.call_soon_threadsafe` to say it has finished."""
+    if fut is not None and not fut.done():
+        fut.set_result(None)
 
 
 def checkpoint() -> None:

@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 
 from aiokafka import ConsumerRebalanceListener, TopicPartition
 
+from crossdc.aio import set_done
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaConnectionError, KafkaError
 from crossdc.clients.rdkafka import rdkafka_config, translate
@@ -309,7 +310,7 @@ class RdMirrorConsumer:
                 c.close()
             self._c = None
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_set_done, self._ended)
+                loop.call_soon_threadsafe(set_done, self._ended)
 
     def _watermarks(self, c: Any, batch: dict[TopicPartition, list[_Rec]]) -> None:
         """The end offsets librdkafka learnt with the batch's fetches (for the lag metric)."""
@@ -439,8 +440,3 @@ def _settle(fut: asyncio.Future[None], exc: KafkaError | None) -> None:
 def _wake(ev: asyncio.Event | None) -> None:
     if ev is not None:
         ev.set()
-
-
-def _set_done(fut: asyncio.Future[None] | None) -> None:
-    if fut is not None and not fut.done():
-        fut.set_result(None)

@@ -225,7 +225,8 @@ class MirrorWorker(Lifecycle):
             raise
         self._task = asyncio.create_task(self._run(), name=f"mirror:{self._flow_label}")
         self.log.info("mirror_started", exactly_once=self.flow.exactly_once,
-                      worker_id=self.worker_id, topics=sorted(self._topics.partitions))
+                      worker_id=self.worker_id, topics=sorted(self._topics.partitions),
+                      producer=self.flow.kafka_client, consumer=self.flow.consumer_client)
 
     async def _open(self) -> None:
         # one try per call, as the discovery loop looks again every discovery_interval_s

@@ -66,6 +66,10 @@ CROSSDC: dict[str, tuple[bool, str, str, str]] = {
     "crossdc_eos": (True, "aiokafka", "aiokafka", "crossdc, exactly-once (1 worker)"),
     "crossdc_rdc_eos": (True, "aiokafka", "librdkafka",
                         "crossdc, exactly-once, librdkafka consumer (1 worker)"),
+    "crossdc_rdkafka_eos": (True, "librdkafka", "aiokafka",
+                            "crossdc, exactly-once, librdkafka producer (1 worker)"),
+    "crossdc_rd_eos": (True, "librdkafka", "librdkafka",
+                       "crossdc, exactly-once, librdkafka both sides (1 worker)"),
 }
 CONTENDERS = ("ceiling", "mm2", "mm2_tuned", *CROSSDC)
 
@@ -447,7 +451,8 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
     colors = {"ceiling": "#9d755d", "mm2": "#e45756", "mm2_tuned": "#f58518",
               "crossdc": "#4c78a8",
               "crossdc_eos": "#72b7b2", "crossdc_rdkafka": "#54a24b",
-              "crossdc_rdc": "#b279a2", "crossdc_rdc_eos": "#9ecae9"}
+              "crossdc_rdc": "#b279a2", "crossdc_rdc_eos": "#9ecae9",
+              "crossdc_rdkafka_eos": "#88d27a", "crossdc_rd_eos": "#ff9da6"}
     return bars(path, [
         BarPanel("throughput", ["records/s"],
                  {n: [float(results[n]["rps"])] for n in names}, ylabel="records / s"),

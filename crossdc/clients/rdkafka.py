@@ -57,6 +57,7 @@ from aiokafka.errors import (
     for_code,
 )
 
+from crossdc.aio import set_done
 from crossdc.clients.connection import KafkaConnection
 from crossdc.lifecycle import Lifecycle
 
@@ -289,7 +290,7 @@ class RdProducer(Lifecycle):
             with contextlib.suppress(Exception):
                 producer.close()
             with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
-                loop.call_soon_threadsafe(_set_done, closed)
+                loop.call_soon_threadsafe(set_done, closed)
 
         threading.Thread(target=close, daemon=True,
                          name=f"rdkafka-close:{self.client_id}").start()
@@ -527,11 +528,6 @@ def _txn_error(what: str, err: Any, out: KafkaError) -> KafkaError:
     if not isinstance(out, ProducerFenced) and (err.txn_requires_abort() or err.retriable()):
         out.retriable = True
     return out
-
-
-def _set_done(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
 
 
 def _resolve(batch: list[Sent]) -> None:

@@ -118,6 +118,7 @@ async def test_scale_out_exactly_once_through_rebalances_on_both_clients(two_reg
     assert not w2.errors
 
 
+@pytest.mark.slow  # 7-11 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_two_workers_of_one_id_fence_each_other_across_clients(two_regions) -> None:  # type: ignore[no-untyped-def]
     """Exactly-once: a second worker started with the first one's id (a restarted pod whose
     predecessor still runs) takes the transactional id, whichever client each writes with.
