@@ -15,6 +15,7 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -50,6 +51,31 @@ async def _async(value: bool) -> bool:
     return value
 
 
+async def _keep_producing(bootstrap: str, topic: str, stop: asyncio.Event) -> int:
+    """200 records every 50 ms or so until `stop`; how many were written."""
+    n = 0
+    while not stop.is_set():
+        await produce(bootstrap, topic, [(f"k{n + i}".encode(), b"v" * 100, [])
+                                         for i in range(200)], linger_ms=5)
+        n += 200
+        await asyncio.sleep(0.05)
+    return n
+
+
+async def _copied_once(east: str, west: str, topic: str, partitions: int, produced: int,
+                       after: str) -> list[Any]:
+    """The committed copy in west: every committed east record of `topic` once; returned."""
+    got = await read_all(west, topic, partitions, isolation_level="read_committed")
+    src = await read_all(east, topic, partitions, isolation_level="read_committed")
+    assert len(src) == produced
+    ids = [dict(r.headers)["dr-id"] for r in got]
+    dupes = [i for i, n in collections.Counter(ids).items() if n > 1]
+    assert not dupes, f"{len(dupes)} duplicates after {after}"
+    assert sorted(ids) == sorted(f"east:{topic}:{r.partition}:{r.offset}".encode()
+                                 for r in src), f"gap after {after}"
+    return got
+
+
 def _other(client: str) -> str:
     return "librdkafka" if client == "aiokafka" else "aiokafka"
 
@@ -78,16 +104,7 @@ async def test_scale_out_exactly_once_through_rebalances_on_both_clients(two_reg
     finally:
         await p.stop()
     stop_producing = asyncio.Event()
-
-    async def keep_producing() -> int:
-        n = 0
-        while not stop_producing.is_set():
-            await produce(east, topic, [(f"k{n + i}".encode(), b"v" * 100, [])
-                                        for i in range(200)], linger_ms=5)
-            n += 200
-            await asyncio.sleep(0.05)
-        return n
-    producing = asyncio.create_task(keep_producing())
+    producing = asyncio.create_task(_keep_producing(east, topic, stop_producing))
     try:
         await w1.start()
         await eventually(lambda: _async(_total(m1, "records") > 0), 60, "w1 writing")
@@ -105,14 +122,7 @@ async def test_scale_out_exactly_once_through_rebalances_on_both_clients(two_reg
         await producing
         await w1.stop()
         await w2.stop()
-    got = await read_all(west, topic, 4, isolation_level="read_committed")
-    src = [r for r in await read_all(east, topic, 4, isolation_level="read_committed")]
-    assert len(src) == produced
-    ids = [dict(r.headers)["dr-id"] for r in got]
-    dupes = [i for i, n in collections.Counter(ids).items() if n > 1]
-    assert not dupes, f"{len(dupes)} duplicates after rebalances"
-    assert sorted(ids) == sorted(f"east:{topic}:{r.partition}:{r.offset}".encode()
-                                 for r in src), "gap after rebalances"
+    got = await _copied_once(east, west, topic, 4, produced, "rebalances")
     assert b"never" not in {r.value for r in got}
     assert not w1.errors
     assert not w2.errors
@@ -137,16 +147,7 @@ async def test_two_workers_of_one_id_fence_each_other_across_clients(two_regions
     w2 = MirrorWorker(flow.model_copy(update={"kafka_client": _other(flow.kafka_client)}),
                       KafkaConnection.of(east), KafkaConnection.of(west), m2)
     stop_producing = asyncio.Event()
-
-    async def keep_producing() -> int:
-        n = 0
-        while not stop_producing.is_set():
-            await produce(east, topic, [(f"k{n + i}".encode(), b"v" * 100, [])
-                                        for i in range(200)], linger_ms=5)
-            n += 200
-            await asyncio.sleep(0.05)
-        return n
-    producing = asyncio.create_task(keep_producing())
+    producing = asyncio.create_task(_keep_producing(east, topic, stop_producing))
     try:
         await w1.start()
         await eventually(lambda: _async(_total(m1, "records") > 0), 60, "w1 writing")
@@ -169,14 +170,7 @@ async def test_two_workers_of_one_id_fence_each_other_across_clients(two_regions
         await producing
         await w1.stop()
         await w2.stop()
-    got = await read_all(west, topic, 2, isolation_level="read_committed")
-    src = await read_all(east, topic, 2)
-    assert len(src) == produced
-    ids = [dict(r.headers)["dr-id"] for r in got]
-    dupes = [i for i, n in collections.Counter(ids).items() if n > 1]
-    assert not dupes, f"{len(dupes)} duplicates after the fence"
-    assert sorted(ids) == sorted(f"east:{topic}:{r.partition}:{r.offset}".encode()
-                                 for r in src), "gap after the fence"
+    await _copied_once(east, west, topic, 2, produced, "the fence")
     assert not kept.errors
 
 
