@@ -246,9 +246,10 @@ def _bar_panel(ax: Axes, panel: BarPanel, color: Mapping[str, str], horizontal: 
         ax.set_ylabel(panel.ylabel)
         ax.tick_params(axis="x", length=0)
     if legend:
-        if horizontal or len(panel.series) > 5:
-            # under the axis: a long bar never runs under it, and more names than one row
-            # holds never run over the bars or the next panel
+        wide = sum(len(str(n)) + 4 for n in panel.series) > 60  # ~ characters across
+        if horizontal or len(panel.series) > 5 or wide:
+            # under the axis: a long bar never runs under it, and more names (or longer
+            # ones) than one row holds never run over the bars or the next panel
             ax.legend(fontsize=8, frameon=False, loc="upper center",
                       bbox_to_anchor=(0.5, -0.3 if horizontal else -0.12),
                       ncols=min(len(panel.series), 3))

@@ -458,8 +458,11 @@ def chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
                  {n: [float(results[n]["rps"])] for n in names}, ylabel="records / s"),
         BarPanel("p99 replication latency at 10k rec/s", ["p99 ms"],
                  {n: [float(results[n]["p99_ms"])] for n in names}, ylabel="ms")],
-        title="ceiling (plain librdkafka copy) vs MirrorMaker 2 vs crossdc: "
-              "1 KiB records, 12 partitions",
+        title=" vs ".join(part for part, there in (
+            ("ceiling (plain librdkafka copy)", "ceiling" in names),
+            ("MirrorMaker 2", any(n.startswith("mm2") for n in names)),
+            ("crossdc", any(n in CROSSDC for n in names))) if there)
+        + ": 1 KiB records, 12 partitions",
         colors=colors)
 
 
