@@ -207,6 +207,10 @@ class RdProducer(Lifecycle):
             self._config["message.timeout.ms"] = min(delivery_timeout_ms,
                                                      transaction_timeout_ms)
         self._producer: Any = None
+        # blocking calls of the handle running in executor threads (metadata, transactions):
+        # the producer is destroyed only once none is inside librdkafka any more
+        self._calls = 0
+        self._calls_done = threading.Condition()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._running = False
@@ -285,6 +289,8 @@ class RdProducer(Lifecycle):
         def close() -> None:
             if thread is not None:
                 thread.join()
+            with self._calls_done:  # each bounded by its own timeout
+                self._calls_done.wait_for(lambda: self._calls == 0, timeout=60.0)
             with contextlib.suppress(Exception):
                 producer.flush(1.0)  # serves the purge's reports
             with contextlib.suppress(Exception):
@@ -484,7 +490,31 @@ class RdProducer(Lifecycle):
                     self.fatal = self.fenced = True
                 raise _txn_error(what, exc.args[0], self._translate(exc.args[0])) from None
 
-        await asyncio.get_running_loop().run_in_executor(None, run)
+        await self._in_thread(run)
+
+    async def _in_thread(self, fn: Any) -> Any:
+        """`fn()` (a blocking call of the handle) in the default executor, counted so that
+        `_close` destroys the handle only after it returned (a cancelled caller does not
+        stop the thread)."""
+
+        def counted() -> Any:
+            try:
+                return fn()
+            finally:
+                with self._calls_done:
+                    self._calls -= 1
+                    self._calls_done.notify_all()
+
+        with self._calls_done:
+            self._calls += 1
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(None, counted)
+        except BaseException:  # the executor refused it: counted() never runs
+            with self._calls_done:
+                self._calls -= 1
+                self._calls_done.notify_all()
+            raise
+        return await fut
 
     # -- metadata --------------------------------------------------------------------------
     async def metadata(self, topic: str | None, timeout_s: float) -> Any:
@@ -501,7 +531,7 @@ class RdProducer(Lifecycle):
             except KafkaException:
                 return None
 
-        return await asyncio.get_running_loop().run_in_executor(None, ask)
+        return await self._in_thread(ask)
 
     async def partition_count(self, topic: str, timeout_s: float) -> int | bool | None:
         """Partitions of `topic`; None when the cluster says it does not exist; False when

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,3 +174,31 @@ async def test_partition_counts_absent_unknown_and_cached() -> None:
     assert md.asked == 2
     assert await w.partition_count("gone", 1.0) is None  # the cluster says: no such topic
     w._producer = None
+
+
+async def test_the_handle_outlives_every_blocking_call_in_a_thread() -> None:
+    """A blocking call of the handle in an executor thread (metadata, a transaction's
+    commit) whose caller was cancelled still runs: `stop()` destroys the producer only
+    after it returned (destroying it under the call would free what the call uses)."""
+    import time
+
+    from crossdc.clients.rdkafka import RdProducer
+
+    mock: dict[str, Any] = {"test.mock.num.brokers": 1}
+    p = RdProducer(KafkaConnection.of("127.0.0.1:1"), client_id="t3", **mock)
+    await p.start()
+    ended: list[float] = []
+
+    def slow() -> None:
+        time.sleep(1.5)  # longer than the poll thread's join and the close
+        ended.append(time.monotonic())
+
+    call = asyncio.ensure_future(p._in_thread(slow))
+    await asyncio.sleep(0.05)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert not ended
+    await p.stop(1.0)
+    assert ended, "stop() returned while a call was still inside the handle"
+    assert p._calls == 0
