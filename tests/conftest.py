@@ -49,10 +49,11 @@ KAFKA_CLIENT_ENV = "CROSSDC_TEST_KAFKA_CLIENT"
 proxy a test builds in this process (`KafkaWriterSettings` without `client`) writes with that
 client (proxy.config `KafkaWriterSettings.client`), and so does every `dr proxy serve` a test
 starts (its `--kafka-client` from $CROSSDC_PROXY_KAFKA_CLIENT). The mirror too: every `Flow`
-built in this process (without `kafka_client`) copies with that client (both modes), and `dr mirror run` processes started by the tests read
-it from CROSSDC_MIRROR_KAFKA_CLIENT (its --kafka-client). `CROSSDC_TEST_MIRROR_CONSUMER=librdkafka`
-does the same for the mirror's consumer (`Flow.consumer_client`, both modes, aiokafka by
-default; CROSSDC_MIRROR_CONSUMER_CLIENT for `dr mirror run`)."""
+built in this process (without `kafka_client`) copies with that client (both modes), and
+`dr mirror run` processes started by the tests read it from CROSSDC_MIRROR_KAFKA_CLIENT (its
+--kafka-client). `CROSSDC_TEST_MIRROR_CONSUMER=librdkafka` does the same for the mirror's
+consumer (`Flow.consumer_client`, both modes, aiokafka by default;
+CROSSDC_MIRROR_CONSUMER_CLIENT for `dr mirror run`)."""
 
 MIRROR_CONSUMER_ENV = "CROSSDC_TEST_MIRROR_CONSUMER"
 
