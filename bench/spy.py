@@ -189,8 +189,26 @@ class Spy:
             return {"error": "; ".join(self.errors) or "py-spy wrote nothing"}
         stacks = load_speedscope(self.speedscope)
         return {"samples": sum(stacks.values()), "load_avg_start_end": self.load_avg,
-                "svg": self.svg.name, "speedscope": self.speedscope.name,
+                "svg": _shown(self.svg), "speedscope": _shown(self.speedscope),
                 "areas": area_shares(stacks), "top_self": top_self(stacks)}
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _shown(path: Path) -> str:
+    """How a results page names a profile file: a plain name when it is in
+    bench/results/profiles (the default), else its path from bench/results (`--spy DIR`
+    elsewhere), else the path as given."""
+    try:
+        rel = path.resolve().relative_to(RESULTS)
+    except ValueError:
+        return str(path)
+    return path.name if rel.parent == Path("profiles") else str(rel)
+
+
+def _link(name: str) -> str:
+    return f"profiles/{name}" if "/" not in name else name
 
 
 def render(title: str, s: dict[str, Any], extra: str = "") -> list[str]:
@@ -200,8 +218,8 @@ def render(title: str, s: dict[str, Any], extra: str = "") -> list[str]:
     la = s["load_avg_start_end"]
     lines = [f"### {title}", "",
              f"{s['samples']:,} samples; load average 1/5/15 min {la[:3]} at the start, "
-             f"{la[3:]} at the end. Flame graph [{s['svg']}](profiles/{s['svg']}), "
-             f"speedscope `profiles/{s['speedscope']}`. {extra}".rstrip(), "",
+             f"{la[3:]} at the end. Flame graph [{Path(s['svg']).name}]({_link(s['svg'])}), "
+             f"speedscope `{_link(s['speedscope'])}`. {extra}".rstrip(), "",
              "| area | self % | inclusive % |", "|---|---|---|"]
     lines += [f"| {a} | {sf} | {inc} |" for a, sf, inc in s["areas"]]
     lines += ["", "Top frames by own time:", "", "| frame | self % |", "|---|---|"]
