@@ -360,10 +360,7 @@ class RdProducer(Lifecycle):
         value, headers, partition: a tuple, or the proxy's `Outgoing`); the `Sent` tracks
         their answers. A record librdkafka refuses at once (unknown partition, too large)
         is answered at once; a full local queue is waited out by `send_many_async`."""
-        producer = self._producer
-        if producer is None:
-            raise KafkaConnectionError("producer not started" if not self.closed
-                                       else "producer closed")
+        producer = self._started()
         assert self._loop is not None
         sent = Sent(self._loop.create_future(), len(records))
         self._produce(producer, topic, records, sent, 0)
@@ -374,10 +371,7 @@ class RdProducer(Lifecycle):
         """`send_many`, waiting (briefly, as often as needed) while librdkafka's queue is
         full: the caller bounds it with its own timeout. `timestamps`: each record's
         CreateTime in ms (None: now), e.g. the mirror's source timestamps."""
-        producer = self._producer
-        if producer is None:
-            raise KafkaConnectionError("producer not started" if not self.closed
-                                       else "producer closed")
+        producer = self._started()
         assert self._loop is not None
         sent = Sent(self._loop.create_future(), len(records))
         start = 0
@@ -472,6 +466,7 @@ class RdProducer(Lifecycle):
         await self._txn("abort transaction", self._started().abort_transaction, timeout_s)
 
     def _started(self) -> Any:
+        """The librdkafka handle; `KafkaConnectionError` before start and after stop."""
         producer = self._producer
         if producer is None:
             raise KafkaConnectionError("producer not started" if not self.closed
