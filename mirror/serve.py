@@ -1,7 +1,8 @@
 """The mirror daemon's own entry point (`dr mirror run` only parses its arguments and calls
 `serve`): every flow's worker in one process, the metrics server, SIGINT/SIGTERM draining,
 and, with `--restart`, a supervisor per flow that starts a failed worker again after a
-bounded, growing pause (`Restart`, the kernel's Backoff)."""
+bounded, growing pause (`Restart`, the kernel's Backoff); a fenced worker is not started again
+(`WorkerFenced` ends the command: another live worker has its transactional id)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from crossdc.gctune import collect_every
 from crossdc.security import MIRROR
 from crossdc.settings import Backoff
 from crossdc.topology import Flow, Topology
-from mirror.errors import MirrorError
+from mirror.errors import MirrorError, WorkerFenced
 from mirror.metrics import MirrorMetrics
 from mirror.worker import MirrorWorker
 
@@ -61,7 +62,11 @@ async def supervise(topo: Topology, flow: Flow, metrics: MirrorMetrics,
                      principal: str = MIRROR) -> None:
     """One flow under `--restart`: run a worker; when it ends with an error (its target gone
     past its assignment budget, a failed start, ...), log it and start a fresh one after a
-    bounded pause. Ends when `stop` is set (or when cancelled: the worker is stopped first)."""
+    bounded pause. Ends when `stop` is set (or when cancelled: the worker is stopped first).
+
+    `WorkerFenced` is raised, not restarted: another live worker took this one's
+    transactional id, and a fresh worker with that id would fence it in turn (the two took
+    turns, each stopping the other's transactions, for as long as both ran)."""
     slog = log.bind(source=flow.source, target=flow.target)
     failures = 0
     while not stop.is_set():
@@ -71,6 +76,9 @@ async def supervise(topo: Topology, flow: Flow, metrics: MirrorMetrics,
             async with worker:  # stop() on the way out, whatever ended it
                 await worker.wait()
             return  # stopped (the drain): no error
+        except WorkerFenced as exc:
+            slog.error("mirror_worker_fenced", error=str(exc), restarted=False)
+            raise
         except asyncio.CancelledError:
             if cancelled_from_outside():
                 raise

@@ -20,8 +20,9 @@ from dr.controller import Controller, ControllerSettings
 from dr.controller.config import FailoverSettings, HealthSettings, SyncSettings
 from dr.controller.datacenters import Datacenters
 from dr.controller.failover import behind
+from dr.controller.health import Hysteresis, RegionProber
 from dr.controller.ops import newest_failover, plan_failover, set_gate, start_failover
-from dr.controller.state import FailoverRecord
+from dr.controller.state import CheckResult, FailoverRecord, now_ms
 from dr.stack.local import LocalStack
 from dr.stack.paths import StackPaths
 from dr.stack.ports import free_topology
@@ -248,3 +249,41 @@ async def test_detection_and_rto_with_default_settings(pair: Pair, tmp_path: Pat
         await pair.stack.start_kafka("east")
         for w in workers:
             await w.stop()
+
+
+async def test_a_cluster_killed_under_the_canary_is_judged_down_in_three_quick_rounds(
+        pair: Pair) -> None:
+    """The primary-outage drill's 3.2 s detection: east's broker killed while a round's
+    canary is about to send. The canary waits out its deadline against the dead broker; the
+    round must end as a Kafka failure as soon as the metadata fails (about `interval_s`),
+    and three such rounds down the region well inside the drill's 3 s."""
+    health = HealthSettings(proxy=False)
+    prober = RegionProber(pair.topology.region("east"), health, "auto-test")
+    judge = Hysteresis("east", health.failures_to_down, health.successes_to_up,
+                       int(health.canary_grace_s * 1000))
+    try:
+        async def up() -> bool:
+            rnd = await prober.probe()
+            judge.observe(rnd)
+            return judge.status == "up" and rnd.checks["canary"].ok
+        await eventually(up, 60, "east's canary answers")
+
+        real, killed_ms = prober._canary, []
+
+        async def kill_then_canary() -> CheckResult:
+            await pair.stack.stop_kafka("east", kill=True)
+            killed_ms.append(now_ms())
+            return await real()
+        prober._canary = kill_then_canary  # type: ignore[method-assign]
+        rounds = []
+        while judge.status != "down":
+            rounds.append(await prober.probe())
+            judge.observe(rounds[-1])
+            assert len(rounds) <= health.failures_to_down, [r.checks for r in rounds]
+        first = rounds[0]
+        assert not first.checks["kafka"].ok, "the stuck canary's round is a Kafka failure"
+        assert first.at_ms - killed_ms[0] < 1000, "it ended before the canary's 2 s deadline"
+        assert judge.since_ms - killed_ms[0] < 2500, [r.checks for r in rounds]
+    finally:
+        await prober.stop()
+        await pair.stack.start_kafka("east")

@@ -3,6 +3,7 @@ failover record's step bookkeeping, settings validation."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from typing import TYPE_CHECKING, ClassVar
@@ -626,6 +627,66 @@ async def test_a_canary_topic_not_made_in_time_is_the_canarys_failure_under_its_
     assert prober._admin is admin, "the admin client that answered is kept"
     assert judge.status != "down", "a region that answers metadata is not down before the grace"
     await prober.stop()
+
+
+async def test_a_canary_stuck_on_a_dead_cluster_ends_its_round_as_a_kafka_failure() -> None:
+    # CI, the primary-outage drill: the brokers were killed while the round's canary waited
+    # for its record; the round ended 2 s later (the canary's deadline) as a canary-only
+    # failure, which does not count towards `failures_to_down`, and detection took 3.2 s.
+    from crossdc.errors import ClientError
+    from dr.controller.config import HealthSettings
+    from dr.controller.health import RegionProber
+
+    class Admin:
+        dead = False
+
+        async def describe_cluster(self) -> dict[str, object]:
+            if self.dead:
+                raise ClientError("describe cluster failed: KafkaConnectionError")
+            return {"brokers": [{"node_id": 1, "host": "127.0.0.1", "port": 1}],
+                    "controller_id": 1}
+
+        async def stop(self) -> None:
+            return None
+
+    settings = HealthSettings(proxy=False, interval_s=0.1, timeout_s=1.0)
+    prober = RegionProber(_topology().region("east"), settings, "c1")
+    admin = Admin()
+    prober._admin = admin  # type: ignore[assignment]
+    in_flight, canaries = asyncio.Event(), []
+
+    async def stuck_canary() -> CheckResult:  # a producer retrying a broker that died
+        canaries.append(1)
+        in_flight.set()
+        await asyncio.sleep(3600)
+        raise AssertionError("never answered")
+
+    prober._canary_round = stuck_canary  # type: ignore[method-assign]
+    probe = asyncio.create_task(prober.probe())
+    await in_flight.wait()
+    admin.dead = True  # the cluster dies while the canary waits
+    t0 = time.monotonic()
+    rnd = await asyncio.wait_for(probe, 2.0)
+    assert time.monotonic() - t0 < 0.5, "the round ends once the metadata fails, not at 2 s"
+    assert not rnd.checks["kafka"].ok
+    assert "metadata" in rnd.checks["kafka"].detail
+    assert not rnd.checks["canary"].ok
+    assert not rnd.canary_only, "a hard failure"
+    judge = Hysteresis("east", failures_to_down=3, successes_to_up=3, canary_grace_ms=15_000)
+    judge.observe(rnd)
+    assert judge.hard_failures == 1
+    admin.dead = False  # metadata answers again: the next round waits for the same canary
+    nxt = asyncio.create_task(prober.probe())
+    await asyncio.sleep(0.35)
+    assert not nxt.done(), "it waits for the canary that is out"
+    assert canaries == [1], "no second canary while the first is out"
+    task = prober._canary_task
+    assert task is not None
+    await prober.stop()  # the canary's task is cancelled and awaited: none left behind
+    assert task.cancelled()
+    nxt.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await nxt
 
 
 # -- issue 21: the failover path's defects, each with the test that fails on the old code ---

@@ -163,6 +163,49 @@ def test_restart_pauses_double_and_stay_bounded() -> None:
     assert pauses[-1] == 30.0
 
 
+async def test_the_supervisor_restarts_a_failed_worker_but_never_a_fenced_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Session 19's note: under --restart a worker stopped by WorkerFenced was started again
+    # and fenced the other live worker of its id in turn, for as long as both ran.
+    import asyncio
+
+    from prometheus_client import CollectorRegistry, Counter
+
+    import mirror.serve
+    from crossdc.topology import load_topology
+    from mirror import WorkerFenced
+    from mirror.metrics import MirrorMetrics
+    from mirror.serve import supervise
+
+    ends: list[BaseException] = [RuntimeError("target gone"), WorkerFenced("crossdc-mirror-g-w1")]
+    made: list[object] = []
+
+    class Worker:
+        async def __aenter__(self) -> Worker:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+        async def wait(self) -> None:
+            raise ends[len(made) - 1]
+
+    def worker_for(*args: object, **kwargs: object) -> Worker:
+        made.append(args)
+        return Worker()
+
+    monkeypatch.setattr(mirror.serve, "worker_for", worker_for)
+    topo = load_topology(TOPOLOGY)
+    restarts = Counter("restarts", "", ("source", "target"), registry=CollectorRegistry())
+    with pytest.raises(WorkerFenced, match="another worker started"):
+        await asyncio.wait_for(supervise(topo, topo.flows[0], MirrorMetrics(), restarts,
+                                         asyncio.Event(), Restart(first_s=0.01, max_s=0.01)),
+                               5.0)
+    assert len(made) == 2, "restarted once after the error, never after the fence"
+    flow = topo.flows[0]
+    assert restarts.labels(flow.source, flow.target)._value.get() == 1
+
+
 def test_flow_selection_by_name() -> None:
     import typer
 
