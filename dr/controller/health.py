@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -27,6 +27,9 @@ from crossdc.errors import ClientError
 from crossdc.topology import Region
 from dr.controller.config import HealthSettings
 from dr.controller.state import CheckResult, RegionHealth, now_ms
+
+if TYPE_CHECKING:
+    from dr.controller.grpc_health import ServingProbe
 
 __all__ = ["Hysteresis", "RegionProber", "Round"]
 
@@ -193,6 +196,7 @@ class RegionProber:
         self._closed = False
         self._failed_rounds = 0
         self._canary_task: asyncio.Task[CheckResult] | None = None
+        self._serving: ServingProbe | None = None
 
     def bootstrap_servers(self) -> list[str]:
         """The configured servers, then every broker the last metadata answer named.
@@ -216,6 +220,9 @@ class RegionProber:
             return
         self._closed = True
         await self._drop_clients()
+        serving, self._serving = self._serving, None
+        if serving is not None:
+            await serving.close()
 
     async def _drop_clients(self) -> None:
         admin, self._admin = self._admin, None
@@ -427,7 +434,11 @@ class RegionProber:
                                detail=f"canary: {exc.__class__.__name__} {exc}".strip())
 
     async def _proxy(self) -> CheckResult:
-        from dr.controller.grpc_health import check_serving
+        from dr.controller.grpc_health import ServingProbe
         t0 = time.monotonic()
-        ok, detail = await check_serving(self.region.proxy.endpoint, self.settings.timeout_s)
+        if self._closed:  # a round ending after stop() makes no channel that nobody closes
+            return CheckResult(ok=False, detail="prober stopped")
+        if self._serving is None:
+            self._serving = ServingProbe(self.region.proxy.endpoint)
+        ok, detail = await self._serving.check(self.settings.timeout_s)
         return CheckResult(ok=ok, latency_ms=_ms(t0), detail=detail)
