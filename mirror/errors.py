@@ -62,7 +62,12 @@ class RecordTooLarge(MirrorError, errors.RecordTooLarge):
 
 
 class WorkerFenced(MirrorError):
-    """Exactly-once: a newer worker with the same transactional id fenced this one."""
+    """Exactly-once: a newer worker with the same transactional id fenced this one.
+
+    `dr mirror run` exits 3 on it (not 1): starting it again would fence the other worker in
+    turn, so a supervisor should not (systemd: `RestartPreventExitStatus=3`)."""
+
+    exit_code = 3
 
     def __init__(self, transactional_id: str) -> None:
         self.transactional_id = transactional_id

@@ -114,7 +114,7 @@ def run(
         "--restart", help="Supervise the workers here: one that ends with an error (its "
         "target down past its assignment budget, a failed start) is logged and started "
         "again after a pause doubling from 1 s to 10 s; the command runs until SIGTERM "
-        "(a worker fenced by another of its transactional id is not: exit 1). "
+        "(a worker fenced by another of its transactional id is not: exit 3). "
         "Without it, the first error ends the command (exit 1) for an outside supervisor."
     )] = False,
     kafka_client: Annotated[Literal["aiokafka", "librdkafka"] | None, typer.Option(

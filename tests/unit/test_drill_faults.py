@@ -206,6 +206,31 @@ async def test_the_supervisor_restarts_a_failed_worker_but_never_a_fenced_one(
     assert restarts.labels(flow.source, flow.target)._value.get() == 1
 
 
+def test_a_fenced_mirror_exits_3_for_its_supervisor(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # Other errors exit 1; a supervisor that restarts on exit 1 must be able to tell a fence
+    # (restarting would fence the other worker in turn) from a failure.
+    import sys
+
+    import dr.cli.mirror
+    from dr.cli import app
+    from dr.exits import run_app
+    from mirror import WorkerFenced
+
+    async def fenced(*args: object, **kwargs: object) -> None:
+        raise WorkerFenced("crossdc-mirror-g-w1")
+
+    monkeypatch.setattr(dr.cli.mirror, "serve", fenced)
+    monkeypatch.setattr(sys, "argv", ["dr", "mirror", "run", "--topology", str(TOPOLOGY),
+                                      "--flow", "east:west", "--exactly-once", "--restart"])
+    with pytest.raises(SystemExit) as ended:
+        run_app(app)
+    assert ended.value.code == 3
+    err = capsys.readouterr().err
+    assert "fenced" in err
+    assert "crossdc-mirror-g-w1" in err
+
+
 def test_flow_selection_by_name() -> None:
     import typer
 
