@@ -486,15 +486,21 @@ class _Comparison:
         `inv.names`, the mode, and a hash of the key (for the order check). Every grouping
         key and buffer is fixed width (the dr-id as two 64-bit hashes).
 
-        o_i is the first copy hinted handoff did not write: a repaired copy lands wherever
-        the replay put it, after records written since (per-key order holds only where the
-        write was taken), so it is left out of the order check (o_i null when it is the only
-        copy). The origin took the write itself: its o_i is never a repaired copy's."""
+        o_i is the first copy of region i, null where hinted handoff wrote one there: a
+        repaired copy lands wherever the replay put it, after records written since (per-key
+        order holds only where the write was taken), and so does the client's retry of that
+        record (its first attempt was partial, which is why a hint exists), which wrote region
+        i again after later records of the key (the demo saw it: a sync record repaired in
+        east, then its retry's copy in east after the next record of its key). Such a record
+        is left out of region i's order check. The origin took the write itself: it never
+        holds a repaired copy."""
         aggs = []
         for i in range(len(self.regions)):
             here = F.col("ri") == i
+            repaired_here = F.max((here & F.col("rep")).cast("int")) == 1
             aggs += [F.sum(here.cast("int")).alias(f"n{i}"),
-                     F.min(F.when(here & ~F.col("rep"), F.col("offset"))).alias(f"o{i}"),
+                     F.when(~repaired_here, F.min(F.when(here, F.col("offset"))))
+                     .alias(f"o{i}"),
                      F.min(F.when(here, F.col("chash"))).alias(f"lo{i}"),
                      F.max(F.when(here, F.col("chash"))).alias(f"hi{i}")]
         aggs += [F.max(_code(F.col("origin"), inv.names)).alias("oc"),
