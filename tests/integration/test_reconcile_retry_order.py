@@ -17,7 +17,8 @@ from kafka_helpers import create_topic, produce, unique
 
 from dr.reconcile import Report, RunSettings, run
 
-pytestmark = pytest.mark.timeout(300)
+# `make test-more`: a Spark run of its own (make test keeps its 10 minutes).
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def _headers(dr_id: str, ts: int) -> list[tuple[str, bytes]]:
