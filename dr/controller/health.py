@@ -387,10 +387,12 @@ class RegionProber:
         failure (the second value: the new metadata check). The canary goes on in its task
         and the next rounds wait for it rather than send another."""
         t0 = time.monotonic()
-        if self._canary_task is None or self._canary_task.done():
-            self._canary_task = asyncio.create_task(
-                self._canary_round(), name=f"controller:canary:{self.region.name}")
-        task = self._canary_task
+        old = self._canary_task
+        if old is not None and old.done() and not old.cancelled():
+            old.exception()  # an abandoned canary's end, read: no "never retrieved" warning
+        task = old if old is not None and not old.done() else asyncio.create_task(
+            self._canary_round(), name=f"controller:canary:{self.region.name}")
+        self._canary_task = task
         while True:
             done, _ = await asyncio.wait({task}, timeout=self.settings.interval_s)
             if done:
