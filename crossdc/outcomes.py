@@ -17,9 +17,10 @@ Grouping by call keeps the proxy's cost per record to one short list (bench/prox
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from typing import Final, Literal, NamedTuple
+
+from crossdc import jsonbytes
 
 __all__ = ["ACKED", "CHUNK", "FAILED", "JOURNAL_TOPIC", "SPARK_SCHEMA", "STATUSES", "UNKNOWN",
            "Entry", "Group", "Status", "decode", "encode", "written_text"]
@@ -68,14 +69,13 @@ def written_text(written: Iterable[tuple[str, int, int]]) -> str:
 
 def encode(groups: Sequence[Group]) -> bytes:
     """One journal record's value."""
-    return json.dumps([{"t": g.topic, "ts": g.ts_ms, "e": g.entries} for g in groups],
-                      separators=(",", ":")).encode()
+    return jsonbytes.dumps([{"t": g.topic, "ts": g.ts_ms, "e": g.entries} for g in groups])
 
 
 def decode(value: bytes) -> list[Entry]:
     """The outcomes of one journal record; ValueError when it is not one."""
     out = []
-    for g in json.loads(value):
+    for g in jsonbytes.loads(value):
         try:
             topic, ts, entries = g["t"], g["ts"], g["e"]
         except (TypeError, KeyError) as exc:

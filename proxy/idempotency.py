@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 import uuid
@@ -74,6 +73,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from crossdc import jsonbytes
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import KafkaError
@@ -159,19 +159,31 @@ class IdempotencyWindow:
     def claim_nowait(self, topic: str, key: str) -> Slot | None:
         """The slot for (topic, key) without waiting, or None when the key is being written
         now (then `claim` waits for that write)."""
-        k = (topic, key)
+        return self.claim_all_nowait(((topic, key),))[0]
+
+    def claim_all_nowait(self, keys: Sequence[tuple[str, str]]) -> list[Slot | None]:
+        """`claim_nowait` for each distinct (topic, key) of one call, with one clock read.
+        A call claims every free key of its records at once, before it waits for any key
+        being written elsewhere: two calls that share keys then never wait for each other
+        in a cycle (the one that claimed first never waits for the later one)."""
         now = self._clock()
         if now > self._expire_at:
             self._expire(now)
-        done = self._done.get(k)
-        if done is not None:
-            return Slot(k, result=done[0], owner=False)
-        if k in self._inflight:
-            return None
-        kept = self._partials.get(k) if self._partials else None
-        slot = Slot(k, partial=kept[0] if kept is not None else None)
-        self._inflight[k] = slot
-        return slot
+        done = self._done
+        inflight = self._inflight
+        partials = self._partials
+        out: list[Slot | None] = []
+        for k in keys:
+            d = done.get(k)
+            if d is not None:
+                out.append(Slot(k, result=d[0], owner=False))
+            elif k in inflight:
+                out.append(None)
+            else:
+                kept = partials.get(k) if partials else None
+                slot = inflight[k] = Slot(k, partial=kept[0] if kept is not None else None)
+                out.append(slot)
+        return out
 
     async def claim(self, topic: str, key: str) -> Slot:
         """The slot for (topic, key). `slot.owner` True: the caller writes, then calls
@@ -185,23 +197,35 @@ class IdempotencyWindow:
             await self._inflight[(topic, key)].wait()
 
     def finish(self, slot: Slot, result: Any) -> None:
-        slot.result = result
-        k = slot.key
-        if self._inflight.get(k) is slot:
-            del self._inflight[k]
-        if slot.partial is not None:
-            self._partials.pop(k, None)
+        """The owner's write succeeded: `result` answers the key's duplicates."""
+        self.finish_many(((slot, result),))
+
+    def finish_many(self, finished: Sequence[tuple[Slot, Any]]) -> None:
+        """`finish` for each (slot, result) of one call: one clock read, one append to the
+        log's queue (the batch and stream paths' per-record cost)."""
+        if not finished:
+            return
         now = self._clock()
         done = self._done
-        done[k] = (result, now)  # not there: claim_nowait answers from it before claiming
+        inflight = self._inflight
+        partials = self._partials
+        for slot, result in finished:
+            slot.result = result
+            k = slot.key
+            if inflight.get(k) is slot:
+                del inflight[k]
+            if slot.partial is not None:
+                partials.pop(k, None)
+            done[k] = (result, now)  # not there: a claim answers from it before claiming
+            if slot._event is not None:
+                slot._event.set()
         if now + self.window_s < self._expire_at:
             self._expire_at = now + self.window_s
-        if len(done) + len(self._inflight) > self.max_keys:
+        over = len(done) + len(inflight) - self.max_keys
+        for _ in range(over):
             done.popitem(last=False)
         if self.log is not None:
-            self.log.publish(k, result=result)
-        if slot._event is not None:
-            slot._event.set()
+            self.log.publish_results(finished)
 
     def fail(self, slot: Slot, partial: Any = None) -> None:
         """The attempt failed; `partial` (if any) is kept for the next attempt to resume."""
@@ -311,22 +335,35 @@ class IdempotencyLog(Lifecycle):
     def publish(self, key: tuple[str, str], *, result: Any = None, partial: Any = None) -> None:
         """Queue an outcome for the log (not awaited; a partial write's answer waits for
         `published()`)."""
-        if self.closed:
-            return
-        if len(self._queue) >= self.max_queued:  # Kafka down a long time: bounded memory
-            _, _, dropped = self._queue.pop(0)
-            if dropped is not None:
-                dropped.set_result(None)
-            self.metrics.idem_log_errors.labels("append").inc()
-        waiter: asyncio.Future[None] | None = None
         if result is not None:
-            entry: list[Any] = [key[0], key[1], result]
-        else:
-            entry = [key[0], key[1], None, [list(w) for w in partial]]
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiters.add(waiter)
-            waiter.add_done_callback(self._waiters.discard)
-        self._queue.append((key, entry, waiter))
+            self._enqueue([(key, [key[0], key[1], result], None)])
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.add(waiter)
+        waiter.add_done_callback(self._waiters.discard)
+        self._enqueue([(key, [key[0], key[1], None, [list(w) for w in partial]], waiter)])
+
+    def publish_results(self, finished: Sequence[tuple[Slot, Any]]) -> None:
+        """Queue the results of one call: `publish` for each (slot, result), in one step."""
+        self._enqueue([(slot.key, [slot.key[0], slot.key[1], result], None)
+                       for slot, result in finished])
+
+    def _enqueue(self, items: list[tuple[tuple[str, str], list[Any],
+                                         asyncio.Future[None] | None]]) -> None:
+        if self.closed:
+            for _, _, waiter in items:
+                if waiter is not None:
+                    waiter.set_result(None)
+            return
+        queue = self._queue
+        queue += items
+        over = len(queue) - self.max_queued
+        if over > 0:  # Kafka down a long time: bounded memory, the oldest dropped
+            for _, _, dropped in queue[:over]:
+                if dropped is not None:
+                    dropped.set_result(None)
+            del queue[:over]
+            self.metrics.idem_log_errors.labels("append").inc(over)
         self._wake.set()
 
     async def published(self, deadline: float) -> None:
@@ -363,8 +400,7 @@ class IdempotencyLog(Lifecycle):
         futures: list[asyncio.Future[Any]] = []
         batch = producer.create_batch()
         for i in range(0, len(items), CHUNK):
-            value = json.dumps([e for _, e, _ in items[i:i + CHUNK]],
-                               separators=(",", ":")).encode()
+            value = jsonbytes.dumps([e for _, e, _ in items[i:i + CHUNK]])
             self._seq += 1
             key = f"{self.origin}:{self._seq}".encode()
             if batch.append(key=key, value=value, timestamp=None,
@@ -404,13 +440,13 @@ class IdempotencyLog(Lifecycle):
         learned = 0
         try:
             if b"\0" in key:  # one outcome per record (proxies before chunked records)
-                body = json.loads(value)
+                body = jsonbytes.loads(value)
                 if body.get("o") == self.origin:
                     return
                 topic, _, ikey = key.decode().partition("\0")
                 entries: list[Any] = [[topic, ikey, body.get("r"), body.get("p")]]
             else:
-                entries = json.loads(value)
+                entries = jsonbytes.loads(value)
             for e in entries:
                 if e[2] is not None:
                     learned += learn((e[0], e[1]), result=tuple(e[2]), age_s=age)

@@ -287,12 +287,14 @@ class Router:
         finally:
             if self.journal is not None and groups:
                 self._journal(self.journal, records, outs, groups, ended, ts_ms)
+            finished = []
             for i, slot in slots.items():
                 o = outs[i]
                 if o.error is None and o.written:
-                    self.window.finish(slot, o.remembered())
+                    finished.append((slot, o.remembered()))
                 else:
                     self.window.fail(slot, partial=list(o.written) or None)
+            self.window.finish_many(finished)
         if shared is not None and slots:  # partial writes: in the log before the answer
             await shared.published(deadline)
         for i, j in aliases.items():
@@ -384,8 +386,10 @@ class Router:
             j = first.setdefault(k, i)
             if j != i:
                 aliases[i] = j
-                continue
-            slot = window.claim_nowait(*k)
+        if not first:
+            return
+        claimed = window.claim_all_nowait(list(first))
+        for (k, i), slot in zip(first.items(), claimed, strict=True):
             if slot is None:
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -393,7 +397,7 @@ class Router:
                 except TimeoutError:
                     outs[i].error = DeadlineExceeded(
                         f"deadline passed waiting for an earlier write of idempotency key "
-                        f"{rec.idempotency_key!r}")
+                        f"{k[1]!r}")
                     continue
             if slot.owner:
                 slots[i] = slot
