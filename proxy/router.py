@@ -34,11 +34,10 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, NoReturn
+from typing import Any, Literal, NamedTuple, NoReturn, cast
 
 import structlog
 
-from crossdc.headers import Mode
 from crossdc.outcomes import ACKED, FAILED, UNKNOWN, written_text
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
@@ -263,15 +262,21 @@ class Router:
                 outs[i].error = exc
         slots: dict[int, Slot] = {}
         aliases: dict[int, int] = {}
-        groups: dict[tuple[Mode, str], list[int]] = {}
+        groups: dict[tuple[str, str], list[int]] = {}
         ended = False
         try:
             await self._claim(records, outs, slots, aliases, deadline)
             for i, rec in enumerate(records):
-                r = rules[i]
-                if outs[i].error is None and r is not None and i not in aliases and \
-                        not outs[i].duplicate:
-                    groups.setdefault((r.dr_mode, rec.topic), []).append(i)
+                o = outs[i]
+                # o.mode is its rule's dr_mode (set above); no list made per record
+                if o.error is None and rules[i] is not None and i not in aliases and \
+                        not o.duplicate:
+                    gk = (o.mode, rec.topic)
+                    g = groups.get(gk)
+                    if g is None:
+                        groups[gk] = [i]
+                    else:
+                        g.append(i)
             if len(groups) == 1:
                 (mode, topic), idxs = next(iter(groups.items()))
                 await self._dispatch(mode, topic, rules, idxs, records, outs, ts_ms, deadline)
@@ -312,7 +317,7 @@ class Router:
 
     @staticmethod
     def _journal(journal: OutcomeJournal, records: Sequence[Incoming], outs: list[Outcome],
-                 groups: dict[tuple[Mode, str], list[int]], ended: bool, ts_ms: int) -> None:
+                 groups: dict[tuple[str, str], list[int]], ended: bool, ts_ms: int) -> None:
         """What each client is told about each record written (`proxy.journal`), one group
         per topic: a write cut short (cancelled: the proxy is stopping) or past its deadline
         is UNKNOWN."""
@@ -407,7 +412,7 @@ class Router:
                 self.metrics.duplicates.inc()
                 outs[i] = Outcome.duplicate_of(slot.result)
 
-    async def _dispatch(self, mode: Mode, topic: str, rules: list[Rule | None], idxs: list[int],
+    async def _dispatch(self, mode: str, topic: str, rules: list[Rule | None], idxs: list[int],
                         records: Sequence[Incoming], outs: list[Outcome], ts_ms: int,
                         deadline: float) -> None:
         # Log events on this path name their topic and mode themselves (no context binding
@@ -418,8 +423,8 @@ class Router:
             if mode == "nearest":
                 await self._nearest(topic, rule, idxs, records, outs, ts_ms, deadline)
             else:
-                await self._primary_modes(mode, topic, idxs, rules, records, outs, ts_ms,
-                                          deadline)
+                await self._primary_modes(cast(Literal["ordered", "sync"], mode), topic,
+                                          idxs, rules, records, outs, ts_ms, deadline)
         except ProxyError as exc:
             refused = 0
             for i in idxs:
@@ -538,7 +543,9 @@ class Router:
     async def _write_primary(self, b: _PrimaryWrite) -> None:
         """The primary's copy (records resumed from a partial sync may have it already)."""
         outs = b.outs
-        first = [i for i in b.idxs if not any(w.region == b.primary for w in outs[i].written)]
+        primary = b.primary
+        first = [i for i in b.idxs if not outs[i].written
+                 or not any(w.region == primary for w in outs[i].written)]
         if not first:
             return
         pw = b.writer
@@ -546,10 +553,12 @@ class Router:
             raise NoWritableRegion(b.topic, b.mode, {b.primary: pw.why_not_writable()
                                                      or "circuit breaker half-open"})
         items = []
+        records, common, n = b.records, b.common, b.partitions
         for i in first:
-            rec = b.records[i]
-            items.append(_tuple_new(Outgoing, (rec.key, rec.value, b.headers(i),
-                                               _partition(rec.key, b.partitions), rec.size)))
+            rec = records[i]
+            items.append(_tuple_new(Outgoing, (
+                rec.key, rec.value, stamp_with(rec.headers, outs[i].dr_id, common),
+                _partition(rec.key, n), rec.size)))
         with pw.breaker.attempt():
             res = await pw.write(b.topic, items, mode=b.mode, deadline=b.deadline,
                                  still_valid=b.still_primary)

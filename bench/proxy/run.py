@@ -404,8 +404,8 @@ async def load_step(target: str, topic: str, size: int, rate: int, a: argparse.N
         "--rate", str(rate / a.gen_procs), "--seconds", str(a.cap_seconds),
         "--warmup", str(a.cap_warmup), "--channels", str(a.gen_channels), "--topic", topic,
         "--size", str(size), "--index", str(k), "--start-at", str(start_at),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT)
-        for k in range(a.gen_procs)]
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        env=checkout_env()) for k in range(a.gen_procs)]
     outs = asyncio.gather(*(p.communicate() for p in procs))
     await asyncio.sleep(max(0.0, start_at + a.cap_warmup - time.time()))
     c0 = {k: tree_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
@@ -486,6 +486,14 @@ def workers_supported() -> bool:
     probe = subprocess.run([dr, "proxy", "serve", "--help"], capture_output=True, text=True,
                            check=False, env={**os.environ, "COLUMNS": "200"})
     return probe.returncode == 0 and "--workers" in probe.stdout
+
+
+def checkout_env() -> dict[str, str]:
+    """The environment of a process the bench starts: this checkout's code first on its path.
+    `dr` is a console script: without it, the package the venv installed (an editable install
+    of another checkout) would run, and an A/B from a worktree would measure the same code."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else "")}
 
 
 def proxy_commands(tpath: Path, policy: Path, port: int, workers: int = 1,
@@ -650,7 +658,7 @@ class ProxyProc:
             with self.log.open("wb") as lf:
                 self.proc = await asyncio.create_subprocess_exec(*cmd, stdout=lf,
                                                                  stderr=asyncio.subprocess.STDOUT,
-                                                                 cwd=ROOT)
+                                                                 cwd=ROOT, env=checkout_env())
             try:
                 await wait_serving(self.target, self.proc, self.log)
                 self.how = how
@@ -677,6 +685,26 @@ class ProxyProc:
         except TimeoutError:
             signal_quietly(self.proc, signal.SIGKILL)
             await self.proc.wait()
+
+
+class FloorProc(ProxyProc):
+    """bench/proxy/floor_server.py: the floor under the proxy's batch and stream paths."""
+
+    def __init__(self, bootstrap: str, log: Path) -> None:
+        super().__init__(Path(), Path(), log)
+        self.bootstrap = bootstrap
+
+    async def start(self) -> None:
+        port = free_port()
+        self.target = f"127.0.0.1:{port}"
+        with self.log.open("wb") as lf:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, str(HERE / "floor_server.py"), "--bootstrap", self.bootstrap,
+                "--port", str(port), stdout=lf, stderr=asyncio.subprocess.STDOUT, cwd=ROOT,
+                env=checkout_env())
+        await wait_serving(self.target, self.proc, self.log)
+        self.how = "bench/proxy/floor_server.py"
+        print(f"floor server pid {self.proc.pid} serving on {self.target}", flush=True)
 
 
 async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
@@ -746,13 +774,14 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             `spy` (issue 26): then py-spy (flame graph and speedscope) over the paths
             `--spy-paths` under the same load. `client`: the proxy's `--kafka-client`
             (its rows are named `mode (client)`)."""
-            px = ProxyProc(tpath, policy, tmp / f"proxy-{size}{client}.log",
-                           extra=("--kafka-client", client) if client else ())
+            px = (FloorProc(east, tmp / "floor.log") if client == "floor" else
+                  ProxyProc(tpath, policy, tmp / f"proxy-{size}{client}.log",
+                            extra=("--kafka-client", client) if client else ()))
             proxies.append(px)
             await px.start()
             pids = {"proxy": px.pid, "broker": broker_pid}
             topic, value = topics[size], os.urandom(size)
-            if client and a.idle_seconds > 0:  # no traffic yet: the proxy's own CPU, idle
+            if client and client != "floor" and a.idle_seconds > 0:  # the proxy's CPU, idle
                 await asyncio.sleep(3.0)
                 c0, t0 = tree_cpu_s(px.pid), time.monotonic()
                 await asyncio.sleep(a.idle_seconds)
@@ -884,6 +913,7 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         paced_too=False, client="aiokafka")
             await phase(big, ["batch", "stream", "unary"], paced_too=False,
                         client="librdkafka")
+            await phase(big, ["batch", "stream"], paced_too=False, client="floor")
             await producer.stop()
             return {"rows": rows, "server": "dr proxy serve", "idle": idle,
                     "load_avg": {"before": load_before,

@@ -359,6 +359,32 @@ async def test_router_duplicate_key_in_one_batch_is_written_once() -> None:
     assert len(ws["east"].sent) == 1
 
 
+async def test_two_calls_sharing_keys_never_wait_for_each_other_in_a_cycle() -> None:
+    # X = [B, C, A] while another request writes C; then Y = [A, B]. Claiming key by key,
+    # X held B and waited for C; Y took A and waited for B; C done, X waited for A: each
+    # waited for the other until the deadline. A call claims all its free keys first.
+    ws = _writers()
+    r = _router(ws)
+    other = r.window.claim_nowait("ord", "C")  # a write of C elsewhere, in flight
+    assert other is not None and other.owner
+
+    def recs(*keys: str) -> list[Incoming]:
+        return [Incoming("ord", b"k", b"v", idempotency_key=k) for k in keys]
+
+    deadline = time.monotonic() + 3
+    x = asyncio.create_task(r.route(recs("B", "C", "A"), deadline))
+    await asyncio.sleep(0)
+    y = asyncio.create_task(r.route(recs("A", "B"), deadline))
+    await asyncio.sleep(0)
+    r.window.finish(other, Outcome("C", "ordered", 7, [RegionWrite("east", 0, 99)]).remembered())
+    async with asyncio.timeout(1.5):  # well before the calls' deadline
+        xs, ys = await asyncio.gather(x, y)
+    assert [o.error for o in xs + ys] == [None] * 5
+    assert [o.duplicate for o in xs] == [False, True, False]
+    assert [o.duplicate for o in ys] == [True, True]  # X wrote A and B
+    assert len(ws["east"].sent) == 2
+
+
 # -- errors and generated code ------------------------------------------------------------
 
 def test_error_table_codes() -> None:
