@@ -366,7 +366,8 @@ async def test_two_calls_sharing_keys_never_wait_for_each_other_in_a_cycle() -> 
     ws = _writers()
     r = _router(ws)
     other = r.window.claim_nowait("ord", "C")  # a write of C elsewhere, in flight
-    assert other is not None and other.owner
+    assert other is not None
+    assert other.owner
 
     def recs(*keys: str) -> list[Incoming]:
         return [Incoming("ord", b"k", b"v", idempotency_key=k) for k in keys]
