@@ -1214,7 +1214,8 @@ def write_clients(res: dict[str, Any]) -> None:
                                                                        "stream", "sdk"))
                      else r["client_cpu_s_per_m"])
 
-    lines = [f"# The proxy's writers: aiokafka vs librdkafka (commit `{commit}`)", "",
+    lines = [f"# The proxy's writers: aiokafka vs librdkafka, and the floor (commit `{commit}`)",
+             "",
              f"Closed loop, 1 KiB records, same run; load average (1, 5, 15 min) before "
              f"{res['load_avg']['before']}, after {res['load_avg']['after']} (2 shared "
              "cores: CPU per record is the figure that carries).", "",
@@ -1234,6 +1235,23 @@ def write_clients(res: dict[str, Any]) -> None:
               "included) for a proxy path; the bench's own process for a direct producer "
               "(aiokafka's event loop, or confluent-kafka's librdkafka threads and the "
               "thread that produces and polls).", ""]
+    floor = {m.split(" ")[0]: r for m, r in rows.items() if m.endswith("(floor)")}
+    if floor:
+        lines += ["`(floor)`: bench/proxy/floor_server.py, a grpc.aio server of the proxy's "
+                  "own `ProduceBatch`/`ProduceStream` that only decodes the records, stamps the "
+                  "six dr-* headers, produces them through the proxy's librdkafka bridge and "
+                  "answers each: the least a Python gRPC proxy writing through librdkafka "
+                  "does. The proxy's own work per record (routing, the idempotency window and "
+                  "its log, the journal, budget, metrics) is the proxy's CPU minus the floor's:",
+                  ""]
+        for path, f in floor.items():
+            px = rows.get(f"{path} (librdkafka)")
+            if px:
+                lines.append(f"- {path}: proxy {cpu(px)} µs, floor {cpu(f)} µs: the proxy's "
+                             f"own {cpu(px) - cpu(f):.1f} µs per record; the floor alone is "
+                             + (f"{cpu(f) / cpu(rd):.2f}x a direct confluent-kafka producer's "
+                                f"CPU" if rd and cpu(rd) else "-") + ".")
+        lines.append("")
     (RESULTS / "proxy-clients.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
