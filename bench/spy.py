@@ -135,9 +135,12 @@ class Spy:
     while the block runs (or for `seconds`)."""
 
     def __init__(self, pid: int, base: Path, seconds: float | None = None,
-                 rate: int = 100, native: bool = False) -> None:
+                 rate: int = 100, native: bool = False, gil: bool = False) -> None:
         self.pid, self.base, self.seconds, self.rate = pid, base, seconds, rate
         self.native = native  # C frames too; py-spy then pauses the process per sample
+        # only the thread holding the GIL: a thread waiting for it (librdkafka's poll
+        # thread, under load) is otherwise sampled as busy in the frame that waits
+        self.gil = gil
         self.procs: list[subprocess.Popen[bytes]] = []
         self.load_avg: list[float] = []
         self.errors: list[str] = []
@@ -160,7 +163,7 @@ class Spy:
             self.procs.append(subprocess.Popen(
                 [spy, "record", "--pid", str(self.pid), "--rate", str(self.rate),
                  "--format", fmt, "--native" if self.native else "--nonblocking",
-                 "--subprocesses", "-o", str(out),
+                 *(["--gil"] if self.gil else []), "--subprocesses", "-o", str(out),
                  *(["--duration", str(int(self.seconds))] if self.seconds else [])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         time.sleep(0.5)  # attached

@@ -181,7 +181,8 @@ class IdempotencyWindow:
                 out.append(None)
             else:
                 kept = partials.get(k) if partials else None
-                slot = inflight[k] = Slot(k, partial=kept[0] if kept is not None else None)
+                # positional when nothing is kept: a keyword argument costs ~90 ns a record
+                slot = inflight[k] = Slot(k) if kept is None else Slot(k, partial=kept[0])
                 out.append(slot)
         return out
 

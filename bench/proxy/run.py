@@ -807,7 +807,7 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     from bench.spy import Spy
                     assert px.pid is not None
                     sp = Spy(px.pid, a.spy / f"proxy-{mode}{'-native' if a.native else ''}",
-                             seconds=a.seconds + a.warmup, native=a.native)
+                             seconds=a.seconds + a.warmup, native=a.native, gil=a.spy_gil)
                     async with sp:
                         row = await measure(f"{mode} (under py-spy)", size, fns[mode], pids)
                     profiles[mode] = {**sp.summary(), "rps_under_profiler": row["rps"],
@@ -1148,6 +1148,8 @@ def main() -> None:
     ap.add_argument("--gen-procs", type=int, default=2, help="load-generator processes")
     ap.add_argument("--gen-channels", type=int, default=4, help="gRPC channels per generator")
     ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument("--spy-gil", action="store_true",
+                    help="py-spy --gil: only the thread holding the GIL (CPU-bound Python)")
     ap.add_argument("--native", action="store_true", help="py-spy --native (C frames too)")
     ap.add_argument("--spy-paths", default="unary,batch,stream",
                     help="the paths --spy profiles")
