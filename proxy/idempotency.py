@@ -222,8 +222,8 @@ class IdempotencyWindow:
                 slot._event.set()
         if now + self.window_s < self._expire_at:
             self._expire_at = now + self.window_s
-        over = len(done) + len(inflight) - self.max_keys
-        for _ in range(over):
+        # at most what `done` holds (the keys in flight alone may exceed max_keys)
+        for _ in range(min(len(done) + len(inflight) - self.max_keys, len(done))):
             done.popitem(last=False)
         if self.log is not None:
             self.log.publish_results(finished)

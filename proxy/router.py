@@ -393,24 +393,34 @@ class Router:
                 aliases[i] = j
         if not first:
             return
-        claimed = window.claim_all_nowait(list(first))
-        for (k, i), slot in zip(first.items(), claimed, strict=True):
+        # Every slot this call owns is in `slots` before the first wait: a call cancelled
+        # while it waits for one key still releases (fails) every key it claimed.
+        waits: list[tuple[tuple[str, str], int]] = []
+        for (k, i), slot in zip(first.items(), window.claim_all_nowait(list(first)),
+                                strict=True):
             if slot is None:
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        slot = await window.claim(*k)
-                except TimeoutError:
-                    outs[i].error = DeadlineExceeded(
-                        f"deadline passed waiting for an earlier write of idempotency key "
-                        f"{k[1]!r}")
-                    continue
-            if slot.owner:
-                slots[i] = slot
-                if slot.partial:
-                    outs[i].written = list(slot.partial)
+                waits.append((k, i))
             else:
-                self.metrics.duplicates.inc()
-                outs[i] = Outcome.duplicate_of(slot.result)
+                self._claimed(i, slot, slots, outs)
+        for k, i in waits:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    slot = await window.claim(*k)
+            except TimeoutError:
+                outs[i].error = DeadlineExceeded(
+                    f"deadline passed waiting for an earlier write of idempotency key "
+                    f"{k[1]!r}")
+                continue
+            self._claimed(i, slot, slots, outs)
+
+    def _claimed(self, i: int, slot: Slot, slots: dict[int, Slot], outs: list[Outcome]) -> None:
+        if slot.owner:
+            slots[i] = slot
+            if slot.partial:
+                outs[i].written = list(slot.partial)
+        else:
+            self.metrics.duplicates.inc()
+            outs[i] = Outcome.duplicate_of(slot.result)
 
     async def _dispatch(self, mode: str, topic: str, rules: list[Rule | None], idxs: list[int],
                         records: Sequence[Incoming], outs: list[Outcome], ts_ms: int,

@@ -386,6 +386,35 @@ async def test_two_calls_sharing_keys_never_wait_for_each_other_in_a_cycle() -> 
     assert len(ws["east"].sent) == 2
 
 
+async def test_a_call_cancelled_while_it_waits_releases_every_key_it_claimed() -> None:
+    # [C, A] with C in flight elsewhere: A is claimed at once, then the call waits for C.
+    # Cancelled there (the client went away, the proxy stops), A must not stay claimed: a
+    # later write of A would wait for a write that never ends.
+    r = _router(_writers())
+    other = r.window.claim_nowait("ord", "C")
+    assert other is not None
+    call = asyncio.create_task(r.route(
+        [Incoming("ord", b"k", b"v", idempotency_key=k) for k in ("C", "A")],
+        time.monotonic() + 5))
+    await asyncio.sleep(0)
+    assert r.window.claim_nowait("ord", "A") is None  # claimed by the waiting call
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    again = r.window.claim_nowait("ord", "A")
+    assert again is not None
+    assert again.owner
+
+
+def test_finishing_while_more_keys_are_in_flight_than_the_window_keeps() -> None:
+    w = IdempotencyWindow(60, max_keys=2)
+    slots = w.claim_all_nowait([("t", k) for k in "abcd"])  # 4 in flight, 2 kept at most
+    first = slots[0]
+    assert first is not None
+    w.finish(first, ("a",))  # no more finished keys to drop than there are
+    assert len(w) <= 4
+
+
 # -- errors and generated code ------------------------------------------------------------
 
 def test_error_table_codes() -> None:
