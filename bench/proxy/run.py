@@ -1014,8 +1014,8 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
         "## Summary", "",
         "| figure | value | target |", "|---|---|---|",
         f"| unary added p50 at a paced {pp['rate']}/s | {added50:.2f} ms "
-        f"(proxy {pp['p50_ms']:.2f} vs direct {pd['p50_ms']:.2f}) | <= 1 ms: "
-        f"{ok(added50 <= 1)} |",
+        f"(proxy {pp['p50_ms']:.2f} vs direct {pd['p50_ms']:.2f}) | <= 1.5 ms (issue 26; "
+        f"a no-op grpc.aio hop adds ~1.0-1.2, grpc-floor.md): {ok(added50 <= 1.5)} |",
         f"| unary added p99 at a paced {pp['rate']}/s | {added99:.2f} ms "
         f"(proxy {pp['p99_ms']:.2f} vs direct {pd['p99_ms']:.2f}) | <= 3 ms: "
         + (f"{ok(added99 <= 3)} |" if added99 >= 0 else
@@ -1028,12 +1028,15 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
            + str((caps.get(str(workers)) or {}).get("why", ""))[:80])
         + " | grows with workers where cores "
         f"allow: {ok(bool(capn and cap1 and capn > cap1)) if capn is not None else '-'} |",
-        f"| batch vs direct ({big} B) | {result['batch_vs_direct']}x | >= 0.9x: "
-        f"{ok(result['batch_vs_direct'] >= 0.9)} |",
-        f"| stream vs direct ({big} B) | {result['stream_vs_direct']}x | >= 0.9x: "
-        f"{ok(result['stream_vs_direct'] >= 0.9)} |",
+        f"| batch vs direct ({big} B) | {result['batch_vs_direct']}x | >= 0.95x (issue 26): "
+        f"{ok(result['batch_vs_direct'] >= 0.95)} |",
+        f"| stream vs direct ({big} B) | {result['stream_vs_direct']}x | >= 0.95x (issue 26): "
+        f"{ok(result['stream_vs_direct'] >= 0.95)} |",
         f"| proxy CPU per unary call | {pp['proxy_cpu_ms_per_call']:.2f} ms paced, "
-        f"{result['proxy_cpu_ms_per_unary_call']['closed_loop']:.2f} ms closed loop | |", "",
+        f"{result['proxy_cpu_ms_per_unary_call']['closed_loop']:.2f} ms closed loop | "
+        f"<= 0.4 ms closed loop (issue 26; a no-op grpc.aio call costs its server ~0.5-0.7, "
+        f"grpc-floor.md): "
+        f"{ok(result['proxy_cpu_ms_per_unary_call']['closed_loop'] <= 0.4)} |", "",
         f"## Unary latency at a paced {pp['rate']} requests/s", "",
         f"Open loop, {big} B records: request i is due at t0 + i/rate and timed from that due "
         f"time (a late send is not hidden). Direct and proxy alternate in {pp['blocks']} "
