@@ -162,10 +162,8 @@ class IdempotencyWindow:
         return self.claim_all_nowait(((topic, key),))[0]
 
     def claim_all_nowait(self, keys: Sequence[tuple[str, str]]) -> list[Slot | None]:
-        """`claim_nowait` for each distinct (topic, key) of one call, with one clock read.
-        A call claims every free key of its records at once, before it waits for any key
-        being written elsewhere: two calls that share keys then never wait for each other
-        in a cycle (the one that claimed first never waits for the later one)."""
+        """`claim_nowait` for each distinct (topic, key) of one call, with one clock read
+        (`Router._claim` orders the keys of a call that must wait)."""
         now = self._clock()
         if now > self._expire_at:
             self._expire(now)
@@ -227,6 +225,12 @@ class IdempotencyWindow:
             done.popitem(last=False)
         if self.log is not None:
             self.log.publish_results(finished)
+
+    def unclaim(self, slot: Slot) -> None:
+        """Give back a key just claimed and not written, before anyone could wait on it."""
+        assert slot._event is None, "unclaim: a request waits on this key"
+        if self._inflight.get(slot.key) is slot:
+            del self._inflight[slot.key]
 
     def fail(self, slot: Slot, partial: Any = None) -> None:
         """The attempt failed; `partial` (if any) is kept for the next attempt to resume."""

@@ -393,16 +393,29 @@ class Router:
                 aliases[i] = j
         if not first:
             return
-        # Every slot this call owns is in `slots` before the first wait: a call cancelled
-        # while it waits for one key still releases (fails) every key it claimed.
-        waits: list[tuple[tuple[str, str], int]] = []
-        for (k, i), slot in zip(first.items(), window.claim_all_nowait(list(first)),
-                                strict=True):
+        # A call whose keys are all free (the usual case) claims them at once and never
+        # waits. One that must wait takes its keys in one global order (sorted), as locks
+        # are taken to rule out deadlock: it keeps the free keys below the least key being
+        # written elsewhere, gives back the ones above it (nothing waits on them yet: no
+        # await since they were claimed) and takes those in order, waiting where needed.
+        # So no call holds a key while it waits for a smaller one, and two calls that share
+        # keys never wait for each other in a cycle. Every slot it owns is in `slots`
+        # before its first wait: cancelled while it waits, it still releases them all.
+        keys = list(first)
+        claimed = window.claim_all_nowait(keys)
+        waits = [k for k, slot in zip(keys, claimed, strict=True) if slot is None]
+        least = min(waits) if waits else None
+        later: list[tuple[str, str]] = []
+        for k, slot in zip(keys, claimed, strict=True):
             if slot is None:
-                waits.append((k, i))
+                later.append(k)
+            elif least is not None and slot.owner and k > least:
+                window.unclaim(slot)
+                later.append(k)
             else:
-                self._claimed(i, slot, slots, outs)
-        for k, i in waits:
+                self._claimed(first[k], slot, slots, outs)
+        for k in sorted(later):
+            i = first[k]
             try:
                 async with asyncio.timeout_at(deadline):
                     slot = await window.claim(*k)

@@ -386,6 +386,31 @@ async def test_two_calls_sharing_keys_never_wait_for_each_other_in_a_cycle() -> 
     assert len(ws["east"].sent) == 2
 
 
+async def test_a_key_freed_by_a_failed_write_does_not_make_two_waiting_calls_a_cycle() -> None:
+    # X = [K, A] holds A and waits for K (another request writes it). That write fails, and
+    # before X wakes, Z = [K, A] takes the freed K and must wait for A (X's). Holding K while
+    # waiting for a smaller key, Z made X wait for K in turn: both waited out the deadline.
+    # Keys are taken in one order by a call that waits: Z gives K back and waits for A.
+    ws = _writers()
+    r = _router(ws)
+    other = r.window.claim_nowait("ord", "K")
+    assert other is not None
+
+    def recs(*keys: str) -> list[Incoming]:
+        return [Incoming("ord", b"k", b"v", idempotency_key=k) for k in keys]
+
+    deadline = time.monotonic() + 3
+    x = asyncio.create_task(r.route(recs("K", "A"), deadline))
+    await asyncio.sleep(0)  # X holds A, waits for K
+    z = asyncio.create_task(r.route(recs("K", "A"), deadline))  # runs before X wakes
+    r.window.fail(other)
+    async with asyncio.timeout(1.5):  # well before the calls' deadline
+        xs, zs = await asyncio.gather(x, z)
+    assert [o.error for o in xs + zs] == [None] * 4
+    assert sorted(o.duplicate for o in xs + zs) == [False, False, True, True]
+    assert len(ws["east"].sent) == 2  # K and A written once each
+
+
 async def test_a_call_cancelled_while_it_waits_releases_every_key_it_claimed() -> None:
     # [C, A] with C in flight elsewhere: A is claimed at once, then the call waits for C.
     # Cancelled there (the client went away, the proxy stops), A must not stay claimed: a
