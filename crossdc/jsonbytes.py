@@ -19,7 +19,7 @@ def dumps(obj: Any) -> bytes:
     try:
         return orjson.dumps(obj)
     except TypeError:
-        return json.dumps(obj, separators=(",", ":"), default=_refused).encode()
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def loads(data: bytes | str) -> Any:
@@ -31,6 +31,3 @@ def loads(data: bytes | str) -> Any:
     except orjson.JSONDecodeError:
         return json.loads(data)
 
-
-def _refused(obj: Any) -> Any:
-    raise TypeError(f"{type(obj).__name__} is not JSON serializable")

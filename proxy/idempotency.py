@@ -245,7 +245,7 @@ class IdempotencyWindow:
             if len(self._partials) > self.max_keys:
                 self._partials.popitem(last=False)
             if self.log is not None:
-                self.log.publish(slot.key, partial=partial)
+                self.log.publish(slot.key, partial)
         else:
             self._partials.pop(slot.key, None)
         slot._release()
@@ -337,11 +337,10 @@ class IdempotencyLog(Lifecycle):
         window.log = self
 
     # -- publishing ------------------------------------------------------------------------
-    def publish(self, key: tuple[str, str], *, result: Any = None, partial: Any = None) -> None:
-        """Queue an outcome for the log (not awaited; a partial write's answer waits for
-        `published()`)."""
-        if result is not None:
-            self._enqueue([(key, [key[0], key[1], result], None)])
+    def publish(self, key: tuple[str, str], partial: Any) -> None:
+        """Queue the partial writes of a failed attempt: the call's answer waits for
+        `published()` (results go by `publish_results`, not awaited)."""
+        if self.closed:
             return
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
@@ -349,17 +348,14 @@ class IdempotencyLog(Lifecycle):
         self._enqueue([(key, [key[0], key[1], None, [list(w) for w in partial]], waiter)])
 
     def publish_results(self, finished: Sequence[tuple[Slot, Any]]) -> None:
-        """Queue the results of one call: `publish` for each (slot, result), in one step."""
+        """Queue the results of one call, one (slot, result) each (not awaited)."""
+        if self.closed:
+            return
         self._enqueue([(slot.key, [slot.key[0], slot.key[1], result], None)
                        for slot, result in finished])
 
     def _enqueue(self, items: list[tuple[tuple[str, str], list[Any],
                                          asyncio.Future[None] | None]]) -> None:
-        if self.closed:
-            for _, _, waiter in items:
-                if waiter is not None:
-                    waiter.set_result(None)
-            return
         queue = self._queue
         queue += items
         over = len(queue) - self.max_queued

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 import sys
 import time
@@ -33,7 +34,9 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.errors import KafkaError
 from crossdc.clients.rdkafka import RdProducer
+from crossdc.errors import CrossdcError
 from crossdc.gctune import tune_gc
 from proxy.api import pb, pb_grpc
 from proxy.config import KafkaWriterSettings
@@ -124,7 +127,12 @@ def main() -> None:
     ap.add_argument("--bootstrap", required=True)
     ap.add_argument("--port", type=int, required=True)
     a = ap.parse_args()
-    asyncio.run(serve(a.bootstrap, a.port))
+    # librdkafka's connection warnings (one per retry) would bury the one error that matters
+    logging.getLogger("crossdc.rdkafka").setLevel(logging.CRITICAL)
+    try:
+        asyncio.run(serve(a.bootstrap, a.port))
+    except (CrossdcError, KafkaError, OSError, RuntimeError) as exc:  # no broker, port taken
+        raise SystemExit(f"floor server: {exc}") from None
 
 
 if __name__ == "__main__":
