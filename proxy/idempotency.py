@@ -289,7 +289,8 @@ class IdempotencyLog(Lifecycle):
 
     `start()` makes the objects (never fails: the own region's Kafka may be down); `run()`
     (task `proxy:idempotency-log` of the server) connects, creates the topic if missing and
-    appends what `publish()` queued; `stop()` sends what is queued (bounded) and closes.
+    appends what `publish()` and `publish_results()` queued; `stop()` sends what is queued
+    (bounded) and closes.
     `catch_up()` (a retry) has the log read, from `window_s` ago at the earliest, up to its
     end offset as read after the call; `LogUnavailable` when it cannot be (not connected, too
     slow). Reading pauses `tail_idle_s` after the last retry."""
