@@ -18,7 +18,12 @@ refused by its size first, never blocking on a pipe or a device, its own time bo
 load that still takes longer than `load_timeout_s` is refused; its thread finishes on its own
 within those bounds, and no second load starts while it runs. A file that cannot be read (a
 FIFO, `/dev/zero` behind a symlink, over the size limit, unreadable) is refused like a bad
-one, once per change of the file (mode, owner and times included) or per SIGHUP. `run()` is
+one, once per change of the file (mode, owner and times included) or per SIGHUP.
+The watch loop acts on a changed file only once it has settled: it reads it again on the
+next poll and accepts or refuses it when neither its stat nor its content has moved since. An
+editor or a `write_text` truncates before it writes: the empty or half-written file it leaves
+for a moment is neither refused nor (when a prefix happens to be valid) applied. A new file
+thus takes effect within two polls; a SIGHUP (`reload()`) acts at once. `run()` is
 the watch loop (the proxy server runs it in its TaskGroup); `start()`/`stop()` run it in a task
 of their own.
 The blocking `reload()` (tests, tools) does the same work on the calling thread.
@@ -104,6 +109,8 @@ class WatchedFile(Lifecycle, Generic[T]):
         self._digest: str | None = None     # hash of the live file's content
         self._seen_stat: _Stat | None = None
         self._seen_digest: str | None = None  # last content looked at (accepted or refused)
+        # A changed file seen once, as (stat, digest): acted on when the next look finds it so.
+        self._settling: tuple[_Stat, str | None] | None = None
         self._missing = False
         self._task: asyncio.Task[None] | None = None
         self._loading: asyncio.Task[_Verdict[T]] | None = None  # the load in a thread
@@ -275,6 +282,13 @@ class WatchedFile(Lifecycle, Generic[T]):
             self._refused(list(v.issues))
             return False
         self._missing = False
+        if v.kind in ("refused", "accepted") and not force and (
+                (v.stat, v.digest) != self._settling):
+            # Maybe a write in progress: look again next poll, act if it stays as it is.
+            self._settling = (v.stat, v.digest)
+            self._log.debug(f"{self.kind}_settling", result=v.kind)
+            return False
+        self._settling = None
         self._seen_stat = v.stat
         if v.kind == "unchanged":
             self._seen_digest = v.digest

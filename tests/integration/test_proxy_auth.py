@@ -326,7 +326,7 @@ async def test_auth_file_reload_adds_revokes_and_refuses_bad_files(  # type: ign
             return grpc.StatusCode.OK
 
         assert await code(newcomer) == grpc.StatusCode.UNAUTHENTICATED
-        # a new token appears in the file: accepted on the next poll
+        # a new token appears in the file: accepted once it has settled (two polls)
         auth.write_text(_auth_yaml(("writer", WRITER, ["auth-ok-*"]),
                                    ("newcomer", newcomer, ["auth-*"])))
 

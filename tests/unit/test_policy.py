@@ -457,7 +457,10 @@ class Changes:
 
 
 def write(path: Path, text: str) -> None:
-    path.write_text(text)
+    """Replace the file whole (rename), as config management does: no poll sees it torn."""
+    tmp = path.with_name(f".{path.name}.new")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 async def test_good_change_is_picked_up(tmp_path: Path) -> None:
@@ -485,7 +488,8 @@ async def test_good_change_is_picked_up(tmp_path: Path) -> None:
     assert store.registry.get_sample_value("crossdc_proxy_policy_version") == 2
     assert accepted(store) == 2
     assert refused(store) == 0
-    events = [e for e in logs if e["event"].startswith("policy_")]
+    events = [e for e in logs if e["event"] in ("policy_loaded", "policy_reloaded",
+                                                 "policy_refused")]
     assert [e["event"] for e in events] == ["policy_loaded", "policy_reloaded"]
     assert events[1]["version"] == 2
     assert events[1]["rules"] == 2
@@ -517,6 +521,43 @@ async def test_bad_change_is_refused_and_the_old_policy_stays(tmp_path: Path) ->
     assert event["issues"] == [f"{path}:4 rules[0].sync: sync: true needs mode: ordered "
                                "(nearest writes one region)"]
     assert changes.seen == [store.current]
+
+
+async def test_a_file_written_in_place_is_acted_on_only_once_it_settles(tmp_path: Path) -> None:
+    """An editor truncates and then writes: the watch loop must neither refuse the empty file
+    it may see between the two nor apply a half-written one (this prefix is a valid policy
+    with one rule of two), and must still apply the finished file and refuse a bad one."""
+    path = tmp_path / "p.yaml"
+    path.write_text(GOOD)
+    half = GOOD2[:GOOD2.index("  - topic: b")]
+    assert parse_policy(half, "half.yaml").rules[0].topic == "a"  # valid on its own
+    store = PolicyStore(path, poll_interval_s=3600)  # the test runs the watch loop's looks
+    changes = Changes(store)
+    with capture_logs() as logs:
+        async with store:
+            with path.open("w") as f:
+                await store._check(force=False)          # truncated, nothing written yet
+                f.write(half)
+                f.flush()
+                await store._check(force=False)          # half written
+                assert (refused(store), store.version) == (0, 1)
+                f.write(GOOD2[len(half):])
+            await store._check(force=False)              # written: seen once
+            assert store.version == 1
+            await store._check(force=False)              # unchanged since: accepted
+            assert store.version == 2
+            assert [len(p.rules) for p in changes.seen] == [2]
+            path.write_text(BAD)                         # a bad file that stays: refused
+            await store._check(force=False)
+            assert refused(store) == 0
+            await store._check(force=False)
+            assert refused(store) == 1
+            await store._check(force=False)              # and only once
+            assert (refused(store), store.version) == (1, 2)
+    assert [(e["event"], e.get("result")) for e in logs if e["event"].startswith("policy_")] == [
+        ("policy_loaded", None), ("policy_settling", "refused"), ("policy_settling", "accepted"),
+        ("policy_settling", "accepted"), ("policy_reloaded", None),
+        ("policy_settling", "refused"), ("policy_refused", None)]
 
 
 async def test_reload_applies_a_change_at_once(tmp_path: Path) -> None:
