@@ -1,8 +1,8 @@
-"""The floor under the proxy's batch and stream paths: the least a Python grpc.aio proxy that
-writes every record through librdkafka and answers every record must do.
+"""The floor under the proxy's batch, stream and unary paths: the least a Python grpc.aio
+proxy that writes every record through librdkafka and answers every record must do.
 
-It serves the proxy's own `ProduceBatch` and `ProduceStream` (the same proto, so the bench's
-clients drive it unchanged) and per call: the records decoded (by grpc, as the proxy's
+It serves the proxy's own `Produce`, `ProduceBatch` and `ProduceStream` (the same proto, so
+the bench's clients drive it unchanged) and per call: the records decoded (by grpc, as the proxy's
 are), each given the six dr-* headers the proxy writes (dr-id from its idempotency key),
 produced with `crossdc.clients.rdkafka.RdProducer` (the proxy's librdkafka bridge, same
 producer settings; librdkafka partitions the keys), the acks awaited, and one `RecordResult`
@@ -76,6 +76,25 @@ class Floor(pb_grpc.ProxyServicer):
 
     async def ProduceBatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._write(request)
+
+    async def Produce(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        # one record: the same work as a batch of one, answered as the proxy's Produce is
+        r = request.record
+        dr_id = r.idempotency_key or uuid.uuid4().hex
+        headers = [*((h.key, h.value) for h in r.headers), ("dr-id", dr_id.encode()),
+                   *dr_headers(origin=REGION, ts_ms=int(time.time() * 1000), mode="ordered",
+                               epoch=1, path=[REGION])]
+        sent = await self.producer.send_many_async(r.topic, [(
+            r.key if r.HasField("key") else None, r.value if r.HasField("value") else None,
+            headers, None)])
+        [o] = await sent.future
+        if not isinstance(o, tuple):
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(o))
+        resp = pb.ProduceResponse()
+        res = resp.result
+        res.dr_id, res.mode, res.epoch, res.status = dr_id, "ordered", 1, OK
+        res.written.add(region=REGION, partition=o[0], offset=o[1])
+        return resp
 
     async def ProduceStream(self, request_iterator: AsyncIterator[Any],
                             context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:

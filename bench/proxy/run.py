@@ -344,6 +344,7 @@ async def paced(send_one: Callable[[int], Awaitable[Any]], rate: int, seconds: f
     c1 = {k: tree_cpu_s(p) for k, p in pids.items()} | {"machine": machine_busy_s()}
     measured = n - n_warm
     return {"rate": rate, "requests": measured, "errors": len(errors), "lat_raw": lat,
+            "cpu_s": {k: c1.get(k, 0) - c0.get(k, 0) for k in pids},
             "proxy_cpu_s": c1.get("proxy", 0) - c0.get("proxy", 0),
             "machine_busy_s": c1["machine"] - c0["machine"], "seconds": seconds,
             "first_error": errors[0] if errors else "",
@@ -362,10 +363,12 @@ def summary(lat: list[float]) -> dict[str, Any]:
 
 
 async def paced_ab(fns: dict[str, Callable[[int], Awaitable[Any]]], rate: int, block_s: float,
-                   blocks: int, pids: dict[str, int | None]) -> dict[str, dict[str, Any]]:
+                   blocks: int, pids: dict[str, int | None],
+                   servers: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Paced open loop at `rate` for each contender in alternating blocks (A B A B ...), so
     load that drifts on the shared box hits both alike; the first block of each starts with
-    a 1 s warm-up that is not counted."""
+    a 1 s warm-up that is not counted. `servers`: contender -> the `pids` key of the process
+    serving it (its CPU per call is reported as `server_cpu_ms_per_call`)."""
     parts: dict[str, list[dict[str, Any]]] = {name: [] for name in fns}
     offset = 0
     for b in range(blocks):
@@ -391,6 +394,10 @@ async def paced_ab(fns: dict[str, Callable[[int], Awaitable[Any]]], rate: int, b
                                                     / max(1, len(lat)) * 1e3, 3),
                      "machine_busy_cores": round(sum(p["machine_busy_s"] for p in ps) / secs,
                                                  2)}
+        key = (servers or {}).get(name)
+        if key is not None:
+            out[name]["server_cpu_ms_per_call"] = round(
+                sum(p["cpu_s"][key] for p in ps) / max(1, len(lat)) * 1e3, 3)
     return out
 
 
@@ -632,11 +639,14 @@ class ProxyProc:
 
     def __init__(self, tpath: Path, policy: Path, log: Path, *,
                  gc_stats: Path | None = None, workers: int = 1,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), stages: Path | None = None,
+                 client: str = "aiokafka") -> None:
         self.tpath, self.policy, self.log = tpath, policy, log
         self.extra = extra
         self.workers = workers
         self.gc_stats = gc_stats
+        self.stages = stages  # bench/proxy/serve.py --stages: the layers timed
+        self.client = client
         self.proc: asyncio.subprocess.Process | None = None
         self.how = ""
         self.target = ""
@@ -652,6 +662,11 @@ class ProxyProc:
         if self.gc_stats:
             cmds = [([*cmds[-1][0], "--gc-stats", str(self.gc_stats)],
                      "bench/proxy/serve.py --gc-stats")]
+        if self.stages:
+            cmds = [([sys.executable, str(HERE / "serve.py"), "--topology", str(self.tpath),
+                      "--region", "east", "--policy", str(self.policy), "--port", str(port),
+                      "--stages", str(self.stages), "--kafka-client", self.client],
+                     f"bench/proxy/serve.py --stages (dr proxy serve's code, {self.client})")]
         if not cmds:
             raise SystemExit(f"no command runs {self.workers} proxy workers")
         for cmd, how in cmds:
@@ -908,6 +923,12 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         caps: dict[str, Any] = {}
         idle: dict[str, Any] = {}
         big = max(a.sizes)
+        if a.paced_ladder:
+            got = await ladder(a, east, tpath, policy, tmp, topics[big], big, producer,
+                               broker_pid, proxies)
+            await producer.stop()
+            return {"ladder": got, "load_avg": {"before": load_before, "after": [
+                round(x, 2) for x in os.getloadavg()]}}
         if a.compare_clients:
             await phase(big, ["direct", "direct confluent-kafka", "batch", "stream", "unary"],
                         paced_too=False, client="aiokafka")
@@ -940,6 +961,144 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         for px in proxies:
             await px.stop()
         await LocalStack.down(paths)
+
+
+LADDER = {  # contender -> what it adds over the rung above it
+    "direct aiokafka": "the reference: the bench's own aiokafka producer",
+    "direct librdkafka": "crossdc's librdkafka bridge (RdProducer) in the bench process",
+    "no-op hop": "a grpc.aio call doing nothing (the proxy's health Check), no Kafka",
+    "floor": "the hop plus a librdkafka write: decode, dr-* headers, produce, answer "
+             "(bench/proxy/floor_server.py)",
+    "proxy (librdkafka writers)": "the proxy's own work: admission, policy, idempotency "
+                                  "window and shared log, journal, metrics",
+    "proxy (aiokafka writers)": "the default writer instead of librdkafka",
+}
+
+
+async def ladder(a: argparse.Namespace, east: str, tpath: Path, policy: Path, tmp: Path,
+                 topic: str, size: int, producer: Any, broker_pid: int | None,
+                 proxies: list[ProxyProc]) -> dict[str, dict[str, Any]]:
+    """`--paced-ladder`: the paced unary latency taken apart, one rung per layer, all
+    contenders in the same alternating blocks (`paced_ab`)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from crossdc.clients.connection import KafkaConnection
+    from crossdc.clients.rdkafka import RdProducer
+    from proxy.api import pb, pb_grpc
+    from proxy.config import KafkaWriterSettings
+
+    px_a = ProxyProc(tpath, policy, tmp / "proxy-ladder-aiokafka.log",
+                     stages=tmp / "stages-aiokafka.json", client="aiokafka")
+    px_r = ProxyProc(tpath, policy, tmp / "proxy-ladder-librdkafka.log",
+                     stages=tmp / "stages-librdkafka.json", client="librdkafka")
+    floor = FloorProc(east, tmp / "floor-ladder.log")
+    for px in (px_a, px_r, floor):
+        proxies.append(px)
+        await px.start()
+    ks = KafkaWriterSettings()
+    rd = RdProducer(KafkaConnection.of(east), client_id="bench-direct", linger_ms=ks.linger_ms,
+                    batch_bytes=ks.max_batch_bytes, max_request_bytes=ks.max_request_bytes)
+    await rd.start()
+    value = os.urandom(size)
+    ids = Ids()
+    chans = [grpc.aio.insecure_channel(px.target) for px in (px_a, px_r, floor)]
+    try:
+        stub_a, stub_r, stub_f = (pb_grpc.ProxyStub(c) for c in chans)  # type: ignore[no-untyped-call]
+        health_stub = health_pb2_grpc.HealthStub(chans[0])  # type: ignore[no-untyped-call]
+        check = health_pb2.HealthCheckRequest()
+
+        def unary(stub: Any) -> Callable[[int], Awaitable[Any]]:
+            async def one(i: int) -> None:
+                rec = pb.Record(topic=topic, key=KEYS[i % len(KEYS)], value=value,
+                                idempotency_key=ids.next())
+                await stub.Produce(pb.ProduceRequest(record=rec), timeout=5)
+            return one
+
+        async def direct_a(i: int) -> None:
+            await (await producer.send(topic, value, key=KEYS[i % len(KEYS)]))
+
+        async def direct_r(i: int) -> None:
+            sent = await rd.send_many_async(topic, [(KEYS[i % len(KEYS)], value, [], None)])
+            [o] = await sent.future
+            if not isinstance(o, tuple):
+                raise o
+
+        async def hop(i: int) -> None:
+            await health_stub.Check(check, timeout=5)
+
+        fns = {"direct aiokafka": direct_a, "direct librdkafka": direct_r, "no-op hop": hop,
+               "floor": unary(stub_f), "proxy (librdkafka writers)": unary(stub_r),
+               "proxy (aiokafka writers)": unary(stub_a)}
+        pids = {"proxy": px_a.pid, "proxy-rd": px_r.pid, "floor": floor.pid,
+                "broker": broker_pid}
+        got = await paced_ab(fns, a.rate, a.paced_seconds / a.paced_blocks, a.paced_blocks,
+                             pids, servers={"no-op hop": "proxy", "floor": "floor",
+                                            "proxy (librdkafka writers)": "proxy-rd",
+                                            "proxy (aiokafka writers)": "proxy"})
+    finally:
+        for c in chans:
+            await c.close()
+        await rd.stop()
+    for name, r in got.items():
+        r.pop("proxy_cpu_util", None)
+        r.pop("proxy_cpu_ms_per_call", None)
+        print(json.dumps({"rung": name, **r}), flush=True)
+    for px, name in ((px_a, "proxy (aiokafka writers)"), (px_r, "proxy (librdkafka writers)")):
+        await px.stop()  # writes its layers' times
+        assert px.stages is not None
+        if px.stages.exists():
+            got[name]["layers"] = json.loads(px.stages.read_text())
+    return got
+
+
+def write_ladder(res: dict[str, Any], a: argparse.Namespace) -> None:
+    """`--paced-ladder`: bench/results/proxy-paced-ladder.{json,md}."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT, check=False).stdout.strip()
+    res = {**res, "git_commit": commit}
+    (RESULTS / "proxy-paced-ladder.json").write_text(json.dumps(res, indent=2) + "\n")
+    rungs = res["ladder"]
+    ref = rungs["direct aiokafka"]
+    lines = [f"# Paced unary latency, layer by layer (commit `{commit}`)", "",
+             f"Open loop at {a.rate} calls/s, 1 KiB records, every rung in the same "
+             f"{a.paced_blocks} alternating blocks of {a.paced_seconds / a.paced_blocks:g} s "
+             f"(bench/proxy/run.py `--paced-ladder`); load average (1, 5, 15 min) before "
+             f"{res['load_avg']['before']}, after {res['load_avg']['after']}. `added p50` is "
+             "the rung's p50 minus the direct aiokafka producer's (what bench/results/proxy.md "
+             "calls added); `step` the rung's p50 minus the one above it.", "",
+             "| rung | p50 ms | p90 ms | p99 ms | added p50 ms | step ms | server CPU ms "
+             "per call | errors | what it adds |", "|---|---|---|---|---|---|---|---|---|"]
+    prev = None
+    for name, r in rungs.items():
+        added = r["p50_ms"] - ref["p50_ms"]
+        step = "-" if prev is None else f"{r['p50_ms'] - prev['p50_ms']:+.2f}"
+        lines.append(f"| {name} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} "
+                     f"| {added:+.2f} | {step} | {r.get('server_cpu_ms_per_call', '-')} | "
+                     f"{r['errors']} | {LADDER.get(name, '')} |")
+        prev = r
+    names = [n for n in ("proxy (librdkafka writers)", "proxy (aiokafka writers)")
+             if rungs.get(n, {}).get("layers")]
+    if names:
+        lines += ["", "Inside the proxy (bench/proxy/serve.py `--stages`: `dr proxy serve`'s "
+                  "code and defaults, perf_counter around each layer, every call of the run "
+                  "with warm-ups), p50 / p90 ms; the client-seen p50 minus the servicer's is "
+                  "what grpc adds on both sides:", "",
+                  "| layer | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        labels: list[str] = []
+        for n in names:
+            labels += [k for k in rungs[n]["layers"] if k not in labels]
+        for label in labels:
+            cells = []
+            for n in names:
+                d = rungs[n]["layers"].get(label)
+                cells.append(f"{d['p50_ms']:.3f} / {d['p90_ms']:.3f}" if d else "-")
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("| client-seen minus servicer `Produce` (p50) | " + " | ".join(
+            f"{rungs[n]['p50_ms'] - rungs[n]['layers']['servicer Produce']['p50_ms']:.3f}"
+            for n in names) + " |")
+    (RESULTS / "proxy-paced-ladder.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
@@ -1168,6 +1327,11 @@ def main() -> None:
                     "aiokafka writers, with librdkafka writers, a direct aiokafka and a direct "
                     "confluent-kafka producer (closed loop, same run): "
                     "bench/results/proxy-clients.{json,md}")
+    ap.add_argument("--paced-ladder", action="store_true", help="only the paced unary "
+                    "latency, layer by layer in the same alternating blocks: direct aiokafka, "
+                    "direct librdkafka, a no-op grpc hop, the floor server, the proxy with "
+                    "librdkafka and with aiokafka writers: "
+                    "bench/results/proxy-paced-ladder.{json,md}")
     ap.add_argument("--idle-seconds", type=float, default=20.0, help="--compare-clients: "
                     "each proxy's CPU with no traffic over this long, first")
     ap.add_argument("--out", type=Path, default=None, help="write the results here instead "
@@ -1188,8 +1352,9 @@ def main() -> None:
                        "proxy_uncommitted_at_run": last["proxy_uncommitted_at_run"]}, a)
         return
     require("bench/proxy/run.py", modules=["matplotlib", "confluent_kafka"]
-            if a.compare_clients else ["matplotlib"],
-            tools=["py-spy"] if a.profile and not a.compare_clients else [],
+            if a.compare_clients or a.paced_ladder else ["matplotlib"],
+            tools=["py-spy"] if a.profile and not (a.compare_clients or a.paced_ladder)
+            else [],
             skip_hint="--no-profile runs it without py-spy")
     RESULTS.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
@@ -1199,6 +1364,9 @@ def main() -> None:
         return
     if a.compare_clients:
         write_clients(res)
+        return
+    if a.paced_ladder:
+        write_ladder(res, a)
         return
     write_results(res, a)
 
