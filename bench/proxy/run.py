@@ -923,6 +923,42 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         caps: dict[str, Any] = {}
         idle: dict[str, Any] = {}
         big = max(a.sizes)
+        if a.kafka_requests:
+            import importlib.util
+            spec = importlib.util.spec_from_file_location("bench_serve", HERE / "serve.py")
+            assert spec is not None
+            assert spec.loader is not None
+            serve_mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(serve_mod)
+            counts = serve_mod.kafka_requests()  # the direct producer's, in this process
+            topic, value = topics[big], os.urandom(big)
+            out: dict[str, Any] = {}
+            before = dict(counts)
+            row = await measure("direct", big, lambda w: run_direct(producer, topic, value, w),
+                                {"broker": broker_pid})
+            out["direct"] = {"rps": row["rps"], "broker_cpu_s_per_m": row["broker_cpu_s_per_m"],
+                             **{k: counts[k] - before[k] for k in counts}}
+            for mode, fn in (("batch", run_batch), ("stream", run_stream)):
+                px = ProxyProc(tpath, policy, tmp / f"proxy-req-{mode}.log",
+                               stages=tmp / f"stages-{mode}.json", client="aiokafka")
+                proxies.append(px)
+                await px.start()
+                async with grpc.aio.insecure_channel(px.target) as ch:
+                    stub = pb_grpc.ProxyStub(ch)  # type: ignore[no-untyped-call]
+                    row = await measure(mode, big, lambda w, fn=fn, stub=stub: fn(
+                        stub, pb, topic, value, w), {"proxy": px.pid, "broker": broker_pid})
+                await px.stop()
+                assert px.stages is not None
+                req = json.loads(px.stages.read_text())["kafka produce requests"]
+                out[mode] = {"rps": row["rps"], "broker_cpu_s_per_m": row["broker_cpu_s_per_m"],
+                             "proxy_cpu_s_per_m": row["proxy_cpu_s_per_m"], **req}
+            for name, r in out.items():
+                n = max(1, r["requests"])
+                r["records_per_request"] = round(r["records"] / n, 1)
+                r["batches_per_request"] = round(r["batches"] / n, 2)
+                print(json.dumps({"kafka_requests": name, **r}), flush=True)
+            await producer.stop()
+            return {"kafka_requests": out}
         if a.paced_ladder:
             got = await ladder(a, east, tpath, policy, tmp, topics[big], big, producer,
                                broker_pid, proxies)
@@ -1087,7 +1123,8 @@ def write_ladder(res: dict[str, Any], a: argparse.Namespace) -> None:
                   "| layer | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
         labels: list[str] = []
         for n in names:
-            labels += [k for k in rungs[n]["layers"] if k not in labels]
+            labels += [k for k, v in rungs[n]["layers"].items()
+                       if k not in labels and "p50_ms" in v]
         for label in labels:
             cells = []
             for n in names:
@@ -1333,6 +1370,10 @@ def main() -> None:
                     "direct librdkafka, a no-op grpc hop, the floor server, the proxy with "
                     "librdkafka and with aiokafka writers: "
                     "bench/results/proxy-paced-ladder.{json,md}")
+    ap.add_argument("--kafka-requests", action="store_true", help="only direct, batch and "
+                    "stream (closed loop, a fresh proxy per path): how many records and "
+                    "partition batches each produce request carries, the direct producer's "
+                    "against the proxy's aiokafka writers' (proxy-kafka-requests.json)")
     ap.add_argument("--idle-seconds", type=float, default=20.0, help="--compare-clients: "
                     "each proxy's CPU with no traffic over this long, first")
     ap.add_argument("--out", type=Path, default=None, help="write the results here instead "
@@ -1354,7 +1395,8 @@ def main() -> None:
         return
     require("bench/proxy/run.py", modules=["matplotlib", "confluent_kafka"]
             if a.compare_clients or a.paced_ladder else ["matplotlib"],
-            tools=["py-spy"] if a.profile and not (a.compare_clients or a.paced_ladder)
+            tools=["py-spy"] if a.profile and not (a.compare_clients or a.paced_ladder
+                                                   or a.kafka_requests)
             else [],
             skip_hint="--no-profile runs it without py-spy")
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -1368,6 +1410,9 @@ def main() -> None:
         return
     if a.paced_ladder:
         write_ladder(res, a)
+        return
+    if a.kafka_requests:
+        (RESULTS / "proxy-kafka-requests.json").write_text(json.dumps(res, indent=2) + "\n")
         return
     write_results(res, a)
 

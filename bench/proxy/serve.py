@@ -48,6 +48,27 @@ def gc_stats(path: Path) -> None:
     threading.Thread(target=dump, daemon=True, name="gc-stats").start()
 
 
+def kafka_requests() -> dict[str, int]:
+    """Count the produce requests of this process's aiokafka producers as they go out: how
+    many, and the partition batches and records they carry (aiokafka sends one request per
+    broker at a time, with at most one batch per partition)."""
+    from aiokafka.producer.sender import Sender
+
+    counts = {"requests": 0, "batches": 0, "records": 0}
+    send = Sender._send_produce_req
+
+    async def counted(self: Any, node_id: int, batches: dict[Any, Any]) -> Any:
+        # the clients' topics only (not the proxy's own logs: `_crossdc.*`)
+        ours = [b for tp, b in batches.items() if not tp.topic.startswith("_")]
+        if ours:
+            counts["requests"] += 1
+            counts["batches"] += len(ours)
+            counts["records"] += sum(b.record_count for b in ours)
+        return await send(self, node_id, batches)
+    Sender._send_produce_req = counted  # type: ignore[method-assign]
+    return counts
+
+
 def stages(path: Path) -> Callable[[], None]:
     """Time the unary call's layers inside the proxy (perf_counter around each, no sampling):
     the servicer's `Produce` (decode, handle, encode), `ProxyServer.handle` (admission and
@@ -98,8 +119,10 @@ def stages(path: Path) -> Callable[[], None]:
     wrap(writers.RegionWriter, "_attempt", "writer attempt (aiokafka)")
     wrap(writers.RdRegionWriter, "_attempt", "writer attempt (librdkafka)")
 
+    requests = kafka_requests()
+
     def dump() -> None:
-        out = {}
+        out: dict[str, Any] = {"kafka produce requests": requests}
         for label, xs in times.items():
             if not xs:
                 continue

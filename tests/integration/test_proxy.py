@@ -286,6 +286,51 @@ async def test_batch_results_name_where_each_record_landed(two_regions, stub) ->
             assert seq == sorted(seq)
 
 
+async def test_concurrent_batches_sharing_producer_batches_keep_exact_offsets_and_order(
+        two_regions, east_proxy, stub) -> None:  # type: ignore[no-untyped-def]
+    """Many calls at once to the same partitions, with lone records (the producer's own
+    batching) among them: calls join the batch another call left waiting in the producer's
+    queue (aiokafka writers), and still every result's partition and offset is where that
+    very record is, nothing is written twice, and each call's records keep its order."""
+    topic = await _topic(two_regions, "ord", partitions=2)
+    writer = east_proxy.writers["east"]
+    joined = 0
+    join = getattr(writer, "_join_tail", None)
+    if join is not None:  # the aiokafka writer: count the records that joined a batch
+        def counting(*args: Any) -> int:
+            nonlocal joined
+            n: int = join(*args)
+            joined += n
+            return n
+        writer._join_tail = counting
+    calls = [[_record(topic, f"c{c}-{i}".encode(), f"k{i % 5}".encode()) for i in range(40)]
+             for c in range(32)]
+    lone = [_record(topic, f"lone-{j}".encode(), b"k1") for j in range(8)]
+    resps = await asyncio.gather(
+        *(stub.ProduceBatch(pb.ProduceBatchRequest(records=recs)) for recs in calls),
+        *(stub.Produce(pb.ProduceRequest(record=r)) for r in lone))
+    batch_resps, lone_resps = resps[:len(calls)], resps[len(calls):]
+    landed = {(r.partition, r.offset): r for r in
+              await read_all(two_regions.bootstrap("east"), topic, 2)}
+    assert len(landed) == 32 * 40 + 8  # every record once
+    sent = [(s, r) for recs, resp in zip(calls, batch_resps, strict=True)
+            for s, r in zip(recs, resp.results, strict=True)]
+    sent += [(s, resp.result) for s, resp in zip(lone, lone_resps, strict=True)]
+    for s, res in sent:
+        assert res.status == pb.STATUS_OK, res.message
+        rec = landed[(res.written[0].partition, res.written[0].offset)]
+        assert rec.value == s.value
+        assert _hdrs(rec)["dr-id"].decode() == res.dr_id
+    for recs, resp in zip(calls, batch_resps, strict=True):
+        by_part = collections.defaultdict(list)
+        for res in resp.results:
+            by_part[res.written[0].partition].append(res.written[0].offset)
+        for offsets in by_part.values():
+            assert offsets == sorted(offsets)
+    if join is not None:
+        assert joined > 0, "no call joined a queued batch: the test did not test joining"
+
+
 # -- errors, each over real gRPC ---------------------------------------------------------
 
 async def test_invalid_argument(two_regions, stub) -> None:  # type: ignore[no-untyped-def]
