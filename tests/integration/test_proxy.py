@@ -321,7 +321,7 @@ async def test_concurrent_batches_sharing_producer_batches_keep_exact_offsets_an
         rec = landed[(res.written[0].partition, res.written[0].offset)]
         assert rec.value == s.value
         assert _hdrs(rec)["dr-id"].decode() == res.dr_id
-    for recs, resp in zip(calls, batch_resps, strict=True):
+    for resp in batch_resps:
         by_part = collections.defaultdict(list)
         for res in resp.results:
             by_part[res.written[0].partition].append(res.written[0].offset)
