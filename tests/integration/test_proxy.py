@@ -287,7 +287,7 @@ async def test_batch_results_name_where_each_record_landed(two_regions, stub) ->
 
 
 async def test_concurrent_batches_sharing_producer_batches_keep_exact_offsets_and_order(
-        two_regions, east_proxy, stub) -> None:  # type: ignore[no-untyped-def]
+        two_regions: Any, east_proxy: ProxyServer, stub: Any) -> None:
     """Many calls at once to the same partitions, with lone records (the producer's own
     batching) among them: calls join the batch another call left waiting in the producer's
     queue (aiokafka writers), and still every result's partition and offset is where that
