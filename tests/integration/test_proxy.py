@@ -302,7 +302,7 @@ async def test_concurrent_batches_sharing_producer_batches_keep_exact_offsets_an
             n: int = join(*args)
             joined += n
             return n
-        writer._join_tail = counting
+        writer._join_tail = counting  # type: ignore[method-assign,assignment]
     calls = [[_record(topic, f"c{c}-{i}".encode(), f"k{i % 5}".encode()) for i in range(40)]
              for c in range(32)]
     lone = [_record(topic, f"lone-{j}".encode(), b"k1") for j in range(8)]
