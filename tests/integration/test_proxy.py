@@ -303,6 +303,7 @@ async def test_concurrent_batches_sharing_producer_batches_keep_exact_offsets_an
             joined += n
             return n
         writer._join_tail = counting  # type: ignore[method-assign,assignment]
+    producer = writer._producer
     calls = [[_record(topic, f"c{c}-{i}".encode(), f"k{i % 5}".encode()) for i in range(40)]
              for c in range(32)]
     lone = [_record(topic, f"lone-{j}".encode(), b"k1") for j in range(8)]
@@ -327,6 +328,9 @@ async def test_concurrent_batches_sharing_producer_batches_keep_exact_offsets_an
             by_part[res.written[0].partition].append(res.written[0].offset)
         for offsets in by_part.values():
             assert offsets == sorted(offsets)
+    # no batch came back out of sequence (that renews the producer) and none timed out
+    # (that drops it): appending to a batch the sender had taken would do the first
+    assert writer._producer is producer
     if join is not None:
         assert joined > 0, "no call joined a queued batch: the test did not test joining"
 
