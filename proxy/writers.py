@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import structlog
-from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.partitioner import murmur2
 from tenacity import (
     AsyncRetrying,
@@ -42,6 +42,7 @@ from tenacity import (
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber
+from crossdc.clients.kafka import last_queued_batch
 from crossdc.lifecycle import Lifecycle
 from crossdc.settings import Backoff
 from crossdc.topology import Region
@@ -125,8 +126,8 @@ class RegionWriter(Lifecycle):
         self._lock = asyncio.Lock()
         self._metric_children: dict[str, _ModeMetrics] = {}
         self._submit_locks: dict[str, dict[int, asyncio.Lock]] = {}
-        # (topic, partition) -> our last batch handed to the producer and its future, while
-        # it may still wait in the producer's queue (`_join_tail`)
+        # (topic, partition) -> the builder of our last batch handed to the producer and its
+        # future, while it may still wait in the producer's queue (`_join_tail`)
         self._tails: dict[tuple[str, int], tuple[Any, asyncio.Future[Any]]] = {}
         # topics with per-topic state here and in the producer's metadata, least recently
         # written first; bounded by settings.max_topics
@@ -608,17 +609,15 @@ class RegionWriter(Lifecycle):
                    items: Sequence[Outgoing], idxs: list[int],
                    chunks: list[tuple[list[int], asyncio.Future[Any], int]]) -> int:
         """Append the first of `idxs` to our last batch of (topic, part) while it is still
-        the last one queued in the producer and has room (no await: the producer's sender
-        cannot take it meanwhile; a taken batch is closed and refuses appends). Their
-        offsets are the batch's base offset plus their index in it. How many joined."""
+        the last one queued in the producer and has room (`last_queued_batch`: no await
+        until the appends are done). Their offsets are the batch's base offset plus their
+        index in it. How many joined."""
         entry = self._tails.get((topic, part))
         if entry is None:
             return 0
-        batch, fut = entry
-        queued = producer._message_accumulator._batches.get(TopicPartition(topic, part))
-        if not queued or queued[-1] is not batch or fut.done():
+        builder, fut = entry
+        if fut.done() or last_queued_batch(producer, topic, part) is not builder:
             return 0
-        builder = batch._builder
         start = builder.record_count()
         n = 0
         for i in idxs:
@@ -647,9 +646,8 @@ class RegionWriter(Lifecycle):
                                      retriable=False)
         chunks.append((chunk, fut, 0))
         key = (topic, part)
-        queued = producer._message_accumulator._batches.get(TopicPartition(topic, part))
-        if queued and getattr(queued[-1], "_builder", None) is builder:
-            entry = (queued[-1], fut)
+        if last_queued_batch(producer, topic, part) is builder:  # others may join it
+            entry = (builder, fut)
             self._tails[key] = entry
 
             def forget(_: Any, key: tuple[str, int] = key, entry: Any = entry) -> None:

@@ -924,13 +924,8 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         idle: dict[str, Any] = {}
         big = max(a.sizes)
         if a.kafka_requests:
-            import importlib.util
-            spec = importlib.util.spec_from_file_location("bench_serve", HERE / "serve.py")
-            assert spec is not None
-            assert spec.loader is not None
-            serve_mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(serve_mod)
-            counts = serve_mod.kafka_requests()  # the direct producer's, in this process
+            from bench.proxy.serve import kafka_requests
+            counts = kafka_requests()  # the direct producer's, in this process
             topic, value = topics[big], os.urandom(big)
             out: dict[str, Any] = {}
             before = dict(counts)

@@ -106,11 +106,11 @@ def stages(path: Path) -> Callable[[], None]:
                     m += [t0, c0, t1, c1]
                 elif is_route and m is not None and len(m) == 6:
                     times.setdefault("route start -> attempt start", []).append(m[2] - m[0])
-                    times.setdefault("  of which CPU (the loop's thread)", []).append(
-                        m[3] - m[1])
+                    times.setdefault("route start -> attempt start, CPU of the loop's thread",
+                                     []).append(m[3] - m[1])
                     times.setdefault("attempt end -> route end", []).append(t1 - m[4])
-                    times.setdefault("  of which CPU (the loop's thread) ", []).append(
-                        c1 - m[5])
+                    times.setdefault("attempt end -> route end, CPU of the loop's thread",
+                                     []).append(c1 - m[5])
         setattr(owner, name, timed)
 
     wrap(srv._Servicer, "Produce", "servicer Produce")

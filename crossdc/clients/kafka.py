@@ -48,6 +48,7 @@ __all__ = [
     "Retry",
     "TopicSpec",
     "close_producer",
+    "last_queued_batch",
     "open_log",
 ]
 
@@ -457,3 +458,16 @@ async def close_producer(producer: AIOKafkaProducer, timeout_s: float) -> None:
         if accumulator is not None:
             accumulator.fail_all(ProducerClosed())
 
+
+
+def last_queued_batch(producer: AIOKafkaProducer, topic: str, partition: int) -> Any:
+    """The builder of the batch last in `producer`'s queue for (topic, partition), while its
+    sender has not taken it; None if there is none (or this aiokafka keeps its queue
+    elsewhere: callers then simply do not share batches). aiokafka pops a batch from the
+    queue when its sender takes it and only then gives it its idempotent sequence numbers by
+    its record count, so records appended to this builder (with no await between this call
+    and the appends) are sent with the batch, after what it holds; a taken batch is closed
+    and refuses appends. (aiokafka's own `send()` appends to the same batch.)"""
+    accumulator = getattr(producer, "_message_accumulator", None)
+    queued = getattr(accumulator, "_batches", {}).get(TopicPartition(topic, partition))
+    return getattr(queued[-1], "_builder", None) if queued else None

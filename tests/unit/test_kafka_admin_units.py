@@ -95,3 +95,23 @@ async def test_a_consumer_stop_closes_its_client_whatever_the_fetcher_raises() -
     await c.stop()  # not a cancel of ours: swallowed, the client closed
     assert client.closed >= 1
     await real.close()
+
+
+def test_last_queued_batch_is_the_last_builder_queued_or_none() -> None:
+    """Sharing batches degrades to a batch per call when aiokafka keeps no such queue (the
+    real producer's queue: tests/integration/test_proxy.py, concurrent batches)."""
+    from types import SimpleNamespace
+
+    from aiokafka import TopicPartition
+
+    from crossdc.clients.kafka import last_queued_batch
+
+    assert last_queued_batch(object(), "t", 0) is None
+    first, last = object(), object()
+    producer = SimpleNamespace(_message_accumulator=SimpleNamespace(_batches={
+        TopicPartition("t", 0): [SimpleNamespace(_builder=first),
+                                 SimpleNamespace(_builder=last)],
+        TopicPartition("t", 1): []}))
+    assert last_queued_batch(producer, "t", 0) is last
+    assert last_queued_batch(producer, "t", 1) is None
+    assert last_queued_batch(producer, "u", 0) is None
