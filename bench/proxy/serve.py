@@ -183,7 +183,11 @@ def main() -> None:
                     help="the writers' Kafka client (as `dr proxy serve --kafka-client`)")
     ap.add_argument("--no-gc-tune", action="store_true", help="keep CPython's default GC "
                     "thresholds (dr proxy serve tunes them: proxy.serve.tune_gc)")
-    asyncio.run(serve(ap.parse_args()))
+    from crossdc.errors import CrossdcError
+    try:
+        asyncio.run(serve(ap.parse_args()))
+    except CrossdcError as exc:  # a missing or bad topology or policy, a port taken
+        raise SystemExit(f"bench/proxy/serve.py: {exc}") from None
 
 
 if __name__ == "__main__":
