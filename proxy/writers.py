@@ -155,6 +155,13 @@ class RegionWriter(Lifecycle):
                 await producer.stop()
                 self._set_reachable(False, f"cannot connect: {exc.__class__.__name__}: {exc}")
                 return False
+            except asyncio.CancelledError:
+                # cancelled half-way (the server stopping during a probe's start): close
+                # what started, bounded, or its connections and tasks outlive the writer
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(1.0):
+                        await producer.stop()
+                raise
             self._producer = producer
             self._set_reachable(True, "")
             return True
@@ -242,10 +249,21 @@ class RegionWriter(Lifecycle):
 
     # -- metadata --------------------------------------------------------------------------
     def known_partition_count(self, topic: str) -> int | None:
-        """The partition count in the cached metadata (None: unknown or absent)."""
-        if self._producer is None:
+        """The partition count in the cached metadata of a topic this writer tracks (None:
+        unknown, absent, or not tracked yet: `partition_count` looks it up and tracks it).
+
+        A producer that tracks no topic yet asks Kafka for every topic's metadata, so the
+        cache may hold topics it does not track; the first topic it tracks narrows the next
+        refresh to the tracked ones, and an untracked topic then leaves the cache with its
+        queued batches still waiting for a partition leader (never sent: seen as an ordered
+        write unanswered at its bound)."""
+        producer = self._producer
+        if producer is None:
             return None
-        parts = self._producer.client.cluster.partitions_for_topic(topic)
+        client = producer.client
+        if topic not in client._topics:
+            return None
+        parts = client.cluster.partitions_for_topic(topic)
         return len(parts) if parts is not None else None
 
     def _touch(self, topic: str) -> None:

@@ -287,6 +287,39 @@ async def test_stop_is_bounded_when_a_producer_close_hangs(two_regions,  # type:
         await real_stop()
 
 
+async def test_a_topic_written_stays_in_the_producers_metadata(  # type: ignore[no-untyped-def]
+        two_regions, primary_everywhere, policy_file: Path) -> None:
+    """A new producer tracks no topic and so fetches every topic's metadata; a topic the
+    router found there must become tracked, or the next refresh (narrowed to the tracked
+    topics once one is) drops it and its queued batches wait for a leader until the write's
+    bound drops the producer (CI: an ordered write beside a nearest one, 2 of 5 records
+    never sent)."""
+    east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
+    ordered, nearest = unique("ord"), unique("near")
+    for bootstrap in (east, west):
+        await create_topic(bootstrap, ordered, partitions=2)
+        await create_topic(bootstrap, nearest, partitions=1)
+    async with ProxyServer(two_regions.topology, _cfg("east"), policy_file) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)
+        client = server.writers["east"]._producer.client  # type: ignore[union-attr]
+        await client.force_metadata_update()  # tracks nothing yet: every topic
+        assert client.cluster.partitions_for_topic(ordered) is not None
+        first = await stub.ProduceBatch(pb.ProduceBatchRequest(records=[
+            pb.Record(topic=ordered, key=f"k{i}".encode(), value=b"v") for i in range(5)]))
+        assert all(r.status == pb.STATUS_OK for r in first.results), first
+        near = await stub.Produce(pb.ProduceRequest(record=pb.Record(topic=nearest, value=b"n")))
+        assert near.result.status == pb.STATUS_OK, near
+        assert await client.force_metadata_update()
+        assert client.cluster.partitions_for_topic(ordered) is not None, \
+            "the topic written left the producer's metadata"
+        again = await stub.ProduceBatch(pb.ProduceBatchRequest(records=[
+            pb.Record(topic=ordered, key=f"k{i}".encode(), value=b"w") for i in range(5)]))
+        assert {w.partition for r in again.results for w in r.written} == {0, 1}
+        assert all(r.status == pb.STATUS_OK for r in again.results), again
+        assert _sample(server, "crossdc_proxy_producer_drops_total", {"region": "east"}) == 0
+
+
 async def test_failing_primary_callback_stops_the_server(two_regions, primary_everywhere,  # type: ignore[no-untyped-def]
                                                          policy_file: Path) -> None:
     server = ProxyServer(two_regions.topology, _cfg("east"), policy_file)

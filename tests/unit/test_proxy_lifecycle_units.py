@@ -482,3 +482,46 @@ async def test_writer_renews_its_producer_after_out_of_order_sequence() -> None:
     assert started == [1], "one new producer"
     assert wedged.stopped, "the wedged producer is closed"
     assert fresh.sent == 1
+
+
+async def test_a_start_cancelled_half_way_closes_its_producer(monkeypatch: pytest.MonkeyPatch,
+                                                              ) -> None:
+    """The server stopping while a probe starts a producer cancels that start: the producer
+    it began is closed, not left with open connections and tasks (a ResourceWarning at
+    garbage collection, seen after a producer drop in CI)."""
+    from aiokafka import AIOKafkaProducer
+
+    import proxy.writers as writers
+    from proxy.config import BreakerSettings, KafkaWriterSettings
+    made: list[Any] = []
+
+    class Recorded(AIOKafkaProducer):
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            made.append(self)
+    monkeypatch.setattr(writers, "AIOKafkaProducer", Recorded)
+    connected = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()  # a broker that accepts and never answers: start() waits
+        await reader.read()
+        writer.close()
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        w = writers.RegionWriter(TOPO.region("east"), KafkaConnection.of(f"127.0.0.1:{port}"),
+                                 KafkaWriterSettings(probe_timeout_s=30), BreakerSettings(),
+                                 ProxyMetrics(), client_id="t")
+        task = asyncio.create_task(w.start())
+        async with asyncio.timeout(10):
+            await connected.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(made) == 1
+        assert made[0]._closed, "the half-started producer was left open"
+        assert w._producer is None
+        await w.stop()
+    finally:
+        server.close()
+        await server.wait_closed()
