@@ -77,7 +77,7 @@ from crossdc import jsonbytes
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import close_producer, open_log
+from crossdc.clients.kafka import close_producer, open_log, start_or_close
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
 from proxy.writers import RegionWrite
@@ -560,15 +560,16 @@ class IdempotencyLog(Lifecycle):
                                     fetch_max_wait_ms=self.fetch_wait_ms,
                                     fetch_min_bytes=1 << 20, client_id=self.client_id)
         try:
-            async with asyncio.timeout(10.0):
-                await consumer.start()
-                consumer.assign([self._tp])
-                consumer.pause(self._tp)  # read on demand (`_tail`)
+            await start_or_close(consumer, 10.0)
         except (KafkaError, OSError, TimeoutError) as exc:
             await producer.stop()
-            await consumer.stop()
             self.log.warning("idempotency_log_unreachable", error=repr(exc))
             return False
+        except BaseException:  # cancelled (the server stopping): the producer too
+            await asyncio.shield(close_producer(producer, 5.0))
+            raise
+        consumer.assign([self._tp])
+        consumer.pause(self._tp)  # read on demand (`_tail`)
         if self.closed:  # stop() ran meanwhile
             await producer.stop()
             await consumer.stop()

@@ -42,7 +42,7 @@ from tenacity import (
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber
-from crossdc.clients.kafka import last_queued_batch
+from crossdc.clients.kafka import last_queued_batch, start_or_close
 from crossdc.lifecycle import Lifecycle
 from crossdc.settings import Backoff
 from crossdc.topology import Region
@@ -148,20 +148,11 @@ class RegionWriter(Lifecycle):
                 enable_idempotence=True, linger_ms=s.linger_ms, max_batch_size=s.max_batch_bytes,
                 max_request_size=s.max_request_bytes, request_timeout_ms=s.request_timeout_ms,
                 metadata_max_age_ms=s.metadata_max_age_ms, client_id=self.client_id)
-            try:
-                async with asyncio.timeout(s.probe_timeout_s * 2):
-                    await producer.start()
+            try:  # cancelled half-way (the server stopping during a probe): closed too
+                await start_or_close(producer, s.probe_timeout_s * 2)
             except (KafkaError, OSError, TimeoutError) as exc:
-                await producer.stop()
                 self._set_reachable(False, f"cannot connect: {exc.__class__.__name__}: {exc}")
                 return False
-            except asyncio.CancelledError:
-                # cancelled half-way (the server stopping during a probe's start): close
-                # what started, bounded, or its connections and tasks outlive the writer
-                with contextlib.suppress(Exception):
-                    async with asyncio.timeout(1.0):
-                        await producer.stop()
-                raise
             self._producer = producer
             self._set_reachable(True, "")
             return True

@@ -426,17 +426,25 @@ async def open_log(conn: KafkaConnection, topic: str, configs: dict[str, str], *
     except (KafkaError, OSError) as exc:
         raise ClientError(f"{topic}: {exc!r}") from exc
     try:
-        async with asyncio.timeout(timeout_s):
-            await producer.start()
+        await start_or_close(producer, timeout_s)
     except (KafkaError, OSError, TimeoutError) as exc:
-        await producer.stop()
         raise ClientError(f"{topic}: producer did not start: {exc!r}") from exc
-    except BaseException:  # cancelled while starting (the owner is stopping): closed too
+    return producer
+
+
+async def start_or_close(client: Any, timeout_s: float) -> None:
+    """Start an aiokafka producer or consumer within `timeout_s`. Whatever ends the start
+    early (an error, the deadline, the caller cancelled because its owner is stopping) closes
+    the client first, bounded and shielded, then propagates: a half-started client otherwise
+    keeps its connections and tasks (a ResourceWarning at garbage collection)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await client.start()
+    except BaseException:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(5.0):
-                await asyncio.shield(producer.stop())
+                await asyncio.shield(client.stop())
         raise
-    return producer
 
 
 async def close_producer(producer: AIOKafkaProducer, timeout_s: float) -> None:

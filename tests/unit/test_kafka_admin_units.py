@@ -115,3 +115,28 @@ def test_last_queued_batch_is_the_last_builder_queued_or_none() -> None:
     assert last_queued_batch(producer, "t", 0) is last
     assert last_queued_batch(producer, "t", 1) is None
     assert last_queued_batch(producer, "u", 0) is None
+
+
+async def test_start_or_close_closes_a_consumer_whose_start_ran_out_of_time() -> None:
+    """A broker that accepts and never answers: the start ends at its deadline, and the
+    consumer it began is closed (no connection or task left behind)."""
+    from aiokafka import AIOKafkaConsumer
+
+    from crossdc.clients.kafka import start_or_close
+    connected = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()
+        await reader.read()
+        writer.close()
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    consumer = AIOKafkaConsumer(bootstrap_servers=f"127.0.0.1:{port}", request_timeout_ms=30_000)
+    try:
+        with pytest.raises(TimeoutError):
+            await start_or_close(consumer, 0.5)
+        assert connected.is_set()
+        assert consumer._closed
+    finally:
+        server.close()
+        await server.wait_closed()
