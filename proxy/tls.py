@@ -4,8 +4,11 @@ CA is used without a restart.
 `ReloadingTls(settings).credentials()` gives `grpc.dynamic_ssl_server_credentials` whose
 certificate-config fetcher gRPC calls before each new TLS handshake. The fetcher looks at
 the files (at most once per `check_interval_s`: stat first, the content hash decides); when
-they changed it reads and checks them (PEM, the key is the certificate's, the CA parses)
-and hands gRPC the new configuration; connections already open keep theirs. Files that are
+they changed, and look the same at the next look (a renewal writes the certificate and the
+key one after the other: the pair is read once both are written, not refused half-way), it
+reads and checks them (PEM, the key is the certificate's, the CA parses) and hands gRPC the
+new configuration; connections already open keep theirs. `check()` looks at once and acts
+on what it finds (no settling: the operator says the files are ready). Files that are
 missing, half-written or do not match are refused: the running certificate stays,
 `tls_refused` is logged (with what is wrong, never the key) and
 `crossdc_proxy_tls_reloads_total{result="refused"}` counts it; the next look tries again.
@@ -33,6 +36,8 @@ from proxy.config import TlsSettings
 __all__ = ["ReloadingTls", "TlsMaterial", "read_tls"]
 
 log = structlog.get_logger("crossdc.proxy.tls")
+
+_UNSET = object()
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,9 @@ class ReloadingTls:
         self._stat: tuple[tuple[int, int, int], ...] | None = None
         self._next_check = 0.0
         self._refused_digest: str | None = None  # what was last refused (said once)
+        # the files' stat when a look found them changed: acted on when the next look finds
+        # them so (_UNSET: nothing changing)
+        self._settling: object = _UNSET
         self.version = 0
         """+1 per set of files accepted (1 after the first load)."""
 
@@ -135,7 +143,7 @@ class ReloadingTls:
         True when new files were accepted."""
         with self._lock:
             self._next_check = 0.0
-            return self._look() is not None
+            return self._look(settle=False) is not None
 
     # -- internals ---------------------------------------------------------------------
 
@@ -167,14 +175,20 @@ class ReloadingTls:
             out.append((st.st_ino, st.st_size, st.st_mtime_ns))
         return tuple(out)
 
-    def _look(self) -> TlsMaterial | None:
+    def _look(self, *, settle: bool = True) -> TlsMaterial | None:
         now = time.monotonic()
         if now < self._next_check:
             return None
         self._next_check = now + self.check_interval_s
         stat = self._stat_files()
         if stat is not None and stat == self._stat:
+            self._settling = _UNSET
             return None
+        if settle and stat != self._settling:  # changed since the last look: not yet
+            self._settling = stat
+            log.debug("tls_settling")
+            return None
+        self._settling = _UNSET
         try:
             material = read_tls(self.settings)
         except ConfigError as exc:

@@ -7,6 +7,7 @@ the full set's rows of the other faults as they were measured (each row says whe
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,10 +39,23 @@ class Row:
     reconciliation: str = "not run"
 
     def line(self) -> str:
-        when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+        when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d") + clients_note()
         return (f"| {self.fault} | {self.load} | {self.acked} | {self.lost} | "
                 f"{self.duplicated} | {self.recover} | {self.split_brain} | {self.converged} "
                 f"| {self.reconciliation} | {when} |")
+
+
+def clients_note() -> str:
+    """What the run's proxies and mirrors wrote and read with, when not the default
+    aiokafka (tests/conftest.py: CROSSDC_TEST_KAFKA_CLIENT, CROSSDC_TEST_MIRROR_CONSUMER)."""
+    parts = []
+    client = os.environ.get("CROSSDC_TEST_KAFKA_CLIENT", "")
+    if client and client != "aiokafka":
+        parts.append(f"proxy and mirror producers: {client}")
+    consumer = os.environ.get("CROSSDC_TEST_MIRROR_CONSUMER", "")
+    if consumer and consumer != "aiokafka":
+        parts.append(f"mirror consumer: {consumer}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def _rows(text: str) -> dict[str, str]:

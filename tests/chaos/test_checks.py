@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from chaos_results import BEGIN, END, Row, record, update_reconciliation  # type: ignore[import-not-found]
 
 from dr.drill.count import split_brain
@@ -44,6 +45,19 @@ def test_a_rerun_replaces_only_its_rows(tmp_path: Path) -> None:
     assert "missing 0, duplicates 0" in rows[1]
     assert text.startswith("# title")
     assert text.rstrip().endswith("after")
+
+
+def test_a_row_names_the_kafka_clients_when_not_the_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CROSSDC_TEST_KAFKA_CLIENT", raising=False)
+    monkeypatch.delenv("CROSSDC_TEST_MIRROR_CONSUMER", raising=False)
+    assert _row("partition", 1).line().endswith(" |")
+    assert "librdkafka" not in _row("partition", 1).line()
+    monkeypatch.setenv("CROSSDC_TEST_KAFKA_CLIENT", "librdkafka")
+    assert "(proxy and mirror producers: librdkafka) |" in _row("partition", 1).line()
+    monkeypatch.setenv("CROSSDC_TEST_MIRROR_CONSUMER", "librdkafka")
+    assert "producers: librdkafka; mirror consumer: librdkafka) |" in \
+        _row("partition", 1).line()
 
 
 def test_namespace_names_fit_the_kernel_limits(tmp_path: Path) -> None:

@@ -6,22 +6,16 @@ Consul's health check of a TLS proxy. Certificates come from a throwaway CA made
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from kafka_helpers import create_topic, end_offsets, eventually, read_all, unique
+from pki_helpers import Pki, make_pki
 from primary_helpers import agreed_primary
 
 from crossdc.clients.consul import ConsulClient
@@ -84,62 +78,6 @@ async def _topic(two_regions: Any, prefix: str) -> str:
     return name
 
 
-# -- a throwaway CA ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Pki:
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-    rogue_cert: Path     # a client certificate from another CA
-    rogue_key: Path
-
-
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> Path:
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                       serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    return path
-
-
-def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Certificate | None,
-          issuer_key: ec.EllipticCurvePrivateKey, *, ca: bool = False,
-          server: bool = False) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
-    b = (x509.CertificateBuilder().subject_name(name)
-         .issuer_name(issuer.subject if issuer is not None else name)
-         .public_key(key.public_key()).serial_number(x509.random_serial_number())
-         .not_valid_before(now - datetime.timedelta(minutes=5))
-         .not_valid_after(now + datetime.timedelta(days=1))
-         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
-    if ca:
-        b = b.add_extension(x509.KeyUsage(
-            digital_signature=True, content_commitment=False, key_encipherment=False,
-            data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-            encipher_only=False, decipher_only=False), critical=True)
-    elif server:
-        b = b.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False).add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-    else:
-        b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]),
-                            critical=False)
-    return b.sign(issuer_key, hashes.SHA256())
-
-
-def _write_cert(cert: x509.Certificate, path: Path) -> Path:
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return path
-
-
 @pytest.fixture(autouse=True)
 async def _primary_everywhere(two_regions: Any) -> None:
     """Every datacenter holds one record naming east writable: a proxy renews its primary
@@ -150,22 +88,7 @@ async def _primary_everywhere(two_regions: Any) -> None:
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return _make_pki(tmp_path_factory.mktemp("pki"))
-
-
-def _make_pki(d: Path) -> Pki:
-    ca_key, rogue_ca_key = _key(), _key()
-    ca = _cert("crossdc test CA", ca_key, None, ca_key, ca=True)
-    rogue_ca = _cert("rogue CA", rogue_ca_key, None, rogue_ca_key, ca=True)
-    sk, ck, rk = _key(), _key(), _key()
-    return Pki(
-        ca=_write_cert(ca, d / "ca.pem"),
-        server_cert=_write_cert(_cert("proxy", sk, ca, ca_key, server=True), d / "server.pem"),
-        server_key=_write_key(sk, d / "server.key"),
-        client_cert=_write_cert(_cert("producer", ck, ca, ca_key), d / "client.pem"),
-        client_key=_write_key(ck, d / "client.key"),
-        rogue_cert=_write_cert(_cert("rogue", rk, rogue_ca, rogue_ca_key), d / "rogue.pem"),
-        rogue_key=_write_key(rk, d / "rogue.key"))
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 # -- bearer tokens -----------------------------------------------------------------------
@@ -484,7 +407,7 @@ async def test_renewed_certificates_are_used_without_a_restart(  # type: ignore[
 
     policy, auth = files
     (tmp_path / "new").mkdir()
-    new = _make_pki(tmp_path / "new")
+    new = make_pki(tmp_path / "new")
     live = tmp_path / "live"
     live.mkdir()
     for src, name in ((pki.server_cert, "server.pem"), (pki.server_key, "server.key"),

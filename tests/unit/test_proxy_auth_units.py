@@ -195,3 +195,60 @@ def test_client_cert_and_key_go_together() -> None:
     from proxy.client import AsyncProducer
     with pytest.raises(ValueError, match="go together"):
         AsyncProducer("127.0.0.1:1", client_cert=b"x")
+
+
+def test_tls_files_are_acted_on_once_they_settle(tmp_path: Path) -> None:
+    """A renewal writes the key, then the certificate: the handshake-time look acts on
+    changed files only when the next look finds them the same, so the pair is taken once
+    both are written, never refused half-way; a bad file that stays is refused once;
+    `check()` acts at once."""
+    import os
+    import shutil
+
+    from pki_helpers import make_pki
+
+    from proxy.tls import ReloadingTls
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    old, new = make_pki(tmp_path / "old"), make_pki(tmp_path / "new")
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(old.server_cert, live / "server.pem")
+    shutil.copy(old.server_key, live / "server.key")
+    tls = ReloadingTls(TlsSettings(cert_file=live / "server.pem", key_file=live / "server.key"),
+                       check_interval_s=3600)
+    tls.credentials()
+
+    def look() -> bool:  # what gRPC's fetcher does before a handshake, interval elapsed
+        tls._next_check = 0.0
+        return tls._fetch() is not None
+
+    def reloads(result: str) -> float:
+        return tls.registry.get_sample_value("crossdc_proxy_tls_reloads_total",
+                                             {"result": result}) or 0.0
+
+    def replace(src: Path, name: str) -> None:
+        shutil.copy(src, live / f".{name}.tmp")
+        os.replace(live / f".{name}.tmp", live / name)
+
+    assert not look()
+    replace(new.server_key, "server.key")     # the key first: its certificate not yet
+    assert not look()
+    replace(new.server_cert, "server.pem")
+    assert not look()                          # changed again since the last look
+    assert look()                              # the same at this one: the new pair
+    assert (tls.version, reloads("accepted"), reloads("refused")) == (2, 2, 0)
+    assert tls.material is not None
+    assert tls.material.cert == new.server_cert.read_bytes()
+
+    (live / "server.pem").write_text("-----BEGIN CERTIFICATE-----\ntruncated")
+    assert not look()
+    assert not look()                           # it stayed bad: refused, once
+    assert reloads("refused") == 1
+    assert not look()
+    assert not look()
+    assert reloads("refused") == 1
+    shutil.copy(old.server_cert, live / "server.pem")
+    replace(old.server_key, "server.key")
+    assert tls.check()                          # at once, no settling
+    assert tls.version == 3
