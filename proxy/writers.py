@@ -283,7 +283,8 @@ class RegionWriter(Lifecycle):
     async def partition_count(self, topic: str, timeout_s: float) -> int | None:
         """Partitions of `topic` here; None when the topic does not exist in this region.
         A topic not seen yet (or absent at the last look, over a second ago) is looked up;
-        concurrent callers share one lookup."""
+        concurrent callers share one lookup. A topic found absent is not followed by the
+        producer's metadata (it is looked up again at the next call after a second)."""
         if self._producer is None:
             raise RegionWriteFailed(self.name, topic, self.why_not_writable())
         self._touch(topic)
@@ -293,8 +294,7 @@ class RegionWriter(Lifecycle):
             return len(parts)
         lookup = self._lookups.get(topic)
         if lookup is None:
-            if topic in client._topics and \
-                    time.monotonic() - self._refreshed.get(topic, 0.0) < 1.0:
+            if time.monotonic() - self._refreshed.get(topic, 0.0) < 1.0:
                 if topic in self._lookup_failed:  # unknown, not absent: the region is away
                     raise RegionWriteFailed(self.name, topic, "metadata request failed")
                 return None
@@ -317,6 +317,11 @@ class RegionWriter(Lifecycle):
             ok = bool(await client.add_topic(topic))
             if not ok or client.cluster.partitions_for_topic(topic) is None:
                 ok = bool(await client.force_metadata_update())
+            if ok and client.cluster.partitions_for_topic(topic) is None:
+                # absent here: not followed any more, or every later metadata refresh asks
+                # for it again and aiokafka logs an error for it each time (a client that
+                # once wrote to a misspelt topic: every 30 s, for as long as the proxy runs)
+                client._topics.discard(topic)
             return ok
         finally:
             self._refreshed[topic] = time.monotonic()

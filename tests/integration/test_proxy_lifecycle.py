@@ -320,6 +320,31 @@ async def test_a_topic_written_stays_in_the_producers_metadata(  # type: ignore[
         assert _sample(server, "crossdc_proxy_producer_drops_total", {"region": "east"}) == 0
 
 
+async def test_an_absent_topic_is_not_followed_and_is_written_once_created(  # type: ignore[no-untyped-def]
+        two_regions, primary_everywhere, policy_file: Path) -> None:
+    """A write to a topic no region has is NOT_FOUND, and the producers do not follow the
+    topic's metadata afterwards (aiokafka would ask for it at every refresh and log an error
+    each time, for as long as the proxy runs); once the topic is created it is written."""
+    topic = unique("near")
+    batch = pb.ProduceBatchRequest(records=[pb.Record(topic=topic, value=b"v")])
+    async with ProxyServer(two_regions.topology, _cfg("east"), policy_file) as server, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)
+        [res] = (await stub.ProduceBatch(batch)).results
+        assert res.status != pb.STATUS_OK
+        assert res.code == grpc.StatusCode.NOT_FOUND.value[0], res
+        for w in server.writers.values():
+            assert topic not in w._producer.client._topics, w.name  # type: ignore[union-attr]
+        for region in ("east", "west"):
+            await create_topic(two_regions.bootstrap(region), topic)
+
+        async def written() -> bool:
+            [r] = (await stub.ProduceBatch(batch)).results
+            return bool(r.status == pb.STATUS_OK)
+        await eventually(written, 15, "the topic written once created")
+        assert topic in server.writers["east"]._producer.client._topics  # type: ignore[union-attr]
+
+
 async def test_failing_primary_callback_stops_the_server(two_regions, primary_everywhere,  # type: ignore[no-untyped-def]
                                                          policy_file: Path) -> None:
     server = ProxyServer(two_regions.topology, _cfg("east"), policy_file)
