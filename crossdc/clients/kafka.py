@@ -50,6 +50,7 @@ __all__ = [
     "close_producer",
     "last_queued_batch",
     "open_log",
+    "start_or_close",
 ]
 
 log = structlog.get_logger("crossdc.kafka")
@@ -465,7 +466,6 @@ async def close_producer(producer: AIOKafkaProducer, timeout_s: float) -> None:
         accumulator = getattr(producer, "_message_accumulator", None)
         if accumulator is not None:
             accumulator.fail_all(ProducerClosed())
-
 
 
 def last_queued_batch(producer: AIOKafkaProducer, topic: str, partition: int) -> Any:
