@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from crossdc.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_PREFIX, DR_TS, Mode
 from proxy.errors import ReservedHeader
@@ -43,10 +43,12 @@ def new_dr_id(idempotency_key: str) -> str:
     return idempotency_key or str(uuid7())
 
 
-def check_client_headers(topic: str, headers: Iterable[tuple[str, bytes]]) -> None:
-    """Refuse any client header whose name starts with `dr-` (case-insensitive)."""
+def check_client_headers(topic: str, headers: Iterable[tuple[str, bytes]],
+                         allow: Collection[str] = ()) -> None:
+    """Refuse any client header whose name starts with `dr-` (case-insensitive), but those
+    named exactly in `allow` (what the proxy itself sets on records it routes: dead letters)."""
     for name, _ in headers:
-        if name.lower().startswith(DR_PREFIX):
+        if name.lower().startswith(DR_PREFIX) and name not in allow:
             raise ReservedHeader(topic, name)
 
 

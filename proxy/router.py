@@ -9,8 +9,9 @@
   before the write, so a slow lookup cannot eat the lease; the write (the primary's and, for
   sync, every other region's, retries included) is bounded by the grant's `until`.
 - sync: the primary first; then every other region (topology preference order) at the SAME
-  partition number the primary gave; OK once `quorum` regions (all by default), primary
-  included, hold it. Fewer is `IncompleteSync` (status PARTIAL, the regions written named),
+  partition number the primary gave, each copy stamped `dr-src: <primary>:<offset>` (its
+  place in the primary's order, which the hints' replay keeps: `proxy.hints`); OK once
+  `quorum` regions (all by default), primary included, hold it. Fewer is `IncompleteSync` (status PARTIAL, the regions written named),
   never an ack; a retry with the same idempotency key resumes, writing only the missing
   regions. Each region that missed a record the primary took gets a HINT (`proxy.hints`),
   stored before the answer: an ack implies its hints are in Kafka (a hint stored nowhere
@@ -38,6 +39,7 @@ from typing import Any, Literal, NamedTuple, NoReturn, cast
 
 import structlog
 
+from crossdc.headers import DR_SRC, src_value
 from crossdc.outcomes import ACKED, FAILED, UNKNOWN, written_text
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
@@ -207,6 +209,12 @@ class _PrimaryWrite:
     def headers(self, i: int) -> list[tuple[str, bytes]]:
         return stamp_with(self.records[i].headers, self.outs[i].dr_id, self.common)
 
+    def replica_headers(self, i: int, src: RegionWrite) -> list[tuple[str, bytes]]:
+        """The headers of the copies in the other regions (and of their hints): the
+        primary's, then `dr-src: <primary>:<offset>` — the record's place in the primary's
+        order, which the hints' replay checks before writing a late copy (proxy.hints)."""
+        return [*self.headers(i), (DR_SRC, src_value(src.region, src.offset))]
+
 
 class Router:
     def __init__(self, own_region: str, topology: Topology, writers: dict[str, RegionWriter],
@@ -235,10 +243,13 @@ class Router:
 
     # -- entry -----------------------------------------------------------------------------
     async def route(self, records: Sequence[Incoming], deadline: float, *,
-                    retry: bool = False) -> list[Outcome]:
+                    retry: bool = False,
+                    allow_headers: frozenset[str] = frozenset()) -> list[Outcome]:
         """Write `records`; one Outcome per record, in order. `deadline` is monotonic.
         `retry`: the client says the call is a retry: the region-shared idempotency log (if
-        any) is read up to its end first (`proxy.idempotency`)."""
+        any) is read up to its end first (`proxy.idempotency`). `allow_headers`: reserved
+        header names the caller may set (the proxy's own dead letters: `dr-dl-*`; never a
+        client's)."""
         t0 = time.perf_counter()
         shared = self.window.log
         if retry and shared is not None:
@@ -255,7 +266,7 @@ class Router:
             try:
                 if isinstance(info, ProxyError):
                     raise info
-                self._validate(info, rec)
+                self._validate(info, rec, allow_headers)
                 rules[i] = info.rule
                 outs[i].mode = info.mode
             except ProxyError as exc:
@@ -370,9 +381,9 @@ class Router:
         return _RuleInfo(rule, rule.dr_mode, rule.key_required, rule.max_record_bytes)
 
     @staticmethod
-    def _validate(info: _RuleInfo, rec: Incoming) -> None:
+    def _validate(info: _RuleInfo, rec: Incoming, allow: frozenset[str]) -> None:
         if rec.headers:
-            check_client_headers(rec.topic, rec.headers)
+            check_client_headers(rec.topic, rec.headers, allow)
         if rec.key is None and info.key_required:
             raise MissingKey(rec.topic, info.mode)
         if rec.size > info.max_record_bytes:
@@ -610,9 +621,10 @@ class Router:
                 return
             items = []
             for i in todo:
-                part = next(x.partition for x in outs[i].written if x.region == b.primary)
+                src = next(x for x in outs[i].written if x.region == b.primary)
                 rec = b.records[i]
-                items.append(Outgoing(rec.key, rec.value, b.headers(i), part, rec.size))
+                items.append(Outgoing(rec.key, rec.value, b.replica_headers(i, src),
+                                      src.partition, rec.size))
             with w.breaker.attempt():
                 res = await w.write(b.topic, items, mode=b.mode, deadline=b.deadline,
                                     still_valid=b.still_primary)
@@ -639,7 +651,7 @@ class Router:
         unhinted: dict[int, str] = {}
         if self.hints is not None and any(failed[i] for i in b.idxs):
             unhinted = await self._hint(b.topic, b.idxs, b.records, outs, failed, b.primary,
-                                        needed_for, b.headers, deadline)
+                                        needed_for, b.replica_headers, deadline)
         for i in b.idxs:
             needed = needed_for(i)
             o = outs[i]
@@ -661,7 +673,7 @@ class Router:
     async def _hint(self, topic: str, idxs: list[int], records: Sequence[Incoming],
                     outs: list[Outcome], failed: dict[int, dict[str, str]], primary: str,
                     needed_for: Callable[[int], int],
-                    headers: Callable[[int], list[tuple[str, bytes]]],
+                    headers: Callable[[int, RegionWrite], list[tuple[str, bytes]]],
                     deadline: float) -> dict[int, str]:
         """Store a hint per (record the primary took, region that missed it); the records
         whose hints were not all stored, with why."""
@@ -672,9 +684,10 @@ class Router:
             o = outs[i]
             if o.error is not None or not failed[i]:
                 continue
-            part = next(w.partition for w in o.written if w.region == primary)
+            src = next(w for w in o.written if w.region == primary)
+            part = src.partition
             rec = records[i]
-            hs = headers(i)
+            hs = headers(i, src)
             # Told failed too (a partial write): the regions that took it keep it, so the
             # others get it late, whether or not the client retries. With a client key the
             # replay and a retry are serialised by the idempotency window (proxy.hints):
