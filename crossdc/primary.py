@@ -9,14 +9,29 @@ primary. Written only by
 compare-and-set (`crossdc.clients.primary.write_primary`), so two controllers can never both
 win one epoch. When the key is absent, readers use the topology's `primary` with epoch 0
 (`PrimaryRecord.initial`).
+
+A record written by an operator's forced failover while fewer than a majority of datacenters
+answered is marked `forced`: nobody knows whether the other side is dead or is the majority,
+so such a record never overrides one that a majority held (`supersedes`: an unforced record
+always wins over a forced one, whatever the epochs), no proxy takes writes under it, and it
+becomes the routing truth only once the leader, reaching a majority where no unforced record
+is left, adopts it (writes it again unforced).
 Used by the proxy (a blocking-query watch) and by the controller (failover).
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+)
 
 from crossdc.errors import CrossdcError
 from crossdc.topology import Topology
@@ -48,6 +63,19 @@ class PrimaryRecord(BaseModel):
                            "controller waits for after the lease: a proxy starts such a write "
                            "only with this much lease left, and bounds it by this (0: not "
                            "stated).")
+    forced: bool = Field(False, description="Written by an operator's forced failover with "
+                         "fewer than a majority of datacenters answering: never overrides a "
+                         "record a majority holds, no proxy writes under it, until the "
+                         "leader adopts it (rewrites it unforced).")
+
+    @model_serializer(mode="wrap")
+    def _serialize(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # `forced` only where true: a reader from before the flag (extra="forbid") still
+        # reads every record a majority wrote
+        out: dict[str, Any] = handler(self)
+        if not self.forced:
+            out.pop("forced", None)
+        return out
 
     @classmethod
     def initial(cls, topology: Topology, *, lease_s: float = 0.0, write_s: float = 0.0
@@ -80,13 +108,14 @@ class PrimaryRecord(BaseModel):
                              updated_ms=int(time.time() * 1000), by=by)
 
     def fence(self, by: str, *, lease_s: float = 0.0, write_s: float = 0.0,
-              epoch: int | None = None) -> PrimaryRecord:
+              epoch: int | None = None, forced: bool = False) -> PrimaryRecord:
         """Epoch + 1 (or `epoch`, when resolving a conflict above several records) with no
         writable primary (`region` keeps the one being left); `lease_s` and `write_s`: what
-        the controller waits out before it promotes (the proxies check theirs against it)."""
+        the controller waits out before it promotes (the proxies check theirs against it);
+        `forced`: written without a majority (see the class)."""
         return PrimaryRecord(region=self.region, epoch=self.epoch + 1 if epoch is None else epoch,
                              updated_ms=int(time.time() * 1000), by=by, fenced=True,
-                             lease_s=lease_s, write_s=write_s)
+                             lease_s=lease_s, write_s=write_s, forced=forced)
 
     def promote(self, region: str, by: str) -> PrimaryRecord:
         """Name `region` primary at this (fenced) record's epoch."""
@@ -95,11 +124,21 @@ class PrimaryRecord(BaseModel):
                              f"{self.region} writable")
         return PrimaryRecord(region=region, epoch=self.epoch,
                              updated_ms=int(time.time() * 1000), by=by, fenced=False,
-                             lease_s=self.lease_s, write_s=self.write_s)
+                             lease_s=self.lease_s, write_s=self.write_s, forced=self.forced)
+
+    def adopted(self, by: str) -> PrimaryRecord:
+        """This forced record written again unforced (the leader found no majority record
+        left to keep): the same region, epoch and fenced flag."""
+        return self.model_copy(update={"forced": False, "by": by,
+                                       "updated_ms": int(time.time() * 1000)})
 
     def supersedes(self, other: PrimaryRecord) -> bool:
-        """Whether this record replaces `other` where both are seen: a higher epoch, or the
-        promotion that ends `other`'s fenced state at the same epoch."""
+        """Whether this record replaces `other` where both are seen: an unforced record over a
+        forced one (whatever the epochs: a record a majority never held never overrides one it
+        did); else a higher epoch, or the promotion that ends `other`'s fenced state at the
+        same epoch, or the adoption of a forced record."""
+        if self.forced != other.forced:
+            return other.forced
         if self.epoch != other.epoch:
             return self.epoch > other.epoch
         return other.fenced and not self.fenced

@@ -81,6 +81,8 @@ class PrimaryView(_Out):
     region: str | None = None
     epoch: int | None = None
     fenced: bool = False
+    forced: bool = Field(False, description="Written by a forced failover without a "
+                         "majority: it never overrides a record a majority holds.")
     updated_ms: int | None = None
     by: str | None = None
     error: str | None = None
@@ -89,7 +91,8 @@ class PrimaryView(_Out):
         if self.state != "set" or self.region is None or self.epoch is None:
             return None
         return PrimaryRecord(region=self.region, epoch=self.epoch, fenced=self.fenced,
-                             updated_ms=self.updated_ms or 0, by=self.by or "")
+                             forced=self.forced, updated_ms=self.updated_ms or 0,
+                             by=self.by or "")
 
 
 class PrimaryStatus(_Out):
@@ -140,7 +143,8 @@ def _describe(view: PrimaryView) -> str:
         return "no record"
     if view.state == "unreadable":
         return "unreadable"
-    return f"{view.region} (epoch {view.epoch}{', fenced' if view.fenced else ''})"
+    return (f"{view.region} (epoch {view.epoch}{', fenced' if view.fenced else ''}"
+            f"{', forced' if view.forced else ''})")
 
 
 def effective_primary(topology: Topology, views: dict[str, PrimaryView]) -> PrimaryStatus:
@@ -148,7 +152,7 @@ def effective_primary(topology: Topology, views: dict[str, PrimaryView]) -> Prim
     datacenters that answered agree."""
     records = {dc: r for dc, v in views.items() if (r := v.record()) is not None}
     answered = {dc: v for dc, v in views.items() if v.state != "unreadable"}
-    distinct = {(v.state, v.region, v.epoch, v.fenced) for v in answered.values()}
+    distinct = {(v.state, v.region, v.epoch, v.fenced, v.forced) for v in answered.values()}
     agree = len(distinct) <= 1
     note = None
     if not agree:
@@ -166,7 +170,9 @@ def effective_primary(topology: Topology, views: dict[str, PrimaryView]) -> Prim
         if r.supersedes(best):
             best = r
     if not agree:
-        note = f"{note}; the newest record wins: {best.region} (epoch {best.epoch})"
+        note = (f"{note}; the newest record wins: {best.region} (epoch {best.epoch})"
+                + (" (a forced record never overrides one a majority held)"
+                   if any(r.forced for r in records.values()) else ""))
     return PrimaryStatus(region=best.region, epoch=best.epoch, fenced=best.fenced,
                          source="consul", agree=agree, note=note)
 
@@ -229,7 +235,8 @@ async def probe_primary(region: HasConsul, timeout_s: float) -> PrimaryView:
     if record is None:
         return PrimaryView(state="absent")
     return PrimaryView(state="set", region=record.region, epoch=record.epoch,
-                       fenced=record.fenced, updated_ms=record.updated_ms, by=record.by)
+                       fenced=record.fenced, forced=record.forced,
+                       updated_ms=record.updated_ms, by=record.by)
 
 
 async def probe_topology(topology: Topology, source: str, brokers_expected: int | None = None,

@@ -92,12 +92,12 @@ _MIN_WAIT_S = 1.0
 _MIN_ROUND_S = 0.2
 _FAST_ROUND_S = 0.25
 
-RecordKey = tuple[str, int, bool]
+RecordKey = tuple[str, int, bool, bool]
 
 
 def _key(record: PrimaryRecord) -> RecordKey:
-    """What makes two copies "the same record": region, epoch, fenced."""
-    return record.region, record.epoch, record.fenced
+    """What makes two copies "the same record": region, epoch, fenced, forced."""
+    return record.region, record.epoch, record.fenced, record.forced
 
 
 def _show(record: PrimaryRecord) -> str:
@@ -149,11 +149,13 @@ class Tally:
 def tally(votes: Mapping[str, PrimaryRecord], majority: int) -> Tally:
     """Count a round's votes (datacenter → record it showed; non-voters left out): the record
     shown by at least `majority` datacenters, unless two different unfenced regions are named
-    at one epoch (a conflict, which confirms nothing)."""
+    at one epoch (a conflict, which confirms nothing). Forced records do not vote."""
     writable: dict[int, set[str]] = {}
     counts: dict[RecordKey, int] = {}
     first: dict[RecordKey, PrimaryRecord] = {}
-    for rec in votes.values():
+    # A forced record (an operator's, written without a majority) is no vote: nobody writes
+    # under it until the leader adopts it from a majority (crossdc.primary).
+    for rec in (r for r in votes.values() if not r.forced):
         if not rec.fenced:
             writable.setdefault(rec.epoch, set()).add(rec.region)
         k = _key(rec)
@@ -161,10 +163,11 @@ def tally(votes: Mapping[str, PrimaryRecord], majority: int) -> Tally:
         first.setdefault(k, rec)
     agreeing = max(counts.values(), default=0)
     conflict = sorted({r for regions in writable.values() if len(regions) > 1 for r in regions})
+    voted = sum(counts.values())
     if conflict:
-        return Tally(None, agreeing, len(votes), tuple(conflict))
+        return Tally(None, agreeing, voted, tuple(conflict))
     best = next((first[k] for k, n in counts.items() if n >= majority), None)
-    return Tally(best, agreeing, len(votes))
+    return Tally(best, agreeing, voted)
 
 
 @dataclass

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import structlog
@@ -406,6 +406,7 @@ class Controller(Lifecycle):
             self.view = view
         if not self._lags_loaded:
             await self._load_lags()
+        view = await self._settle_forced(view, sessions)
         cur = view.current
         self.metrics.epoch.set(cur.epoch)
         self.metrics.fenced.set(1 if cur.fenced else 0)
@@ -464,6 +465,49 @@ class Controller(Lifecycle):
             await self.engine.kafka_fence.reconcile(cur, skip={
                 r for r, h in self.hysteresis.items() if h.status == "down"})
         await self._maybe_auto(cur)
+
+    async def _settle_forced(self, view: PrimaryView, sessions: Mapping[str, str]
+                             ) -> PrimaryView:
+        """Records an operator's forced failover wrote without a majority (crossdc.primary):
+        where an unforced record is held, the forced ones are OVERRULED (their failover is
+        marked so, the records are corrected like any stale one, and what the forced side
+        wrote is its divergent tail); where none is left, the newest forced record is
+        ADOPTED (written again unforced in every datacenter that answers)."""
+        cur = view.current
+        if cur.forced:
+            adopted = cur.adopted(f"controller:{self.settings.controller_id}")
+            written, failed = await self.dcs.cas_primary(view, adopted, sessions=sessions)
+            self._log.warning("forced_primary_adopted", primary=cur.region, epoch=cur.epoch,
+                              fenced=cur.fenced, written=written, failed=failed or None)
+            self.metrics.forced.labels(outcome="adopted").inc()
+            return await self.dcs.primary()
+        overruled = {dc: rec for dc, rec in view.per_region.items()
+                     if rec is not None and rec.forced}
+        if not overruled:
+            return view
+        self._log.warning("forced_failover_overruled", primary=cur.region, epoch=cur.epoch,
+                          overruled={dc: f"{r.region}@{r.epoch}" + (" fenced" if r.fenced
+                                                                    else "")
+                                     for dc, r in overruled.items()})
+        self.metrics.forced.labels(outcome="overruled").inc()
+        epochs = {r.epoch for r in overruled.values()}
+        found, _ = await self.dcs.read_indexed(FAILOVER_KEY, FailoverRecord)
+        for dc, (index, rec) in found.items():
+            if rec is None or not rec.force or rec.epoch not in epochs or \
+                    rec.state == "overruled":
+                continue
+            marked = rec.model_copy(update={
+                "state": "overruled", "ended_ms": rec.ended_ms or now_ms(),
+                "seq": rec.seq + 1, "updated_ms": now_ms(),
+                "error": (f"overruled at the heal: a majority of datacenters kept "
+                          f"{cur.region} at epoch {cur.epoch} (a forced record never "
+                          f"overrides one a majority held); what {rec.target} wrote under "
+                          f"epoch {rec.epoch} is its divergent tail (`dr tail list`)")})
+            await self.dcs.put_all(FAILOVER_KEY, marked, sessions=sessions,
+                                   cas={dc: index})
+            self._log.warning("failover_overruled", failover=rec.id, source=rec.source,
+                              target=rec.target, epoch=rec.epoch, dc=dc)
+        return view
 
     async def _finish_fence(self, cur: PrimaryRecord) -> None:
         """A fenced primary record no failover owns: fail over from it (adopting the fence)

@@ -381,13 +381,17 @@ def _writes(dcs: Sequence[str], results: Sequence[object]) -> tuple[list[str], d
 def newest_primary(records: Iterable[PrimaryRecord | None], initial: PrimaryRecord
                    ) -> tuple[PrimaryRecord, tuple[str, ...]]:
     """`(the newest record, the regions named writable at its epoch when they differ)`. With
-    a conflict the newest is that epoch FENCED (no datacenter's word wins on its own)."""
+    a conflict the newest is that epoch FENCED (no datacenter's word wins on its own). Forced
+    records (an operator's, without a majority) take part only where no unforced record is
+    present at all: a record a majority never held never overrides one that a majority did
+    (`PrimaryRecord.supersedes`), whatever its epoch."""
     present = [r for r in records if r is not None]
-    current = initial
-    for rec in present:
+    pool = [r for r in present if not r.forced] or present
+    current = pool[0] if pool else initial
+    for rec in pool:
         if rec.supersedes(current):
             current = rec
-    named = sorted({r.region for r in present if r.epoch == current.epoch and not r.fenced})
+    named = sorted({r.region for r in pool if r.epoch == current.epoch and not r.fenced})
     if len(named) > 1:
         fenced = current.model_copy(update={"fenced": True, "by": "conflict"})
         return fenced, tuple(named)

@@ -103,6 +103,7 @@ class FailoverEngine:
                  sessions: Callable[[], Mapping[str, str]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  majority: int | None = None,
+                 forced: bool = False,
                  principal: str | None = None,
                  ) -> None:
         self.topology = topology
@@ -127,6 +128,9 @@ class FailoverEngine:
         self.majority = majority if majority is not None else dcs.majority
         """Datacenters the fence and the promote must be in (fewer only for an operator's
         forced failover without a majority, which says so in its record)."""
+        self.forced = forced
+        """Its fence and promote are written `forced` (crossdc.primary): fewer than a
+        majority answered, so they never override a record a majority holds."""
         self._fenced_at: dict[str, float] = {}
         """Failover id → when (this process's monotonic clock) its fence reached a majority."""
         self.by = f"controller:{settings.controller_id}"
@@ -202,10 +206,11 @@ class FailoverEngine:
             f"in a majority ({self.topology.majority}) of the datacenters ({regions}), only "
             f"while it still names {current.region} at epoch {current.epoch}; ordered and "
             f"sync writes stop everywhere",
-            f"lease_wait: wait {self.lease_wait_s:g} s (primary_lease_s "
-            f"{f.primary_lease_s:g} + primary_write_s {f.primary_write_s:g} + margin "
-            f"{f.lease_margin_s:g}): no proxy can still write ordered records to "
-            f"{record.source}",
+            f"lease_wait: wait {self.lease_wait_for(current):g} s (the longer of this "
+            f"controller's primary_lease_s {f.primary_lease_s:g} and the lease in the record "
+            f"the proxies hold, {current.lease_s:g}; the longer write bound, "
+            f"{max(f.primary_write_s, current.write_s):g}; margin {f.lease_margin_s:g}): no "
+            f"proxy can still write ordered records to {record.source}",
             f"drain: if {record.source} answers, wait up to {f.drain_timeout_s:g} s for the "
             f"mirror {record.source} → {record.target} to copy what is left, and (same bound) "
             f"for the proxies to replay the hints toward {record.target} (sync records it "
@@ -237,13 +242,14 @@ class FailoverEngine:
                 record = await self.persist(record)
             t0 = time.monotonic()
             try:
-                async with asyncio.timeout(self.step_limit_s(name)):
+                async with asyncio.timeout(self.step_limit_s(name, record)):
                     record = await steps[name](record)
             except NotLeader:
                 raise
             except (StepFailed, *STEP_ERRORS) as exc:
                 if isinstance(exc, TimeoutError) and not str(exc):
-                    why = f"step {name}: not done within {self.step_limit_s(name):g} s"
+                    why = (f"step {name}: not done within "
+                           f"{self.step_limit_s(name, record):g} s")
                 elif isinstance(exc, StepFailed):
                     why = str(exc)
                 else:
@@ -265,15 +271,33 @@ class FailoverEngine:
 
     @property
     def lease_wait_s(self) -> float:
-        """How long after the fence no proxy can still be writing to the old primary."""
+        """This controller's own lease + write bound + margin (the least it waits)."""
         f = self.settings.failover
         return f.primary_lease_s + f.primary_write_s + f.lease_margin_s
 
-    def step_limit_s(self, name: StepName) -> float:
-        """The time limit of one step."""
+    def lease_wait_for(self, prior: PrimaryRecord | None) -> float:
+        """How long after the fence no proxy can still be writing to the old primary: the
+        proxies hold the lease of the record they confirmed (`prior`, written by whoever
+        fenced before, with its own settings), so the longer of that lease and this
+        controller's, plus the longer write bound, plus the margin."""
+        f = self.settings.failover
+        lease = max(f.primary_lease_s, prior.lease_s if prior is not None else 0.0)
+        write = max(f.primary_write_s, prior.write_s if prior is not None else 0.0)
+        return lease + write + f.lease_margin_s
+
+    def _wait_of(self, rec: FailoverRecord) -> float:
+        f = self.settings.failover
+        lease = max(f.primary_lease_s, rec.prior_lease_s)
+        write = max(f.primary_write_s, rec.prior_write_s)
+        return lease + write + f.lease_margin_s
+
+    def step_limit_s(self, name: StepName, rec: FailoverRecord | None = None) -> float:
+        """The time limit of one step (of `rec`: its lease wait depends on the record the
+        proxies held)."""
         f = self.settings.failover
         if name == "lease_wait":
-            return self.lease_wait_s + f.step_timeout_s
+            return (self._wait_of(rec) if rec is not None else self.lease_wait_s) + \
+                f.step_timeout_s
         if name == "drain":
             return f.drain_timeout_s + f.measure_timeout_s + 5.0
         if name == "offsets":
@@ -316,7 +340,7 @@ class FailoverEngine:
                 return rec.with_step("fence", detail=f"epoch {rec.epoch} already promoted")
             fenced = cur if cur.epoch == rec.epoch else PrimaryRecord(
                 region=rec.source, epoch=rec.epoch, by=self.by, fenced=True,
-                lease_s=f.primary_lease_s, write_s=f.primary_write_s)
+                lease_s=f.primary_lease_s, write_s=f.primary_write_s, forced=self.forced)
         else:
             base = rec.from_epoch if rec.from_epoch is not None else cur.epoch
             if (cur.fenced and cur.epoch == base + 1 and cur.region == rec.source
@@ -324,7 +348,12 @@ class FailoverEngine:
                 # The fence this failover would write is there already (ours, written before
                 # a persist that did not reach a majority, or an earlier attempt's): adopt
                 # it. Promotes are by compare-and-set, so one epoch still names one primary.
-                rec = rec.model_copy(update={"epoch": cur.epoch, "from_epoch": base})
+                # the record the proxies held is gone: wait the longest lease any holds
+                held = [r for r in view.per_region.values() if r is not None]
+                rec = rec.model_copy(update={
+                    "epoch": cur.epoch, "from_epoch": base,
+                    "prior_lease_s": max([rec.prior_lease_s, *(r.lease_s for r in held)]),
+                    "prior_write_s": max([rec.prior_write_s, *(r.write_s for r in held)])})
                 holding, failed = await self._write_majority("fence", view, cur)
                 self._fenced_at[rec.id] = self.clock()  # the whole wait from now on
                 detail = f"epoch {cur.epoch} already fenced (adopted) in {', '.join(holding)}"
@@ -339,7 +368,9 @@ class FailoverEngine:
             top = max([r.epoch for r in view.per_region.values() if r is not None]
                       + [cur.epoch])
             fenced = cur.fence(self.by, lease_s=f.primary_lease_s, write_s=f.primary_write_s,
-                               epoch=top + 1)
+                               epoch=top + 1, forced=self.forced)
+            rec = rec.model_copy(update={"prior_lease_s": cur.lease_s,
+                                         "prior_write_s": cur.write_s})
         rec = rec.model_copy(update={"epoch": fenced.epoch,
                                      "from_epoch": rec.from_epoch if rec.from_epoch is not None
                                      else cur.epoch})
@@ -359,13 +390,17 @@ class FailoverEngine:
         # Another process wrote the fence (or this one restarted): its time is not ours to
         # trust, so the whole wait starts now.
         start = self.clock() if fenced_at is None else fenced_at
-        left = start + self.lease_wait_s - self.clock()
+        left = start + self._wait_of(rec) - self.clock()
         if left > 0:
             await asyncio.sleep(left)  # the lease is a time bound by design: wait it out
+        lease = max(f.primary_lease_s, rec.prior_lease_s)
+        write = max(f.primary_write_s, rec.prior_write_s)
         return rec.with_step("lease_wait", detail=(
-            f"{f.primary_lease_s:g} s lease + {f.primary_write_s:g} s longest write + "
-            f"{f.lease_margin_s:g} s run out" + (" (resumed: waited in full)" if resumed
-                                                 else "")))
+            f"{lease:g} s lease + {write:g} s longest write + {f.lease_margin_s:g} s run out"
+            + (f" (the proxies' record stated lease {rec.prior_lease_s:g} s, write "
+               f"{rec.prior_write_s:g} s)" if (lease, write) != (f.primary_lease_s,
+                                                                   f.primary_write_s) else "")
+            + (" (resumed: waited in full)" if resumed else "")))
 
     async def _drain(self, rec: FailoverRecord) -> FailoverRecord:
         f = self.settings.failover

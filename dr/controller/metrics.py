@@ -40,6 +40,11 @@ class ControllerMetrics:
         self.gate_closed_since = Gauge("crossdc_controller_gate_closed_since_seconds",
                                        "Unix time the gate was closed (0: open); alerts on a "
                                        "gate left closed.", registry=r)
+        self.forced = Counter("crossdc_controller_forced_records_total",
+                              "Rounds that found primary records a forced failover wrote "
+                              "without a majority: overruled (a majority kept its primary) "
+                              "or adopted (no majority record left).", ["outcome"],
+                              registry=r)
         self.stale_dcs = Counter("crossdc_controller_stale_datacenters_corrected_total",
                                  "Datacenters found with an older primary record and "
                                  "corrected.", ["region"], registry=r)

@@ -89,8 +89,12 @@ async def plan_failover(topology: Topology, dcs: Datacenters, settings: Controll
         if not force:
             raise FailoverRefused("no-majority", f"{why}: the other side may fail over on its "
                                   "own; pass --force to take the risk of two primaries")
-        risks.append(f"{why}: if the others are alive and fail over too, two regions take "
-                     "ordered writes until the partition heals")
+        risks.append(f"{why}: this side may be the minority. The failover is recorded as "
+                     "forced: if at the heal the others turn out to have kept a majority "
+                     "primary, theirs stays, this failover is overruled and what this side "
+                     "wrote under it is its divergent tail (listed by `dr tail list`, never "
+                     "replayed by itself); no proxy takes ordered or sync writes under a "
+                     "forced record until a majority of datacenters holds it")
     running = await newest_failover(dcs)
     if running is not None and running.state == "running":
         raise FailoverInProgress(f"failover {running.id} ({running.source} → "
@@ -149,7 +153,9 @@ async def execute_forced(topology: Topology, dcs: Datacenters, settings: Control
                          plan: Plan, *, principal: str | None = None) -> FailoverRecord:
     """An operator's forced failover with no majority answering: no controller can lead, so
     this command executes it, with the datacenters that answer standing for the majority
-    (the record's `risk` says what that risks)."""
+    (the record's `risk` says what that risks). Its primary records are written `forced`
+    (crossdc.primary): at the heal they never override a record a majority held, and the
+    leader marks this failover `overruled` if the majority kept its primary."""
     answering = len(plan.view.per_region)
 
     async def persist(record: FailoverRecord) -> FailoverRecord:
@@ -160,7 +166,7 @@ async def execute_forced(topology: Topology, dcs: Datacenters, settings: Control
         return record
 
     engine = FailoverEngine(topology, settings, dcs, persist, majority=answering,
-                            principal=principal)
+                            forced=answering < dcs.majority, principal=principal)
     record = await persist(plan.record)
     return await engine.execute(record)
 

@@ -127,7 +127,12 @@ class FailoverRecord(BaseModel):
                      "what orders records (never the wall clock).")
     risk: str = Field("", description="What a forced failover took on (no majority, target "
                       "behind), as the operator confirmed it.")
-    state: Literal["running", "done", "failed"] = "running"
+    prior_lease_s: float = Field(0.0, ge=0, description="The lease stated in the primary "
+                                 "record the proxies held when it was fenced (its fencer's "
+                                 "setting): the lease wait is the longer of it and the "
+                                 "executing controller's.")
+    prior_write_s: float = Field(0.0, ge=0, description="Likewise the write bound.")
+    state: Literal["running", "done", "failed", "overruled"] = "running"
     error: str = ""
     fault_ms: int | None = Field(None, description="When the source was first seen failing "
                                  "(automatic failovers).")

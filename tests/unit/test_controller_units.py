@@ -893,3 +893,79 @@ def test_why_no_automatic_failover_names_the_majority_then_the_leader_then_the_g
     gate = GateRecord(closed=True, by="ops", reason="maintenance")
     assert base.model_copy(update={"gate": gate}).why_no_automatic_failover() == (
         "the gate is closed by ops: maintenance")
+
+
+# -- issue 36, defect 1: a forced record never overrides one a majority held -------------------
+def test_a_forced_record_never_supersedes_an_unforced_one_whatever_its_epoch() -> None:
+    """The standby cut off alone, an operator there forced a failover (west@1, forced); the
+    majority kept east@0. At the heal east@0 stays the routing truth (before: west@1 won,
+    and east's acknowledged ordered records became a quarantined 'divergent tail')."""
+    from dr.controller.datacenters import newest_primary
+    east0 = PrimaryRecord(region="east", epoch=0, by="topology")
+    fence = east0.fence("operator", forced=True)
+    west1 = fence.promote("west", "operator")
+    assert fence.forced and west1.forced, "the promote keeps the fence's forced mark"
+    assert not west1.supersedes(east0)
+    assert east0.supersedes(west1)
+    assert west1.supersedes(fence), "within the forced side, the usual order"
+    cur, conflict = newest_primary([east0, east0, west1], PrimaryRecord.initial(_topology()))
+    assert (cur, conflict) == (east0, ())
+    # an unforced record at a LOWER epoch than a forced one still wins; so does a failover
+    # the majority made meanwhile
+    east2 = PrimaryRecord(region="east", epoch=2, fenced=True).promote("east", "ctl")
+    cur, _ = newest_primary([west1, east2, None], PrimaryRecord.initial(_topology()))
+    assert cur == east2
+    # a forced record at the epoch of an unforced one naming another region is no conflict
+    west0_forced = PrimaryRecord(region="west", epoch=0, forced=True)
+    assert newest_primary([east0, west0_forced], east0) == (east0, ())
+
+
+def test_a_forced_record_is_the_newest_only_where_no_unforced_one_is_left() -> None:
+    """What the leader adopts: every answering datacenter holds the forced record or none
+    (e.g. the other side's Consul rebuilt empty) — not the topology's epoch-0 record."""
+    from dr.controller.datacenters import newest_primary
+    west1 = PrimaryRecord(region="east", epoch=1, fenced=True, forced=True
+                          ).promote("west", "operator")
+    initial = PrimaryRecord.initial(_topology())
+    cur, _ = newest_primary([None, west1, None], initial)
+    assert cur == west1
+    adopted = cur.adopted("controller:x")
+    assert not adopted.forced
+    assert (adopted.region, adopted.epoch, adopted.fenced) == ("west", 1, False)
+    assert adopted.supersedes(west1), "the adoption replaces the forced copy"
+    assert newest_primary([adopted, west1], initial)[0] == adopted
+    assert newest_primary([], initial)[0] == initial
+
+
+def test_the_forced_flag_is_written_only_when_true() -> None:
+    """Readers from before the flag forbid unknown fields: every record a majority writes
+    must stay readable by them."""
+    import json
+    plain = PrimaryRecord(region="east", epoch=3)
+    assert "forced" not in json.loads(plain.encode())
+    forced = PrimaryRecord(region="west", epoch=4, forced=True)
+    assert json.loads(forced.encode())["forced"] is True
+    assert PrimaryRecord.decode(forced.encode()) == forced
+    assert PrimaryRecord.decode(plain.encode()) == plain
+
+
+def test_the_lease_wait_is_the_longer_of_the_proxies_record_and_the_controllers() -> None:
+    """Defect 4: the fencer waited its own primary_lease_s while the proxies held the lease
+    the previous fencer wrote into the record (e.g. the CLI's defaults against a record
+    written with longer settings)."""
+    from dr.controller.config import FailoverSettings
+    from dr.controller.failover import FailoverEngine
+
+    class _Dcs:
+        majority = 2
+
+    settings = ControllerSettings(region="east", failover=FailoverSettings(
+        primary_lease_s=2.0, primary_write_s=0.5, lease_margin_s=0.25))
+    engine = FailoverEngine(_topology(), settings, _Dcs(), None)  # type: ignore[arg-type]
+    assert engine.lease_wait_for(None) == pytest.approx(2.75)
+    held = PrimaryRecord(region="east", epoch=3, lease_s=9.0, write_s=1.5)
+    assert engine.lease_wait_for(held) == pytest.approx(9.0 + 1.5 + 0.25)
+    shorter = PrimaryRecord(region="east", epoch=3, lease_s=1.0, write_s=0.1)
+    assert engine.lease_wait_for(shorter) == pytest.approx(2.75)
+    rec = FailoverRecord(source="east", target="west", prior_lease_s=9.0, prior_write_s=1.5)
+    assert engine.step_limit_s("lease_wait", rec) > 9.0 + 1.5 + 0.25

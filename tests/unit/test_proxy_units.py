@@ -565,6 +565,25 @@ def test_tally_needs_the_same_record_in_a_majority_and_no_same_epoch_conflict() 
     assert tally({}, 1).confirmed is None
 
 
+def test_a_forced_record_is_no_vote_and_never_replaces_the_record_held() -> None:
+    """Issue 36, defect 1: a forced failover on the minority wrote west@1 (forced) in west's
+    datacenter; the majority kept east@0. The proxies keep confirming east@0 and never take
+    west@1 as theirs (before: the newest epoch seen anywhere was `current`, unconfirmed, so
+    every ordered write was refused at the heal until the leader copied west@1 everywhere)."""
+    from proxy.primary import tally
+    east0 = PrimaryRecord(region="east", epoch=0, lease_s=5.0, write_s=1.5)
+    west1 = east0.fence("operator", forced=True).promote("west", "operator")
+    t = tally({"east": east0, "witness": east0, "west": west1}, 2)
+    assert t.confirmed == east0
+    assert t.votes == 2, "the forced record did not vote"
+    assert tally({"west": west1, "witness": west1}, 2).confirmed is None, \
+        "a forced record is never confirmed, even where a majority shows it"
+    watcher = _watcher(Clock())
+    held = watcher.current
+    assert watcher.offer(west1, "west") is False
+    assert watcher.current == held
+
+
 def test_write_starts_only_with_its_bound_left_of_the_lease() -> None:
     from proxy.errors import PrimaryUnavailable
     clock = Clock()
