@@ -15,7 +15,9 @@ retry of something that did land into the first result instead of a second copy.
 carries `dr-attempt: N` metadata (N >= 2): a proxy sharing its idempotency window with the
 region's other processes then reads the shared log up to its end before deciding, so the
 retry is recognised even when it reaches another worker or another proxy. Other codes
-fail the record's future with `ProduceFailed` (`.code`, a grpc.StatusCode).
+fail the record's future with `ProduceFailed` (`.code`, a grpc.StatusCode; `.result`, the
+record's own answer; `.earlier`, what its retried attempts were answered: a caller judging
+whether anything may have been written needs every attempt, not the last one).
 
 Security: `token="cdc_..."` sends `authorization: Bearer <token>` metadata on every call.
 `tls=True` (or any of `root_ca`, `client_cert`/`client_key`) opens a TLS channel: `root_ca`
@@ -74,6 +76,8 @@ class _Pending:
     size: int
     attempts: int = 0
     started: float = field(default_factory=time.monotonic)
+    earlier: list[ProduceFailed] = field(default_factory=list)
+    """The answers of its attempts that were retried (`ProduceFailed.earlier`)."""
 
 
 def _result(r: Any) -> ProduceResult:
@@ -245,9 +249,12 @@ class AsyncProducer(Lifecycle):
                 code = exc.code()
                 if code in _RETRY_CODES and attempt <= self.retries:
                     retry = todo
+                    for p in todo:
+                        p.earlier.append(ProduceFailed(code, exc.details() or ""))
                 else:
                     for p in todo:
-                        p.future.set_exception(ProduceFailed(code, exc.details() or ""))
+                        p.future.set_exception(ProduceFailed(code, exc.details() or "",
+                                                             earlier=p.earlier))
                     return
             else:
                 for p, r in zip(todo, resp.results, strict=True):
@@ -257,8 +264,10 @@ class AsyncProducer(Lifecycle):
                     code = _code(r.code)
                     if code in _RETRY_CODES and attempt <= self.retries:
                         retry.append(p)
+                        p.earlier.append(ProduceFailed(code, r.message, result=_result(r)))
                     else:
-                        p.future.set_exception(ProduceFailed(code, r.message, result=_result(r)))
+                        p.future.set_exception(ProduceFailed(code, r.message, result=_result(r),
+                                                             earlier=p.earlier))
             todo = retry
             if todo:
                 await asyncio.sleep(self._backoff.pause(attempt))

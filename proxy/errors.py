@@ -257,11 +257,16 @@ class ProxyTaskFailed(ProxyError):
 
 
 class ProduceFailed(ProxyError):
-    """Client SDK: the proxy answered with a non-OK status (`code`, a grpc.StatusCode)."""
+    """Client SDK: the proxy answered with a non-OK status (`code`, a grpc.StatusCode).
+    `result`: the record's own answer (None when the whole call failed); `earlier`: the
+    failures of the earlier attempts the client retried, oldest first (an attempt that may
+    have written makes the record's outcome unknown, whatever the last answer says)."""
 
-    def __init__(self, code: grpc.StatusCode, message: str, *, result: Any = None) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, *, result: Any = None,
+                 earlier: Sequence[ProduceFailed] = ()) -> None:
         self.code = code
         self.result = result
+        self.earlier = tuple(earlier)
         self.retriable = code.name in {"UNAVAILABLE"}  # type: ignore[misc]
         super().__init__(f"{code.name}: {message}")
 

@@ -8,7 +8,8 @@
 It is the drill's `Traffic` (dr/drill/traffic.py) with one producer: the region's records
 through that region's proxy only (it never moves to another region's proxy: a client cut
 off with its region stays there), every acknowledgement appended to the ack log and flushed
-per line, dr-ids `<id_prefix>-<region>-<n>`. SIGTERM (or SIGINT) stops it: what was sent
+per line (the writes told failed to `failed_log_of(ack_log)`, `acks-<region>.failed.jsonl`),
+dr-ids `<id_prefix>-<region>-<n>`. SIGTERM (or SIGINT) stops it: what was sent
 is waited for (bounded), the log closed, the final figures written to `--stats` (also every
 `--stats-every` seconds while it runs), exit 0.
 
@@ -37,7 +38,16 @@ import structlog
 from crossdc.aio import sleep_unless
 from crossdc.logs import configure_logging
 from dr.drill.errors import DrillError
-from dr.drill.traffic import MODES, Ack, Traffic, TrafficStats, read_ack_log
+from dr.drill.traffic import (
+    MODES,
+    Ack,
+    ToldFailed,
+    Traffic,
+    TrafficStats,
+    failed_log_of,
+    read_ack_log,
+    read_failed_log,
+)
 
 __all__ = ["ProducerProcess", "main"]
 
@@ -190,6 +200,10 @@ class ProducerProcess:
     def acks(self) -> list[Ack]:
         """What its log holds now (a line being written is skipped)."""
         return read_ack_log(self.ack_log) if self.ack_log.exists() else []
+
+    def failures(self) -> list[ToldFailed]:
+        """The writes it was told failed, from their log (`failed_log_of(ack_log)`)."""
+        return read_failed_log(failed_log_of(self.ack_log))
 
     def stats(self) -> dict[str, Any] | None:
         """Its last figures (`--stats`), None before the first."""

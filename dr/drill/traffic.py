@@ -7,12 +7,27 @@ producer's sequence number (`<region>:<mode>:<n>`). Each record's idempotency ke
 `dr-id`, is `<id_prefix>-<region>-<n>`: unique in the run, and readable.
 
 Every acknowledgement is appended at once to the acknowledgement log (JSON lines, one `Ack` a
-line, flushed per line: a crash keeps what was acked), with the epoch the proxy stamped and
-whether the answer came from its idempotency window (the history checker, dr/drill/history.py,
-judges both). `python -m dr.drill.producer` (dr/drill/producer.py) runs one region's producer
-as a process of its own, e.g. inside that region's network namespace. A record that fails
-(the client's own retries spent) is counted in `stats()` with its error, never logged as
-acked: it is not RPO, the client knows it was not accepted.
+line, flushed per line: a crash keeps what was acked), with the epoch the proxy stamped,
+whether the answer came from its idempotency window, the record's Kafka key and `sent_ms`
+(when the record was queued in the client: every write of it happens after that; the history
+checker, dr/drill/history.py, orders records by one ack's `t_ms` against another's `sent_ms`).
+`python -m dr.drill.producer` (dr/drill/producer.py) runs one region's producer as a process
+of its own, e.g. inside that region's network namespace.
+
+A write the client was TOLD FAILED (its retries spent, or an answer that is not retried) is
+counted in `stats()` with its error and appended to a log of its own beside the ack log
+(`failed_log_of()`: `acks.jsonl` -> `acks.failed.jsonl`, one `ToldFailed` a line): never to
+the ack log, so every reader of acknowledgements (the count, the report, the suites) keeps
+reading acknowledgements only. It is not RPO (the client knows it was not accepted), but a
+told-failed write read back later, or landing after a newer acknowledged record of its key,
+is the checker's. `ToldFailed.unknown` says whether the proxy could know nothing was written:
+False only when EVERY attempt was refused before a write was started (a per-record answer
+listing no write whose code is a refusal: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
+PERMISSION_DENIED, UNAUTHENTICATED; or, for ordered and sync, UNAVAILABLE without an epoch:
+the primary lease or the partition counts refused it before the grant, `PrimaryUnavailable`;
+or a whole call refused INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED); anything else
+(a deadline, a connection lost, status PARTIAL, a Kafka write that timed out, the client's
+stop) is unknown.
 
 Moving between proxies: when the producer's current proxy cannot be reached (the call itself
 failed UNAVAILABLE or DEADLINE_EXCEEDED after the client's retries; a proxy that ANSWERED,
@@ -45,7 +60,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import grpc
 import structlog
@@ -65,15 +80,20 @@ __all__ = [
     "MODES",
     "TOPIC_CONFIGS",
     "Ack",
+    "ToldFailed",
     "Traffic",
     "TrafficStats",
     "create_topics",
     "drill_topics",
+    "failed_log_of",
     "per_second",
     "read_ack_log",
+    "read_failed_log",
 ]
 
 log = structlog.get_logger("crossdc.drill.traffic")
+
+T = TypeVar("T")
 
 MODES: tuple[str, ...] = ("ordered", "sync", "nearest")
 """The routing modes a drill writes, in the order a producer cycles through them."""
@@ -85,6 +105,17 @@ _EPOCH_MODES = frozenset({"ordered", "sync"})
 """The modes whose records the proxy stamps with the primary's epoch (`dr-epoch`)."""
 
 _UNREACHABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+_REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                      grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.PERMISSION_DENIED,
+                      grpc.StatusCode.UNAUTHENTICATED})
+"""Per-record codes the proxy answers before it writes (validation, policy, partition
+counts, auth): an answer with one of them and no write listed wrote nothing."""
+_CALL_REFUSED = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED,
+                           grpc.StatusCode.PERMISSION_DENIED})
+"""Whole-call codes given before any record is routed (an undecodable request, auth).
+RESOURCE_EXHAUSTED is not one: an answer over the client's metadata limit arrives as it
+after the records were written."""
 
 _TLS_OPTIONS = frozenset({"tls", "root_ca", "client_cert", "client_key", "tls_server_name"})
 _RECONNECT = [("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
@@ -160,6 +191,11 @@ class Ack:
     duplicate: bool = False
     """The proxy answered from its idempotency window: a retry of a record written earlier
     (the answer's epoch and writes are that earlier write's)."""
+    key: str | None = None
+    """The record's Kafka key (text); None for a keyless record or a log written before."""
+    sent_ms: int | None = None
+    """When the client queued the record (ms since epoch, wall clock; every write of it is
+    after this); None in logs written before it was kept."""
 
     @property
     def first_region(self) -> str:
@@ -174,32 +210,110 @@ class Ack:
             d["epoch"] = self.epoch
         if self.duplicate:
             d["duplicate"] = True
+        if self.key is not None:
+            d["key"] = self.key
+        if self.sent_ms is not None:
+            d["sent_ms"] = self.sent_ms
         return json.dumps(d, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, line: str) -> Ack:
         d = json.loads(line)
-        epoch = d.get("epoch")
+        epoch, key, sent = d.get("epoch"), d.get("key"), d.get("sent_ms")
         return cls(dr_id=d["dr_id"], mode=d["mode"], topic=d["topic"], via=d["via"],
                    written=tuple((str(r), int(p), int(o)) for r, p, o in d["written"]),
                    t_ms=int(d["t_ms"]), epoch=None if epoch is None else int(epoch),
-                   duplicate=bool(d.get("duplicate", False)))
+                   duplicate=bool(d.get("duplicate", False)),
+                   key=None if key is None else str(key),
+                   sent_ms=None if sent is None else int(sent))
+
+
+@dataclass(frozen=True)
+class ToldFailed:
+    """One write whose client was told it failed (the module docstring says when `unknown`)."""
+
+    dr_id: str
+    mode: str
+    topic: str
+    via: str
+    """The region whose proxy was asked."""
+    key: str | None
+    sent_ms: int
+    """When the client queued the record (ms since epoch)."""
+    t_ms: int
+    """When the client was told (ms since epoch)."""
+    code: str
+    """The gRPC status code name of the last answer."""
+    unknown: bool
+    """The outcome may be a write (deadline, connection lost, PARTIAL...); False: every
+    attempt was refused before anything was written."""
+    status: str = ""
+    """The proxy's per-record status of the last answer (`PARTIAL`: some regions written,
+    `FAILED`: none listed); '' when the whole call failed (no per-record answer)."""
+    message: str = ""
+    """The proxy's reason (its message), or the client's error."""
+    written: tuple[tuple[str, int, int], ...] = ()
+    """(region, partition, offset) the last answer listed as written (a PARTIAL sync)."""
+    epoch: int | None = None
+    """The epoch the last answer stated (ordered and sync; None when it stated none)."""
+    attempts: int = 1
+
+    def to_json(self) -> str:
+        d: dict[str, Any] = {"dr_id": self.dr_id, "mode": self.mode, "topic": self.topic,
+                             "via": self.via, "key": self.key, "sent_ms": self.sent_ms,
+                             "t_ms": self.t_ms, "code": self.code, "unknown": self.unknown,
+                             "status": self.status, "message": self.message,
+                             "written": [list(w) for w in self.written],
+                             "attempts": self.attempts}
+        if self.epoch is not None:
+            d["epoch"] = self.epoch
+        return json.dumps(d, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, line: str) -> ToldFailed:
+        d = json.loads(line)
+        epoch, key = d.get("epoch"), d.get("key")
+        return cls(dr_id=d["dr_id"], mode=d["mode"], topic=d["topic"], via=d["via"],
+                   key=None if key is None else str(key), sent_ms=int(d["sent_ms"]),
+                   t_ms=int(d["t_ms"]), code=str(d["code"]), unknown=bool(d["unknown"]),
+                   status=str(d.get("status", "")), message=str(d.get("message", "")),
+                   written=tuple((str(r), int(p), int(o)) for r, p, o in d.get("written", ())),
+                   epoch=None if epoch is None else int(epoch),
+                   attempts=int(d.get("attempts", 1)))
+
+
+def failed_log_of(ack_log: Path) -> Path:
+    """Where the told-failed writes of an ack log's traffic go: `acks.jsonl` ->
+    `acks.failed.jsonl`."""
+    return ack_log.with_name(f"{ack_log.stem}.failed{ack_log.suffix or '.jsonl'}")
 
 
 def read_ack_log(path: Path) -> list[Ack]:
     """The acknowledgements of a log file. A last line cut short (the writer crashed while
     writing it) is skipped; a bad line elsewhere is an error naming its line number."""
+    return _read_log(path, Ack.from_json, "an acknowledgement")
+
+
+def read_failed_log(path: Path) -> list[ToldFailed]:
+    """The told-failed writes of a log file (`failed_log_of()`), read as `read_ack_log`
+    reads acks; a log that does not exist holds none."""
+    if not path.exists():
+        return []
+    return _read_log(path, ToldFailed.from_json, "a told-failed write")
+
+
+def _read_log(path: Path, parse: Callable[[str], T], what: str) -> list[T]:
     lines = path.read_text().splitlines()
-    out: list[Ack] = []
+    out: list[T] = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            out.append(Ack.from_json(line))
+            out.append(parse(line))
         except (ValueError, KeyError, TypeError) as exc:
             if i == len(lines):
                 break
-            raise DrError(f"{path}:{i}: not an acknowledgement: {exc}") from exc
+            raise DrError(f"{path}:{i}: not {what}: {exc}") from exc
     return out
 
 
@@ -261,16 +375,18 @@ class _Producer:
 
 
 class Traffic(Lifecycle):
-    """Drives the drill's writes through the proxies and logs every acknowledgement.
+    """Drives the drill's writes through the proxies and logs every acknowledgement (and
+    every write told failed, to `failed_log`, by default `failed_log_of(ack_log)`).
 
         async with Traffic({"east": "127.0.0.1:18700", "west": ...}, drill_topics(run),
                            rate=200, ack_log=folder / "acks.jsonl") as t:
             ...                     # inject, wait, heal
-        t.stats(); t.acks(); t.per_second()
+        t.stats(); t.acks(); t.failures(); t.per_second()
     """
 
     def __init__(self, proxies: Mapping[str, str], topics: Mapping[str, str], *,
-                 rate: float = 200.0, ack_log: Path, token: str | None = None,
+                 rate: float = 200.0, ack_log: Path, failed_log: Path | None = None,
+                 token: str | None = None,
                  id_prefix: str | None = None, probe_s: float = 1.0, burst_s: float = 0.2,
                  stop_timeout_s: float = 15.0,
                  producer_options: Mapping[str, Any] | None = None,
@@ -286,6 +402,7 @@ class Traffic(Lifecycle):
         self.topics = {m: topics[m] for m in MODES if m in topics}
         self.rate = rate
         self.ack_log = ack_log
+        self.failed_log = failed_log if failed_log is not None else failed_log_of(ack_log)
         self.token = token
         self.id_prefix = id_prefix or uuid.uuid4().hex[:8]
         self.probe_s = probe_s
@@ -309,12 +426,14 @@ class Traffic(Lifecycle):
         self._discovery: set[asyncio.Task[None]] = set()
         self._channels: list[grpc.aio.Channel] = []
         self._acks: list[Ack] = []
+        self._failures: list[ToldFailed] = []
         self._acked: Counter[tuple[str, str]] = Counter()
         self._failed: Counter[tuple[str, str]] = Counter()
         self._last_error: dict[tuple[str, str], str] = {}
         self._last_ack_ms: dict[tuple[str, str], int] = {}
         self._in_flight = 0
         self._log_file: IO[str] | None = None
+        self._failed_file: IO[str] | None = None
         self._stopping = asyncio.Event()
         self._run_task: asyncio.Task[None] | None = None
         self.started_ms: int | None = None
@@ -328,13 +447,13 @@ class Traffic(Lifecycle):
             return
         self.ack_log.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = self.ack_log.open("a", encoding="utf-8")
+        self._failed_file = self.failed_log.open("a", encoding="utf-8")
         try:
             for region, target in self.proxies.items():
                 await self._open(region, target)
         except BaseException:
             await self._close_clients()
-            self._log_file.close()
-            self._log_file = None
+            self._close_logs()
             self._start_undone()
             raise
         self.started_ms = _now_ms()
@@ -384,14 +503,18 @@ class Traffic(Lifecycle):
                 self.log.warning("traffic_stop_timeout", in_flight=self._in_flight)
         finally:
             self.stopped_ms = _now_ms()
-            if self._log_file is not None:
-                self._log_file.close()
-                self._log_file = None
+            self._close_logs()
             s = self.stats()
             self.log.info("traffic_stopped", acked=s.total_acked, failed=s.total_failed,
                           moves=s.moves)
         if error is not None:
             raise error
+
+    def _close_logs(self) -> None:
+        for f in (self._log_file, self._failed_file):
+            if f is not None:
+                f.close()
+        self._log_file = self._failed_file = None
 
     async def _close_clients(self) -> None:
         clients, self._clients = list(self._clients.values()), {}
@@ -443,26 +566,33 @@ class Traffic(Lifecycle):
         topic = self.topics[mode]
         dr_id = f"{self.id_prefix}-{p.region}-{n}"
         client = self._clients[target]
+        key = f"{p.region}-{n % 64}"
         try:
             fut = await client.send(topic, f"{p.region}:{mode}:{n}".encode(),
-                                    key=f"{p.region}-{n % 64}".encode(), idempotency_key=dr_id)
-        except ProxyError as exc:  # the client was closed under us (stop)
+                                    key=key.encode(), idempotency_key=dr_id)
+        except ProxyError as exc:  # the client was closed under us (stop): never queued
             self._count_failure(p, mode, exc)
             return
+        # taken once queued (after any wait for room): every write of it starts later, so
+        # "an earlier answer arrived before this" holds for the checker's order
+        sent_ms = _now_ms()
         self._in_flight += 1
         fut.add_done_callback(
-            lambda f: self._on_done(f, p, mode, topic, target))
+            lambda f: self._on_done(f, p, mode, topic, target, _Sent(dr_id, key, sent_ms)))
 
     def _on_done(self, fut: asyncio.Future[ProduceResult], p: _Producer, mode: str,
-                 topic: str, target: str) -> None:
+                 topic: str, target: str, sent: _Sent) -> None:
         self._in_flight -= 1
         if fut.cancelled():
-            self._count_failure(p, mode, ProxyError("cancelled"))
-            return
-        exc = fut.exception()
-        if exc is not None:
+            exc: BaseException = ProxyError("cancelled")
             self._count_failure(p, mode, exc)
-            if _unreachable(exc):
+            self._log_failed(_told_failed(exc, sent, mode, topic, target))
+            return
+        error = fut.exception()
+        if error is not None:
+            self._count_failure(p, mode, error)
+            self._log_failed(_told_failed(error, sent, mode, topic, target))
+            if _unreachable(error):
                 self._mark_down(p, target)
             else:
                 self._mark_up(p, target)
@@ -471,7 +601,7 @@ class Traffic(Lifecycle):
         ack = Ack(dr_id=r.dr_id, mode=r.mode or mode, topic=topic, via=target,
                   written=tuple((w.region, w.partition, w.offset) for w in r.written),
                   t_ms=_now_ms(), epoch=r.epoch if (r.mode or mode) in _EPOCH_MODES else None,
-                  duplicate=r.duplicate)
+                  duplicate=r.duplicate, key=sent.key, sent_ms=sent.ms)
         if ack.mode != mode:
             self.log.warning("drill_mode_differs", topic=topic, expected=mode, got=ack.mode)
         self._acks.append(ack)
@@ -481,6 +611,12 @@ class Traffic(Lifecycle):
             self._log_file.write(ack.to_json() + "\n")
             self._log_file.flush()
         self._mark_up(p, target)
+
+    def _log_failed(self, told: ToldFailed) -> None:
+        self._failures.append(told)
+        if self._failed_file is not None:
+            self._failed_file.write(told.to_json() + "\n")
+            self._failed_file.flush()
 
     def _count_failure(self, p: _Producer, mode: str, exc: BaseException) -> None:
         self._failed[(mode, p.region)] += 1
@@ -556,10 +692,60 @@ class Traffic(Lifecycle):
         """Every acknowledgement so far, in arrival order (what the log holds)."""
         return tuple(self._acks)
 
+    def failures(self) -> Sequence[ToldFailed]:
+        """Every write told failed so far, in answer order (what `failed_log` holds)."""
+        return tuple(self._failures)
+
     def per_second(self) -> dict[str, list[tuple[float, float]]]:
         """`per_second(self.acks(), start)` up to now (or the stop)."""
         start = self.started_ms if self.started_ms is not None else _now_ms()
         return per_second(self._acks, start, self.stopped_ms or _now_ms())
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """What the producer knows of a record it queued."""
+
+    dr_id: str
+    key: str
+    ms: int
+
+
+def _refused(exc: ProduceFailed, mode: str) -> bool:
+    """This one answer says the proxy wrote nothing (see the module docstring)."""
+    r = exc.result
+    if r is None:
+        return exc.code in _CALL_REFUSED
+    if r.written:
+        return False  # PARTIAL: something was written
+    if exc.code in _REFUSED:
+        return True
+    # ordered and sync get their epoch with the grant, just before the write: an answer
+    # without one was refused before (PrimaryUnavailable, the partition counts)
+    return exc.code == grpc.StatusCode.UNAVAILABLE and mode in _EPOCH_MODES and not r.epoch
+
+
+def _told_failed(exc: BaseException, sent: _Sent, mode: str, topic: str,
+                 via: str) -> ToldFailed:
+    """The failure as the client saw it; unknown unless every attempt was refused."""
+    now = _now_ms()
+    if not isinstance(exc, ProduceFailed):
+        # the batch cancelled (the stop's bound) or the client's own error: what was on
+        # the wire may land. gRPC names a caller's cancellation CANCELLED.
+        code = "CANCELLED" if isinstance(exc, ProxyError) else "UNKNOWN"
+        return ToldFailed(dr_id=sent.dr_id, mode=mode, topic=topic, via=via, key=sent.key,
+                          sent_ms=sent.ms, t_ms=now, code=code, unknown=True,
+                          message=str(exc))
+    attempts = [*exc.earlier, exc]
+    r = exc.result
+    written = () if r is None else tuple((w.region, w.partition, w.offset) for w in r.written)
+    status = "" if r is None else ("PARTIAL" if written else "FAILED")
+    return ToldFailed(dr_id=sent.dr_id, mode=mode, topic=topic, via=via, key=sent.key,
+                      sent_ms=sent.ms, t_ms=now, code=str(exc.code.name),
+                      unknown=not all(_refused(a, mode) for a in attempts), status=status,
+                      message=str(exc), written=written,
+                      epoch=r.epoch if r is not None and r.epoch else None,
+                      attempts=len(attempts))
 
 
 def _region_of(target: str) -> str:
