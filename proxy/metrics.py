@@ -224,6 +224,12 @@ class ProxyMetrics:
                                                   "Dead-letter writes that failed (retried; "
                                                   "the record holds its partition's commit "
                                                   "meanwhile)", ("group",), registry=r)
+        self.consume_dead_letter_refused = Counter(
+            "crossdc_proxy_consume_dead_letter_refused", "Dead letters of ordered or sync "
+            "topics not written because the proxy had no write grant (reason as "
+            "crossdc_proxy_primary_refusals: unconfirmed, lease_expired, lease_short, fenced, "
+            "...): nothing written anywhere, retried, the record holds its partition's "
+            "commit", ("group", "reason"), registry=r)
         self.consume_in_flight = Gauge("crossdc_proxy_consume_in_flight", "Records delivered "
                                        "and waiting for their ack, within their deadline",
                                        ("group",), registry=r, multiprocess_mode="livesum")

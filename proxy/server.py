@@ -468,15 +468,16 @@ class ProxyServer(Lifecycle):
                                        linger_s=config.journal.linger_s,
                                        max_queued=config.journal.max_queued)
                         if config.journal.enabled else None)
-        self.consume = ConsumeService(region=config.region, kafka=self.kafka,
-                                      writers=self.writers,
-                                      current=lambda: self.primary.current,
-                                      policy=lambda: self._policy_fn(), config=config.consume,
-                                      metrics=self.metrics, client_id=client_id)
         self.router = Router(config.region, topology, self.writers, self.primary.grant,
                              self._policy_fn, self.window, self.metrics,
                              current=lambda: self.primary.current, hints=self.hint_store,
                              journal=self.journal)
+        # dead letters are routed as Produce calls (same grant, same bounds)
+        self.consume = ConsumeService(region=config.region, kafka=self.kafka,
+                                      writers=self.writers, route=self.router.route,
+                                      current=lambda: self.primary.current,
+                                      policy=lambda: self._policy_fn(), config=config.consume,
+                                      metrics=self.metrics, client_id=client_id)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._run_task: asyncio.Task[None] | None = None

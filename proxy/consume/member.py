@@ -18,10 +18,18 @@ as for every other loop; Kafka errors are logged, counted and retried):
   memory) and resumes them; the consumer is started and stopped in tasks of their own,
   awaited through `asyncio.shield`, so a cancellation never leaves a connection open;
 - `timer`: deadlines and nack delays (`tick`) at the next time one is due, and the commits;
-- `dead-letter`: writes the records out of deliveries to their dead-letter topic in the
-  region they were read from (`RegionWriter`), with the original's key, value and user
-  headers, dr-* headers of their own and the `dr-dl-*` headers (crossdc/headers.py); a
-  failed write is retried (the record stays unsettled meanwhile, holding the commit).
+- `dead-letter`: routes the records out of deliveries to their dead-letter topic exactly as
+  a Produce of that topic (`route`: `Router.route`), so the dead-letter topic's mode decides:
+  ordered to the confirmed primary under a `WriteGrant` (its epoch stamped, the write bounded
+  by the grant's `until`, abandoned like a Produce's when it passes), sync to every region
+  under a grant, nearest to the proxy's own region. The record (`dead_letter_record`) is the
+  original's key, value and user headers plus the `dr-dl-*` headers (crossdc/headers.py),
+  its idempotency key a UUIDv5 of group and record id (a retry is deduplicated like a
+  client's). Not written (no grant: lease unconfirmed, fenced; region down; topic missing):
+  logged, counted, retried with backoff and at once when the primary record changes
+  (`wake_dead_letters`); the record stays unsettled meanwhile, holding its partition's
+  commit, so a dead letter is never lost (a member stopped first leaves it to be read and
+  dead-lettered again from the commit).
 
 A Kafka rebalance (another proxy joins or leaves the group): the revoked partitions'
 prefixes are committed and delivery stops until the new assignment; partitions assigned
@@ -35,7 +43,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, Protocol
 
 import structlog
@@ -47,6 +55,7 @@ from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import IllegalStateError, KafkaError
 from crossdc.headers import (
+    DEAD_LETTER_HEADERS,
     DR_DL_DELIVERIES,
     DR_DL_GROUP,
     DR_DL_ID,
@@ -57,7 +66,6 @@ from crossdc.headers import (
     DR_ID,
     DR_ORIGIN,
     DR_PREFIX,
-    Mode,
     record_id,
 )
 from crossdc.lifecycle import Lifecycle
@@ -73,12 +81,11 @@ from proxy.consume.dispatch import (
     StreamState,
 )
 from proxy.consume.handover import Handover, SettledIds, SkipSet
-from proxy.errors import ProxyError, RegionWriteFailed
-from proxy.headers import stamp
+from proxy.errors import PrimaryUnavailable, ProxyError, UnknownTopic
 from proxy.metrics import ProxyMetrics
-from proxy.writers import Outgoing, RegionWrite, RegionWriter
+from proxy.router import Incoming, Outcome
 
-__all__ = ["GROUP_PREFIX", "GroupMember", "Sink", "kafka_group"]
+__all__ = ["GROUP_PREFIX", "GroupMember", "Route", "Sink", "dead_letter_record", "kafka_group"]
 
 log = structlog.get_logger("crossdc.proxy.consume")
 
@@ -92,6 +99,31 @@ _DL_NAMESPACE = uuid.UUID("5b1f3c52-8f8e-4f4e-9a57-2f0c9d1f6a24")
 def kafka_group(group: str, scope: str) -> str:
     """The Kafka group of client group `group`'s members of `scope` (primary | local)."""
     return f"{GROUP_PREFIX}{group}.{scope}"
+
+
+class Route(Protocol):
+    """How dead letters are written: `Router.route`, the Produce path."""
+
+    def __call__(self, records: Sequence[Incoming], deadline: float, *,
+                 allow_headers: frozenset[str] = ...) -> Awaitable[list[Outcome]]: ...
+
+
+def dead_letter_record(group: str, region: str, x: DeadLetter) -> Incoming:
+    """The record `x` (read from `region` by `group`) becomes in its dead-letter topic: the
+    original's key, value and user headers (its dr-* dropped: the Router stamps its own),
+    the `dr-dl-*` headers, and as idempotency key (so its `dr-id`) a UUIDv5 of group and the
+    record's id, the same for every copy of the record in every region."""
+    body = x.body
+    headers = [(k, v or b"") for k, v in body.headers or ()]
+    original = next((v for k, v in headers if k == DR_ID), None)
+    rid = record_id(original, region, x.tp[0], x.tp[1], x.offset)
+    user = [(k, v) for k, v in headers if not k.lower().startswith(DR_PREFIX)]
+    user += [(DR_DL_TOPIC, x.tp[0].encode()), (DR_DL_PARTITION, str(x.tp[1]).encode()),
+             (DR_DL_OFFSET, str(x.offset).encode()), (DR_DL_REGION, region.encode()),
+             (DR_DL_GROUP, group.encode()), (DR_DL_DELIVERIES, str(x.deliveries).encode()),
+             (DR_DL_ID, rid.encode())]
+    dl_id = str(uuid.uuid5(_DL_NAMESPACE, f"{group}|{rid}"))
+    return Incoming(x.topic, body.key, body.value, tuple(user), idempotency_key=dl_id)
 
 
 class Sink(Protocol):
@@ -119,24 +151,22 @@ def _size(m: Any) -> int:
 
 class GroupMember(Lifecycle):
     """The member of (`group`, `scope`) in this process, reading `region` through `conn`;
-    dead letters go through `writer` (the same region's producer)."""
+    dead letters go through `route` (the Router: the dead-letter topic's mode and lease)."""
 
     def __init__(self, group: str, scope: str, region: str, conn: KafkaConnection,
-                 writer: RegionWriter, config: ConsumeConfig, metrics: ProxyMetrics, *,
-                 client_id: str, dead_letter_mode: Callable[[str], tuple[Mode, int | None]],
-                 default_deliveries: int = 5, keep_ids: int | None = None,
+                 route: Route, config: ConsumeConfig, metrics: ProxyMetrics, *,
+                 client_id: str, default_deliveries: int = 5, keep_ids: int | None = None,
                  handovers: HandoverLookup | None = None, handover_epoch: int | None = None,
                  on_failure: Callable[[str, BaseException], None] | None = None) -> None:
         self.group = group
         self.scope = scope
         self.region = region
         self.conn = conn
-        self.writer = writer
+        self.route = route
         self.config = config
         self.metrics = metrics
         self.client_id = client_id
         self.kafka_group = kafka_group(group, scope)
-        self._dead_letter_mode = dead_letter_mode
         self._on_failure = on_failure
         self.dispatcher = Dispatcher(max_span=config.max_span,
                                      prefetch_records=config.prefetch_records,
@@ -166,6 +196,7 @@ class GroupMember(Lifecycle):
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()       # the timer: a nack may be due before its wait ends
         self._dl_wake = asyncio.Event()
+        self._dl_retry = asyncio.Event()   # cuts a failed dead letter's backoff short
         self._dead: list[DeadLetter] = []  # to write
         self._dead_keys: set[tuple[str, int, int]] = set()
         self._joined = asyncio.Event()
@@ -267,6 +298,11 @@ class GroupMember(Lifecycle):
             self.idle_since = time.monotonic()
         self._wake.set()
         self.pump()
+
+    def wake_dead_letters(self) -> None:
+        """Try the dead letters waiting now (the primary record changed: a grant may be had)."""
+        if self._dead:
+            self._dl_retry.set()
 
     def pump(self) -> None:
         """Send what the streams' credit allows (nothing while Kafka rebalances)."""
@@ -531,6 +567,7 @@ class GroupMember(Lifecycle):
             await self._dl_wake.wait()
             self._dl_wake.clear()
             while self._dead:
+                self._dl_retry.clear()
                 todo, self._dead = self._dead, []
                 failed: list[DeadLetter] = []
                 by_topic: dict[str, list[DeadLetter]] = {}
@@ -546,68 +583,61 @@ class GroupMember(Lifecycle):
                 self.pump()
                 if failed:
                     failures += 1
-                    await sleep_unless(self._stopping, backoff.pause(failures))
+                    await wait_any(self._stopping, self._dl_retry,
+                                   timeout_s=backoff.pause(failures))
+                    if self._dl_retry.is_set():  # the primary changed: from a short pause
+                        failures = 0
                 else:
                     failures = 0
 
     async def _write_dead(self, topic: str, items: list[DeadLetter]) -> list[DeadLetter]:
-        """Write `items` to `topic` in this member's region; returns those not written."""
-        mode, epoch = self._dead_letter_mode(topic)
-        now_ms = int(time.time() * 1000)
-        out: list[Outgoing] = []
-        for x in items:
-            body = x.body
-            key, value = body.key, body.value
-            headers = [(k, v or b"") for k, v in body.headers or ()]
-            original = next((v for k, v in headers if k == DR_ID), None)
-            rid = record_id(original, self.region, x.tp[0], x.tp[1], x.offset)
-            user = [(k, v) for k, v in headers if not k.lower().startswith(DR_PREFIX)]
-            dl_id = str(uuid.uuid5(_DL_NAMESPACE, f"{self.group}|{rid}"))
-            hs = stamp(user, dr_id=dl_id, origin=self.region, ts_ms=now_ms, mode=mode,
-                       epoch=epoch, path=[self.region])
-            hs += [(DR_DL_TOPIC, x.tp[0].encode()), (DR_DL_PARTITION, str(x.tp[1]).encode()),
-                   (DR_DL_OFFSET, str(x.offset).encode()), (DR_DL_REGION, self.region.encode()),
-                   (DR_DL_GROUP, self.group.encode()),
-                   (DR_DL_DELIVERIES, str(x.deliveries).encode()), (DR_DL_ID, rid.encode())]
-            size = len(key or b"") + len(value or b"") + sum(len(k) + len(v) for k, v in hs)
-            out.append(Outgoing(key, value, hs, None, size))
-        bound = self.config.dead_letter_write_s
-        errors = self.metrics.consume_dead_letter_errors.labels(self.group)
+        """Route `items` to `topic` as a Produce would (`route`), bounded by
+        `dead_letter_write_s` and, for ordered and sync topics, by the grant; returns those
+        not written (each stays unsettled, holding its partition's commit)."""
+        records = [dead_letter_record(self.group, self.region, x) for x in items]
+        deadline = time.monotonic() + self.config.dead_letter_write_s
         try:
-            n = await self.writer.partition_count(topic, bound)
-        except RegionWriteFailed as exc:
-            errors.inc(len(items))
-            self.log.warning("dead_letter_not_written", topic=topic, records=len(items),
-                             error=str(exc))
-            return items
-        if n is None:
-            errors.inc(len(items))
-            self.log.error("dead_letter_topic_missing", topic=topic, records=len(items),
-                           why=f"the dead-letter topic does not exist in {self.region}; "
-                           "the records hold their partitions' commits until it does")
-            return items
-        try:
-            results = await self.writer.write(topic, out, mode="dead_letter",
-                                              deadline=time.monotonic() + bound, bounded=False)
-        except ProxyError as exc:
-            results = [RegionWriteFailed(self.region, topic, str(exc))] * len(items)
-        failed: list[DeadLetter] = []
-        written = 0
-        for x, r in zip(items, results, strict=True):
-            if isinstance(r, RegionWrite):
-                written += 1
+            outs = await self.route(records, deadline, allow_headers=DEAD_LETTER_HEADERS)
+        except ProxyError as exc:  # the Router answers per record; this is a safety net
+            outs = [Outcome(r.idempotency_key, error=exc) for r in records]
+        failed: list[tuple[DeadLetter, ProxyError]] = []
+        written: list[Outcome] = []
+        for x, o in zip(items, outs, strict=True):
+            if o.error is None:  # written now, or before (a duplicate of an earlier write)
+                written.append(o)
                 self.dispatcher.dead_lettered(x.tp, x.offset)
             else:
-                failed.append(x)
+                failed.append((x, o.error))
         if written:
-            self.metrics.consume_dead_lettered.labels(self.group).inc(written)
-            self.log.info("dead_lettered", topic=topic, records=written)
-        if failed:
-            errors.inc(len(failed))
-            first = next(r for r in results if not isinstance(r, RegionWrite))
-            self.log.warning("dead_letter_not_written", topic=topic, records=len(failed),
-                             error=str(first))
-        return failed
+            self.metrics.consume_dead_lettered.labels(self.group).inc(len(written))
+            w = written[-1]
+            self.log.info("dead_lettered", topic=topic, records=len(written), mode=w.mode,
+                          epoch=w.epoch, regions=sorted({r.region for o in written
+                                                         for r in o.written}))
+        if not failed:
+            return []
+        self.metrics.consume_dead_letter_errors.labels(self.group).inc(len(failed))
+        refused: dict[str, int] = {}
+        for _, err in failed:
+            if isinstance(err, PrimaryUnavailable):
+                refused[err.reason] = refused.get(err.reason, 0) + 1
+        for reason, n in refused.items():
+            self.metrics.consume_dead_letter_refused.labels(self.group, reason).inc(n)
+        x, err = failed[0]
+        ctx = {"topic": topic, "records": len(failed),
+               "partitions": sorted({f"{d.tp[0]}:{d.tp[1]}" for d, _ in failed})[:20],
+               "error": str(err)}
+        if isinstance(err, PrimaryUnavailable):
+            # no grant: nothing was written anywhere; the records wait for a primary
+            self.log.warning("dead_letter_refused", reason=err.reason, epoch=err.epoch, **ctx)
+        elif isinstance(err, UnknownTopic):
+            self.log.error("dead_letter_topic_missing", **ctx,
+                           why="the dead-letter topic has no rule or does not exist where "
+                           "its mode writes; the records hold their partitions' commits "
+                           "until it does")
+        else:
+            self.log.warning("dead_letter_not_written", **ctx)
+        return [d for d, _ in failed]
 
     # -- Kafka's rebalance -----------------------------------------------------------------------
     async def _revoked_now(self, revoked: list[TopicPartition]) -> None:

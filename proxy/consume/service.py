@@ -32,7 +32,6 @@ from crossdc.aio import wait_any
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin
 from crossdc.errors import CrossdcError
-from crossdc.headers import Mode
 from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
 from crossdc.settings import RetrySettings
@@ -42,7 +41,7 @@ from proxy.config import ConsumeConfig
 from proxy.consume.acks import Range, RecordState, normalize_ranges
 from proxy.consume.dispatch import Batch, Control, Credit, Output
 from proxy.consume.follow import PrimaryFollower
-from proxy.consume.member import GroupMember
+from proxy.consume.member import GroupMember, Route
 from proxy.consume.source import ReadSettings, read_region, stream_settings
 from proxy.errors import (
     InvalidConsume,
@@ -156,12 +155,15 @@ class ConsumeService(Lifecycle):
     """The consume side of one proxy process (see the module docstring)."""
 
     def __init__(self, *, region: str, kafka: dict[str, KafkaConnection],
-                 writers: dict[str, RegionWriter], current: Callable[[], PrimaryRecord],
-                 policy: Callable[[], Policy], config: ConsumeConfig, metrics: ProxyMetrics,
-                 client_id: str) -> None:
+                 writers: dict[str, RegionWriter], route: Route,
+                 current: Callable[[], PrimaryRecord], policy: Callable[[], Policy],
+                 config: ConsumeConfig, metrics: ProxyMetrics, client_id: str) -> None:
+        """`route`: how the members write dead letters (`Router.route`: a dead letter is
+        routed as a Produce of its topic, under the same grant)."""
         self.region = region
         self.kafka = kafka
         self.writers = writers
+        self.route = route
         self.current = current
         self.policy = policy
         self.config = config
@@ -184,8 +186,11 @@ class ConsumeService(Lifecycle):
         self._begin_start()
 
     def primary_changed(self, old: PrimaryRecord, new: PrimaryRecord) -> None:
-        """The primary watch's `on_change` hook: the readers of the primary follow it."""
+        """The primary watch's `on_change` hook: the readers of the primary follow it, and
+        the dead letters waiting for a grant are tried again."""
         self.follower.seen(old, new)
+        for m in self.members.values():
+            m.wake_dead_letters()
 
     async def run(self) -> None:
         """Follow the primary (`follow.PrimaryFollower`), retire the members idle for
@@ -429,16 +434,10 @@ class ConsumeService(Lifecycle):
 
     def _member(self, group: str, scope: str, region: str, policy: Policy, *,
                 handover_epoch: int | None = None) -> GroupMember:
-        def dead_letter_mode(topic: str) -> tuple[Mode, int | None]:
-            rule = self.policy().rule_for(topic)
-            if rule is not None and rule.mode == "ordered":
-                return "ordered", self.current().epoch
-            return "nearest", None
-
-        return GroupMember(group, scope, region, self.kafka[region], self.writers[region],
+        return GroupMember(group, scope, region, self.kafka[region], self.route,
                            self.config, self.metrics,
                            client_id=f"{self.client_id}-consume",
-                           dead_letter_mode=dead_letter_mode, on_failure=self._member_failed,
+                           on_failure=self._member_failed,
                            keep_ids=(self.config.sync_rewind if scope == "primary" else None),
                            handovers=self.follower.handovers if scope == "primary" else None,
                            handover_epoch=handover_epoch)
