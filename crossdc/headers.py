@@ -6,7 +6,10 @@ and never from each other.
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from collections.abc import Sequence
+from typing import Final, Literal, NamedTuple
+
+from crossdc.quarantine import DR_REPLAYED_FROM
 
 __all__ = [
     "DEAD_LETTER_HEADERS",
@@ -24,10 +27,15 @@ __all__ = [
     "DR_PATH",
     "DR_PREFIX",
     "DR_REPAIRED",
+    "DR_SRC",
     "DR_TS",
     "RESERVED_HEADERS",
     "Mode",
+    "Position",
+    "parse_src",
     "record_id",
+    "src_value",
+    "sync_position",
 ]
 
 DR_PREFIX: Final = "dr-"
@@ -42,8 +50,14 @@ DR_REPAIRED: Final = "dr-repaired"
 `proxy.hints`): the region whose proxy stored the hint. Every other header is the original's;
 the reconciliation counts these copies as repaired."""
 
+DR_SRC: Final = "dr-src"
+"""On the copies of a sync record in the regions other than the primary (and so on its hints):
+`<primary region>:<offset of the primary's copy>`. With `dr-epoch` it is the record's place in
+the primary's order (`Position`); the primary's own copy carries no dr-src (its offset is its
+own)."""
+
 RESERVED_HEADERS: Final = frozenset({DR_ID, DR_ORIGIN, DR_TS, DR_MODE, DR_EPOCH, DR_PATH,
-                                     DR_REPAIRED})
+                                     DR_REPAIRED, DR_SRC})
 
 Mode = Literal["ordered", "sync", "nearest"]
 
@@ -77,3 +91,67 @@ def record_id(dr_id: bytes | str | None, region: str, topic: str, partition: int
     if dr_id:
         return dr_id.decode() if isinstance(dr_id, bytes) else dr_id
     return f"{region}:{topic}:{partition}:{offset}"
+
+
+class Position(NamedTuple):
+    """A sync record's place in its partition's order, the same in every region: (epoch,
+    offset of the copy in the primary of that epoch). One writable primary per epoch, so
+    positions of one partition are totally ordered (tuple order)."""
+
+    epoch: int
+    offset: int
+
+
+def src_value(primary: str, offset: int) -> bytes:
+    """The `dr-src` value of the copies of a record the primary wrote at `offset`."""
+    return f"{primary}:{offset}".encode()
+
+
+def parse_src(raw: bytes | None) -> tuple[str, int] | None:
+    """(primary region, offset) of a `dr-src` value; None when absent or unreadable."""
+    if not raw:
+        return None
+    region, sep, offset = raw.decode(errors="replace").rpartition(":")
+    if not sep or not region:
+        return None
+    try:
+        at = int(offset)
+    except ValueError:
+        return None
+    return (region, at) if at >= 0 else None
+
+
+def sync_position(region: str, offset: int,
+                  headers: Sequence[tuple[str, bytes]]) -> Position | None:
+    """The position of the copy at `offset` of `region`'s partition: (dr-epoch, dr-src's
+    offset) for a copy written by a proxy into a region other than the primary; (dr-epoch,
+    `offset`) for the primary's own copy (first in its dr-path, no dr-src). None when it has
+    none that can be trusted: no dr-epoch, a copy of another region without dr-src (the mirror's,
+    an older proxy's), a record re-produced from the quarantine (`dr-replayed-from`: its
+    epoch is the replayer's, its offsets another region's). Callers ordering hints take None as
+    newer than any position (proxy.hints)."""
+    epoch = path = src = None
+    for k, v in headers:
+        if not k.startswith(DR_PREFIX):
+            continue
+        if k == DR_EPOCH:
+            epoch = v
+        elif k == DR_PATH:
+            path = v
+        elif k == DR_SRC:
+            src = v
+        elif k == DR_REPLAYED_FROM:
+            return None
+    if epoch is None:
+        return None
+    try:
+        e = int(epoch)
+    except ValueError:
+        return None
+    if src is not None:
+        parsed = parse_src(src)
+        if parsed is None or parsed[0] == region:
+            return None
+        return Position(e, parsed[1])
+    first = (path or b"").split(b",", 1)[0].decode(errors="replace")
+    return Position(e, offset) if first == region else None

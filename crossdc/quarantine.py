@@ -1,7 +1,9 @@
 """The quarantine's wire contract: topic names, the `dr-q-*` headers and the replay key.
 
 The mirror writes the divergent tail to `_crossdc.quarantine` with these headers
-(mirror/quarantine.py creates the topics); `dr tail` (dr/controller/tail.py) reads and
+(mirror/quarantine.py creates the topics), and so does the proxies' hint replay for a hinted
+sync record that would land after newer records of its partition (`REASON_HINT_LATE`,
+proxy/hints.py); `dr tail` (dr/controller/tail.py) reads and
 replays it, the drill's history checker counts it. Like crossdc/headers.py, the names live
 in the kernel so that no component imports another's internals for them.
 """
@@ -21,6 +23,7 @@ __all__ = [
     "QUARANTINE_CONFIGS",
     "QUARANTINE_HEADERS",
     "QUARANTINE_TOPIC",
+    "REASON_HINT_LATE",
     "REASON_OLD_EPOCH",
     "REPLAYED_CONFIGS",
     "REPLAYED_TOPIC",
@@ -52,6 +55,12 @@ QUARANTINE_HEADERS: Final = frozenset({DR_Q_SOURCE, DR_Q_TOPIC, DR_Q_PARTITION, 
                                        DR_Q_REASON, DR_Q_EPOCH})
 
 REASON_OLD_EPOCH: Final = "epoch-superseded"
+"""The mirror's: a record of an older epoch than the target primary's."""
+REASON_HINT_LATE: Final = "hint-late"
+"""The hint replay's (proxy/hints.py): a sync record a region missed, whose partition there
+holds a record placed after it in the primary's order by the time its hint is replayed. The
+`dr-q-source`/`dr-q-offset` are the primary's copy (its `dr-src`), `dr-q-epoch` the newest
+epoch known then."""
 
 
 def quarantine_headers(headers: list[tuple[str, bytes]], *, source: str, topic: str,

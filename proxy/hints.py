@@ -20,7 +20,8 @@ the same idempotency key resumes (only the missing regions, then their hints).
 
 **Encoding**: a hint IS the record as sent to the other regions — Kafka key = the record's key,
 value = its value, headers = its headers (the original `dr-id` and every `dr-*` header,
-unchanged) — plus one last header `dr-hint` = `1|<topic>|<partition>|<flags>|<written>` (flags:
+`dr-src` included, unchanged) — plus one last header
+`dr-hint` = `1|<topic>|<partition>|<flags>|<written>` (flags:
 `a` the write was acknowledged / `p` partial, `k` the dr-id is the client's idempotency key;
 written = `region:partition:offset,...` of the copies made). No re-encoding of key, value or
 headers (binary-safe, no base64 or JSON escaping). Cost per hint: the record's own framed
@@ -34,8 +35,9 @@ topic's replication factor on disk. Nothing is held in the proxy's memory.
 `_crossdc.proxy.hints-<own region>` (one per region: with several proxies or workers each hint
 topic is replayed by one process; the `_crossdc` prefix keeps it out of the consumer groups
 that failovers and the standby sync translate) reads the own region's hint topics. For a hint
-whose target is writable (its writer's probe and breaker), it writes the record there — same
-topic, partition, key, value and headers, plus `dr-repaired: <own region>` (the copy came late,
+whose target is writable (its writer's probe and breaker) and which is in order there (below),
+it writes the record there — same topic, partition, key, value and headers, plus
+`dr-repaired: <own region>` (the copy came late,
 through this region's hints; the reconciliation counts such copies) — and commits the hint's
 offset only after the target acknowledged. A target that is down (or a write that fails) holds
 its topic: paused, sought back to the first hint not done, resumed with backoff (0.5 s doubling
@@ -44,19 +46,50 @@ never be written (the topic or partition does not exist in the target, an undeco
 PARKED — written as is to `_crossdc.proxy.hints-parked` in the own region (no retention limit),
 logged and counted — instead of blocking the hints behind it.
 
-At-least-once: a process that dies between the target's ack and the commit writes the record
-again when the hint is read again (same dr-id: dedupe on it). So may a client retry of a
+**Order** (the promise of sync mode, docs/architecture.md "Hinted handoff"): a region's
+partition of a sync topic holds its records in the primary's order. A sync record's POSITION
+in that order is (epoch, offset of its copy in the primary of that epoch): one writable
+primary per epoch, so positions of a partition are totally ordered (`crossdc.headers.Position`).
+The primary's copy has it implicitly (its `dr-epoch`, its own offset; first in its `dr-path`);
+the router writes the primary first, so it stamps the other copies `dr-src: <primary>:<offset>`
+(and so their hints, which carry the record's headers; an older proxy's hint has the primary's
+offset in its `written`). A hint is replayed into target region R's partition p ONLY IF
+nothing after it in that order is there: before writing a run of hints the replayer reads the
+newest record of each of R's partitions the run goes to (one read per run and partition,
+`_TailReader`), sorts the run into position order and keeps, per partition, the highest
+position placed, seeded from that record (`verdict`): a hint above it is replayed (and becomes
+the highest), one equal to it is there already (skipped), one below it is LATE. A record
+without a position there (no dr-epoch; another region's copy without dr-src: the mirror's, an
+older proxy's; one re-produced from the quarantine) counts as newer than any hint
+(conservative). A late hint is not replayed but QUARANTINED in R: its record written to R's
+`_crossdc.quarantine` with `quarantine_headers` (reason `hint-late`, source and offset the
+primary's copy: `dr tail list` shows it, the history checker counts it, `dr tail replay`
+re-produces it on an operator's word), logged `hint_quarantined_late` (target, topic,
+partition, the newer epoch bound) and counted (`crossdc_proxy_hints_quarantined_total`). So
+per-partition, and thus per-key, order holds in every region: a told-failed record never
+lands after a newer record of its key, nor an acknowledged one (quorum below all) after a
+later acknowledged one. A hint toward a region promoted at a newer epoch meets records of
+that epoch there: late, quarantined (not replayed late, as before).
+
+The race: a direct sync write into R may land between the read and the replay (the window is
+one write, at most `replay_write_s`: the read and the write follow each other with no other
+wait). It is detected at no cost in the usual case — the replayed copies' offsets follow the
+end read, one after another, so nothing came between — and otherwise the records between are
+read: a copy placed after a newer record is counted (`crossdc_proxy_hints_raced_total`) and
+logged `hint_replay_raced` (error) with its dr-ids: it cannot be taken back.
+
+At-least-once: a process that dies between the target's ack and the commit reads the hint
+again; the order check then finds its record as the partition's newest (skipped) or behind
+newer ones (quarantined: the copy is there already, the quarantine holds a second one of the
+same dr-id). So may a client retry of a
 PARTIAL write that races a replay in another process. In the replaying process the idempotency
 window (and the region-shared log, when on: the replayer reads it up to its end first, as a
 retry does, so a retry another process answered is known) serialises the two: a hint of a
 record with a client idempotency key claims the key first, skips a region the window says holds
 the record already, and records the region written (so the client's retry then writes nothing
-twice and is OK). Replayed records reach the missed region late and possibly after records
-written there since (per-key order holds in the other regions only); their Kafka timestamp is
-the replay time (`dr-ts` keeps the accept time). A hint replayed into a region that became the
-writable primary at a newer epoch than the record's is still written, logged
-`hint_replayed_late` and counted: the failover's drain step waits for hints toward its target
-(see `pending_hints`) and records how many were left.
+twice and is OK). Replayed records reach the missed region late (their Kafka timestamp is the
+replay time; `dr-ts` keeps the accept time); the failover's drain step waits for hints toward
+its target (see `pending_hints`) and records how many were left.
 
 Pending = per hint topic, end offset - the group's committed offset (or the log start): the
 gauge `crossdc_proxy_hints_pending{target}` (this process's assigned topics), and
@@ -81,10 +114,25 @@ from crossdc.aio import sleep_unless
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import IllegalStateError, KafkaError
-from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec
+from crossdc.clients.kafka import ONCE, KafkaAdmin, TopicSpec, start_or_close
 from crossdc.errors import CrossdcError
-from crossdc.headers import DR_EPOCH, DR_ID, DR_REPAIRED
+from crossdc.headers import (
+    DR_EPOCH,
+    DR_ID,
+    DR_PATH,
+    DR_REPAIRED,
+    DR_SRC,
+    Position,
+    parse_src,
+    sync_position,
+)
 from crossdc.lifecycle import Lifecycle
+from crossdc.quarantine import (
+    QUARANTINE_CONFIGS,
+    QUARANTINE_TOPIC,
+    REASON_HINT_LATE,
+    quarantine_headers,
+)
 from crossdc.settings import Backoff, RetrySettings
 from proxy.errors import IncompleteSync, ProxyError, RegionWriteFailed, shown
 from proxy.idempotency import LogUnavailable
@@ -181,6 +229,28 @@ class Hint:
     def size(self) -> int:
         return len(self.key or b"") + len(self.value or b"") + \
             sum(len(k) + len(v) for k, v in self.headers)
+
+    @property
+    def source(self) -> tuple[str, int] | None:
+        """(primary region, offset of the primary's copy): its `dr-src`, else (a hint of an
+        older proxy) the copy `written` in the first region of its `dr-path`."""
+        src = path = None
+        for k, v in self.headers:
+            if k == DR_SRC:
+                src = v
+            elif k == DR_PATH:
+                path = v
+        if src is not None:
+            return parse_src(src)
+        first = (path or b"").split(b",", 1)[0].decode(errors="replace")
+        return next(((w.region, w.offset) for w in self.written if w.region == first), None)
+
+    @property
+    def position(self) -> Position | None:
+        """Its place in the primary's order (`crossdc.headers.Position`); None when its
+        headers do not say (no dr-epoch, no primary copy known)."""
+        epoch, src = self.epoch, self.source
+        return None if epoch is None or src is None else Position(epoch, src[1])
 
 
 class BadHint(ValueError):
@@ -364,6 +434,112 @@ def _regions_of(result: Any) -> set[str]:
     return {str(result[i]) for i in range(3, len(result), 3)}
 
 
+NOTHING = Position(-1, -1)
+"""The place of an empty partition: before every record."""
+
+
+def verdict(hint: Position | None, top: Position | None) -> str:
+    """What to do with a hint whose record is at `hint` in a target partition whose newest
+    record is at `top` (`NOTHING`: empty; None: a record without a position, taken as newer
+    than any hint): `replay` (nothing newer there), `held` (the partition's newest record IS
+    it: written already) or `late` (something newer is there: writing it would invert the
+    primary's order; quarantined instead). A hint without a position is replayed only into an
+    empty partition."""
+    if top is None:
+        return "late"
+    if hint is None:
+        return "replay" if top == NOTHING else "late"
+    if hint > top:
+        return "replay"
+    return "held" if hint == top else "late"
+
+
+@dataclass(slots=True)
+class _Tail:
+    """What a target partition held when read before a replay."""
+
+    end: int
+    """The offset after the newest record read (the next one written goes there or later)."""
+    top: Position | None
+    """The newest record's position (`NOTHING`: none; None: one without a position)."""
+    last_offset: int = -1
+
+
+class _TailReader:
+    """Reads the newest records of a partition in one target region: the replay's order
+    check (one read per replayed run of hints and partition). One consumer per target, no
+    group, read_committed, assigned one partition at a time; dropped after an error (a fresh
+    one next time)."""
+
+    SPAN = 8
+    """Records read back from the end first (then 8 times more while only aborted
+    transactions or control records are found)."""
+
+    def __init__(self, region: str, conn: KafkaConnection, client_id: str) -> None:
+        self.region = region
+        self.conn = conn
+        self.client_id = client_id
+        self._consumer: Consumer | None = None
+
+    async def _ready(self, tp: TopicPartition) -> Consumer:
+        c = self._consumer
+        if c is None:
+            c = Consumer(**self.conn.aiokafka_kwargs(), client_id=self.client_id,
+                         enable_auto_commit=False, isolation_level="read_committed")
+            await start_or_close(c, 30.0)
+            self._consumer = c
+        if c.assignment() != {tp}:
+            c.assign([tp])
+        return c
+
+    async def _read(self, c: Consumer, tp: TopicPartition, start: int, stop: int) -> list[Any]:
+        """The records of [start, stop) (fewer when the log ends before), in order."""
+        c.seek(tp, start)
+        out: list[Any] = []
+        while await c.position(tp) < stop:
+            got = await c.getmany(tp, timeout_ms=200)
+            out.extend(r for r in got.get(tp, ()) if r.offset < stop)
+        return out
+
+    async def tail(self, topic: str, partition: int) -> _Tail:
+        """The partition's newest record (its position) and end. Unbounded: the caller
+        bounds it."""
+        tp = TopicPartition(topic, partition)
+        try:
+            c = await self._ready(tp)
+            begin = (await c.beginning_offsets([tp]))[tp]
+            end = (await c.end_offsets([tp]))[tp]  # read_committed: the last stable offset
+            span, start = self.SPAN, end
+            while start > begin:
+                start = max(begin, end - span)
+                got = await self._read(c, tp, start, end)
+                if got:
+                    last = got[-1]
+                    return _Tail(end, sync_position(self.region, last.offset,
+                                                    last.headers or ()), last.offset)
+                span *= 8
+            return _Tail(end, NOTHING)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def records(self, topic: str, partition: int, start: int, stop: int) -> list[Any]:
+        """The records of [start, stop) of the partition. Unbounded: the caller bounds it."""
+        tp = TopicPartition(topic, partition)
+        try:
+            return await self._read(await self._ready(tp), tp, start, stop)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        c, self._consumer = self._consumer, None
+        if c is not None:
+            with contextlib.suppress(KafkaError, OSError, TimeoutError):
+                async with asyncio.timeout(10.0):
+                    await asyncio.shield(c.stop())
+
+
 class _Hold(Exception):
     """Stop replaying this hints topic for now, from `offset` on (the target is not writable,
     a write failed, a request is writing the record's key now: `short`)."""
@@ -421,6 +597,7 @@ class HintReplayer(Lifecycle):
         # written and the position is past them; nothing else would commit them (a topic no
         # hint is added to is never fetched again) until a restart wrote them once more
         self._uncommitted: dict[TopicPartition, tuple[int, float]] = {}
+        self._readers: dict[str, _TailReader] = {}  # target -> its partitions' newest records
         self._measured_at = 0.0
         self._stopping = asyncio.Event()  # the pauses between retries end at stop()
         self.pending: dict[str, int] = {t: 0 for t in self.targets}
@@ -429,7 +606,7 @@ class HintReplayer(Lifecycle):
         for t in self.targets:
             metrics.hints_pending.labels(t).set(0)
             for c in (metrics.hints_written, metrics.hints_replayed, metrics.hints_skipped,
-                      metrics.hints_parked, metrics.hints_late):
+                      metrics.hints_parked, metrics.hints_quarantined, metrics.hints_raced):
                 c.labels(t)
         self.log = log.bind(region=own, group=self.group)
 
@@ -456,6 +633,8 @@ class HintReplayer(Lifecycle):
         consumer = self._consumer
         if consumer is not None and self._closing is None:
             self._closing = self._own(self._close(consumer, None))
+        for reader in self._readers.values():
+            self._own(reader.close(), f"proxy:hints-tail-{reader.region}")
         left = {t for t in self._bg if not t.done()}
         if not left:
             return
@@ -525,6 +704,8 @@ class HintReplayer(Lifecycle):
                               client_id=self.client_id) as admin:
             replication = min(3, await admin.broker_count())
             specs = [TopicSpec(t, 1, replication, configs) for t in self.topics]
+            # where late hints toward this region go (as the mirror's tail: one partition)
+            specs.append(TopicSpec(QUARANTINE_TOPIC, 1, replication, dict(QUARANTINE_CONFIGS)))
             if region == self.own:
                 specs.append(TopicSpec(PARKED_TOPIC, 1, replication, {
                     "retention.ms": "-1", "retention.bytes": "-1",
@@ -768,17 +949,25 @@ class HintReplayer(Lifecycle):
 
     async def _write(self, tp: TopicPartition, target: str, w: RegionWriter, topic: str,
                      items: list[_Item]) -> int:
-        """Write the items to replay (one call), park the ones to park; the next offset to
-        commit. `_Hold` (its offset: the first item not done) when a write failed."""
+        """Park the items to park; check the ones to replay against the target partitions'
+        newest records (`_order`); write those still in order (one call, in the primary's
+        order), quarantine the late ones in the target; the next offset to commit. `_Hold`
+        (its offset: the first item not done) when a write failed or a partition could not
+        be read."""
         todo = [it for it in items if it.action == "replay"]
         parked = [it for it in items if it.action == "park"]
         results: dict[int, RegionWrite | RegionWriteFailed] = {}
+        tails: dict[int, _Tail] = {}
         if todo and not w.breaker.allow():
             raise _Hold(w.why_not_writable() or "circuit breaker half-open")
         # no verdict on the target (cancelled, parking failed): a probe taken is given back
         with w.breaker.attempt() if todo else contextlib.nullcontext():
             if parked:  # first: a failure to park then leaves nothing written unrecorded
                 await self._park(target, parked, parked[0].why)
+            if todo:
+                tails = await self._tails(target, topic, todo)
+                # read, then written at once: the window a direct write can race is short
+                todo = self._order(todo, tails)
             if todo:
                 # the copy says it came late, through whom (the reconciliation counts it)
                 repaired = (DR_REPAIRED, self.own.encode())
@@ -792,27 +981,185 @@ class HintReplayer(Lifecycle):
                 res = await w.write(topic, out, mode="hint-replay",
                                     deadline=time.monotonic() + self.settings.replay_write_s)
                 results = dict(zip((it.offset for it in todo), res, strict=True))
+            late = [it for it in items if it.action == "late"]
+            if late:
+                results.update(await self._quarantine(target, w, late, tails))
         ahead = self._ahead.setdefault(tp, set())
         done_to = items[0].offset
         failure: str | None = None
+        written: list[tuple[_Item, RegionWrite]] = []
+        quarantined: list[tuple[_Item, RegionWrite]] = []
         for it in items:
-            if it.action == "replay":
+            if it.action in ("replay", "late"):
                 r = results[it.offset]
                 if isinstance(r, RegionWrite):
-                    self._replayed(target, it, r)
+                    (written if it.action == "replay" else quarantined).append((it, r))
                     if failure is not None:
                         ahead.add(it.offset)  # read again after the hold: not written again
                 elif failure is None:
                     failure = r.why
-            elif it.action == "skip":
+            elif it.action in ("skip", "held"):
+                if it.action == "held":
+                    self._held_already(target, it, tails[it.hint.partition] if it.hint
+                                       else None)
                 self.metrics.hints_skipped.labels(target).inc()
             if failure is None:
                 done_to = it.offset + 1
+        for it, r in written:
+            self._replayed(target, it, r)
+        if quarantined:
+            self._quarantined(target, topic, quarantined, tails)
+        if written:
+            await self._check_race(target, topic, written, tails)
         if failure is not None:
             self.metrics.hint_errors.labels("replay").inc()
             self.log.warning("hint_replay_failed", target=target, topic=topic, error=failure)
             raise _Hold(failure, done_to)
         return done_to
+
+    def _reader(self, target: str) -> _TailReader:
+        r = self._readers.get(target)
+        if r is None:
+            r = self._readers[target] = _TailReader(target, self.writers[target].conn,
+                                                    f"{self.client_id}-hints-tail")
+        return r
+
+    async def _tails(self, target: str, topic: str, todo: list[_Item]) -> dict[int, _Tail]:
+        """The newest record of each target partition the items go to (one read each);
+        `_Hold` when one cannot be read in time (never replayed unchecked)."""
+        reader = self._reader(target)
+        out: dict[int, _Tail] = {}
+        try:
+            async with asyncio.timeout(self.settings.replay_write_s):
+                for p in sorted({it.hint.partition for it in todo if it.hint is not None}):
+                    out[p] = await reader.tail(topic, p)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            self.metrics.hint_errors.labels("read").inc()
+            raise _Hold(f"the newest records of {topic} in {target} cannot be read: "
+                        f"{exc!r}") from None
+        return out
+
+    @staticmethod
+    def _order(todo: list[_Item], tails: dict[int, _Tail]) -> list[_Item]:
+        """Sort the items to replay into the primary's order and decide each against the
+        newest position of its partition (`verdict`), that position moving on as items are
+        placed: the ones to write, in that order (the others: action `late` or `held`)."""
+        def key(it: _Item) -> tuple[int, Position]:
+            pos = it.hint.position if it.hint is not None else None
+            return (1, NOTHING) if pos is None else (0, pos)
+
+        top = {p: t.top for p, t in tails.items()}
+        out = []
+        for it in sorted(todo, key=key):  # stable: hints without a position in hint order
+            h = it.hint
+            assert h is not None
+            pos = h.position
+            it.action = verdict(pos, top[h.partition])
+            if it.action == "replay":
+                top[h.partition] = pos
+                out.append(it)
+        return out
+
+    async def _quarantine(self, target: str, w: RegionWriter, late: list[_Item],
+                          tails: dict[int, _Tail]) -> dict[int, RegionWrite | RegionWriteFailed]:
+        """Write the late hints' records to the target's `_crossdc.quarantine` (one call),
+        as the mirror writes its divergent tail there: `dr tail list` shows them, the
+        history checker counts them; their source is the primary's copy (`dr-src`)."""
+        current = self.current() if self.current is not None else None
+        out = []
+        for it in late:
+            h = it.hint
+            assert h is not None
+            src = h.source
+            if src is None:  # no primary copy known: named by the first copy, else the hint
+                src = (h.written[0].region, h.written[0].offset) if h.written else \
+                    (self.own, it.offset)
+            top = tails[h.partition].top
+            if current is not None:
+                epoch = current.epoch
+            else:  # the newest epoch known here: the partition's, else the record's own
+                epoch = top.epoch if top is not None and top != NOTHING else h.epoch or 0
+            headers = quarantine_headers(list(h.headers), source=src[0], topic=h.topic,
+                                         partition=h.partition, offset=src[1], epoch=epoch,
+                                         reason=REASON_HINT_LATE)
+            size = len(h.key or b"") + len(h.value or b"") + \
+                sum(len(k) + len(v) for k, v in headers)
+            out.append(Outgoing(h.key, h.value, headers, 0, size))
+        res = await w.write(QUARANTINE_TOPIC, out, mode="hint-quarantine",
+                            deadline=time.monotonic() + self.settings.replay_write_s)
+        return dict(zip((it.offset for it in late), res, strict=True))
+
+    def _quarantined(self, target: str, topic: str, done: list[tuple[_Item, RegionWrite]],
+                     tails: dict[int, _Tail]) -> None:
+        """Count and log the hints quarantined (one line per target partition)."""
+        by_part: dict[int, list[Hint]] = {}
+        for it, _ in done:
+            assert it.hint is not None
+            by_part.setdefault(it.hint.partition, []).append(it.hint)
+        self.metrics.hints_quarantined.labels(target).inc(len(done))
+        for p, hints in by_part.items():
+            top = tails[p].top
+            self.log.bind(target=target, topic=topic, partition=p,
+                          epoch=top.epoch if top is not None else None).warning(
+                "hint_quarantined_late", hints=len(hints),
+                newer=tuple(top) if top is not None else "unpositioned",
+                positions=[tuple(pos) if (pos := h.position) else None for h in hints][:10],
+                dr_ids=[h.dr_id for h in hints][:10], quarantine_topic=QUARANTINE_TOPIC)
+
+    def _held_already(self, target: str, it: _Item, tail: _Tail | None) -> None:
+        """The target partition's newest record is this very one (written by an earlier
+        replay whose commit was lost): a retry of its key now finds the target written."""
+        h = it.hint
+        if it.slot is not None and h is not None and tail is not None:
+            at = RegionWrite(target, h.partition, tail.last_offset)
+            merged = {x.region: x for x in (*h.written, *it.known, at)}
+            self.window.fail(it.slot, partial=list(merged.values()))
+            it.slot = None
+
+    async def _check_race(self, target: str, topic: str,
+                          written: list[tuple[_Item, RegionWrite]],
+                          tails: dict[int, _Tail]) -> None:
+        """After a replay: did a direct write of a newer record land between the check and
+        the replayed copies? Their offsets say at no cost when nothing did (they follow the
+        end read, one after another); otherwise the records between are read and each copy
+        placed after a newer one is counted and logged (`hint_replay_raced`): it cannot be
+        taken back."""
+        by_part: dict[int, dict[int, Position | None]] = {}
+        for it, r in written:
+            assert it.hint is not None
+            by_part.setdefault(r.partition, {})[r.offset] = it.hint.position
+        for p, ours in by_part.items():
+            start = tails[p].end
+            offsets = sorted(ours)
+            if offsets == list(range(start, start + len(offsets))):
+                continue
+            try:
+                async with asyncio.timeout(self.settings.replay_write_s):
+                    recs = await self._reader(target).records(topic, p, start,
+                                                              offsets[-1] + 1)
+            except (KafkaError, OSError, TimeoutError) as exc:
+                self.metrics.hint_errors.labels("read").inc()
+                self.log.warning("hint_replay_race_unchecked", target=target, topic=topic,
+                                 partition=p, error=repr(exc))
+                continue
+            others = sorted((r.offset, sync_position(target, r.offset, r.headers or ()))
+                            for r in recs if r.offset not in ours)
+            newest: Position | None = NOTHING  # of the others before the copy looked at
+            raced: list[int] = []
+            k = 0
+            for o in offsets:
+                while k < len(others) and others[k][0] < o:
+                    pos = others[k][1]
+                    newest = None if pos is None or newest is None else max(newest, pos)
+                    k += 1
+                if verdict(ours[o], newest) == "late":
+                    raced.append(o)
+            if raced:
+                ids = {r.offset: it.hint.dr_id for it, r in written
+                       if it.hint is not None and r.partition == p}
+                self.metrics.hints_raced.labels(target).inc(len(raced))
+                self.log.error("hint_replay_raced", target=target, topic=topic, partition=p,
+                               offsets=raced[:10], dr_ids=[ids.get(o) for o in raced][:10])
 
     def _replayed(self, target: str, it: _Item, r: RegionWrite) -> None:
         h = it.hint
@@ -822,17 +1169,8 @@ class HintReplayer(Lifecycle):
             merged = {x.region: x for x in (*h.written, *it.known, r)}
             self.window.fail(it.slot, partial=list(merged.values()))
             it.slot = None
-        current = self.current() if self.current is not None else None
-        epoch = h.epoch
-        if current is not None and current.writable == target and epoch is not None and \
-                epoch < current.epoch:
-            self.metrics.hints_late.labels(target).inc()
-            self.log.warning("hint_replayed_late", target=target, topic=h.topic,
-                             partition=r.partition, offset=r.offset, dr_id=h.dr_id,
-                             record_epoch=epoch, primary_epoch=current.epoch)
-        else:
-            self.log.debug("hint_replayed", target=target, topic=h.topic,
-                           partition=r.partition, offset=r.offset, dr_id=h.dr_id)
+        self.log.debug("hint_replayed", target=target, topic=h.topic, partition=r.partition,
+                       offset=r.offset, dr_id=h.dr_id)
 
     async def _park(self, target: str, items: list[_Item], why: str) -> None:
         """Write hints that can never be replayed, as read, to `_crossdc.proxy.hints-parked`

@@ -184,9 +184,16 @@ class ProxyMetrics:
                                     "replayed (topic or partition missing in the target, "
                                     "undecodable) moved to _crossdc.proxy.hints-parked",
                                     ("target",), registry=r)
-        self.hints_late = Counter("crossdc_proxy_hints_replayed_late", "Hints replayed into a "
-                                  "region that became the writable primary at a newer epoch "
-                                  "than the record's", ("target",), registry=r)
+        self.hints_quarantined = Counter("crossdc_proxy_hints_quarantined", "Hints not "
+                                         "replayed because the target's partition holds a "
+                                         "record after theirs in the primary's order: written "
+                                         "to the target's _crossdc.quarantine instead",
+                                         ("target",), registry=r)
+        self.hints_raced = Counter("crossdc_proxy_hints_raced", "Hints replayed after a "
+                                   "newer record that a direct write put into the target "
+                                   "between the order check and the replay (out of order "
+                                   "there, logged hint_replay_raced)", ("target",),
+                                   registry=r)
         self.hints_pending = Gauge("crossdc_proxy_hints_pending", "Hints stored in this region "
                                    "not replayed yet, by target region (the hint topics this "
                                    "process replays)", ("target",), registry=r,

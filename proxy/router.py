@@ -11,11 +11,13 @@
 - sync: the primary first; then every other region (topology preference order) at the SAME
   partition number the primary gave, each copy stamped `dr-src: <primary>:<offset>` (its
   place in the primary's order, which the hints' replay keeps: `proxy.hints`); OK once
-  `quorum` regions (all by default), primary included, hold it. Fewer is `IncompleteSync` (status PARTIAL, the regions written named),
-  never an ack; a retry with the same idempotency key resumes, writing only the missing
-  regions. Each region that missed a record the primary took gets a HINT (`proxy.hints`),
-  stored before the answer: an ack implies its hints are in Kafka (a hint stored nowhere
-  makes the record `HintsUnavailable`, never OK); the proxies replay it there later.
+  `quorum` regions (all by default), primary included, hold it. Fewer is `IncompleteSync`
+  (status PARTIAL, the regions written named), never an ack; a retry with the same
+  idempotency key resumes, writing only the missing regions. Each region that missed a
+  record the primary took gets a HINT (`proxy.hints`), stored before the answer: an ack
+  implies its hints are in Kafka (a hint stored nowhere makes the record
+  `HintsUnavailable`, never OK); the proxies replay it there later, unless something newer
+  is there by then (then it is quarantined there).
 - nearest: this proxy's own region first, then the others: the rule's `prefer` order, else
   the topology's preference. `prefer` orders the OTHER regions (only those it names are
   tried); the word `local` in it places the own region explicitly (`[west, local]`: west,

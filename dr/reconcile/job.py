@@ -57,6 +57,7 @@ from crossdc.headers import (
     DR_ORIGIN,
     DR_PATH,
     DR_REPAIRED,
+    DR_SRC,
     DR_TS,
 )
 from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, SPARK_SCHEMA, UNKNOWN
@@ -180,9 +181,10 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-DR_HEADERS = (DR_ID, DR_ORIGIN, DR_TS, DR_MODE, DR_EPOCH, DR_PATH, DR_REPAIRED)
+DR_HEADERS = (DR_ID, DR_ORIGIN, DR_TS, DR_MODE, DR_EPOCH, DR_PATH, DR_REPAIRED, DR_SRC)
 """The headers left out of the content hash: the mirror stamps and extends them, hinted
-handoff adds dr-repaired (so a repaired copy is not altered)."""
+handoff adds dr-repaired (so a repaired copy is not altered), the proxy stamps dr-src on a
+sync record's copies outside the primary."""
 ID_SALT = 0x5EED_C0DE_D1FF  # seeds the second of the two 64-bit hashes of a dr-id
 
 

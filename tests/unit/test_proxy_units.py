@@ -791,9 +791,13 @@ async def test_a_quorum_ack_stores_a_hint_for_the_region_that_missed_the_record(
     assert [w.region for w in out.written] == ["east", "west"]
     (hint,) = _hints_in(ws["west"], "north")        # in the own region
     (_, sent), = [(t, o) for t, o in ws["east"].sent if t == "q"]
+    (_, replica), = [(t, o) for t, o in ws["west"].sent if t == "q"]
     h = decode_hint("north", hint.key, hint.value, hint.headers)
     assert (h.topic, h.partition, h.key, h.value) == ("q", sent.partition, b"acct", b"v")
-    assert h.headers == sent.headers                 # the original dr-id and dr-* headers
+    assert h.headers == replica.headers              # as sent to the other regions:
+    # the primary's dr-id and dr-* headers, then its place in the primary's order
+    assert replica.headers == [*sent.headers, ("dr-src", b"east:0")]
+    assert h.position == (7, 0)
     assert dict(h.headers)["dr-id"] == b"tx-1"
     assert h.acked
     assert h.client_key
