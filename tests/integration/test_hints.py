@@ -1,7 +1,8 @@
 """Hinted handoff against real Kafka (issue 21 defect 9, issue 23): a sync record acknowledged by a
 quorum while one region's Kafka is stopped reaches that region once it is back, with the same
 dr-id and headers; an acknowledgement is never given without its hint; the failover's drain
-step reports the hints toward its target.
+step reports the hints toward its target. Issue 36 item 2: a hint whose region holds a newer
+record of its partition by the time it is replayed is quarantined there, never written after it.
 
 The region that misses the writes is this module's own `north` (stopped and started here), so
 the session's east and west are never disturbed. The proxy runs in east: its hints go to east's
@@ -27,6 +28,7 @@ from primary_helpers import agreed_primary
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin
+from crossdc.quarantine import QUARANTINE_TOPIC
 from crossdc.topology import Topology
 from dr.controller.config import ControllerSettings, FailoverSettings
 from dr.controller.failover import FailoverEngine
@@ -49,6 +51,10 @@ rules:
     mode: ordered
     sync: true
     quorum: 3
+  - topic: "hone-*"
+    mode: ordered
+    sync: true
+    quorum: 1
 """
 
 
@@ -72,8 +78,8 @@ def topo(two_regions: Any, north: Any) -> Topology:
                                    "preference": ["east", "west", "north"]})
 
 
-def _cfg() -> ProxyConfig:
-    return ProxyConfig(region="east", register_consul=False, primary_wait_s=5.0, grace_s=2.0,
+def _cfg(region: str = "east") -> ProxyConfig:
+    return ProxyConfig(region=region, register_consul=False, primary_wait_s=5.0, grace_s=2.0,
                        kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0),
                        hints=HintSettings(backoff_s=0.2, backoff_max_s=1.0,
                                           pending_interval_s=0.3))
@@ -183,8 +189,13 @@ async def test_an_acked_sync_record_reaches_the_region_that_missed_it(  # type: 
     [copy] = [x for x in north_recs if x.key == b"acct-7"]
     assert copy.value == b"ledger-7"
     assert copy.partition == east_copy.partition
-    # same dr-id, dr-* and app headers, and the mark of a late copy (counted as repaired)
-    assert list(copy.headers) == [*east_copy.headers, ("dr-repaired", b"east")]
+    # same dr-id, dr-* and app headers as the copies outside the primary (the primary's, then
+    # its place in the primary's order), and the mark of a late copy (counted as repaired)
+    west_copy = next(x for x in await read_all(topo.region("west").kafka.bootstrap, topic, 2)
+                     if x.key == b"acct-7")
+    assert list(west_copy.headers) == [*east_copy.headers,
+                                       ("dr-src", f"east:{east_copy.offset}".encode())]
+    assert list(copy.headers) == [*west_copy.headers, ("dr-repaired", b"east")]
     assert dict(copy.headers)["dr-id"] == rec.idempotency_key.encode()
     assert dict(copy.headers)["dr-path"] == b"east,west,north"
 
@@ -300,3 +311,100 @@ async def test_no_ack_when_the_hint_cannot_be_stored(  # type: ignore[no-untyped
     for r in topo.regions:
         got = await read_all(r.kafka.bootstrap, topic, 2)
         assert [x.key for x in got].count(b"acct-9") == 1, r.name
+
+
+# -- order (issue 36, item 2) -------------------------------------------------------------------
+
+def _by_key(records: list[Any], key: bytes) -> list[bytes]:
+    """The values of `key`'s records, in the partition's order."""
+    return [x.value for x in sorted(records, key=lambda x: (x.partition, x.offset))
+            if x.key == key]
+
+
+async def _quarantined(topo: Topology, region: str) -> list[Any]:
+    return await read_all(topo.region(region).kafka.bootstrap, QUARANTINE_TOPIC, 1)
+
+
+async def test_hints_with_nothing_newer_are_replayed_in_the_primarys_order(  # type: ignore[no-untyped-def]
+        two_regions, north, topo: Topology, proxy) -> None:
+    """Three records of one key while north is down, nothing written there since: the three
+    hints are replayed, in the primary's order, none quarantined."""
+    stack, _ = north
+    server, stub = proxy
+    topic = await _topic(topo)
+    await _hint_topics_ready(topo)
+    await _north_down(server, stack)
+    try:
+        for v in (b"v1", b"v2", b"v3"):
+            r = (await stub.Produce(pb.ProduceRequest(record=pb.Record(
+                topic=topic, key=b"acct-1", value=v)), timeout=15)).result
+            assert r.status == pb.STATUS_OK
+    finally:
+        await _north_up(server, stack)
+
+    async def replayed() -> bool:
+        return await _pending(topo) == 0
+    await eventually(replayed, 60, "the hints replayed (pending 0)")
+    north_recs = await read_all(topo.region("north").kafka.bootstrap, topic, 2)
+    assert _by_key(north_recs, b"acct-1") == [b"v1", b"v2", b"v3"]
+    assert all(dict(x.headers)["dr-repaired"] == b"east" for x in north_recs)
+    assert not [q for q in await _quarantined(topo, "north")
+                if dict(q.headers).get("dr-q-topic") == topic.encode()]
+    assert _metric(server, "crossdc_proxy_hints_quarantined_total", target="north") == 0
+
+
+@pytest.mark.parametrize(("prefix", "acked"), [("hall", False), ("hone", True)],
+                         ids=["told-failed", "quorum-1"])
+async def test_a_hint_behind_a_newer_record_of_its_key_is_quarantined_not_replayed(  # type: ignore[no-untyped-def]
+        two_regions, north, topo: Topology, policy_file: Path, prefix: str,
+        acked: bool) -> None:
+    """Record A of a key is written while north is down (told failed with quorum 3; with
+    quorum 1 acknowledged): east's proxy stores its hint. That proxy stops before north is
+    back; then a later record B of the same key is written into every region, north included,
+    through west's proxy. When east's proxy replays A's hint, north's partition holds B, newer
+    in the primary's order: A is quarantined in north (reason hint-late), not written after
+    B. north's order per key is the primary's; so is every region's."""
+    stack, _ = north
+    topic = await _topic(topo, prefix)
+    rec_a = pb.Record(topic=topic, key=b"acct-5", value=b"A", idempotency_key=unique("tx"))
+    async with ProxyServer(topo, _cfg(), policy_file) as east, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{east.port}") as ch:
+        stub = pb_grpc.ProxyStub(ch)
+        await _hint_topics_ready(topo)
+        await _north_down(east, stack)
+        if acked:
+            r = (await stub.Produce(pb.ProduceRequest(record=rec_a), timeout=15)).result
+            assert r.status == pb.STATUS_OK
+            assert [w.region for w in r.written] == ["east", "west"]
+        else:
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await stub.Produce(pb.ProduceRequest(record=rec_a), timeout=15)
+            assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert _metric(east, "crossdc_proxy_hints_written_total", target="north") == 1
+    # east's proxy is gone, its hint for north stays in east's hints topic, unreplayed
+    assert await _pending(topo) >= 1
+    async with ProxyServer(topo, _cfg("west"), policy_file) as west, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{west.port}") as ch:
+        await _north_up(west, stack)
+        r = (await pb_grpc.ProxyStub(ch).Produce(pb.ProduceRequest(record=pb.Record(
+            topic=topic, key=b"acct-5", value=b"B")), timeout=15)).result
+        assert r.status == pb.STATUS_OK
+        assert [w.region for w in r.written] == ["east", "west", "north"]
+    async with ProxyServer(topo, _cfg(), policy_file) as east:
+        async def replayed() -> bool:
+            return await _pending(topo) == 0
+        await eventually(replayed, 60, "A's hint done (pending 0)")
+        assert _metric(east, "crossdc_proxy_hints_quarantined_total", target="north") == 1
+        assert _metric(east, "crossdc_proxy_hints_replayed_total", target="north") == 0
+    got = {r.name: await read_all(r.kafka.bootstrap, topic, 2) for r in topo.regions}
+    assert _by_key(got["east"], b"acct-5") == [b"A", b"B"]    # the primary's order
+    assert _by_key(got["west"], b"acct-5") == [b"A", b"B"]
+    assert _by_key(got["north"], b"acct-5") == [b"B"]         # never A after B
+    [a_east] = [x for x in got["east"] if x.value == b"A"]
+    [q] = [x for x in await _quarantined(topo, "north")
+           if dict(x.headers).get("dr-q-topic") == topic.encode()]
+    hs = dict(q.headers)
+    assert (q.key, q.value) == (b"acct-5", b"A")
+    assert hs["dr-id"] == rec_a.idempotency_key.encode()
+    assert (hs["dr-q-reason"], hs["dr-q-source"], hs["dr-q-partition"], hs["dr-q-offset"]) == \
+        (b"hint-late", b"east", str(a_east.partition).encode(), str(a_east.offset).encode())
