@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -109,8 +110,12 @@ class KafkaFence:
     secure region needs one and none is named)."""
 
     def __init__(self, topology: Topology, policy_path: Path | None = None, *,
-                 timeout_s: float = 3.0, principal: str | None = None) -> None:
+                 timeout_s: float = 3.0, principal: str | None = None,
+                 guard: Callable[[], None] = lambda: None) -> None:
         self.topology = topology
+        self.guard = guard
+        """Raises (NotLeader) once this process may no longer act: checked right before a
+        deny is lifted, the side effect a deposed leader must never have (issue 36)."""
         self.regions = [r for r in topology.regions if r.security is not None]
         self.kafka = {r.name: KafkaConnection.of(r, principal=principal) for r in self.regions}
         for conn in self.kafka.values():
@@ -169,6 +174,9 @@ class KafkaFence:
             return 0
         async with KafkaAdmin(self.kafka[region], self.retry) as admin:
             topics = await admin.list_topics()
+            # Kafka's ACLs are not in Consul's transaction: the closest check to the delete
+            # is whether this process still leads (its beats reach a majority)
+            self.guard()
             n = await admin.delete_acls([proxy_deny(t) for t in topics])
         self.denied[region] = set()
         if n:
@@ -189,8 +197,9 @@ class KafkaFence:
         return f"; Kafka deny in {region} pending (applied when it answers)"
 
     async def on_promote(self, region: str) -> str:
-        """The promote step, before naming `region`: lift its deny (best effort: else the
-        leader's next round does)."""
+        """The promote step, once `region` is named in a majority (a leader-bound write: a
+        deposed leader's is refused, so it never gets here): lift its deny (best effort:
+        else the leader's next round does)."""
         if not self.enabled or self.topology.region(region).security is None:
             return ""
         try:

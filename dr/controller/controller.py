@@ -417,6 +417,7 @@ class Controller(Lifecycle):
         for region in await self.dcs.correct_stale(view, sessions=sessions):
             self.metrics.stale_dcs.labels(region=region).inc()
         if not view.conflict:
+            self._guard()  # Consul's catalog is not in the leader's transaction
             await self.dns.publish(cur)
 
         gates, _ = await self.dcs.read_all(GATE_KEY, GateRecord)

@@ -134,7 +134,7 @@ class FailoverEngine:
         self._fenced_at: dict[str, float] = {}
         """Failover id → when (this process's monotonic clock) its fence reached a majority."""
         self.by = f"controller:{settings.controller_id}"
-        self.kafka_fence = KafkaFence(topology, principal=principal)
+        self.kafka_fence = KafkaFence(topology, principal=principal, guard=guard)
         """The fence in Kafka (ACLs) of the regions with SASL/SCRAM (dr/controller/acl.py)."""
 
     def kafka(self, region: str) -> KafkaConnection:
@@ -541,8 +541,11 @@ class FailoverEngine:
             raise StepFailed("promote", f"expected epoch {rec.epoch} fenced, found "
                              f"epoch {cur.epoch} ({cur.region}, fenced={cur.fenced})")
         promoted = cur.promote(rec.target, self.by)
-        lifted = await self.kafka_fence.on_promote(rec.target)  # before it is named
         holding, failed = await self._write_majority("promote", view, promoted)
+        # After the leader-bound write, never before: a deposed leader lifts no deny. The
+        # proxies' first writes may meet the deny for one admin round trip (they retry).
+        self.guard()
+        lifted = await self.kafka_fence.on_promote(rec.target)
         detail = f"{rec.target} primary at epoch {rec.epoch} in {', '.join(holding)}"
         detail += lifted
         if failed:

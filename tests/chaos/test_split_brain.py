@@ -32,6 +32,8 @@ every scenario, CROSSDC_CHAOS_LOOPS times each (3)."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -164,6 +166,64 @@ async def _primary_cut(run: Run, round_: int) -> None:
     assert after.region == standby
     assert after.epoch > old_epoch
     assert stale == 0, f"the cut-off primary acknowledged {stale} writes at the old epoch"
+
+
+# -- issue 36: an operator's forced failover on the side that turns out to be the minority ------
+@rounds
+async def test_a_forced_failover_on_the_cut_off_standby_is_overruled_at_the_heal(
+        split: SplitStack, tmp_path: Path, round_: int) -> None:
+    """The standby cut off alone with its clients; an operator there runs `dr failover --to
+    <standby> --force --yes` (the runbook's step when "the others are dead": from inside the
+    cut that looks the same as being the minority). It fences and promotes in the standby's
+    datacenter only, marked forced; the primary and the witness (a majority) go on taking
+    ordered writes. At the heal the majority's primary stays, the forced failover is
+    overruled, and every ordered record the primary acknowledged during the cut is in the
+    primary's topic (before: all of them ended in the quarantine, as the "divergent tail" of
+    the region that was primary all along). The history checker counts an acknowledged
+    ordered record held only in quarantine with no newer epoch ever held by a majority as
+    lost."""
+    fault = "split-brain: forced failover on the cut-off standby, then heal"
+    async with Run(split, fault, tmp_path) as run:
+        await run.start(failover=False)
+        primary, standby = _roles(run)
+        assert run.before is not None
+        before = run.before
+        await run.cut(standby)
+        cli = [sys.executable, "-m", "dr.cli", "failover", "--to", standby,
+               "--force", "--yes", "--reason", "chaos: the others look dead",
+               "--topology", str(split.topology_path)]
+        done = await asyncio.to_thread(subprocess.run, split.net.wrap(cli, standby),
+                                       capture_output=True, text=True, timeout=180)
+        run.mark("forced failover")
+        if done.returncode != 0:
+            run.notes.append(f"dr failover --force in {standby} exited {done.returncode}: "
+                             f"{done.stderr.strip()[-400:]}")
+        try:
+            await until(lambda: run.flowing("forced failover", ["ordered"], [primary]), 60,
+                        f"ordered writes from {primary} after the forced failover")
+        except AssertionError as exc:
+            run.notes.append(str(exc))
+        hold = HOLD_S - run.since("forced failover")
+        if hold > 0:
+            await asyncio.sleep(hold)  # the cut lasts: the majority keeps acknowledging
+        await run.heal(standby)
+        agree_s, flow_s = await run.after_heal()
+        async with Datacenters(split.topology) as dcs:
+            marked = await newest_failover(dcs)
+        v = await run.judge()
+        after = v.after
+        recover = (f"forced failover in {standby}: exit {done.returncode}; heal: every "
+                   f"datacenter on one writable primary {_secs(agree_s, HEAL_BOUND_S)}, "
+                   f"every mode flowing {_secs(flow_s, HEAL_BOUND_S)}; after: "
+                   f"{after.region if after else '?'}@{after.epoch if after else '?'}, the "
+                   f"forced failover {marked.state if marked else 'not found'}")
+        record(v.row(fault, recover, round_))
+        _assert_verdict(v)
+        assert after is not None
+        assert (after.region, after.epoch) == (before.region, before.epoch), \
+            "the majority's primary stays"
+        assert not after.forced
+        assert marked is not None and marked.force and marked.state == "overruled", marked
 
 
 # -- the full set ----------------------------------------------------------------------------

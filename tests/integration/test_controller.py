@@ -618,3 +618,73 @@ async def test_a_drill_never_starts_during_a_failover_nor_on_a_moved_primary(
     await dcs.cas_primary(view, moved)
     with pytest.raises(DrillError, match=r"the primary is west \(epoch \d+\), not east"):
         await _steady(dcs, plan)
+
+
+async def test_a_forced_failover_on_the_minority_is_overruled_at_the_heal(  # type: ignore[no-untyped-def]
+        two_regions, topo: Topology, dcs: Datacenters) -> None:
+    """Issue 36, defect 1: the standby cut off alone (here: east's Consul and the witness
+    frozen, so west's operator reaches west's datacenter only); `dr failover --to west
+    --force` there fences and promotes in west's datacenter and exits 0. At the heal the
+    majority's controller must keep east (the records it held were never overridden by a
+    majority), mark the forced failover overruled, and bring west's datacenter back to
+    east's record. Before: the leader copied west's higher epoch everywhere, so east's
+    acknowledged ordered records became a quarantined "divergent tail"."""
+    from crossdc.clients.primary import read_primary
+    from crossdc.settings import RetrySettings
+    from dr.controller.ops import execute_forced
+    stack = two_regions.stack
+    if not hasattr(stack, "freeze_consul"):
+        pytest.skip("needs the local stack (freeze a Consul agent)")
+    before = (await dcs.primary()).current
+    assert before.writable == "east"
+    assert not before.forced
+    frozen = ["east", *[w.name for w in topo.witnesses]]
+    settings = fast("west", drain_s=1.0)
+    quick = RetrySettings(attempts=1, total_s=2.0, call_timeout_s=2.0)
+    try:
+        for name in frozen:
+            stack.freeze_consul(name)
+
+        async def stopped() -> bool:
+            return all(stack.consul_process(stack.agent(stack.site(n))).frozen()
+                       for n in frozen)
+        await eventually(stopped, 5, "the frozen agents stopped")
+        async with Datacenters(topo, quick) as cut_off:
+            plan = await plan_failover(topo, cut_off, settings, "west", force=True,
+                                       by="operator:test")
+            assert not plan.view.has_majority
+            assert "overruled" in plan.record.risk, plan.record.risk
+            final = await execute_forced(topo, cut_off, settings, plan)
+        assert final.state == "done", final.error  # what the operator saw: "west is primary"
+        rec, _ = await read_primary(dcs.client("west"), consistent=True)
+        assert rec is not None
+        assert rec.forced
+        assert (rec.writable, rec.epoch) == ("west", before.epoch + 1)
+    finally:
+        for name in frozen:
+            stack.thaw_consul(name)
+        for name in frozen:
+            await stack.wait_consul_ready(name)
+
+    async with Controller(topo, fast("east", controller_id="ctl-majority")) as ctl:
+        await eventually(lambda: _leading(ctl), 30, "the majority's controller leads")
+
+        async def settled() -> bool:
+            view = await dcs.primary()
+            failovers, _ = await dcs.read_all(FAILOVER_KEY, FailoverRecord)
+            return (len(view.per_region) == len(dcs.clients) and view.agree
+                    and all(f is not None and f.id == final.id and f.state == "overruled"
+                            for f in failovers.values()))
+        await eventually(settled, 30, "every datacenter on the majority's record, the forced "
+                         "failover overruled everywhere")
+        view = await dcs.primary()
+        assert view.current.writable == "east", view.per_region
+        assert not view.current.forced
+        assert view.current.epoch == before.epoch, "the majority's record stays as it was"
+        marked = await newest_failover(dcs)
+        assert marked is not None
+        assert "majority of datacenters kept east" in marked.error
+        samples = ctl.metrics.registry.get_sample_value(
+            "crossdc_controller_forced_records_total", {"outcome": "overruled"})
+        assert samples is not None
+        assert samples >= 1

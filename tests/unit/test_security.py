@@ -314,3 +314,36 @@ def test_dr_up_secure_writes_a_topology_naming_files_not_passwords(tmp_path: Pat
         assert r.security.credentials_dir == (tmp_path / "state" / "secrets").resolve()
     assert "password" not in path.read_text()
     assert KafkaConnection.of(topo.regions[0]).security == topo.regions[0].security
+
+
+async def test_a_deposed_leader_lifts_no_deny(topo: Topology,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36, defect 8: lifting a deny is a side effect outside Consul's transaction; a
+    deposed leader (its guard raises) must never reach Kafka's DeleteAcls."""
+    import dr.controller.acl as acl
+    from dr.controller.errors import NotLeader
+    deleted: list[int] = []
+
+    class _Admin:
+        def __init__(self, *_: object, **__: object) -> None: ...
+        async def __aenter__(self) -> _Admin:
+            return self
+        async def __aexit__(self, *_: object) -> None: ...
+        async def list_topics(self) -> list[str]:
+            return ["payments"]
+        async def delete_acls(self, acls: list[AclBinding]) -> int:
+            deleted.append(len(acls))
+            return len(acls)
+
+    monkeypatch.setattr(acl, "KafkaAdmin", _Admin)
+    leading = [True]
+
+    def guard() -> None:
+        if not leading[0]:
+            raise NotLeader("deposed")
+    fence = KafkaFence(topo, POLICY, principal=CONTROLLER, guard=guard)
+    assert await fence.allow("east") == 1
+    leading[0] = False
+    with pytest.raises(NotLeader):
+        await fence.allow("east")
+    assert deleted == [1], "the deposed leader's lift never reached Kafka"
