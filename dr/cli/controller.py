@@ -183,6 +183,14 @@ def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dr
     rto = f"{final.rto_s:.2f} s" if final.rto_s is not None else "-"
     rpo = ("-" if final.rpo_records is None else
            f"{final.rpo_records} record(s){'' if final.rpo_exact else ' (estimate)'}")
+    if final.force and "may be the minority" in final.risk:
+        # what it wrote is forced (crossdc.primary): the truth only once a majority holds it
+        out.print(f"[yellow]{final.target} is primary in the datacenters that answered, "
+                  "FORCED without a majority[/]: no proxy takes ordered or sync writes under "
+                  "it until a majority of datacenters holds it; if the others kept a "
+                  "majority primary, theirs stays at the heal and this failover is shown "
+                  f"overruled (runbooks/split-brain.md) — RTO {rto}, RPO {rpo}")
+        return
     out.print(f"[green]{final.target} is primary[/] — RTO {rto}, RPO {rpo}")
 
 
