@@ -88,13 +88,16 @@ async def read_back(topology: Topology, topics: Iterable[str],
 
 @dataclass(frozen=True)
 class Raw:
-    """One record as read back: where it sits, when, and its headers."""
+    """One record as read back: where it sits, when, its headers and its key."""
 
     topic: str
     partition: int
     offset: int
     timestamp_ms: int
+    """The record's Kafka timestamp: the broker's append time on a LogAppendTime topic (the
+    drill's, `TOPIC_CONFIGS`)."""
     headers: tuple[tuple[str, bytes], ...]
+    key: bytes | None = None
 
     def header(self, name: str) -> str | None:
         """The header's value as text (the last one of that name), None when absent."""
@@ -135,7 +138,7 @@ async def _records(conn: KafkaConnection, topics: list[str], client_id: str
                 for rec in recs:
                     if rec.offset < ends[tp]:
                         yield Raw(tp.topic, tp.partition, rec.offset, int(rec.timestamp),
-                                  tuple(rec.headers))
+                                  tuple(rec.headers), rec.key)
             todo = {tp for tp in todo if await c.position(tp) < ends[tp]}
     finally:
         await c.stop()

@@ -147,8 +147,9 @@ TOPIC_CONFIGS: Mapping[str, str] = {"message.timestamp.type": "LogAppendTime"}
 """The drill's topics keep the broker's append time in every region: the reconciliation's
 replication latency (target append time - `dr-ts`, dr/reconcile/job.py) is measured only
 on such topics (a CreateTime copy keeps the producer's time, which the mirror preserves, so
-its latency is `unmeasured`). Nothing in the drill reads a record's own timestamp: its
-windows and figures use `dr-ts` and the acknowledgement log."""
+its latency is `unmeasured`). The history checker (dr/drill/history.py) reads it too: the
+broker's append time of the copy in the region first written, held against the fences
+(`late_append`). The drill's windows and figures use `dr-ts` and the acknowledgement log."""
 
 
 async def create_topics(topology: Topology, topics: Iterable[str], partitions: int = 3,
