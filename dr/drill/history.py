@@ -51,6 +51,7 @@ summary, the records seen and the verdict as JSON for the report.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import time
 from collections import Counter, defaultdict
@@ -74,13 +75,15 @@ from crossdc.quarantine import DR_Q_TOPIC, QUARANTINE_TOPIC
 from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
 from dr.drill.count import Raw, records
-from dr.drill.traffic import Ack
+from dr.drill.traffic import Ack, ToldFailed
 
-__all__ = ["CHECKS", "EPOCH_MODES", "Check", "Copy", "Fence", "HealedView", "History",
-           "PrimaryWatch", "ReadBack", "Seen", "check_acked_present", "check_agreement",
-           "check_epoch_order", "check_epoch_regions", "check_history",
-           "check_sync_everywhere", "copy_of", "fences_of", "judge_run", "ordered_acked_since",
-           "read_back_history", "read_healed_view", "wait_converged", "write_history"]
+__all__ = ["CHECKS", "CLOCK_SLACK_MS", "EPOCH_MODES", "Check", "Copy", "Fence", "HealedView",
+           "History", "PrimaryWatch", "ReadBack", "Seen", "check_acked_present",
+           "check_agreement", "check_duplicates", "check_epoch_order", "check_epoch_regions",
+           "check_history", "check_late_append", "check_order", "check_sync_everywhere",
+           "check_told_failed_read", "copy_of", "fences_of", "judge_run",
+           "ordered_acked_since", "read_back_history", "read_healed_view", "wait_converged",
+           "write_history"]
 
 log = structlog.get_logger("crossdc.drill.history")
 
@@ -88,7 +91,8 @@ EPOCH_MODES: tuple[str, ...] = ("ordered", "sync")
 """Modes written to the primary first and stamped with its epoch (`dr-mode` values)."""
 
 CHECKS: tuple[str, ...] = ("epoch_regions", "epoch_order", "sync_everywhere", "acked_present",
-                           "agreement")
+                           "agreement", "order", "told_failed_read", "late_append",
+                           "duplicates")
 
 SAMPLE = 20
 """Examples kept per check (the counts are exact)."""
@@ -117,6 +121,11 @@ class Copy:
     """`dr-ts`: when the proxy accepted it (ms since the epoch)."""
     quarantined: bool = False
     """Read from the region's quarantine, not from the topic."""
+    key: str | None = None
+    """The record's Kafka key (text)."""
+    timestamp_ms: int | None = None
+    """Its Kafka timestamp in this region: the broker's append time on the drill's
+    LogAppendTime topics (for a quarantined copy: when the quarantine took it)."""
 
     @property
     def written_in(self) -> str:
@@ -126,7 +135,8 @@ class Copy:
 
     def as_list(self) -> list[Any]:
         return [self.region, self.topic, self.partition, self.offset, self.dr_id, self.mode,
-                self.epoch, self.origin, ",".join(self.path), self.ts_ms, self.quarantined]
+                self.epoch, self.origin, ",".join(self.path), self.ts_ms, self.quarantined,
+                self.key, self.timestamp_ms]
 
 
 def _int(text: str | None) -> int | None:
@@ -146,7 +156,9 @@ def copy_of(region: str, raw: Raw, *, quarantined: bool = False) -> Copy | None:
     return Copy(region=region, topic=topic or raw.topic, partition=raw.partition,
                 offset=raw.offset, dr_id=dr_id, mode=raw.header(DR_MODE),
                 epoch=_int(raw.header(DR_EPOCH)), origin=raw.header(DR_ORIGIN), path=path,
-                ts_ms=_int(raw.header(DR_TS)), quarantined=quarantined)
+                ts_ms=_int(raw.header(DR_TS)), quarantined=quarantined,
+                key=None if raw.key is None else raw.key.decode(errors="replace"),
+                timestamp_ms=raw.timestamp_ms)
 
 
 @dataclass
@@ -491,16 +503,33 @@ def _first_above(first: Mapping[int, tuple[int, Ack]], epoch: int
 
 
 def check_sync_everywhere(acks: Iterable[Ack], rb: ReadBack) -> Check:
-    """(c) Every acknowledged sync record in every region's topic."""
+    """(c) Every acknowledged sync record in every region's topic; excused only where the
+    proxy acknowledged without that region (a quorum below the regions) and its quarantine
+    holds the record (a late hint quarantined rather than replayed after newer records).
+    A record in no region's topic is (d)'s (lost, or lost to the quarantine)."""
     missing: Counter[str] = Counter()
     examples: list[str] = []
     n = 0
     short = 0
+    late = 0
+    absent = 0
     for key, a in _distinct(acks).items():
         if a.mode != "sync":
             continue
         n += 1
-        lacking = [r for r in rb.regions if r not in rb.held(key)]
+        held = rb.held(key)
+        if not held:
+            absent += 1
+            continue
+        written = {w[0] for w in a.written}
+        lacking = []
+        for r in rb.regions:
+            if r in held:
+                continue
+            if r not in written and r in rb.quarantined(key):
+                late += 1
+            else:
+                lacking.append(r)
         if lacking:
             short += 1
             missing.update(lacking)
@@ -511,20 +540,42 @@ def check_sync_everywhere(acks: Iterable[Ack], rb: ReadBack) -> Check:
     return Check("sync_everywhere", "every acknowledged sync record in every region",
                  passed=short == 0,
                  counts={"acked": n, "records_missing_somewhere": short,
-                         "replicas_missing": sum(missing.values())},
+                         "replicas_missing": sum(missing.values()),
+                         "replicas_quarantined_late": late, "absent_everywhere": absent},
                  examples=tuple(examples), detail={"missing_per_region": dict(missing)})
 
 
-def check_acked_present(acks: Iterable[Ack], rb: ReadBack) -> Check:
+def _fenced_below(fences: Sequence[Fence], epoch: int | None) -> Fence | None:
+    """The first fence a majority held at an epoch above `epoch` (None: none, or no epoch)."""
+    if epoch is None:
+        return None
+    return next((f for f in sorted(fences, key=lambda f: f.epoch) if f.epoch > epoch), None)
+
+
+def check_acked_present(acks: Iterable[Ack], rb: ReadBack,
+                        fences: Sequence[Fence] | None = None) -> Check:
     """(d) Every acknowledged record in some topic or quarantine (else lost); ordered and
-    nearest records in every region's topic or its quarantine (the divergent tail, counted)
-    once converged (else a failure: not converged)."""
+    nearest records in every region's topic or its quarantine once converged (else a
+    failure: not converged). With `fences`, a quarantine is the divergent tail only for an
+    ORDERED record whose epoch is below a fence a majority held: any other acknowledged
+    record held only in quarantine is `lost_to_quarantine`, any other quarantined replica
+    `replicas_quarantined_without_fence` (both failures: e.g. a forced promote on the
+    minority whose epoch won at the heal). Without `fences` both are counted, not judged."""
     lost: list[str] = []
     quarantined_only = 0
+    lost_q: list[str] = []
     tail = 0
+    unfenced: list[str] = []
     unconverged: Counter[str] = Counter()
     unconverged_ids: list[str] = []
     per_mode: Counter[str] = Counter()
+
+    def excused(a: Ack) -> bool:
+        if fences is None:
+            return True  # an old caller: today's verdict, counted
+        epoch, _ = _acked_epoch_region(a, rb)
+        return a.mode == "ordered" and _fenced_below(fences, epoch) is not None
+
     for key, a in _distinct(acks).items():
         per_mode[a.mode] += 1
         held, q = rb.held(key), rb.quarantined(key)
@@ -533,7 +584,13 @@ def check_acked_present(acks: Iterable[Ack], rb: ReadBack) -> Check:
                         f"{a.first_region or '?'} at {a.t_ms})")
             continue
         if not held:
-            quarantined_only += 1  # the divergent tail, its source copy gone: counted
+            quarantined_only += 1
+            if not excused(a):
+                lost_q.append(f"{a.dr_id} ({a.mode}, epoch {a.epoch}, written into "
+                              f"{a.first_region or '?'}, acknowledged at {a.t_ms}) only in "
+                              f"the quarantine of {', '.join(sorted(q))}"
+                              + (", no majority fence above its epoch"
+                                 if a.mode == "ordered" else ""))
             continue
         if a.mode == "sync":
             continue  # its replicas are check (c)'s
@@ -542,6 +599,10 @@ def check_acked_present(acks: Iterable[Ack], rb: ReadBack) -> Check:
                 continue
             if r in q:
                 tail += 1
+                if not excused(a):
+                    unfenced.append(f"{a.dr_id} ({a.mode}, epoch {a.epoch}) quarantined in "
+                                    f"{r}, held in {', '.join(sorted(held))}, no majority "
+                                    f"fence above its epoch")
             else:
                 unconverged[r] += 1
                 if len(unconverged_ids) < SAMPLE:
@@ -549,13 +610,295 @@ def check_acked_present(acks: Iterable[Ack], rb: ReadBack) -> Check:
                                            f", not in {r} nor its quarantine")
     return Check(
         "acked_present", "every acknowledged record held somewhere, replicated or quarantined",
-        passed=not lost and not unconverged,
+        passed=not lost and not unconverged and not lost_q and not unfenced,
         counts={"acked": sum(per_mode.values()), "lost": len(lost),
-                "quarantined_only": quarantined_only, "tail_replicas_quarantined": tail,
+                "quarantined_only": quarantined_only, "lost_to_quarantine": len(lost_q),
+                "tail_replicas_quarantined": tail,
+                "replicas_quarantined_without_fence": len(unfenced),
                 "replicas_not_converged": sum(unconverged.values())},
-        examples=tuple(lost[:SAMPLE // 2] + unconverged_ids[:SAMPLE // 2]),
-        detail={"acked_per_mode": dict(per_mode),
+        examples=tuple(lost[:SAMPLE // 4] + lost_q[:SAMPLE // 4] + unfenced[:SAMPLE // 4]
+                       + unconverged_ids[:SAMPLE // 4]),
+        detail={"acked_per_mode": dict(per_mode), "fences_given": fences is not None,
                 "not_converged_per_region": dict(unconverged)})
+
+
+class _Counts:
+    """A Fenwick tree over ranks: how many values seen so far are above a bound, in log n."""
+
+    def __init__(self, values: Sequence[int]) -> None:
+        self.sorted = sorted(set(values))
+        self.tree = [0] * (len(self.sorted) + 1)
+        self.total = 0
+
+    def add(self, value: int) -> None:
+        i = bisect.bisect_left(self.sorted, value) + 1
+        self.total += 1
+        while i < len(self.tree):
+            self.tree[i] += 1
+            i += i & -i
+
+    def above(self, bound: int) -> int:
+        """How many values added are > bound."""
+        i = bisect.bisect_right(self.sorted, bound)
+        at_most = 0
+        while i > 0:
+            at_most += self.tree[i]
+            i -= i & -i
+        return self.total - at_most
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """A record of the run whose client learned its outcome: acknowledged or told failed."""
+
+    dr_id: str
+    known_ms: int
+    """When its client learned the outcome (the earliest answer)."""
+    sent_ms: int | None
+    """When its client queued it (None: an old log)."""
+    acked: bool
+
+
+def _outcomes(acks: Iterable[Ack], failed: Iterable[ToldFailed]) -> dict[Key, _Known]:
+    """Each record's outcome as its client learned it: acked (earliest answer, earliest
+    send) wins over told failed (a retry's answer may differ from an earlier one's)."""
+    out: dict[Key, _Known] = {}
+    for a in acks:
+        key = (a.topic, a.dr_id)
+        k = out.get(key)
+        sent = a.sent_ms if k is None or k.sent_ms is None else (
+            k.sent_ms if a.sent_ms is None else min(k.sent_ms, a.sent_ms))
+        out[key] = _Known(a.dr_id, a.t_ms if k is None else min(k.known_ms, a.t_ms), sent, True)
+    for f in failed:
+        key = (f.topic, f.dr_id)
+        if key not in out:
+            out[key] = _Known(f.dr_id, f.t_ms, f.sent_ms, False)
+    return out
+
+
+def check_order(acks: Iterable[Ack], rb: ReadBack, failed: Iterable[ToldFailed] = (), *,
+                slack_ms: int = 0) -> Check:
+    """(f) Per key and per partition, in every region's topic, the order the clients saw
+    (ordered and sync; nearest promises none across regions): for records A and B of one
+    topic whose client knew A's outcome before B was sent (A's `t_ms` + `slack_ms` < B's
+    `sent_ms`), A's offset is below B's wherever both sit in one partition (each record at
+    its first offset there: later copies are the duplicates check's). Failures:
+    `acked_inversions_key` / `acked_inversions_partition` (both acknowledged; pairs of one
+    key, pairs of different keys) and `told_failed_after_later_ack` (A told failed, B
+    acknowledged, same key: a write its client was told failed became the newer value).
+    Not run when no acknowledgement says when it was sent (logs from before `sent_ms`)."""
+    acks = [a for a in acks if a.mode in EPOCH_MODES]
+    failed = [f for f in failed if f.mode in EPOCH_MODES]
+    title = "per key and per partition, acknowledged order in every region"
+    if not any(a.sent_ms is not None for a in acks):
+        return Check("order", title, passed=None,
+                     counts={"acked": len({(a.topic, a.dr_id) for a in acks})})
+    known = _outcomes(acks, failed)
+    keys = {(a.topic, a.dr_id): a.key for a in acks}
+    keys.update({(f.topic, f.dr_id): f.key for f in failed if (f.topic, f.dr_id) not in keys})
+    # region, topic, partition -> dr-id -> (first offset, key)
+    where: dict[tuple[str, str, int], dict[str, tuple[int, str | None]]] = defaultdict(dict)
+    for c in rb.copies:
+        if c.quarantined or (c.topic, c.dr_id) not in known:
+            continue
+        cell = where[(c.region, c.topic, c.partition)]
+        got = cell.get(c.dr_id)
+        if got is None or c.offset < got[0]:
+            cell[c.dr_id] = (c.offset, c.key if c.key is not None else
+                             keys.get((c.topic, c.dr_id)))
+    pairs_key = pairs_all = told_pairs = 0
+    inverted: set[Key] = set()
+    told_inverted: set[Key] = set()
+    per_region: Counter[str] = Counter()
+    examples: list[str] = []
+    for (region, topic, partition), cell in sorted(where.items()):
+        rows = sorted(((off, known[(topic, d)], k) for d, (off, k) in cell.items()),
+                      key=lambda r: r[0])
+        sents: dict[str | None, list[int]] = defaultdict(list)
+        for _, y, k in rows:
+            if y.acked and y.sent_ms is not None:
+                sents[k].append(y.sent_ms)
+        seen_all = _Counts([t for ts in sents.values() for t in ts])
+        seen_key = {k: _Counts(ts) for k, ts in sents.items() if k is not None}
+        latest_key: dict[str | None, tuple[int, int, str]] = {}
+        latest: tuple[int, int, str] | None = None
+        for off, x, k in rows:
+            bound = x.known_ms + slack_ms
+            by_key = seen_key.get(k) if k is not None else None
+            n_key = by_key.above(bound) if by_key is not None else 0
+            if x.acked:
+                n_all = seen_all.above(bound)
+                if n_all:
+                    pairs_all += n_all
+                    pairs_key += n_key
+                    inverted.add((topic, x.dr_id))
+                    per_region[region] += n_all
+                    ahead = latest_key.get(k) if n_key else latest
+                    if ahead is not None and len(examples) < SAMPLE:
+                        examples.append(
+                            f"{region} {topic}[{partition}]: {x.dr_id} (acknowledged at "
+                            f"{x.known_ms}) at offset {off}, after {ahead[2]} (sent at "
+                            f"{ahead[0]}) at offset {ahead[1]}"
+                            + (f", key {k}" if n_key else ", another key"))
+            elif n_key:
+                told_pairs += n_key
+                told_inverted.add((topic, x.dr_id))
+                per_region[region] += n_key
+                ahead = latest_key.get(k)
+                if ahead is not None and len(examples) < SAMPLE:
+                    examples.append(
+                        f"{region} {topic}[{partition}]: {x.dr_id} (told failed at "
+                        f"{x.known_ms}) at offset {off}, after {ahead[2]} of key {k} "
+                        f"(sent at {ahead[0]}, acknowledged) at offset {ahead[1]}")
+            if x.acked and x.sent_ms is not None:
+                seen_all.add(x.sent_ms)
+                if k is not None:
+                    seen_key[k].add(x.sent_ms)
+                    if k not in latest_key or x.sent_ms > latest_key[k][0]:
+                        latest_key[k] = (x.sent_ms, off, x.dr_id)
+                if latest is None or x.sent_ms > latest[0]:
+                    latest = (x.sent_ms, off, x.dr_id)
+    return Check(
+        "order", title, passed=not pairs_all and not told_pairs,
+        counts={"acked": sum(1 for k in known.values() if k.acked),
+                "told_failed": sum(1 for k in known.values() if not k.acked),
+                "acked_inversions_key": pairs_key,
+                "acked_inversions_partition": pairs_all - pairs_key,
+                "acked_records_inverted": len(inverted),
+                "told_failed_after_later_ack": told_pairs,
+                "told_failed_records_after_later_ack": len(told_inverted)},
+        examples=tuple(examples), detail={"pairs_per_region": dict(per_region),
+                                          "slack_ms": slack_ms})
+
+
+def check_told_failed_read(failed: Iterable[ToldFailed] | None, rb: ReadBack,
+                           acks: Iterable[Ack] = ()) -> Check:
+    """(g) Writes whose client was told they failed, read back in some region's topic:
+    counted by mode and by outcome; a failure only when the failure was definite (every
+    attempt refused before anything was written): an unknown outcome (a deadline, a
+    connection lost, a PARTIAL sync) may land. Records also acknowledged (a later retry)
+    are acks. Not run without the told-failed log."""
+    title = "no write told definitely failed is read back"
+    if failed is None:
+        return Check("told_failed_read", title, passed=None)
+    acked = {(a.topic, a.dr_id) for a in acks}
+    told: dict[Key, ToldFailed] = {}
+    for f in failed:
+        key = (f.topic, f.dr_id)
+        if key not in told or f.unknown:  # one unknown attempt makes the record unknown
+            told[key] = f
+    read: Counter[str] = Counter()
+    definite: list[str] = []
+    n_unknown = also_acked = quarantined = 0
+    for key, f in told.items():
+        if key in acked:
+            also_acked += 1
+            continue
+        held = rb.held(key)
+        if not held:
+            quarantined += bool(rb.quarantined(key))
+            continue
+        read[f.mode] += 1
+        if f.unknown:
+            n_unknown += 1
+        else:
+            definite.append(f"{f.dr_id} ({f.mode}, told {f.code} {f.status or 'call'} at "
+                            f"{f.t_ms} after {f.attempts} attempt(s): {f.message[:120]}) read "
+                            f"back in {', '.join(sorted(held))}")
+    return Check(
+        "told_failed_read", title, passed=not definite,
+        counts={"told_failed": len(told), "read_back": sum(read.values()),
+                "read_definite": len(definite), "read_unknown": n_unknown,
+                "quarantined_only": quarantined, "also_acked": also_acked},
+        examples=tuple(definite[:SAMPLE]), detail={"read_per_mode": dict(read)})
+
+
+CLOCK_SLACK_MS = 1000
+"""How far a broker's append time may pass the client's arrival time of its ack before it
+is counted as clock trouble (hosts' clocks differ a little)."""
+
+
+def check_late_append(acks: Iterable[Ack], rb: ReadBack, fences: Sequence[Fence] | None, *,
+                      slack_ms: int = 0) -> Check:
+    """(h) No ordered or sync record (acknowledged or not) appended by the broker of the
+    region it was first written into (its copy there, the broker's LogAppendTime) after a
+    newer epoch's fence ended (`Fence.ends_ms` + `slack_ms`): by the lease argument no write
+    of a stale primary lands then (an abandoned request delivered late does). Counted too,
+    not judged: acknowledged records appended after their client's ack arrived (+
+    `CLOCK_SLACK_MS`): impossible, clock trouble. Not run without `fences`."""
+    title = "no broker append at an older epoch after a newer epoch's fence ended"
+    acked = {key: a for key, a in _distinct(acks).items() if not a.duplicate}
+    late: dict[Key, tuple[int, Copy, Fence]] = {}
+    after_ack = 0
+    after_ack_ids: list[str] = []
+    judged = 0
+    for c in rb.copies:
+        if c.quarantined or c.timestamp_ms is None or c.region != c.written_in:
+            continue
+        key = (c.topic, c.dr_id)
+        a = acked.get(key)
+        if a is not None and c.timestamp_ms > a.t_ms + max(slack_ms, CLOCK_SLACK_MS):
+            after_ack += 1
+            if len(after_ack_ids) < SAMPLE // 2:
+                after_ack_ids.append(f"{c.dr_id} appended in {c.region} at {c.timestamp_ms}, "
+                                     f"{c.timestamp_ms - a.t_ms} ms after its ack arrived")
+        if c.mode not in EPOCH_MODES or c.epoch is None or not fences:
+            continue
+        judged += 1
+        end = _fence_end(fences, c.epoch)
+        if end is not None and c.timestamp_ms > end[0] + slack_ms and (
+                key not in late or c.timestamp_ms - end[0] > late[key][0]):
+            late[key] = (c.timestamp_ms - end[0], c, end[1])
+    worst = sorted(late.values(), key=lambda x: -x[0])
+    examples = [f"{c.dr_id} ({c.mode}, epoch {c.epoch}, "
+                f"{'acknowledged' if (c.topic, c.dr_id) in acked else 'never acknowledged'}) "
+                f"appended in {c.region} at {c.timestamp_ms}, {d} ms after epoch {f.epoch}'s "
+                f"fence ended (seen in a majority at {f.seen_ms}, lease {f.lease_s:g} s + "
+                f"write {f.write_s:g} s)" for d, c, f in worst[:SAMPLE // 2]]
+    return Check(
+        "late_append", title, passed=None if fences is None else not late,
+        counts={"copies_judged": judged, "late_appends": len(late),
+                "of_them_acked": sum(1 for k in late if k in acked),
+                "max_late_ms": worst[0][0] if worst else 0,
+                "appended_after_ack": after_ack},
+        examples=tuple(examples + after_ack_ids), detail={"slack_ms": slack_ms})
+
+
+def check_duplicates(rb: ReadBack) -> Check:
+    """(i) A dr-id more than once in one region's topic: a failure in the region it was
+    first written into for ordered and sync records (the proxy writes them once: its
+    idempotency window, Kafka's idempotent producer), counted elsewhere (the mirror is
+    at least once) and for nearest records; extra copies per mode in `counts`."""
+    copies: Counter[tuple[str, str, str]] = Counter()
+    first: dict[tuple[str, str, str], Copy] = {}
+    for c in rb.copies:
+        if c.quarantined:
+            continue
+        k = (c.region, c.topic, c.dr_id)
+        copies[k] += 1
+        first.setdefault(k, c)
+    bad: list[str] = []
+    per_mode: Counter[str] = Counter()
+    elsewhere = 0
+    records = 0
+    for k, n in sorted(copies.items()):
+        if n < 2:
+            continue
+        records += 1
+        c = first[k]
+        per_mode[c.mode or "?"] += n - 1
+        if c.mode in EPOCH_MODES and c.region == c.written_in:
+            bad.append(f"{c.dr_id} ({c.mode}, epoch {c.epoch}) {n} times in {c.region}'s "
+                       f"{c.topic}, the region it was first written into")
+        else:
+            elsewhere += n - 1
+    return Check(
+        "duplicates", "no ordered or sync record twice in the region it was written into",
+        passed=not bad,
+        counts={"records_duplicated": records, "first_region_records": len(bad),
+                "extra_copies_elsewhere": elsewhere,
+                **{f"extra_{m}": per_mode[m] for m in sorted(per_mode)}},
+        examples=tuple(bad[:SAMPLE]), detail={"extra_copies_per_mode": dict(per_mode)})
 
 
 @dataclass(frozen=True)
@@ -621,13 +964,20 @@ def check_agreement(view: HealedView | None) -> Check:
 
 
 def check_history(acks: Iterable[Ack], rb: ReadBack, view: HealedView | None = None, *,
-                  slack_ms: int = 0, fences: Sequence[Fence] = ()) -> History:
-    """Every check over one run's history (see the module docstring)."""
+                  slack_ms: int = 0, fences: Sequence[Fence] | None = None,
+                  failed: Sequence[ToldFailed] | None = None) -> History:
+    """Every check over one run's history (see the module docstring). `fences` (a
+    `PrimaryWatch`'s; None: no watch ran) and `failed` (the told-failed log; None: not kept)
+    are what (b), (d), (g) and (h) judge by; a check without its input is not run."""
     acks = list(acks)
     checks = [check_epoch_regions(acks, rb),
-              check_epoch_order(acks, rb, slack_ms=slack_ms, fences=fences),
-              check_sync_everywhere(acks, rb), check_acked_present(acks, rb),
-              check_agreement(view)]
+              check_epoch_order(acks, rb, slack_ms=slack_ms, fences=fences or ()),
+              check_sync_everywhere(acks, rb), check_acked_present(acks, rb, fences),
+              check_agreement(view),
+              check_order(acks, rb, failed or (), slack_ms=slack_ms),
+              check_told_failed_read(failed, rb, acks),
+              check_late_append(acks, rb, fences, slack_ms=slack_ms),
+              check_duplicates(rb)]
     return History({c.name: c for c in checks})
 
 
@@ -868,7 +1218,8 @@ def write_history(path: Path, acks: Sequence[Ack], rb: ReadBack, history: Histor
     }
     if copies:
         doc["copy_fields"] = ["region", "topic", "partition", "offset", "dr_id", "mode",
-                              "epoch", "origin", "path", "ts_ms", "quarantined"]
+                              "epoch", "origin", "path", "ts_ms", "quarantined", "key",
+                              "timestamp_ms"]
         doc["copies"] = [c.as_list() for c in rb.copies]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ from dr.drill.history import (
     check_epoch_order,
     check_epoch_regions,
     check_history,
+    check_order,
     check_sync_everywhere,
     copy_of,
     fences_of,
@@ -36,7 +39,7 @@ from dr.drill.history import (
 )
 from dr.drill.producer import ProducerProcess, _topics
 from dr.drill.report import render_markdown
-from dr.drill.traffic import Ack, drill_topics, read_ack_log
+from dr.drill.traffic import Ack, ToldFailed, drill_topics, read_ack_log
 
 REGIONS = ("east", "west")
 T = drill_topics("hist")
@@ -46,27 +49,34 @@ ORD, SYNC, NEAR = T["ordered"], T["sync"], T["nearest"]
 def ack(n: int, mode: str = "ordered", *, region: str = "east", epoch: int | None = 1,
         t_ms: int = 1000, producer: str | None = None, duplicate: bool = False,
         sync_regions: tuple[str, ...] = REGIONS) -> Ack:
-    """An acknowledgement of record n, written first into `region`."""
+    """An acknowledgement of record n (key `k<n>`, sent 10 ms before), written first into
+    `region`."""
     who = producer or region
     order = [region, *(r for r in sync_regions if r != region)] if mode == "sync" else [region]
     written = tuple((r, 0, n) for r in order)
     return Ack(dr_id=f"run-{who}-{n}", mode=mode, topic=T[mode], via=who, written=written,
-               t_ms=t_ms, epoch=None if mode == "nearest" else epoch, duplicate=duplicate)
+               t_ms=t_ms, epoch=None if mode == "nearest" else epoch, duplicate=duplicate,
+               key=f"k{n}", sent_ms=t_ms - 10)
 
 
 def copies(a: Ack, regions: tuple[str, ...] = REGIONS, *, quarantined: tuple[str, ...] = (),
            ts_ms: int | None = None, epoch: int | None = None) -> list[Copy]:
     """The copies a converged history holds of `a`: one per region in `regions` (its
-    topic), one per region in `quarantined` (its quarantine)."""
+    topic), one per region in `quarantined` (its quarantine). Offsets follow the ack's time
+    (so records sit in the order their clients saw), the broker appended it just before
+    the ack (in the other regions: after it)."""
     first = a.first_region
     path = tuple(dict.fromkeys([first, *REGIONS]))
     e = a.epoch if epoch is None else epoch
-    out = [Copy(region=r, topic=a.topic, partition=0, offset=i, dr_id=a.dr_id, mode=a.mode,
-                epoch=e, origin=first, path=path, ts_ms=a.t_ms - 5 if ts_ms is None else ts_ms)
-           for i, r in enumerate(regions)]
+    out = [Copy(region=r, topic=a.topic, partition=0, offset=a.t_ms, dr_id=a.dr_id,
+                mode=a.mode, epoch=e, origin=first, path=path,
+                ts_ms=a.t_ms - 5 if ts_ms is None else ts_ms, key=a.key,
+                timestamp_ms=a.t_ms - 2 if r == first else a.t_ms + 20)
+           for r in regions]
     out += [Copy(region=r, topic=a.topic, partition=0, offset=0, dr_id=a.dr_id, mode=a.mode,
                  epoch=e, origin=first, path=path,
-                 ts_ms=a.t_ms - 5 if ts_ms is None else ts_ms, quarantined=True)
+                 ts_ms=a.t_ms - 5 if ts_ms is None else ts_ms, quarantined=True, key=a.key,
+                 timestamp_ms=a.t_ms + 20)
             for r in quarantined]
     return out
 
@@ -82,6 +92,11 @@ def view(*, ok: bool = True, **changes: object) -> HealedView:
                                "datacenters": ("east", "west", "witness"), "regions": REGIONS}
     base.update(changes)
     return HealedView(**base)  # type: ignore[arg-type]
+
+
+FENCES = [Fence(1, 500, 0.5, 0.2), Fence(2, 2100, 0.5, 0.2)]
+"""What a PrimaryWatch saw of the failover below: epoch 2 fenced in a majority at 2100,
+its lease and write bound over at 2800."""
 
 
 def failover_history() -> tuple[list[Ack], ReadBack]:
@@ -101,7 +116,7 @@ def failover_history() -> tuple[list[Ack], ReadBack]:
 
 def test_a_clean_failover_passes_every_check() -> None:
     acks, read = failover_history()
-    h = check_history(acks, read, view())
+    h = check_history(acks, read, view(), fences=FENCES, failed=[])
     assert h.passed, h.explain()
     assert h.complete
     assert list(h.checks) == list(CHECKS)
@@ -254,7 +269,9 @@ def test_a_stranded_primary_writing_after_the_majoritys_fence_fails() -> None:
     assert c.counts["accepted_after_fence"] == 2         # their dr-ts too
     assert "fence" in c.examples[0]
     h = check_history(acks, read, fences=[fence])
-    assert [f.name for f in h.failures] == ["epoch_order"]
+    # the broker appended them after the fence's end too
+    assert [f.name for f in h.failures] == ["epoch_order", "late_append"]
+    assert h.checks["late_append"].counts["late_appends"] == 2
 
 
 def test_a_fence_of_the_current_epoch_judges_nothing() -> None:
@@ -314,8 +331,9 @@ def test_every_check_fails_alone_on_its_own_history() -> None:
     """Sanity of the helpers above: the clean history passes, so each failure above is the
     check's own."""
     acks, read = failover_history()
-    for name in CHECKS[:-1]:
-        assert check_history(acks, read).checks[name].passed, name
+    h = check_history(acks, read, view(), fences=FENCES, failed=[])
+    for name in CHECKS:
+        assert h.checks[name].passed, name
 
 
 # -- (e) agreement -------------------------------------------------------------------------
@@ -457,3 +475,299 @@ def test_a_drill_report_shows_every_history_check_and_names_the_failed_one() -> 
     text = console.export_text()
     assert "whole-history checks" in text
     assert "FAILED" in text
+
+
+# -- one anomaly of each class, seeded into one history -------------------------------------
+@dataclass(frozen=True)
+class R:
+    """A record of the synthetic run: sent at `sent`, answered at `sent + 10` (or `t`)."""
+
+    n: int
+    mode: str = "ordered"
+    first: str = "east"
+    epoch: int | None = 1
+    key: str = "k0"
+    part: int = 0
+    sent: int = 1000
+    t: int | None = None
+
+    @property
+    def dr_id(self) -> str:
+        return f"run-{self.first}-{self.n}"
+
+    @property
+    def answered(self) -> int:
+        return self.sent + 10 if self.t is None else self.t
+
+
+class Run:
+    """A history built copy by copy: each region's partitions number their copies in the
+    order they are put, as a broker would."""
+
+    def __init__(self) -> None:
+        self.acks: list[Ack] = []
+        self.failed: list[ToldFailed] = []
+        self.copies: list[Copy] = []
+        self._next: Counter[tuple[str, str, int, bool]] = Counter()
+        self._at: dict[tuple[str, str], int] = {}
+
+    def put(self, r: R, region: str, *, quarantined: bool = False,
+            appended: int | None = None) -> None:
+        """A copy of `r` in `region`'s topic (or quarantine), appended by its broker at
+        `appended` (default: just after the send in the first region, after the answer in
+        the others)."""
+        cell = (region, T[r.mode], r.part, quarantined)
+        offset = self._next[cell]
+        self._next[cell] += 1
+        self._at.setdefault((r.dr_id, region), offset)
+        if appended is None:
+            appended = r.sent + 3 if region == r.first else r.answered + 20
+        others = tuple(x for x in REGIONS if x != r.first)
+        self.copies.append(Copy(
+            region=region, topic=T[r.mode], partition=r.part, offset=offset, dr_id=r.dr_id,
+            mode=r.mode, epoch=r.epoch, origin=r.first, path=(r.first, *others),
+            ts_ms=r.sent + 1, quarantined=quarantined, key=r.key, timestamp_ms=appended))
+
+    def ack(self, r: R, written: tuple[str, ...] | None = None) -> None:
+        regions = written or ((r.first, *(x for x in REGIONS if x != r.first))
+                              if r.mode == "sync" else (r.first,))
+        self.acks.append(Ack(
+            dr_id=r.dr_id, mode=r.mode, topic=T[r.mode], via=r.first,
+            written=tuple((x, r.part, self._at.get((r.dr_id, x), 0)) for x in regions),
+            t_ms=r.answered, epoch=r.epoch, key=r.key, sent_ms=r.sent))
+
+    def told(self, r: R, *, unknown: bool) -> None:
+        self.failed.append(ToldFailed(
+            dr_id=r.dr_id, mode=r.mode, topic=T[r.mode], via=r.first, key=r.key,
+            sent_ms=r.sent, t_ms=r.answered, code="DEADLINE_EXCEEDED" if unknown
+            else "UNAVAILABLE", unknown=unknown, status="" if unknown else "FAILED",
+            message="deadline" if unknown else "primary lease refused"))
+
+    def history(self, **kw: object) -> History:
+        return check_history(self.acks, ReadBack(REGIONS, self.copies), view(),
+                             fences=FENCES, failed=self.failed, **kw)  # type: ignore[arg-type]
+
+
+def clean_run() -> Run:
+    """A failover east -> west (FENCES: epoch 2 fenced in a majority at 2100, over at 2800)
+    that breaks no rule, with everything the rules allow: a mirror duplicate, the divergent
+    tail quarantined below the majority's fence, a sync record acknowledged with a quorum of
+    one whose late hint west quarantined, writes told failed (one read back: its outcome
+    was unknown)."""
+    run = Run()
+    c1, c2 = R(1, key="k0", sent=1000), R(2, key="k0", sent=1020)
+    c3 = R(3, key="k1", part=1, sent=1040)
+    c4 = R(4, "sync", key="k0", sent=1060)
+    c5 = R(5, "nearest", first="west", epoch=None, key="k2", sent=1080)
+    for r in (c1, c2, c3, c4, c5):
+        run.put(r, r.first)
+        # c2 drained into west after epoch 2's fence ended: a mirrored copy, not a write
+        run.put(r, "west" if r.first == "east" else "east",
+                appended=2900 if r is c2 else None)
+        run.ack(r)
+    run.put(c1, "west")             # the mirror wrote it again, after c2: a duplicate only
+    tail = R(6, key="k1", part=1, sent=1900)                # never mirrored: the tail
+    run.put(tail, "east")
+    run.put(tail, "west", quarantined=True)
+    run.ack(tail)
+    quorum = R(7, "sync", key="k1", part=1, sent=1920)      # acked with east alone
+    run.put(quorum, "east")
+    run.put(quorum, "west", quarantined=True)               # its hint came late
+    run.ack(quorum, written=("east",))
+    c8 = R(8, first="west", epoch=2, key="k0", sent=3000)
+    c9 = R(9, "sync", first="west", epoch=2, key="k0", sent=3020)
+    c10 = R(10, "nearest", epoch=None, key="k2", sent=3040)
+    for r in (c8, c9, c10):
+        run.put(r, r.first)
+        run.put(r, "east" if r.first == "west" else "west")
+        run.ack(r)
+    run.told(R(11, "sync", first="west", epoch=2, key="k1", part=1, sent=3060), unknown=True)
+    unknown = R(12, first="west", epoch=2, key="k1", part=1, sent=3080)
+    run.put(unknown, "west")
+    run.put(unknown, "east")
+    run.told(unknown, unknown=True)                         # a deadline: it may land
+    run.told(R(13, first="west", epoch=2, key="k1", part=1, sent=3100), unknown=False)
+    return run
+
+
+def seeded_run() -> Run:
+    """The clean run and one anomaly of every class the checker knows."""
+    run = clean_run()
+    # order, per key: west's copies of one key swapped
+    a, b = R(20, key="k5", part=2, sent=1200), R(21, key="k5", part=2, sent=1220)
+    for region, order in (("east", (a, b)), ("west", (b, a))):
+        for r in order:
+            run.put(r, region)
+    run.ack(a)
+    run.ack(b)
+    # order, per partition: two keys of one partition swapped in west
+    a, b = R(22, key="k6", part=3, sent=1300), R(23, key="k7", part=3, sent=1320)
+    for region, order in (("east", (a, b)), ("west", (b, a))):
+        for r in order:
+            run.put(r, region)
+    run.ack(a)
+    run.ack(b)
+    # order: a sync write told failed (PARTIAL: east took it) replayed into west after a
+    # later acknowledged record of its key
+    told, later = R(24, "sync", key="k8", part=5, sent=1400), R(25, "sync", key="k8", part=5,
+                                                                  sent=1420)
+    run.put(told, "east")
+    run.put(later, "east")
+    run.put(later, "west")
+    run.put(told, "west")
+    run.told(told, unknown=True)
+    run.ack(later)
+    # a write refused before anything was written, read back all the same
+    refused = R(26, key="k9", part=6, sent=1500)
+    run.put(refused, "east")
+    run.put(refused, "west")
+    run.told(refused, unknown=False)
+    # an acknowledged ordered record of epoch 2 only in a quarantine: no majority ever held
+    # a newer epoch
+    minority = R(27, first="west", epoch=2, key="k10", part=7, sent=3200)
+    run.put(minority, "east", quarantined=True)
+    run.ack(minority)
+    # an acknowledged sync record only in the quarantines
+    sync_q = R(28, "sync", key="k11", part=8, sent=1600)
+    run.put(sync_q, "east", quarantined=True)
+    run.put(sync_q, "west", quarantined=True)
+    run.ack(sync_q)
+    # a sync record west acknowledged (it is in `written`) but quarantined
+    sync_gap = R(29, "sync", key="k12", part=9, sent=1700)
+    run.put(sync_gap, "east")
+    run.put(sync_gap, "west", quarantined=True)
+    run.ack(sync_gap)
+    # accepted at epoch 1 before the fence ended, appended by east's broker after: never
+    # answered (the proxy had given up on it)
+    late = R(30, key="k13", part=10, sent=2499)
+    run.put(late, "east", appended=3500)
+    # written twice into east, its first region
+    twice = R(31, key="k14", part=11, sent=1800)
+    run.put(twice, "east")
+    run.put(twice, "east")
+    run.put(twice, "west")
+    run.ack(twice)
+    # west acknowledging at epoch 1 too: two regions under one epoch
+    split = R(32, first="west", key="k15", part=12, sent=1850)
+    run.put(split, "west")
+    run.put(split, "east")
+    run.ack(split)
+    # acknowledged at epoch 1 after epoch 2's first ack and after its fence ended (the
+    # broker appended it in time: only the answer is late)
+    stale = R(33, key="k16", part=13, sent=2640, t=3500)
+    run.put(stale, "east")
+    run.put(stale, "west", quarantined=True)
+    run.ack(stale)
+    # lost
+    run.ack(R(34, key="k17", part=14, sent=1950))
+    return run
+
+
+def test_a_clean_history_with_everything_the_rules_allow_passes_every_check() -> None:
+    h = clean_run().history()
+    assert h.passed, h.explain()
+    assert h.complete, h.lines()
+    c = h.checks
+    assert c["acked_present"].counts["tail_replicas_quarantined"] == 1
+    assert c["sync_everywhere"].counts["replicas_quarantined_late"] == 1
+    assert c["duplicates"].counts["extra_copies_elsewhere"] == 1
+    assert c["told_failed_read"].counts["read_unknown"] == 1
+    assert c["order"].counts["acked"] == 8  # ordered and sync: nearest promises no order
+    assert c["late_append"].counts["copies_judged"] > 0
+
+
+def test_a_seeded_history_shows_each_anomaly_in_its_own_check() -> None:
+    h = seeded_run().history()
+    assert [f.name for f in h.failures] == [n for n in CHECKS if n != "agreement"]
+    counts = {n: c.counts for n, c in h.checks.items()}
+    regions = counts["epoch_regions"]
+    assert (regions["conflicting_epochs_acked"], regions["conflicting_epochs_read_back"]) \
+        == (1, 1)
+    assert h.checks["epoch_regions"].detail["acked"]["1"]["west"] == 1
+    order = counts["epoch_order"]
+    assert (order["late_acks"], order["acked_after_fence"], order["accepted_after_newer_epoch"],
+            order["accepted_after_fence"]) == (1, 1, 0, 0)
+    sync = counts["sync_everywhere"]
+    assert (sync["replicas_missing"], sync["replicas_quarantined_late"],
+            sync["absent_everywhere"]) == (1, 1, 1)
+    assert h.checks["sync_everywhere"].detail["missing_per_region"] == {"west": 1}
+    present = counts["acked_present"]
+    assert (present["lost"], present["lost_to_quarantine"],
+            present["replicas_quarantined_without_fence"], present["replicas_not_converged"],
+            present["tail_replicas_quarantined"]) == (1, 2, 0, 0, 2)
+    examples = " ".join(h.checks["acked_present"].examples)
+    assert "run-west-27" in examples
+    assert "run-east-28" in examples
+    assert "run-east-34" in examples
+    per = counts["order"]
+    assert (per["acked_inversions_key"], per["acked_inversions_partition"],
+            per["told_failed_after_later_ack"]) == (1, 1, 1)
+    assert h.checks["order"].detail["pairs_per_region"] == {"west": 3}
+    told = counts["told_failed_read"]
+    assert (told["read_definite"], told["read_unknown"]) == (1, 2)
+    assert "run-east-26" in h.checks["told_failed_read"].examples[0]
+    late = counts["late_append"]
+    assert (late["late_appends"], late["of_them_acked"], late["appended_after_ack"]) == (1, 0, 0)
+    assert "run-east-30" in h.checks["late_append"].examples[0]
+    dup = counts["duplicates"]
+    assert (dup["first_region_records"], dup["extra_copies_elsewhere"]) == (1, 1)
+    assert "run-east-31" in h.checks["duplicates"].examples[0]
+
+
+@pytest.mark.parametrize(("written", "quarantined", "missing", "late"), [
+    (("east",), True, 0, 1),            # a quorum of one, west's late hint quarantined
+    (("east",), False, 1, 0),           # a quorum of one, west's copy nowhere
+    (("east", "west"), True, 1, 0),     # west took it before the ack: it must hold it
+])
+def test_a_missing_sync_replica_is_excused_only_unwritten_and_quarantined(
+        written: tuple[str, ...], quarantined: bool, missing: int, late: int) -> None:
+    run = Run()
+    r = R(1, "sync")
+    run.put(r, "east")
+    if quarantined:
+        run.put(r, "west", quarantined=True)
+    run.ack(r, written=written)
+    c = check_sync_everywhere(run.acks, ReadBack(REGIONS, run.copies))
+    assert c.passed is (missing == 0)
+    assert (c.counts["replicas_missing"], c.counts["replicas_quarantined_late"]) == (missing,
+                                                                                     late)
+
+
+def test_without_a_watch_or_a_failed_log_the_new_checks_do_not_run() -> None:
+    """Old callers: no fences, no told-failed log. Today's verdicts, quarantines counted."""
+    run = seeded_run()
+    h = check_history(run.acks, ReadBack(REGIONS, run.copies), view())
+    assert not h.complete
+    assert h.checks["late_append"].passed is None
+    assert h.checks["told_failed_read"].passed is None
+    present = h.checks["acked_present"].counts
+    assert (present["quarantined_only"], present["lost_to_quarantine"]) == (2, 0)
+    old = [Ack(a.dr_id, a.mode, a.topic, a.via, a.written, a.t_ms, a.epoch)
+           for a in run.acks]  # no sent_ms: nothing to order by
+    assert check_order(old, ReadBack(REGIONS, run.copies)).passed is None
+
+
+def test_a_slack_forgives_an_inversion_within_it() -> None:
+    """Two clients' clocks: B sent 10 ms after A's answer, landed before it in west."""
+    run = seeded_run()
+    assert run.history(slack_ms=5).checks["order"].counts["acked_inversions_key"] == 1
+    assert run.history(slack_ms=15).checks["order"].counts["acked_inversions_key"] == 0
+
+
+def test_the_order_check_counts_every_pair_of_a_long_run_quickly() -> None:
+    """One partition of 20,000 acknowledged records, read back in reverse in west: every
+    pair whose first answer came before the second's send is an inversion; counted without
+    looking at each pair (a pair loop would take minutes)."""
+    run = Run()
+    recs = [R(i, key=f"k{i % 8}", sent=1000 + 20 * i) for i in range(20_000)]
+    for r in recs:
+        run.put(r, "east")
+        run.ack(r)
+    for r in reversed(recs):
+        run.put(r, "west")
+    c = check_order(run.acks, ReadBack(REGIONS, run.copies))
+    n = len(recs)
+    assert c.counts["acked_inversions_key"] + c.counts["acked_inversions_partition"] \
+        == n * (n - 1) // 2
+    assert c.counts["acked_inversions_key"] == 8 * (n // 8) * (n // 8 - 1) // 2
+    assert c.counts["acked_records_inverted"] == n - 1
