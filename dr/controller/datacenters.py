@@ -382,11 +382,15 @@ def newest_primary(records: Iterable[PrimaryRecord | None], initial: PrimaryReco
                    ) -> tuple[PrimaryRecord, tuple[str, ...]]:
     """`(the newest record, the regions named writable at its epoch when they differ)`. With
     a conflict the newest is that epoch FENCED (no datacenter's word wins on its own). Forced
-    records (an operator's, without a majority) take part only where no unforced record is
-    present at all: a record a majority never held never overrides one that a majority did
-    (`PrimaryRecord.supersedes`), whatever its epoch."""
-    present = [r for r in records if r is not None]
-    pool = [r for r in present if not r.forced] or present
+    records (an operator's, without a majority) take part only where every datacenter that
+    answered holds one: a record a majority never held never overrides one that a majority
+    did (`PrimaryRecord.supersedes`), whatever its epoch, and a datacenter without the key
+    stands for the topology's record (`initial`, unforced)."""
+    seen = list(records)
+    present = [r for r in seen if r is not None]
+    pool = [r for r in present if not r.forced]
+    if not pool:
+        pool = [initial] if len(present) < len(seen) else present
     current = pool[0] if pool else initial
     for rec in pool:
         if rec.supersedes(current):

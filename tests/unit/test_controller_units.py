@@ -920,14 +920,18 @@ def test_a_forced_record_never_supersedes_an_unforced_one_whatever_its_epoch() -
     assert newest_primary([east0, west0_forced], east0) == (east0, ())
 
 
-def test_a_forced_record_is_the_newest_only_where_no_unforced_one_is_left() -> None:
-    """What the leader adopts: every answering datacenter holds the forced record or none
-    (e.g. the other side's Consul rebuilt empty) — not the topology's epoch-0 record."""
+def test_a_forced_record_is_the_newest_only_where_every_datacenter_holds_one() -> None:
+    """What the leader adopts: every answering datacenter holds a forced record (the lost
+    ones removed from the topology). A datacenter without the key stands for the topology's
+    record: found by the integration test, whose majority side had never written the key
+    and adopted the minority's forced record."""
     from dr.controller.datacenters import newest_primary
     west1 = PrimaryRecord(region="east", epoch=1, fenced=True, forced=True
                           ).promote("west", "operator")
     initial = PrimaryRecord.initial(_topology())
     cur, _ = newest_primary([None, west1, None], initial)
+    assert cur == initial, "absent keys are the topology's (unforced) record"
+    cur, _ = newest_primary([west1, west1], initial)
     assert cur == west1
     adopted = cur.adopted("controller:x")
     assert not adopted.forced
