@@ -21,7 +21,15 @@ from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin
 from crossdc.topology import Flow, Topology
 from dr.drill.count import judge, read_back, wait_replicated
-from dr.drill.traffic import MODES, Traffic, create_topics, drill_topics, read_ack_log
+from dr.drill.traffic import (
+    MODES,
+    Traffic,
+    create_topics,
+    drill_topics,
+    failed_log_of,
+    read_ack_log,
+    read_failed_log,
+)
 from dr.stack.ports import free_port
 from mirror import MirrorWorker
 from proxy.config import KafkaWriterSettings, ProxyConfig
@@ -105,6 +113,12 @@ async def test_traffic_is_acked_logged_replicated_and_counted_exactly(
     acks = read_ack_log(ack_log)
     assert list(traffic.acks()) == acks  # the log holds every ack, in order
     assert len(acks) == stats.total_acked
+    assert read_failed_log(failed_log_of(ack_log)) == []
+    for a in acks:  # the checker's order needs both, on every ack
+        assert a.key is not None, a
+        assert a.key.startswith(f"{a.dr_id.split('-')[1]}-"), a
+        assert a.sent_ms is not None, a
+        assert a.sent_ms <= a.t_ms, a
     assert {a.mode for a in acks} == set(MODES)
     assert {a.via for a in acks} == set(regions)
     for a in acks:  # each mode wrote where its policy says
@@ -176,6 +190,14 @@ async def test_a_producer_moves_to_another_proxy_and_back_when_its_own_answers(
     assert stats.via == {"east": "east", "west": "west"}
     acks = read_ack_log(ack_log)
     assert len(acks) == stats.total_acked
+    # west's proxy refused connections: each write told failed is logged, outcome unknown
+    # (a call that failed UNAVAILABLE may have reached a proxy), none of them acked
+    failed = read_failed_log(failed_log_of(ack_log))
+    assert failed == list(traffic.failures())
+    assert 0 < len(failed) <= stats.total_failed
+    assert {(f.via, f.code, f.status, f.unknown) for f in failed} == {
+        ("west", "UNAVAILABLE", "", True)}
+    assert not {f.dr_id for f in failed} & {a.dr_id for a in acks}
     # nothing failed was logged as acked; what was acked is all there
     held = await wait_replicated(topology, acks, timeout_s=60)
     j = judge(acks, held, ["east", "west"])
