@@ -1090,19 +1090,21 @@ async def read_healed_view(topology: Topology, *, ordered_write_after_heal: bool
 
 
 async def judge_run(topology: Topology, acks: Sequence[Ack], topics: Iterable[str], *,
-                    healed_ms: int, fences: Sequence[Fence] = (),
+                    healed_ms: int, fences: Sequence[Fence] | None = None,
+                    failed: Sequence[ToldFailed] | None = None,
                     converge_timeout_s: float = 180.0, settle_s: float = 30.0,
                     principal: str | None = None
                     ) -> tuple[History, ReadBack, HealedView]:
     """A drill's whole judgement in one call, once its fault is healed and its traffic
     stopped: read back until converged (bounded), read every datacenter's primary record
     (the writable-primary part from the acks: an ordered write acknowledged after
-    `healed_ms`), check everything."""
+    `healed_ms`), check everything (`fences`: a PrimaryWatch's; `failed`: the told-failed
+    log)."""
     rb = await wait_converged(topology, acks, converge_timeout_s, settle_s=settle_s,
                               topics=topics, principal=principal)
     view = await read_healed_view(topology,
                                   ordered_write_after_heal=ordered_acked_since(acks, healed_ms))
-    return check_history(acks, rb, view, fences=fences), rb, view
+    return check_history(acks, rb, view, fences=fences, failed=failed), rb, view
 
 
 WATCH_RETRY = RetrySettings(attempts=1, total_s=2.0, call_timeout_s=1.0,
@@ -1203,10 +1205,10 @@ class PrimaryWatch(Lifecycle):
 # -- the record of a run -------------------------------------------------------------------
 def write_history(path: Path, acks: Sequence[Ack], rb: ReadBack, history: History, *,
                   extra: Mapping[str, Any] | None = None, copies: bool = False,
-                  seen: Sequence[Seen] = ()) -> Path:
-    """Save one run's history as JSON: the acknowledgements, a summary of the read-back
-    (every copy too with `copies`), the primary records a watch `seen` change, the verdict,
-    and `extra` (the scenario's timeline...)."""
+                  seen: Sequence[Seen] = (), failed: Sequence[ToldFailed] = ()) -> Path:
+    """Save one run's history as JSON: the acknowledgements, the writes told `failed`, a
+    summary of the read-back (every copy too with `copies`), the primary records a watch
+    `seen` change, the verdict, and `extra` (the scenario's timeline...)."""
     doc: dict[str, Any] = {
         "verdict": history.as_dict(),
         "lines": history.lines(),
@@ -1215,6 +1217,7 @@ def write_history(path: Path, acks: Sequence[Ack], rb: ReadBack, history: Histor
         "primary_seen_fields": ["ms", "datacenter", "region", "epoch", "fenced"],
         "primary_seen": [x.as_list() for x in seen],
         "acks": [json.loads(a.to_json()) for a in acks],
+        "told_failed": [json.loads(f.to_json()) for f in failed],
     }
     if copies:
         doc["copy_fields"] = ["region", "topic", "partition", "offset", "dr_id", "mode",

@@ -51,8 +51,10 @@ from dr.drill.traffic import (
     Traffic,
     create_topics,
     drill_topics,
+    failed_log_of,
     per_second,
     read_ack_log,
+    read_failed_log,
 )
 
 __all__ = ["DrillConfig", "DrillPlan", "Hook", "chart_inputs", "plan_drill", "run_drill"]
@@ -374,6 +376,7 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                 history, _, _ = await judge_run(
                     topology, acks, topics.values(),
                     healed_ms=tl.healed_ms or tl.started_ms, fences=watch.fences(),
+                    failed=read_failed_log(failed_log_of(folder / "acks.jsonl")),
                     converge_timeout_s=config.replicate_timeout_s, settle_s=10.0,
                     principal=principal)
             except CrossdcError as exc:

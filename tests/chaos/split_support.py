@@ -330,14 +330,15 @@ class Run:
         healed = self.marks.get("healed", self.marks["start"])
         view = await read_healed_view(self.topology,
                                       ordered_write_after_heal=ordered_acked_since(acks, healed))
-        history = check_history(acks, rb, view, fences=self.watch.fences())
+        failed = [f for p in self.producers.values() for f in p.failures()]
+        history = check_history(acks, rb, view, fences=self.watch.fences(), failed=failed)
         slug = "".join(c if c.isalnum() else "-" for c in self.scenario).strip("-")
         name = f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{self.run_id}.json"
         path = write_history(HISTORY_DIR / name, acks, rb, history, extra={
             "scenario": self.scenario, "run": self.run_id, "marks": self.marks,
             "notes": self.notes, "before": None if self.before is None else
             self.before.model_dump(), "topics": self.topics}, copies=True,
-            seen=self.watch.changes())
+            seen=self.watch.changes(), failed=failed)
         self._keep_logs(path.with_suffix(""))
         print(f"{self.scenario}: history in {path}")
         for line in history.lines():

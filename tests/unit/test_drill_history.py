@@ -411,11 +411,24 @@ def test_write_history_saves_acks_summary_and_verdict(tmp_path: Path) -> None:
     doc = json.loads(path.read_text())
     assert doc["verdict"]["passed"] is True
     assert len(doc["acks"]) == len(acks)
+    assert doc["told_failed"] == []
+    assert dict(zip(doc["copy_fields"], doc["copies"][0], strict=True))["key"] == "k1"
     assert doc["read_back"]["per_region"]["west"][ORD]["quarantined"] == 1
     assert doc["read_back"]["epochs"] == {"1": {"east": 4}, "2": {"west": 2}}
     assert len(doc["copies"]) == len(read.copies)
     assert doc["extra"] == {"scenario": "x"}
     assert History({}).passed
+
+
+def test_write_history_keeps_every_new_check_and_the_told_failed(tmp_path: Path) -> None:
+    run = seeded_run()
+    h = run.history()
+    path = write_history(tmp_path / "history.json", run.acks, ReadBack(REGIONS, run.copies),
+                         h, failed=run.failed)
+    doc = json.loads(path.read_text())
+    assert list(doc["verdict"]["checks"]) == list(CHECKS)
+    assert doc["verdict"]["checks"]["order"]["counts"]["acked_inversions_key"] == 1
+    assert [ToldFailed.from_json(json.dumps(f)) for f in doc["told_failed"]] == run.failed
 
 
 # -- the producer process ----------------------------------------------------------------------
