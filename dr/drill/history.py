@@ -4,17 +4,27 @@ controllers say after the heal, judged against the safety rules of docs/architec
 Inputs (plain data, so a drill, the chaos suite and `dr drill` judge the same way):
 
 - the acknowledgements (`dr.drill.traffic.Ack`, the clients' JSON-lines ack logs): dr-id,
-  mode, topic, the writes the proxy listed (region, partition, offset; the first is where
-  the record was written first), the epoch the proxy stamped, whether the answer came from
-  the proxy's idempotency window (`duplicate`), and the client's arrival time `t_ms`;
-- a `ReadBack`: every copy of the run's topics read back from every region with its
+  mode, topic, Kafka key, the writes the proxy listed (region, partition, offset; the first
+  is where the record was written first), the epoch the proxy stamped, whether the answer
+  came from the proxy's idempotency window (`duplicate`), when the client queued the record
+  (`sent_ms`) and when the answer arrived (`t_ms`);
+- the writes the clients were TOLD FAILED (`dr.drill.traffic.ToldFailed`, the log beside
+  each ack log): dr-id, mode, topic, key, `sent_ms`, `t_ms`, the status code and the
+  proxy's reason, and whether the outcome is `unknown` (it may have been written) or a
+  refusal before anything was written;
+- a `ReadBack`: every copy of the run's topics read back from every region with its key,
+  its Kafka timestamp (the broker's append time: the drill's topics are LogAppendTime) and
   headers (`dr-id`, `dr-mode`, `dr-epoch`, `dr-origin`, `dr-path`, `dr-ts`), and the copies
   each region's quarantine (`_crossdc.quarantine`, mirror/quarantine.py: the divergent tail
   the mirror keeps out of the topic) holds of those topics;
+- the `fences` a `PrimaryWatch` saw: each epoch, when a majority of datacenters first held
+  it, and the lease and write bound its record states (`Fence.ends_ms`: from then no write
+  at an older epoch may land);
 - a `HealedView`: each datacenter's primary record after the heal, and whether an
   ordered write was acknowledged after it (the caller measures that).
 
-The checks (`check_history` runs them all; each is a pure function too):
+The checks (`check_history` runs them all; each is a pure function too; one whose input is
+missing, fences or the told-failed log or `sent_ms` in the acks, is `passed=None`):
 
 (a) `epoch_regions`: under one epoch, ordered and sync records were written into ONE region.
     From the acks (epoch and first written region as the proxy answered; the read-back's
@@ -26,26 +36,49 @@ The checks (`check_history` runs them all; each is a pure function too):
     proxy (its `dr-ts`) after it: a stale primary still writing at N once N+1 took writes
     (the partitioned primary with its own clients: two regions writing, at two epochs).
     Answers from the idempotency window (`duplicate`) repeat an earlier write's outcome:
-    counted apart, never a violation. With the `fences` a `PrimaryWatch` saw (each epoch and
-    when a majority of datacenters first held it, with the lease and write bound its record
-    states): nothing acknowledged or accepted at an older epoch once a newer epoch's fence
-    held a majority and that lease and bound ran out, even if the newer epoch never took a
-    write (a stranded primary writing on while the majority is fenced).
-(c) `sync_everywhere`: every acknowledged sync record is in every region's topic.
+    counted apart, never a violation. With the fences: nothing acknowledged or accepted at
+    an older epoch once a newer epoch's fence held a majority and that lease and bound ran
+    out, even if the newer epoch never took a write (a stranded primary writing on while
+    the majority is fenced).
+(c) `sync_everywhere`: every acknowledged sync record is in every region's topic; a region
+    is excused only when the proxy acknowledged WITHOUT it (a quorum below the regions) and
+    its quarantine holds the record (a late hint quarantined, not replayed after newer
+    records of its key: `replicas_quarantined_late`). A record in no topic is (d)'s.
 (d) `acked_present`: every acknowledged record is in some region's topic or quarantine
-    (else lost); one held only in quarantine, or missing from a region whose quarantine
-    holds it (the divergent tail), is counted, not a failure; one missing from a region
-    that neither holds nor quarantines it (ordered, nearest: the mirror never carried it)
-    is a failure (not converged). Sync replicas are (c)'s.
+    (else lost); one missing from a region that neither holds nor quarantines it (ordered,
+    nearest: the mirror never carried it) is a failure (not converged). A quarantine is the
+    divergent tail only for an ORDERED record whose epoch is below a fence a majority held:
+    with the fences, any other record held only in quarantine is `lost_to_quarantine` and
+    any other quarantined replica `replicas_quarantined_without_fence`, both failures (a
+    forced promote on the minority that won at the heal shows so); without fences both are
+    counted, not judged. Sync replicas are (c)'s.
 (e) `agreement`: every datacenter answered and holds the same primary record, it names a
     writable region (not fenced), and an ordered write was acknowledged after the heal.
+(f) `order`: per key and per partition, ordered and sync, in every region's topic: when a
+    client knew A's outcome before B was sent (A's `t_ms` < B's `sent_ms`), A sits below B
+    wherever both are in one partition. `acked_inversions_key` / `_partition` (both
+    acknowledged) and `told_failed_after_later_ack` (A told failed, B acknowledged, one key:
+    a failed write became the newer value) are failures. One sweep per region-partition in
+    offset order, O(n log n).
+(g) `told_failed_read`: a write told failed, read back in some region's topic: counted by
+    mode and outcome; a failure when the failure was definite (nothing was written, the
+    proxy said), counted when unknown.
+(h) `late_append`: no ordered or sync record (acknowledged or not) appended by the broker
+    of the region it was first written into after a newer epoch's fence ended (a stale
+    primary's write landing after the lease argument says none can: an abandoned request
+    delivered late). Acknowledged records appended after their ack arrived are counted
+    (clock trouble).
+(i) `duplicates`: a dr-id twice in one region's topic: a failure in the region an ordered or
+    sync record was first written into (the proxy writes it once), counted elsewhere (the
+    mirror is at least once) and for nearest; extra copies per mode.
 
-`History.passed`: every check that ran passed; `History.complete`: all five ran (the view
-is optional). `read_back_history()` reads a ReadBack (dr/drill/count.py's reader),
-`wait_converged()` re-reads until (c) and (d) can pass or a bound, `read_healed_view()`
-reads every datacenter's `crossdc/primary`, `PrimaryWatch` follows those records during
-the run (every change, and the fences for (b)), and `write_history()` saves acks, a read-back
-summary, the records seen and the verdict as JSON for the report.
+`History.passed`: every check that ran passed; `History.complete`: all nine ran.
+`read_back_history()` reads a ReadBack (dr/drill/count.py's reader), `wait_converged()`
+re-reads until (c) and (d) can pass or a bound, `read_healed_view()` reads every
+datacenter's `crossdc/primary`, `PrimaryWatch` follows those records during the run (every
+change, and the fences), `judge_run()` does all of it for a drill, and `write_history()`
+saves acks, told-failed writes, a read-back summary, the records seen and the verdict as
+JSON for the report.
 """
 
 from __future__ import annotations
