@@ -179,6 +179,9 @@ class GroupMember(Lifecycle):
         """Set: this member reads a new primary; its partitions start from the handovers
         made for that promotion (epoch)."""
         self._skips: dict[tuple[str, int], SkipSet] = {}
+        self._settling: dict[tuple[str, int], int | None] = {}
+        """Partitions whose handover is being applied -> the first offset fetched meanwhile
+        (held back, fetched again)."""
         self.frozen = False
         """Positions were handed over: acks from now on are stale (the primary moved)."""
         self.skipped = 0  # records skipped by a handover's ids
@@ -512,6 +515,10 @@ class GroupMember(Lifecycle):
             got = 0
             for tp, msgs in data.items():
                 key = (tp.topic, tp.partition)
+                if key in self._settling:  # its handover is being applied: fetched again
+                    if msgs and self._settling[key] is None:
+                        self._settling[key] = msgs[0].offset
+                    continue
                 skips = self._skips.get(key)
                 if skips is not None:
                     before = skips.skipped
@@ -689,19 +696,34 @@ class GroupMember(Lifecycle):
         d.add_partitions(keys - kept)
         c = self._consumer
         if self._handovers is not None and keys - kept and c is not None:
-            for tp, h in (await self._handovers(self, keys - kept)).items():
-                start = h.start
-                if start is None and h.anchors:
-                    start = await self._find_anchor(tp, h)
-                    if start is None:
+            # Kafka fetches the new partitions from the group's offsets while the handovers
+            # are looked up and searched (seconds): what comes meanwhile is held back
+            # (`_fetch`), so no record reaches the streams before its skip filter exists
+            new = keys - kept
+            self._settling = {tp: None for tp in new}
+            sought: set[tuple[str, int]] = set()
+            try:
+                for tp, h in (await self._handovers(self, new)).items():
+                    start = h.start
+                    if start is None and h.anchors:
+                        start = await self._find_anchor(tp, h)
+                        if start is None:
+                            with contextlib.suppress(IllegalStateError):
+                                await c.seek_to_beginning(TopicPartition(*tp))
+                                sought.add(tp)
+                    if start is not None:
                         with contextlib.suppress(IllegalStateError):
-                            await c.seek_to_beginning(TopicPartition(*tp))
-                if start is not None:
-                    with contextlib.suppress(IllegalStateError):
-                        c.seek(TopicPartition(*tp), start)
-                if h.skip:
-                    self._skips[tp] = SkipSet(h)
-                self.handed_over += 1
+                            c.seek(TopicPartition(*tp), start)
+                            sought.add(tp)
+                    if h.skip:
+                        self._skips[tp] = SkipSet(h)
+                    self.handed_over += 1
+            finally:
+                held, self._settling = self._settling, {}
+                for tp, first in held.items():  # not sought: read again what was held back
+                    if tp not in sought and first is not None:
+                        with contextlib.suppress(IllegalStateError):
+                            c.seek(TopicPartition(*tp), first)
         for t, p in kept:  # read on from where this member is, not from the commit
             nxt = d.next_offset((t, p))
             if c is not None and nxt >= 0:
