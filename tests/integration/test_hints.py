@@ -394,12 +394,12 @@ async def test_a_hint_behind_a_newer_record_of_its_key_is_quarantined_not_replay
         async def replayed() -> bool:
             return await _pending(topo) == 0
         await eventually(replayed, 60, "A's hint done (pending 0)")
+        got = {r.name: await read_all(r.kafka.bootstrap, topic, 2) for r in topo.regions}
+        assert _by_key(got["east"], b"acct-5") == [b"A", b"B"]    # the primary's order
+        assert _by_key(got["west"], b"acct-5") == [b"A", b"B"]
+        assert _by_key(got["north"], b"acct-5") == [b"B"]         # never A after B
         assert _metric(east, "crossdc_proxy_hints_quarantined_total", target="north") == 1
         assert _metric(east, "crossdc_proxy_hints_replayed_total", target="north") == 0
-    got = {r.name: await read_all(r.kafka.bootstrap, topic, 2) for r in topo.regions}
-    assert _by_key(got["east"], b"acct-5") == [b"A", b"B"]    # the primary's order
-    assert _by_key(got["west"], b"acct-5") == [b"A", b"B"]
-    assert _by_key(got["north"], b"acct-5") == [b"B"]         # never A after B
     [a_east] = [x for x in got["east"] if x.value == b"A"]
     [q] = [x for x in await _quarantined(topo, "north")
            if dict(x.headers).get("dr-q-topic") == topic.encode()]
