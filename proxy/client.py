@@ -67,6 +67,9 @@ class ProduceResult:
     epoch: int
     written: tuple[Written, ...]
     duplicate: bool = False
+    status: str = "ok"
+    """ok; partial (some regions hold it); failed (written nowhere); unknown (a write was
+    handed to Kafka and never answered: it may be there)."""
 
 
 @dataclass
@@ -80,10 +83,14 @@ class _Pending:
     """The answers of its attempts that were retried (`ProduceFailed.earlier`)."""
 
 
+_STATUS_NAMES = {pb.STATUS_OK: "ok", pb.STATUS_PARTIAL: "partial", pb.STATUS_FAILED: "failed",
+                 pb.STATUS_UNKNOWN: "unknown"}
+
+
 def _result(r: Any) -> ProduceResult:
     return ProduceResult(r.dr_id, r.mode, r.epoch,
                          tuple(Written(w.region, w.partition, w.offset) for w in r.written),
-                         r.duplicate)
+                         r.duplicate, _STATUS_NAMES.get(r.status, "ok"))
 
 
 class AsyncProducer(Lifecycle):

@@ -88,6 +88,10 @@ def shown(name: str) -> str:
 class ProxyError(CrossdcError):
     """Root of the proxy's errors. The message is cut to `MAX_MESSAGE_CHARS`."""
 
+    maybe_written = False
+    """A write was handed to Kafka and never answered: the record may be there (the answer's
+    status is UNKNOWN, never FAILED: "written nowhere" would be a lie)."""
+
     def __init__(self, *args: object) -> None:
         if len(args) == 1 and isinstance(args[0], str) and len(args[0]) > MAX_MESSAGE_CHARS:
             args = (f"{args[0][:MAX_MESSAGE_CHARS]}... ({len(args[0])} characters)",)
@@ -155,21 +159,25 @@ class RegionWriteFailed(ProxyError):
 
     retriable = True
 
-    def __init__(self, region: str, topic: str, why: str, *, retriable: bool = True) -> None:
+    def __init__(self, region: str, topic: str, why: str, *, retriable: bool = True,
+                 maybe_written: bool = False) -> None:
         self.region = region
         self.topic = topic
         self.why = why
         self.retriable = retriable  # type: ignore[misc]
+        self.maybe_written = maybe_written
         super().__init__(f"region {region}: {why}")
 
 
 class NoWritableRegion(ProxyError):
     retriable = True
 
-    def __init__(self, topic: str, mode: str, tried: Mapping[str, str]) -> None:
+    def __init__(self, topic: str, mode: str, tried: Mapping[str, str], *,
+                 maybe_written: bool = False) -> None:
         self.topic = topic
         self.mode = mode
         self.tried = dict(tried)
+        self.maybe_written = maybe_written
         what = "; ".join(f"{r}: {why}" for r, why in tried.items()) or "no region to try"
         super().__init__(f"no writable region for {mode} write to {shown(topic)}; tried {what}")
 

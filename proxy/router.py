@@ -71,7 +71,7 @@ __all__ = ["Incoming", "Outcome", "Router"]
 
 log = structlog.get_logger("crossdc.proxy.router")
 
-Status = Literal["ok", "partial", "failed"]
+Status = Literal["ok", "partial", "failed", "unknown"]
 
 
 class Incoming:
@@ -110,9 +110,13 @@ class Outcome:
 
     @property
     def status(self) -> Status:
+        """ok; partial (some regions hold it); unknown (a write handed to Kafka was never
+        answered: it may be there); failed (written nowhere)."""
         if self.error is None:
             return "ok"
-        return "partial" if self.written else "failed"
+        if self.written:
+            return "partial"
+        return "unknown" if self.error.maybe_written else "failed"
 
     def copy_as_duplicate(self) -> Outcome:
         return Outcome(self.dr_id, self.mode, self.epoch, list(self.written), self.error, True)
@@ -602,7 +606,8 @@ class Router:
             if isinstance(r, RegionWrite):
                 outs[i].written.insert(0, r)
             else:
-                outs[i].error = NoWritableRegion(b.topic, b.mode, {b.primary: r.why})
+                outs[i].error = NoWritableRegion(b.topic, b.mode, {b.primary: r.why},
+                                                 maybe_written=r.maybe_written)
 
     async def _write_others(self, b: _PrimaryWrite) -> dict[int, dict[str, str]]:
         """Sync: every other region, at the partition of the primary's copy, all at once;
@@ -732,6 +737,7 @@ class Router:
         remaining = list(idxs)
         tried: dict[str, str] = {}
         absent: set[str] = set()
+        maybe: set[int] = set()  # records a region may hold (a write never answered)
         for region in self.nearest_order(rule):
             if not remaining:
                 break
@@ -773,6 +779,8 @@ class Router:
                 else:
                     tried[region] = r.why
                     left.append(i)
+                    if r.maybe_written:
+                        maybe.add(i)
             if left and len(left) < len(remaining):
                 log.info("nearest_failover", topic=topic, mode="nearest", region=region,
                          records=len(left))
@@ -782,4 +790,5 @@ class Router:
                 outs[i].error = UnknownTopic(topic, "does not exist in any region tried ("
                                              + ", ".join(sorted(absent)) + ")")
             else:
-                outs[i].error = NoWritableRegion(topic, "nearest", tried)
+                outs[i].error = NoWritableRegion(topic, "nearest", tried,
+                                                 maybe_written=i in maybe)

@@ -97,7 +97,8 @@ __all__ = ["CONSUL_SERVICE", "ProxyServer"]
 
 log = structlog.get_logger("crossdc.proxy.server")
 
-_STATUS = {"ok": pb.STATUS_OK, "partial": pb.STATUS_PARTIAL, "failed": pb.STATUS_FAILED}
+_STATUS = {"ok": pb.STATUS_OK, "partial": pb.STATUS_PARTIAL, "failed": pb.STATUS_FAILED,
+           "unknown": pb.STATUS_UNKNOWN}
 
 
 def _decode(rec: Any) -> Incoming:
@@ -135,8 +136,10 @@ def _batch_response(outs: list[Outcome]) -> Any:
 
 
 def _written_md(o: Outcome) -> tuple[tuple[str, str], ...]:
+    """A unary call's failure in trailing metadata: the record's id, the writes made, and
+    `dr-status` (partial, failed, or unknown: a write handed to Kafka was never answered)."""
     text = ",".join(f"{w.region}:{w.partition}:{w.offset}" for w in o.written)
-    return (("dr-id", o.dr_id), ("dr-written", text))
+    return (("dr-id", o.dr_id), ("dr-written", text), ("dr-status", o.status))
 
 
 class _Undecodable:

@@ -41,7 +41,13 @@ from tenacity import (
 )
 
 from crossdc.clients.connection import KafkaConnection
-from crossdc.clients.errors import KafkaError, KafkaTimeoutError, OutOfOrderSequenceNumber
+from crossdc.clients.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    OutOfOrderSequenceNumber,
+    RequestTimedOutError,
+)
 from crossdc.clients.kafka import last_queued_batch, start_or_close
 from crossdc.lifecycle import Lifecycle
 from crossdc.settings import Backoff
@@ -56,6 +62,10 @@ __all__ = ["Outgoing", "RdRegionWriter", "RegionWrite", "RegionWriter", "make_wr
            "partition_for"]
 
 log = structlog.get_logger("crossdc.proxy.writers")
+
+_UNANSWERED = (KafkaTimeoutError, RequestTimedOutError, KafkaConnectionError)
+"""Errors of a record handed to the producer that say nothing of whether the broker appended
+it (it may have been on the wire): the write's outcome is unknown, never "failed"."""
 
 
 def partition_for(key: bytes, partitions: int) -> int:
@@ -676,7 +686,7 @@ class RegionWriter(Lifecycle):
         if not fut.done():
             results[i] = RegionWriteFailed(
                 self.name, topic, f"no ack within {timeout:.2f}s (Kafka slow or down)",
-                retriable=False)
+                retriable=False, maybe_written=True)
             return
         error = fut.exception() if not fut.cancelled() else asyncio.CancelledError()
         if error is None:
@@ -691,17 +701,21 @@ class RegionWriter(Lifecycle):
             results[i] = RegionWriteFailed(self.name, topic, f"{error.__class__.__name__}: {error}")
             retry.append(i)
         elif isinstance(error, KafkaError):
-            results[i] = self._translate(topic, error)
+            results[i] = self._translate(topic, error, sent=True)
             if error.retriable:
                 retry.append(i)
-        else:
+        else:  # cancelled (the producer dropped, the server stopping): it may have gone out
             results[i] = RegionWriteFailed(self.name, topic,
                                            f"{error.__class__.__name__}: {error}",
-                                           retriable=False)
+                                           retriable=False, maybe_written=True)
 
-    def _translate(self, topic: str, exc: KafkaError) -> RegionWriteFailed:
+    def _translate(self, topic: str, exc: KafkaError, *, sent: bool = False
+                   ) -> RegionWriteFailed:
+        """`sent`: the record was handed to the producer; then a timeout or a lost
+        connection leaves it of unknown outcome (it may be in the log)."""
         return RegionWriteFailed(self.name, topic, f"{exc.__class__.__name__}: {exc}",
-                                 retriable=bool(exc.retriable))
+                                 retriable=bool(exc.retriable),
+                                 maybe_written=sent and isinstance(exc, _UNANSWERED))
 
 
 class RdRegionWriter(RegionWriter):
@@ -901,14 +915,14 @@ class RdRegionWriter(RegionWriter):
                 results[i] = RegionWriteFailed(
                     name, topic, f"no ack within {timeout:.2f}s (Kafka slow or down)"
                     if sent is not None else f"not sent within {timeout:.2f}s",
-                    retriable=False)
+                    retriable=False, maybe_written=sent is not None)
             elif isinstance(o, OutOfOrderSequenceNumber) or getattr(o, "fatal", False) or \
                     type(o).__name__ == "RdProducerFatal":
                 self._renew = True
                 results[i] = RegionWriteFailed(name, topic, f"{o.__class__.__name__}: {o}")
                 retry.append(i)
             else:
-                results[i] = self._translate(topic, o)
+                results[i] = self._translate(topic, o, sent=True)
                 if o.retriable:
                     retry.append(i)
         if producer.fatal:

@@ -20,6 +20,7 @@ from aiokafka.errors import (
     ProducerClosed,
     ProducerFenced,
     RecordTooLargeError,
+    RequestTimedOutError,
 )
 
 __all__ = [
@@ -32,5 +33,6 @@ __all__ = [
     "ProducerClosed",
     "ProducerFenced",
     "RecordTooLargeError",
+    "RequestTimedOutError",
 ]
 

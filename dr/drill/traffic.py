@@ -26,8 +26,8 @@ listing no write whose code is a refusal: INVALID_ARGUMENT, NOT_FOUND, FAILED_PR
 PERMISSION_DENIED, UNAUTHENTICATED; or, for ordered and sync, UNAVAILABLE without an epoch:
 the primary lease or the partition counts refused it before the grant, `PrimaryUnavailable`;
 or a whole call refused INVALID_ARGUMENT, UNAUTHENTICATED, PERMISSION_DENIED); anything else
-(a deadline, a connection lost, status PARTIAL, a Kafka write that timed out, the client's
-stop) is unknown.
+(a deadline, a connection lost, status PARTIAL or UNKNOWN — the proxy's word for a Kafka
+write handed over and never answered —, the client's stop) is unknown.
 
 Moving between proxies: when the producer's current proxy cannot be reached (the call itself
 failed UNAVAILABLE or DEADLINE_EXCEEDED after the client's retries; a proxy that ANSWERED,
@@ -717,8 +717,8 @@ def _refused(exc: ProduceFailed, mode: str) -> bool:
     r = exc.result
     if r is None:
         return exc.code in _CALL_REFUSED
-    if r.written:
-        return False  # PARTIAL: something was written
+    if r.written or r.status == "unknown":
+        return False  # PARTIAL: something was written; UNKNOWN: a write was never answered
     if exc.code in _REFUSED:
         return True
     # ordered and sync get their epoch with the grant, just before the write: an answer
@@ -740,7 +740,8 @@ def _told_failed(exc: BaseException, sent: _Sent, mode: str, topic: str,
     attempts = [*exc.earlier, exc]
     r = exc.result
     written = () if r is None else tuple((w.region, w.partition, w.offset) for w in r.written)
-    status = "" if r is None else ("PARTIAL" if written else "FAILED")
+    status = "" if r is None else ("PARTIAL" if written else r.status.upper()
+                                   if r.status in ("unknown", "failed") else "FAILED")
     return ToldFailed(dr_id=sent.dr_id, mode=mode, topic=topic, via=via, key=sent.key,
                       sent_ms=sent.ms, t_ms=now, code=str(exc.code.name),
                       unknown=not all(_refused(a, mode) for a in attempts), status=status,

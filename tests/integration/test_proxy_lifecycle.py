@@ -498,6 +498,10 @@ async def test_ordered_write_unanswered_at_its_bound_drops_the_producer(  # type
                 await stub.Produce(rec, timeout=10)
             assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "no ack within 1.00s" in (ei.value.details() or ""), ei.value.details()
+            # issue 36: handed to Kafka and never answered is UNKNOWN, never "written
+            # nowhere" (the record may be in the log: seen landing after a heal)
+            trailing = dict(ei.value.trailing_metadata() or ())
+            assert trailing.get("dr-status") == "unknown", trailing
             assert _sample(server, "crossdc_proxy_producer_drops_total",
                            {"region": "north"}) == 1
             assert server.writers["north"]._producer is None or \

@@ -989,3 +989,43 @@ async def test_a_hint_commit_that_failed_is_made_again() -> None:
     assert not r._uncommitted
     await r._commit_again(c)  # done: not made a third time
     assert c.commits == [{tp: 50}]
+
+
+def test_a_write_handed_to_kafka_and_never_answered_is_of_unknown_outcome() -> None:
+    """Issue 36: the proxy answered FAILED ("written nowhere") for a Kafka write that timed
+    out, and the chaos suite read the record back (the broker had appended it). Now such a
+    write is UNKNOWN; a refusal before any write stays FAILED."""
+    import asyncio as _asyncio
+
+    from proxy.api import pb
+    from proxy.errors import NoWritableRegion, RegionWriteFailed
+    from proxy.router import Outcome
+    from proxy.server import _STATUS, _written_md
+    from proxy.writers import RegionWriter
+
+    timed_out = NoWritableRegion("t", "ordered", {"east": "no ack"}, maybe_written=True)
+    refused = NoWritableRegion("t", "ordered", {"east": "not writable"})
+    assert Outcome("id", "ordered", 0, [], timed_out).status == "unknown"
+    assert Outcome("id", "ordered", 0, [], refused).status == "failed"
+    assert _STATUS["unknown"] == pb.STATUS_UNKNOWN
+    assert ("dr-status", "unknown") in _written_md(Outcome("id", "ordered", 0, [], timed_out))
+
+    w = RegionWriter.__new__(RegionWriter)
+    w.name = "east"
+    results: list[Any] = [None, None, None]
+    loop = _asyncio.new_event_loop()
+    try:
+        pending = loop.create_future()                       # on the wire, never answered
+        lost = loop.create_future()
+        from crossdc.clients.errors import KafkaConnectionError, RecordTooLargeError
+        lost.set_exception(KafkaConnectionError("connection lost"))
+        big = loop.create_future()
+        big.set_exception(RecordTooLargeError())             # the broker refused it
+        for i, f in enumerate((pending, lost, big)):
+            w._settle("t", i, f, 1.0, results, [])
+        lost.exception()
+        big.exception()
+    finally:
+        loop.close()
+    assert all(isinstance(r, RegionWriteFailed) for r in results)
+    assert [r.maybe_written for r in results] == [True, True, False]
