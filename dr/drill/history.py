@@ -1175,18 +1175,24 @@ class Seen:
     def as_list(self) -> list[Any]:
         r = self.record
         return [self.ms, self.datacenter, None if r is None else r.region,
-                None if r is None else r.epoch, None if r is None else r.fenced]
+                None if r is None else r.epoch, None if r is None else r.fenced,
+                None if r is None else r.forced]
 
 
 def fences_of(seen: Iterable[Seen], majority: int) -> list[Fence]:
     """Each epoch, with the first moment a majority of datacenters was seen holding it or a
     newer one (each datacenter counted at its latest read), and the lease and write bound
-    its first record stated."""
+    its first record stated. Forced records count for nothing."""
     latest: dict[str, int] = {}
     bounds: dict[int, tuple[float, float]] = {}
     out: dict[int, Fence] = {}
     for s in sorted(seen, key=lambda s: s.ms):
         if s.record is None:
+            continue
+        if s.record.forced:
+            # an operator's forced record (written without a majority) fences nothing a
+            # majority held, even where it was copied since (crossdc.primary)
+            latest.pop(s.datacenter, None)
             continue
         latest[s.datacenter] = s.record.epoch
         bounds.setdefault(s.record.epoch, (s.record.lease_s, s.record.write_s))
@@ -1267,7 +1273,7 @@ def write_history(path: Path, acks: Sequence[Ack], rb: ReadBack, history: Histor
         "lines": history.lines(),
         "extra": dict(extra or {}),
         "read_back": rb.summary(),
-        "primary_seen_fields": ["ms", "datacenter", "region", "epoch", "fenced"],
+        "primary_seen_fields": ["ms", "datacenter", "region", "epoch", "fenced", "forced"],
         "primary_seen": [x.as_list() for x in seen],
         "acks": [json.loads(a.to_json()) for a in acks],
         "told_failed": [json.loads(f.to_json()) for f in failed],

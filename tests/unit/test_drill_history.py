@@ -254,6 +254,22 @@ def test_fences_are_when_a_majority_first_held_the_epoch() -> None:
     assert Fence(4, 1, 0.0, 0.0).ends_ms is None  # no lease stated: not judged
 
 
+def test_a_forced_record_copied_into_a_majority_fences_nothing() -> None:
+    """Issue 36: the cut-off standby's operator forced west@2 there; before the fix the
+    leader copied it into every datacenter at the heal, which looked like a majority fence
+    and excused east's acknowledged records as a "divergent tail". A forced record counts
+    for nothing, wherever it is held."""
+    forced = PrimaryRecord(region="west", epoch=2, lease_s=5.0, write_s=2.0, forced=True)
+    seen = [Seen(100, "east", _rec(1)), Seen(100, "west", _rec(1)),
+            Seen(100, "witness", _rec(1)),
+            Seen(2000, "west", forced), Seen(9000, "east", forced),
+            Seen(9000, "witness", forced)]
+    assert [(f.epoch, f.seen_ms) for f in fences_of(seen, majority=2)] == [(1, 100)]
+    unforced = [Seen(s.ms, s.datacenter, s.record.model_copy(update={"forced": False}))
+                for s in seen if s.record is not None]
+    assert [f.epoch for f in fences_of(unforced, majority=2)] == [1, 2]
+
+
 def test_a_stranded_primary_writing_after_the_majoritys_fence_fails() -> None:
     """The other side fenced epoch 2 but never promoted: no ack at epoch 2 exists, yet the
     cut-off east went on acknowledging at epoch 1 long after the fence's lease ran out."""
