@@ -223,7 +223,9 @@ async def test_a_forced_failover_on_the_cut_off_standby_is_overruled_at_the_heal
         assert (after.region, after.epoch) == (before.region, before.epoch), \
             "the majority's primary stays"
         assert not after.forced
-        assert marked is not None and marked.force and marked.state == "overruled", marked
+        assert marked is not None
+        assert marked.force
+        assert marked.state == "overruled", marked
 
 
 # -- the full set ----------------------------------------------------------------------------

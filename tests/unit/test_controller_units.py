@@ -904,7 +904,8 @@ def test_a_forced_record_never_supersedes_an_unforced_one_whatever_its_epoch() -
     east0 = PrimaryRecord(region="east", epoch=0, by="topology")
     fence = east0.fence("operator", forced=True)
     west1 = fence.promote("west", "operator")
-    assert fence.forced and west1.forced, "the promote keeps the fence's forced mark"
+    assert fence.forced
+    assert west1.forced, "the promote keeps the fence's forced mark"
     assert not west1.supersedes(east0)
     assert east0.supersedes(west1)
     assert west1.supersedes(fence), "within the forced side, the usual order"
