@@ -160,6 +160,8 @@ class Run:
     agreed: PrimaryRecord | None = None
     """The one every datacenter held at the last look."""
     watch: PrimaryWatch | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+    """Kept in the history JSON beside the rest (e.g. a nemesis's seed and schedule)."""
 
     async def __aenter__(self) -> Run:
         return self
@@ -337,7 +339,7 @@ class Run:
         path = write_history(HISTORY_DIR / name, acks, rb, history, extra={
             "scenario": self.scenario, "run": self.run_id, "marks": self.marks,
             "notes": self.notes, "before": None if self.before is None else
-            self.before.model_dump(), "topics": self.topics}, copies=True,
+            self.before.model_dump(), "topics": self.topics, **self.extra}, copies=True,
             seen=self.watch.changes(), failed=failed)
         self._keep_logs(path.with_suffix(""))
         print(f"{self.scenario}: history in {path}")
