@@ -19,7 +19,7 @@ import re
 import sys
 import threading
 from collections.abc import MutableMapping
-from typing import Any, Literal
+from typing import Any, Literal, TextIO, cast
 
 import structlog
 
@@ -115,6 +115,19 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
 LOG_LEVELS: tuple[str, ...] = tuple(_LEVELS)
 
 
+class _CurrentStderr:
+    """`sys.stderr` as it is when a line is written, not when logging was configured: a
+    caller that swaps it for a while (a test's capture, click's CliRunner) and closes its own
+    stream after must not leave every later log line writing to a closed file (seen in CI:
+    "I/O operation on closed file" from a warning logged after a CLI test in one worker)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(fmt: LogFormat = "console", level: str = "info", *,
                       quiet_kafka_client: bool = False) -> None:
     """Configure structlog (and stdlib logging of libraries) for this process.
@@ -142,7 +155,7 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info", *,
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _CurrentStderr())),
         cache_logger_on_first_use=False,
     )
     # Libraries log through stdlib logging; send it to stderr through the same renderer.
