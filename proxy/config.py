@@ -154,16 +154,14 @@ class ConsumeConfig(_Model):
     handover_wait_s: float = Field(3.0, ge=0, description="How long a member reading the new "
                                    "primary waits for the handover of a partition another "
                                    "proxy held (it may still be translating).")
-    sync_rewind_s: float = Field(5.0, ge=0, description="Unused since issue 36 (it found a "
-                                 "sync topic's place in the new primary by the two clusters' "
-                                 "timestamps; the place is now found by the records' ids): "
-                                 "accepted so that files which set it still load.")
-    sync_rewind: int = Field(1_000, ge=0, description="Sync topics (no offset map: the proxy "
-                             "writes each region itself): the new primary is read from this "
-                             "many offsets before the record found by id at the cut (a copy "
-                             "written there a little earlier is not missed), and the ids of "
-                             "the records settled in the last this many offsets below each "
-                             "partition's prefix are kept to skip what was consumed.")
+    sync_rewind_s: float = Field(5.0, ge=0, description="Sync topics (no offset map: the "
+                                 "proxy writes each region itself): the new primary is read "
+                                 "from this long before the first record not consumed (a "
+                                 "copy written there a little earlier is not missed; what "
+                                 "was consumed is skipped by id).")
+    sync_rewind: int = Field(1_000, ge=0, description="Sync topics: the ids of the records "
+                             "settled in the last this many offsets below each partition's "
+                             "prefix are kept for the handover's skip list.")
 
 
 class TlsSettings(_Model):

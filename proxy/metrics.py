@@ -257,11 +257,6 @@ class ProxyMetrics:
         self.consume_handover_skipped = Counter(
             "crossdc_proxy_consume_handover_skipped", "Records of the new primary skipped "
             "because the old one's readers had settled them", ("group",), registry=r)
-        self.consume_handover_unanchored = Counter(
-            "crossdc_proxy_consume_handover_unanchored", "Sync-topic partitions whose "
-            "handover found none of its anchor records in the new primary: read from the log "
-            "start there (settled records skipped by id; the rest delivered again)",
-            ("group",), registry=r)
         self.consume_rebalances = Counter("crossdc_proxy_consume_kafka_rebalances", "Kafka "
                                           "rebalances a member of the group went through "
                                           "(partitions assigned to it)", ("group",),

@@ -121,7 +121,7 @@ class StreamState:
 
 class _Part:
     __slots__ = ("acks", "deliverer", "fresh", "fresh_bytes", "held", "held_bytes", "holder",
-                 "last_commit", "next", "owner", "settings", "settled")
+                 "last_commit", "last_ms", "next", "owner", "settings", "settled")
 
     def __init__(self, keep_ids: int | None = None) -> None:
         # the ids of settled records from `committed - keep` on (the handover's skip list)
@@ -137,6 +137,7 @@ class _Part:
         self.holder: str | None = None     # the stream its records in flight were sent to
         self.settings: ReadSettings | None = None  # of the last stream it was delivered to
         self.last_commit: int | None = None
+        self.last_ms: int | None = None    # the timestamp of the last record delivered
 
 
 class Dispatcher:
@@ -195,21 +196,17 @@ class Dispatcher:
         return {tp: (p.acks.committed, p.acks.end, p.settled)
                 for tp, p in self._parts.items() if p.acks is not None}
 
-    def first_open_id(self, tp: TopicPartition) -> str | None:
-        """The id (`body_id`) of `tp`'s first record fetched and not settled: where reading
-        it in another region must start (a sync handover's first anchor); None: none."""
+    def resume_ms(self, tp: TopicPartition) -> int | None:
+        """The timestamp where reading `tp` again loses nothing: the oldest record fetched
+        and not settled, else the last one delivered (None: nothing delivered yet)."""
         p = self._parts.get(tp)
         if p is None or p.acks is None:
             return None
         acks = p.acks
-        open_ = [off for off in p.held if acks.state_of(off) != RecordState.SETTLED]
-        if open_:
-            off = min(open_)
-            return body_id(p.held[off].body, off, self.region)
-        if p.fresh:
-            r = p.fresh[0]
-            return body_id(r.body, r.offset, self.region)
-        return None
+        times = [r.ts_ms for off, r in p.held.items()
+                 if r.ts_ms is not None and acks.state_of(off) != RecordState.SETTLED]
+        times += [r.ts_ms for r in p.fresh if r.ts_ms is not None]
+        return min(times) if times else p.last_ms
 
     def count(self, *states: RecordState) -> int:
         """Records in `states` over every partition (unsettled ones when none named)."""
@@ -434,6 +431,7 @@ class Dispatcher:
             chunk.append(p.fresh.popleft())
         if not chunk:
             return got
+        p.last_ms = chunk[-1].ts_ms
         acks.delivered([r.offset for r in chunk], chunk[-1].offset + 1, now=now,
                        deadline_s=deadline)
         p.held.update((r.offset, r) for r in chunk)

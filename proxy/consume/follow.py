@@ -8,8 +8,7 @@ records the proxy's watch sees into a `source.Switch` and carries out its action
   `commit_timeout_s` (the old region may be down: the handover does not wait for it).
 - `Translate`: each member's positions are frozen (acks after this are stale) and translated
   through the mirror's offset map read in the new region (`load_translation`), one
-  `Handover` per partition (sync topics, never mirrored: anchored on the records' ids,
-  `handover.sync_hand_over`), kept in memory and written to the handover topic of the new
+  `Handover` per partition, kept in memory and written to the handover topic of the new
   region (`HANDOVER_TOPIC`: another proxy may get the partition after the new group's
   rebalance). Not ok: the new members start from the group's committed offsets there.
 - `Resume`: moved, each member is replaced by one reading the new region, the streams are
@@ -41,7 +40,7 @@ from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.settings import RetrySettings
 from proxy.api import pb
-from proxy.consume.handover import Handover, hand_over, sync_hand_over
+from proxy.consume.handover import MAX_SKIP, Handover, hand_over
 from proxy.consume.source import (
     Action,
     Commit,
@@ -178,8 +177,7 @@ class PrimaryFollower:
         self._handover_epoch = epoch
         members = self._members()
         snaps = {m.group: m.positions() for m in members}
-        first_open = {(m.group, tp): m.first_open_id(tp) for m in members
-                      for tp in snaps[m.group]}
+        times = {(m.group, tp): m.resume_ms(tp) for m in members for tp in snaps[m.group]}
         if not snaps:
             return True
         unsettled = 0
@@ -209,13 +207,12 @@ class PrimaryFollower:
                                                           partition),
                               left=self._left.pop((target, group, topic, partition), None),
                               region=target)
-                if h.start is None and sync:
-                    # never mirrored: the new member finds the place by the records' ids
-                    # (every region holds each sync record), never by the clusters' clocks
-                    h = sync_hand_over(group, topic, partition, source=source, epoch=epoch,
-                                       committed=c, settled=ids,
-                                       first_open=first_open.get((group, (topic, partition))),
-                                       rewind=self.config.sync_rewind) or h
+                at = times.get((group, (topic, partition)))
+                if h.start is None and sync and at is not None:
+                    # never mirrored: find the place by time, skip what was consumed by id
+                    h = h.model_copy(update={
+                        "start_ms": max(0, at - int(self.config.sync_rewind_s * 1000)),
+                        "skip": frozenset((ids or _NO_IDS).lowest(MAX_SKIP))})
                 self._handed[(group, topic, partition)] = h
                 made.append(h)
             if unsettled:

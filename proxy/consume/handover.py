@@ -10,23 +10,15 @@ mirror stamps on its copies (`record_id`). Duplicates are then only the records 
 and not acknowledged when the positions were taken.
 
 Ordered topics are exact this way: the standby holds only mirrored copies, in the primary's
-order. Sync topics have no offset map: the proxy writes a sync record into every region
-itself (never mirrored), with the same `dr-id`, so the place is found by ids, never by
-time (two clusters' clocks are not compared: a skew between them would skip records).
-`sync_hand_over` carries `anchors`, the ids of the records at the cut in the region left
-(the first fetched and not settled at or after the prefix, then the settled ones below it,
-highest first) and `anchor_offset`, the prefix there: a sync topic's partitions hold the
-same records in every region, so a record's offset in the new one is near its offset in the
-old. `AnchorSearch` reads the new region in windows around `anchor_offset`, widening both
-ways (up to `max_scan` offsets each side), until it meets an anchor; the reader starts
-`rewind` offsets before it, skipping the settled ids (`SettledIds(keep)`, keep >= rewind).
-Every record not settled lies at or after the first anchor in the old region, and a sync
-copy is displaced against the others by at most `rewind` (the proxy writes the regions of
-one record within a write's bound; a copy written late, by hinted handoff, lies later, not
-earlier), so none is skipped; a consumed one whose id was not kept is read again. No anchor
-found (none of those records reached the new region, or the search failed): the reader
-starts at the new region's log start, skipping the settled ids (many duplicates, never a
-gap; logged `consume_handover_unanchored`, counted).
+order. Sync topics are not: the proxy writes a sync record into the standby itself (never
+mirrored), so its copy there may lie before the copies of records that preceded it in the
+primary (by up to the mirror's lag then). `rewind` starts the new reader that many offsets
+(of the new region) before the translated prefix, and the ids of the records settled in the
+last `keep` source offsets below the prefix are carried too (`SettledIds(keep)`, keep >=
+rewind): a sync copy displaced by at most `rewind` is not lost, and the copies around it
+that were consumed are skipped by id (a consumed one whose id was not kept is read again).
+A sync copy written after `horizon` (late, by hinted handoff) may be read again; one
+displaced further back than `rewind` is the one case that loses it (docs/consume.md).
 
 Back to a region left before (a failback): the old primary may hold records of its own after
 where this reader stopped there (`left`), acknowledged before its fence but mirrored to the
@@ -47,20 +39,16 @@ so its record stays well under Kafka's message size (about 40 bytes an id).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from crossdc.headers import record_id
 from proxy.errors import InvalidConsume
 
-__all__ = ["MAX_ANCHORS", "MAX_SKIP", "AnchorSearch", "Handover", "SettledIds", "SkipSet",
-           "hand_over", "record_id", "sync_hand_over"]
+__all__ = ["MAX_SKIP", "Handover", "SettledIds", "SkipSet", "hand_over", "record_id"]
 
 MAX_SKIP = 10_000
-MAX_ANCHORS = 100
-"""Anchors a sync handover carries (the first one found is enough; more survive records
-that missed the new region)."""
 
 
 class SettledIds:
@@ -93,11 +81,6 @@ class SettledIds:
         return [self._ids[o] for o in heapq.nsmallest(
             n, (o for o in self._heap if o >= at_or_above))]
 
-    def highest_below(self, n: int, below: int) -> list[str]:
-        """Up to `n` ids of offsets below `below`, highest offsets first."""
-        return [self._ids[o] for o in heapq.nlargest(
-            n, (o for o in self._heap if o < below))]
-
 
 class Handover(BaseModel):
     """One partition's positions, handed to the reader in the new region (stored as JSON in
@@ -123,21 +106,10 @@ class Handover(BaseModel):
     native_until: int | None = Field(None, ge=0, description="Where the translated prefix "
                                      "lies; from `start` (where the reader left the region) "
                                      "to here, copies of other regions' records are skipped.")
-    start_ms: int | None = Field(None, ge=0, description="Written by proxies before issue "
-                                 "36 (a time in the region left, compared with the new "
-                                 "region's clock): read, never used; such a partition starts "
-                                 "from the group's offsets there.")
-    anchors: tuple[str, ...] = Field((), description="No offset map (a sync topic: the proxy "
-                                     "writes each region itself): ids of the records at the "
-                                     "cut in `source`, the first not settled first, then the "
-                                     "settled ones below the prefix, highest first; the new "
-                                     "reader starts `rewind` offsets before the first it "
-                                     "finds (`AnchorSearch`).")
-    anchor_offset: int | None = Field(None, ge=0, description="Where the anchors lie in "
-                                      "`source` (the prefix): where their search starts in "
-                                      "the new region.")
-    rewind: int = Field(0, ge=0, description="Offsets of the new region read again before "
-                        "the anchor found.")
+    start_ms: int | None = Field(None, ge=0, description="No offset map (a sync topic: the "
+                                 "proxy writes each region itself, the mirror copies none): "
+                                 "read the new region from this time (the first record not "
+                                 "consumed, minus the rewind), skipping `skip`.")
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()
@@ -175,88 +147,6 @@ def hand_over(group: str, topic: str, partition: int, *, source: str, epoch: int
     return Handover(group=group, topic=topic, partition=partition, source=source, epoch=epoch,
                     committed=committed, start=start, horizon=horizon, skip=skip,
                     native_region=native_region, native_until=native_until)
-
-
-def sync_hand_over(group: str, topic: str, partition: int, *, source: str, epoch: int,
-                   committed: int, settled: SettledIds | None, first_open: str | None,
-                   rewind: int, max_skip: int = MAX_SKIP,
-                   max_anchors: int = MAX_ANCHORS) -> Handover | None:
-    """The handover of a sync topic's partition (no offset map): found in the new
-    region by ids (see the module docstring). `first_open`: the id of the first record
-    fetched and not settled at or after `committed`. None when there is no id to anchor on
-    (nothing fetched: the group's offsets there)."""
-    anchors = [first_open] if first_open is not None else []
-    if settled is not None:
-        anchors += settled.highest_below(max_anchors - len(anchors), committed)
-    if not anchors:
-        return None
-    skip = frozenset(settled.lowest(max_skip)) if settled is not None else frozenset()
-    return Handover(group=group, topic=topic, partition=partition, source=source, epoch=epoch,
-                    committed=committed, start=None, horizon=None, skip=skip,
-                    anchors=tuple(dict.fromkeys(anchors)), anchor_offset=committed,
-                    rewind=rewind)
-
-
-class AnchorSearch:
-    """Where a sync handover's reader starts in the new region: the offsets to read
-    (`next_range`), fed what they hold (`feed`), around `expected` in `[low, high)` (the new
-    region's log start and end), widening both ways by doubling windows up to `max_scan`
-    offsets each side. Done once a range held an anchor (the first of `anchors` seen in it
-    decides) or everything within reach was read. Pure."""
-
-    def __init__(self, anchors: Sequence[str], expected: int, low: int, high: int, *,
-                 window: int = 500, max_scan: int = 100_000) -> None:
-        self._rank = {a: i for i, a in enumerate(anchors)}
-        self.low, self.high = low, high
-        self._e = min(max(expected, low), high)
-        self._floor = max(low, self._e - max_scan)
-        self._ceiling = min(high, self._e + max_scan)
-        self._down = self._up = self._e     # read so far: [_down, _up)
-        self._step = max(1, window)
-        self._started = False
-        self._forward = True
-        self._best: tuple[int, int] | None = None  # (rank, offset) of the best anchor seen
-
-    def next_range(self) -> tuple[int, int] | None:
-        """The next offsets `[first, end)` to read; None: done."""
-        if self._best is not None:
-            return None
-        if not self._started:  # first around the expected offset, then each way in turn
-            self._started = True
-            self._down = max(self._floor, self._e - self._step)
-            self._up = min(self._ceiling, self._e + self._step)
-            if self._down < self._up:
-                return self._down, self._up
-        for _ in range(2):
-            if self._forward:
-                self._forward = False
-                if self._up < self._ceiling:
-                    first, self._up = self._up, min(self._ceiling, self._up + self._step)
-                    return first, self._up
-            else:
-                self._forward = True
-                if self._down > self._floor:
-                    end, self._down = self._down, max(self._floor, self._down - self._step)
-                    self._step *= 2
-                    return self._down, end
-        return None
-
-    def feed(self, offset: int, rid: str) -> None:
-        """The record at `offset` of the new region has id `rid`."""
-        rank = self._rank.get(rid)
-        if rank is not None and (self._best is None or rank < self._best[0]):
-            self._best = (rank, offset)
-
-    @property
-    def found(self) -> int | None:
-        """The new region's offset of the best anchor seen (None: none yet)."""
-        return None if self._best is None else self._best[1]
-
-    def start(self, rewind: int) -> int:
-        """Where to read: `rewind` before the anchor found, else the log start."""
-        if self._best is None:
-            return self.low
-        return max(self.low, self._best[1] - rewind)
 
 
 class SkipSet:

@@ -80,7 +80,7 @@ from proxy.consume.dispatch import (
     Output,
     StreamState,
 )
-from proxy.consume.handover import AnchorSearch, Handover, SettledIds, SkipSet
+from proxy.consume.handover import Handover, SettledIds, SkipSet
 from proxy.errors import PrimaryUnavailable, ProxyError, UnknownTopic
 from proxy.metrics import ProxyMetrics
 from proxy.router import Incoming, Outcome
@@ -179,9 +179,6 @@ class GroupMember(Lifecycle):
         """Set: this member reads a new primary; its partitions start from the handovers
         made for that promotion (epoch)."""
         self._skips: dict[tuple[str, int], SkipSet] = {}
-        self._settling: dict[tuple[str, int], int | None] = {}
-        """Partitions whose handover is being applied -> the first offset fetched meanwhile
-        (held back, fetched again)."""
         self.frozen = False
         """Positions were handed over: acks from now on are stale (the primary moved)."""
         self.skipped = 0  # records skipped by a handover's ids
@@ -363,8 +360,8 @@ class GroupMember(Lifecycle):
             return False
         return await self._commit(c, self.dispatcher.commits())
 
-    def first_open_id(self, tp: tuple[str, int]) -> str | None:
-        return self.dispatcher.first_open_id(tp)
+    def resume_ms(self, tp: tuple[str, int]) -> int | None:
+        return self.dispatcher.resume_ms(tp)
 
     def positions(self) -> dict[tuple[str, int], tuple[int, int, SettledIds | None, int]]:
         """Freeze the member (acks from now on are stale) and return, per partition it
@@ -386,49 +383,20 @@ class GroupMember(Lifecycle):
                 out[tp] = (pos, pos, None, 0)
         return out
 
-    async def _find_anchor(self, tp: tuple[str, int], h: Handover) -> int | None:
-        """Where to read `tp` after a sync handover (no offset map): `h.rewind` offsets
-        before the first of `h.anchors` found in this region near `h.anchor_offset`
-        (`handover.AnchorSearch`, its own consumer, bounded by `translate_timeout_s`); the
-        log start when none is found (re-delivery, never a gap); None when Kafka does not
-        answer (then from the beginning too)."""
+    async def _offset_at(self, c: Any, tp: tuple[str, int], ms: int) -> int | None:
+        """The first offset of `tp` at or after time `ms` (its end when every record is
+        older); None when Kafka does not answer (the group's offset then)."""
         k = TopicPartition(*tp)
-        c = Consumer(**self.conn.aiokafka_kwargs(), group_id=None, enable_auto_commit=False,
-                     isolation_level="read_committed", client_id=f"{self.client_id}-handover")
-        search: AnchorSearch | None = None
-        read = 0
-        log = self.log.bind(topic=tp[0], partition=tp[1], epoch=h.epoch, source=h.source)
         try:
-            async with asyncio.timeout(self.config.translate_timeout_s):
-                await c.start()
-                c.assign([k])
-                low = (await c.beginning_offsets([k]))[k]
-                high = (await c.end_offsets([k]))[k]
-                search = AnchorSearch(h.anchors, h.anchor_offset or 0, low, high)
-                while (rng := search.next_range()) is not None:
-                    first, end = rng
-                    c.seek(k, first)
-                    while await c.position(k) < end:
-                        for m in (await c.getmany(k, timeout_ms=200)).get(k, []):
-                            search.feed(m.offset, self._id_of(m))
-                            read += 1
-        except (KafkaError, OSError, TimeoutError) as exc:
-            log.warning("consume_handover_search_failed", error=repr(exc),
-                        why="reading from the log start: duplicates, never a gap")
-        finally:
-            with contextlib.suppress(KafkaError, OSError, TimeoutError):
-                await c.stop()
-        if search is not None and search.found is not None:
-            start = search.start(h.rewind)
-            log.info("consume_handover_anchored", found=search.found, start=start,
-                     expected=h.anchor_offset, read=read)
-            return start
-        self.metrics.consume_handover_unanchored.labels(self.group).inc()
-        log.warning("consume_handover_unanchored", anchors=len(h.anchors),
-                    expected=h.anchor_offset,
-                    why="no anchor record found in this region: reading from the log "
-                    "start, skipping the records settled in the region left")
-        return search.low if search is not None else None
+            async with asyncio.timeout(self.config.open_timeout_s):
+                found = (await c.offsets_for_times({k: ms})).get(k)
+                if found is not None:
+                    return int(found.offset)
+                return int((await c.end_offsets([k]))[k])
+        except (KafkaError, TimeoutError) as exc:
+            self.log.warning("consume_handover_time_unresolved", topic=tp[0], partition=tp[1],
+                             error=repr(exc))
+            return None
 
     def release(self) -> list[str]:
         """Let go of the streams without giving their records back (they are handed over):
@@ -515,10 +483,6 @@ class GroupMember(Lifecycle):
             got = 0
             for tp, msgs in data.items():
                 key = (tp.topic, tp.partition)
-                if key in self._settling:  # its handover is being applied: fetched again
-                    if msgs and self._settling[key] is None:
-                        self._settling[key] = msgs[0].offset
-                    continue
                 skips = self._skips.get(key)
                 if skips is not None:
                     before = skips.skipped
@@ -696,34 +660,16 @@ class GroupMember(Lifecycle):
         d.add_partitions(keys - kept)
         c = self._consumer
         if self._handovers is not None and keys - kept and c is not None:
-            # Kafka fetches the new partitions from the group's offsets while the handovers
-            # are looked up and searched (seconds): what comes meanwhile is held back
-            # (`_fetch`), so no record reaches the streams before its skip filter exists
-            new = keys - kept
-            self._settling = {tp: None for tp in new}
-            sought: set[tuple[str, int]] = set()
-            try:
-                for tp, h in (await self._handovers(self, new)).items():
-                    start = h.start
-                    if start is None and h.anchors:
-                        start = await self._find_anchor(tp, h)
-                        if start is None:
-                            with contextlib.suppress(IllegalStateError):
-                                await c.seek_to_beginning(TopicPartition(*tp))
-                                sought.add(tp)
-                    if start is not None:
-                        with contextlib.suppress(IllegalStateError):
-                            c.seek(TopicPartition(*tp), start)
-                            sought.add(tp)
-                    if h.skip:
-                        self._skips[tp] = SkipSet(h)
-                    self.handed_over += 1
-            finally:
-                held, self._settling = self._settling, {}
-                for tp, first in held.items():  # not sought: read again what was held back
-                    if tp not in sought and first is not None:
-                        with contextlib.suppress(IllegalStateError):
-                            c.seek(TopicPartition(*tp), first)
+            for tp, h in (await self._handovers(self, keys - kept)).items():
+                start = h.start
+                if start is None and h.start_ms is not None:
+                    start = await self._offset_at(c, tp, h.start_ms)
+                if start is not None:
+                    with contextlib.suppress(IllegalStateError):
+                        c.seek(TopicPartition(*tp), start)
+                if h.skip:
+                    self._skips[tp] = SkipSet(h)
+                self.handed_over += 1
         for t, p in kept:  # read on from where this member is, not from the commit
             nxt = d.next_offset((t, p))
             if c is not None and nxt >= 0:

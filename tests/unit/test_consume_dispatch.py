@@ -373,21 +373,19 @@ def test_settled_ids_are_kept_for_the_handover_from_keep_below_the_prefix() -> N
     assert Dispatcher().positions() == {}
 
 
-def test_the_first_open_id_is_the_first_record_not_settled_fetched_or_delivered() -> None:
-    """A sync handover's first anchor: where reading again in another region loses nothing
-    (found there by id, never by time)."""
-    d = Dispatcher(region="east")
+def test_resume_time_is_the_oldest_record_not_settled_else_the_last_delivered() -> None:
+    d = Dispatcher()
     d.add_partitions([(T, 0)])
     d.attach(stream("a", credit=2))
-    assert d.first_open_id((T, 0)) is None
-    d.fetched((T, 0), [_pb(0, "x0"), _pb(1), _pb(2, "x2")])
+    assert d.resume_ms((T, 0)) is None
+    d.fetched((T, 0), [_pb(0, ts=100), _pb(1, ts=200), _pb(2, ts=300)])
     d.pump(0.0)              # 0 and 1 delivered, 2 fetched
-    assert d.first_open_id((T, 0)) == "x0"
+    assert d.resume_ms((T, 0)) == 100
     d.ack((T, 0), 0, 1)
-    assert d.first_open_id((T, 0)) == "east:t:0:1"  # no dr-id: the mirror's id
+    assert d.resume_ms((T, 0)) == 200
     d.ack((T, 0), 1, 2)
-    assert d.first_open_id((T, 0)) == "x2"  # fetched, not delivered
+    assert d.resume_ms((T, 0)) == 300  # fetched, not delivered
     d.streams["a"].credit.add(1)
     d.pump(0.0)
     d.ack((T, 0), 2, 3)
-    assert d.first_open_id((T, 0)) is None  # all settled: the settled ids anchor
+    assert d.resume_ms((T, 0)) == 300  # all settled: the last delivered
