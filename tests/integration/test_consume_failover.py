@@ -1,7 +1,10 @@
 """A client reading through the proxy across a failover and a failback (docs/consume.md,
 "Failover without the client noticing"), against the real two-region stack with mirrors both
 ways: the stream stays open, every record written to either primary is delivered, and a
-record comes twice only if it was delivered and not acknowledged when the primary moved."""
+record comes twice only if it was delivered and not acknowledged when the primary moved.
+Around a fence: a dead letter of an ordered topic is written only under a write grant (never
+while fenced, then in the new primary with its epoch); a sync topic's reader finds its place
+in the new primary by the records' ids, whatever the two clusters' clocks say."""
 
 from __future__ import annotations
 
@@ -14,13 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka_helpers import create_topic, eventually, produce, unique
+from kafka_helpers import create_topic, end_offsets, eventually, produce, read_all, unique
 from mirror_helpers import drained, flow
 from primary_helpers import agreed_primary, put_primary, read_everywhere
 
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clients.kafka import KafkaAdmin
+from crossdc.headers import (
+    DR_DL_ID,
+    DR_DL_REGION,
+    DR_EPOCH,
+    DR_MODE,
+    DR_ORIGIN,
+)
+from crossdc.primary import PrimaryRecord
 from mirror import MirrorWorker
 from proxy.config import ConsumeConfig, KafkaWriterSettings, ProxyConfig
+from proxy.consume.member import kafka_group
 from proxy.consumer_client import AsyncConsumer, ConsumedRecord
 from proxy.server import ProxyServer
 
@@ -34,6 +47,20 @@ rules:
       dead_letter_topic: "dl.{topic}"
   - topic: "dl.*"
     mode: nearest
+  - topic: "cdl-*"
+    mode: nearest
+    consume:
+      ack_deadline_s: 60
+      max_deliveries: 2
+      dead_letter_topic: "dlq.{topic}"
+  - topic: "dlq.*"
+    mode: ordered
+  - topic: "csy-*"
+    mode: ordered
+    sync: true
+    consume:
+      ack_deadline_s: 120
+      dead_letter_topic: "dl.{topic}"
 """
 
 
@@ -61,16 +88,27 @@ def _id(r: ConsumedRecord) -> str:
     return r.dr_id or f"{r.region}:{r.topic}:{r.partition}:{r.offset}"
 
 
-async def _move(topology: Any, to: str) -> None:
-    """Fence the primary everywhere, then promote `to` (what the controller writes)."""
+async def _fence(topology: Any) -> PrimaryRecord:
+    """Fence the primary everywhere (epoch + 1, no writable primary): the controller's
+    first write of a failover."""
     held = [r for r in (await read_everywhere(topology)).values() if r is not None]
     current = max(held, key=lambda r: (r.epoch, not r.fenced))
     fenced = current.fence("test")
     for dc in topology.datacenters:
         await put_primary(dc.consul.http_addr, fenced)
+    return fenced
+
+
+async def _promote(topology: Any, fenced: PrimaryRecord, to: str) -> PrimaryRecord:
     promoted = fenced.promote(to, "test")
     for dc in topology.datacenters:
         await put_primary(dc.consul.http_addr, promoted)
+    return promoted
+
+
+async def _move(topology: Any, to: str) -> None:
+    """Fence the primary everywhere, then promote `to` (what the controller writes)."""
+    await _promote(topology, await _fence(topology), to)
 
 
 class _Reader:
@@ -189,3 +227,75 @@ async def test_a_reader_follows_the_primary_across_a_failover_and_a_failback(
     finally:
         for w in workers:
             await w.stop()
+
+
+def _sample(server: ProxyServer, name: str, **labels: str) -> float:
+    return server.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_dead_letter_is_not_written_while_fenced_and_lands_in_the_new_primary(
+        two_regions: Any, east: ProxyServer) -> None:
+    """The dead-letter topic is ordered (as every `dlq.*` of the default policy): the dead
+    letter goes through the Produce path's grant. While the primary is fenced it is written
+    nowhere (not in east, the region read, where the old code wrote it with the fenced
+    epoch) and its record's commit is held; once west is promoted it lands in west with the
+    new epoch, and the commit passes it."""
+    topo = two_regions.topology
+    boot = {r: str(topo.region(r).kafka.bootstrap) for r in ("east", "west")}
+    topic = unique("cdl")
+    dlq = f"dlq.{topic}"
+    for r in ("east", "west"):
+        await create_topic(boot[r], topic, partitions=1)
+        await create_topic(boot[r], dlq, partitions=1)
+    sent, = await produce(boot["east"], topic, [(b"k", b"poison", ())])
+    group = unique("g")
+
+    async def committed() -> int | None:
+        async with KafkaAdmin(KafkaConnection.of(topo.region("east"))) as admin:
+            got = await admin.group_offsets(kafka_group(group, "local"))
+        return next((o for tp, o in got.items() if tp.topic == topic), None)
+
+    async with AsyncConsumer(f"127.0.0.1:{east.port}", group, [topic], credit=10) as c:
+        async with asyncio.timeout(20):
+            first = await anext(c)
+        assert [(r.offset, r.delivery_attempt) for r in first] == [(sent.offset, 1)]
+        await first.nack()
+        async with asyncio.timeout(20):
+            last = await anext(c)
+        assert [r.delivery_attempt for r in last] == [2]  # max_deliveries: the last one
+
+        fenced = await _fence(topo)
+
+        async def sees_fence() -> bool:
+            return bool(east.primary.current.fenced)
+        await eventually(sees_fence, 10, "the proxy sees the fence")
+        await last.nack()  # out of deliveries: to the dead letter at once
+
+        async def tried() -> bool:  # written (the old code), or refused and retried
+            return (_sample(east, "crossdc_proxy_consume_dead_lettered_total", group=group) >= 1
+                    or _sample(east, "crossdc_proxy_consume_dead_letter_errors_total",
+                               group=group) >= 2)
+        await eventually(tried, 20, "the dead letter tried (and retried) while fenced")
+        for r in ("east", "west"):
+            assert await end_offsets(boot[r], dlq) == {0: 0}, \
+                f"a dead letter was written in {r} while the primary was fenced"
+        assert _sample(east, "crossdc_proxy_consume_dead_letter_refused_total", group=group,
+                       reason="fenced") >= 2
+        assert (await committed() or 0) <= sent.offset, "committed past an unwritten letter"
+
+        promoted = await _promote(topo, fenced, "west")
+
+        async def landed() -> bool:
+            return (await end_offsets(boot["west"], dlq))[0] == 1
+        await eventually(landed, 30, "the dead letter written in the new primary")
+
+        async def past_it() -> bool:
+            return bool(await committed() == sent.offset + 1)
+        await eventually(past_it, 10, "the commit past the dead-lettered record")
+    letter, = await read_all(boot["west"], dlq, 1)
+    h = dict(letter.headers)
+    assert (letter.key, letter.value) == (b"k", b"poison")
+    assert h[DR_EPOCH] == str(promoted.epoch).encode()
+    assert (h[DR_MODE], h[DR_ORIGIN], h[DR_DL_REGION]) == (b"ordered", b"west", b"east")
+    assert h[DR_DL_ID] == f"east:{topic}:0:{sent.offset}".encode()
+    assert await end_offsets(boot["east"], dlq) == {0: 0}  # no mirror runs here
