@@ -12,6 +12,7 @@ older record than one seen elsewhere (a stale one, not corrected yet) changes no
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +47,7 @@ class PrimaryWatch:
         self.wait_s = wait_s
         self._clients: dict[str, ConsulClient] = {}
         self._down: set[str] = set()  # addresses whose failure was logged (once per outage)
+        self._confirmed: dict[str, float] = {}  # address -> monotonic time of its last answer
 
     def open(self) -> None:
         if not self._clients:
@@ -57,6 +59,7 @@ class PrimaryWatch:
             await c.close()
 
     def _seen(self, addr: str, record: PrimaryRecord | None) -> None:
+        self._confirmed[addr] = time.monotonic()
         if addr in self._down:
             self._down.discard(addr)
             self.log.info("primary_readable_again", consul=addr)
@@ -90,6 +93,34 @@ class PrimaryWatch:
 
         self.open()
         await asyncio.gather(*(one(a) for a in self._clients))
+
+    def confirmed_age_s(self, addr: str | None = None) -> float | None:
+        """Seconds since `addr` (default: the first datacenter, the flow's target) last
+        answered; None when it never has."""
+        addr = addr if addr is not None else self.http_addrs[0]
+        at = self._confirmed.get(addr)
+        return None if at is None else time.monotonic() - at
+
+    async def fresh(self, max_age_s: float, timeout_s: float = 2.0) -> bool:
+        """Whether the first datacenter's record (the flow's target: the one that says whether
+        the target is the writable primary) is known as of at most `max_age_s` ago, reading it
+        now (bounded) when the watch has not heard from it since (issue 36, item 6: a watch
+        cut off by a partition keeps its last record, and a mirror that carried an old
+        primary's tail on that view at the heal would put it behind the new primary's
+        records). False when it cannot be read."""
+        age = self.confirmed_age_s()
+        if age is not None and age <= max_age_s:
+            return True
+        addr = self.http_addrs[0]
+        self.open()
+        try:
+            async with asyncio.timeout(timeout_s):
+                rec, _ = await read_primary(self._clients[addr], consistent=True)
+        except (ClientError, BadPrimaryRecord, TimeoutError) as exc:
+            self._failed(addr, exc)
+            return False
+        self._seen(addr, rec)
+        return True
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the key in every datacenter until `stop` is set (or cancelled)."""

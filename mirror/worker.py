@@ -64,7 +64,7 @@ from crossdc.clients.offsets import (
     sync_topic_name,
 )
 from crossdc.errors import ClientError
-from crossdc.headers import DR_ID, DR_PATH, DR_TS
+from crossdc.headers import DR_ID, DR_MODE, DR_PATH, DR_TS
 from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
 from crossdc.quarantine import QUARANTINE_TOPIC, quarantine_headers
@@ -123,6 +123,28 @@ _REBALANCE_TIMEOUT_MS = 60_000
 _ASSIGN_BUDGET_S = _REBALANCE_TIMEOUT_MS / 1000 / 2
 _MAX_BATCH = 20_000
 _FIRST_SCAN = 4 * _MAX_BATCH  # target records looked at when a partition has no `pos:` yet
+
+
+# The epoch rule's view of the target's primary record is never older than this when a batch
+# is written (issue 36, item 6): at most one Consul read a second beyond the watch.
+_VIEW_FRESH_S = 1.0
+
+
+def _judged(batch: dict[TopicPartition, list[Any]]) -> bool:
+    """Whether the batch holds ordered or sync records: a topic's mode is its policy's, so
+    each partition's first record with headers says (no scan of every record)."""
+    for recs in batch.values():
+        for r in recs[:8]:
+            if r.headers:
+                mode = next((v for k, v in r.headers if k == DR_MODE), None)
+                if mode in (b"ordered", b"sync"):
+                    return True
+                break
+    return False
+
+
+class _ViewStale(ClientError):
+    """The target datacenter's primary record could not be confirmed before a batch."""
 
 
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -663,6 +685,7 @@ class MirrorWorker(Lifecycle):
                 if not batch:
                     return
                 try:
+                    await self._view_fresh(batch)
                     await self._write(batch)
                     for tp in batch:
                         self._one_by_one.discard(tp)
@@ -693,6 +716,13 @@ class MirrorWorker(Lifecycle):
                     if not batch:
                         return
                     continue
+                except _ViewStale as exc:
+                    failures += 1
+                    delay = WRITE_BACKOFF.pause(failures)
+                    self.metrics.errors.labels(self.flow.source, self.flow.target, "*",
+                                               "primary_view").inc()
+                    self.log.warning("target_primary_unknown", error=str(exc),
+                                     retry_in_s=round(delay, 2))
                 except (ClientError, KafkaError) as exc:  # ClientError: _target_has's refresh
                     if getattr(self._producer, "fenced", False):
                         # librdkafka: a record purged by the fence may fail before the
@@ -713,6 +743,17 @@ class MirrorWorker(Lifecycle):
                     self.log.warning("target_write_failed", error=repr(exc),
                                      retry_in_s=round(delay, 2))
             await self._pause(delay)  # outside the lock: a rebalance may run meanwhile
+
+    async def _view_fresh(self, batch: dict[TopicPartition, list[Any]]) -> None:
+        """Before a batch with ordered or sync records (the ones the epoch rule judges): the
+        target datacenter's primary record as of at most `_VIEW_FRESH_S` ago (read now when
+        the watch has not heard from it since), so the rule never judges an old primary's
+        tail on a view a partition left stale; `_ViewStale` (the batch waits, retried) when
+        it cannot be read. Other batches never wait for Consul."""
+        watch = self._primary_watch
+        if watch is not None and _judged(batch) and not await watch.fresh(_VIEW_FRESH_S):
+            raise _ViewStale(f"the primary record of {self.flow.target}'s datacenter cannot "
+                             "be read: no record is carried on a view that may be stale")
 
     def _in_sequence(self, batch: dict[TopicPartition, list[Any]],
                      ) -> dict[TopicPartition, list[Any]]:

@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import socket
+import struct
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -186,6 +188,7 @@ class RegionWriter(Lifecycle):
                 return
             self.log.error("producer_close_timeout", why="flush did not finish by the "
                            "deadline; unsent records abandoned")
+            reset_connections(producer.client)  # what is queued in the kernel too
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     await producer.client.close()
@@ -538,10 +541,13 @@ class RegionWriter(Lifecycle):
         with contextlib.suppress(Exception):
             producer._message_accumulator.fail_all(KafkaTimeoutError(why))
         producer._closed = True  # its stop() has nothing left to flush
+        reset = reset_connections(producer.client)
         bound = min(self.settings.probe_timeout_s, 2.0)  # local work: closing sockets
         with contextlib.suppress(Exception):
             async with asyncio.timeout(bound):
                 await producer.client.close()
+        if reset:
+            self.log.info("producer_connections_reset", connections=reset)
         if task is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait({task}, timeout=bound)
@@ -943,6 +949,33 @@ class RdRegionWriter(RegionWriter):
         self.log.warning("producer_dropped", why=why)
         self._set_reachable(False, f"producer dropped: {why}")
         await producer.drop()
+
+
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, drops the queue
+
+
+def reset_connections(client: Any) -> int:
+    """Abort every connection of an aiokafka client with SO_LINGER 0 (issue 36, "abandoned
+    requests still land"): a plain close leaves the produce requests already handed to the
+    kernel in the socket's send and retransmit queues, and the kernel delivers them when a cut
+    heals, seconds after their client was told they failed and after later records. A reset
+    discards those queues, so an abandoned request either reached the broker before the drop
+    or never will. What it does not recall: bytes the broker's kernel received already (their
+    record is then appended before the reset is seen: the write bound and the controller's
+    margin cover those). The number of sockets reset."""
+    n = 0
+    for conn in list(getattr(client, "_conns", {}).values()):
+        writer = getattr(conn, "_writer", None)
+        transport = getattr(writer, "transport", None)
+        if transport is None or transport.is_closing():
+            continue
+        sock = transport.get_extra_info("socket")
+        with contextlib.suppress(OSError, AttributeError):
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        transport.abort()
+        n += 1
+    return n
 
 
 def make_writer(region: Region, conn: KafkaConnection, settings: KafkaWriterSettings,

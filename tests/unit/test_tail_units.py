@@ -181,3 +181,27 @@ async def test_an_unreachable_consul_keeps_the_last_record() -> None:
         s.close()
     assert w.current == WEST_5
     assert [e["event"] for e in logs].count("primary_unreadable") == 1  # once per outage
+
+
+async def test_the_view_is_fresh_only_while_the_target_datacenter_answered_lately() -> None:
+    """Issue 36, item 6: a mirror carries a batch only on a view of the target datacenter's
+    primary record at most `max_age_s` old; when the watch has not heard from it since, it
+    reads it now, and a datacenter that does not answer makes the view stale (the batch
+    waits) instead of leaving the last record in force."""
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))  # a port nobody listens on: the target's Consul is cut off
+    addr = f"127.0.0.1:{s.getsockname()[1]}"
+    try:
+        w = PrimaryWatch([addr, "127.0.0.1:1"])
+        assert w.confirmed_age_s() is None
+        assert not await w.fresh(1.0, timeout_s=2.0)  # never answered
+        w._seen(addr, WEST_5)  # the watch heard from it just now
+        assert await w.fresh(1.0, timeout_s=2.0)
+        w._seen("127.0.0.1:1", WEST_5)  # another datacenter's answer confirms nothing
+        w._confirmed[addr] -= 5.0  # the last answer is 5 s old: read again, and fail
+        assert not await w.fresh(1.0, timeout_s=2.0)
+        assert w.current == WEST_5  # the record stands; the batch waits for a fresh one
+        await w.close()
+    finally:
+        s.close()
