@@ -4,8 +4,10 @@ Consul datacenters (the flow's target first, its source too), for the epoch rule
 
 One blocking query per datacenter follows the key (Consul answers as soon as it changes), so
 the worker learns a promotion within a round trip, not a polling period. A datacenter that
-cannot be read is asked again every `retry_s`; meanwhile the last record seen stands (the
-mirror never waits for Consul). Records only move forward: a datacenter that answers with an
+cannot be read is asked again every `retry_s`; meanwhile the last record seen stands. A batch of
+ordered or sync records is written only on a view of the target's datacenter at most 1 s old
+(`fresh`: read now when the watch has not heard from it since; the batch waits when it cannot
+be). Records only move forward: a datacenter that answers with an
 older record than one seen elsewhere (a stale one, not corrected yet) changes nothing.
 """
 

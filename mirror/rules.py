@@ -84,7 +84,7 @@ def stamp(flow: FlowHeaders, rid: bytes, timestamp_ms: int,
 
 
 def epoch_rule(headers: Sequence[tuple[str, bytes]], *, target: str,
-               primary: PrimaryRecord | None) -> Decision:
+               primary: PrimaryRecord | None, source: str | None = None) -> Decision:
     """Whether a record the flow would carry into `target` goes to its topic (`carry`) or to
     the quarantine (`quarantine`): the divergent tail of a lost primary.
 
@@ -93,8 +93,17 @@ def epoch_rule(headers: Sequence[tuple[str, bytes]], *, target: str,
     been replaced, and writing it now would put it behind records of the newer epoch. While the
     primary record is fenced (the failover is draining the old primary) or names another
     region, or is unknown, everything is carried as before. Records without a readable
-    `dr-epoch` (headerless records, `nearest` ones) are carried."""
-    if primary is None or primary.writable != target:
+    `dr-epoch` (headerless records, `nearest` ones) are carried.
+
+    While the record is fenced at epoch F (a failover away from `primary.region`), the drain
+    carries the tail of the region being left; a flow from ANY OTHER `source` carrying an
+    ordered or sync record of an epoch below F carries a tail older than the primary being
+    left (issue 36, item 6: east's tail of epoch 0, held back by a cut, reaching west during
+    the failback's drain, after west's records of epoch 1): quarantined too."""
+    if primary is None:
+        return "carry"
+    if primary.writable != target and not (primary.fenced and source is not None
+                                           and source != primary.region):
         return "carry"
     dr = {k: v for k, v in headers if k in (DR_MODE, DR_EPOCH)}
     if dr.get(DR_MODE) not in (b"ordered", b"sync"):

@@ -868,7 +868,9 @@ class MirrorWorker(Lifecycle):
         # Per record only what can apply to this partition (bench/results/profile.md): the
         # epoch rule only into the writable primary (its own first test), the dead letter
         # only once a record was refused, plan() only for a record that has headers.
-        primary = a.primary if a.primary is not None and a.primary.writable == target else None
+        view = a.primary
+        primary = view if view is not None and (
+            view.writable == target or (view.fenced and view.region != source)) else None
         dead = self._dead
         stamped = flow_headers(source, target)
         skipped = 0
@@ -886,7 +888,7 @@ class MirrorWorker(Lifecycle):
             else:  # written straight into the source: it originated there (plan's rule)
                 headers = stamp(stamped, f"{id_prefix}{offset}".encode(), r.timestamp)
             if primary is not None and epoch_rule(
-                    headers, target=target, primary=primary) == "quarantine":
+                    headers, target=target, primary=primary, source=source) == "quarantine":
                 # The divergent tail: kept apart, never behind newer records.
                 a.quarantined.setdefault(tp, []).append((offset, await producer.send(
                     QUARANTINE_TOPIC, key=r.key, value=r.value, partition=0,

@@ -205,3 +205,18 @@ async def test_the_view_is_fresh_only_while_the_target_datacenter_answered_latel
         await w.close()
     finally:
         s.close()
+
+
+@pytest.mark.parametrize(("source", "epoch", "want"), [
+    ("east", "4", "quarantine"),  # the failback's fence leaves west: east's older tail is late
+    ("east", "5", "carry"),       # not older than the fenced epoch
+    ("west", "4", "carry"),       # the drain: the region being left, its tail goes on
+    (None, "4", "carry"),         # source unknown: as before
+])
+def test_while_fenced_only_the_region_being_left_drains_its_older_epochs(
+        source: str | None, epoch: str, want: str) -> None:
+    fenced = PrimaryRecord(region="west", epoch=5, fenced=True)
+    assert epoch_rule(_h("ordered", epoch), target="west", primary=fenced,
+                      source=source) == want
+    assert epoch_rule(_h("nearest", epoch), target="west", primary=fenced,
+                      source=source) == "carry"
