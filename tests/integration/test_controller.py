@@ -157,6 +157,7 @@ async def _dns(topo: Topology, dc: str, name: str, rtype: str = "SRV") -> list[i
     return sorted(r.port for r in answer)
 
 
+@pytest.mark.slow  # ~20 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_failover_and_failback_move_primary_epoch_and_dns_everywhere(
         topo: Topology, dcs: Datacenters) -> None:
     topic = unique("ctl-fo")

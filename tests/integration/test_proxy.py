@@ -519,6 +519,7 @@ async def _writable(server: ProxyServer, region: str) -> bool:
     return server.writers[region].writable
 
 
+@pytest.mark.slow  # ~15 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_sync_with_a_region_down_is_not_acked(two_regions, north, policy_file) -> None:  # type: ignore[no-untyped-def]
     stack, ntopo = north
     topo = _merge(two_regions.topology, ntopo, primary="east",

@@ -25,7 +25,9 @@ from crossdc.outcomes import ACKED, FAILED, JOURNAL_TOPIC, UNKNOWN, Group, encod
 from crossdc.quarantine import QUARANTINE_TOPIC, quarantine_headers
 from dr.reconcile import Report, RunSettings, run
 
-pytestmark = pytest.mark.timeout(300)
+# a Spark run of its own (~30 s setup): in `make test-more` (CI), keeping `make test` under
+# 10 min (test_reconcile.py keeps one Spark run in `make test`)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 
 def _headers(dr_id: str, ts: int, mode: str = "ordered") -> list[tuple[str, bytes]]:

@@ -138,6 +138,7 @@ async def test_up_again_is_idempotent(two_regions: StackInfo) -> None:
     assert 0 not in after
 
 
+@pytest.mark.slow  # ~21 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_broker_stop_and_start_shows_in_status(two_regions: StackInfo) -> None:
     if two_regions.kind != "local":
         pytest.skip("local stack only")
