@@ -112,6 +112,10 @@ class ProxyMetrics:
                                           "lease_s the primary record states (ordered and "
                                           "sync writes refused: fix the configuration)",
                                           registry=r, multiprocess_mode="livemax")
+        self.late_acks = Counter("crossdc_proxy_late_acks", "Ordered or sync records whose "
+                                 "acknowledgement came after their write bound (a pause of "
+                                 "the proxy, a slow loop): answered UNKNOWN, never OK (issue "
+                                 "36, item 5)", ("region",), registry=r)
         self.producer_drops = Counter("crossdc_proxy_producer_drops", "Region producers "
                                       "dropped without a flush because an ordered or sync "
                                       "write was still unanswered at the end of its write "

@@ -68,6 +68,9 @@ log = structlog.get_logger("crossdc.proxy.writers")
 _UNANSWERED = (KafkaTimeoutError, RequestTimedOutError, KafkaConnectionError)
 """Errors of a record handed to the producer that say nothing of whether the broker appended
 it (it may have been on the wire): the write's outcome is unknown, never "failed"."""
+# Modes whose acknowledgement after the write bound is answered UNKNOWN (`_late_acks`).
+_STRICT_MODES = frozenset({"ordered", "sync"})
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, drops the queue
 
 
 def partition_for(key: bytes, partitions: int) -> int:
@@ -374,10 +377,12 @@ class RegionWriter(Lifecycle):
         if bounded is None:  # ordered, sync: nothing may be sent after the deadline
             bounded = mode != "nearest"
         # The first attempt runs here; the retry machinery is built only when it failed.
+        strict = mode in _STRICT_MODES
         pending = await self._attempt(topic, items, range(len(items)), results, deadline,
-                                      bounded)
+                                      bounded, strict)
         if pending:
-            await self._retry(topic, items, pending, results, deadline, still_valid, bounded)
+            await self._retry(topic, items, pending, results, deadline, still_valid, bounded,
+                              strict)
         out = [r if r is not None else RegionWriteFailed(self.name, topic, "not sent")
                for r in results]
         m = self._children(mode)
@@ -398,7 +403,8 @@ class RegionWriter(Lifecycle):
 
     async def _retry(self, topic: str, items: Sequence[Outgoing], pending: list[int],
                      results: list[Any], deadline: float,
-                     still_valid: Callable[[], str] | None, bounded: bool) -> None:
+                     still_valid: Callable[[], str] | None, bounded: bool,
+                     strict: bool = False) -> None:
         """Retry the `pending` items (the first attempt failed them with a retriable error):
         tenacity, the one retry loop, bounded by `retry_attempts` in all and the deadline."""
         s = self.settings
@@ -421,7 +427,7 @@ class RegionWriter(Lifecycle):
                                 raise _AttemptFailed(RegionWriteFailed(self.name, topic, why,
                                                                        retriable=False))
                         pending = await self._attempt(topic, items, pending, results,
-                                                      deadline, bounded)
+                                                      deadline, bounded, strict)
                     # attempt 1 is the one write() already made
                     first = next((results[i] for i in pending), None)
                     if isinstance(first, RegionWriteFailed):
@@ -440,7 +446,8 @@ class RegionWriter(Lifecycle):
         return random.choice(sorted(parts)) if parts else None
 
     async def _attempt(self, topic: str, items: Sequence[Outgoing], pending: Sequence[int],
-                       results: list[Any], deadline: float, bounded: bool = False) -> list[int]:
+                       results: list[Any], deadline: float, bounded: bool = False,
+                       strict: bool = False) -> list[int]:
         """One try of the `pending` items; fills `results`; returns the items to retry.
         `bounded` (ordered, sync): records still unanswered at the end drop the producer.
 
@@ -507,7 +514,8 @@ class RegionWriter(Lifecycle):
                 results[i] = RegionWriteFailed(self.name, topic,
                                                f"not sent within {timeout:.2f}s",
                                                retriable=False)
-        if bounded:
+        if strict:
+            self._late_acks(topic, pending, results, deadline)
             stuck += sum(1 for _, f in futs if not f.done())
             stuck += sum(len(idxs) for idxs, f, _ in chunks if not f.done())
             if stuck:
@@ -519,6 +527,29 @@ class RegionWriter(Lifecycle):
                         f.exception()                   # reads them
         retry.sort()
         return retry
+
+    def _late_acks(self, topic: str, pending: Sequence[int], results: list[Any],
+                   deadline: float) -> None:
+        """An ordered or sync record acknowledged after its write bound (`deadline`: the
+        lease's, or the request's) is not a success (issue 36, item 5): the bound is what
+        the controller's wait after the lease assumes, and an ack seen after it (the loop
+        paused, the ack read late) may be of an append made after a fence. Answered as of
+        unknown outcome instead (`maybe_written`: the journal says unknown, the client may
+        retry with its idempotency key)."""
+        over = time.monotonic() - deadline
+        if over <= 0:
+            return
+        late = [i for i in pending if type(results[i]) is RegionWrite]
+        if not late:
+            return
+        err = RegionWriteFailed(self.name, topic, f"acknowledged {over:.2f} s after the "
+                                "write bound: outcome unknown", retriable=False,
+                                maybe_written=True)
+        for i in late:
+            results[i] = err
+        self.metrics.late_acks.labels(self.name).inc(len(late))
+        self.log.warning("ack_after_write_bound", topic=topic, records=len(late),
+                         over_s=round(over, 3))
 
     async def _drop_producer(self, producer: AIOKafkaProducer, why: str) -> None:
         """Stop `producer` at once without flushing: nothing it has queued is sent from now
@@ -878,7 +909,8 @@ class RdRegionWriter(RegionWriter):
 
     # -- writing ---------------------------------------------------------------------------
     async def _attempt(self, topic: str, items: Sequence[Outgoing], pending: Sequence[int],
-                       results: list[Any], deadline: float, bounded: bool = False) -> list[int]:
+                       results: list[Any], deadline: float, bounded: bool = False,
+                       strict: bool = False) -> list[int]:
         if self._renew:
             await self._renew_producer()
         producer = self._producer
@@ -933,6 +965,8 @@ class RdRegionWriter(RegionWriter):
                     retry.append(i)
         if producer.fatal:
             self._renew = True
+        if strict:
+            self._late_acks(topic, pending, results, deadline)
         if bounded and stuck:
             await self._drop_rd(producer, f"{stuck} ordered/sync record(s) of {topic} "
                                 f"unanswered at the end of their write bound ({timeout:.2f} s)")
@@ -949,9 +983,6 @@ class RdRegionWriter(RegionWriter):
         self.log.warning("producer_dropped", why=why)
         self._set_reachable(False, f"producer dropped: {why}")
         await producer.drop()
-
-
-_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, drops the queue
 
 
 def reset_connections(client: Any) -> int:

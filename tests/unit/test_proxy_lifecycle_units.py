@@ -525,3 +525,48 @@ async def test_a_start_cancelled_half_way_closes_its_producer(monkeypatch: pytes
     finally:
         server.close()
         await server.wait_closed()
+
+
+@pytest.mark.parametrize("mode", ["ordered", "sync", "nearest"])
+async def test_an_ack_seen_after_the_write_bound_is_unknown_not_ok(mode: str) -> None:
+    """Issue 36, item 5: the proxy's process freezes (here: a callback that blocks the loop
+    past the bound, as a SIGSTOP or a VM pause does) while the broker's ack is on its way; on
+    waking, the ack is read before the timeout fires. An ordered or sync record acknowledged
+    after its write bound is answered of unknown outcome, never OK (the controller's wait after
+    the lease assumes nothing was appended later than the bound); nearest promises no bound."""
+    from aiokafka.structs import RecordMetadata
+
+    from proxy.config import BreakerSettings, KafkaWriterSettings
+    from proxy.errors import RegionWriteFailed
+    from proxy.writers import RegionWrite, RegionWriter
+
+    class Frozen:
+        """A producer whose ack arrives while the process is frozen past the bound."""
+
+        fatal = False
+
+        async def send(self, topic: str, **kw: Any) -> asyncio.Future[Any]:
+            loop = asyncio.get_running_loop()
+            fut: asyncio.Future[Any] = loop.create_future()
+
+            def freeze_then_ack() -> None:
+                time.sleep(0.6)  # the fault itself: the whole loop stops, as in a pause
+                fut.set_result(RecordMetadata(topic, 0, None, 7, -1, None, 0))
+            loop.call_soon(freeze_then_ack)
+            return fut
+
+    east = TOPO.region("east")
+    metrics = ProxyMetrics()
+    w = RegionWriter(east, KafkaConnection.of(east), KafkaWriterSettings(), BreakerSettings(),
+                     metrics, client_id="t")
+    w._producer = Frozen()  # a stand-in
+    w._reachable = True
+    out = await w.write("payments", [Outgoing(b"k", b"v", [], 0, 2)], mode=mode,
+                        deadline=time.monotonic() + 0.3)
+    if mode == "nearest":
+        assert type(out[0]) is RegionWrite, out
+        return
+    assert isinstance(out[0], RegionWriteFailed), out
+    assert out[0].maybe_written
+    assert "after the write bound" in out[0].why
+    assert metrics.late_acks.labels("east")._value.get() == 1
