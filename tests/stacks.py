@@ -21,7 +21,7 @@ from dr.stack.services import Services
 if TYPE_CHECKING:
     from dr.stack.docker import DockerStack
 
-__all__ = ["DRILL_TOPICS", "Deployment", "StackInfo", "deployment"]
+__all__ = ["DRILL_TOPICS", "Deployment", "StackInfo", "deployment", "docker_skip_reason"]
 
 DRILL_TOPICS = "(payments|ledger|clickstream).*"
 
@@ -77,3 +77,16 @@ class StackInfo:
     def boot(self) -> dict[str, str]:
         """Region → bootstrap."""
         return {r.name: r.kafka.bootstrap for r in self.topology.regions}
+
+
+def docker_skip_reason() -> str | None:
+    """Why the Docker tests cannot run here (no engine answers, images not built), or None."""
+    from dr.stack.docker import docker_available, missing_images
+    from dr.stack.images import CONSUL_IMAGE, CROSSDC_IMAGE, KAFKA_IMAGE
+    if not docker_available():
+        return ("no Docker engine answers (docker.from_env().ping()); "
+                "`bash compose/docker/engine.sh` starts one")
+    gone = missing_images([KAFKA_IMAGE, CONSUL_IMAGE, CROSSDC_IMAGE])
+    if gone:
+        return f"images not built: {', '.join(gone)} (`dr images build`)"
+    return None

@@ -11,9 +11,6 @@ minute): `make test-more`."""
 from __future__ import annotations
 
 import contextlib
-import json
-import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -21,14 +18,11 @@ import grpc
 import pytest
 from kafka_helpers import Record, consume, create_topic, eventually, produce, unique
 from primary_helpers import read_everywhere
+from stacks import docker_skip_reason
 from tests_support import write_topology
 
-from crossdc.topology import Flow, Topology, load_topology
-from dr.stack.compose import DOCKER_TOPOLOGY, PROJECT, ComposeDeployment, container_states
-from dr.stack.containers import NetworkPlan, topology_view
-from dr.stack.docker import DockerStack, docker_available
-from dr.stack.images import CONSUL_IMAGE, CROSSDC_IMAGE, KAFKA_IMAGE
-from dr.stack.paths import REPO_ROOT, StackPaths
+from crossdc.topology import Flow, Topology
+from dr.stack.docker import DockerStack
 from dr.stack.ports import free_port, free_topology
 from dr.status import probe_topology
 from proxy.client import AsyncProducer
@@ -39,20 +33,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 TOPICS = "(payments|ledger|clickstream|dock).*"
 
 
-def _skip_reason() -> str | None:
-    if not docker_available():
-        return ("no Docker engine answers (docker.from_env().ping()); "
-                "`bash compose/docker/engine.sh` starts one")
-    from dr.stack.docker import missing_images
-    gone = missing_images([KAFKA_IMAGE, CONSUL_IMAGE, CROSSDC_IMAGE])
-    if gone:
-        return f"images not built: {', '.join(gone)} (`dr images build`)"
-    return None
-
-
 @pytest.fixture(scope="module")
 async def docked(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[DockerStack]:
-    reason = _skip_reason()
+    reason = docker_skip_reason()
     if reason:
         pytest.skip(reason)
     root = tmp_path_factory.mktemp("docker")
@@ -167,122 +150,3 @@ def test_compose_topology_mount_is_readable(tmp_path: Path) -> None:
     mount: a file the container user can read)."""
     path = write_topology(free_topology(["east"]), tmp_path / "t.yaml")
     assert path.stat().st_mode & 0o004
-
-
-# -- the compose deployment: a network per datacenter, a partition by `docker network` -------
-
-_PROBE = ("import socket, sys\n"
-          "for a in sys.argv[1:]:\n"
-          "    h, p = a.rsplit(':', 1)\n"
-          "    s = socket.socket(); s.settimeout(2)\n"
-          "    try:\n        s.connect((h, int(p))); print(a, 'ok')\n"
-          "    except OSError:\n        print(a, 'cut')\n"
-          "    finally:\n        s.close()\n")
-
-
-def _reach(container: str, *addresses: str) -> dict[str, bool]:
-    """address -> whether a TCP connection from inside `container` gets through."""
-    proc = subprocess.run(["docker", "exec", container, "python3", "-c", _PROBE, *addresses],
-                          capture_output=True, text=True, timeout=60, check=True)
-    return {a: r == "ok" for a, r in (line.split() for line in proc.stdout.splitlines())}
-
-
-def _partition(action: str, dc: str) -> None:
-    subprocess.run(["bash", str(REPO_ROOT / "compose" / "docker" / "partition.sh"), action, dc],
-                   capture_output=True, text=True, timeout=120, check=True)
-
-
-@pytest.fixture(scope="module")
-async def deployed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ComposeDeployment]:
-    """`dr up --docker` of policies/topology.docker.yaml (no Prometheus), in a state dir of
-    its own; skipped while the deployment already runs (same names and subnets)."""
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(reason)
-    if container_states(PROJECT):
-        pytest.skip(f"the compose deployment (project {PROJECT}) runs already: `dr down` it")
-    root = tmp_path_factory.mktemp("compose")
-    root.chmod(0o755)
-    paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
-    dep = ComposeDeployment(load_topology(DOCKER_TOPOLOGY), DOCKER_TOPOLOGY, paths,
-                            prometheus_port=None)
-    try:
-        t0 = time.monotonic()
-        await dep.up(timeout_s=420)
-        print(f"compose deployment up and healthy after {time.monotonic() - t0:.1f} s")
-        yield dep
-    finally:
-        saved = json.loads(paths.stack_file.read_text(encoding="utf-8"))
-        await ComposeDeployment.down(paths, saved["docker"])
-
-
-async def test_a_region_cut_off_wan_is_partitioned_fails_over_and_heals(
-        deployed: ComposeDeployment) -> None:
-    """east's containers off `wan` (compose/docker/partition.sh): from inside them the other
-    datacenters are unreachable (also through the host: the bridges do not forward), and the
-    other way round; their own region and the host still reach them. The controllers on the
-    majority side (west + witness) promote west, the cut-off east proxy stops taking ordered
-    writes; reconnected, every datacenter agrees on west."""
-    topo = deployed.topology
-    plan = NetworkPlan(topo)
-    east_kafka = topo.region("east").kafka.bootstrap
-    west_kafka = topo.region("west").kafka.bootstrap
-    east_view, west_view = topology_view(topo, plan, "east"), topology_view(topo, plan, "west")
-    across_from_east = [east_view.region("west").kafka.bootstrap,   # west's WAN listener
-                        east_view.region("west").consul.http_addr,
-                        east_view.witnesses[0].consul.http_addr,
-                        west_kafka, topo.region("west").consul.http_addr]  # west's home: via host
-    across_from_west = [west_view.region("east").kafka.bootstrap,
-                        west_view.region("east").consul.http_addr, east_kafka]
-    assert all(_reach("crossdc-proxy-east", east_view.region("west").kafka.bootstrap,
-                      east_view.witnesses[0].consul.http_addr).values())
-
-    topic = unique("payments.netcut")
-    for r in ("east", "west"):
-        await create_topic(topo.region(r).kafka.bootstrap, topic, 1)
-    async with AsyncProducer(topo.region("east").proxy.endpoint, deadline_s=5.0) as p:
-        async def written() -> bool:
-            try:
-                await p.produce(topic, b"before", key=b"k", idempotency_key=unique("nc"))
-            except ProduceFailed:
-                return False
-            return True
-        await eventually(written, 60, "an ordered write through east's proxy before the cut")
-
-        t0 = time.monotonic()
-        _partition("cut", "east")
-        try:
-            got = _reach("crossdc-proxy-east", east_kafka, *across_from_east)
-            assert got.pop(east_kafka), got            # its own region still answers
-            assert not any(got.values()), got          # no other datacenter, not via the host
-            got = _reach("crossdc-proxy-west", *across_from_west,
-                         west_view.witnesses[0].consul.http_addr)
-            assert got.pop(west_view.witnesses[0].consul.http_addr), got
-            assert not any(got.values()), got
-
-            async def promoted() -> bool:  # east's Consul still answers the host, stale
-                held = await read_everywhere(topo)
-                return all((r := held[dc]) is not None and r.region == "west" and not r.fenced
-                           for dc in ("west", "witness"))
-            await eventually(promoted, 120, "west and the witness promote west")
-            failover_s = time.monotonic() - t0
-
-            async def refused() -> bool:
-                try:
-                    await p.produce(topic, b"cut", key=b"k", idempotency_key=unique("nc"))
-                except ProduceFailed:
-                    return True
-                return False
-            await eventually(refused, 60, "the cut-off east proxy refuses ordered writes")
-            fenced_s = time.monotonic() - t0
-        finally:
-            _partition("heal", "east")
-    print(f"partition of east: west primary after {failover_s:.1f} s, east's proxy refusing "
-          f"ordered writes after {fenced_s:.1f} s")
-    assert all(_reach("crossdc-proxy-east", *across_from_east[:3]).values())
-
-    async def agreed() -> bool:
-        held = await read_everywhere(topo)
-        return all(r is not None and r.region == "west" and not r.fenced for r in held.values())
-    await eventually(agreed, 120, "every datacenter, east included, on west after the heal")
-
