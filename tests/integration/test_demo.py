@@ -19,7 +19,7 @@ from dr.stack.paths import StackPaths
 from dr.stack.ports import free_topology
 
 # slow: `make test-more` (CI runs it after the demo, which is the same story end to end)
-pytestmark = [pytest.mark.timeout(480), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(720), pytest.mark.slow]
 
 DR = str(Path(sys.executable).parent / "dr")
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,10 @@ async def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> No
             await asyncio.sleep(0.5)  # polls the folder the demo writes
         running = [p.name for p in stack_processes(paths) if p.running()]
         proc.send_signal(signal.SIGINT)
-        _, err = await asyncio.wait_for(proc.communicate(), 200)  # the drill heals first
+        # the drill heals and fails back first: 200 s was not enough in a CI run (the
+        # interrupt at 02:20:28, the drill's failback at 02:23:09, the processes stopped at
+        # 02:23:47)
+        _, err = await asyncio.wait_for(proc.communicate(), 420)
     finally:
         if proc.returncode is None:
             proc.kill()
