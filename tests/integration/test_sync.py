@@ -213,7 +213,6 @@ def _status(path: Path, prefix: str, *extra: str) -> subprocess.CompletedProcess
                           env={**os.environ, "COLUMNS": "250"})
 
 
-@pytest.mark.slow  # ~14 s: in `make test-more` (CI), keeping `make test` under 10 min
 async def test_sync_status_exit_codes(two_regions, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     east = two_regions.bootstrap("east")
     prefix = unique("syn-s")
