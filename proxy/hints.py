@@ -136,6 +136,7 @@ from crossdc.quarantine import (
 from crossdc.settings import Backoff, RetrySettings
 from proxy.errors import IncompleteSync, ProxyError, RegionWriteFailed, shown
 from proxy.idempotency import LogUnavailable
+from proxy.lookup import MaybeWrite, merged
 from proxy.writers import Outgoing, RegionWrite
 
 if TYPE_CHECKING:
@@ -939,7 +940,8 @@ class HintReplayer(Lifecycle):
                 it.action = "skip"
             return True
         known = list(slot.partial or ())
-        if any(x.region == target for x in known):
+        # a MaybeWrite (an attempt never answered) does not say the target holds it
+        if any(x.region == target and type(x) is not MaybeWrite for x in known):
             self.window.fail(slot, partial=known)
             it.action = "skip"
             return True
@@ -1112,8 +1114,7 @@ class HintReplayer(Lifecycle):
         h = it.hint
         if it.slot is not None and h is not None and tail is not None:
             at = RegionWrite(target, h.partition, tail.last_offset)
-            merged = {x.region: x for x in (*h.written, *it.known, at)}
-            self.window.fail(it.slot, partial=list(merged.values()))
+            self.window.fail(it.slot, partial=merged(h.written, it.known, (at,)))
             it.slot = None
 
     async def _check_race(self, target: str, topic: str,
@@ -1166,8 +1167,7 @@ class HintReplayer(Lifecycle):
         assert h is not None
         self.metrics.hints_replayed.labels(target).inc()
         if it.slot is not None:  # a retry of the key now finds this region written
-            merged = {x.region: x for x in (*h.written, *it.known, r)}
-            self.window.fail(it.slot, partial=list(merged.values()))
+            self.window.fail(it.slot, partial=merged(h.written, it.known, (r,)))
             it.slot = None
         self.log.debug("hint_replayed", target=target, topic=h.topic, partition=r.partition,
                        offset=r.offset, dr_id=h.dr_id)

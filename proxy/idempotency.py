@@ -2,8 +2,10 @@
 result instead of writing twice; a duplicate arriving while the first is still being written
 waits for it. A failed first attempt is forgotten (the retry writes), except what a partial
 sync write already put somewhere: the retry resumes from there (`partial`), so no region gets
-the record twice. Those partial writes are kept like results: for `window_s` after the failed
-attempt and at most `max_keys` of them (oldest forgotten first).
+the record twice, and a primary write that was never answered (`proxy.lookup.MaybeWrite`,
+kept among the partial writes): the retry looks for it in the partition before writing.
+Those partial writes are kept like results: for `window_s` after the failed attempt and at
+most `max_keys` of them (oldest forgotten first).
 
 Memory: a finished key is kept as one plain tuple (result, finished at) under its (topic,
 key) tuple — no per-key object with an asyncio.Event (that is made only for a key that
@@ -80,7 +82,7 @@ from crossdc.clients.errors import KafkaError
 from crossdc.clients.kafka import close_producer, open_log, start_or_close
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
-from proxy.writers import RegionWrite
+from proxy.lookup import log_entry, maybe_entry
 
 if TYPE_CHECKING:
     from proxy.metrics import ProxyMetrics
@@ -346,7 +348,7 @@ class IdempotencyLog(Lifecycle):
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
         waiter.add_done_callback(self._waiters.discard)
-        self._enqueue([(key, [key[0], key[1], None, [list(w) for w in partial]], waiter)])
+        self._enqueue([(key, [key[0], key[1], None, [log_entry(w) for w in partial]], waiter)])
 
     def publish_results(self, finished: Sequence[tuple[Slot, Any]]) -> None:
         """Queue the results of one call, one (slot, result) each (not awaited)."""
@@ -453,8 +455,8 @@ class IdempotencyLog(Lifecycle):
                 if e[2] is not None:
                     learned += learn((e[0], e[1]), result=tuple(e[2]), age_s=age)
                 elif e[3]:
-                    learned += learn((e[0], e[1]), age_s=age, partial=[
-                        RegionWrite(str(r), int(p), int(o)) for r, p, o in e[3]])
+                    learned += learn((e[0], e[1]), age_s=age,
+                                     partial=[maybe_entry(x) for x in e[3]])
         except (ValueError, TypeError, KeyError, IndexError, UnicodeDecodeError) as exc:
             self.metrics.idem_log_errors.labels("tail").inc()
             self.log.warning("idempotency_log_bad_record", error=repr(exc))

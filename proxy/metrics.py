@@ -116,6 +116,12 @@ class ProxyMetrics:
                                  "acknowledgement came after their write bound (a pause of "
                                  "the proxy, a slow loop): answered UNKNOWN, never OK (issue "
                                  "36, item 5)", ("region",), registry=r)
+        self.retry_lookups = Counter("crossdc_proxy_retry_lookups", "Retries of a write whose "
+                                     "first attempt was never answered, by what the read of "
+                                     "its partition found: found (not written again), "
+                                     "older_epoch, absent (written), failed (answered "
+                                     "UNKNOWN again; proxy.lookup)", ("region", "result"),
+                                     registry=r)
         self.producer_drops = Counter("crossdc_proxy_producer_drops", "Region producers "
                                       "dropped without a flush because an ordered or sync "
                                       "write was still unanswered at the end of its write "

@@ -62,6 +62,7 @@ from proxy.headers import check_client_headers, dr_headers, new_dr_id, stamp_wit
 from proxy.hints import Hint, HintStore, HintsUnavailable
 from proxy.idempotency import IdempotencyLog, IdempotencyWindow, LogUnavailable, Slot
 from proxy.journal import OutcomeJournal
+from proxy.lookup import LookupFailed, MaybeWrite, find_copies
 from proxy.metrics import ProxyMetrics, observe_many
 from proxy.policy import LOCAL, Policy, Rule
 from proxy.primary import WriteGrant
@@ -107,6 +108,9 @@ class Outcome:
     written: list[RegionWrite] = field(default_factory=list)
     error: ProxyError | None = None
     duplicate: bool = False
+    maybe: list[MaybeWrite] | None = None
+    """Writes handed to Kafka whose answer never came (this attempt's or an earlier one's,
+    from the idempotency window): a retry looks them up before writing (proxy.lookup)."""
 
     @property
     def status(self) -> Status:
@@ -119,7 +123,8 @@ class Outcome:
         return "unknown" if self.error.maybe_written else "failed"
 
     def copy_as_duplicate(self) -> Outcome:
-        return Outcome(self.dr_id, self.mode, self.epoch, list(self.written), self.error, True)
+        return Outcome(self.dr_id, self.mode, self.epoch, list(self.written), self.error, True,
+                       self.maybe)
 
     def remembered(self) -> Remembered:
         """The successful outcome as the idempotency window keeps it: one flat tuple of
@@ -211,6 +216,8 @@ class _PrimaryWrite:
     still_primary: Callable[[], str]
     common: tuple[tuple[str, bytes], ...]
     """The dr-* headers after dr-id (proxy.headers.dr_headers)."""
+    ts_ms: int
+    """The call's time (dr-ts): an unanswered write is looked for from it."""
 
     def headers(self, i: int) -> list[tuple[str, bytes]]:
         return stamp_with(self.records[i].headers, self.outs[i].dr_id, self.common)
@@ -315,7 +322,8 @@ class Router:
                 if o.error is None and o.written:
                     finished.append((slot, o.remembered()))
                 else:
-                    self.window.fail(slot, partial=list(o.written) or None)
+                    self.window.fail(slot, partial=[*o.written, *o.maybe] if o.maybe
+                                     else list(o.written) or None)
             self.window.finish_many(finished)
         if shared is not None and slots:  # partial writes: in the log before the answer
             await shared.published(deadline)
@@ -447,7 +455,10 @@ class Router:
         if slot.owner:
             slots[i] = slot
             if slot.partial:
-                outs[i].written = list(slot.partial)
+                kept = slot.partial
+                outs[i].written = [w for w in kept if type(w) is not MaybeWrite]
+                if len(outs[i].written) < len(kept):
+                    outs[i].maybe = [w for w in kept if type(w) is MaybeWrite]
         else:
             self.metrics.duplicates.inc()
             outs[i] = Outcome.duplicate_of(slot.result)
@@ -578,7 +589,8 @@ class Router:
         common = dr_headers(origin=prim.region, ts_ms=ts_ms, mode=mode, epoch=prim.epoch,
                             path=regions)
         return _PrimaryWrite(topic, mode, idxs, records, outs, prim.region, prim.epoch,
-                             regions, pw, n, min(deadline, grant.until), still_primary, common)
+                             regions, pw, n, min(deadline, grant.until), still_primary, common,
+                             ts_ms)
 
     async def _write_primary(self, b: _PrimaryWrite) -> None:
         """The primary's copy (records resumed from a partial sync may have it already)."""
@@ -586,6 +598,8 @@ class Router:
         primary = b.primary
         first = [i for i in b.idxs if not outs[i].written
                  or not any(w.region == primary for w in outs[i].written)]
+        if any(outs[i].maybe for i in first):
+            first = await self._look_up(b, first)
         if not first:
             return
         pw = b.writer
@@ -602,12 +616,67 @@ class Router:
         with pw.breaker.attempt():
             res = await pw.write(b.topic, items, mode=b.mode, deadline=b.deadline,
                                  still_valid=b.still_primary)
-        for i, r in zip(first, res, strict=True):
+        for i, r, it in zip(first, res, items, strict=True):
             if isinstance(r, RegionWrite):
                 outs[i].written.insert(0, r)
             else:
                 outs[i].error = NoWritableRegion(b.topic, b.mode, {b.primary: r.why},
                                                  maybe_written=r.maybe_written)
+                if r.maybe_written:  # a retry looks for it before writing again
+                    o = outs[i]
+                    since = min([b.ts_ms, *(m.since_ms for m in o.maybe or ()
+                                            if m.region == primary)])
+                    o.maybe = [*(m for m in o.maybe or () if m.region != primary),
+                               MaybeWrite(primary, -1 if it.partition is None
+                                          else it.partition, since)]
+
+    async def _look_up(self, b: _PrimaryWrite, first: list[int]) -> list[int]:
+        """Of `first` (records the primary's copy is still to be written for), those to
+        write: a record whose earlier attempt at this primary was never answered is looked
+        for in its partition first (proxy.lookup). Found at this epoch: that copy is the
+        write. Found at an older epoch, or absent: written. Not readable in time: answered
+        UNKNOWN again, not written."""
+        outs, primary = b.outs, b.primary
+        wanted = {outs[i].dr_id: m for i in first for m in outs[i].maybe or ()
+                  if m.region == primary}
+        if not wanted:
+            return first
+        count = self.metrics.retry_lookups
+        try:
+            found = await find_copies(b.writer.conn, b.topic, wanted, b.partitions,
+                                      deadline=b.deadline, client_id=b.writer.client_id)
+        except LookupFailed as exc:
+            count.labels(primary, "failed").inc(len(wanted))
+            log.warning("retry_lookup_failed", region=primary, topic=b.topic, mode=b.mode,
+                        epoch=b.epoch, records=len(wanted), error=str(exc))
+            for i in first:
+                if outs[i].dr_id in wanted:
+                    outs[i].error = NoWritableRegion(
+                        b.topic, b.mode, {primary: f"an earlier attempt was never answered "
+                                          f"and could not be looked up: {exc}"},
+                        maybe_written=True)
+            return [i for i in first if outs[i].dr_id not in wanted]
+        todo = []
+        for i in first:
+            o = outs[i]
+            if o.dr_id not in wanted:
+                todo.append(i)
+                continue
+            o.maybe = [m for m in o.maybe or () if m.region != primary] or None
+            at = found.get(o.dr_id)
+            if at is not None and at[2] == b.epoch:
+                o.written.insert(0, RegionWrite(primary, at[0], at[1]))
+                count.labels(primary, "found").inc()
+                continue
+            count.labels(primary, "absent" if at is None else "older_epoch").inc()
+            if at is not None:
+                log.warning("retry_found_older_epoch", region=primary, topic=b.topic,
+                            mode=b.mode, epoch=b.epoch, dr_id=o.dr_id, partition=at[0],
+                            offset=at[1], found_epoch=at[2])
+            todo.append(i)
+        log.info("retry_lookup", region=primary, topic=b.topic, mode=b.mode, epoch=b.epoch,
+                 records=len(wanted), found=sum(1 for i in first if outs[i].dr_id in found))
+        return todo
 
     async def _write_others(self, b: _PrimaryWrite) -> dict[int, dict[str, str]]:
         """Sync: every other region, at the partition of the primary's copy, all at once;

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
+from aiokafka import AIOKafkaProducer
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from kafka_helpers import (
@@ -35,6 +36,7 @@ from proxy.api import pb, pb_grpc
 from proxy.client import AsyncProducer, Producer
 from proxy.config import KafkaWriterSettings, ProxyConfig
 from proxy.errors import ProduceFailed
+from proxy.lookup import MaybeWrite
 from proxy.server import CONSUL_SERVICE, ProxyServer
 from proxy.writers import partition_for
 
@@ -239,6 +241,85 @@ async def test_idempotent_retry_does_not_duplicate(two_regions, stub) -> None:  
     assert sum(not r.result.duplicate for r in rs) == 1
     recs = await read_all(two_regions.bootstrap("east"), topic, 1)
     assert sorted(r.value for r in recs) == [b"once", b"twice"]
+
+
+async def _first_attempt(two_regions, east_proxy: ProxyServer, topic: str, key: str,  # type: ignore[no-untyped-def]
+                         land: bool) -> tuple[int, int] | None:
+    """The state a write whose answer was lost leaves (the brokers killed with it in flight):
+    the record in east's log or not (`land`), and the proxy's idempotency window holding a
+    MaybeWrite for it (proxy.lookup). Returns where it landed."""
+    epoch = east_proxy.primary.current.epoch
+    since = int(time.time() * 1000)
+    part = partition_for(b"k", 3)
+    at = None
+    if land:
+        producer = AIOKafkaProducer(bootstrap_servers=two_regions.bootstrap("east"))
+        await producer.start()
+        try:
+            md = await producer.send_and_wait(topic, b"first", key=b"k", partition=part,
+                                              headers=[("dr-id", key.encode()),
+                                                       ("dr-epoch", str(epoch).encode())])
+            at = (md.partition, md.offset)
+        finally:
+            await producer.stop()
+    window = east_proxy.router.window
+    slot = window.claim_nowait(topic, key)
+    assert slot is not None
+    assert slot.owner
+    window.fail(slot, partial=[MaybeWrite("east", part, since)])
+    return at
+
+
+@pytest.mark.parametrize("prefix", ["ord", "sync"])
+async def test_a_retry_after_an_unanswered_write_finds_it_instead_of_writing_twice(  # type: ignore[no-untyped-def]
+        two_regions, east_proxy, stub, prefix: str) -> None:
+    """Issue 36 (the nemesis's duplicates): the first attempt landed but its answer never
+    came; the retry (same idempotency key) reads the partition, finds the copy and answers
+    with it: one copy in the primary (and, sync, one in the other region)."""
+    topic = await _topic(two_regions, prefix, partitions=3)
+    at = await _first_attempt(two_regions, east_proxy, topic, "lost-1", land=True)
+    assert at is not None
+    res = (await stub.Produce(pb.ProduceRequest(record=_record(
+        topic, b"retry", b"k", idempotency_key="lost-1")))).result
+    assert res.status == pb.STATUS_OK, res
+    east = [w for w in res.written if w.region == "east"]
+    assert [(w.partition, w.offset) for w in east] == [at]
+    copies = [r for r in await read_all(two_regions.bootstrap("east"), topic, 3)
+              if _hdrs(r).get("dr-id") == b"lost-1"]
+    assert [r.value for r in copies] == [b"first"]
+    if prefix == "sync":
+        west = [r for r in await read_all(two_regions.bootstrap("west"), topic, 3)
+                if _hdrs(r).get("dr-id") == b"lost-1"]
+        assert len(west) == 1
+        assert west[0].partition == at[0]
+    found = east_proxy.metrics.retry_lookups.labels("east", "found")._value.get()
+    assert found >= 1
+
+
+async def test_a_retry_after_an_unanswered_write_that_never_landed_writes_it(  # type: ignore[no-untyped-def]
+        two_regions, east_proxy, stub) -> None:
+    topic = await _topic(two_regions, "ord", partitions=3)
+    await _first_attempt(two_regions, east_proxy, topic, "lost-2", land=False)
+    res = (await stub.Produce(pb.ProduceRequest(record=_record(
+        topic, b"retry", b"k", idempotency_key="lost-2")))).result
+    assert res.status == pb.STATUS_OK, res
+    copies = [r for r in await read_all(two_regions.bootstrap("east"), topic, 3)
+              if _hdrs(r).get("dr-id") == b"lost-2"]
+    assert [r.value for r in copies] == [b"retry"]
+    assert east_proxy.metrics.retry_lookups.labels("east", "absent")._value.get() >= 1
+
+
+async def test_a_lookup_that_cannot_read_the_partition_fails_in_time() -> None:
+    """No Kafka behind the address: LookupFailed by the deadline (the retry is then answered
+    UNKNOWN again, nothing written)."""
+    from crossdc.clients.connection import KafkaConnection
+    from proxy.lookup import LookupFailed, find_copies
+    t0 = time.monotonic()
+    with pytest.raises(LookupFailed):
+        await find_copies(KafkaConnection.of("127.0.0.1:1"), "t",
+                          {"x": MaybeWrite("east", -1, 0)}, 3,
+                          deadline=time.monotonic() + 2.0, client_id="test")
+    assert time.monotonic() - t0 < 8.0
 
 
 async def test_batch_and_stream_ack_in_order(two_regions, stub) -> None:  # type: ignore[no-untyped-def]
