@@ -10,9 +10,9 @@ agree on one writable primary and take every mode again, and the history checker
 (dr/drill/history.py, every check) judges everything the clients were told against what
 every region holds.
 
-Not in the reduced set (CI) yet: its seed-1 run in a CI rehearsal found duplicates (see
-docs/reliability.md). `make chaos` (CROSSDC_CHAOS=full):
-seeds 1-20 for 180 s each. `CROSSDC_NEMESIS_SEEDS=7,11` replays given seeds; the schedule is
+The reduced set (CI) runs seed 1 for 60 s with every kind but broker SIGSTOP (an open defect:
+`OPEN_DEFECTS`, docs/reliability.md). `make chaos` (CROSSDC_CHAOS=full): seeds 1-20 for 180 s
+each, every kind. `CROSSDC_NEMESIS_SEEDS=7,11` replays given seeds; the schedule is
 printed and kept in the history JSON (`extra.schedule`). Each run's row goes into
 docs/reliability.md."""
 
@@ -38,11 +38,7 @@ from dr.errors import StackError
 from dr.stack.netns import netns_available
 
 pytestmark = [pytest.mark.timeout(int(os.environ.get("CROSSDC_NEMESIS_TIMEOUT", "1200"))),
-              pytest.mark.skipif(not netns_available(), reason="needs `ip netns` and root"),
-              pytest.mark.skipif(not FULL and not os.environ.get("CROSSDC_NEMESIS_SEEDS"),
-                                 reason="make chaos only until the anomalies its CI run found "
-                                 "are fixed: sync records written twice in their first region "
-                                 "after a broker kill (docs/reliability.md)")]
+              pytest.mark.skipif(not netns_available(), reason="needs `ip netns` and root")]
 
 
 def _seeds() -> list[int]:
