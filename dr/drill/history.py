@@ -72,7 +72,16 @@ missing, fences or the told-failed log or `sent_ms` in the acks, is `passed=None
     sync record was first written into (the proxy writes it once), counted elsewhere (the
     mirror is at least once) and for nearest; extra copies per mode.
 
-`History.passed`: every check that ran passed; `History.complete`: all nine ran.
+(j) `consumers` (only with the readers' deliveries: `check_history(..., deliveries=...)`):
+    what each region's consumer through its own proxy saw (`Delivery`), per reader and
+    mode: no acknowledged record that every region holds left undelivered (`lost`), no
+    record of a source partition jumped over between two deliveries (`skipped`), no first
+    delivery below an offset delivered before in that partition on one stream
+    (`non_monotonic`), no record delivered again after its batch was acknowledged on one
+    stream in one region (`duplicates_beyond_window`); see `check_consumers`.
+
+`History.passed`: every check that ran passed; `History.complete`: (a)-(i) ran (the nine of
+`CHECKS`; (j) is in `History.checks` only when deliveries were given).
 `read_back_history()` reads a ReadBack (dr/drill/count.py's reader), `wait_converged()`
 re-reads until (c) and (d) can pass or a bound, `read_healed_view()` reads every
 datacenter's `crossdc/primary`, `PrimaryWatch` follows those records during the run (every
@@ -91,7 +100,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
@@ -110,13 +119,13 @@ from crossdc.topology import Topology
 from dr.drill.count import Raw, records
 from dr.drill.traffic import Ack, ToldFailed
 
-__all__ = ["CHECKS", "CLOCK_SLACK_MS", "EPOCH_MODES", "Check", "Copy", "Fence", "HealedView",
-           "History", "PrimaryWatch", "ReadBack", "Seen", "check_acked_present",
-           "check_agreement", "check_duplicates", "check_epoch_order", "check_epoch_regions",
-           "check_history", "check_late_append", "check_order", "check_sync_everywhere",
-           "check_told_failed_read", "copy_of", "fences_of", "judge_run",
-           "ordered_acked_since", "read_back_history", "read_healed_view", "wait_converged",
-           "write_history"]
+__all__ = ["CHECKS", "CLOCK_SLACK_MS", "CONSUMER_CHECK", "EPOCH_MODES", "Check", "Copy",
+           "Delivery", "Fence", "HealedView", "History", "PrimaryWatch", "ReadBack", "Seen",
+           "check_acked_present", "check_agreement", "check_consumers", "check_duplicates",
+           "check_epoch_order", "check_epoch_regions", "check_history", "check_late_append",
+           "check_order", "check_sync_everywhere", "check_told_failed_read", "copy_of",
+           "fences_of", "judge_run", "ordered_acked_since", "read_back_history",
+           "read_healed_view", "wait_converged", "write_history"]
 
 log = structlog.get_logger("crossdc.drill.history")
 
@@ -126,6 +135,9 @@ EPOCH_MODES: tuple[str, ...] = ("ordered", "sync")
 CHECKS: tuple[str, ...] = ("epoch_regions", "epoch_order", "sync_everywhere", "acked_present",
                            "agreement", "order", "told_failed_read", "late_append",
                            "duplicates")
+
+CONSUMER_CHECK = "consumers"
+"""(j): judged only where the run had readers, so not one of `CHECKS` (`complete`)."""
 
 SAMPLE = 20
 """Examples kept per check (the counts are exact)."""
@@ -954,6 +966,207 @@ def check_duplicates(rb: ReadBack) -> Check:
         examples=tuple(bad[:SAMPLE]), detail={"extra_copies_per_mode": dict(per_mode)})
 
 
+# -- (j) consumers -------------------------------------------------------------------------
+class Delivery(NamedTuple):
+    """One record as a reader received it (a tuple: a drill keeps one per delivery)."""
+
+    reader: str
+    """The reader's region (it reads through its own region's proxy)."""
+    topic: str
+    partition: int
+    offset: int
+    """In `region`'s copy of the topic."""
+    region: str
+    """The cluster it was read from (`ConsumedRecord.region`)."""
+    dr_id: str
+    """Its `dr-id` (`<region>:<topic>:<partition>:<offset>` for a record without one)."""
+    t_ms: int
+    """When its batch arrived."""
+    acked_ms: int | None
+    """When the reader acknowledged its batch (None: never)."""
+    stream: int = 0
+    """The reader's stream: its consumer's reconnect count when the batch arrived."""
+    batch: int = 0
+    """The reader's batch number (a batch is acknowledged before the next is read; all 0:
+    the delivery times order the batches)."""
+
+
+@dataclass
+class _Cell:
+    """One (reader, topic, source region, partition) while its deliveries are walked."""
+
+    offsets: set[int] = field(default_factory=set)
+    high: int = -1
+    """The highest offset delivered since the cell's stream or region segment began."""
+    acked_high: int = -1
+    """The highest offset whose batch was acknowledged."""
+    stream: int = -1
+    segment: int = -1
+
+
+_CONSUMER_FIGURES = ("deliveries", "distinct", "lost", "skipped", "non_monotonic",
+                     "duplicates_beyond_window", "duplicates_in_window",
+                     "redelivered_after_ack_reconnect", "redelivered_after_ack_handover",
+                     "rewinds_after_restart", "rewinds_past_ack", "handovers")
+_CONSUMER_FAILURES = ("lost", "skipped", "non_monotonic", "duplicates_beyond_window")
+
+
+def _topic_modes(acks: Sequence[Ack], rb: ReadBack) -> dict[str, str]:
+    modes = {c.topic: c.mode for c in rb.copies if c.mode}
+    modes.update({a.topic: a.mode for a in acks})
+    return modes
+
+
+def check_consumers(acks: Iterable[Ack], rb: ReadBack,
+                    deliveries: Mapping[str, Sequence[Delivery]]) -> Check:
+    """(j) What each reader (`deliveries`: reader -> its deliveries in arrival order, a
+    reader that received nothing with an empty list) saw, per reader and mode:
+
+    - `lost` (failure, every mode): an acknowledged record that every region's topic holds
+      (the read-back) and that the reader never received (readers.py's `gap`);
+    - `skipped` (failure, every mode): a record of the read-back in a (topic, source region,
+      partition) between the lowest and highest offsets the reader got from it, at an
+      offset never delivered and whose dr-id the reader never received from any region.
+      docs/consume.md: "per partition, first deliveries in offset order" and "At-least-once";
+      nearest is read from the proxy's own region ("nearest → the proxy's own region") by
+      members that "never move", so it promises every record of that log as ordered and
+      sync do. Judged by dr-id so that a handover's skips ("`skip` = ids of the records
+      settled at or after it", the copies of what was read in the other region) pass;
+    - `non_monotonic` (failure): the first delivery of an offset below one delivered before
+      in its (topic, source region, partition) on the same stream and region segment.
+      Redeliveries of an offset (deadline, nack: "a partition's due redeliveries go before
+      its new records") are judged as duplicates instead. A new stream (a reconnect) or
+      the reader coming back to a region after reading another (a handover) restarts the
+      sequence: its rewinds are counted (`rewinds_after_restart`), and those to an offset
+      already acknowledged too (`rewinds_past_ack`: "a partition that changes proxy
+      restarts from the commit", committed every `commit_interval_s`, so acked records
+      above it come again);
+    - `duplicates_beyond_window` (failure, every mode): a dr-id delivered again after a
+      batch holding it was acknowledged, on the same stream and with no handover between:
+      an ack settles the record in the member's tracker ("ack ... settles records") and
+      only unsettled records are delivered again. The same after a reconnect is counted
+      (`redelivered_after_ack_reconnect`: a new stream starts from the Kafka commit, "lost
+      on a crash: redelivery from the committed prefix"), and after a handover to another
+      region too (`redelivered_after_ack_handover`: acks after the freeze are "stale", a
+      failed translation resumes "without handover", from the group's offsets in B, and a
+      failback's tail "comes again: a duplicate, never a gap"). Nearest never hands over
+      ("the nearest (`.local`) members never move"), so the rule is the same in every
+      mode. A dr-id delivered again whose earlier deliveries were never acknowledged is
+      `duplicates_in_window`, counted.
+
+    A handover is where a reader's deliveries of a topic come from another region than the
+    one before (the primary moved: "Offsets are always the region's named in the record"):
+    order is judged per source region, the handover by dr-ids (lost, duplicates)."""
+    acks = list(acks)
+    modes = _topic_modes(acks, rb)
+    everywhere = set(rb.regions)
+    # region, topic, partition -> (offsets, dr-ids) in offset order: what skipped looks at
+    logs: dict[tuple[str, str, int], list[tuple[int, str]]] = defaultdict(list)
+    for c in rb.copies:
+        if not c.quarantined:
+            logs[(c.region, c.topic, c.partition)].append((c.offset, c.dr_id))
+    for rows in logs.values():
+        rows.sort()
+    kept = [(key, a.mode) for key, a in _distinct(acks).items()
+            if everywhere and rb.held(key) >= everywhere]
+    figures: dict[str, Counter[str]] = defaultdict(Counter)  # "reader/mode" -> figures
+    restarts: dict[str, int] = {}
+    examples: dict[str, list[str]] = defaultdict(list)
+
+    def note(what: str, text: str) -> None:
+        if len(examples[what]) < SAMPLE // len(_CONSUMER_FAILURES):
+            examples[what].append(text)
+
+    for reader, got in sorted(deliveries.items()):
+        ids: dict[str, set[str]] = defaultdict(set)
+        for d in got:
+            ids[d.topic].add(d.dr_id)
+        for key, mode in kept:
+            if key[1] not in ids[key[0]]:
+                figures[f"{reader}/{mode}"]["lost"] += 1
+                note("lost", f"{reader}'s reader never received {key[1]} ({mode}, {key[0]}), "
+                             f"acknowledged and held in every region")
+        restarts[reader] = len({d.stream for d in got}) - 1 if got else 0
+        by_topic: dict[str, list[Delivery]] = defaultdict(list)
+        for d in got:
+            by_topic[d.topic].append(d)
+        for topic, seq in by_topic.items():
+            mode = modes.get(topic, "?")
+            fig = figures[f"{reader}/{mode}"]
+            fig["deliveries"] += len(seq)
+            fig["distinct"] += len(ids[topic])
+            cells: dict[tuple[str, int], _Cell] = defaultdict(_Cell)
+            acked: dict[str, tuple[Delivery, int]] = {}  # dr-id -> latest acked, segment
+            seen: set[str] = set()
+            segment = 0
+            prev: Delivery | None = None
+            for d in seq:
+                if prev is not None and d.region != prev.region:
+                    segment += 1
+                    fig["handovers"] += 1
+                prev = d
+                x = acked.get(d.dr_id)
+                if x is not None and (x[0].batch, x[0].t_ms) < (d.batch, d.t_ms):
+                    was, seg = x
+                    if was.stream != d.stream:
+                        fig["redelivered_after_ack_reconnect"] += 1
+                    elif seg != segment:
+                        fig["redelivered_after_ack_handover"] += 1
+                    else:
+                        fig["duplicates_beyond_window"] += 1
+                        note("duplicates_beyond_window",
+                             f"{reader}'s reader got {d.dr_id} ({mode}) again from "
+                             f"{d.region} {topic}[{d.partition}]@{d.offset} at {d.t_ms}, "
+                             f"its batch from {was.region}@{was.offset} acknowledged at "
+                             f"{was.acked_ms}, on the same stream {d.stream}, no handover")
+                elif d.dr_id in seen:
+                    fig["duplicates_in_window"] += 1
+                seen.add(d.dr_id)
+                cell = cells[(d.region, d.partition)]
+                if cell.stream != d.stream or cell.segment != segment:
+                    if cell.stream >= 0 and d.offset < cell.high:
+                        fig["rewinds_after_restart"] += 1
+                        if d.offset <= cell.acked_high:
+                            fig["rewinds_past_ack"] += 1
+                    cell.stream, cell.segment, cell.high = d.stream, segment, d.offset
+                elif d.offset < cell.high and d.offset not in cell.offsets:
+                    fig["non_monotonic"] += 1
+                    note("non_monotonic",
+                         f"{reader}'s reader got {d.region} {topic}[{d.partition}]@{d.offset} "
+                         f"({d.dr_id}, {mode}) at {d.t_ms} after @{cell.high} on the same "
+                         f"stream {d.stream}")
+                cell.high = max(cell.high, d.offset)
+                cell.offsets.add(d.offset)
+                if d.acked_ms is not None:
+                    cell.acked_high = max(cell.acked_high, d.offset)
+                    acked[d.dr_id] = (d, segment)
+            for (region, partition), cell in cells.items():
+                rows = logs.get((region, topic, partition), [])
+                lo, hi = min(cell.offsets), max(cell.offsets)
+                i = bisect.bisect_right(rows, (lo, "\uffff"))
+                while i < len(rows) and rows[i][0] < hi:
+                    off, dr_id = rows[i]
+                    i += 1
+                    if off in cell.offsets or dr_id in ids[topic]:
+                        continue
+                    fig["skipped"] += 1
+                    note("skipped", f"{reader}'s reader skipped {region} {topic}[{partition}]"
+                                    f"@{off} ({dr_id}, {mode}): delivered @{lo}..@{hi}, "
+                                    f"never this record")
+    totals: Counter[str] = Counter()
+    for fig in figures.values():
+        totals.update(fig)
+    return Check(
+        CONSUMER_CHECK, "each region's consumer got every record, in order, acked ones once",
+        passed=not any(totals[k] for k in _CONSUMER_FAILURES),
+        counts={"readers": len(deliveries), **{k: totals[k] for k in _CONSUMER_FIGURES},
+                "restarts": sum(restarts.values())},
+        examples=tuple(e for k in _CONSUMER_FAILURES for e in examples[k]),
+        detail={"per_reader": {n: {k: fig[k] for k in _CONSUMER_FIGURES if fig[k]}
+                               for n, fig in sorted(figures.items())},
+                "restarts": restarts})
+
+
 @dataclass(frozen=True)
 class HealedView:
     """What the datacenters say after the heal (the caller gathers it: `read_healed_view()`,
@@ -1018,10 +1231,13 @@ def check_agreement(view: HealedView | None) -> Check:
 
 def check_history(acks: Iterable[Ack], rb: ReadBack, view: HealedView | None = None, *,
                   slack_ms: int = 0, fences: Sequence[Fence] | None = None,
-                  failed: Sequence[ToldFailed] | None = None) -> History:
+                  failed: Sequence[ToldFailed] | None = None,
+                  deliveries: Mapping[str, Sequence[Delivery]] | None = None) -> History:
     """Every check over one run's history (see the module docstring). `fences` (a
     `PrimaryWatch`'s; None: no watch ran) and `failed` (the told-failed log; None: not kept)
-    are what (b), (d), (g) and (h) judge by; a check without its input is not run."""
+    are what (b), (d), (g) and (h) judge by; a check without its input is not run.
+    `deliveries` (reader -> what it received, `Readers.deliveries()`) adds (j) after the
+    nine; None (a run without readers): (j) is left out, the nine as before."""
     acks = list(acks)
     checks = [check_epoch_regions(acks, rb),
               check_epoch_order(acks, rb, slack_ms=slack_ms, fences=fences or ()),
@@ -1031,6 +1247,8 @@ def check_history(acks: Iterable[Ack], rb: ReadBack, view: HealedView | None = N
               check_told_failed_read(failed, rb, acks),
               check_late_append(acks, rb, fences, slack_ms=slack_ms),
               check_duplicates(rb)]
+    if deliveries is not None:
+        checks.append(check_consumers(acks, rb, deliveries))
     return History({c.name: c for c in checks})
 
 
@@ -1146,18 +1364,20 @@ async def judge_run(topology: Topology, acks: Sequence[Ack], topics: Iterable[st
                     healed_ms: int, fences: Sequence[Fence] | None = None,
                     failed: Sequence[ToldFailed] | None = None,
                     converge_timeout_s: float = 180.0, settle_s: float = 30.0,
-                    principal: str | None = None
+                    principal: str | None = None,
+                    deliveries: Mapping[str, Sequence[Delivery]] | None = None
                     ) -> tuple[History, ReadBack, HealedView]:
     """A drill's whole judgement in one call, once its fault is healed and its traffic
     stopped: read back until converged (bounded), read every datacenter's primary record
     (the writable-primary part from the acks: an ordered write acknowledged after
     `healed_ms`), check everything (`fences`: a PrimaryWatch's; `failed`: the told-failed
-    log)."""
+    log; `deliveries`: the readers', for (j))."""
     rb = await wait_converged(topology, acks, converge_timeout_s, settle_s=settle_s,
                               topics=topics, principal=principal)
     view = await read_healed_view(topology,
                                   ordered_write_after_heal=ordered_acked_since(acks, healed_ms))
-    return check_history(acks, rb, view, fences=fences, failed=failed), rb, view
+    return check_history(acks, rb, view, fences=fences, failed=failed,
+                         deliveries=deliveries), rb, view
 
 
 WATCH_RETRY = RetrySettings(attempts=1, total_s=2.0, call_timeout_s=1.0,

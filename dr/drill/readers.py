@@ -15,6 +15,10 @@ which holds both origins through the mirror) and acknowledges each batch as it a
 - `longest_pause_s`: the longest time without a delivery between the fault and the
   failback (or the end of the traffic), while records of the mode were being acknowledged
   (what a consumer feels of the failover: its RTO).
+
+Every delivery is kept too (`deliveries()`: a `dr.drill.history.Delivery` tuple each, with
+when its batch was acknowledged and the reader's stream), and the moments a reader's stream
+was opened again (`restarts()`), for the history checker's consumer check (j).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import structlog
 from pydantic import BaseModel, Field
 
 from crossdc.lifecycle import Lifecycle
+from dr.drill.history import Delivery
 from proxy.consumer_client import AsyncConsumer
 from proxy.errors import ConsumeFailed
 
@@ -64,6 +69,9 @@ class _Reader:
     consumer: AsyncConsumer
     times: dict[str, list[int]] = field(default_factory=dict)  # mode -> delivery times (ms)
     ids: dict[str, Counter[str]] = field(default_factory=dict)  # mode -> dr-id -> deliveries
+    deliveries: list[Delivery] = field(default_factory=list)
+    restarts: list[tuple[int, int]] = field(default_factory=list)  # (ms, stream) seen first
+    batches: int = 0
     task: asyncio.Task[None] | None = None
     error: str | None = None
 
@@ -106,17 +114,48 @@ class Readers(Lifecycle):
     async def _read(self, r: _Reader) -> None:
         try:
             await r.consumer.start()
+            stream = 0
             async for batch in r.consumer:
                 now = int(time.time() * 1000)
+                if r.consumer.reconnects != stream:
+                    # the SDK reopens the stream inside its iterator and only counts it: the
+                    # first batch after a change is the new stream's
+                    stream = r.consumer.reconnects
+                    r.restarts.append((now, stream))
+                rids = []
                 for rec in batch:
                     mode = self._mode.get(rec.topic, rec.topic)
                     r.times.setdefault(mode, []).append(now)
                     rid = rec.dr_id or f"{rec.region}:{rec.topic}:{rec.partition}:{rec.offset}"
                     r.ids.setdefault(mode, Counter())[rid] += 1
-                await batch.ack()
+                    rids.append(rid)
+                acked: int | None = None
+                r.batches += 1
+                try:
+                    await batch.ack()
+                    acked = int(time.time() * 1000)
+                finally:  # kept also when the ack failed or the reader was stopped in it
+                    r.deliveries.extend(
+                        Delivery(r.region, rec.topic, rec.partition, rec.offset, rec.region,
+                                 rid, now, acked, stream, r.batches)
+                        for rec, rid in zip(batch, rids, strict=True))
         except ConsumeFailed as exc:
             r.error = str(exc)
             self.log.error("drill_reader_failed", region=r.region, error=r.error)
+
+    def deliveries(self) -> dict[str, list[Delivery]]:
+        """Per region: its reader's deliveries so far, in arrival order (the lists
+        themselves: they grow while the readers run)."""
+        return {r.region: r.deliveries for r in self._readers.values()}
+
+    def restarts(self) -> dict[str, list[tuple[int, int]]]:
+        """Per region: (ms, stream number) of each stream its reader opened again, seen at
+        the new stream's first batch (the SDK counts reconnects, it names no moment)."""
+        return {r.region: r.restarts for r in self._readers.values()}
+
+    def errors(self) -> dict[str, str]:
+        """Per region whose reader stopped on an error: the error."""
+        return {r.region: r.error for r in self._readers.values() if r.error is not None}
 
     def received(self) -> dict[str, int]:
         """Per region: records received so far."""

@@ -1,8 +1,9 @@
 """The split-brain suite's parts (tests/chaos/test_split_brain.py): a stack in network
 namespaces (two regions of one broker each and one witness; each region's proxy, controller
 and mirror inside its region's namespace), producers inside their region's namespace writing
-through their own region's proxy, one scenario's run from warm-up to the history checker's
-verdict, and its row in docs/reliability.md."""
+through their own region's proxy, a consumer per region reading through it the same way
+(dr/drill/reader.py), one scenario's run from warm-up to the history checker's verdict (the
+consumers' deliveries judged by its check (j)), and its row in docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from dr.drill.history import (
     write_history,
 )
 from dr.drill.producer import ProducerProcess
+from dr.drill.reader import ReaderLog, ReaderProcess
 from dr.drill.traffic import MODES, Ack, create_topics, drill_topics
 from dr.stack.local import LocalStack
 from dr.stack.netns import NetNamespaces, netns_topology
@@ -59,6 +61,10 @@ HISTORY_DIR = Path(os.environ.get("CROSSDC_CHAOS_HISTORY",
 
 HEAL_BOUND_S = 120.0
 """How long after the heal every datacenter may take to agree and every mode to flow again."""
+
+CATCH_UP_S = 90.0
+"""How long after the read-back the consumers may take to receive every acknowledged record
+every region holds (what they still miss then is the consumer check's `lost`)."""
 
 
 @dataclass
@@ -155,6 +161,9 @@ class Run:
     """Moments of the run, ms since the epoch (start, cut, failover, healed, ...)."""
     notes: list[str] = field(default_factory=list)
     producers: dict[str, ProducerProcess] = field(default_factory=dict)
+    readers: dict[str, ReaderProcess] = field(default_factory=dict)
+    """A consumer per region through its own proxy, in its namespace (group
+    `chaos-<run>-<region>`), from before the producers start until the judgement."""
     before: PrimaryRecord | None = None
     """The primary record every datacenter held before the fault."""
     agreed: PrimaryRecord | None = None
@@ -167,8 +176,10 @@ class Run:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        """Whatever the test did: the producers and the watch stopped, every link up."""
+        """Whatever the test did: the producers, readers and the watch stopped, every link
+        up."""
         await self.stop_traffic()
+        await self.stop_readers()
         if self.watch is not None:
             await self.watch.stop()
         for name in self.split.net.regions:
@@ -205,9 +216,14 @@ class Run:
         await create_topics(self.topology, self.topics.values())
         for r in self.split.regions:
             proxy = self.topology.region(r).proxy.endpoint
+            self.readers[r] = ReaderProcess(
+                r, proxy, self.topics, folder=self.folder, group_prefix=f"chaos-{self.run_id}",
+                wrap=functools.partial(self.split.net.wrap, region=r))
             self.producers[r] = ProducerProcess(
                 r, proxy, self.topics, rate=RATE_PER_REGION, folder=self.folder,
                 id_prefix=self.run_id, wrap=functools.partial(self.split.net.wrap, region=r))
+        for reader in self.readers.values():  # before the traffic, as `dr drill` does
+            await reader.start()
         self.mark("start")
         for p in self.producers.values():
             await p.start()
@@ -276,6 +292,44 @@ class Run:
             if code != 0:
                 self.notes.append(f"producer {p.region} exited {code}: {p.log_tail(5)}")
 
+    async def stop_readers(self) -> None:
+        for reader in self.readers.values():
+            if reader.returncode is not None:
+                continue  # stopped already
+            code = await reader.stop()
+            if code != 0:
+                self.notes.append(f"reader {reader.region} exited {code}: "
+                                  f"{reader.log_tail(5)}")
+
+    async def caught_up(self, acks: Sequence[Ack], rb: ReadBack,
+                        timeout_s: float = CATCH_UP_S) -> dict[str, ReaderLog]:
+        """Until every reader received every acknowledged record every region holds (or
+        `timeout_s`, or a reader ended), then the readers stopped: what each wrote."""
+        want: dict[str, set[str]] = {}
+        for a in acks:
+            if set(rb.regions) <= rb.held((a.topic, a.dr_id)):
+                want.setdefault(a.topic, set()).add(a.dr_id)
+
+        def missing() -> int:
+            left = 0
+            for reader in self.readers.values():
+                got: dict[str, set[str]] = {}
+                for d in reader.read().deliveries:
+                    got.setdefault(d.topic, set()).add(d.dr_id)
+                left += sum(len(ids - got.get(t, set())) for t, ids in want.items())
+            return left
+
+        deadline = time.monotonic() + timeout_s
+        while (left := missing()) and time.monotonic() < deadline:
+            if not all(r.running() for r in self.readers.values()):
+                break
+            await asyncio.sleep(1.0)  # polls the readers' logs
+        if left:
+            self.notes.append(f"the consumers still missed {left} records after "
+                              f"{timeout_s:g} s")
+        await self.stop_readers()
+        return {r: reader.read() for r, reader in self.readers.items()}
+
     # -- the fault ---------------------------------------------------------------------
     async def cut(self, name: str) -> None:
         self.mark(f"cut {name}")
@@ -316,11 +370,16 @@ class Run:
         for p in self.producers.values():
             _copy(p.log_path, folder / p.log_path.name)
             _copy(p.stats_path, folder / p.stats_path.name)
+        for reader in self.readers.values():
+            _copy(reader.log_path, folder / reader.log_path.name)
+            _copy(reader.out, folder / reader.out.name)
 
     # -- the verdict -------------------------------------------------------------------
     async def judge(self) -> Verdict:
-        """Stop the producers, read every region back until converged (bounded), read every
-        datacenter's primary record, and check the whole history; saved as history.json."""
+        """Stop the producers, read every region back until converged (bounded), wait for
+        the consumers to receive what every region holds (bounded) and stop them, read every
+        datacenter's primary record, and check the whole history with the consumers'
+        deliveries; saved as history.json (the deliveries beside it)."""
         await self.stop_traffic()
         self.mark("stopped")
         assert self.watch is not None
@@ -329,17 +388,23 @@ class Run:
         rb = await wait_converged(self.topology, acks, timeout_s=180, settle_s=30,
                                   topics=self.topics.values())
         self.mark("read back")
+        consumed = await self.caught_up(acks, rb)
+        self.mark("consumed")
         healed = self.marks.get("healed", self.marks["start"])
         view = await read_healed_view(self.topology,
                                       ordered_write_after_heal=ordered_acked_since(acks, healed))
         failed = [f for p in self.producers.values() for f in p.failures()]
-        history = check_history(acks, rb, view, fences=self.watch.fences(), failed=failed)
+        history = check_history(acks, rb, view, fences=self.watch.fences(), failed=failed,
+                                deliveries={r: c.deliveries for r, c in consumed.items()})
         slug = "".join(c if c.isalnum() else "-" for c in self.scenario).strip("-")
         name = f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}-{self.run_id}.json"
         path = write_history(HISTORY_DIR / name, acks, rb, history, extra={
             "scenario": self.scenario, "run": self.run_id, "marks": self.marks,
             "notes": self.notes, "before": None if self.before is None else
-            self.before.model_dump(), "topics": self.topics, **self.extra}, copies=True,
+            self.before.model_dump(), "topics": self.topics,
+            "readers": {r: {"deliveries": len(c.deliveries), "restarts": c.restarts,
+                            "errors": c.errors} for r, c in consumed.items()},
+            **self.extra}, copies=True,
             seen=self.watch.changes(), failed=failed)
         self._keep_logs(path.with_suffix(""))
         print(f"{self.scenario}: history in {path}")
