@@ -77,6 +77,8 @@ import structlog
 
 from crossdc.aio import cancelled_from_outside
 from crossdc.clients.consul import ConsulClient
+from crossdc.clock import lease_clock
+from crossdc.clock import mark as clock_mark
 from crossdc.errors import CrossdcError
 from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
 from proxy.errors import PrimaryUnavailable
@@ -130,6 +132,9 @@ class WriteGrant(NamedTuple):
     record: PrimaryRecord
     until: float
     bound_s: float
+    mark: float | None = None
+    """`crossdc.clock.mark()` at the grant: time the machine spends suspended after it eats
+    the bound (the monotonic `until` does not see it); None: not checked."""
 
 
 @dataclass(frozen=True)
@@ -195,10 +200,12 @@ class PrimaryWatcher:
                  retry_s: float = 1.0, regions: Collection[str] | None = None,
                  datacenters: Mapping[str, ConsulClient] | None = None, own: str = "own",
                  majority: int | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = lease_clock) -> None:
         """`consul`: the own datacenter's agent (the blocking watch). `datacenters`: every
         voting datacenter by name, the own one (`own`) included (default: only the own one).
-        `majority`: how many make a majority (default: more than half of `datacenters`)."""
+        `majority`: how many make a majority (default: more than half of `datacenters`).
+        `clock`: what the lease is timed on (default CLOCK_BOOTTIME, which counts time the
+        machine spent suspended: crossdc.clock)."""
         self._consul = consul
         self._regions = frozenset(regions) if regions is not None else None
         self._dcs = dict(datacenters) if datacenters else {own: consul}
@@ -369,6 +376,8 @@ class PrimaryWatcher:
                 f"{self.lease_s:g} s, last confirmed {now - self._confirmed_at:.2f} s ago: "
                 f"{self._why()}); an ordered or sync write needs {bound:g} s ({why}), so it "
                 "was not started; retry", reason="lease_short", epoch=rec.epoch)
+        if self._clock is lease_clock:  # the write's deadline is asyncio's: monotonic
+            return WriteGrant(rec, time.monotonic() + bound, bound, clock_mark())
         return WriteGrant(rec, now + bound, bound)
 
     def _answers(self) -> str:

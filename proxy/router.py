@@ -218,6 +218,8 @@ class _PrimaryWrite:
     """The dr-* headers after dr-id (proxy.headers.dr_headers)."""
     ts_ms: int
     """The call's time (dr-ts): an unanswered write is looked for from it."""
+    mark: float | None = None
+    """The grant's `crossdc.clock.mark()` (a suspend since then eats the bound)."""
 
     def headers(self, i: int) -> list[tuple[str, bytes]]:
         return stamp_with(self.records[i].headers, self.outs[i].dr_id, self.common)
@@ -590,7 +592,7 @@ class Router:
                             path=regions)
         return _PrimaryWrite(topic, mode, idxs, records, outs, prim.region, prim.epoch,
                              regions, pw, n, min(deadline, grant.until), still_primary, common,
-                             ts_ms)
+                             ts_ms, grant.mark)
 
     async def _write_primary(self, b: _PrimaryWrite) -> None:
         """The primary's copy (records resumed from a partial sync may have it already)."""
@@ -615,7 +617,7 @@ class Router:
                 _partition(rec.key, n), rec.size)))
         with pw.breaker.attempt():
             res = await pw.write(b.topic, items, mode=b.mode, deadline=b.deadline,
-                                 still_valid=b.still_primary)
+                                 still_valid=b.still_primary, mark=b.mark)
         for i, r, it in zip(first, res, items, strict=True):
             if isinstance(r, RegionWrite):
                 outs[i].written.insert(0, r)
@@ -703,7 +705,7 @@ class Router:
                                       src.partition, rec.size))
             with w.breaker.attempt():
                 res = await w.write(b.topic, items, mode=b.mode, deadline=b.deadline,
-                                    still_valid=b.still_primary)
+                                    still_valid=b.still_primary, mark=b.mark)
             for i, r in zip(todo, res, strict=True):
                 if isinstance(r, RegionWrite):
                     outs[i].written.append(r)

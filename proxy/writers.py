@@ -51,6 +51,7 @@ from crossdc.clients.errors import (
     RequestTimedOutError,
 )
 from crossdc.clients.kafka import last_queued_batch, start_or_close
+from crossdc.clock import frozen_since
 from crossdc.lifecycle import Lifecycle
 from crossdc.settings import Backoff
 from crossdc.topology import Region
@@ -71,6 +72,14 @@ it (it may have been on the wire): the write's outcome is unknown, never "failed
 # Modes whose acknowledgement after the write bound is answered UNKNOWN (`_late_acks`).
 _STRICT_MODES = frozenset({"ordered", "sync"})
 _LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends RST, drops the queue
+
+
+def _passed_before(mark: float | None) -> str:
+    frozen = frozen_since(mark) if mark is not None else 0.0
+    if frozen:
+        return (f"the machine was suspended {frozen:.2f} s since the lease was granted: the "
+                "write bound passed before the write")
+    return "deadline passed before the write"
 
 
 def partition_for(key: bytes, partitions: int) -> int:
@@ -363,11 +372,13 @@ class RegionWriter(Lifecycle):
 
     async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
                     deadline: float, still_valid: Callable[[], str] | None = None,
-                    bounded: bool | None = None) -> list[RegionWrite | RegionWriteFailed]:
+                    bounded: bool | None = None,
+                    mark: float | None = None) -> list[RegionWrite | RegionWriteFailed]:
         """Send `items` (in order) to this region. `still_valid()` returns "" while retrying
         makes sense (e.g. the primary epoch is unchanged), else why not. `bounded`: nothing
         may be sent after the deadline (the producer is dropped if records are unanswered
-        then); default: for every mode but nearest."""
+        then); default: for every mode but nearest. `mark`: the lease grant's
+        `crossdc.clock.mark()`: time the machine spent suspended since eats the deadline."""
         results: list[RegionWrite | RegionWriteFailed | None] = [None] * len(items)
         if self._producer is None:
             err = RegionWriteFailed(self.name, topic, self.why_not_writable())
@@ -379,10 +390,10 @@ class RegionWriter(Lifecycle):
         # The first attempt runs here; the retry machinery is built only when it failed.
         strict = mode in _STRICT_MODES
         pending = await self._attempt(topic, items, range(len(items)), results, deadline,
-                                      bounded, strict)
+                                      bounded, strict, mark)
         if pending:
             await self._retry(topic, items, pending, results, deadline, still_valid, bounded,
-                              strict)
+                              strict, mark)
         out = [r if r is not None else RegionWriteFailed(self.name, topic, "not sent")
                for r in results]
         m = self._children(mode)
@@ -404,7 +415,7 @@ class RegionWriter(Lifecycle):
     async def _retry(self, topic: str, items: Sequence[Outgoing], pending: list[int],
                      results: list[Any], deadline: float,
                      still_valid: Callable[[], str] | None, bounded: bool,
-                     strict: bool = False) -> None:
+                     strict: bool = False, mark: float | None = None) -> None:
         """Retry the `pending` items (the first attempt failed them with a retriable error):
         tenacity, the one retry loop, bounded by `retry_attempts` in all and the deadline."""
         s = self.settings
@@ -427,7 +438,7 @@ class RegionWriter(Lifecycle):
                                 raise _AttemptFailed(RegionWriteFailed(self.name, topic, why,
                                                                        retriable=False))
                         pending = await self._attempt(topic, items, pending, results,
-                                                      deadline, bounded, strict)
+                                                      deadline, bounded, strict, mark)
                     # attempt 1 is the one write() already made
                     first = next((results[i] for i in pending), None)
                     if isinstance(first, RegionWriteFailed):
@@ -447,7 +458,7 @@ class RegionWriter(Lifecycle):
 
     async def _attempt(self, topic: str, items: Sequence[Outgoing], pending: Sequence[int],
                        results: list[Any], deadline: float, bounded: bool = False,
-                       strict: bool = False) -> list[int]:
+                       strict: bool = False, mark: float | None = None) -> list[int]:
         """One try of the `pending` items; fills `results`; returns the items to retry.
         `bounded` (ordered, sync): records still unanswered at the end drop the producer.
 
@@ -463,10 +474,10 @@ class RegionWriter(Lifecycle):
             for i in pending:
                 results[i] = err
             return []
-        timeout = min(self.settings.attempt_timeout_s, deadline - time.monotonic())
+        timeout = min(self.settings.attempt_timeout_s, deadline - time.monotonic()
+                      - (frozen_since(mark) if mark is not None else 0.0))
         if timeout <= 0:
-            err = RegionWriteFailed(self.name, topic, "deadline passed before the write",
-                                    retriable=False)
+            err = RegionWriteFailed(self.name, topic, _passed_before(mark), retriable=False)
             for i in pending:
                 results[i] = err
             return []
@@ -515,7 +526,7 @@ class RegionWriter(Lifecycle):
                                                f"not sent within {timeout:.2f}s",
                                                retriable=False)
         if strict:
-            self._late_acks(topic, pending, results, deadline)
+            self._late_acks(topic, pending, results, deadline, mark)
             stuck += sum(1 for _, f in futs if not f.done())
             stuck += sum(len(idxs) for idxs, f, _ in chunks if not f.done())
             if stuck:
@@ -529,14 +540,15 @@ class RegionWriter(Lifecycle):
         return retry
 
     def _late_acks(self, topic: str, pending: Sequence[int], results: list[Any],
-                   deadline: float) -> None:
+                   deadline: float, mark: float | None = None) -> None:
         """An ordered or sync record acknowledged after its write bound (`deadline`: the
         lease's, or the request's) is not a success (issue 36, item 5): the bound is what
         the controller's wait after the lease assumes, and an ack seen after it (the loop
         paused, the ack read late) may be of an append made after a fence. Answered as of
         unknown outcome instead (`maybe_written`: the journal says unknown, the client may
-        retry with its idempotency key)."""
-        over = time.monotonic() - deadline
+        retry with its idempotency key). Time the machine spent suspended since the grant
+        (`mark`) counts: the monotonic clock did not see it, the lease did."""
+        over = time.monotonic() - deadline + (frozen_since(mark) if mark is not None else 0.0)
         if over <= 0:
             return
         late = [i for i in pending if type(results[i]) is RegionWrite]
@@ -910,7 +922,7 @@ class RdRegionWriter(RegionWriter):
     # -- writing ---------------------------------------------------------------------------
     async def _attempt(self, topic: str, items: Sequence[Outgoing], pending: Sequence[int],
                        results: list[Any], deadline: float, bounded: bool = False,
-                       strict: bool = False) -> list[int]:
+                       strict: bool = False, mark: float | None = None) -> list[int]:
         if self._renew:
             await self._renew_producer()
         producer = self._producer
@@ -919,10 +931,10 @@ class RdRegionWriter(RegionWriter):
             for i in pending:
                 results[i] = err
             return []
-        timeout = min(self.settings.attempt_timeout_s, deadline - time.monotonic())
+        timeout = min(self.settings.attempt_timeout_s, deadline - time.monotonic()
+                      - (frozen_since(mark) if mark is not None else 0.0))
         if timeout <= 0:
-            err = RegionWriteFailed(self.name, topic, "deadline passed before the write",
-                                    retriable=False)
+            err = RegionWriteFailed(self.name, topic, _passed_before(mark), retriable=False)
             for i in pending:
                 results[i] = err
             return []
@@ -966,7 +978,7 @@ class RdRegionWriter(RegionWriter):
         if producer.fatal:
             self._renew = True
         if strict:
-            self._late_acks(topic, pending, results, deadline)
+            self._late_acks(topic, pending, results, deadline, mark)
         if bounded and stuck:
             await self._drop_rd(producer, f"{stuck} ordered/sync record(s) of {topic} "
                                 f"unanswered at the end of their write bound ({timeout:.2f} s)")

@@ -106,7 +106,7 @@ async def _round(records: int, batch: int) -> dict[str, Any]:
             return 6
 
         async def write(self, topic: str, items: Any, *, mode: str, deadline: float,
-                        still_valid: Any = None) -> list[Any]:
+                        still_valid: Any = None, mark: Any = None) -> list[Any]:
             o = self.offset
             self.offset += len(items)
             name = self.name

@@ -378,7 +378,8 @@ async def run_drill(topology: Topology, plan: DrillPlan, config: DrillConfig, *,
                     healed_ms=tl.healed_ms or tl.started_ms, fences=watch.fences(),
                     failed=read_failed_log(failed_log_of(folder / "acks.jsonl")),
                     converge_timeout_s=config.replicate_timeout_s, settle_s=10.0,
-                    principal=principal)
+                    principal=principal,
+                    deliveries=readers.deliveries() if readers is not None else None)
             except CrossdcError as exc:
                 problems.append(f"the history check could not read the regions back: {exc}")
                 epochs = {}

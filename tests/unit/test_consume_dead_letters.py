@@ -86,7 +86,7 @@ class _Writer:
         return 2
 
     async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
-                    deadline: float, still_valid: Any = None) -> list[Any]:
+                    deadline: float, still_valid: Any = None, mark: Any = None) -> list[Any]:
         out: list[Any] = []
         for it in items:
             self.sent.append((topic, it, deadline))
@@ -214,7 +214,7 @@ async def test_a_sync_dead_letter_goes_to_every_region_and_a_nearest_one_to_its_
 async def test_a_region_that_fails_leaves_the_dead_letter_to_be_retried() -> None:
     class Down(_Writer):
         async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
-                        deadline: float, still_valid: Any = None) -> list[Any]:
+                        deadline: float, still_valid: Any = None, mark: Any = None) -> list[Any]:
             return [RegionWriteFailed(self.name, topic, "connection refused") for _ in items]
 
     writers = {"east": Down("east"), "west": _Writer("west")}

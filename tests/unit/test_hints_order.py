@@ -111,7 +111,7 @@ class GapWriter(FakeWriter):
         self.next_offset = next_offset + gap
 
     async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
-                    deadline: float, still_valid: Any = None) -> list[Any]:
+                    deadline: float, still_valid: Any = None, mark: Any = None) -> list[Any]:
         if topic == QUARANTINE_TOPIC:
             done: list[Any] = await super().write(topic, items, mode=mode, deadline=deadline)
             return done

@@ -110,7 +110,7 @@ class BlockingWriter:
         return 2
 
     async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
-                    deadline: float, still_valid: Any = None) -> list[Any]:
+                    deadline: float, still_valid: Any = None, mark: Any = None) -> list[Any]:
         self.writing.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
@@ -570,3 +570,78 @@ async def test_an_ack_seen_after_the_write_bound_is_unknown_not_ok(mode: str) ->
     assert out[0].maybe_written
     assert "after the write bound" in out[0].why
     assert metrics.late_acks.labels("east")._value.get() == 1
+
+
+class _Acking:
+    """A producer stand-in that acknowledges at once and counts its sends."""
+
+    fatal = False
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def send(self, topic: str, **kw: Any) -> asyncio.Future[Any]:
+        from aiokafka.structs import RecordMetadata
+        self.sent += 1
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.set_result(RecordMetadata(topic, 0, None, 7, -1, None, 0))
+        return fut
+
+
+def _suspending_writer(monkeypatch: pytest.MonkeyPatch, frozen: list[float]) -> tuple[Any, Any]:
+    """A writer whose view of the suspended time since a grant is `frozen`, read in order
+    (a machine suspended, as CLOCK_BOOTTIME minus CLOCK_MONOTONIC shows it: crossdc.clock)."""
+    import proxy.writers as writers
+    from proxy.config import BreakerSettings, KafkaWriterSettings
+    seen = iter(frozen)
+    monkeypatch.setattr(writers, "frozen_since", lambda mark: next(seen, frozen[-1]))
+    east = TOPO.region("east")
+    w = writers.RegionWriter(east, KafkaConnection.of(east), KafkaWriterSettings(),
+                             BreakerSettings(), ProxyMetrics(), client_id="t")
+    producer = _Acking()
+    w._producer = producer  # a stand-in
+    w._reachable = True
+    return w, producer
+
+
+async def test_a_suspend_after_the_grant_eats_the_write_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36, item 5: the machine suspended for 10 s between the lease grant and the send
+    (CLOCK_MONOTONIC, asyncio's clock, did not move): the 1 s bound is spent, nothing sent."""
+    from proxy.errors import RegionWriteFailed
+    w, producer = _suspending_writer(monkeypatch, [10.0])
+    out = await w.write("payments", [Outgoing(b"k", b"v", [], 0, 2)], mode="ordered",
+                        deadline=time.monotonic() + 1.0, mark=0.0)
+    assert isinstance(out[0], RegionWriteFailed), out
+    assert "suspended 10.00 s" in out[0].why
+    assert not out[0].maybe_written
+    assert producer.sent == 0
+
+
+async def test_a_suspend_during_the_write_makes_its_ack_unknown(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from proxy.errors import RegionWriteFailed
+    w, producer = _suspending_writer(monkeypatch, [0.0, 10.0])
+    out = await w.write("payments", [Outgoing(b"k", b"v", [], 0, 2)], mode="sync",
+                        deadline=time.monotonic() + 1.0, mark=0.0)
+    assert producer.sent == 1
+    assert isinstance(out[0], RegionWriteFailed), out
+    assert out[0].maybe_written
+    # without a grant's mark (nearest, dead letters of no lease) nothing is asked
+    w2, _ = _suspending_writer(monkeypatch, [10.0])
+    ok = await w2.write("payments", [Outgoing(b"k", b"v", [], 0, 2)], mode="sync",
+                        deadline=time.monotonic() + 1.0)
+    assert not isinstance(ok[0], RegionWriteFailed), ok
+
+
+def test_the_lease_is_timed_on_a_clock_that_counts_suspended_time() -> None:
+    import sys
+
+    from crossdc import clock
+    from proxy.primary import PrimaryWatcher
+    if sys.platform.startswith("linux"):
+        assert clock._BOOTTIME == time.CLOCK_BOOTTIME
+    m = clock.mark()
+    assert clock.frozen_since(m) == 0.0  # a running machine: the two clocks keep their gap
+    assert clock.frozen_since(m - 3.0) == pytest.approx(3.0, abs=0.05)
+    assert PrimaryWatcher.__init__.__kwdefaults__["clock"] is clock.lease_clock

@@ -228,7 +228,7 @@ class FakeWriter:
         return self.partitions
 
     async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
-                    deadline: float, still_valid: Any = None) -> list[Any]:
+                    deadline: float, still_valid: Any = None, mark: Any = None) -> list[Any]:
         out: list[Any] = []
         for it in items:
             if not self.up:
@@ -754,7 +754,7 @@ class HintFailingWriter(FakeWriter):
         self.gate: asyncio.Event | None = None
 
     async def write(self, topic: str, items: Sequence[Outgoing], *, mode: str,
-                    deadline: float, still_valid: Any = None) -> list[Any]:
+                    deadline: float, still_valid: Any = None, mark: Any = None) -> list[Any]:
         if topic.startswith("_crossdc.proxy.hints."):
             if self.gate is not None:
                 await self.gate.wait()
