@@ -644,4 +644,6 @@ def test_the_lease_is_timed_on_a_clock_that_counts_suspended_time() -> None:
     m = clock.mark()
     assert clock.frozen_since(m) == 0.0  # a running machine: the two clocks keep their gap
     assert clock.frozen_since(m - 3.0) == pytest.approx(3.0, abs=0.05)
-    assert PrimaryWatcher.__init__.__kwdefaults__["clock"] is clock.lease_clock
+    import inspect
+    default = inspect.signature(PrimaryWatcher.__init__).parameters["clock"].default
+    assert default is clock.lease_clock
