@@ -23,23 +23,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import structlog
 
 from crossdc.aio import sleep_unless
 from crossdc.logs import configure_logging
-from dr.drill.errors import DrillError
+from dr.drill.child import ChildProcess, child_parser, topics_of
 from dr.drill.traffic import (
-    MODES,
     Ack,
     ToldFailed,
     Traffic,
@@ -70,22 +66,8 @@ def _write_json(path: Path, doc: Mapping[str, Any]) -> None:
     tmp.replace(path)
 
 
-def _topics(items: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        mode, sep, topic = item.partition("=")
-        if not sep or mode not in MODES or not topic:
-            raise SystemExit(f"--topic {item!r}: give MODE=TOPIC, MODE one of {', '.join(MODES)}")
-        out[mode] = topic
-    return out
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dr.drill.producer",
-                                description="One region's drill traffic through its proxy.")
-    p.add_argument("--region", required=True)
-    p.add_argument("--proxy", required=True, help="host:port of the region's proxy")
-    p.add_argument("--topic", action="append", default=[], metavar="MODE=TOPIC")
+    p = child_parser("python -m dr.drill.producer", "One region's drill traffic through its proxy.")
     p.add_argument("--rate", type=float, default=20.0, help="records/s over the modes")
     p.add_argument("--ack-log", type=Path, required=True)
     p.add_argument("--id-prefix", required=True)
@@ -102,7 +84,7 @@ async def _run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    traffic = Traffic({args.region: args.proxy}, _topics(args.topic), rate=args.rate,
+    traffic = Traffic({args.region: args.proxy}, topics_of(args.topic), rate=args.rate,
                       ack_log=args.ack_log, id_prefix=args.id_prefix,
                       producer_options={"deadline_s": args.deadline_s})
     await traffic.start()
@@ -126,27 +108,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return asyncio.run(_run(args))
 
 
-class ProducerProcess:
-    """`python -m dr.drill.producer` for one region, started (through `wrap`, e.g. a network
-    namespace's `ip netns exec`) and stopped by SIGTERM; its acks read from its log."""
+class ProducerProcess(ChildProcess):
+    """`python -m dr.drill.producer` for one region (dr.drill.child); its acks read from its
+    log."""
+
+    kind = "producer"
+    stop_timeout_s = 30.0  # its drain is bounded too
 
     def __init__(self, region: str, proxy: str, topics: Mapping[str, str], *, rate: float,
                  folder: Path, id_prefix: str,
                  wrap: Callable[[list[str]], list[str]] = lambda argv: argv,
                  deadline_s: float = 5.0) -> None:
-        self.region = region
+        super().__init__(region, folder, wrap)
         self.proxy = proxy
         self.topics = dict(topics)
         self.rate = rate
         self.id_prefix = id_prefix
         self.ack_log = folder / f"acks-{region}.jsonl"
         self.stats_path = folder / f"stats-{region}.json"
-        self.log_path = folder / f"producer-{region}.log"
-        self.wrap = wrap
         self.deadline_s = deadline_s
-        self._proc: asyncio.subprocess.Process | None = None
-        self._log: IO[bytes] | None = None
-        self.returncode: int | None = None
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "dr.drill.producer", "--region", self.region,
@@ -156,46 +136,6 @@ class ProducerProcess:
         for mode, topic in self.topics.items():
             argv += ["--topic", f"{mode}={topic}"]
         return self.wrap(argv)
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
-
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
-
-    async def start(self) -> None:
-        if self._proc is not None:
-            raise DrillError(f"producer {self.region}: started already")
-        self.ack_log.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.argv(), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        log.info("producer_process_started", region=self.region, pid=self._proc.pid)
-
-    async def stop(self, timeout_s: float = 30.0) -> int | None:
-        """SIGTERM, wait up to `timeout_s` (its drain is bounded too), then SIGKILL. The exit
-        status (None when it never started). Idempotent."""
-        proc = self._proc
-        if proc is None:
-            return None
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await proc.wait()
-            except TimeoutError:
-                log.warning("producer_process_killed", region=self.region, pid=proc.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        self.returncode = proc.returncode
-        return self.returncode
 
     def acks(self) -> list[Ack]:
         """What its log holds now (a line being written is skipped)."""
@@ -212,13 +152,6 @@ class ProducerProcess:
         except (FileNotFoundError, ValueError):
             return None
         return doc
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 if __name__ == "__main__":

@@ -21,11 +21,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -35,32 +32,17 @@ import structlog
 
 from crossdc.aio import sleep_unless
 from crossdc.logs import configure_logging
-from dr.drill.errors import DrillError
+from dr.drill.child import ChildProcess, child_parser, topics_of
 from dr.drill.history import Delivery
 from dr.drill.readers import Readers
-from dr.drill.traffic import MODES
 
 __all__ = ["ReaderLog", "ReaderProcess", "main", "read_reader_log"]
 
 log = structlog.get_logger("crossdc.drill.reader")
 
 
-def _topics(items: Sequence[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items:
-        mode, sep, topic = item.partition("=")
-        if not sep or mode not in MODES or not topic:
-            raise SystemExit(f"--topic {item!r}: give MODE=TOPIC, MODE one of {', '.join(MODES)}")
-        out[mode] = topic
-    return out
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dr.drill.reader",
-                                description="One region's drill reader through its proxy.")
-    p.add_argument("--region", required=True)
-    p.add_argument("--proxy", required=True, help="host:port of the region's proxy")
-    p.add_argument("--topic", action="append", default=[], metavar="MODE=TOPIC")
+    p = child_parser("python -m dr.drill.reader", "One region's drill reader through its proxy.")
     p.add_argument("--group-prefix", required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--flush-every", type=float, default=0.5)
@@ -91,7 +73,7 @@ async def _run(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    readers = Readers({args.region: args.proxy}, _topics(args.topic),
+    readers = Readers({args.region: args.proxy}, topics_of(args.topic),
                       group_prefix=args.group_prefix)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with args.out.open("a", encoding="utf-8") as out:
@@ -147,23 +129,20 @@ def read_reader_log(path: Path) -> ReaderLog:
     return got
 
 
-class ReaderProcess:
-    """`python -m dr.drill.reader` for one region, started (through `wrap`, e.g. a network
-    namespace's `ip netns exec`) and stopped by SIGTERM; its deliveries read from its log."""
+class ReaderProcess(ChildProcess):
+    """`python -m dr.drill.reader` for one region (dr.drill.child); its deliveries read from
+    its log."""
+
+    kind = "reader"
 
     def __init__(self, region: str, proxy: str, topics: Mapping[str, str], *, folder: Path,
                  group_prefix: str,
                  wrap: Callable[[list[str]], list[str]] = lambda argv: argv) -> None:
-        self.region = region
+        super().__init__(region, folder, wrap)
         self.proxy = proxy
         self.topics = dict(topics)
         self.group_prefix = group_prefix
         self.out = folder / f"deliveries-{region}.jsonl"
-        self.log_path = folder / f"reader-{region}.log"
-        self.wrap = wrap
-        self._proc: asyncio.subprocess.Process | None = None
-        self._log: IO[bytes] | None = None
-        self.returncode: int | None = None
 
     def argv(self) -> list[str]:
         argv = [sys.executable, "-m", "dr.drill.reader", "--region", self.region, "--proxy",
@@ -172,51 +151,8 @@ class ReaderProcess:
             argv += ["--topic", f"{mode}={topic}"]
         return self.wrap(argv)
 
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.returncode is None
-
-    async def start(self) -> None:
-        if self._proc is not None:
-            raise DrillError(f"reader {self.region}: started already")
-        self.out.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self._proc = await asyncio.create_subprocess_exec(
-            *self.argv(), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-        log.info("reader_process_started", region=self.region, pid=self._proc.pid)
-
-    async def stop(self, timeout_s: float = 15.0) -> int | None:
-        """SIGTERM, wait up to `timeout_s`, then SIGKILL. The exit status (None when it
-        never started). Idempotent."""
-        proc = self._proc
-        if proc is None:
-            return None
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                async with asyncio.timeout(timeout_s):
-                    await proc.wait()
-            except TimeoutError:
-                log.warning("reader_process_killed", region=self.region, pid=proc.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        self.returncode = proc.returncode
-        return self.returncode
-
     def read(self) -> ReaderLog:
         return read_reader_log(self.out)
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from tests_support import write_topology
 from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
+from dr.drill.child import ChildProcess
 from dr.drill.history import (
     HealedView,
     History,
@@ -285,21 +286,20 @@ class Run:
         return "; ".join(out)
 
     async def stop_traffic(self) -> None:
-        for p in self.producers.values():
-            if p.returncode is not None:
-                continue  # stopped already
-            code = await p.stop()
-            if code != 0:
-                self.notes.append(f"producer {p.region} exited {code}: {p.log_tail(5)}")
+        await self._stop(self.producers.values())
 
     async def stop_readers(self) -> None:
-        for reader in self.readers.values():
-            if reader.returncode is not None:
+        await self._stop(self.readers.values())
+
+    async def _stop(self, procs: Iterable[ChildProcess]) -> None:
+        """Stop each (once); a non-zero exit is noted with its log's tail."""
+        for proc in procs:
+            if proc.returncode is not None:
                 continue  # stopped already
-            code = await reader.stop()
+            code = await proc.stop()
             if code != 0:
-                self.notes.append(f"reader {reader.region} exited {code}: "
-                                  f"{reader.log_tail(5)}")
+                self.notes.append(f"{proc.kind} {proc.region} exited {code}: "
+                                  f"{proc.log_tail(5)}")
 
     async def caught_up(self, acks: Sequence[Ack], rb: ReadBack,
                         timeout_s: float = CATCH_UP_S) -> dict[str, ReaderLog]:

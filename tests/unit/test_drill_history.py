@@ -15,6 +15,7 @@ from rich.console import Console
 from test_drill_report import _report  # type: ignore[import-not-found]
 
 from crossdc.primary import PrimaryRecord
+from dr.drill.child import topics_of
 from dr.drill.count import Raw
 from dr.drill.display import report_table
 from dr.drill.history import (
@@ -37,7 +38,7 @@ from dr.drill.history import (
     ordered_acked_since,
     write_history,
 )
-from dr.drill.producer import ProducerProcess, _topics
+from dr.drill.producer import ProducerProcess
 from dr.drill.report import render_markdown
 from dr.drill.traffic import Ack, ToldFailed, drill_topics, read_ack_log
 
@@ -449,9 +450,9 @@ def test_write_history_keeps_every_new_check_and_the_told_failed(tmp_path: Path)
 
 # -- the producer process ----------------------------------------------------------------------
 def test_producer_topics_are_mode_equals_topic() -> None:
-    assert _topics(["ordered=a", "sync=b"]) == {"ordered": "a", "sync": "b"}
+    assert topics_of(["ordered=a", "sync=b"]) == {"ordered": "a", "sync": "b"}
     with pytest.raises(SystemExit):
-        _topics(["bogus=a"])
+        topics_of(["bogus=a"])
 
 
 def test_producer_argv_is_wrapped(tmp_path: Path) -> None:
