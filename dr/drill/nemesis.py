@@ -15,9 +15,11 @@ healed. The kinds, each with its heal:
     force      an operator's `dr failover --to R --force --yes` run on R's side (cut off or
                not: from inside a cut "the others are dead" and "I am the minority" look
                the same)                                                        no heal
+    skew       a daemon restarted with its wall clock off by 10-60 s either way
+               (libfaketime; its monotonic clock left true, as on a host whose
+               NTP is wrong)                                          heal: restarted true
 
-At most `max_open` faults are open at once, at most one fault per target. Clock skew between
-hosts (libfaketime) is not one of them yet: docs/reliability.md says so.
+At most `max_open` faults are open at once, at most one fault per target.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 __all__ = ["KINDS", "Stage", "Step", "kinds_of", "schedule"]
 
 KINDS: tuple[str, ...] = ("cut", "cut2", "latency", "kill", "freeze", "brokers", "pause",
-                          "force")
+                          "force", "skew")
 
 
 @dataclass(frozen=True)
@@ -83,9 +85,12 @@ def _open(rng: random.Random, stage: Stage, at: float, busy: set[str]) -> Step |
             free = [s for s in stage.sides if s not in busy]
             if len(free) >= 2 and len(stage.sides) >= 3:
                 return Step(at, kind, tuple(sorted(rng.sample(free, 2))))
-        elif kind in ("kill", "freeze"):
+        elif kind in ("kill", "freeze", "skew"):
             free = [d for d in stage.daemons if d not in busy]
             if free:
+                if kind == "skew":
+                    return Step(at, kind, (rng.choice(free),), detail={
+                        "offset_s": str(rng.choice((-60, -25, -10, 10, 25, 60)))})
                 return Step(at, kind, (rng.choice(free),))
         elif kind in ("brokers", "pause"):
             free = [r for r in stage.regions if f"kafka-{r}" not in busy]

@@ -388,10 +388,17 @@ class Services:
         proc = self.process(name)
         await asyncio.to_thread(proc.stop, 15.0, kill=kill)
 
-    async def start(self, name: str, timeout_s: float = 60.0) -> None:
-        """Start one service again (if it is not running) and wait until it answers."""
+    async def start(self, name: str, timeout_s: float = 60.0, *,
+                    env: Mapping[str, str] | None = None) -> None:
+        """Start one service again (if it is not running) and wait until it answers. `env`:
+        variables it starts with from now on (e.g. libfaketime's, for a skewed clock; {}:
+        back to none)."""
         spec = self._spec(name)
         proc = self._proc(spec)
+        if env is not None and not proc.running():
+            proc = self._procs[name] = ManagedProcess(
+                spec.name, self.workdir(spec.name), list(spec.argv),
+                env={"PYTHONUNBUFFERED": "1", **env})
         if not proc.running():
             await self._ports_released(spec, min(RELEASE_WAIT_S, timeout_s))
             proc.start()
