@@ -67,6 +67,18 @@ __all__ = ["AsyncConsumer", "ConsumedBatch", "ConsumedRecord", "RegionProxies",
 log = structlog.get_logger("crossdc.proxy.consumer")
 
 _RECONNECT = frozenset({grpc.StatusCode.UNAVAILABLE})
+_CORE_INTERNAL = "Internal error from Core"
+"""What grpcio's asyncio client reports, as INTERNAL, when it writes on a stream the server
+has already ended: the write's failure overwrites the status the server sent (grpc/grpc
+#36066, open). An ack written as the proxy died ends the stream this way; found by the
+nemesis (a reader gave up when its proxy was restarted)."""
+
+
+def reconnects(code: grpc.StatusCode, details: str) -> bool:
+    """Whether a stream that ended with `code` is opened again: UNAVAILABLE, and INTERNAL
+    when it is grpcio's own (`_CORE_INTERNAL`), not the proxy's."""
+    return code in _RECONNECT or (code == grpc.StatusCode.INTERNAL
+                                  and details.strip() == _CORE_INTERNAL)
 Key = tuple[str, int, str, int]  # topic, partition, region, offset
 
 
@@ -322,7 +334,7 @@ class AsyncConsumer(Lifecycle):
                 self._failed.pop(self.target, None)
                 return
             except ConsumeFailed as exc:
-                if exc.code not in _RECONNECT:
+                if not reconnects(exc.code, exc.details):
                     raise
                 if self.target:
                     self._failed[self.target] = time.monotonic()
@@ -436,7 +448,7 @@ class AsyncConsumer(Lifecycle):
         details = (exc.details() or "") if exc is not None else "the proxy ended the stream"
         if self.closed:
             return
-        if code not in _RECONNECT:
+        if not reconnects(code, details):
             raise ConsumeFailed(code, details)
         self.reconnects += 1
         self._failed[self.target] = time.monotonic()

@@ -285,6 +285,7 @@ class ConsumeFailed(ProxyError):
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         self.code = code
+        self.details = message
         self.retriable = code.name in {"UNAVAILABLE"}  # type: ignore[misc]
         super().__init__(f"{code.name}: {message}")
 

@@ -3,11 +3,14 @@ Consul does not answer, and the connection settings the producer and consumer sh
 
 from __future__ import annotations
 
+import asyncio
 import socket
+from typing import Any
 
 import grpc
 import pytest
 
+from proxy.api import pb, pb_grpc
 from proxy.connect import Connection, RegionProxies, retry_backoff
 from proxy.consumer_client import AsyncConsumer
 from proxy.errors import ConsumeFailed
@@ -64,3 +67,64 @@ def test_the_retry_pause_doubles_to_two_seconds() -> None:
     assert 0.1 <= b.pause(1) <= 0.12
     assert 0.2 <= b.pause(2) <= 0.22
     assert 2.0 <= b.pause(10) <= 2.02
+
+
+class _EndsFirstStream(pb_grpc.ProxyServicer):
+    """A proxy whose first Consume stream delivers one record then ends with `code` and
+    `details`; every later stream delivers one record and stays open."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self.code, self.details = code, details
+        self.opened = 0
+
+    async def Consume(self, requests: Any, context: Any) -> Any:
+        await requests.__anext__()  # the open
+        self.opened += 1
+        n = self.opened
+        yield pb.ConsumeResponse(control=pb.ConsumeControl(
+            kind=pb.ConsumeControl.OPENED, stream_id=f"s{n}", ack_deadline_s=30))
+        yield pb.ConsumeResponse(batch=pb.RecordBatch(records=[pb.ConsumedRecord(
+            topic="t", partition=0, offset=n, region="east", value=b"v", ack_deadline_s=30)]))
+        if n == 1:
+            await context.abort(self.code, self.details)
+        await asyncio.Event().wait()  # open until the client goes
+
+
+async def _stream_after(code: grpc.StatusCode, details: str) -> tuple[list[int], int, Any]:
+    server = grpc.aio.server()
+    servicer = _EndsFirstStream(code, details)
+    pb_grpc.add_ProxyServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    got: list[int] = []
+    c = AsyncConsumer(f"127.0.0.1:{port}", "g", ["t"], retry_backoff_s=0.01)
+    error = None
+    try:
+        await c.start()
+        async with asyncio.timeout(10):
+            async for batch in c:
+                got += [r.offset for r in batch]
+                if len(got) == 2:
+                    break
+    except ConsumeFailed as exc:
+        error = exc
+    finally:
+        await c.stop()
+        await server.stop(0)
+    return got, servicer.opened, error
+
+
+async def test_a_stream_ended_by_grpcios_own_internal_error_is_opened_again() -> None:
+    """grpcio's asyncio client reports INTERNAL "Internal error from Core" when it writes (an
+    ack) on a stream its proxy has ended (grpc/grpc#36066): the nemesis's reader gave up
+    there, its proxy restarted. That INTERNAL is a broken stream (reopened, as UNAVAILABLE);
+    an INTERNAL the proxy itself sends is not."""
+    got, opened, error = await _stream_after(grpc.StatusCode.INTERNAL, "Internal error from Core")
+    assert error is None
+    assert (got, opened) == ([1, 2], 2)
+    got, opened, error = await _stream_after(grpc.StatusCode.UNAVAILABLE, "proxy stopping")
+    assert (got, opened, error) == ([1, 2], 2, None)
+    got, opened, error = await _stream_after(grpc.StatusCode.INTERNAL, "a bug in the proxy")
+    assert isinstance(error, ConsumeFailed)
+    assert error.code == grpc.StatusCode.INTERNAL
+    assert (got, opened) == ([1], 1)
