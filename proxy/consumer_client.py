@@ -23,17 +23,18 @@ one picked at random, so a region's consumers spread over its proxies.
                              ["orders"]) as c: ...
 
 A stream that ends with UNAVAILABLE (the proxy drains, restarts, died, or the connection
-broke) is opened again with the producer's backoff (`proxy.connect.retry_backoff`: doubling
-from `retry_backoff_s`, at most 2 s). With a region the consumer asks Consul again before
-each try and moves to another proxy: one that has not failed it yet first (a proxy killed
-a moment ago may still be listed passing until its check runs), else the one whose failure
-is the oldest; the group's partitions follow it (the proxy it left gives them back through
-Kafka, and the records it had delivered and not acked come again: at-least-once). After
-`reconnect_attempts` failures in a row (a region with no healthy proxy counts as one), or
-any other status (NOT_FOUND, PERMISSION_DENIED, INVALID_ARGUMENT, ...), iteration raises
-`ConsumeFailed` (`.code`). Records outstanding when a stream ends come back (they count as
-a delivery). `target` is the proxy in use (`""` before the first), `moves` how often it
-changed.
+broke), or with grpcio's own INTERNAL "Internal error from Core" (an ack written on a stream
+the proxy had just ended: `reconnects`), is opened again with the producer's backoff
+(`proxy.connect.retry_backoff`: doubling from `retry_backoff_s`, at most 2 s). With a region
+the consumer asks Consul again before each try and moves to another proxy: one that has not
+failed it yet first (a proxy killed a moment ago may still be listed passing until its check
+runs), else the one whose failure is the oldest; the group's partitions follow it (the proxy
+it left gives them back through Kafka, and the records it had delivered and not acked come
+again: at-least-once). After `reconnect_attempts` failures in a row (a region with no
+healthy proxy counts as one), or any other status (NOT_FOUND, PERMISSION_DENIED,
+INVALID_ARGUMENT, ...), iteration raises `ConsumeFailed` (`.code`). Records outstanding when
+a stream ends come back (they count as a delivery). `target` is the proxy in use (`""`
+before the first), `moves` how often it changed.
 
 Security: as `AsyncProducer` (`token`, `tls`, `root_ca`, `client_cert`/`client_key`,
 `tls_server_name`; the same `proxy.connect.Connection`).
