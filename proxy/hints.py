@@ -56,7 +56,7 @@ the router writes the primary first, so it stamps the other copies `dr-src: <pri
 offset in its `written`). A hint is replayed into target region R's partition p ONLY IF
 nothing after it in that order is there: before writing a run of hints the replayer reads the
 newest record of each of R's partitions the run goes to (one read per run and partition,
-`_TailReader`), sorts the run into position order and keeps, per partition, the highest
+`TailReader`), sorts the run into position order and keeps, per partition, the highest
 position placed, seeded from that record (`verdict`): a hint above it is replayed (and becomes
 the highest), one equal to it is there already (skipped), one below it is LATE. A record
 without a position there (no dr-epoch; another region's copy without dr-src: the mirror's, an
@@ -148,8 +148,8 @@ if TYPE_CHECKING:
     from proxy.writers import RegionWriter
 
 __all__ = ["HINTS_PREFIX", "HINT_HEADER", "PARKED_TOPIC", "Hint", "HintReplayer", "HintStore",
-           "HintsUnavailable", "decode_hint", "encode_hint", "hints_group", "hints_topic",
-           "pending_hints"]
+           "HintsUnavailable", "Tail", "TailReader", "decode_hint", "encode_hint", "hints_group",
+           "hints_topic", "pending_hints", "read_tail", "verdict"]
 
 log = structlog.get_logger("crossdc.proxy.hints")
 
@@ -456,7 +456,7 @@ def verdict(hint: Position | None, top: Position | None) -> str:
 
 
 @dataclass(slots=True)
-class _Tail:
+class Tail:
     """What a target partition held when read before a replay."""
 
     end: int
@@ -466,7 +466,7 @@ class _Tail:
     last_offset: int = -1
 
 
-class _TailReader:
+class TailReader:
     """Reads the newest records of a partition in one target region: the replay's order
     check (one read per replayed run of hints and partition). One consumer per target, no
     group, read_committed, assigned one partition at a time; dropped after an error (a fresh
@@ -502,7 +502,7 @@ class _TailReader:
             out.extend(r for r in got.get(tp, ()) if r.offset < stop)
         return out
 
-    async def tail(self, topic: str, partition: int) -> _Tail:
+    async def tail(self, topic: str, partition: int) -> Tail:
         """The partition's newest record (its position) and end. Unbounded: the caller
         bounds it."""
         tp = TopicPartition(topic, partition)
@@ -516,10 +516,10 @@ class _TailReader:
                 got = await self._read(c, tp, start, end)
                 if got:
                     last = got[-1]
-                    return _Tail(end, sync_position(self.region, last.offset,
+                    return Tail(end, sync_position(self.region, last.offset,
                                                     last.headers or ()), last.offset)
                 span *= 8
-            return _Tail(end, NOTHING)
+            return Tail(end, NOTHING)
         except BaseException:
             await self.close()
             raise
@@ -539,6 +539,16 @@ class _TailReader:
             with contextlib.suppress(KafkaError, OSError, TimeoutError):
                 async with asyncio.timeout(10.0):
                     await asyncio.shield(c.stop())
+
+
+async def read_tail(writer: Any, topic: str, partition: int) -> Tail:
+    """A partition's newest record (its position) and end in `writer`'s region, with a reader
+    of its own (closed after). Unbounded: the caller bounds it."""
+    reader = TailReader(writer.name, writer.conn, f"{writer.client_id}-tail")
+    try:
+        return await reader.tail(topic, partition)
+    finally:
+        await reader.close()
 
 
 class _Hold(Exception):
@@ -598,7 +608,7 @@ class HintReplayer(Lifecycle):
         # written and the position is past them; nothing else would commit them (a topic no
         # hint is added to is never fetched again) until a restart wrote them once more
         self._uncommitted: dict[TopicPartition, tuple[int, float]] = {}
-        self._readers: dict[str, _TailReader] = {}  # target -> its partitions' newest records
+        self._readers: dict[str, TailReader] = {}  # target -> its partitions' newest records
         self._measured_at = 0.0
         self._stopping = asyncio.Event()  # the pauses between retries end at stop()
         self.pending: dict[str, int] = {t: 0 for t in self.targets}
@@ -959,7 +969,7 @@ class HintReplayer(Lifecycle):
         todo = [it for it in items if it.action == "replay"]
         parked = [it for it in items if it.action == "park"]
         results: dict[int, RegionWrite | RegionWriteFailed] = {}
-        tails: dict[int, _Tail] = {}
+        tails: dict[int, Tail] = {}
         if todo and not w.breaker.allow():
             raise _Hold(w.why_not_writable() or "circuit breaker half-open")
         # no verdict on the target (cancelled, parking failed): a probe taken is given back
@@ -1019,18 +1029,18 @@ class HintReplayer(Lifecycle):
             raise _Hold(failure, done_to)
         return done_to
 
-    def _reader(self, target: str) -> _TailReader:
+    def _reader(self, target: str) -> TailReader:
         r = self._readers.get(target)
         if r is None:
-            r = self._readers[target] = _TailReader(target, self.writers[target].conn,
+            r = self._readers[target] = TailReader(target, self.writers[target].conn,
                                                     f"{self.client_id}-hints-tail")
         return r
 
-    async def _tails(self, target: str, topic: str, todo: list[_Item]) -> dict[int, _Tail]:
+    async def _tails(self, target: str, topic: str, todo: list[_Item]) -> dict[int, Tail]:
         """The newest record of each target partition the items go to (one read each);
         `_Hold` when one cannot be read in time (never replayed unchecked)."""
         reader = self._reader(target)
-        out: dict[int, _Tail] = {}
+        out: dict[int, Tail] = {}
         try:
             async with asyncio.timeout(self.settings.replay_write_s):
                 for p in sorted({it.hint.partition for it in todo if it.hint is not None}):
@@ -1042,7 +1052,7 @@ class HintReplayer(Lifecycle):
         return out
 
     @staticmethod
-    def _order(todo: list[_Item], tails: dict[int, _Tail]) -> list[_Item]:
+    def _order(todo: list[_Item], tails: dict[int, Tail]) -> list[_Item]:
         """Sort the items to replay into the primary's order and decide each against the
         newest position of its partition (`verdict`), that position moving on as items are
         placed: the ones to write, in that order (the others: action `late` or `held`)."""
@@ -1063,7 +1073,7 @@ class HintReplayer(Lifecycle):
         return out
 
     async def _quarantine(self, target: str, w: RegionWriter, late: list[_Item],
-                          tails: dict[int, _Tail]) -> dict[int, RegionWrite | RegionWriteFailed]:
+                          tails: dict[int, Tail]) -> dict[int, RegionWrite | RegionWriteFailed]:
         """Write the late hints' records to the target's `_crossdc.quarantine` (one call),
         as the mirror writes its divergent tail there: `dr tail list` shows them, the
         history checker counts them; their source is the primary's copy (`dr-src`)."""
@@ -1092,7 +1102,7 @@ class HintReplayer(Lifecycle):
         return dict(zip((it.offset for it in late), res, strict=True))
 
     def _quarantined(self, target: str, topic: str, done: list[tuple[_Item, RegionWrite]],
-                     tails: dict[int, _Tail]) -> None:
+                     tails: dict[int, Tail]) -> None:
         """Count and log the hints quarantined (one line per target partition)."""
         by_part: dict[int, list[Hint]] = {}
         for it, _ in done:
@@ -1108,7 +1118,7 @@ class HintReplayer(Lifecycle):
                 positions=[tuple(pos) if (pos := h.position) else None for h in hints][:10],
                 dr_ids=[h.dr_id for h in hints][:10], quarantine_topic=QUARANTINE_TOPIC)
 
-    def _held_already(self, target: str, it: _Item, tail: _Tail | None) -> None:
+    def _held_already(self, target: str, it: _Item, tail: Tail | None) -> None:
         """The target partition's newest record is this very one (written by an earlier
         replay whose commit was lost): a retry of its key now finds the target written."""
         h = it.hint
@@ -1119,7 +1129,7 @@ class HintReplayer(Lifecycle):
 
     async def _check_race(self, target: str, topic: str,
                           written: list[tuple[_Item, RegionWrite]],
-                          tails: dict[int, _Tail]) -> None:
+                          tails: dict[int, Tail]) -> None:
         """After a replay: did a direct write of a newer record land between the check and
         the replayed copies? Their offsets say at no cost when nothing did (they follow the
         end read, one after another); otherwise the records between are read and each copy

@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, NoReturn, cast
 
 import structlog
 
-from crossdc.headers import DR_SRC, src_value
+from crossdc.clients.errors import KafkaError
+from crossdc.headers import DR_SRC, Position, src_value
 from crossdc.outcomes import ACKED, FAILED, UNKNOWN, written_text
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
@@ -59,7 +60,7 @@ from proxy.errors import (
     UnknownTopic,
 )
 from proxy.headers import check_client_headers, dr_headers, new_dr_id, stamp_with
-from proxy.hints import Hint, HintStore, HintsUnavailable
+from proxy.hints import Hint, HintStore, HintsUnavailable, Tail, read_tail, verdict
 from proxy.idempotency import IdempotencyLog, IdempotencyWindow, LogUnavailable, Slot
 from proxy.journal import OutcomeJournal
 from proxy.lookup import LookupFailed, MaybeWrite, find_copies
@@ -220,6 +221,9 @@ class _PrimaryWrite:
     """The call's time (dr-ts): an unanswered write is looked for from it."""
     mark: float | None = None
     """The grant's `crossdc.clock.mark()` (a suspend since then eats the bound)."""
+    resumed: set[int] = field(default_factory=set)
+    """Records whose primary copy an earlier attempt wrote (a partial sync resumed, a copy
+    found by the lookup): their replicas may come after later records (`_resumed_order`)."""
 
     def headers(self, i: int) -> list[tuple[str, bytes]]:
         return stamp_with(self.records[i].headers, self.outs[i].dr_id, self.common)
@@ -237,7 +241,9 @@ class Router:
                  window: IdempotencyWindow, metrics: ProxyMetrics, *,
                  current: Callable[[], PrimaryRecord] | None = None,
                  hints: HintStore | None = None,
-                 journal: OutcomeJournal | None = None) -> None:
+                 journal: OutcomeJournal | None = None,
+                 tail: Callable[[RegionWriter, str, int], Awaitable[Tail]] | None = None
+                 ) -> None:
         """`primary`: leave for one ordered or sync write (`PrimaryWatcher.grant`), raising
         `PrimaryUnavailable`; `current`: the newest primary record seen (a retry of a write
         stops once it changed); default: the record of a fresh grant. `hints`: where the
@@ -253,6 +259,8 @@ class Router:
         self.metrics = metrics
         self.hints = hints
         self.journal = journal
+        self.tail = tail or read_tail
+        """How a partition's newest record is read in a region (`_resumed_order`)."""
         self._mismatched: set[str] = set()
         self._latency_children: dict[str, Any] = {}
 
@@ -602,6 +610,8 @@ class Router:
                  or not any(w.region == primary for w in outs[i].written)]
         if any(outs[i].maybe for i in first):
             first = await self._look_up(b, first)
+        if len(first) < len(b.idxs):
+            b.resumed.update(set(b.idxs) - set(first))
         if not first:
             return
         pw = b.writer
@@ -697,6 +707,10 @@ class Router:
                 for i in todo:
                     failed[i][region] = why or "circuit breaker half-open"
                 return
+            if b.resumed:
+                todo = await self._resumed_order(b, region, w, todo, failed)
+                if not todo:
+                    return
             items = []
             for i in todo:
                 src = next(x for x in outs[i].written if x.region == b.primary)
@@ -714,6 +728,48 @@ class Router:
 
         await asyncio.gather(*(one(r) for r in b.regions[1:]))
         return failed
+
+    async def _resumed_order(self, b: _PrimaryWrite, region: str, w: RegionWriter,
+                             todo: list[int], failed: dict[int, dict[str, str]]) -> list[int]:
+        """Of `todo` (records to copy into `region`), those to write now. A record whose
+        primary copy an earlier attempt wrote (`b.resumed`) is copied only if nothing newer in
+        the primary's order sits in `region`'s partition yet, as the hints' replay checks
+        (proxy.hints.verdict): a later record of its key copied there meanwhile would
+        otherwise come first in this region and second in the primary (found by the demo's
+        reconciliation: a sync retry resumed after its replica's region came back). Newer
+        there: not written (the first attempt's hint is quarantined as late by the replay);
+        the record itself is the newest: taken as written."""
+        outs, keep = b.outs, []
+        tails: dict[int, Any] = {}
+        for i in todo:
+            if i not in b.resumed:
+                keep.append(i)
+                continue
+            src = next(x for x in outs[i].written if x.region == b.primary)
+            tail = tails.get(src.partition)
+            if tail is None:
+                try:
+                    async with asyncio.timeout_at(b.deadline):
+                        tail = tails[src.partition] = await self.tail(w, b.topic,
+                                                                      src.partition)
+                except (TimeoutError, KafkaError, OSError) as exc:
+                    failed[i][region] = f"its order there not readable: {exc!r}"
+                    continue
+            what = verdict(Position(b.epoch, src.offset), tail.top)
+            if what == "replay":
+                keep.append(i)
+            elif what == "held":
+                outs[i].written.append(RegionWrite(region, src.partition,
+                                                   tail.last_offset))
+            else:
+                failed[i][region] = ("a later record of the primary's order is there "
+                                     "already: not copied out of order (its hint is "
+                                     "quarantined as late)")
+                log.warning("sync_resume_late", topic=b.topic, mode=b.mode, epoch=b.epoch,
+                            region=region, dr_id=outs[i].dr_id, partition=src.partition,
+                            position=src.offset, newer=tuple(tail.top) if tail.top
+                            else None)
+        return keep
 
     async def _settle_sync(self, b: _PrimaryWrite, rules: list[Rule | None],
                            failed: dict[int, dict[str, str]], deadline: float) -> None:

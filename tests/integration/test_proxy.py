@@ -38,7 +38,7 @@ from proxy.config import KafkaWriterSettings, ProxyConfig
 from proxy.errors import ProduceFailed
 from proxy.lookup import MaybeWrite
 from proxy.server import CONSUL_SERVICE, ProxyServer
-from proxy.writers import partition_for
+from proxy.writers import RegionWrite, partition_for
 
 POLICY = """\
 strict: true
@@ -307,6 +307,59 @@ async def test_a_retry_after_an_unanswered_write_that_never_landed_writes_it(  #
               if _hdrs(r).get("dr-id") == b"lost-2"]
     assert [r.value for r in copies] == [b"retry"]
     assert east_proxy.metrics.retry_lookups.labels("east", "absent")._value.get() >= 1
+
+
+async def _partial_in_east(two_regions, east_proxy: ProxyServer, topic: str, key: str  # type: ignore[no-untyped-def]
+                           ) -> int:
+    """The state a sync write leaves when its primary (east) took it and west did not: the
+    copy in east, the partial write in the idempotency window. Its offset in east."""
+    epoch = east_proxy.primary.current.epoch
+    producer = AIOKafkaProducer(bootstrap_servers=two_regions.bootstrap("east"))
+    await producer.start()
+    try:
+        md = await producer.send_and_wait(topic, b"first", key=b"k", partition=0, headers=[
+            ("dr-id", key.encode()), ("dr-epoch", str(epoch).encode()),
+            ("dr-mode", b"sync"), ("dr-origin", b"east")])
+    finally:
+        await producer.stop()
+    window = east_proxy.router.window
+    slot = window.claim_nowait(topic, key)
+    assert slot is not None
+    window.fail(slot, partial=[RegionWrite("east", 0, md.offset)])
+    return int(md.offset)
+
+
+async def test_a_resumed_sync_write_never_lands_after_a_later_record_of_its_region(  # type: ignore[no-untyped-def]
+        two_regions, east_proxy, stub) -> None:
+    """Found by the demo's reconciliation (issue 36): a sync write whose replica failed was
+    retried after a later record of its key had reached that region; the retry copied it
+    there after that record, so east and west held the key's two values in opposite order.
+    A resumed copy now goes in only if nothing newer in the primary's order is there."""
+    topic = await _topic(two_regions, "sync", partitions=1)
+    await _partial_in_east(two_regions, east_proxy, topic, "resume-1")
+    later = (await stub.Produce(pb.ProduceRequest(record=_record(
+        topic, b"later", b"k", idempotency_key="resume-2")))).result
+    assert later.status == pb.STATUS_OK, later
+    code, details = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(
+        topic, b"retry", b"k", idempotency_key="resume-1"))))
+    assert code == grpc.StatusCode.UNAVAILABLE  # told failed: west never takes it late
+    assert "not copied out of order" in details
+    west = [r.value for r in await read_all(two_regions.bootstrap("west"), topic, 1)]
+    east = [r.value for r in await read_all(two_regions.bootstrap("east"), topic, 1)]
+    assert east == [b"first", b"later"]
+    assert west == [b"later"]
+
+
+async def test_a_resumed_sync_write_with_nothing_newer_there_is_copied(  # type: ignore[no-untyped-def]
+        two_regions, east_proxy, stub) -> None:
+    topic = await _topic(two_regions, "sync", partitions=1)
+    await _partial_in_east(two_regions, east_proxy, topic, "resume-3")
+    res = (await stub.Produce(pb.ProduceRequest(record=_record(
+        topic, b"retry", b"k", idempotency_key="resume-3")))).result
+    assert res.status == pb.STATUS_OK, res
+    # the retry's copy (its value is the retried record's)
+    assert [r.value for r in await read_all(two_regions.bootstrap("west"), topic, 1)] == [
+        b"retry"]
 
 
 async def test_a_lookup_that_cannot_read_the_partition_fails_in_time() -> None:

@@ -17,7 +17,7 @@ from crossdc.headers import Position, parse_src, src_value, sync_position
 from crossdc.quarantine import QUARANTINE_TOPIC
 from proxy.config import HintSettings
 from proxy.headers import stamp
-from proxy.hints import NOTHING, Hint, HintReplayer, _Item, _Tail, verdict
+from proxy.hints import NOTHING, Hint, HintReplayer, Tail, _Item, verdict
 from proxy.idempotency import IdempotencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.writers import Outgoing, RegionWrite
@@ -85,14 +85,14 @@ def test_verdict(hint: Position | None, top: Position | None, want: str) -> None
 # -- the replayer's batch ------------------------------------------------------------------
 
 class FakeTail:
-    """The target partitions' newest records, as `_TailReader` reads them."""
+    """The target partitions' newest records, as `TailReader` reads them."""
 
-    def __init__(self, tails: dict[int, _Tail], between: Sequence[Any] = ()) -> None:
+    def __init__(self, tails: dict[int, Tail], between: Sequence[Any] = ()) -> None:
         self.tails = tails
         self.between = list(between)
         self.reads = 0
 
-    async def tail(self, topic: str, partition: int) -> _Tail:
+    async def tail(self, topic: str, partition: int) -> Tail:
         self.reads += 1
         return self.tails[partition]
 
@@ -150,7 +150,7 @@ async def test_a_batch_is_replayed_in_the_primarys_order_and_late_hints_are_quar
     then 8 are written (sorted), 3 is quarantined in north, 5 is there already. One read of
     the partition for the whole batch; every hint done (committed)."""
     north = GapWriter("north", next_offset=20)
-    tail = FakeTail({0: _Tail(20, Position(7, 5), 19)})
+    tail = FakeTail({0: Tail(20, Position(7, 5), 19)})
     r, m = _replayer(north, tail)
     items = [_item(100, 8), _item(101, 3), _item(102, 6), _item(103, 5)]
     done_to = await r._write(TopicPartition("_crossdc.proxy.hints.north", 0), "north", north,
@@ -176,7 +176,7 @@ async def test_a_batch_is_replayed_in_the_primarys_order_and_late_hints_are_quar
 async def test_a_newer_epoch_or_an_unpositioned_record_makes_every_hint_late() -> None:
     for top in (Position(8, 0), None):
         north = GapWriter("north", next_offset=3)
-        r, m = _replayer(north, FakeTail({0: _Tail(3, top, 2), 1: _Tail(0, NOTHING)}))
+        r, m = _replayer(north, FakeTail({0: Tail(3, top, 2), 1: Tail(0, NOTHING)}))
         items = [_item(0, 10), _item(1, 11), _item(2, 12, partition=1)]
         await r._write(TopicPartition("_crossdc.proxy.hints.north", 0), "north", north, "t",
                        items)
@@ -193,7 +193,7 @@ async def test_a_direct_write_between_the_check_and_the_replay_is_detected() -> 
         rec = SimpleNamespace(offset=20, headers=_headers(between[0],
                                                           src=src_value("east", between[1])))
         north = GapWriter("north", next_offset=20, gap=1)
-        r, m = _replayer(north, FakeTail({0: _Tail(20, Position(7, 5), 19)}, [rec]))
+        r, m = _replayer(north, FakeTail({0: Tail(20, Position(7, 5), 19)}, [rec]))
         await r._write(TopicPartition("_crossdc.proxy.hints.north", 0), "north", north, "t",
                        [_item(0, 6)])
         assert _count(m, "crossdc_proxy_hints_raced_total") == raced, between

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from crossdc.headers import sync_position
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from proxy.breaker import BreakerState, CircuitBreaker
@@ -32,6 +33,7 @@ from proxy.errors import (
     code_name,
 )
 from proxy.headers import check_client_headers, stamp, uuid7
+from proxy.hints import NOTHING, Tail
 from proxy.idempotency import IdempotencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.policy import Policy
@@ -257,11 +259,21 @@ POLICY = Policy.model_validate({"rules": [
     {"topic": "pref", "mode": "nearest", "prefer": ["north", "west"]}], "strict": True})
 
 
+async def _fake_tail(w: FakeWriter, topic: str, partition: int) -> Tail:
+    """The newest record a fake writer took for (topic, partition), as `read_tail` reads it."""
+    mine = [(i, o) for i, (t, o) in enumerate(w.sent) if t == topic and o.partition == partition]
+    if not mine:
+        return Tail(0, NOTHING)
+    i, last = mine[-1]
+    return Tail(i + 1, sync_position(w.name, i, last.headers), i)
+
+
 def _router(writers: dict[str, FakeWriter], own: str = "west",
             primary: str = "east") -> Router:
     grant = WriteGrant(PrimaryRecord(region=primary, epoch=7), math.inf, 2.0)
     return Router(own, TOPO, writers, lambda: grant,  # type: ignore[arg-type]
-                  lambda: POLICY, IdempotencyWindow(60, 1000), ProxyMetrics())
+                  lambda: POLICY, IdempotencyWindow(60, 1000), ProxyMetrics(),
+                  tail=_fake_tail)  # type: ignore[arg-type]
 
 
 def _writers(**down: bool) -> dict[str, FakeWriter]:
