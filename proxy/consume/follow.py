@@ -201,18 +201,20 @@ class PrimaryFollower:
                 rule = policy.rule_for(topic)
                 sync = rule is not None and rule.dr_mode == "sync"
                 self._left[(source, group, topic, partition)] = end
+                left = self._left.pop((target, group, topic, partition), None)
                 h = hand_over(group, topic, partition, source=source, epoch=epoch,
                               committed=c, end=end, settled=ids or _NO_IDS,
                               translate=functools.partial(offsets.translate, topic,
                                                           partition),
-                              left=self._left.pop((target, group, topic, partition), None),
-                              region=target)
+                              left=left, region=target)
                 at = times.get((group, (topic, partition)))
                 if h.start is None and sync and at is not None:
-                    # never mirrored: find the place by time, skip what was consumed by id
+                    # never mirrored: find the place by time, skip what was consumed by id;
+                    # back where it read before, from where it left (Handover.by_time)
                     h = h.model_copy(update={
                         "start_ms": max(0, at - int(self.config.sync_rewind_s * 1000)),
-                        "skip": frozenset((ids or _NO_IDS).lowest(MAX_SKIP))})
+                        "skip": frozenset((ids or _NO_IDS).lowest(MAX_SKIP)),
+                        "left": left, "native_region": target if left is not None else None})
                 self._handed[(group, topic, partition)] = h
                 made.append(h)
             if unsettled:

@@ -29,7 +29,9 @@ the tail for good. So the reader starts at `left` instead and, below the transla
 (`native_until`), delivers only the records native to the region (`dr-origin` it, or none:
 written straight into it), skipping the copies of what it read in the region it leaves. A
 record of the tail it did read there (its copy came before it left) comes again: a
-duplicate, never a gap.
+duplicate, never a gap. A sync topic has no translated prefix: its place is found by time
+(`start_ms`) when the new member is assigned, and `Handover.by_time` opens the same window
+from `left` to that place (the records a cut-off primary wrote under its lease lie there).
 
 Bounded: `SettledIds` holds at most the tracker's span plus `keep` ids; a handover carries at
 most `max_skip` of them (the lowest offsets first; ids left out are duplicates, never gaps),
@@ -110,6 +112,21 @@ class Handover(BaseModel):
                                  "proxy writes each region itself, the mirror copies none): "
                                  "read the new region from this time (the first record not "
                                  "consumed, minus the rewind), skipping `skip`.")
+    left: int | None = Field(None, ge=0, description="With `start_ms`, back in a region "
+                             "left before (a sync topic's failback): where this reader "
+                             "stopped reading it. The new reader starts here and, up to the "
+                             "offset at `start_ms`, reads only the region's own records "
+                             "(`by_time`).")
+
+    def by_time(self, at: int) -> Handover:
+        """This sync handover with its place found: `at`, the new region's offset at
+        `start_ms`. Back in a region left before (`left` below `at`), the reader starts at
+        `left` and, below `at`, delivers only the records native to the region (the tail it
+        never read there: a cut-off primary's own writes), skipping the copies of the other
+        region's, as a failback of a mirrored topic does."""
+        if self.left is not None and self.left < at:
+            return self.model_copy(update={"start": self.left, "native_until": at})
+        return self.model_copy(update={"start": at, "native_region": None})
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()

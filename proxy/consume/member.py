@@ -661,13 +661,14 @@ class GroupMember(Lifecycle):
         c = self._consumer
         if self._handovers is not None and keys - kept and c is not None:
             for tp, h in (await self._handovers(self, keys - kept)).items():
-                start = h.start
-                if start is None and h.start_ms is not None:
-                    start = await self._offset_at(c, tp, h.start_ms)
-                if start is not None:
+                if h.start is None and h.start_ms is not None:
+                    at = await self._offset_at(c, tp, h.start_ms)
+                    if at is not None:
+                        h = h.by_time(at)
+                if h.start is not None:
                     with contextlib.suppress(IllegalStateError):
-                        c.seek(TopicPartition(*tp), start)
-                if h.skip:
+                        c.seek(TopicPartition(*tp), h.start)
+                if h.skip or h.native_until is not None:
                     self._skips[tp] = SkipSet(h)
                 self.handed_over += 1
         for t, p in kept:  # read on from where this member is, not from the commit

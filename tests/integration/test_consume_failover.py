@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from kafka_helpers import create_topic, end_offsets, eventually, produce, read_all, unique
 from mirror_helpers import drained, flow
 from primary_helpers import agreed_primary, put_primary, read_everywhere
@@ -27,6 +28,7 @@ from crossdc.headers import (
     DR_DL_ID,
     DR_DL_REGION,
     DR_EPOCH,
+    DR_ID,
     DR_MODE,
     DR_ORIGIN,
 )
@@ -299,3 +301,76 @@ async def test_a_dead_letter_is_not_written_while_fenced_and_lands_in_the_new_pr
     assert (h[DR_MODE], h[DR_ORIGIN], h[DR_DL_REGION]) == (b"ordered", b"west", b"east")
     assert h[DR_DL_ID] == f"east:{topic}:0:{sent.offset}".encode()
     assert await end_offsets(boot["east"], dlq) == {0: 0}  # no mirror runs here
+
+
+async def _write_sync(boot: dict[str, str], topic: str, regions: tuple[str, ...], tag: str,
+                      n: int, *, origin: str, ts_ms: int | None = None) -> list[str]:
+    """Write `n` sync records into each of `regions` as a proxy under `origin`'s grant
+    does (the same dr-id and dr-origin in every region; `ts_ms`: their CreateTime)."""
+    ids = [f"{tag}-{unique('id')}" for _ in range(n)]
+    for r in regions:
+        producer = AIOKafkaProducer(bootstrap_servers=boot[r])
+        await producer.start()
+        try:
+            for i in ids:
+                headers = [(DR_ID, i.encode()), (DR_ORIGIN, origin.encode()),
+                           (DR_MODE, b"sync")]
+                await producer.send_and_wait(topic, value=i.encode(), key=i.encode(),
+                                             headers=headers, partition=0,
+                                             timestamp_ms=ts_ms)
+        finally:
+            await producer.stop()
+    return ids
+
+
+async def test_a_sync_reader_back_in_the_old_primary_reads_what_it_wrote_cut_off(
+        two_regions: Any, east: ProxyServer) -> None:
+    """The CI's compose partition drill: west's reader skipped 32 records of east. A sync
+    topic has no offset map, so the reader finds its place by time; back in east after a
+    failback, that place lies after the records east wrote on its own while cut off (under
+    its lease, never in west), older than what the reader read in west. The handover starts
+    where the reader left east and reads east's own records from there (Handover.by_time):
+    each is delivered, and west's records it read in west are not read again."""
+    topo = two_regions.topology
+    boot = {r: str(topo.region(r).kafka.bootstrap) for r in ("east", "west")}
+    topic = unique("csy")
+    for r in ("east", "west"):
+        await create_topic(boot[r], topic, partitions=1)
+    now = int(time.time() * 1000)
+    # the history before: older than the failback's rewind
+    before = await _write_sync(boot, topic, ("east", "west"), "a", 20, origin="east",
+                               ts_ms=now - 120_000)
+    group = unique("g")
+    async with AsyncConsumer(f"127.0.0.1:{east.port}", group, [topic], credit=50) as c:
+        reader = _Reader(c)
+
+        def got(ids: list[str]) -> Any:
+            async def check() -> bool:
+                return set(ids) <= set(reader.ids())
+            return check
+        await eventually(got(before), 30, "east's first records read")
+        await _move(topo, "west")
+
+        async def moved() -> bool:
+            m = east.consume.member(group, "primary")
+            return m is not None and m.region == "west" and m.handed_over == 1
+        await eventually(moved, 30, "the reader moved to west")
+        # east, cut off, wrote on under its lease: its own records, in east only
+        cut_off = await _write_sync(boot, topic, ("east",), "e", 5, origin="east",
+                                    ts_ms=now - 60_000)
+        in_west = await _write_sync(boot, topic, ("west", "east"), "w", 10, origin="west")
+        await eventually(got(in_west), 30, "west's records read in west")
+        await _move(topo, "east")
+
+        async def back() -> bool:
+            m = east.consume.member(group, "primary")
+            return m is not None and m.region == "east" and m.handed_over == 1
+        await eventually(back, 30, "the reader moved back to east")
+        after = await _write_sync(boot, topic, ("east", "west"), "n", 5, origin="east")
+        await eventually(got(after), 30, "the records written after the failback read")
+        await eventually(got(cut_off), 10, "the records east wrote while cut off read")
+        ids = reader.ids()
+        again = sorted(i for i in in_west if ids[i] > 1)
+        assert not again, f"west's records, read and acked in west, read again: {again}"
+        assert c.reconnects == 0
+        await reader.stop()

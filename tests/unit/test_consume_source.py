@@ -414,6 +414,43 @@ def test_a_failback_reads_the_old_primarys_tail_it_never_saw() -> None:
     assert (h.start, h.native_until) == (15, None)
 
 
+def test_a_sync_failback_by_time_reads_the_tail_the_cut_off_primary_wrote() -> None:
+    """The CI's compose partition drill (west's reader skipped 32 records of east): the
+    reader in west read east's sync log to 4 (e0..e3), then east was cut off and kept
+    writing under its lease (e4..e6, its own records, never copied to west). The reader
+    moved to west and read west's records (w0, w1: written by the proxy into both
+    regions). Back in east, whose log is e0..e6, w0, w1, then new records, the place found
+    by time lies after the copies of w0 and w1: starting there skips e4..e6 for good."""
+    east = [*((o, f"e{o}", "east") for o in range(7)),
+            (7, "w0", "west"), (8, "w1", "west"), (9, "n0", "east")]
+    settled = SettledIds()
+    settled.add(0, "w0")
+    settled.add(1, "w1")
+
+    def read(left: int | None) -> list[str]:
+        h = hand_over("g", "t", 0, source="west", epoch=5, committed=2, end=2,
+                      settled=settled, translate=lambda o: None, left=left, region="east")
+        assert h.start is None  # a sync topic: no offset map
+        h = h.model_copy(update={"start_ms": 1_000, "skip": frozenset(settled.lowest(10)),
+                                 "left": left,
+                                 "native_region": "east" if left is not None else None})
+        h = Handover.decode(h.encode()).by_time(9)  # the offset at start_ms
+        assert h.start is not None
+        skip = SkipSet(h)
+        got = [rid for off, rid, origin in east
+               if off >= h.start and not skip.skip(off, rid, origin)]
+        assert skip.done or left is None  # by time alone, w0 and w1 lie before the start
+        return got
+
+    assert read(left=None) == ["n0"]  # by time alone: e4..e6 skipped over
+    assert read(left=4) == ["e4", "e5", "e6", "n0"]  # w0, w1 were read in west
+    # left at or past the place found by time: nothing to go back for
+    h = Handover(group="g", topic="t", partition=0, source="west", epoch=5, committed=0,
+                 start=None, horizon=None, skip=frozenset(), start_ms=1_000, left=9,
+                 native_region="east").by_time(9)
+    assert (h.start, h.native_until, h.native_region) == (9, None, None)
+
+
 def test_the_skip_set_is_bounded() -> None:
     settled = SettledIds()
     for o in range(50):
