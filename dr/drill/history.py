@@ -1007,7 +1007,8 @@ class _Cell:
 _CONSUMER_FIGURES = ("deliveries", "distinct", "lost", "skipped", "non_monotonic",
                      "duplicates_beyond_window", "duplicates_in_window",
                      "redelivered_after_ack_reconnect", "redelivered_after_ack_handover",
-                     "rewinds_after_restart", "rewinds_past_ack", "handovers")
+                     "rewinds_after_restart", "rewinds_past_ack", "handovers",
+                     "log_copies_delivered")
 _CONSUMER_FAILURES = ("lost", "skipped", "non_monotonic", "duplicates_beyond_window")
 
 
@@ -1052,7 +1053,12 @@ def check_consumers(acks: Iterable[Ack], rb: ReadBack,
       failback's tail "comes again: a duplicate, never a gap"). Nearest never hands over
       ("the nearest (`.local`) members never move"), so the rule is the same in every
       mode. A dr-id delivered again whose earlier deliveries were never acknowledged is
-      `duplicates_in_window`, counted.
+      `duplicates_in_window`, counted. A dr-id that the region's log holds at two places
+      (a write taken twice: nearest's at-least-once, judged by the duplicates check) is
+      two records to the reader: delivering the second after acknowledging the first is
+      `log_copies_delivered`, counted; the same place delivered again after its ack fails
+      as above (found by CI's compose drill: 6 nearest records written twice were
+      reported as the reader's duplicates).
 
     A handover is where a reader's deliveries of a topic come from another region than the
     one before (the primary moved: "Offsets are always the region's named in the record"):
@@ -1065,8 +1071,10 @@ def check_consumers(acks: Iterable[Ack], rb: ReadBack,
     for c in rb.copies:
         if not c.quarantined:
             logs[(c.region, c.topic, c.partition)].append((c.offset, c.dr_id))
-    for rows in logs.values():
+    places: Counter[tuple[str, str, str]] = Counter()  # region, topic, dr-id -> copies
+    for (region, topic, _), rows in logs.items():
         rows.sort()
+        places.update((region, topic, dr_id) for _, dr_id in rows)
     kept = [(key, a.mode) for key, a in _distinct(acks).items()
             if everywhere and rb.held(key) >= everywhere]
     figures: dict[str, Counter[str]] = defaultdict(Counter)  # "reader/mode" -> figures
@@ -1097,6 +1105,7 @@ def check_consumers(acks: Iterable[Ack], rb: ReadBack,
             fig["distinct"] += len(ids[topic])
             cells: dict[tuple[str, int], _Cell] = defaultdict(_Cell)
             acked: dict[str, tuple[Delivery, int]] = {}  # dr-id -> latest acked, segment
+            acked_at: dict[tuple[str, int, int], tuple[Delivery, int]] = {}  # by place
             seen: set[str] = set()
             segment = 0
             prev: Delivery | None = None
@@ -1105,10 +1114,15 @@ def check_consumers(acks: Iterable[Ack], rb: ReadBack,
                     segment += 1
                     fig["handovers"] += 1
                 prev = d
-                x = acked.get(d.dr_id)
+                place = (d.region, d.partition, d.offset)
+                x = acked_at.get(place) or acked.get(d.dr_id)
                 if x is not None and (x[0].batch, x[0].t_ms) < (d.batch, d.t_ms):
                     was, seg = x
-                    if was.stream != d.stream:
+                    if (place != (was.region, was.partition, was.offset)
+                            and was.stream == d.stream and seg == segment
+                            and places[(d.region, topic, d.dr_id)] > 1):
+                        fig["log_copies_delivered"] += 1  # another record of the log
+                    elif was.stream != d.stream:
                         fig["redelivered_after_ack_reconnect"] += 1
                     elif seg != segment:
                         fig["redelivered_after_ack_handover"] += 1
@@ -1117,7 +1131,8 @@ def check_consumers(acks: Iterable[Ack], rb: ReadBack,
                         note("duplicates_beyond_window",
                              f"{reader}'s reader got {d.dr_id} ({mode}) again from "
                              f"{d.region} {topic}[{d.partition}]@{d.offset} at {d.t_ms}, "
-                             f"its batch from {was.region}@{was.offset} acknowledged at "
+                             f"its batch from {was.region}[{was.partition}]@{was.offset} "
+                             f"acknowledged at "
                              f"{was.acked_ms}, on the same stream {d.stream}, no handover")
                 elif d.dr_id in seen:
                     fig["duplicates_in_window"] += 1
@@ -1139,7 +1154,7 @@ def check_consumers(acks: Iterable[Ack], rb: ReadBack,
                 cell.offsets.add(d.offset)
                 if d.acked_ms is not None:
                     cell.acked_high = max(cell.acked_high, d.offset)
-                    acked[d.dr_id] = (d, segment)
+                    acked[d.dr_id] = acked_at[place] = (d, segment)
             for (region, partition), cell in cells.items():
                 rows = logs.get((region, topic, partition), [])
                 lo, hi = min(cell.offsets), max(cell.offsets)

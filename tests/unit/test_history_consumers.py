@@ -169,6 +169,38 @@ def test_a_record_delivered_again_after_its_ack_on_one_stream_fails() -> None:
     assert counts["duplicates_beyond_window"] == 1
 
 
+def test_a_record_the_log_holds_twice_is_two_records_to_the_reader() -> None:
+    """CI's compose drill: nearest records taken twice (at-least-once writes: the duplicates
+    check judges them) were reported as the reader's duplicates. Record 1 sits at offsets 1
+    and 3 of east's log: delivering both passes, counted; delivering a place again after
+    its ack still fails."""
+    acks = [ack(n, "nearest") for n in range(3)]
+    rb = [copy(0, "east", 0, "nearest"), copy(1, "east", 1, "nearest"),
+          copy(2, "east", 2, "nearest"), copy(1, "east", 3, "nearest")]
+    passed, counts = judge(rb, acks, Reader().got(0, 1, mode="nearest")
+                           .got(2, 3, ids=(2, 1), mode="nearest"))
+    assert passed, counts
+    assert counts["log_copies_delivered"] == 1
+    # the first place again, after the second copy's batch was acknowledged
+    passed, counts = judge(rb, acks, Reader().got(0, 1, mode="nearest")
+                           .got(2, 3, ids=(2, 1), mode="nearest")
+                           .got(1, mode="nearest"))
+    assert passed is False
+    only(counts, "duplicates_beyond_window")
+
+
+def test_a_dr_id_at_another_place_the_log_holds_once_is_a_duplicate() -> None:
+    """The log holds record 1 once: the same dr-id from another place on one stream after
+    its ack is the reader's duplicate, whatever the offset says."""
+    acks = [ack(n, "nearest") for n in range(3)]
+    rb = everywhere(range(3), "nearest")
+    passed, counts = judge(rb, acks, Reader().got(0, 1, mode="nearest")
+                           .got(2, ids=(1,), mode="nearest"))
+    assert passed is False
+    assert counts["duplicates_beyond_window"] == 1, counts  # (and record 2 lost)
+    assert counts["log_copies_delivered"] == 0
+
+
 # -- what is allowed ------------------------------------------------------------------------
 def test_the_unacked_window_again_after_a_reconnect_passes() -> None:
     acks = [ack(n) for n in range(5)]
