@@ -348,24 +348,21 @@ async def test_a_sync_reader_back_in_the_old_primary_reads_what_it_wrote_cut_off
             async def check() -> bool:
                 return set(ids) <= set(reader.ids())
             return check
+        def reading(region: str) -> Any:
+            async def check() -> bool:
+                m = east.consume.member(group, "primary")
+                return m is not None and m.region == region and m.handed_over == 1
+            return check
         await eventually(got(before), 30, "east's first records read")
         await _move(topo, "west")
-
-        async def moved() -> bool:
-            m = east.consume.member(group, "primary")
-            return m is not None and m.region == "west" and m.handed_over == 1
-        await eventually(moved, 30, "the reader moved to west")
+        await eventually(reading("west"), 30, "the reader moved to west")
         # east, cut off, wrote on under its lease: its own records, in east only
         cut_off = await _write_sync(boot, topic, ("east",), "e", 5, origin="east",
                                     ts_ms=now - 60_000)
         in_west = await _write_sync(boot, topic, ("west", "east"), "w", 10, origin="west")
         await eventually(got(in_west), 30, "west's records read in west")
         await _move(topo, "east")
-
-        async def back() -> bool:
-            m = east.consume.member(group, "primary")
-            return m is not None and m.region == "east" and m.handed_over == 1
-        await eventually(back, 30, "the reader moved back to east")
+        await eventually(reading("east"), 30, "the reader moved back to east")
         after = await _write_sync(boot, topic, ("east", "west"), "n", 5, origin="east")
         await eventually(got(after), 30, "the records written after the failback read")
         await eventually(got(cut_off), 10, "the records east wrote while cut off read")
