@@ -4,6 +4,7 @@
     └── MirrorError            anything a mirror worker refuses or fails at
         ├── PartitionMismatch  a target topic's partition count differs from the source's
         ├── RecordTooLarge     the target refused a record as too large (partition stopped)
+        ├── RevokeStalled      a write to the target held a rebalance past its budget
         └── WorkerFenced       another worker took this worker's transactional id
 
 OffsetsError and OffsetsUnavailable (the offset map's, crossdc.clients.offsets) are the
@@ -16,7 +17,7 @@ from crossdc import errors
 from crossdc.errors import CrossdcError, OffsetsError, OffsetsUnavailable
 
 __all__ = ["MirrorError", "OffsetsError", "OffsetsUnavailable", "PartitionMismatch",
-           "RecordTooLarge", "WorkerFenced"]
+           "RecordTooLarge", "RevokeStalled", "WorkerFenced"]
 
 
 class MirrorError(CrossdcError):
@@ -75,3 +76,16 @@ class WorkerFenced(MirrorError):
             f"this worker was fenced: another worker started with transactional id "
             f"{transactional_id!r}. Each worker of a group needs its own --worker-id "
             f"(a restarted worker keeps its id, which is how it fences its dead predecessor).")
+
+
+class RevokeStalled(MirrorError):
+    """A batch in flight to a silent target held the group's rebalance longer than the
+    worker's assignment budget: the worker ends (its producer closed) so the group can move
+    on, and `--restart` starts a new one, which resumes from the committed positions."""
+
+    def __init__(self, flow: str, waited_s: float) -> None:
+        self.flow, self.waited_s = flow, waited_s
+        super().__init__(
+            f"{flow}: a rebalance waited {waited_s:.0f}s for a batch the target never "
+            f"acknowledged; the worker ends so the group can move on (its partitions resume "
+            f"from their committed positions)")

@@ -75,6 +75,7 @@ from mirror.errors import (
     OffsetsError,
     OffsetsUnavailable,
     RecordTooLarge,
+    RevokeStalled,
     WorkerFenced,
 )
 from mirror.metrics import MirrorMetrics
@@ -465,7 +466,15 @@ class MirrorWorker(Lifecycle):
     async def _on_revoked(self, revoked: list[TopicPartition]) -> None:
         # Wait for the batch in flight: once this returns the partitions may be written by
         # another worker, so this one must not write them again (the generation says so).
-        async with self._lock:
+        # A silent target would hold the whole group's rebalance for as long as it stays
+        # away (the write waits for it): past the assignment budget the worker ends instead
+        # (CI: a member joining while the target was down waited 165 s).
+        try:
+            await asyncio.wait_for(self._lock.acquire(), self._assign_budget_s)
+        except TimeoutError:
+            raise RevokeStalled(f"{self.flow.source}->{self.flow.target}",
+                                self._assign_budget_s) from None
+        try:
             self._generation += 1
             if self._sync_queue:  # the next owner resumes from these positions
                 await self._send_sync_queue()
@@ -478,6 +487,8 @@ class MirrorWorker(Lifecycle):
                 self._found.pop(tp, None)
                 self._acked.pop(tp, None)
                 self._segments.pop(tp, None)  # the next owner starts its own segment
+        finally:
+            self._lock.release()
         if revoked:
             self.log.info("mirror_revoked", partitions=len(revoked))
 

@@ -83,11 +83,18 @@ async def test_mirror_kill_in_each_delivery_mode(chaos: ChaosStack, tmp_path: Pa
     chaos.set_exactly_once(exactly_once)
     await _restart_mirrors(chaos)
     try:
-        bound = 10.0
+        # The claim is that writes never stop: the longest ordered write gap is bounded, not
+        # the RTO (the end of the longest gap, wherever it falls: CI, on a loaded 2-core
+        # machine, had a 2.7 s hiccup 9 s after the kill, during the restart, and an RTO of
+        # 11.5 s with no outage of writes at all).
+        bound, gap_bound = 30.0, 5.0
         r = await drill(chaos, "mirror-outage", tmp_path)
         record(row(fault, r, bound))
         remember(fault, r)
         check_common(r, bound)
+        gap = r.modes["ordered"].max_write_gap_s
+        assert gap is not None
+        assert gap <= gap_bound, f"ordered writes stopped for {gap:.1f} s"
         assert r.missing_replicas == 0, "the restarted mirrors carried everything"
         if exactly_once:
             assert r.duplicates == 0, "exactly-once: no copy twice"

@@ -269,6 +269,60 @@ def test_a_handover_leaving_out_a_record_never_read_elsewhere_is_skipped() -> No
     only(counts, "skipped")
 
 
+def quarantined(n: int, region: str, offset: int) -> Copy:
+    c = copy(n, region, offset)
+    return Copy(region=c.region, topic=c.topic, partition=c.partition, offset=c.offset,
+                dr_id=c.dr_id, mode=c.mode, epoch=0, origin="east", path=("east", region),
+                quarantined=True)
+
+
+def _outage_and_failback(tail_in_west: str) -> tuple[list[Copy], Reader]:
+    """East writes r-0..r-3, of which r-3 (unacked) is never mirrored before east goes down;
+    west writes r-4, r-5 (mirrored back); east's reader reads r-0..r-2 in east, r-4, r-5 in
+    west, then comes back to east after its tail."""
+    rb = [copy(n, "east", n) for n in range(4)] + [copy(n, "west", n) for n in range(3)] + [
+        copy(4, "west", 3), copy(5, "west", 4), copy(4, "east", 4), copy(5, "east", 5),
+        copy(6, "east", 6), copy(6, "west", 5)]
+    if tail_in_west == "quarantined":
+        rb.append(quarantined(3, "west", 0))
+    elif tail_in_west == "live":
+        rb.append(copy(3, "west", 6))
+    r = Reader().got(0, 1, 2).got(3, 4, region="west", ids=(4, 5)).got(6)
+    return rb, r
+
+
+def test_the_old_primarys_tail_passed_over_by_a_handover_is_counted_not_skipped() -> None:
+    """CI's primary-outage drill: east's reader left east before the record east wrote as it
+    went down and came back after it; west holds it only in its quarantine (or not at all):
+    the failover's divergent tail, not the reader's skip (docs/consume.md)."""
+    acks = [ack(n) for n in (0, 1, 2, 4, 5, 6)]
+    for where in ("quarantined", "nowhere"):
+        rb, r = _outage_and_failback(where)
+        passed, counts = judge(rb, acks, r)
+        assert passed, (where, counts)
+        assert counts["tail_passed_by_handover"] == 1, (where, counts)
+        assert counts["skipped"] == 0
+
+
+def test_a_record_passed_over_by_a_handover_but_held_elsewhere_is_skipped() -> None:
+    """Mirrored to west (live there) and never delivered from either region: a skip."""
+    acks = [ack(n) for n in (0, 1, 2, 4, 5, 6)]
+    rb, r = _outage_and_failback("live")
+    passed, counts = judge(rb, acks, r)
+    assert passed is False
+    only(counts, "skipped")
+    assert counts["tail_passed_by_handover"] == 0
+
+
+def test_a_tail_record_jumped_over_without_a_handover_is_skipped() -> None:
+    """Held only in east, but the reader went past it on one segment: the reader's skip."""
+    acks = [ack(n) for n in (0, 1, 3)]
+    rb = [copy(n, "east", n) for n in range(4)] + [quarantined(2, "west", 0)]
+    passed, counts = judge(rb, acks, Reader().got(0, 1).got(3))
+    assert passed is False
+    only(counts, "skipped")
+
+
 def test_acked_records_again_across_a_handover_are_counted_not_failed() -> None:
     """A failback's tail, a stale ack or a translation that failed (docs/consume.md)."""
     acks = [ack(n) for n in range(4)]

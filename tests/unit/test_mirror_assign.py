@@ -188,3 +188,34 @@ async def test_stop_still_cancels_the_carrying_loop() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     await w.stop()
+
+
+async def test_a_revocation_behind_a_stalled_write_ends_the_worker_within_its_budget() -> None:
+    """CI, test_mirror_survives_its_target_going_away: a batch waited on a dead target under
+    the worker's lock, and the revocation waited behind it for as long as the target stayed
+    away (165 s), holding the whole group's rebalance. Past the budget the worker ends."""
+    from mirror.errors import RevokeStalled
+    from mirror.worker import _Rebalance
+    w = MirrorWorker(_FLOW, KafkaConnection.of("127.0.0.1:1"), KafkaConnection.of("127.0.0.1:1"))
+    w._assign_budget_s = 0.5
+    await w._lock.acquire()  # the carrying loop, waiting for the target's acks
+    try:
+        t0 = time.monotonic()
+        async with asyncio.timeout(5):  # before the fix: waited for the lock for ever
+            await _Rebalance(w).on_partitions_revoked([TopicPartition("t", 0)])
+        assert time.monotonic() - t0 < 2
+        assert isinstance(w._fatal, RevokeStalled)
+        assert w._failed.is_set()  # the carrying loop is ended at once
+        assert "the target never acknowledged" in str(w._fatal)
+    finally:
+        w._lock.release()
+    # with the lock free, a revocation goes through and leaves it free
+    w2 = MirrorWorker(_FLOW, KafkaConnection.of("127.0.0.1:1"),
+                      KafkaConnection.of("127.0.0.1:1"))
+    gen = w2._generation
+    await w2._on_revoked([TopicPartition("t", 0)])
+    assert w2._generation == gen + 1
+    assert not w2._lock.locked()
+    assert w2._fatal is None
+    await w.stop()
+    await w2.stop()
