@@ -73,10 +73,15 @@ that epoch there: late, quarantined (not replayed late, as before).
 
 The race: a direct sync write into R may land between the read and the replay (the window is
 one write, at most `replay_write_s`: the read and the write follow each other with no other
-wait). It is detected at no cost in the usual case — the replayed copies' offsets follow the
+wait; CI's partition drill saw 7 told-failed records land after later acknowledged ones of
+their keys). So the copies are written in a Kafka transaction of their own
+(`proxy/replaytxn.py`, one transactional id per replaying region and target), which commits
+only once the race is ruled out: at no cost in the usual case — the copies' offsets follow the
 end read, one after another, so nothing came between — and otherwise the records between are
-read: a copy placed after a newer record is counted (`crossdc_proxy_hints_raced_total`) and
-logged `hint_replay_raced` (error) with its dr-ids: it cannot be taken back.
+read (read_uncommitted). A copy placed after a newer record aborts the transaction (counted,
+`crossdc_proxy_hints_raced_total`, logged `hint_replay_raced`): no read_committed reader ever
+sees it, and the run is judged again at once against the new newest record (late:
+quarantined). A newer record landing after the copies is in order.
 
 At-least-once: a process that dies between the target's ack and the commit reads the hint
 again; the order check then finds its record as the partition's newest (skipped) or behind
@@ -137,6 +142,7 @@ from crossdc.settings import Backoff, RetrySettings
 from proxy.errors import IncompleteSync, ProxyError, RegionWriteFailed, shown
 from proxy.idempotency import LogUnavailable
 from proxy.lookup import MaybeWrite, merged
+from proxy.replaytxn import ReplayTxn, replay_transactional_id
 from proxy.writers import Outgoing, RegionWrite
 
 if TYPE_CHECKING:
@@ -476,17 +482,19 @@ class TailReader:
     """Records read back from the end first (then 8 times more while only aborted
     transactions or control records are found)."""
 
-    def __init__(self, region: str, conn: KafkaConnection, client_id: str) -> None:
+    def __init__(self, region: str, conn: KafkaConnection, client_id: str, *,
+                 committed: bool = True) -> None:
         self.region = region
         self.conn = conn
         self.client_id = client_id
+        self.isolation = "read_committed" if committed else "read_uncommitted"
         self._consumer: Consumer | None = None
 
     async def _ready(self, tp: TopicPartition) -> Consumer:
         c = self._consumer
         if c is None:
             c = Consumer(**self.conn.aiokafka_kwargs(), client_id=self.client_id,
-                         enable_auto_commit=False, isolation_level="read_committed")
+                         enable_auto_commit=False, isolation_level=self.isolation)
             await start_or_close(c, 30.0)
             self._consumer = c
         if c.assignment() != {tp}:
@@ -551,6 +559,9 @@ async def read_tail(writer: Any, topic: str, partition: int) -> Tail:
         await reader.close()
 
 
+_RACED = "a newer record landed before the copies: aborted, judged again"
+
+
 class _Hold(Exception):
     """Stop replaying this hints topic for now, from `offset` on (the target is not writable,
     a write failed, a request is writing the record's key now: `short`)."""
@@ -609,6 +620,7 @@ class HintReplayer(Lifecycle):
         # hint is added to is never fetched again) until a restart wrote them once more
         self._uncommitted: dict[TopicPartition, tuple[int, float]] = {}
         self._readers: dict[str, TailReader] = {}  # target -> its partitions' newest records
+        self._txns: dict[str, ReplayTxn] = {}  # target -> the replay's transactional writer
         self._measured_at = 0.0
         self._stopping = asyncio.Event()  # the pauses between retries end at stop()
         self.pending: dict[str, int] = {t: 0 for t in self.targets}
@@ -646,6 +658,8 @@ class HintReplayer(Lifecycle):
             self._closing = self._own(self._close(consumer, None))
         for reader in self._readers.values():
             self._own(reader.close(), f"proxy:hints-tail-{reader.region}")
+        for txn in self._txns.values():
+            self._own(txn.close(), f"proxy:hints-txn-{txn.target}")
         left = {t for t in self._bg if not t.done()}
         if not left:
             return
@@ -990,9 +1004,7 @@ class HintReplayer(Lifecycle):
                     assert h is not None
                     out.append(Outgoing(h.key, h.value, [*h.headers, repaired], h.partition,
                                         h.size + extra))
-                res = await w.write(topic, out, mode="hint-replay",
-                                    deadline=time.monotonic() + self.settings.replay_write_s)
-                results = dict(zip((it.offset for it in todo), res, strict=True))
+                results = await self._replay_copies(target, topic, todo, out, tails)
             late = [it for it in items if it.action == "late"]
             if late:
                 results.update(await self._quarantine(target, w, late, tails))
@@ -1021,19 +1033,50 @@ class HintReplayer(Lifecycle):
             self._replayed(target, it, r)
         if quarantined:
             self._quarantined(target, topic, quarantined, tails)
-        if written:
-            await self._check_race(target, topic, written, tails)
         if failure is not None:
-            self.metrics.hint_errors.labels("replay").inc()
-            self.log.warning("hint_replay_failed", target=target, topic=topic, error=failure)
-            raise _Hold(failure, done_to)
+            raced = failure == _RACED
+            if not raced:
+                self.metrics.hint_errors.labels("replay").inc()
+                self.log.warning("hint_replay_failed", target=target, topic=topic,
+                                 error=failure)
+            raise _Hold(failure, done_to, short=raced)  # raced: judged again at once
         return done_to
 
-    def _reader(self, target: str) -> TailReader:
-        r = self._readers.get(target)
+    async def _replay_copies(self, target: str, topic: str, todo: list[_Item],
+                             out: list[Outgoing], tails: dict[int, Tail],
+                             ) -> dict[int, RegionWrite | RegionWriteFailed]:
+        """Write the copies in one transaction of the target (`ReplayTxn`), committed only
+        when no newer record landed between the end read and them (`_raced`); aborted
+        otherwise, every item then failing with `_RACED` (judged again: late)."""
+        async def in_order(landed: list[RegionWrite]) -> bool:
+            return not await self._raced(target, topic, list(zip(todo, landed, strict=True)),
+                                         tails)
+
+        try:
+            got = await self._txn(target).write(topic, out, in_order,
+                                                self.settings.replay_write_s)
+        except RegionWriteFailed as exc:
+            return {it.offset: exc for it in todo}
+        if got is None:
+            fail = RegionWriteFailed(target, topic, _RACED)
+            return {it.offset: fail for it in todo}
+        return dict(zip((it.offset for it in todo), got, strict=True))
+
+    def _txn(self, target: str) -> ReplayTxn:
+        t = self._txns.get(target)
+        if t is None:
+            t = self._txns[target] = ReplayTxn(
+                target, self.writers[target].conn, replay_transactional_id(self.own, target),
+                f"{self.client_id}-hints-replay")
+        return t
+
+    def _reader(self, target: str, *, committed: bool = True) -> TailReader:
+        key = target if committed else f"{target}/uncommitted"
+        r = self._readers.get(key)
         if r is None:
-            r = self._readers[target] = TailReader(target, self.writers[target].conn,
-                                                    f"{self.client_id}-hints-tail")
+            r = self._readers[key] = TailReader(target, self.writers[target].conn,
+                                                 f"{self.client_id}-hints-tail",
+                                                 committed=committed)
         return r
 
     async def _tails(self, target: str, topic: str, todo: list[_Item]) -> dict[int, Tail]:
@@ -1127,14 +1170,16 @@ class HintReplayer(Lifecycle):
             self.window.fail(it.slot, partial=merged(h.written, it.known, (at,)))
             it.slot = None
 
-    async def _check_race(self, target: str, topic: str,
-                          written: list[tuple[_Item, RegionWrite]],
-                          tails: dict[int, Tail]) -> None:
-        """After a replay: did a direct write of a newer record land between the check and
-        the replayed copies? Their offsets say at no cost when nothing did (they follow the
-        end read, one after another); otherwise the records between are read and each copy
-        placed after a newer one is counted and logged (`hint_replay_raced`): it cannot be
-        taken back."""
+    async def _raced(self, target: str, topic: str,
+                     written: list[tuple[_Item, RegionWrite]],
+                     tails: dict[int, Tail]) -> bool:
+        """Before the replay's transaction commits: did a direct write of a newer record land
+        between the check and the copies? Their offsets say at no cost when nothing did (they
+        follow the end read, one after another); otherwise the records between are read
+        (read_uncommitted: the transaction's own copies are above the last stable offset)
+        and a copy placed after a newer one is counted and logged (`hint_replay_raced`): the
+        transaction is then aborted. Records that cannot be read in time count as a race."""
+        raced_any = False
         by_part: dict[int, dict[int, Position | None]] = {}
         for it, r in written:
             assert it.hint is not None
@@ -1146,13 +1191,13 @@ class HintReplayer(Lifecycle):
                 continue
             try:
                 async with asyncio.timeout(self.settings.replay_write_s):
-                    recs = await self._reader(target).records(topic, p, start,
-                                                              offsets[-1] + 1)
+                    recs = await self._reader(target, committed=False).records(
+                        topic, p, start, offsets[-1] + 1)
             except (KafkaError, OSError, TimeoutError) as exc:
                 self.metrics.hint_errors.labels("read").inc()
                 self.log.warning("hint_replay_race_unchecked", target=target, topic=topic,
                                  partition=p, error=repr(exc))
-                continue
+                return True
             others = sorted((r.offset, sync_position(target, r.offset, r.headers or ()))
                             for r in recs if r.offset not in ours)
             newest: Position | None = NOTHING  # of the others before the copy looked at
@@ -1169,8 +1214,11 @@ class HintReplayer(Lifecycle):
                 ids = {r.offset: it.hint.dr_id for it, r in written
                        if it.hint is not None and r.partition == p}
                 self.metrics.hints_raced.labels(target).inc(len(raced))
-                self.log.error("hint_replay_raced", target=target, topic=topic, partition=p,
-                               offsets=raced[:10], dr_ids=[ids.get(o) for o in raced][:10])
+                self.log.warning("hint_replay_raced", target=target, topic=topic, partition=p,
+                                 offsets=raced[:10], dr_ids=[ids.get(o) for o in raced][:10],
+                                 outcome="aborted, judged again")
+                raced_any = True
+        return raced_any
 
     def _replayed(self, target: str, it: _Item, r: RegionWrite) -> None:
         h = it.hint

@@ -199,11 +199,11 @@ class ProxyMetrics:
                                          "record after theirs in the primary's order: written "
                                          "to the target's _crossdc.quarantine instead",
                                          ("target",), registry=r)
-        self.hints_raced = Counter("crossdc_proxy_hints_raced", "Hints replayed after a "
-                                   "newer record that a direct write put into the target "
-                                   "between the order check and the replay (out of order "
-                                   "there, logged hint_replay_raced)", ("target",),
-                                   registry=r)
+        self.hints_raced = Counter("crossdc_proxy_hints_raced", "Hint copies that landed "
+                                   "after a newer record a direct write put into the target "
+                                   "between the order check and the replay (their "
+                                   "transaction aborted, the hints judged again; logged "
+                                   "hint_replay_raced)", ("target",), registry=r)
         self.hints_pending = Gauge("crossdc_proxy_hints_pending", "Hints stored in this region "
                                    "not replayed yet, by target region (the hint topics this "
                                    "process replays)", ("target",), registry=r,

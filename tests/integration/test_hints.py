@@ -35,7 +35,7 @@ from dr.controller.failover import FailoverEngine
 from dr.controller.state import FailoverRecord
 from proxy.api import pb, pb_grpc
 from proxy.config import HintSettings, KafkaWriterSettings, ProxyConfig
-from proxy.hints import hints_topic, pending_hints
+from proxy.hints import HintReplayer, hints_topic, pending_hints
 from proxy.server import ProxyServer
 
 # ~100 s of server time (a region brought down and up per test): in `make test-more` (CI),
@@ -410,3 +410,57 @@ async def test_a_hint_behind_a_newer_record_of_its_key_is_quarantined_not_replay
     assert hs["dr-id"] == rec_a.idempotency_key.encode()
     assert (hs["dr-q-reason"], hs["dr-q-source"], hs["dr-q-partition"], hs["dr-q-offset"]) == \
         (b"hint-late", b"east", str(a_east.partition).encode(), str(a_east.offset).encode())
+
+
+async def test_a_direct_write_racing_the_replay_never_lands_before_the_hint(  # type: ignore[no-untyped-def]
+        two_regions, north, topo: Topology, policy_file: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race CI's partition drill found (7 told-failed records after later acknowledged
+    ones of their keys): record A of a key is told failed while north is down, its hint
+    stored in east. When east's proxy replays it, north's partition is read (nothing newer),
+    and then, before the copy is written, a later record B of the key goes into every region
+    through west's proxy. The copy lands after B; its transaction is aborted (no
+    read_committed reader sees it) and the hint, judged again, is quarantined. north's order
+    per key stays the primary's: B alone."""
+    stack, _ = north
+    topic = await _topic(topo, "hall")
+    async with ProxyServer(topo, _cfg(), policy_file) as east, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{east.port}") as ch:
+        await _hint_topics_ready(topo)
+        await _north_down(east, stack)
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await pb_grpc.ProxyStub(ch).Produce(pb.ProduceRequest(record=pb.Record(
+                topic=topic, key=b"acct-7", value=b"A")), timeout=15)
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+    async with ProxyServer(topo, _cfg("west"), policy_file) as west, \
+            grpc.aio.insecure_channel(f"127.0.0.1:{west.port}") as wch:
+        await _north_up(west, stack)
+        raced: list[str] = []
+        tails = HintReplayer._tails
+
+        async def read_then_race(self: HintReplayer, target: str, t: str,
+                                 todo: list[Any]) -> Any:
+            out = await tails(self, target, t, todo)
+            if t == topic and not raced:  # once: B lands between the read and the copy
+                r = (await pb_grpc.ProxyStub(wch).Produce(pb.ProduceRequest(
+                    record=pb.Record(topic=topic, key=b"acct-7", value=b"B")),
+                    timeout=15)).result
+                assert [w.region for w in r.written] == ["east", "west", "north"]
+                raced.append(r.status)
+            return out
+        monkeypatch.setattr(HintReplayer, "_tails", read_then_race)
+        async with ProxyServer(topo, _cfg(), policy_file) as east:
+            async def replayed() -> bool:
+                return await _pending(topo) == 0
+            await eventually(replayed, 60, "A's hint done (pending 0)")
+            assert raced == [pb.STATUS_OK]
+            assert _metric(east, "crossdc_proxy_hints_raced_total", target="north") == 1
+            assert _metric(east, "crossdc_proxy_hints_quarantined_total", target="north") == 1
+            assert _metric(east, "crossdc_proxy_hints_replayed_total", target="north") == 0
+    bootstrap = topo.region("north").kafka.bootstrap
+    committed = await read_all(bootstrap, topic, 2, isolation_level="read_committed")
+    assert _by_key(committed, b"acct-7") == [b"B"]  # never A after B
+    # the copy did land after B, in the aborted transaction: the race really happened
+    assert _by_key(await read_all(bootstrap, topic, 2), b"acct-7") == [b"B", b"A"]
+    assert [q.value for q in await _quarantined(topo, "north")
+            if dict(q.headers).get("dr-q-topic") == topic.encode()] == [b"A"]

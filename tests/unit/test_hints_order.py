@@ -17,7 +17,7 @@ from crossdc.headers import Position, parse_src, src_value, sync_position
 from crossdc.quarantine import QUARANTINE_TOPIC
 from proxy.config import HintSettings
 from proxy.headers import stamp
-from proxy.hints import NOTHING, Hint, HintReplayer, Tail, _Item, verdict
+from proxy.hints import NOTHING, Hint, HintReplayer, Tail, _Hold, _Item, verdict
 from proxy.idempotency import IdempotencyWindow
 from proxy.metrics import ProxyMetrics
 from proxy.writers import Outgoing, RegionWrite
@@ -123,6 +123,28 @@ class GapWriter(FakeWriter):
         return out
 
 
+class FakeTxn:
+    """`ReplayTxn` over a writer: the copies are written, `check` decides; an aborted
+    transaction's copies are remembered as aborted (a read_committed reader never sees them)."""
+
+    def __init__(self, writer: GapWriter) -> None:
+        self.writer = writer
+        self.committed: list[bytes | None] = []
+        self.aborted: list[bytes | None] = []
+
+    async def write(self, topic: str, items: Sequence[Outgoing], check: Any,
+                    timeout_s: float) -> list[RegionWrite] | None:
+        landed = await self.writer.write(topic, items, mode="hint-replay", deadline=0.0)
+        if await check(landed):
+            self.committed += [it.value for it in items]
+            return landed
+        self.aborted += [it.value for it in items]
+        return None
+
+    async def close(self) -> None:
+        pass
+
+
 def _replayer(north: FakeWriter, tail: FakeTail) -> tuple[HintReplayer, ProxyMetrics]:
     metrics = ProxyMetrics(CollectorRegistry())
     ws: dict[str, Any] = {n: FakeWriter(n) for n in ("east", "west")}
@@ -130,6 +152,9 @@ def _replayer(north: FakeWriter, tail: FakeTail) -> tuple[HintReplayer, ProxyMet
     r = HintReplayer("east", TOPO, ws, IdempotencyWindow(60.0, 100), metrics, HintSettings(),
                      client_id="t")
     r._readers["north"] = tail  # type: ignore[assignment]
+    r._readers["north/uncommitted"] = tail  # type: ignore[assignment]
+    assert isinstance(north, GapWriter)
+    r._txns["north"] = FakeTxn(north)  # type: ignore[assignment]
     return r, metrics
 
 
@@ -185,15 +210,57 @@ async def test_a_newer_epoch_or_an_unpositioned_record_makes_every_hint_late() -
         assert _count(m, "crossdc_proxy_hints_quarantined_total") == 2
 
 
-async def test_a_direct_write_between_the_check_and_the_replay_is_detected() -> None:
+async def test_a_direct_write_between_the_check_and_the_replay_aborts_it() -> None:
     """The replayed copy landed at 21, not at 20 (the end read): the record at 20 is read; a
-    newer one there (7, 9) means the copy (7, 6) is out of order: counted, logged. An older
-    one there is not a race."""
+    newer one there (7, 9) means the copy (7, 6) is out of order: counted, its transaction
+    aborted (never seen by a read_committed reader) and the hint held for a new verdict at
+    once (short), not committed. An older one there is not a race: committed."""
     for between, raced in (((7, 9), 1), ((7, 2), 0)):
         rec = SimpleNamespace(offset=20, headers=_headers(between[0],
                                                           src=src_value("east", between[1])))
         north = GapWriter("north", next_offset=20, gap=1)
         r, m = _replayer(north, FakeTail({0: Tail(20, Position(7, 5), 19)}, [rec]))
+        txn = r._txns["north"]
+        assert isinstance(txn, FakeTxn)
+        tp = TopicPartition("_crossdc.proxy.hints.north", 0)
+        if raced:
+            with pytest.raises(_Hold) as held:
+                await r._write(tp, "north", north, "t", [_item(0, 6)])
+            assert held.value.short
+            assert held.value.offset == 0  # not done: read again, judged again
+            assert (txn.committed, txn.aborted) == ([], [b"v6"])
+            assert _count(m, "crossdc_proxy_hints_replayed_total") == 0
+        else:
+            assert await r._write(tp, "north", north, "t", [_item(0, 6)]) == 1
+            assert (txn.committed, txn.aborted) == ([b"v6"], [])
+        assert _count(m, "crossdc_proxy_hints_raced_total") == raced, between
+
+
+async def test_after_an_aborted_replay_the_hint_is_judged_late_and_quarantined() -> None:
+    """The retry of the raced run reads the partition again: its newest record is now the
+    direct write (7, 9), so the hint (7, 6) is late: quarantined, committed, never in the
+    topic after the newer record."""
+    north = GapWriter("north", next_offset=22)
+    r, m = _replayer(north, FakeTail({0: Tail(22, Position(7, 9), 20)}))
+    done_to = await r._write(TopicPartition("_crossdc.proxy.hints.north", 0), "north", north,
+                             "t", [_item(0, 6)])
+    assert done_to == 1
+    assert [o.value for t, o in north.sent if t == "t"] == []
+    assert [o.value for t, o in north.sent if t == QUARANTINE_TOPIC] == [b"v6"]
+    assert _count(m, "crossdc_proxy_hints_quarantined_total") == 1
+
+
+async def test_an_unreadable_race_window_aborts_too() -> None:
+    """The records between cannot be read in time: the copies are not committed unchecked."""
+    class Unreadable(FakeTail):
+        async def records(self, topic: str, partition: int, start: int,
+                          stop: int) -> list[Any]:
+            raise TimeoutError
+    north = GapWriter("north", next_offset=20, gap=1)
+    r, m = _replayer(north, Unreadable({0: Tail(20, Position(7, 5), 19)}))
+    with pytest.raises(_Hold):
         await r._write(TopicPartition("_crossdc.proxy.hints.north", 0), "north", north, "t",
                        [_item(0, 6)])
-        assert _count(m, "crossdc_proxy_hints_raced_total") == raced, between
+    txn = r._txns["north"]
+    assert isinstance(txn, FakeTxn)
+    assert txn.aborted == [b"v6"]

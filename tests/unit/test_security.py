@@ -225,7 +225,12 @@ def test_each_component_gets_what_it_needs_and_the_proxy_no_more() -> None:
     assert by[f"User:{PROXY}"] == {("topic", "WRITE"), ("topic", "DESCRIBE"),
                                    ("cluster", "IDEMPOTENT_WRITE"), ("topic", "CREATE"),
                                    ("topic", "READ"), ("topic", "DESCRIBE_CONFIGS"),
-                                   ("group", "READ")}  # hints' replay, consumers' members
+                                   ("group", "READ"),  # hints' replay, consumers' members
+                                   ("transactional_id", "WRITE"),  # the hints' replay
+                                   ("transactional_id", "DESCRIBE")}
+    # its transactions: the hints replay's ids only (proxy/replaytxn.py)
+    assert {(a.name, a.pattern) for a in acls if a.principal == f"User:{PROXY}" and
+            a.resource == "transactional_id"} == {("crossdc-proxy-hints-", "PREFIXED")}
     # it reads every topic (for clients consuming through it) and writes every one; it
     # creates and configures only its own internal topics, joins only its own groups
     assert {(a.name, a.pattern) for a in acls if a.principal == f"User:{PROXY}" and
