@@ -257,7 +257,7 @@ async def test_an_unreadable_race_window_aborts_too() -> None:
                           stop: int) -> list[Any]:
             raise TimeoutError
     north = GapWriter("north", next_offset=20, gap=1)
-    r, m = _replayer(north, Unreadable({0: Tail(20, Position(7, 5), 19)}))
+    r, _ = _replayer(north, Unreadable({0: Tail(20, Position(7, 5), 19)}))
     with pytest.raises(_Hold):
         await r._write(TopicPartition("_crossdc.proxy.hints.north", 0), "north", north, "t",
                        [_item(0, 6)])
