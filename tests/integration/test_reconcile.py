@@ -27,6 +27,11 @@ from dr.reconcile import Report, RunSettings, run
 from dr.reconcile.errors import NoTopics
 from mirror.rules import plan
 
+# The whole module in `make test-more` (CI runs it): its Spark session alone took 78 s of
+# `make test`'s 672 s on this 2-core machine (2026-12-02), over the 10 minutes; the job's
+# logic is in tests/unit/test_reconcile_units.py, and `make demo` runs it end to end.
+pytestmark = pytest.mark.slow
+
 APPEND = {"message.timestamp.type": "LogAppendTime"}
 
 
