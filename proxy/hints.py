@@ -1004,7 +1004,7 @@ class HintReplayer(Lifecycle):
                     assert h is not None
                     out.append(Outgoing(h.key, h.value, [*h.headers, repaired], h.partition,
                                         h.size + extra))
-                results = await self._replay_copies(target, topic, todo, out, tails)
+                results = await self._replay_copies(target, w, topic, todo, out, tails)
             late = [it for it in items if it.action == "late"]
             if late:
                 results.update(await self._quarantine(target, w, late, tails))
@@ -1042,12 +1042,15 @@ class HintReplayer(Lifecycle):
             raise _Hold(failure, done_to, short=raced)  # raced: judged again at once
         return done_to
 
-    async def _replay_copies(self, target: str, topic: str, todo: list[_Item],
-                             out: list[Outgoing], tails: dict[int, Tail],
+    async def _replay_copies(self, target: str, w: RegionWriter, topic: str,
+                             todo: list[_Item], out: list[Outgoing], tails: dict[int, Tail],
                              ) -> dict[int, RegionWrite | RegionWriteFailed]:
         """Write the copies in one transaction of the target (`ReplayTxn`), committed only
         when no newer record landed between the end read and them (`_raced`); aborted
-        otherwise, every item then failing with `_RACED` (judged again: late)."""
+        otherwise, every item then failing with `_RACED` (judged again: late). The target's
+        breaker hears the outcome, as from a write of its writer: the replay may hold its
+        half-open probe, and a probe never answered kept the region half-open for the
+        direct writes (CI's demo: sync writes from west refused for 69 s after the heal)."""
         async def in_order(landed: list[RegionWrite]) -> bool:
             return not await self._raced(target, topic, list(zip(todo, landed, strict=True)),
                                          tails)
@@ -1056,7 +1059,9 @@ class HintReplayer(Lifecycle):
             got = await self._txn(target).write(topic, out, in_order,
                                                 self.settings.replay_write_s)
         except RegionWriteFailed as exc:
+            w.breaker.record_failure()
             return {it.offset: exc for it in todo}
+        w.breaker.record_success()  # committed or aborted: the target answered
         if got is None:
             fail = RegionWriteFailed(target, topic, _RACED)
             return {it.offset: fail for it in todo}

@@ -264,3 +264,38 @@ async def test_an_unreadable_race_window_aborts_too() -> None:
     txn = r._txns["north"]
     assert isinstance(txn, FakeTxn)
     assert txn.aborted == [b"v6"]
+
+
+async def test_the_replay_tells_the_targets_breaker_how_its_transaction_ended() -> None:
+    """CI's demo: the replay took north's half-open probe and, writing through its own
+    transaction, never reported back, so the breaker stayed half-open and refused the direct
+    sync writes for 69 s. Committed (or aborted: north answered) closes it; a transaction
+    that fails opens it again."""
+    from proxy.breaker import BreakerState
+    from proxy.errors import RegionWriteFailed
+
+    def half_open(w: FakeWriter) -> None:
+        for _ in range(w.breaker.failure_threshold):
+            w.breaker.record_failure()
+        w.breaker._clock.t += w.breaker.reset_timeout_s + 1  # type: ignore[attr-defined]
+        assert w.breaker.state is BreakerState.HALF_OPEN
+
+    tp = TopicPartition("_crossdc.proxy.hints.north", 0)
+    north = GapWriter("north", next_offset=20)
+    r, _ = _replayer(north, FakeTail({0: Tail(20, Position(7, 5), 19)}))
+    half_open(north)
+    assert await r._write(tp, "north", north, "t", [_item(0, 6)]) == 1
+    assert north.breaker.state is BreakerState.CLOSED
+    assert north.breaker.allow()  # a direct write goes through
+
+    class Failing(FakeTxn):
+        async def write(self, topic: str, items: Sequence[Outgoing], check: Any,
+                        timeout_s: float) -> list[RegionWrite] | None:
+            raise RegionWriteFailed("north", topic, "replay transaction: timed out")
+    north = GapWriter("north", next_offset=20)
+    r, _ = _replayer(north, FakeTail({0: Tail(20, Position(7, 5), 19)}))
+    r._txns["north"] = Failing(north)  # type: ignore[assignment]
+    half_open(north)
+    with pytest.raises(_Hold):
+        await r._write(tp, "north", north, "t", [_item(0, 6)])
+    assert north.breaker.state is BreakerState.OPEN
