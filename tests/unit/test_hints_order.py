@@ -277,7 +277,7 @@ async def test_the_replay_tells_the_targets_breaker_how_its_transaction_ended() 
     def half_open(w: FakeWriter) -> None:
         for _ in range(w.breaker.failure_threshold):
             w.breaker.record_failure()
-        w.breaker._clock.t += w.breaker.reset_timeout_s + 1  # type: ignore[attr-defined]
+        w.breaker._clock.t += w.breaker.reset_timeout_s + 1
         assert w.breaker.state is BreakerState.HALF_OPEN
 
     tp = TopicPartition("_crossdc.proxy.hints.north", 0)
