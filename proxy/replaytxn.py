@@ -29,7 +29,7 @@ from aiokafka import AIOKafkaProducer
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
-from crossdc.clients.kafka import start_or_close
+from crossdc.clients.kafka import close_producer, start_or_close
 from proxy.errors import RegionWriteFailed
 from proxy.writers import Outgoing, RegionWrite
 
@@ -111,9 +111,7 @@ class ReplayTxn:
             if _in_transaction(p):
                 async with asyncio.timeout(_CLOSE_S):
                     await asyncio.shield(p.abort_transaction())
-        with contextlib.suppress(KafkaError, OSError, TimeoutError):
-            async with asyncio.timeout(_CLOSE_S):
-                await asyncio.shield(p.stop())
+        await asyncio.shield(close_producer(p, _CLOSE_S))  # the project's bounded close
 
 
 def _in_transaction(p: Any) -> bool:
