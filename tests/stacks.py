@@ -4,6 +4,7 @@ The fixtures themselves are in tests/integration/conftest.py."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -21,7 +22,8 @@ from dr.stack.services import Services
 if TYPE_CHECKING:
     from dr.stack.docker import DockerStack
 
-__all__ = ["DRILL_TOPICS", "Deployment", "StackInfo", "deployment", "docker_skip_reason"]
+__all__ = ["DRILL_TOPICS", "Deployment", "StackInfo", "deployment", "docker_skip_reason",
+           "save_container_logs"]
 
 DRILL_TOPICS = "(payments|ledger|clickstream).*"
 
@@ -90,3 +92,18 @@ def docker_skip_reason() -> str | None:
     if gone:
         return f"images not built: {', '.join(gone)} (`dr images build`)"
     return None
+
+
+def save_container_logs(project: str, folder: Path) -> list[Path]:
+    """`docker logs` of every container of the compose project, one file each in `folder`
+    (kept after the containers are removed: a CI failure is read from them)."""
+    from dr.stack.compose import container_states
+    folder.mkdir(parents=True, exist_ok=True)
+    saved = []
+    for name, _status in container_states(project):
+        out = folder / f"{name}.log"
+        with out.open("wb") as f:
+            subprocess.run(["docker", "logs", "--timestamps", name], stdout=f,
+                           stderr=subprocess.STDOUT, timeout=60, check=False)
+        saved.append(out)
+    return saved

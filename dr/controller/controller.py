@@ -67,6 +67,13 @@ RETRY_FAILED_S = 5.0
 """A failover that failed after its fence (no writable primary) is retried this often."""
 
 
+def follower_lag_every_s(lag_max_age_s: float) -> float:
+    """How often a controller that does not lead measures the mirror lag (the leader: every
+    2 s): often enough that its figure is always well within the age an automatic failover
+    trusts (`lag_max_age_s`), rarely enough to cost the brokers little."""
+    return min(10.0, lag_max_age_s / 3)
+
+
 class Controller(Lifecycle):
     """One region's controller; `async with Controller(...)` or `start()`/`stop()`."""
 
@@ -109,6 +116,7 @@ class Controller(Lifecycle):
         """The primary record (epoch, region, fenced) and when this process first saw it
         (monotonic): the wait period counts from there, never from another host's clock."""
         self._lags_loaded = False
+        self._follower_lag_at = float("-inf")
         self._last_observe = 0.0
         self._stop = asyncio.Event()
         self._publishing = asyncio.Lock()
@@ -255,8 +263,18 @@ class Controller(Lifecycle):
                 await self.dcs.put_all(HEALTH_PREFIX + region, v, sessions=self._sessions())
 
     async def _lag_round(self) -> None:
-        if not self.leading:
-            return
+        leading = self.leading
+        if not leading:
+            # A follower measures too, less often, and keeps the figure to itself: when the
+            # leader is cut off together with the primary, the one taking over has a figure
+            # of its own to judge the failover by, even if the leader kept none in KV (it
+            # led only seconds, or its last round failed). Without it the takeover refused
+            # every automatic failover: "cannot tell how far west is behind east" (CI).
+            due = time.monotonic() - self._follower_lag_at >= follower_lag_every_s(
+                self.settings.failover.lag_max_age_s)
+            if not due:
+                return
+            self._follower_lag_at = time.monotonic()
         for flow in self.topology.flows:
             if self.hysteresis[flow.source].status == "down":
                 continue  # keep the last figure: it is the RPO estimate
@@ -267,6 +285,8 @@ class Controller(Lifecycle):
                 self.lags[(flow.source, flow.target)] = b
                 self.metrics.mirror_lag.labels(source=flow.source, target=flow.target).set(
                     b.records)
+                if not leading:
+                    continue  # only the leader writes (its writes are bound to the lock)
                 # Kept in KV (bound to the lock) so the next leader can judge a failover.
                 await self.dcs.put_all(
                     lag_key(flow.source, flow.target),

@@ -597,6 +597,21 @@ async def test_the_lag_a_leader_measured_survives_a_takeover(topo: Topology,
         assert "ctl-measures" in (lag.error or "") or lag.measured
 
 
+async def test_a_follower_measures_the_lag_of_its_own(topo: Topology) -> None:
+    """A controller that takes over from a leader cut off with the primary had no lag figure
+    when that leader kept none in KV (it had led seconds), and refused every automatic
+    failover (CI, the compose partition test). A follower measures too, and keeps it."""
+    async with Controller(topo, fast("east", controller_id="ctl-leads")) as first:
+        await eventually(lambda: _leading(first), 20, "the first controller leads")
+        async with Controller(topo, fast("west", controller_id="ctl-follows")) as second:
+            async def measured() -> bool:
+                b = second.lags.get(("east", "west"))
+                return b is not None and b.measured and b.records is not None
+            await eventually(measured, 30, "the follower's own lag figure")
+            assert not second.leading
+            assert first.leading
+
+
 async def test_a_drill_never_starts_during_a_failover_nor_on_a_moved_primary(
         topo: Topology, dcs: Datacenters) -> None:
     """Issue 23: a failover recorded while no controller ran is executed by the first that

@@ -10,6 +10,7 @@ images are not built. Slow: `make test-more`."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -18,9 +19,11 @@ from collections.abc import AsyncIterator
 import pytest
 from kafka_helpers import create_topic, eventually, unique
 from primary_helpers import read_everywhere
-from stacks import docker_skip_reason
+from stacks import docker_skip_reason, save_container_logs
 
-from crossdc.topology import load_topology
+from crossdc.clients.consul import ConsulClient
+from crossdc.topology import Topology, load_topology
+from dr.controller.state import LEADER_KEY, LeaderRecord
 from dr.stack.compose import DOCKER_TOPOLOGY, PROJECT, ComposeDeployment, container_states
 from dr.stack.containers import NetworkPlan, topology_view
 from dr.stack.paths import REPO_ROOT, StackPaths
@@ -48,6 +51,30 @@ def _reach(container: str, *addresses: str) -> dict[str, bool]:
     return {a: r == "ok" for a, r in (line.split() for line in proc.stdout.splitlines())}
 
 
+async def _leaders(topo: Topology) -> dict[str, str | None]:
+    """Datacenter -> the region of the controller holding the leader lock there."""
+    out: dict[str, str | None] = {}
+    for dc in topo.datacenters:
+        async with ConsulClient(dc.consul.http_addr) as c:
+            _, entry = await c.kv_get(LEADER_KEY)
+        out[dc.name] = (LeaderRecord.model_validate_json(entry.value).region
+                        if entry is not None and entry.session and entry.value else None)
+    return out
+
+
+async def _east_leads(topo: Topology) -> None:
+    """Make east's controller the leader (the harder case: the majority side must take the
+    lock over before it can fail over): west's restarted gives it up at its clean stop."""
+    if set((await _leaders(topo)).values()) == {"east"}:
+        return
+    await asyncio.to_thread(subprocess.run, ["docker", "restart", "crossdc-controller-west"],
+                            capture_output=True, text=True, timeout=120, check=True)
+
+    async def east() -> bool:
+        return set((await _leaders(topo)).values()) == {"east"}
+    await eventually(east, 60, "east's controller holding the lock everywhere")
+
+
 def _partition(action: str, dc: str) -> None:
     subprocess.run(["bash", str(REPO_ROOT / "compose" / "docker" / "partition.sh"), action, dc],
                    capture_output=True, text=True, timeout=120, check=True)
@@ -73,6 +100,8 @@ async def deployed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Co
         print(f"compose deployment up and healthy after {time.monotonic() - t0:.1f} s")
         yield dep
     finally:
+        logs = save_container_logs(PROJECT, root / "logs")
+        print(f"the containers' logs: {root / 'logs'} ({len(logs)} files)")
         saved = json.loads(paths.stack_file.read_text(encoding="utf-8"))
         await ComposeDeployment.down(paths, saved["docker"])
 
@@ -83,7 +112,9 @@ async def test_a_region_cut_off_wan_is_partitioned_fails_over_and_heals(
     datacenters are unreachable (also through the host: the bridges do not forward), and the
     other way round; their own region and the host still reach them. The controllers on the
     majority side (west + witness) promote west, the cut-off east proxy stops taking ordered
-    writes; reconnected, every datacenter agrees on west."""
+    writes; reconnected, every datacenter agrees on west. East's controller leads at the cut
+    (the harder case, and CI's failure of 6813a1c: the one taking over had no lag figure and
+    refused the failover for good)."""
     topo = deployed.topology
     plan = NetworkPlan(topo)
     east_kafka = topo.region("east").kafka.bootstrap
@@ -109,6 +140,7 @@ async def test_a_region_cut_off_wan_is_partitioned_fails_over_and_heals(
                 return False
             return True
         await eventually(written, 60, "an ordered write through east's proxy before the cut")
+        await _east_leads(topo)
 
         t0 = time.monotonic()
         _partition("cut", "east")
