@@ -995,9 +995,8 @@ class Delivery(NamedTuple):
 class _Cell:
     """One (reader, topic, source region, partition) while its deliveries are walked."""
 
-    offsets: set[int] = field(default_factory=set)
     segment_of: dict[int, int] = field(default_factory=dict)
-    """Offset -> the reader's region segment it was first delivered in."""
+    """Offset delivered -> the reader's region segment it was first delivered in."""
     high: int = -1
     """The highest offset delivered since the cell's stream or region segment began."""
     acked_high: int = -1
@@ -1157,27 +1156,26 @@ def check_consumers(acks: Iterable[Ack], rb: ReadBack,
                         if d.offset <= cell.acked_high:
                             fig["rewinds_past_ack"] += 1
                     cell.stream, cell.segment, cell.high = d.stream, segment, d.offset
-                elif d.offset < cell.high and d.offset not in cell.offsets:
+                elif d.offset < cell.high and d.offset not in cell.segment_of:
                     fig["non_monotonic"] += 1
                     note("non_monotonic",
                          f"{reader}'s reader got {d.region} {topic}[{d.partition}]@{d.offset} "
                          f"({d.dr_id}, {mode}) at {d.t_ms} after @{cell.high} on the same "
                          f"stream {d.stream}")
                 cell.high = max(cell.high, d.offset)
-                cell.offsets.add(d.offset)
                 cell.segment_of.setdefault(d.offset, segment)
                 if d.acked_ms is not None:
                     cell.acked_high = max(cell.acked_high, d.offset)
                     acked[d.dr_id] = acked_at[place] = (d, segment)
             for (region, partition), cell in cells.items():
                 rows = logs.get((region, topic, partition), [])
-                got_at = sorted(cell.offsets)
+                got_at = sorted(cell.segment_of)
                 lo, hi = got_at[0], got_at[-1]
                 i = bisect.bisect_right(rows, (lo, "\uffff"))
                 while i < len(rows) and rows[i][0] < hi:
                     off, dr_id = rows[i]
                     i += 1
-                    if off in cell.offsets or dr_id in ids[topic]:
+                    if off in cell.segment_of or dr_id in ids[topic]:
                         continue
                     j = bisect.bisect_left(got_at, off)
                     if (cell.segment_of[got_at[j - 1]] != cell.segment_of[got_at[j]]
