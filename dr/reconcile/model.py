@@ -56,7 +56,7 @@ class Thresholds(_Model):
     missing: int | None = Field(default=0, ge=0, description="missing copies of acknowledged "
                                 "records and of records with no journal entry (those whose "
                                 "clients were told they failed, or never got an answer, and "
-                                "the quarantined divergent tail are counted, not judged)")
+                                "those quarantined are counted, not judged)")
     duplicates: int | None = Field(
         default=None, ge=0, description="duplicates in any topic (default: not checked; "
         "see duplicates_exactly_once)")
@@ -104,13 +104,16 @@ OUTCOMES: tuple[Outcome, ...] = ("acknowledged", "unjournaled", "told_failed", "
   write refused in the primary): some regions took it anyway;
 - unknown: the proxy never knew (the call's deadline passed, or the proxy stopped,
   mid-write);
-- quarantined: the region holds it in `_crossdc.quarantine` (the divergent tail of a
-  deposed primary, set aside on purpose, replayed by `dr tail`)."""
+- quarantined: the region holds it in `_crossdc.quarantine`, set aside on purpose so that it
+  never lands after newer records of its partition: the divergent tail of a deposed primary,
+  or a hinted sync copy that would have (`dr-q-reason: hint-late`; the demo's are sync
+  writes told failed while a region was down); `dr tail` lists and replays them. Whether its
+  client was told it is written the drill says (its "divergent tail" counts only those)."""
 LOSSES: tuple[Outcome, ...] = ("acknowledged", "unjournaled")
 OUTCOME_TEXT: dict[str, str] = {
     "acknowledged": "acknowledged", "unjournaled": "with no journal entry",
     "told_failed": "told failed", "unknown": "of unknown outcome",
-    "quarantined": "quarantined (divergent tail)"}
+    "quarantined": "quarantined (set aside to keep order)"}
 
 
 class MissingRecord(_Model):

@@ -3,8 +3,8 @@
     FAIL: 12 acknowledged missing in west, 3 altered; within limits: 1 duplicate in west
     (at-least-once flows...)
     OK: 10,000 records compared, nothing acknowledged missing, altered or out of order, no
-    duplicates; no loss: 1,109 told-failed missing in east, 4 quarantined (divergent tail)
-    in west
+    duplicates; no loss: 1,109 told-failed missing in east, 4 quarantined (set aside to
+    keep order) in west
     OK: 10,000 records compared, nothing missing, altered or out of order, no duplicates
 
 A missing copy fails the verdict when its record was acknowledged to its client, or when no
@@ -111,7 +111,7 @@ def _in_regions(counts: dict[str, int], noun: str) -> str:
 _NOUN = {"acknowledged": "acknowledged missing",
          "unjournaled": "missing with no journal entry",
          "told_failed": "told-failed missing", "unknown": "unknown-outcome missing",
-         "quarantined": "quarantined (divergent tail)"}
+         "quarantined": "quarantined (set aside to keep order)"}
 """How the verdict names the missing copies of each outcome ("12 acknowledged missing in
 west")."""
 

@@ -180,7 +180,7 @@ def test_the_verdict_fails_on_losses_only_and_names_the_rest(report: Report) -> 
     assert summary.startswith("FAIL: 1 acknowledged missing in east, 4 in west, "
                               "1 missing with no journal entry in west"), summary
     assert ("no loss: 2 told-failed missing in west, 1 unknown-outcome missing in west, "
-            "1 quarantined (divergent tail) in west") in summary, summary
+            "1 quarantined (set aside to keep order) in west") in summary, summary
 
 
 def test_copies_written_late_by_hinted_handoff_are_counted_as_repaired(
