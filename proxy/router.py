@@ -708,8 +708,17 @@ class Router:
                     failed[i][region] = why or "circuit breaker half-open"
                 return
             if b.resumed:
-                todo = await self._resumed_order(b, region, w, todo, failed)
+                with w.breaker.attempt():
+                    todo, answered = await self._resumed_order(b, region, w, todo, failed)
                 if not todo:
+                    # No write follows to give the breaker its verdict: a half-open probe
+                    # taken here and never answered refused every sync write into the
+                    # region, 15 s at a time, for 90 s after a heal (CI's primary-outage
+                    # drill: each probe's record found a newer one there, over and over).
+                    if answered:
+                        w.breaker.record_success()
+                    else:
+                        w.breaker.release_probe()
                     return
             items = []
             for i in todo:
@@ -730,8 +739,11 @@ class Router:
         return failed
 
     async def _resumed_order(self, b: _PrimaryWrite, region: str, w: RegionWriter,
-                             todo: list[int], failed: dict[int, dict[str, str]]) -> list[int]:
-        """Of `todo` (records to copy into `region`), those to write now. A record whose
+                             todo: list[int], failed: dict[int, dict[str, str]]
+                             ) -> tuple[list[int], bool]:
+        """Of `todo` (records to copy into `region`), those to write now, and whether the
+        region answered a read of its order (False: none was needed, or none answered).
+        A record whose
         primary copy an earlier attempt wrote (`b.resumed`) is copied only if nothing newer in
         the primary's order sits in `region`'s partition yet, as the hints' replay checks
         (proxy.hints.verdict): a later record of its key copied there meanwhile would
@@ -741,6 +753,7 @@ class Router:
         the record itself is the newest: taken as written."""
         outs, keep = b.outs, []
         tails: dict[int, Any] = {}
+        answered = False
         for i in todo:
             if i not in b.resumed:
                 keep.append(i)
@@ -755,6 +768,7 @@ class Router:
                 except (TimeoutError, KafkaError, OSError) as exc:
                     failed[i][region] = f"its order there not readable: {exc!r}"
                     continue
+                answered = True
             what = verdict(Position(b.epoch, src.offset), tail.top)
             if what == "replay":
                 keep.append(i)
@@ -769,7 +783,7 @@ class Router:
                             region=region, dr_id=outs[i].dr_id, partition=src.partition,
                             position=src.offset, newer=tuple(tail.top) if tail.top
                             else None)
-        return keep
+        return keep, answered
 
     async def _settle_sync(self, b: _PrimaryWrite, rules: list[Rule | None],
                            failed: dict[int, dict[str, str]], deadline: float) -> None:

@@ -33,6 +33,7 @@ from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
 from dr.stack.ports import free_topology
 from proxy.api import pb, pb_grpc
+from proxy.breaker import BreakerState
 from proxy.client import AsyncProducer, Producer
 from proxy.config import KafkaWriterSettings, ProxyConfig
 from proxy.errors import ProduceFailed
@@ -340,8 +341,22 @@ async def test_a_resumed_sync_write_never_lands_after_a_later_record_of_its_regi
     later = (await stub.Produce(pb.ProduceRequest(record=_record(
         topic, b"later", b"k", idempotency_key="resume-2")))).result
     assert later.status == pb.STATUS_OK, later
-    code, details = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(
-        topic, b"retry", b"k", idempotency_key="resume-1"))))
+    # West's breaker half-open, as after a heal: the retry takes its probe, writes nothing
+    # there, and must still give the breaker a verdict (CI's primary-outage drill: such
+    # probes, held 15 s each, refused every sync write into the healed region for 90 s).
+    breaker = east_proxy.router.writers["west"].breaker
+    try:
+        for _ in range(breaker.failure_threshold):
+            breaker.record_failure()
+
+        async def half_open() -> bool:
+            return breaker.state is BreakerState.HALF_OPEN
+        await eventually(half_open, 10, "west's breaker half-open")
+        code, details = await _code_of(stub.Produce(pb.ProduceRequest(record=_record(
+            topic, b"retry", b"k", idempotency_key="resume-1"))))
+        assert breaker.state is BreakerState.CLOSED, breaker.state  # west answered its read
+    finally:
+        breaker.record_success()
     assert code == grpc.StatusCode.UNAVAILABLE  # told failed: west never takes it late
     assert "not copied out of order" in details
     west = [r.value for r in await read_all(two_regions.bootstrap("west"), topic, 1)]
