@@ -1008,6 +1008,11 @@ class HintReplayer(Lifecycle):
             late = [it for it in items if it.action == "late"]
             if late:
                 results.update(await self._quarantine(target, w, late, tails))
+            elif tails and not todo:
+                # Read, nothing to write (all held or skipped): no write gives the breaker
+                # its verdict, and a half-open probe taken here would be held (as the
+                # router's resumed sync copies held it: proxy/router.py `_write_others`).
+                w.breaker.record_success()
         ahead = self._ahead.setdefault(tp, set())
         done_to = items[0].offset
         failure: str | None = None

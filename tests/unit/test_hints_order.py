@@ -288,6 +288,14 @@ async def test_the_replay_tells_the_targets_breaker_how_its_transaction_ended() 
     assert north.breaker.state is BreakerState.CLOSED
     assert north.breaker.allow()  # a direct write goes through
 
+    # the hint is there already (held): nothing written, north answered the read: closed
+    north = GapWriter("north", next_offset=20)
+    r, _ = _replayer(north, FakeTail({0: Tail(20, Position(7, 5), 19)}))
+    half_open(north)
+    assert await r._write(tp, "north", north, "t", [_item(0, 5)]) == 1
+    assert not north.sent
+    assert north.breaker.state is BreakerState.CLOSED
+
     class Failing(FakeTxn):
         async def write(self, topic: str, items: Sequence[Outgoing], check: Any,
                         timeout_s: float) -> list[RegionWrite] | None:
