@@ -8,7 +8,12 @@ recorded position and skips the source records already there (matched by `dr-id`
 order), recording their mapping. What it cannot match is re-sent and counted in
 `crossdc_mirror_redelivered`.
 
-Exactly-once (`exactly_once=True`): the source is read with read_committed; each batch's
+Both modes read the source read_committed: a copy in a transaction that was never committed
+(a proxy's fenced write abandoned at its bound, proxy/fenced.py; a hint replay aborted for
+order) is no record, and copying it would carry into the target what no reader of the source
+ever sees.
+
+Exactly-once (`exactly_once=True`): each batch's
 records *and* its offset-sync records are written in one transaction on the target. The
 source group's offsets live on another cluster and cannot join that transaction, so on every
 assignment the worker seeks to the `pos:` record stored on the target (the source group
@@ -281,13 +286,12 @@ class MirrorWorker(Lifecycle):
         if self.flow.consumer_client == "librdkafka":
             return RdMirrorConsumer(
                 self.source, client_id=self._client_id, group_id=self.group,
-                read_committed=self.flow.exactly_once, max_poll_records=_MAX_BATCH,
+                read_committed=True, max_poll_records=_MAX_BATCH,
                 metadata_max_age_ms=int(self.flow.discovery_interval_s * 1000))
         return Consumer(
             **self.source.aiokafka_kwargs(), client_id=self._client_id, group_id=self.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
-            isolation_level="read_committed" if self.flow.exactly_once
-            else "read_uncommitted", max_partition_fetch_bytes=4 * 1024 * 1024,
+            isolation_level="read_committed", max_partition_fetch_bytes=4 * 1024 * 1024,
             fetch_max_bytes=64 * 1024 * 1024,
             metadata_max_age_ms=int(self.flow.discovery_interval_s * 1000),
             rebalance_timeout_ms=_REBALANCE_TIMEOUT_MS)

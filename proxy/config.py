@@ -45,6 +45,20 @@ class KafkaWriterSettings(_Model):
     max_topics: int = Field(10_000, gt=0, description="Topics a producer keeps metadata "
                             "and per-topic state for; the least recently written beyond "
                             "this are forgotten (a policy default admits any topic name).")
+    fenced_writes: bool = Field(False, description="Ordered and sync records are written "
+                                "inside Kafka transactions, shared by concurrent writes "
+                                "(group commit; proxy/fenced.py): a write abandoned at its "
+                                "bound is never committed, so a broker that appends it late "
+                                "(frozen while the controller failed over) appends nothing "
+                                "a read_committed reader sees. Costs a commit round trip per "
+                                "transaction. aiokafka writers only.")
+
+    @model_validator(mode="after")
+    def _fenced_needs_aiokafka(self) -> KafkaWriterSettings:
+        if self.fenced_writes and self.client != "aiokafka":
+            raise ValueError("fenced_writes needs client: aiokafka (the librdkafka writers "
+                             "do not write in transactions yet)")
+        return self
 
 
 class BreakerSettings(_Model):

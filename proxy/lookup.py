@@ -17,6 +17,13 @@ first reads the partition from the first attempt's time to its end for the recor
 - the partition cannot be read to its end in time: the retry is answered UNKNOWN again,
   nothing written (the `MaybeWrite` kept for the next retry).
 
+The read is read_committed, as every reader's: a copy in a transaction that was never
+committed (a fenced write abandoned at its bound, proxy/fenced.py; a hint replay aborted) is
+no copy. And "not found" needs every transaction up to the partition's high watermark at the
+look decided: records past the last stable offset are of transactions still open, possibly
+the first attempt's with its commit still to come, so the read waits for them (committed:
+read; aborted: skipped) until its deadline, and is answered UNKNOWN again if they stay open.
+
 Retries after an UNKNOWN answer happen only around faults, so a lookup pays a consumer's
 start and a read of the records since the first attempt (one partition, or every partition
 for a keyless record); the hot path pays nothing."""
@@ -73,7 +80,8 @@ async def find_copies(conn: KafkaConnection, topic: str, wanted: Mapping[str, Ma
     if left <= 0.05:
         raise LookupFailed(f"no time left to read {topic} in {region}")
     c = Consumer(**conn.aiokafka_kwargs(), client_id=f"{client_id}-lookup",
-                 enable_auto_commit=False, request_timeout_ms=max(1000, int(left * 1000)))
+                 enable_auto_commit=False, isolation_level="read_committed",
+                 fetch_max_wait_ms=100, request_timeout_ms=max(1000, int(left * 1000)))
     try:
         async with asyncio.timeout(left):
             await start_or_close(c, left)
@@ -96,29 +104,34 @@ async def _scan(c: Consumer, topic: str, wanted: Mapping[str, MaybeWrite],
             since[p] = min(since.get(p, m.since_ms), m.since_ms)
     tps = {p: TopicPartition(topic, p) for p in sorted(since)}
     c.assign(list(tps.values()))
-    ends = await c.end_offsets(list(tps.values()))
+    ends = await c.end_offsets(list(tps.values()))  # read_committed: the last stable offsets
     starts = await c.offsets_for_times(
         {tp: max(0, since[p] - CLOCK_MARGIN_MS) for p, tp in tps.items()})
-    todo = set()
     for tp in tps.values():
         at = starts.get(tp)
-        if at is not None and at.offset < ends[tp]:
-            c.seek(tp, at.offset)
-            todo.add(tp)
+        c.seek(tp, at.offset if at is not None and at.offset < ends[tp] else ends[tp])
+    # Every partition is fetched at least once: its high watermark then, with the open
+    # transactions below it, is where the read must get to (decided) before "absent".
+    todo = set(tps.values())
+    watermark: set[TopicPartition] = set()
     want = {k.encode(): k for k in wanted}
     found: dict[str, tuple[int, int, int | None]] = {}
     while todo and len(found) < len(want):
-        got = await c.getmany(*todo, timeout_ms=500)
+        got = await c.getmany(*todo, timeout_ms=200)
         for tp, recs in got.items():
             for r in recs:
-                if r.offset >= ends[tp]:
-                    break
                 h = dict(r.headers)
                 k = want.get(h.get(DR_ID, b""))
                 if k is not None and k not in found:
                     raw = h.get(DR_EPOCH)
                     found[k] = (tp.partition, r.offset, int(raw) if raw else None)
         for tp in list(todo):
+            if tp not in watermark:
+                hw = c.highwater(tp)
+                if hw is None:
+                    continue
+                watermark.add(tp)
+                ends[tp] = max(ends[tp], hw)
             if await c.position(tp) >= ends[tp]:
                 todo.discard(tp)
     return found

@@ -81,6 +81,7 @@ from proxy.errors import (
     Unauthenticated,
     grpc_code,
 )
+from proxy.fenced import write_transactional_id
 from proxy.heap import HeapTrimmer
 from proxy.hints import HintReplayer, HintStore
 from proxy.idempotency import IdempotencyLog, IdempotencyWindow
@@ -426,9 +427,12 @@ class ProxyServer(Lifecycle):
         # every region's Kafka as the proxy's principal: each client is built from its own
         self.kafka = {r.name: KafkaConnection.of(r, principal=config.kafka_principal)
                       for r in topology.regions}
-        self.writers = {r.name: make_writer(r, self.kafka[r.name], config.kafka,
-                                             config.breaker, self.metrics, client_id=client_id)
-                        for r in topology.regions}
+        fenced = config.kafka.fenced_writes
+        self.writers = {r.name: make_writer(
+            r, self.kafka[r.name], config.kafka, config.breaker, self.metrics,
+            client_id=client_id,
+            transactional_id=write_transactional_id(config.region, r.name) if fenced else None)
+            for r in topology.regions}
         self.consul = ConsulClient(self.region.consul.http_addr, config.consul_retry)
         # every other voting datacenter (regions, then witnesses), each through its own agent
         self.peer_consuls = {dc.name: ConsulClient(dc.consul.http_addr, config.consul_retry)

@@ -58,6 +58,7 @@ from crossdc.topology import Region
 from proxy.breaker import BreakerState, CircuitBreaker
 from proxy.config import BreakerSettings, KafkaWriterSettings
 from proxy.errors import RegionWriteFailed
+from proxy.fenced import TxnGroup
 from proxy.headers import Headers
 from proxy.metrics import ProxyMetrics
 
@@ -128,7 +129,8 @@ class RegionWriter(Lifecycle):
     `start()`/`stop()`; `write()` from the router."""
 
     def __init__(self, region: Region, conn: KafkaConnection, settings: KafkaWriterSettings,
-                 breaker: BreakerSettings, metrics: ProxyMetrics, *, client_id: str) -> None:
+                 breaker: BreakerSettings, metrics: ProxyMetrics, *, client_id: str,
+                 transactional_id: str | None = None) -> None:
         self.region = region
         self.conn = conn
         self.name = region.name
@@ -157,6 +159,21 @@ class RegionWriter(Lifecycle):
         # written first; bounded by settings.max_topics
         self._topic_lru: OrderedDict[str, None] = OrderedDict()
         self.log = log.bind(region=region.name)
+        self._txns: TxnGroup | None = None
+        """Fenced writes (`settings.fenced_writes`): the strict modes' transactions."""
+        if transactional_id is not None:
+            self._txns = TxnGroup(
+                region.name, conn, lambda: self._producer_kwargs(f"{client_id}-txn"),
+                transactional_id=transactional_id, drop=self._drop_producer,
+                commit_timeout_s=settings.attempt_timeout_s)
+
+    def _producer_kwargs(self, client_id: str) -> dict[str, Any]:
+        s = self.settings
+        return dict(**self.conn.aiokafka_kwargs(), acks="all", enable_idempotence=True,
+                    linger_ms=s.linger_ms, max_batch_size=s.max_batch_bytes,
+                    max_request_size=s.max_request_bytes,
+                    request_timeout_ms=s.request_timeout_ms,
+                    metadata_max_age_ms=s.metadata_max_age_ms, client_id=client_id)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> bool:
@@ -167,11 +184,7 @@ class RegionWriter(Lifecycle):
             if self._producer is not None:
                 return True
             s = self.settings
-            producer = AIOKafkaProducer(
-                **self.conn.aiokafka_kwargs(), acks="all",
-                enable_idempotence=True, linger_ms=s.linger_ms, max_batch_size=s.max_batch_bytes,
-                max_request_size=s.max_request_bytes, request_timeout_ms=s.request_timeout_ms,
-                metadata_max_age_ms=s.metadata_max_age_ms, client_id=self.client_id)
+            producer = AIOKafkaProducer(**self._producer_kwargs(self.client_id))
             try:  # cancelled half-way (the server stopping during a probe): closed too
                 await start_or_close(producer, s.probe_timeout_s * 2)
             except (KafkaError, OSError, TimeoutError) as exc:
@@ -179,12 +192,16 @@ class RegionWriter(Lifecycle):
                 return False
             self._producer = producer
             self._set_reachable(True, "")
-            return True
+        if self._txns is not None:  # the fenced writes' producer, before the first write
+            await self._txns.prepare(s.probe_timeout_s * 2)
+        return True
 
     async def stop(self, deadline: float | None = None) -> None:
         """Flush and close the producer; idempotent. With a `deadline` (monotonic) the flush
         is bounded: what is not flushed by then is abandoned and the connections closed."""
         self._begin_stop()
+        if self._txns is not None:
+            await self._txns.close()
         producer: AIOKafkaProducer | None = None
         try:
             async with asyncio.timeout(None if deadline is None
@@ -260,6 +277,8 @@ class RegionWriter(Lifecycle):
                 ok = bool(await self._producer.client.force_metadata_update())
         except TimeoutError:
             ok = False
+        if ok and self._txns is not None and self._txns.producer is None:
+            await self._txns.prepare(self.settings.probe_timeout_s)
         self._set_reachable(ok, "" if ok else "metadata request failed (Kafka unreachable)")
         return ok
 
@@ -389,11 +408,15 @@ class RegionWriter(Lifecycle):
             bounded = mode != "nearest"
         # The first attempt runs here; the retry machinery is built only when it failed.
         strict = mode in _STRICT_MODES
-        pending = await self._attempt(topic, items, range(len(items)), results, deadline,
-                                      bounded, strict, mark)
-        if pending:
-            await self._retry(topic, items, pending, results, deadline, still_valid, bounded,
-                              strict, mark)
+        if strict and self._txns is not None:
+            await self._write_fenced(self._txns, topic, items, results, deadline,
+                                     still_valid, mark)
+        else:
+            pending = await self._attempt(topic, items, range(len(items)), results, deadline,
+                                          bounded, strict, mark)
+            if pending:
+                await self._retry(topic, items, pending, results, deadline, still_valid,
+                                  bounded, strict, mark)
         out = [r if r is not None else RegionWriteFailed(self.name, topic, "not sent")
                for r in results]
         m = self._children(mode)
@@ -412,10 +435,58 @@ class RegionWriter(Lifecycle):
             self.breaker.record_success()
         return out
 
+    async def _write_fenced(self, txns: TxnGroup, topic: str, items: Sequence[Outgoing],
+                            results: list[Any], deadline: float,
+                            still_valid: Callable[[], str] | None,
+                            mark: float | None) -> None:
+        """A strict write inside the region's shared transaction (proxy.fenced): sent and
+        answered like any bounded write, then successful only once the transaction is
+        committed (within the write's bound; after it: UNKNOWN)."""
+        frozen = frozen_since(mark) if mark is not None else 0.0
+        left = min(self.settings.attempt_timeout_s, deadline - time.monotonic() - frozen)
+        if left <= 0:
+            err = RegionWriteFailed(self.name, topic, _passed_before(mark), retriable=False)
+            results[:] = [err] * len(items)
+            return
+        try:
+            txn = await txns.join(left)
+        except (KafkaError, OSError, TimeoutError) as exc:
+            why = (f"no transaction within {left:.2f}s" if isinstance(exc, TimeoutError)
+                   else f"transaction: {exc.__class__.__name__}: {exc}")
+            if not isinstance(exc, TimeoutError):
+                self._set_reachable(False, why)
+            err = RegionWriteFailed(self.name, topic, why, retriable=False)
+            results[:] = [err] * len(items)
+            return
+        abandoned: str | None = None
+        try:
+            pending = await self._attempt(topic, items, range(len(items)), results, deadline,
+                                          True, True, mark, producer=txn.producer)
+            if pending:
+                await self._retry(topic, items, pending, results, deadline, still_valid,
+                                  True, True, mark, producer=txn.producer)
+        except BaseException as exc:  # cancelled, or a bug: its records may be on the wire
+            abandoned = f"a write in it ended early ({exc.__class__.__name__})"
+            raise
+        finally:
+            if abandoned is None and getattr(txn.producer, "_closed", False):
+                abandoned = "the producer was dropped"
+            txns.release(txn, abandoned)
+        end = await txns.outcome(txn, self.settings.attempt_timeout_s * 2)
+        done = [i for i in range(len(items)) if type(results[i]) is RegionWrite]
+        if not end.committed:
+            err = RegionWriteFailed(self.name, topic, end.why, retriable=False,
+                                    maybe_written=end.maybe_written)
+            for i in done:
+                results[i] = err
+            return
+        self._late_acks(topic, done, results, deadline, mark)
+
     async def _retry(self, topic: str, items: Sequence[Outgoing], pending: list[int],
                      results: list[Any], deadline: float,
                      still_valid: Callable[[], str] | None, bounded: bool,
-                     strict: bool = False, mark: float | None = None) -> None:
+                     strict: bool = False, mark: float | None = None,
+                     producer: AIOKafkaProducer | None = None) -> None:
         """Retry the `pending` items (the first attempt failed them with a retriable error):
         tenacity, the one retry loop, bounded by `retry_attempts` in all and the deadline."""
         s = self.settings
@@ -438,7 +509,8 @@ class RegionWriter(Lifecycle):
                                 raise _AttemptFailed(RegionWriteFailed(self.name, topic, why,
                                                                        retriable=False))
                         pending = await self._attempt(topic, items, pending, results,
-                                                      deadline, bounded, strict, mark)
+                                                      deadline, bounded, strict, mark,
+                                                      producer=producer)
                     # attempt 1 is the one write() already made
                     first = next((results[i] for i in pending), None)
                     if isinstance(first, RegionWriteFailed):
@@ -458,17 +530,26 @@ class RegionWriter(Lifecycle):
 
     async def _attempt(self, topic: str, items: Sequence[Outgoing], pending: Sequence[int],
                        results: list[Any], deadline: float, bounded: bool = False,
-                       strict: bool = False, mark: float | None = None) -> list[int]:
+                       strict: bool = False, mark: float | None = None,
+                       producer: AIOKafkaProducer | None = None) -> list[int]:
         """One try of the `pending` items; fills `results`; returns the items to retry.
         `bounded` (ordered, sync): records still unanswered at the end drop the producer.
+        `producer`: a fenced write's transactional one (dropped, it is not renewed here).
 
         Records of one partition numerous enough (`_BUILD_MIN`) go into producer batches
         built here (`create_batch`/`send_batch`: one future per batch, offsets base + index),
         which skips aiokafka's per-record send path; the others go through `send()`, which
         lets a lone record share the producer's current batch of its partition."""
-        if self._renew:
-            await self._renew_producer()
-        producer = self._producer
+        if producer is None:
+            if self._renew:
+                await self._renew_producer()
+            producer = self._producer
+        elif getattr(producer, "_closed", False):
+            err = RegionWriteFailed(self.name, topic, "the transaction's producer was dropped",
+                                    retriable=False)
+            for i in pending:
+                results[i] = err
+            return []
         if producer is None:
             err = RegionWriteFailed(self.name, topic, self.why_not_writable())
             for i in pending:
@@ -569,6 +650,8 @@ class RegionWriter(Lifecycle):
         writes to this region fail until the next probe starts a new producer. A request
         already on the wire cannot be called back: the controller's wait after the lease
         (its write time and margin) is for those."""
+        if self._txns is not None:
+            self._txns.forget(producer)
         if self._producer is producer:
             self._producer = None
             self._renew = False
@@ -922,7 +1005,8 @@ class RdRegionWriter(RegionWriter):
     # -- writing ---------------------------------------------------------------------------
     async def _attempt(self, topic: str, items: Sequence[Outgoing], pending: Sequence[int],
                        results: list[Any], deadline: float, bounded: bool = False,
-                       strict: bool = False, mark: float | None = None) -> list[int]:
+                       strict: bool = False, mark: float | None = None,
+                       producer: Any = None) -> list[int]:
         if self._renew:
             await self._renew_producer()
         producer = self._producer
@@ -1023,7 +1107,10 @@ def reset_connections(client: Any) -> int:
 
 def make_writer(region: Region, conn: KafkaConnection, settings: KafkaWriterSettings,
                 breaker: BreakerSettings, metrics: ProxyMetrics, *,
-                client_id: str) -> RegionWriter:
-    """The writer of `region` on the client `settings.client` names."""
-    cls = RdRegionWriter if settings.client == "librdkafka" else RegionWriter
-    return cls(region, conn, settings, breaker, metrics, client_id=client_id)
+                client_id: str, transactional_id: str | None = None) -> RegionWriter:
+    """The writer of `region` on the client `settings.client` names (`transactional_id`:
+    its fenced writes', aiokafka only)."""
+    if settings.client == "librdkafka":
+        return RdRegionWriter(region, conn, settings, breaker, metrics, client_id=client_id)
+    return RegionWriter(region, conn, settings, breaker, metrics, client_id=client_id,
+                        transactional_id=transactional_id)

@@ -92,7 +92,8 @@ OWN_SERVERS = ("tests/integration/test_services.py", "tests/integration/test_pro
                "tests/integration/test_stack_variants.py",
                "tests/integration/test_hostile_files.py",
                "tests/integration/test_docker_stack.py",
-               "tests/integration/test_controller.py", "tests/integration/test_lease.py")
+               "tests/integration/test_controller.py", "tests/integration/test_lease.py",
+               "tests/integration/test_fenced_writes.py")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:

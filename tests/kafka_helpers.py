@@ -90,8 +90,10 @@ async def consume(bootstrap: str, topic: str, count: int, *, timeout_s: float = 
         await consumer.stop()
 
 
-async def end_offsets(bootstrap: str, topic: str, partitions: int = 1) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+async def end_offsets(bootstrap: str, topic: str, partitions: int = 1,
+                      isolation_level: str = "read_uncommitted") -> dict[int, int]:
+    """The high watermarks (read_committed: the last stable offsets)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]

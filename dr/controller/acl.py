@@ -39,6 +39,7 @@ from crossdc.primary import PrimaryRecord
 from crossdc.security import ADMIN, CONTROLLER, MIRROR, PROXY, RECONCILE
 from crossdc.settings import RetrySettings
 from crossdc.topology import Region, Topology
+from proxy.fenced import WRITE_TXN_PREFIX
 from proxy.policy import default_policy_path
 from proxy.replaytxn import REPLAY_TXN_PREFIX
 
@@ -75,9 +76,10 @@ def component_acls() -> list[AclBinding]:
     # for its clients (`_crossdc.proxy.consume.<group>.<scope>`)
     out.append(AclBinding("group", PROXY_INTERNAL_PREFIX, _user(PROXY), "READ",
                           pattern="PREFIXED"))
-    # ... and the hints replay's transactions (proxy/replaytxn.py)
-    out.extend(AclBinding("transactional_id", REPLAY_TXN_PREFIX, _user(PROXY), op,
-                          pattern="PREFIXED") for op in ("WRITE", "DESCRIBE"))
+    # ... and the hints replay's transactions (proxy/replaytxn.py) and the fenced writes'
+    # (proxy/fenced.py)
+    out.extend(AclBinding("transactional_id", prefix, _user(PROXY), op, pattern="PREFIXED")
+               for prefix in (REPLAY_TXN_PREFIX, WRITE_TXN_PREFIX) for op in ("WRITE", "DESCRIBE"))
     # mirror: read sources, write/create targets, its groups, offset syncs, transactions
     allow(MIRROR, "topic", ["ALL"])
     allow(MIRROR, "group", ["ALL"])

@@ -206,6 +206,10 @@ def _read_ranges(spark: SparkSession, conn: KafkaConnection,
             .option("endingOffsets", json.dumps(ending))
             .option("includeHeaders", "true")
             .option("failOnDataLoss", "false")
+            # what a consumer sees: no copy of a transaction never committed (a fenced write
+            # abandoned at its bound, a hint replay aborted); the survey's ends are the last
+            # stable offsets
+            .option("kafka.isolation.level", "read_committed")
             # enough input tasks for every core, even when a region has few, big partitions
             # (a partition's offset range is split into pieces read in parallel)
             .option("minPartitions", str(max(min_partitions, len(parts))))
