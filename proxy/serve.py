@@ -45,6 +45,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 idempotency_log: bool = False, journal: bool = True,
                 serve_metrics: bool = True, kafka_principal: str = PROXY,
                 kafka_client: Literal["aiokafka", "librdkafka"] = "aiokafka",
+                fenced_writes: bool = False,
                 watch: Callable[[ProxyServer], Coroutine[Any, Any, None]] | None = None,
                 ) -> None:
     """Run the proxy until SIGTERM/SIGINT; ProxyTaskFailed if a background loop fails.
@@ -53,7 +54,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
     `reuse_port`, `idempotency_log`, `journal` (`journal.enabled`): the ProxyConfig fields.
     `serve_metrics` False: no metrics port (a worker's supervisor serves its metrics).
     `kafka_principal`: what its Kafka clients authenticate as (SASL/SCRAM regions).
-    `kafka_client`: the writers' Kafka client (`kafka.client`).
+    `kafka_client`: the writers' Kafka client (`kafka.client`); `fenced_writes`: ordered and
+    sync writes in transactions (`kafka.fenced_writes`, proxy/fenced.py).
     `watch(server)`: a coroutine run while serving (a worker reports its health to the
     supervisor with it), cancelled when the drain begins."""
     topology = load_topology(topology_path)
@@ -69,7 +71,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                       primary_write_s=primary_write_s, reuse_port=reuse_port,
                       idempotency_log=idempotency_log,
                       journal=JournalSettings(enabled=journal), kafka_principal=kafka_principal,
-                      kafka=KafkaWriterSettings(client=kafka_client))
+                      kafka=KafkaWriterSettings(client=kafka_client,
+                                                fenced_writes=fenced_writes))
     server = ProxyServer(topology, cfg, policy_path,
                          registry=REGISTRY if registry is None else registry)
     stop = asyncio.Event()
@@ -117,6 +120,7 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                         journal: bool = True, log_format: str = "console",
                         log_level: str = "warning", kafka_principal: str = PROXY,
                         kafka_client: Literal["aiokafka", "librdkafka"] = "aiokafka",
+                        fenced_writes: bool = False,
                         ready: asyncio.Event | None = None) -> None:
     """`workers` server processes on one port (SO_REUSEPORT) under a supervisor in this
     process, until SIGTERM/SIGINT (all drain; exit 0); SIGHUP is passed on to every worker.
@@ -136,10 +140,12 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                       primary_write_s=primary_write_s, reuse_port=True,
                       idempotency_log=idempotency_log,
                       journal=JournalSettings(enabled=journal), kafka_principal=kafka_principal,
-                      kafka=KafkaWriterSettings(client=kafka_client))
+                      kafka=KafkaWriterSettings(client=kafka_client,
+                                                fenced_writes=fenced_writes))
     spec = WorkerSpec(topology=topology_path, region=region, policy=policy_path,
                       kafka_principal=kafka_principal, kafka_client=kafka_client,
-                      host=cfg.host, port=cfg.port, grace_s=grace_s, auth=auth_path, tls=tls,
+                      fenced_writes=fenced_writes, host=cfg.host, port=cfg.port,
+                      grace_s=grace_s, auth=auth_path, tls=tls,
                       primary_lease_s=primary_lease_s, primary_write_s=primary_write_s,
                       idempotency_log=idempotency_log, journal=journal, log_format=log_format,
                       log_level=log_level)

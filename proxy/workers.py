@@ -81,6 +81,7 @@ class WorkerSpec(BaseModel):
     policy: Path
     kafka_principal: str = PROXY
     kafka_client: Literal["aiokafka", "librdkafka"] = "aiokafka"
+    fenced_writes: bool = False
     host: str
     port: int
     grace_s: float = 10.0
@@ -415,6 +416,7 @@ def worker_main(argv: list[str]) -> int:
                           primary_write_s=spec.primary_write_s, reuse_port=True,
                           kafka_principal=spec.kafka_principal,
                           kafka_client=spec.kafka_client,
+                          fenced_writes=spec.fenced_writes,
                           idempotency_log=spec.idempotency_log, journal=spec.journal,
                           watch=_report))
     except CrossdcError as exc:

@@ -89,6 +89,11 @@ def proxy_serve(
         "--kafka-client", envvar="CROSSDC_PROXY_KAFKA_CLIENT", help="The writers' Kafka "
         "client: aiokafka or librdkafka (confluent-kafka; docs/architecture.md, \"Which Kafka "
         "client writes\").")] = "aiokafka",
+    fenced_writes: Annotated[bool, typer.Option(
+        "--fenced-writes/--plain-writes", envvar="CROSSDC_PROXY_FENCED_WRITES",
+        help="Ordered and sync records in Kafka transactions, so that a write abandoned at "
+        "its bound is never seen even if a frozen broker appends it later (aiokafka only; "
+        "docs/architecture.md, \"The guarantee\").")] = False,
 ) -> None:
     """Run the region's routing proxy until SIGTERM (drain); SIGHUP reloads the policy (and
     the auth file)."""
@@ -103,6 +108,9 @@ def proxy_serve(
     tls = (TlsSettings(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
            if tls_cert is not None and tls_key is not None else None)
     client = kafka_client
+    if fenced_writes and client != "aiokafka":
+        fail("--fenced-writes needs --kafka-client aiokafka (the librdkafka writers do not "
+             "write in transactions yet)")
     check_files(topo, policy=policy, auth=auth, tls=tls)  # before any worker starts
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
     bind = host or ep_host
@@ -116,7 +124,8 @@ def proxy_serve(
                   primary_lease_s=primary_lease_s, primary_write_s=primary_write_s,
                   idempotency_log=shared_idempotency, journal=journal,
                   # its own Kafka principal (SASL/SCRAM regions)
-                  kafka_principal=PROXY, kafka_client=client))
+                  kafka_principal=PROXY, kafka_client=client,
+                  fenced_writes=fenced_writes))
         return
     from proxy.serve import serve_workers
     root = ctx.parent.params if ctx.parent is not None else {}
@@ -127,7 +136,8 @@ def proxy_serve(
                       idempotency_log=shared_idempotency, journal=journal,
                       log_format=str(root.get("log_format") or "console"),
                       log_level=str(root.get("log_level") or "warning"),
-                      kafka_principal=PROXY, kafka_client=client))
+                      kafka_principal=PROXY, kafka_client=client,
+                  fenced_writes=fenced_writes))
 
 
 def check_port_free(host: str, port: int | None, what: str, option: str) -> None:
