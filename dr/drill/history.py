@@ -434,15 +434,34 @@ def _fence_end(fences: Sequence[Fence], epoch: int) -> tuple[int, Fence] | None:
     return min(((e, f) for e, f in ends if e is not None), key=lambda x: x[0], default=None)
 
 
+def _accepted_ms(rb: ReadBack) -> dict[Key, int]:
+    """Per record, when its proxy accepted it at the latest: its `dr-ts`, or the earliest
+    broker append time among its copies if that is earlier (the drill's topics and the
+    quarantine are LogAppendTime; a proxy whose wall clock is off stamps `dr-ts` off)."""
+    out: dict[Key, int] = {}
+    for c in rb.copies:
+        for t in (c.ts_ms, c.timestamp_ms):
+            if t is not None:
+                key = (c.topic, c.dr_id)
+                out[key] = min(out.get(key, t), t)
+    return out
+
+
 def check_epoch_order(acks: Iterable[Ack], rb: ReadBack | None = None, *,
                       slack_ms: int = 0, fences: Sequence[Fence] = ()) -> Check:
     """(b) No ordered or sync record acknowledged at epoch N later than `slack_ms` after the
     first acknowledgement at a higher epoch (client arrival times; idempotency-window
     answers skipped and counted), and no ordered or sync record, acknowledged or not,
-    accepted by a proxy (its `dr-ts`, read back) after that first higher-epoch
-    acknowledgement. With `fences` (a `PrimaryWatch`'s): none acknowledged, nor accepted,
-    at epoch N after a newer epoch's fence held a majority and its lease and write bound
-    ran out, whether or not the newer epoch ever took a write."""
+    accepted by a proxy after that first higher-epoch acknowledgement. With `fences` (a
+    `PrimaryWatch`'s): none acknowledged, nor accepted, at epoch N after a newer epoch's
+    fence held a majority and its lease and write bound ran out, whether or not the newer
+    epoch ever took a write.
+
+    When a record was accepted is read from its `dr-ts` (the proxy's wall clock), bounded by
+    the earliest broker append time of its copies (`_accepted_ms`): a proxy accepts a record
+    before any broker appends it, so a record appended before a bound was accepted before it,
+    whatever the proxy's clock said (the nemesis's clock skew: a proxy running 60 s ahead
+    stamped records of its own epoch 40 s "after" the next epoch's first ack)."""
     acks = [a for a in acks if a.mode in EPOCH_MODES]
     fresh = [a for a in acks if not a.duplicate]
     first: dict[int, tuple[int, Ack]] = {}
@@ -474,6 +493,7 @@ def check_epoch_order(acks: Iterable[Ack], rb: ReadBack | None = None, *,
     accepted_late: list[tuple[int, Copy, Ack]] = []
     acked_keys = {(a.topic, a.dr_id) for a in acks}
     unacked_late = 0
+    accepted = _accepted_ms(rb) if rb is not None else {}
     if rb is not None and first:
         seen: set[Key] = set()
         for c in rb.copies:
@@ -481,8 +501,9 @@ def check_epoch_order(acks: Iterable[Ack], rb: ReadBack | None = None, *,
             if c.mode not in EPOCH_MODES or c.epoch is None or c.ts_ms is None or key in seen:
                 continue
             h = _first_above(first, c.epoch)
-            if h is not None and c.ts_ms > h[0]:
-                accepted_late.append((c.ts_ms - h[0], c, h[1]))
+            at = accepted.get(key, c.ts_ms)
+            if h is not None and at > h[0]:
+                accepted_late.append((at - h[0], c, h[1]))
                 seen.add(key)
                 unacked_late += key not in acked_keys
     fenced_late: list[tuple[int, Ack, Fence]] = []
@@ -499,7 +520,7 @@ def check_epoch_order(acks: Iterable[Ack], rb: ReadBack | None = None, *,
             if c.mode not in EPOCH_MODES or c.epoch is None or c.ts_ms is None or key in seen_f:
                 continue
             end = _fence_end(fences, c.epoch)
-            if end is not None and c.ts_ms > end[0]:
+            if end is not None and accepted.get(key, c.ts_ms) > end[0]:
                 fenced_accepted += 1
                 seen_f.add(key)
     late.sort(key=lambda x: -x[0])

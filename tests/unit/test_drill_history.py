@@ -4,6 +4,7 @@ every check; each check fails on a history that breaks its rule, and only that c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections import Counter
@@ -211,6 +212,22 @@ def test_an_old_epoch_record_accepted_after_a_newer_ack_fails_even_unacknowledge
     assert c.counts["accepted_after_newer_epoch"] == 1
     assert c.counts["of_them_unacked"] == 1
     assert "never acknowledged" in c.examples[0]
+
+
+def test_a_proxy_clock_ahead_is_bounded_by_the_brokers_append_time() -> None:
+    """A proxy whose wall clock runs 60 s ahead stamps `dr-ts` 60 s late: a record its
+    broker appended before the newer epoch's first ack was accepted before it; appended
+    after it too, it still fails (the nemesis's skew, seed 7)."""
+    acks, read = failover_history()
+    ahead = Copy(region="east", topic=ORD, partition=1, offset=3, dr_id="run-east-99",
+                 mode="ordered", epoch=1, origin="east", path=("east",), ts_ms=60_000,
+                 timestamp_ms=2500)
+    c = check_epoch_order(acks, rb(list(read.copies), [ahead]))
+    assert c.passed, c.examples
+    late = dataclasses.replace(ahead, timestamp_ms=3100)
+    c = check_epoch_order(acks, rb(list(read.copies), [late]))
+    assert c.passed is False
+    assert c.counts["accepted_after_newer_epoch"] == 1
 
 
 def test_an_idempotency_window_answer_is_no_late_write() -> None:
