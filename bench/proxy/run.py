@@ -791,12 +791,12 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             (its rows are named `mode (client)`)."""
             px = (FloorProc(east, tmp / "floor.log") if client == "floor" else
                   ProxyProc(tpath, policy, tmp / f"proxy-{size}{client}.log",
-                            extra=("--kafka-client", client) if client else ()))
+                            extra=client_args(client)))
             proxies.append(px)
             await px.start()
             pids = {"proxy": px.pid, "broker": broker_pid}
             topic, value = topics[size], os.urandom(size)
-            if client and client != "floor" and a.idle_seconds > 0:  # the proxy's CPU, idle
+            if a.compare_clients and client != "floor" and a.idle_seconds > 0:  # idle CPU
                 await asyncio.sleep(3.0)
                 c0, t0 = tree_cpu_s(px.pid), time.monotonic()
                 await asyncio.sleep(a.idle_seconds)
@@ -960,6 +960,44 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             await producer.stop()
             return {"ladder": got, "load_avg": {"before": load_before, "after": [
                 round(x, 2) for x in os.getloadavg()]}}
+        if a.compare_fenced:
+            await phase(big, ["direct", "batch", "stream", "unary"], paced_too=False,
+                        client="plain")
+            await phase(big, ["batch", "stream", "unary"], paced_too=False, client="fenced")
+            plain = ProxyProc(tpath, policy, tmp / "proxy-paced-plain.log")
+            fenced = ProxyProc(tpath, policy, tmp / "proxy-paced-fenced.log",
+                               extra=client_args("fenced"))
+            proxies.extend([plain, fenced])
+            await plain.start()
+            await fenced.start()
+            topic, value = topics[big], os.urandom(big)
+            ids = Ids()
+            async with grpc.aio.insecure_channel(plain.target) as ch_p, \
+                    grpc.aio.insecure_channel(fenced.target) as ch_f:
+                stubs = {"plain": pb_grpc.ProxyStub(ch_p), "fenced": pb_grpc.ProxyStub(ch_f)}
+
+                async def direct_one(i: int) -> None:
+                    await (await producer.send(topic, value, key=KEYS[i % len(KEYS)]))
+
+                def proxy_one(stub: Any) -> Callable[[int], Awaitable[None]]:
+                    async def one(i: int) -> None:
+                        rec = pb.Record(topic=topic, key=KEYS[i % len(KEYS)], value=value,
+                                        idempotency_key=ids.next())
+                        await stub.Produce(pb.ProduceRequest(record=rec), timeout=5)
+                    return one
+
+                got = await paced_ab({"direct": direct_one,
+                                      "proxy (plain)": proxy_one(stubs["plain"]),
+                                      "proxy (fenced)": proxy_one(stubs["fenced"])},
+                                     a.rate, a.paced_seconds / a.paced_blocks, a.paced_blocks,
+                                     {"proxy": plain.pid, "broker": broker_pid})
+            for name, r in got.items():
+                pace[name] = {**r, "size": big}
+                print(json.dumps({"paced": name, **pace[name]}), flush=True)
+            await producer.stop()
+            return {"rows": rows, "pace": pace, "server": "dr proxy serve",
+                    "load_avg": {"before": load_before,
+                                 "after": [round(x, 2) for x in os.getloadavg()]}}
         if a.compare_clients:
             await phase(big, ["direct", "direct confluent-kafka", "batch", "stream", "unary"],
                         paced_too=False, client="aiokafka")
@@ -1360,6 +1398,10 @@ def main() -> None:
                     "aiokafka writers, with librdkafka writers, a direct aiokafka and a direct "
                     "confluent-kafka producer (closed loop, same run): "
                     "bench/results/proxy-clients.{json,md}")
+    ap.add_argument("--compare-fenced", action="store_true", help="only the proxy with "
+                    "plain and with fenced writes (--fenced-writes) and a direct aiokafka "
+                    "producer: closed loop and paced unary latency, same run: "
+                    "bench/results/proxy-fenced.{json,md}")
     ap.add_argument("--paced-ladder", action="store_true", help="only the paced unary "
                     "latency, layer by layer in the same alternating blocks: direct aiokafka, "
                     "direct librdkafka, a no-op grpc hop, the floor server, the proxy with "
@@ -1391,7 +1433,7 @@ def main() -> None:
     require("bench/proxy/run.py", modules=["matplotlib", "confluent_kafka"]
             if a.compare_clients or a.paced_ladder else ["matplotlib"],
             tools=["py-spy"] if a.profile and not (a.compare_clients or a.paced_ladder
-                                                   or a.kafka_requests)
+                                                   or a.kafka_requests or a.compare_fenced)
             else [],
             skip_hint="--no-profile runs it without py-spy")
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -1399,6 +1441,9 @@ def main() -> None:
         res = asyncio.run(bench(a, Path(tmp)))
     if a.spy is not None:
         write_spy(res, a.spy)
+        return
+    if a.compare_fenced:
+        write_fenced(res)
         return
     if a.compare_clients:
         write_clients(res)
@@ -1410,6 +1455,70 @@ def main() -> None:
         (RESULTS / "proxy-kafka-requests.json").write_text(json.dumps(res, indent=2) + "\n")
         return
     write_results(res, a)
+
+
+def client_args(client: str) -> tuple[str, ...]:
+    """`dr proxy serve` arguments of a phase's proxy: "plain" (the defaults), "fenced"
+    (`--fenced-writes`), or a `--kafka-client`."""
+    if client in ("", "plain"):
+        return ()
+    if client == "fenced":
+        return ("--fenced-writes",)
+    return ("--kafka-client", client)
+
+
+def write_fenced(res: dict[str, Any]) -> None:
+    """`--compare-fenced`: bench/results/proxy-fenced.{json,md}."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT, check=False).stdout.strip()
+    res = {**res, "git_commit": commit}
+    rows = {r["mode"]: r for r in res["rows"]}
+    direct = rows.get("direct")
+    for path in ("unary", "batch", "stream"):
+        p, f = rows.get(f"{path} (plain)"), rows.get(f"{path} (fenced)")
+        if p and f:
+            res[f"{path}_fenced_vs_plain"] = round(f["rps"] / p["rps"], 3)
+            res[f"{path}_fenced_cpu_vs_plain"] = round(
+                f["proxy_cpu_s_per_m"] / max(1e-9, p["proxy_cpu_s_per_m"]), 3)
+    pace = res.get("pace", {})
+    if "proxy (plain)" in pace and "proxy (fenced)" in pace:
+        res["unary_fenced_added_p50_ms"] = round(
+            pace["proxy (fenced)"]["p50_ms"] - pace["proxy (plain)"]["p50_ms"], 3)
+        res["unary_fenced_added_p99_ms"] = round(
+            pace["proxy (fenced)"]["p99_ms"] - pace["proxy (plain)"]["p99_ms"], 3)
+    (RESULTS / "proxy-fenced.json").write_text(json.dumps(res, indent=2) + "\n")
+    lines = [f"# Fenced writes: ordered writes in transactions vs plain (commit `{commit}`)",
+             "", "`dr proxy serve` with `--fenced-writes` (ordered and sync records in "
+             "Kafka transactions shared by concurrent writes, proxy/fenced.py) against the "
+             "same proxy without, and a direct aiokafka producer, in one run; policy "
+             "`bench-*: ordered`, 1 KiB records, one broker. Load average (1, 5, 15 min) "
+             f"before {res['load_avg']['before']}, after {res['load_avg']['after']}.", "",
+             "| contender | records/s | vs direct | p50 ms | proxy CPU µs per record | "
+             "broker CPU µs per record |", "|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        vs = f"{r['rps'] / direct['rps']:.2f}x" if direct else "-"
+        lines.append(f"| {r['mode']} | {r['rps']:,} | {vs} | {r['p50_ms']} | "
+                     f"{r['proxy_cpu_s_per_m'] if r['mode'] != 'direct' else '-'} | "
+                     f"{r['broker_cpu_s_per_m']} |")
+    lines += ["", "Fenced against plain: " + ", ".join(
+        f"{path} {res[f'{path}_fenced_vs_plain']}x the records/s, "
+        f"{res[f'{path}_fenced_cpu_vs_plain']}x the proxy's CPU per record"
+        for path in ("unary", "batch", "stream") if f"{path}_fenced_vs_plain" in res) + ".",
+        ""]
+    if pace:
+        lines += [f"Paced unary `Produce` at {a_rate(pace)} requests/s, the three in "
+                  "alternating blocks:", "", "| contender | p50 ms | p99 ms |", "|---|---|---|"]
+        lines += [f"| {name} | {v['p50_ms']} | {v['p99_ms']} |" for name, v in pace.items()]
+        if "unary_fenced_added_p50_ms" in res:
+            lines += ["", f"The transactions add **{res['unary_fenced_added_p50_ms']} ms at "
+                      f"p50 and {res['unary_fenced_added_p99_ms']} ms at p99** to a unary "
+                      "ordered write (the commit's round trip to the coordinator)."]
+    (RESULTS / "proxy-fenced.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def a_rate(pace: dict[str, Any]) -> str:
+    return str(next(iter(pace.values())).get("rate", "?"))
 
 
 def write_clients(res: dict[str, Any]) -> None:
