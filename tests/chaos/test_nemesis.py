@@ -50,9 +50,12 @@ def _seeds() -> list[int]:
 
 
 DURATION_S = float(os.environ.get("CROSSDC_NEMESIS_S", "180" if FULL else "60"))
-OPEN_DEFECTS = {"pause": "SIGSTOP of a region's brokers: produce requests already in their "
-                         "sockets are appended when they resume, after the fence's end "
-                         "(late_append; issue 36, abandoned requests still land)"}
+FENCED = os.environ.get("CROSSDC_TEST_FENCED_WRITES", "") not in ("", "0")
+OPEN_DEFECTS = {} if FENCED else {
+    "pause": "SIGSTOP of a region's brokers: produce requests already in their sockets (their "
+             "proxy killed, or its reset lost in a cut) are appended when they resume, after "
+             "the fence's end (late_append; issue 36, abandoned requests still land): closed "
+             "by fenced writes, off by default (CROSSDC_TEST_FENCED_WRITES=1 runs with them)"}
 """Fault kinds with a known open defect: the reduced set (CI) leaves them to `make chaos`,
 which runs every kind (and shows the defect until it is fixed); docs/reliability.md."""
 FULL_ONLY = {"skew": "new on 2026-12-02: in `make chaos` until its seeds have run here"}
