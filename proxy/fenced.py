@@ -86,11 +86,13 @@ _ABORTED_SURE = TxnEnd(False, "", False)
 class Txn:
     """One open transaction of a `TxnGroup`: its producer and members."""
 
-    __slots__ = ("closed", "done", "ending", "failed", "members", "producer")
+    __slots__ = ("closed", "done", "ending", "failed", "joined", "members", "producer")
 
     def __init__(self, producer: AIOKafkaProducer) -> None:
         self.producer = producer
         self.members = 0
+        self.joined = 0
+        """Writes that took part in it (group commit)."""
         self.closed = False
         """Takes no new member (one has finished)."""
         self.failed: str | None = None
@@ -109,13 +111,16 @@ class TxnGroup:
 
     def __init__(self, region: str, conn: KafkaConnection,
                  producer_kwargs: Callable[[], dict[str, Any]],
-                 *, transactional_id: str, drop: Drop, commit_timeout_s: float) -> None:
+                 *, transactional_id: str, drop: Drop, commit_timeout_s: float,
+                 on_end: Callable[[str, int], None] | None = None) -> None:
         self.region = region
         self.conn = conn
         self.producer_kwargs = producer_kwargs
         self.transactional_id = transactional_id
         self.commit_timeout_s = commit_timeout_s
         self._drop = drop
+        self._on_end = on_end
+        """Told (outcome, writes) at each end: committed, aborted, abandoned or unknown."""
         self._producer: AIOKafkaProducer | None = None
         self._txn: Txn | None = None
         self._begin = asyncio.Lock()
@@ -175,6 +180,7 @@ class TxnGroup:
                 if t is not None:
                     if not t.closed:
                         t.members += 1
+                        t.joined += 1
                         return t
                     await asyncio.shield(t.done)
                     continue
@@ -189,7 +195,7 @@ class TxnGroup:
                         await self._drop(p, "begin_transaction failed")
                         raise
                     t = self._txn = Txn(p)
-                    t.members = 1
+                    t.members = t.joined = 1
                     return t
 
     def release(self, txn: Txn, abandoned: str | None = None) -> None:
@@ -236,6 +242,10 @@ class TxnGroup:
                 self._txn = None
             if not txn.done.done():
                 txn.done.set_result(end)
+            if self._on_end is not None:
+                self._on_end("committed" if end.committed else "abandoned"
+                             if txn.failed is not None else "unknown" if end.maybe_written
+                             else "aborted", txn.joined)
 
     async def _commit(self, p: AIOKafkaProducer) -> TxnEnd:
         try:

@@ -116,6 +116,17 @@ class ProxyMetrics:
                                  "acknowledgement came after their write bound (a pause of "
                                  "the proxy, a slow loop): answered UNKNOWN, never OK (issue "
                                  "36, item 5)", ("region",), registry=r)
+        self.fenced_txns = Counter("crossdc_proxy_fenced_transactions", "Transactions of "
+                                   "fenced writes (kafka.fenced_writes) by how they ended: "
+                                   "committed, aborted (the commit refused: nothing written), "
+                                   "abandoned (never committed: a write unanswered at its "
+                                   "bound), unknown (the commit unanswered)",
+                                   ("region", "outcome"), registry=r)
+        self.fenced_txn_writes = Histogram("crossdc_proxy_fenced_transaction_writes", "Writes "
+                                           "(router calls) sharing one fenced transaction "
+                                           "(group commit)", ("region",),
+                                           buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+                                           registry=r)
         self.retry_lookups = Counter("crossdc_proxy_retry_lookups", "Retries of a write whose "
                                      "first attempt was never answered, by what the read of "
                                      "its partition found: found (not written again), "

@@ -165,7 +165,11 @@ class RegionWriter(Lifecycle):
             self._txns = TxnGroup(
                 region.name, conn, lambda: self._producer_kwargs(f"{client_id}-txn"),
                 transactional_id=transactional_id, drop=self._drop_producer,
-                commit_timeout_s=settings.attempt_timeout_s)
+                commit_timeout_s=settings.attempt_timeout_s, on_end=self._txn_ended)
+
+    def _txn_ended(self, outcome: str, writes: int) -> None:
+        self.metrics.fenced_txns.labels(self.name, outcome).inc()
+        self.metrics.fenced_txn_writes.labels(self.name).observe(writes)
 
     def _producer_kwargs(self, client_id: str) -> dict[str, Any]:
         s = self.settings

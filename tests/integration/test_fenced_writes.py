@@ -188,6 +188,11 @@ async def test_concurrent_fenced_writes_share_transactions_and_keep_order(
             w.write(topic, b, mode="ordered", deadline=time.monotonic() + 20) for b in batches))
         assert w._txns is not None
         commits = w._txns.commits
+        registry = w.metrics.registry
+        assert registry.get_sample_value("crossdc_proxy_fenced_transactions_total",
+                                         {"region": "north", "outcome": "committed"}) == commits
+        assert registry.get_sample_value("crossdc_proxy_fenced_transaction_writes_sum",
+                                         {"region": "north"}) == 200
     finally:
         await w.stop(time.monotonic() + 10)
     written = {it.headers[0][1].decode(): r for b, rs in zip(batches, results, strict=True)
