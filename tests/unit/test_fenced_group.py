@@ -50,7 +50,7 @@ def group(producers: list[Producer], dropped: list[str], *, commit_timeout_s: fl
         p = g._producer
         if p is None or p._closed:
             p = producers.pop(0)
-            g._producer = p  # type: ignore[assignment]
+            g._producer = p
         return p
     g._ready = ready  # type: ignore[method-assign]
     return g
