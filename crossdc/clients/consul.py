@@ -526,11 +526,18 @@ class ConsulClient(Lifecycle):
     async def check_update(self, check_id: str, status: Literal["passing", "warning",
                                                                 "critical"],
                            output: str = "") -> None:
-        """Set a TTL check's status (and its output, shown by the health API)."""
+        """Set a TTL check's status (and its output, shown by the health API). ClientRefused
+        when the agent does not have the check (deregistered, e.g. by
+        `DeregisterCriticalServiceAfter` after a cut): register it again. py-consul's boolean
+        answer to that 404 is a quiet False, and a heartbeat taken for passed then kept a
+        controller from ever locking that datacenter again (the long nemesis, seed 11)."""
         http = self._client.http
         body = json.dumps({"Status": status, "Output": output[:4096]})
-        await self._call(f"agent/check/update/{check_id}", lambda: http.put(
+        ok = await self._call(f"agent/check/update/{check_id}", lambda: http.put(
             consul.callback.CB.boolean(), f"/v1/agent/check/update/{check_id}", data=body))
+        if not ok:
+            raise ClientRefused(f"Consul at {self.http_addr}: agent/check/update/{check_id} "
+                                "refused: the agent has no such check")
 
     async def check_pass(self, check_id: str, output: str = "") -> None:
         """Mark a TTL check passing (a heartbeat)."""

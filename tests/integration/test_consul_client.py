@@ -15,7 +15,7 @@ from kafka_helpers import eventually
 from stacks import StackInfo
 
 from crossdc.clients.consul import ConsulClient, PreparedQuery
-from crossdc.errors import CasAmbiguous
+from crossdc.errors import CasAmbiguous, ClientRefused
 from crossdc.settings import RetrySettings
 from crossdc.topology import split_hostport
 
@@ -202,6 +202,18 @@ async def test_sessions_and_the_leader_lock(east: ConsulClient) -> None:
         await east.session_destroy(s1)
         await east.session_destroy(s2)
     assert await east.session_info(s1) is None
+
+
+async def test_a_heartbeat_for_a_check_the_agent_lost_is_refused(east: ConsulClient) -> None:
+    """A TTL check deregistered (as `DeregisterCriticalServiceAfter` does after a cut) is
+    refused when passed, so its owner registers it again (the leader's heartbeat)."""
+    sid = key("beat").replace("/", "-")
+    await east.register_service("crossdc-test-beat", sid, "127.0.0.1", 1,
+                                check={"CheckID": sid, "Name": "beat", "TTL": "10s"})
+    await east.check_pass(sid, "beat")
+    await east.deregister_service(sid)
+    with pytest.raises(ClientRefused, match="no such check"):
+        await east.check_pass(sid, "beat")
 
 
 async def test_session_in_the_other_datacenter(east: ConsulClient, west: ConsulClient) -> None:

@@ -319,6 +319,33 @@ async def test_leader_key_names_the_holder_and_its_session(topo: Topology,
     assert await leader_of(dcs) is None, "a clean stop releases the lock everywhere"
 
 
+async def test_a_leader_whose_heartbeat_check_an_agent_lost_locks_there_again(
+        topo: Topology, dcs: Datacenters) -> None:
+    """An agent that dropped the leader's TTL check (`DeregisterCriticalServiceAfter`, after
+    a cut) ends its session there; the leader registers the check again and takes that
+    datacenter's lock back, so it can correct the record there (the long nemesis, seed 11:
+    the check was never registered again, the lock never taken, the old record never
+    corrected, and the stack never agreed on one primary again)."""
+    async with Controller(topo, fast("west", controller_id="ctl-w-beat")) as ctl:
+        async def leads_everywhere() -> bool:
+            return ctl.lock is not None and ctl.leading and ctl.lock.held == set(dcs.clients)
+        await eventually(leads_everywhere, 20, "the lone controller holds every lock")
+        lost = "east"
+        assert ctl.lock is not None
+        await dcs.client(lost).deregister_service(ctl.lock._check_id)
+
+        async def lock_gone() -> bool:
+            _, entry = await dcs.client(lost).kv_get(LEADER_KEY)
+            return entry is None or not entry.session
+        await eventually(lock_gone, 20, f"the session in {lost} ended with its check")
+
+        async def locked_again() -> bool:
+            _, entry = await dcs.client(lost).kv_get(LEADER_KEY)
+            return entry is not None and bool(entry.session)
+        await eventually(locked_again, 30, f"the lock in {lost} taken again")
+        await eventually(leads_everywhere, 10, "the leader holding every lock")
+
+
 def test_primary_record_helpers_round_trip() -> None:
     rec = PrimaryRecord(region="east", epoch=1)
     assert PrimaryRecord.decode(rec.fence("x").encode()).fenced
