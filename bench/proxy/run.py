@@ -965,8 +965,9 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                         client="plain")
             await phase(big, ["batch", "stream", "unary"], paced_too=False, client="fenced")
             plain = ProxyProc(tpath, policy, tmp / "proxy-paced-plain.log")
-            fenced = ProxyProc(tpath, policy, tmp / "proxy-paced-fenced.log",
-                               extra=client_args("fenced"))
+            fenced = ProxyProc(tpath, policy, tmp / "proxy-paced-fenced.log",  # beside it
+                               extra=(*client_args("fenced"), "--metrics-port",
+                                      str(free_port())))
             proxies.extend([plain, fenced])
             await plain.start()
             await fenced.start()
