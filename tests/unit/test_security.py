@@ -226,11 +226,13 @@ def test_each_component_gets_what_it_needs_and_the_proxy_no_more() -> None:
                                    ("cluster", "IDEMPOTENT_WRITE"), ("topic", "CREATE"),
                                    ("topic", "READ"), ("topic", "DESCRIBE_CONFIGS"),
                                    ("group", "READ"),  # hints' replay, consumers' members
-                                   ("transactional_id", "WRITE"),  # the hints' replay
+                                   ("transactional_id", "WRITE"),  # replay, fenced writes
                                    ("transactional_id", "DESCRIBE")}
-    # its transactions: the hints replay's ids only (proxy/replaytxn.py)
+    # its transactions: the hints replay's ids (proxy/replaytxn.py) and the fenced writes'
+    # (proxy/fenced.py) only
     assert {(a.name, a.pattern) for a in acls if a.principal == f"User:{PROXY}" and
-            a.resource == "transactional_id"} == {("crossdc-proxy-hints-", "PREFIXED")}
+            a.resource == "transactional_id"} == {("crossdc-proxy-hints-", "PREFIXED"),
+                                                  ("crossdc-proxy-writes-", "PREFIXED")}
     # it reads every topic (for clients consuming through it) and writes every one; it
     # creates and configures only its own internal topics, joins only its own groups
     assert {(a.name, a.pattern) for a in acls if a.principal == f"User:{PROXY}" and
