@@ -14,6 +14,12 @@ __all__ = ["BreakerSettings", "ConsumeConfig", "HintSettings", "JournalSettings"
            "KafkaWriterSettings", "ProxyConfig", "TlsSettings"]
 
 
+FENCED_BY_DEFAULT = True
+"""Whether `KafkaWriterSettings` without `fenced_writes` writes the strict modes in
+transactions (with the aiokafka client). The test suite's CROSSDC_TEST_PLAIN_WRITES=1 turns
+it off for a run (tests/conftest.py)."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -45,13 +51,25 @@ class KafkaWriterSettings(_Model):
     max_topics: int = Field(10_000, gt=0, description="Topics a producer keeps metadata "
                             "and per-topic state for; the least recently written beyond "
                             "this are forgotten (a policy default admits any topic name).")
-    fenced_writes: bool = Field(False, description="Ordered and sync records are written "
+    fenced_writes: bool = Field(True, description="Ordered and sync records are written "
                                 "inside Kafka transactions, shared by concurrent writes "
                                 "(group commit; proxy/fenced.py): a write abandoned at its "
                                 "bound is never committed, so a broker that appends it late "
                                 "(frozen while the controller failed over) appends nothing "
-                                "a read_committed reader sees. Costs a commit round trip per "
-                                "transaction. aiokafka writers only.")
+                                "a read_committed reader sees. On by default with the "
+                                "aiokafka writers (off by default with librdkafka, whose "
+                                "writers do not write in transactions yet); false trades "
+                                "that guarantee for a commit round trip per transaction "
+                                "(bench/results/proxy-fenced.md).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fenced_default(cls, data: object) -> object:
+        # unset (or None): on where the client can (aiokafka), off where it cannot
+        if isinstance(data, dict) and data.get("fenced_writes") is None:
+            client = data.get("client", cls.model_fields["client"].default)
+            data = {**data, "fenced_writes": FENCED_BY_DEFAULT and client == "aiokafka"}
+        return data
 
     @model_validator(mode="after")
     def _fenced_needs_aiokafka(self) -> KafkaWriterSettings:

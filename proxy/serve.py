@@ -45,7 +45,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                 idempotency_log: bool = False, journal: bool = True,
                 serve_metrics: bool = True, kafka_principal: str = PROXY,
                 kafka_client: Literal["aiokafka", "librdkafka"] = "aiokafka",
-                fenced_writes: bool = False,
+                fenced_writes: bool | None = None,
                 watch: Callable[[ProxyServer], Coroutine[Any, Any, None]] | None = None,
                 ) -> None:
     """Run the proxy until SIGTERM/SIGINT; ProxyTaskFailed if a background loop fails.
@@ -55,7 +55,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
     `serve_metrics` False: no metrics port (a worker's supervisor serves its metrics).
     `kafka_principal`: what its Kafka clients authenticate as (SASL/SCRAM regions).
     `kafka_client`: the writers' Kafka client (`kafka.client`); `fenced_writes`: ordered and
-    sync writes in transactions (`kafka.fenced_writes`, proxy/fenced.py).
+    sync writes in transactions (`kafka.fenced_writes`, proxy/fenced.py; None: its default,
+    on with aiokafka).
     `watch(server)`: a coroutine run while serving (a worker reports its health to the
     supervisor with it), cancelled when the drain begins."""
     topology = load_topology(topology_path)
@@ -120,7 +121,7 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
                         journal: bool = True, log_format: str = "console",
                         log_level: str = "warning", kafka_principal: str = PROXY,
                         kafka_client: Literal["aiokafka", "librdkafka"] = "aiokafka",
-                        fenced_writes: bool = False,
+                        fenced_writes: bool | None = None,
                         ready: asyncio.Event | None = None) -> None:
     """`workers` server processes on one port (SO_REUSEPORT) under a supervisor in this
     process, until SIGTERM/SIGINT (all drain; exit 0); SIGHUP is passed on to every worker.

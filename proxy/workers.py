@@ -81,7 +81,7 @@ class WorkerSpec(BaseModel):
     policy: Path
     kafka_principal: str = PROXY
     kafka_client: Literal["aiokafka", "librdkafka"] = "aiokafka"
-    fenced_writes: bool = False
+    fenced_writes: bool | None = None
     host: str
     port: int
     grace_s: float = 10.0

@@ -964,7 +964,8 @@ async def bench(a: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             await phase(big, ["direct", "batch", "stream", "unary"], paced_too=False,
                         client="plain")
             await phase(big, ["batch", "stream", "unary"], paced_too=False, client="fenced")
-            plain = ProxyProc(tpath, policy, tmp / "proxy-paced-plain.log")
+            plain = ProxyProc(tpath, policy, tmp / "proxy-paced-plain.log",
+                              extra=client_args("plain"))
             fenced = ProxyProc(tpath, policy, tmp / "proxy-paced-fenced.log",  # beside it
                                extra=(*client_args("fenced"), "--metrics-port",
                                       str(free_port())))
@@ -1460,10 +1461,13 @@ def main() -> None:
 
 
 def client_args(client: str) -> tuple[str, ...]:
-    """`dr proxy serve` arguments of a phase's proxy: "plain" (the defaults), "fenced"
-    (`--fenced-writes`), or a `--kafka-client`."""
-    if client in ("", "plain"):
+    """`dr proxy serve` arguments of a phase's proxy: "" (the defaults: fenced writes with
+    aiokafka), "plain" (`--plain-writes`), "fenced" (`--fenced-writes`), or a
+    `--kafka-client`."""
+    if client == "":
         return ()
+    if client == "plain":
+        return ("--plain-writes",)
     if client == "fenced":
         return ("--fenced-writes",)
     return ("--kafka-client", client)

@@ -89,11 +89,13 @@ def proxy_serve(
         "--kafka-client", envvar="CROSSDC_PROXY_KAFKA_CLIENT", help="The writers' Kafka "
         "client: aiokafka or librdkafka (confluent-kafka; docs/architecture.md, \"Which Kafka "
         "client writes\").")] = "aiokafka",
-    fenced_writes: Annotated[bool, typer.Option(
+    fenced_writes: Annotated[bool | None, typer.Option(
         "--fenced-writes/--plain-writes", envvar="CROSSDC_PROXY_FENCED_WRITES",
+        show_default="fenced with aiokafka, plain with librdkafka",
         help="Ordered and sync records in Kafka transactions, so that a write abandoned at "
         "its bound is never seen even if a frozen broker appends it later (aiokafka only; "
-        "docs/architecture.md, \"The guarantee\").")] = False,
+        "docs/architecture.md, \"The guarantee\"). --plain-writes: a commit round trip "
+        "less per write, without that guarantee.")] = None,
 ) -> None:
     """Run the region's routing proxy until SIGTERM (drain); SIGHUP reloads the policy (and
     the auth file)."""
@@ -108,7 +110,7 @@ def proxy_serve(
     tls = (TlsSettings(cert_file=tls_cert, key_file=tls_key, client_ca_file=tls_client_ca)
            if tls_cert is not None and tls_key is not None else None)
     client = kafka_client
-    if fenced_writes and client != "aiokafka":
+    if fenced_writes is True and client != "aiokafka":
         fail("--fenced-writes needs --kafka-client aiokafka (the librdkafka writers do not "
              "write in transactions yet)")
     check_files(topo, policy=policy, auth=auth, tls=tls)  # before any worker starts
@@ -137,7 +139,7 @@ def proxy_serve(
                       log_format=str(root.get("log_format") or "console"),
                       log_level=str(root.get("log_level") or "warning"),
                       kafka_principal=PROXY, kafka_client=client,
-                  fenced_writes=fenced_writes))
+                      fenced_writes=fenced_writes))
 
 
 def check_port_free(host: str, port: int | None, what: str, option: str) -> None:

@@ -202,3 +202,20 @@ async def test_the_handle_outlives_every_blocking_call_in_a_thread() -> None:
     await p.stop(1.0)
     assert ended, "stop() returned while a call was still inside the handle"
     assert p._calls == 0
+
+
+def test_fenced_writes_are_the_default_where_the_client_can_write_them() -> None:
+    import pydantic
+
+    import proxy.config
+
+    expected = proxy.config.FENCED_BY_DEFAULT  # CROSSDC_TEST_PLAIN_WRITES=1 turns it off
+    assert KafkaWriterSettings().fenced_writes is expected
+    assert KafkaWriterSettings(client="aiokafka", fenced_writes=None).fenced_writes is expected
+    assert KafkaWriterSettings(fenced_writes=False).fenced_writes is False
+    # librdkafka's writers have no transactions: plain by default, refused when asked for
+    assert KafkaWriterSettings(client="librdkafka").fenced_writes is False
+    with pytest.raises(pydantic.ValidationError, match="fenced_writes needs client: aiokafka"):
+        KafkaWriterSettings(client="librdkafka", fenced_writes=True)
+    # from a file's mapping as from keywords
+    assert KafkaWriterSettings.model_validate({"client": "librdkafka"}).fenced_writes is False
