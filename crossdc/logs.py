@@ -23,7 +23,8 @@ from typing import Any, Literal, TextIO, cast
 
 import structlog
 
-__all__ = ["LOG_LEVELS", "REDACTED", "LogFormat", "LogLevel", "configure_logging",
+__all__ = ["LOG_LEVELS", "REDACTED", "LogFormat", "LogLevel", "add_logger_name",
+           "configure_logging",
            "forget_secrets", "redact", "redact_secrets", "register_secret"]
 
 REDACTED = "[redacted]"
@@ -128,6 +129,32 @@ class _CurrentStderr:
         sys.stderr.flush()
 
 
+class _NamedPrintLogger(structlog.PrintLogger):
+    """structlog's PrintLogger that keeps the name it was got by
+    (`structlog.get_logger("crossdc.proxy.fenced")`), for `add_logger_name`."""
+
+    def __init__(self, file: TextIO, name: str) -> None:
+        super().__init__(file)
+        self.name = name
+
+
+def _named_logger(*args: Any) -> _NamedPrintLogger:
+    return _NamedPrintLogger(cast(TextIO, _CurrentStderr()),
+                             str(args[0]) if args and args[0] else "crossdc")
+
+
+def add_logger_name(logger: Any, _method: str,
+                    event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """The processor that names the logger in every line: crossdc's own (the name given to
+    `structlog.get_logger`) and a library's through stdlib logging (`aiokafka.conn`), so a
+    line of aiokafka's never reads like one of crossdc's."""
+    record = event.get("_record")
+    name = record.name if record is not None else getattr(logger, "name", None)
+    if name and "logger" not in event:
+        event["logger"] = name
+    return event
+
+
 def configure_logging(fmt: LogFormat = "console", level: str = "info", *,
                       quiet_kafka_client: bool = False) -> None:
     """Configure structlog (and stdlib logging of libraries) for this process.
@@ -142,6 +169,7 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info", *,
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
+        add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: structlog.typing.Processor
@@ -155,7 +183,7 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info", *,
     structlog.configure(
         processors=[*processors, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=cast(TextIO, _CurrentStderr())),
+        logger_factory=_named_logger,
         cache_logger_on_first_use=False,
     )
     # Libraries log through stdlib logging; send it to stderr through the same renderer.

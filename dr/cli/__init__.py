@@ -35,7 +35,9 @@ __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="dr", help="crossdc: multi-datacenter replication and disaster recovery for Kafka.",
-    pretty_exceptions_show_locals=False, no_args_is_help=True, add_completion=False)
+    pretty_exceptions_show_locals=False, no_args_is_help=True, add_completion=False,
+    # -h as well as --help, on every command (click hands it down to each subcommand)
+    context_settings={"help_option_names": ["-h", "--help"]})
 for _cmd in stack_commands.registered_commands:
     app.registered_commands.append(_cmd)
 app.add_typer(topology_app, name="topology")
@@ -58,12 +60,32 @@ app.command("drill")(drill_command)
 app.command("demo")(demo_command)
 
 
+def version_text() -> str:
+    """What `dr --version` prints: the installed distribution's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"dr (crossdc) {version('crossdc')}"
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from dr import __version__
+        return f"dr (crossdc) {__version__}"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(version_text())
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     log_format: Annotated[LogFormat, typer.Option(
         "--log-format", help="console (for people) or json (for machines).")] = "console",
     log_level: Annotated[LogLevel, typer.Option(
         "--log-level", help="The least severe level logged.")] = "warning",
+    _version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True,
+        help="Print the version and exit.")] = False,
 ) -> None:
     configure_logging(log_format, log_level, quiet_kafka_client=True)
 

@@ -111,3 +111,23 @@ def test_proxy_port_taken_is_named_before_starting(tmp_path: Path, taken_port: i
     line = one_line(proc)
     assert f"127.0.0.1:{taken_port} is not free" in line
     assert f"pass {option}" in line
+
+
+def test_fenced_writes_with_librdkafka_are_refused_before_starting(tmp_path: Path) -> None:
+    proc = dr("proxy", "serve", "-t", TOPOLOGY, "-r", "east", "-p", POLICY, "--no-consul",
+              "--kafka-client", "librdkafka", "--fenced-writes", tmp=tmp_path,
+              env={"CROSSDC_PROXY_FENCED_WRITES": ""})
+    assert proc.returncode != 0
+    assert "--fenced-writes needs --kafka-client aiokafka" in one_line(proc)
+
+
+def test_version_and_short_help(tmp_path: Path) -> None:
+    from importlib.metadata import version
+
+    proc = dr("--version", tmp=tmp_path)
+    assert (proc.returncode, proc.stdout.strip()) == (0, f"dr (crossdc) {version('crossdc')}")
+    for args in (["-h"], ["proxy", "serve", "-h"], ["failover", "-h"]):
+        proc = dr(*args, tmp=tmp_path)
+        assert proc.returncode == 0, (args, proc.stderr)
+        out = " ".join(proc.stdout.split())
+        assert f"{' '.join(['Usage:', *args[:-1]])}" in out.replace("python -m dr.cli ", "")

@@ -25,16 +25,20 @@ def test_json_logs_carry_bound_context(capsys: pytest.CaptureFixture[str]) -> No
         log = structlog.get_logger("t").bind(region="east", topic="orders", partition=3)
         log.info("batch_mirrored", records=12)
         log.debug("not_shown")
+        logging.getLogger("aiokafka.conn").warning("a library's line")
     finally:
         structlog.configure(**before)
         logging.getLogger().handlers[:] = handlers
         logging.getLogger().setLevel(level)
     lines = [json.loads(x) for x in capsys.readouterr().err.splitlines() if x.strip()]
-    assert len(lines) == 1
+    assert len(lines) == 2
     assert lines[0]["event"] == "batch_mirrored"
     assert lines[0]["region"] == "east"
     assert lines[0]["partition"] == 3
     assert lines[0]["level"] == "info"
+    # every line names its logger: crossdc's own and a library's through stdlib logging
+    assert lines[0]["logger"] == "t"
+    assert (lines[1]["event"], lines[1]["logger"]) == ("a library's line", "aiokafka.conn")
 
 
 def test_docker_decided_by_engine_ping_not_by_client(monkeypatch: pytest.MonkeyPatch,
