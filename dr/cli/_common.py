@@ -5,7 +5,9 @@ for numbers and formatted strings."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import contextlib
+import time
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -31,7 +33,7 @@ from dr.stack.paths import StackPaths, default_topology_path, no_topology_messag
 __all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "PRINCIPAL_ENV", "Exit", "PrincipalOpt",
            "StateDirOpt", "TopologyOpt",
            "check_files", "check_folder", "count_option", "err", "host_option", "name_option",
-           "out", "paths_for", "port_option", "region_of", "run", "seconds_option",
+           "out", "paths_for", "port_option", "progress", "region_of", "run", "seconds_option",
            "text_option", "topology_for"]
 
 T = TypeVar("T")
@@ -61,6 +63,29 @@ def paths_for(state_dir: Path | None) -> StackPaths:
     check_folder(state_dir, "--state-dir")
     base = StackPaths.default()
     return StackPaths(state=state_dir.resolve(), cache=base.cache) if state_dir else base
+
+
+@contextlib.contextmanager
+def progress(what: str) -> Iterator[Callable[[str], None]]:
+    """A long step's progress on stderr: a spinner with the latest message on a terminal;
+    without one (CI, a provisioning script) each new message as a plain line with the time
+    since the start, so a log shows what a ten-minute set-up is doing."""
+    if err.is_terminal:
+        with err.status(what) as status:
+            yield status.update
+        return
+    start = time.monotonic()
+    last: list[str] = []
+
+    def say(message: str) -> None:
+        text = str(message)
+        if last and last[0] == text:
+            return
+        last[:] = [text]
+        err.print(f"{what}: {text} [{time.monotonic() - start:.0f} s]", markup=False,
+                  highlight=False, soft_wrap=True)
+
+    yield say
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

@@ -25,6 +25,7 @@ from dr.cli._common import (
     err,
     out,
     paths_for,
+    progress,
     run,
     seconds_option,
     topology_for,
@@ -55,10 +56,10 @@ def setup() -> None:
     paths = StackPaths.default()
     check_toolchain(paths)
     paths.cache.mkdir(parents=True, exist_ok=True)
-    with err.status("setting up") as status:
-        libs = ensure_kafka_libs(paths, status.update)
-        spark = ensure_spark_kafka_jars(paths, status.update)
-        consul = ensure_consul(paths, status.update)
+    with progress("setting up") as say:
+        libs = ensure_kafka_libs(paths, say)
+        spark = ensure_spark_kafka_jars(paths, say)
+        consul = ensure_consul(paths, say)
     out.print(f"Kafka jars: {libs}\nSpark Kafka connector: {spark}\nConsul:     {consul}")
 
 
@@ -115,12 +116,12 @@ def up(
     if secure:
         from dr.stack.tls import write_secure_topology
         topo, path = write_secure_topology(topo, paths.state)
-    with err.status("starting the local stack") as status:
-        stack = LocalStack(topo, path, brokers=brokers, paths=paths, progress=status.update)
+    with progress("starting the local stack") as say:
+        stack = LocalStack(topo, path, brokers=brokers, paths=paths, progress=say)
         run(stack.up(timeout_s))
         if services:
             from dr.stack.services import Services
-            status.update("starting the proxies, mirrors and controllers")
+            say("starting the proxies, mirrors and controllers")
             svc = Services(topo, path, paths, policy=policy, auto_failover=auto_failover,
                            controller_config=controller_config)
             started = run(svc.up(min(timeout_s, 120.0)))
@@ -147,9 +148,9 @@ def _up_docker(topology: Path | None, paths: StackPaths, timeout_s: float, auto_
     if saved and "docker" not in saved and any(p.running() for p in stack_processes(paths)):
         fail(f"a local stack runs in {paths.state} (from {saved.get('topology')}): `dr down` "
              "first, or use another --state-dir", code=1)
-    with err.status("starting the compose deployment") as status:
+    with progress("starting the compose deployment") as say:
         dep = ComposeDeployment(topo, path, paths, auto_failover=auto_failover,
-                                progress=status.update)
+                                progress=say)
         names = run(dep.up(timeout_s))
     err.print(f"[green]up[/] (docker): {len(names)} container(s) from {dep.compose_file}; "
               f"topology {path}; Prometheus {dep.prometheus_url}")

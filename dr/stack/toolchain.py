@@ -3,16 +3,25 @@
 - Kafka: `mvn dependency:copy-dependencies` on `compose/local/pom.xml`
   → `<cache>/kafka-<v>-<h>/libs`.
 - Spark's Kafka connector: the same on `dr/reconcile/pom.xml` → `<cache>/spark-kafka-<v>-<h>/jars`.
-- Consul: its Go module, built with the machine's Go → `<cache>/consul-<v>/consul`. Consul's
+- Consul: a `consul` already installed on PATH when its version fits the pin (same major and
+  minor: `installed_consul`), else its Go module, built with the machine's Go →
+  `<cache>/consul-<v>/consul`. Consul's
   go.mod replaces its nested modules (api, sdk, ...) with local folders that the module zip
   does not contain, so `go install module@version` refuses; we copy the module source, drop
   those replace directives (the published nested modules are used) and `go build`.
 - Toxiproxy (simulated WAN latency, only for a stack that asks for it): its Go module
   `cmd/server`, built the same way on first use → `<cache>/toxiproxy-<v>/toxiproxy-server`.
+
+Each fetch or build holds a lock in the cache (`<cache>/.<artifact>.lock`, flock), so two
+set-ups at once (two clones' CI, `dr up` beside `dr setup`) build it once: the second waits,
+says so, and finds it done.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -20,7 +29,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +53,7 @@ __all__ = [
     "ensure_kafka_libs",
     "ensure_spark_kafka_jars",
     "ensure_toxiproxy",
+    "installed_consul",
     "kafka_libs_dir",
     "spark_kafka_jars_dir",
     "toxiproxy_binary",
@@ -92,8 +102,72 @@ def spark_kafka_jars_dir(paths: StackPaths) -> Path:
     return _pom_dir(paths.cache, "spark-kafka", paths.spark_pom, "spark.version", "jars")
 
 
-def consul_binary(paths: StackPaths) -> Path:
+def _built_consul(paths: StackPaths) -> Path:
     return paths.cache / f"consul-{CONSUL_VERSION}" / "consul"
+
+
+def consul_binary(paths: StackPaths, path: str | None = None) -> Path:
+    """The Consul the stack runs: the one built into the cache, else an installed `consul`
+    whose version fits (`installed_consul`), else the cache's path (`ensure_consul` builds
+    it there)."""
+    built = _built_consul(paths)
+    if built.exists():
+        return built
+    return installed_consul(path) or built
+
+
+_VERSION_LINE = re.compile(r"^Consul v(\d+)\.(\d+)\.(\d+)", re.MULTILINE)
+
+
+def installed_consul(path: str | None = None) -> Path | None:
+    """A `consul` on PATH (`path`: instead of $PATH) whose `consul version` has the pin's
+    major and minor (v1.22.x for v1.22.0), or None: then it is built."""
+    where = shutil.which("consul", path=path)
+    if where is None:
+        return None
+    found = Path(where).resolve()
+    try:
+        mtime = found.stat().st_mtime_ns
+    except OSError:
+        return None
+    return found if _consul_fits(found, mtime) else None
+
+
+@functools.lru_cache(maxsize=16)
+def _consul_fits(binary: Path, _mtime: int) -> bool:
+    try:
+        proc = subprocess.run([str(binary), "version"], capture_output=True, text=True,
+                              timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    m = _VERSION_LINE.search(proc.stdout)
+    pin = _VERSION_LINE.search(f"Consul {CONSUL_VERSION}")
+    assert pin is not None
+    fits = m is not None and proc.returncode == 0 and m.groups()[:2] == pin.groups()[:2]
+    log.info("installed_consul", binary=str(binary), fits=fits,
+             version=m.group(0) if m else proc.stdout.strip()[:80])
+    return fits
+
+
+@contextlib.contextmanager
+def cache_lock(cache: Path, name: str, what: str,
+               progress: Progress | None = None) -> Iterator[None]:
+    """Hold `<cache>/.<name>.lock` (flock: released when the process dies, too) while an
+    artifact is fetched or built; a set-up that finds it held says so and waits."""
+    cache.mkdir(parents=True, exist_ok=True)
+    lock = cache / f".{name}.lock"
+    with lock.open("a", encoding="utf-8") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            (progress or (lambda _m: None))(
+                f"Waiting for another set-up that is getting {what} ({lock})")
+            log.info("setup_waits_for_lock", lock=str(lock), what=what)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def check_toolchain(paths: StackPaths, path: str | None = None) -> dict[str, str]:
@@ -105,7 +179,7 @@ def check_toolchain(paths: StackPaths, path: str | None = None) -> dict[str, str
     if not all((d.parent / ".complete").exists()
                for d in (kafka_libs_dir(paths), spark_kafka_jars_dir(paths))):
         needed.append("mvn")
-    if not consul_binary(paths).exists():
+    if not consul_binary(paths, path).exists():
         needed.append("go")
     found: dict[str, str] = {}
     missing: dict[str, str] = {}
@@ -138,6 +212,14 @@ def _maven_copy(pom: Path, dest: Path, *, what: str, expect: str,
     marker = dest.parent / ".complete"
     if marker.exists():
         return dest
+    with cache_lock(dest.parent.parent, dest.parent.name, what, progress):
+        if marker.exists():  # the set-up we waited for fetched it
+            return dest
+        return _maven_fetch(pom, dest, marker, what=what, expect=expect, progress=progress)
+
+
+def _maven_fetch(pom: Path, dest: Path, marker: Path, *, what: str, expect: str,
+                 progress: Progress | None) -> Path:
     (progress or (lambda _m: None))(f"Fetching {what} from Maven Central (first run only)")
     log.info("maven_fetch", what=what, pom=str(pom), into=str(dest))
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -169,9 +251,13 @@ def ensure_spark_kafka_jars(paths: StackPaths, progress: Progress | None = None)
 
 
 def ensure_consul(paths: StackPaths, progress: Progress | None = None) -> Path:
-    """Build the pinned Consul from its Go module once; return the binary's path."""
+    """The Consul to run: one already built or installed (`consul_binary`), else the pinned
+    one built from its Go module once; return the binary's path."""
+    found = consul_binary(paths)
+    if found.exists():
+        return found
     return _go_build(GoBinary("Consul", CONSUL_MODULE, CONSUL_VERSION, ".",
-                              consul_binary(paths), ["version"]), paths, progress)
+                              _built_consul(paths), ["version"]), paths, progress)
 
 
 def compose_binary(paths: StackPaths) -> Path:
@@ -224,6 +310,14 @@ def _go_build(spec: GoBinary, paths: StackPaths, progress: Progress | None) -> P
     binary = spec.binary
     if binary.exists():
         return binary
+    with cache_lock(paths.cache, binary.parent.name, f"{spec.what} {spec.version}", progress):
+        if binary.exists():  # the set-up we waited for built it
+            return binary
+        return _go_build_locked(spec, paths, progress)
+
+
+def _go_build_locked(spec: GoBinary, paths: StackPaths, progress: Progress | None) -> Path:
+    binary = spec.binary
     if shutil.which("go") is None:
         raise ToolchainMissing({"go": f"not found on PATH; Go 1.23 or newer builds "
                                       f"{spec.what} from its Go module (https://go.dev/doc/install)"})

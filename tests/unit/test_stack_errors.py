@@ -31,12 +31,13 @@ def test_missing_java_mvn_go_are_all_named(tmp_path: Path) -> None:
 
 def test_cached_artifacts_need_only_java(tmp_path: Path) -> None:
     paths = StackPaths(state=tmp_path / "state", cache=tmp_path / "cache")
-    from dr.stack.toolchain import consul_binary, kafka_libs_dir, spark_kafka_jars_dir
+    from dr.stack.toolchain import CONSUL_VERSION, kafka_libs_dir, spark_kafka_jars_dir
     for d in (kafka_libs_dir(paths), spark_kafka_jars_dir(paths)):
         d.parent.mkdir(parents=True)
         (d.parent / ".complete").write_text("x")
-    consul_binary(paths).parent.mkdir(parents=True)
-    consul_binary(paths).write_text("x")
+    built = paths.cache / f"consul-{CONSUL_VERSION}" / "consul"  # never an installed one
+    built.parent.mkdir(parents=True)
+    built.write_text("x")
     with pytest.raises(ToolchainMissing) as info:
         check_toolchain(paths, path=str(tmp_path))
     assert set(info.value.missing) == {"java"}
