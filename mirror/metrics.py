@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from crossdc.metrics import standard_metrics
+
 __all__ = ["MirrorMetrics"]
 
 _LABELS = ("source", "target", "topic")
@@ -14,6 +16,7 @@ class MirrorMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        standard_metrics(self.registry, "mirror")
         r = self.registry
         self.records = Counter("crossdc_mirror_records", "Records written to the target",
                                _LABELS, registry=r)

@@ -15,6 +15,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from crossdc.metrics import standard_metrics
+
 __all__ = ["ProxyMetrics", "WorkerMetrics", "observe_many"]
 
 _BUCKETS = (.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
@@ -25,6 +27,7 @@ class ProxyMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        standard_metrics(self.registry, "proxy")
         r = self.registry
         self.records = Counter("crossdc_proxy_records", "Records written, by region and mode",
                                ("region", "mode"), registry=r)

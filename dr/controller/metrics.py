@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from crossdc.metrics import standard_metrics
+
 __all__ = ["ControllerMetrics"]
 
 _STATUSES = ("up", "degraded", "down", "unknown")
@@ -12,6 +14,7 @@ _STATUSES = ("up", "degraded", "down", "unknown")
 class ControllerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        standard_metrics(self.registry, "controller")
         r = self.registry
         self.leader = Gauge("crossdc_controller_leader", "1 while this controller leads.",
                             registry=r)
