@@ -888,7 +888,8 @@ class ProxyServer(Lifecycle):
         try:
             await self.consul.register_service(
                 CONSUL_SERVICE, sid, host, self.port, check=check,
-                tags=[self.config.region], meta={"region": self.config.region})
+                tags=[self.config.region], meta=_service_meta(self.config.region,
+                                                              self.metrics_port))
         except CrossdcError as exc:
             self.log.warning("consul_register_failed", error=str(exc))
             return
@@ -925,6 +926,17 @@ def _tls_mode(config: ProxyConfig) -> str:
     if config.tls is None:
         return "off"
     return "mtls" if config.tls.client_ca_file is not None else "tls"
+
+
+def _service_meta(region: str, metrics_port: int | None,
+                  **more: str) -> dict[str, str]:
+    """The proxy's Consul service meta: its region and the port its metrics are served on
+    (`metrics_port`: a `consul_sd_configs` scrape relabels
+    `__meta_consul_service_metadata_metrics_port` into its target)."""
+    meta = {"region": region, **more}
+    if metrics_port is not None:
+        meta["metrics_port"] = str(metrics_port)
+    return meta
 
 
 def _consul_check(config: ProxyConfig, port: int) -> dict[str, Any]:

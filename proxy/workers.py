@@ -242,7 +242,7 @@ class ProxySupervisor:
         if self._stop.is_set():
             return
         self._consul = ConsulClient(self.region.consul.http_addr, self.config.consul_retry)
-        from proxy.server import CONSUL_SERVICE, _consul_check
+        from proxy.server import CONSUL_SERVICE, _consul_check, _service_meta
         host = self.config.registered_host
         sid = f"{CONSUL_SERVICE}-{self.config.region}-{host}-{self.port}"
         while not self._stop.is_set():
@@ -250,7 +250,8 @@ class ProxySupervisor:
                 await self._consul.register_service(
                     CONSUL_SERVICE, sid, host, self.port,
                     check=_consul_check(self.config, self.port), tags=[self.config.region],
-                    meta={"region": self.config.region, "workers": str(self.workers)})
+                    meta=_service_meta(self.config.region, self.metrics_port,
+                                       workers=str(self.workers)))
             except CrossdcError as exc:
                 self.log.warning("consul_register_failed", error=str(exc))
                 with contextlib.suppress(TimeoutError):

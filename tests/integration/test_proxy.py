@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,7 @@ def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture  # per test: every task its server makes ends with the test (leak guard)
 async def east_proxy(two_regions, policy_file: Path) -> AsyncIterator[ProxyServer]:  # type: ignore[no-untyped-def]
-    server = ProxyServer(two_regions.topology, _cfg("east"), policy_file)
+    server = ProxyServer(two_regions.topology, _cfg("east", metrics_port=0), policy_file)
     await server.start()
     try:
         yield server
@@ -611,6 +612,16 @@ async def test_health_reflection_and_consul_registration(two_regions, east_proxy
             nodes = await consul.health_service(CONSUL_SERVICE, passing=True)
             return any(n["Service"]["Port"] == east_proxy.port for n in nodes)
         await eventually(passing, 30, "crossdc-proxy registered and passing in Consul")
+        ours = [n["Service"] for n in await consul.health_service(CONSUL_SERVICE)
+                if n["Service"]["Port"] == east_proxy.port]
+    # what a consul_sd scrape needs: the region and the metrics port, in the service's meta
+    assert east_proxy.metrics_port
+    assert ours[0]["Meta"] == {"region": "east", "metrics_port": str(east_proxy.metrics_port)}
+    text = await asyncio.to_thread(lambda: urllib.request.urlopen(
+        f"http://127.0.0.1:{east_proxy.metrics_port}/metrics", timeout=5).read().decode())
+    assert any(line.startswith("crossdc_build_info{") and 'component="proxy"' in line
+               for line in text.splitlines())
+    assert "process_cpu_seconds_total" in text
 
 
 async def test_not_serving_when_no_region_is_writable(two_regions, policy_file) -> None:  # type: ignore[no-untyped-def]
