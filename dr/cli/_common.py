@@ -33,7 +33,8 @@ from dr.stack.paths import StackPaths, default_topology_path, no_topology_messag
 __all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "PRINCIPAL_ENV", "Exit", "PrincipalOpt",
            "StateDirOpt", "TopologyOpt",
            "check_files", "check_folder", "count_option", "err", "host_option", "name_option",
-           "out", "paths_for", "port_option", "progress", "region_of", "run", "seconds_option",
+           "out", "paths_for", "port_option", "print_validation", "progress", "region_of", "run",
+           "seconds_option",
            "text_option", "topology_for"]
 
 T = TypeVar("T")
@@ -63,6 +64,26 @@ def paths_for(state_dir: Path | None) -> StackPaths:
     check_folder(state_dir, "--state-dir")
     base = StackPaths.default()
     return StackPaths(state=state_dir.resolve(), cache=base.cache) if state_dir else base
+
+
+def print_validation(file: Path, check: Callable[[], dict[str, Any]]) -> None:
+    """`validate --json`: one JSON object on stdout, `{"file", "valid": true, ...what
+    check() returned}`, or `{"file", "valid": false, "issues": [{file, line, field,
+    message}], "more"}` and exit 2 when the file is refused (ConfigError)."""
+    import json
+    import sys
+
+    from crossdc.errors import ConfigError
+
+    try:
+        body: dict[str, Any] = {"file": str(file), "valid": True, **check()}
+    except ConfigError as exc:
+        body = {"file": str(file), "valid": False,
+                "issues": [{"file": i.file, "line": i.line, "field": i.field,
+                            "message": i.message} for i in exc.issues], "more": exc.more}
+    sys.stdout.write(json.dumps(body) + "\n")
+    if not body["valid"]:
+        raise Exit(2)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 
 from crossdc.topology import load_topology
-from dr.cli._common import out
+from dr.cli._common import out, print_validation
 
 __all__ = ["policy_app"]
 
@@ -25,9 +25,21 @@ def policy_validate(
     topology: Annotated[Path | None, typer.Option(
         "--topology", "-t", help="Also check `prefer` regions and quorums against this "
         "topology file.", show_default=False)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object: valid, and the "
+                                          "rules' count, or every issue with file, line "
+                                          "and field.")] = False,
 ) -> None:
     """Check a routing policy file; print every problem with file, line and field."""
     from proxy.policy import load_policy  # lazily: keeps `import dr.cli` light
+    if as_json:
+        def check() -> dict[str, object]:
+            topo = load_topology(topology) if topology is not None else None
+            pol = load_policy(file, topo)
+            return {"rules": len(pol.rules), "strict": pol.strict,
+                    "default_mode": pol.default.dr_mode if pol.default else None,
+                    "topology": str(topology) if topology is not None else None}
+        print_validation(file, check)
+        return
     topo = load_topology(topology) if topology is not None else None
     pol = load_policy(file, topo)
     fallback = ("strict (unmatched topics refused)" if pol.strict else

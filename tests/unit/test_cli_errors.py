@@ -131,3 +131,28 @@ def test_version_and_short_help(tmp_path: Path) -> None:
         assert proc.returncode == 0, (args, proc.stderr)
         out = " ".join(proc.stdout.split())
         assert f"{' '.join(['Usage:', *args[:-1]])}" in out.replace("python -m dr.cli ", "")
+
+
+def test_validate_json_says_valid_or_every_issue(tmp_path: Path) -> None:
+    import json
+
+    good = dr("policy", "validate", POLICY, "--json", tmp=tmp_path)
+    assert good.returncode == 0, good.stderr
+    body = json.loads(good.stdout)
+    assert (body["valid"], body["file"]) == (True, POLICY)
+    assert body["rules"] > 0
+    topo = json.loads(dr("topology", "validate", TOPOLOGY, "--json", tmp=tmp_path).stdout)
+    assert topo["valid"] is True
+    assert topo["primary"] in topo["regions"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - topic: x\n    dr_mode: bogus\n", encoding="utf-8")
+    for what in ("policy", "topology"):
+        proc = dr(what, "validate", str(bad), "--json", tmp=tmp_path)
+        assert proc.returncode == 2
+        body = json.loads(proc.stdout)
+        assert body["valid"] is False
+        assert body["issues"], body
+        assert all(i["file"] == str(bad) for i in body["issues"])
+    issue = json.loads(dr("policy", "validate", str(bad), "--json", tmp=tmp_path).stdout)
+    assert issue["issues"] == [{"file": str(bad), "line": 3, "field": "rules[0].dr_mode",
+                                "message": "unknown field (check the spelling)"}]
