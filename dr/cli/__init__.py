@@ -36,6 +36,8 @@ __all__ = ["app", "main"]
 app = typer.Typer(
     name="dr", help="crossdc: multi-datacenter replication and disaster recovery for Kafka.",
     pretty_exceptions_show_locals=False, no_args_is_help=True, add_completion=False,
+    # help is plain text: "[default: ...]" is not Rich markup (it vanished, issue 37)
+    rich_markup_mode=None,
     # -h as well as --help, on every command (click hands it down to each subcommand)
     context_settings={"help_option_names": ["-h", "--help"]})
 for _cmd in stack_commands.registered_commands:

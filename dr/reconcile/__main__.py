@@ -15,7 +15,9 @@ from dr.reconcile.cli import reconcile_command
 
 def main() -> None:
     configure_logging("console", "warning", quiet_kafka_client=True)
-    app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+    app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False,
+                      rich_markup_mode=None,
+                      context_settings={"help_option_names": ["-h", "--help"]})
     app.command()(reconcile_command)
     run_app(app)
 

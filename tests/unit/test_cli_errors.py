@@ -156,3 +156,13 @@ def test_validate_json_says_valid_or_every_issue(tmp_path: Path) -> None:
     issue = json.loads(dr("policy", "validate", str(bad), "--json", tmp=tmp_path).stdout)
     assert issue["issues"] == [{"file": str(bad), "line": 3, "field": "rules[0].dr_mode",
                                 "message": "unknown field (check the spelling)"}]
+
+
+def test_help_keeps_the_defaults_written_in_it(tmp_path: Path) -> None:
+    # "[default: ...]" in a help string is text, not Rich markup that vanishes
+    out = " ".join(dr("status", "-h", tmp=tmp_path).stdout.split())
+    assert "Topology file [default: the running stack's, else policies/topology.local.yaml]" \
+        in out
+    serve = " ".join(dr("proxy", "serve", "-h", tmp=tmp_path).stdout.split())
+    assert "[default: the region's proxy.endpoint]" in serve
+    assert "env var: CROSSDC_PROXY_FENCED_WRITES" in serve
