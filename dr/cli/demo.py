@@ -91,7 +91,8 @@ def demo_command(
     d = result.drill
     assert d.files is not None
     folder = Path(d.files.folder)
-    out.print(f"drill timeline (picture): {folder / d.files.timeline}", highlight=False)
+    if d.files.timeline is not None:  # the demo extra has matplotlib: always drawn
+        out.print(f"drill timeline (picture): {folder / d.files.timeline}", highlight=False)
     out.print(f"drill report: {folder / d.files.markdown} (and {d.files.json_file})",
               highlight=False)
     if result.reconcile_html is not None:

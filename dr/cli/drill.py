@@ -90,9 +90,6 @@ def drill_command(
         max_duplicates=max_duplicates, max_detection_s=max_detection_s))
     cfg = cfg.model_copy(update={"thresholds": thresholds,
                                  **({"reports": reports} if reports is not None else {})})
-    if not dry_run:  # the report's timeline.png: before the drill, not after it
-        from crossdc.extras import require
-        require("charts", "dr drill (the report's timeline chart)")
     stack, services = _local(topo, path, paths)
 
     async def main() -> DrillReport | None:
@@ -115,9 +112,10 @@ def drill_command(
         out.print(report_table(report))
         assert report.files is not None
         folder = Path(report.files.folder)
-        out.print(f"report: {folder / report.files.markdown}  timeline: "
-                  f"{folder / report.files.timeline}  json: {folder / report.files.json_file}",
-                  highlight=False)
+        timeline = (folder / report.files.timeline if report.files.timeline is not None
+                    else "not drawn (pip install 'crossdc[charts]')")
+        out.print(f"report: {folder / report.files.markdown}  timeline: {timeline}  json: "
+                  f"{folder / report.files.json_file}", highlight=False)
     if not report.passed:
         for b in report.breaches:
             err.print(f"[red]breach:[/] {b}", highlight=False)

@@ -147,7 +147,8 @@ class ReportFiles(BaseModel):
     folder: str
     json_file: str = "drill.json"
     markdown: str = "drill.md"
-    timeline: str = "timeline.png"
+    timeline: str | None = "timeline.png"
+    """None: not drawn (an install without matplotlib, the `charts` extra)."""
     ack_log: str | None = None
 
 
@@ -389,9 +390,12 @@ def write_report(report: DrillReport, folder: Path,
                  ack_log: Path | None = None) -> ReportFiles:
     """Write `<folder>/<run_id>/` drill.json, drill.md and timeline.png; returns their names
     (`ReportFiles.folder` is the run's folder). `series` and `markers` are in seconds since
-    the drill started (`traffic.per_second`); `ack_log`, when inside the folder, is named."""
-    from dr.charts import drill_timeline
+    the drill started (`traffic.per_second`); `ack_log`, when inside the folder, is named.
+    Without matplotlib (an install without the `charts` extra) the picture is left out and
+    the Markdown says how to get it: the drill and its figures need no plotting library."""
+    from crossdc import extras
 
+    draw = not extras.missing("charts")
     out = folder / report.run_id
     out.mkdir(parents=True, exist_ok=True)
     log_name = None
@@ -400,9 +404,24 @@ def write_report(report: DrillReport, folder: Path,
             log_name = str(ack_log.resolve().relative_to(out.resolve()))
         except ValueError:
             log_name = str(ack_log)
-    files = ReportFiles(folder=str(out), ack_log=log_name)
+    files = ReportFiles(folder=str(out), ack_log=log_name,
+                        timeline="timeline.png" if draw else None)
     final = report.model_copy(update={"files": files})
     verdict = "passed" if final.passed else "FAILED"
+    if draw:
+        _draw_timeline(out, files, final, verdict, series, markers, spans)
+    (out / files.json_file).write_text(final.model_dump_json(indent=2) + "\n")
+    (out / files.markdown).write_text(render_markdown(final))
+    return files
+
+
+def _draw_timeline(out: Path, files: ReportFiles, final: DrillReport, verdict: str,
+                   series: Mapping[str, Sequence[tuple[float, float]]],
+                   markers: Sequence[tuple[float, str]],
+                   spans: Sequence[tuple[float, float, str]]) -> None:
+    from dr.charts import drill_timeline
+
+    assert files.timeline is not None
     # a line counts the writes that landed in a region, whoever's producer sent them: "east"
     # alone reads as east's producer (at 0 while east's Kafka is down, its producer is still
     # acknowledged through east's proxy, into west)
@@ -411,9 +430,6 @@ def write_report(report: DrillReport, folder: Path,
                    markers=markers, spans=spans,
                    title=f"drill {final.scenario} ({final.run_id}): {verdict}",
                    ylabel="acknowledged writes / s, by the region written first")
-    (out / files.json_file).write_text(final.model_dump_json(indent=2) + "\n")
-    (out / files.markdown).write_text(render_markdown(final))
-    return files
 
 
 def _s(v: float | None, unit: str = " s") -> str:
@@ -549,8 +565,12 @@ def render_markdown(report: DrillReport) -> str:
     if r.files is not None:
         add("## Timeline")
         add("")
-        add("![timeline: acknowledged writes per second by the region written first]"
-            f"({r.files.timeline})")
+        if r.files.timeline is not None:
+            add("![timeline: acknowledged writes per second by the region written first]"
+                f"({r.files.timeline})")
+        else:
+            add("Not drawn: this install has no matplotlib (`pip install 'crossdc[charts]'` "
+                "draws the timeline).")
         add("")
         files = [f"`{r.files.json_file}`"]
         if r.files.ack_log:

@@ -220,6 +220,25 @@ def test_write_report_writes_json_markdown_and_a_timeline(tmp_path: Path) -> Non
     assert "primary east → west" in md
 
 
+def test_a_drill_without_matplotlib_writes_its_report_without_the_picture(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from crossdc import extras
+
+    monkeypatch.setattr(extras, "missing",
+                        lambda extra: ["matplotlib"] if extra == "charts" else [])
+    report, acks = _report(lost=True)
+    files = write_report(report, tmp_path, per_second(acks, report.started_ms, 130_000),
+                         [(10.0, "fault")])
+    out = Path(files.folder)
+    assert files.timeline is None
+    assert not (out / "timeline.png").exists()
+    assert json.loads((out / "drill.json").read_text())["files"]["timeline"] is None
+    md = (out / "drill.md").read_text()
+    assert "| RPO: acknowledged records lost | 1 |" in md
+    assert "Not drawn: this install has no matplotlib (`pip install 'crossdc[charts]'`" in md
+    assert "![timeline" not in md
+
+
 def test_markdown_of_a_passed_drill_without_limits_says_so() -> None:
     report, _ = _report()
     md = render_markdown(report)
