@@ -107,12 +107,14 @@ class InvalidRecord(ProxyError):
 
 
 class MissingKey(InvalidRecord):
-    """The rule needs a key (ordered and sync by default) and the record has none."""
+    """The rule needs a key (ordered and sync by default) and the record has none, or an
+    empty one (every empty key hashes to one partition: no key at all for order's sake)."""
 
-    def __init__(self, topic: str, mode: str) -> None:
+    def __init__(self, topic: str, mode: str, *, empty: bool = False) -> None:
         self.mode = mode
+        got = "; this record's key is empty" if empty else ""
         super().__init__(f"topic {shown(topic)} is routed {mode}: records need a key "
-                         f"(per-key order is kept by partition)", topic=topic)
+                         f"(per-key order is kept by partition){got}", topic=topic)
 
 
 class RecordTooLarge(InvalidRecord, errors.RecordTooLarge):

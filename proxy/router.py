@@ -408,8 +408,8 @@ class Router:
     def _validate(info: _RuleInfo, rec: Incoming, allow: frozenset[str]) -> None:
         if rec.headers:
             check_client_headers(rec.topic, rec.headers, allow)
-        if rec.key is None and info.key_required:
-            raise MissingKey(rec.topic, info.mode)
+        if not rec.key and info.key_required:  # an empty key is none: one partition for all
+            raise MissingKey(rec.topic, info.mode, empty=rec.key is not None)
         if rec.size > info.max_record_bytes:
             raise RecordTooLarge(rec.topic, rec.size, limit=info.max_record_bytes)
 

@@ -298,6 +298,14 @@ async def test_router_validation_errors() -> None:
     assert outs[4].written[0].region == "west"
 
 
+async def test_an_empty_key_is_refused_like_a_missing_one() -> None:
+    r = _router(_writers())
+    outs = await r.route([Incoming("ord", b"", b"v"), Incoming("near", b"", b"v")], _deadline())
+    assert isinstance(outs[0].error, MissingKey)
+    assert "this record's key is empty" in str(outs[0].error)
+    assert outs[1].error is None  # a mode that needs no key takes it
+
+
 async def test_router_ordered_goes_to_primary_with_epoch_and_key_partition() -> None:
     ws = _writers()
     outs = await _router(ws).route([Incoming("ord", b"abc", b"v")], _deadline())
