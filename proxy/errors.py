@@ -6,7 +6,8 @@ to gRPC status codes (`grpc_code`).
         ├── InvalidRecord       the record breaks its rule                   INVALID_ARGUMENT
         │   ├── MissingKey      ordered/sync (or require_key) without a key
         │   ├── RecordTooLarge  key + value + headers above max_record_bytes
-        │   └── ReservedHeader  a client header starting with "dr-"
+        │   ├── ReservedHeader  a client header starting with "dr-"
+        │   └── InvalidHeader   a client header named "" or with a control character
         ├── InvalidConsume      a consume request the proxy cannot take      INVALID_ARGUMENT
         │                       (open, ack or nack ranges, settings asked)
         ├── UnknownTopic        strict policy without a rule, topic absent   NOT_FOUND
@@ -48,6 +49,7 @@ __all__ = [
     "DeadlineExceeded",
     "IncompleteSync",
     "InvalidConsume",
+    "InvalidHeader",
     "InvalidRecord",
     "MissingKey",
     "NoWritableRegion",
@@ -132,6 +134,17 @@ class ReservedHeader(InvalidRecord):
         self.header = name
         super().__init__(f"header {shown(name)} is reserved: names starting with 'dr-' are "
                          f"stamped by the proxy", topic=topic)
+
+
+class InvalidHeader(InvalidRecord):
+    """A client header whose name is empty, or holds a control character (a Kafka header key
+    is text that tools print and match on: kcat, Connect's header converters, the consumers'
+    filters), or is longer than `MAX_HEADER_NAME`."""
+
+    def __init__(self, topic: str, name: str, why: str) -> None:
+        self.header = name
+        super().__init__(f"header {shown(name)} is not a valid header name: {why}",
+                         topic=topic)
 
 
 class InvalidConsume(ProxyError):

@@ -19,10 +19,10 @@ import uuid
 from collections.abc import Collection, Iterable, Sequence
 
 from crossdc.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_PREFIX, DR_TS, Mode
-from proxy.errors import ReservedHeader
+from proxy.errors import InvalidHeader, ReservedHeader
 
-__all__ = ["Headers", "check_client_headers", "dr_headers", "new_dr_id", "stamp", "stamp_with",
-           "uuid7"]
+__all__ = ["MAX_HEADER_NAME", "Headers", "check_client_headers", "dr_headers", "new_dr_id",
+           "stamp", "stamp_with", "uuid7"]
 
 Headers = list[tuple[str, bytes]]
 
@@ -43,13 +43,26 @@ def new_dr_id(idempotency_key: str) -> str:
     return idempotency_key or str(uuid7())
 
 
+MAX_HEADER_NAME = 1024
+"""Characters a client header name may have."""
+
+
 def check_client_headers(topic: str, headers: Iterable[tuple[str, bytes]],
                          allow: Collection[str] = ()) -> None:
     """Refuse any client header whose name starts with `dr-` (case-insensitive), but those
-    named exactly in `allow` (what the proxy itself sets on records it routes: dead letters)."""
+    named exactly in `allow` (what the proxy itself sets on records it routes: dead letters),
+    and any whose name is not a valid header name (`InvalidHeader`: empty, a control
+    character, longer than `MAX_HEADER_NAME`)."""
     for name, _ in headers:
         if name.lower().startswith(DR_PREFIX) and name not in allow:
             raise ReservedHeader(topic, name)
+        if not name:
+            raise InvalidHeader(topic, name, "it is empty")
+        if len(name) > MAX_HEADER_NAME:
+            raise InvalidHeader(topic, name, f"{len(name)} characters, at most "
+                                f"{MAX_HEADER_NAME}")
+        if not name.isprintable():
+            raise InvalidHeader(topic, name, "it holds a control or unprintable character")
 
 
 def dr_headers(*, origin: str, ts_ms: int, mode: Mode, epoch: int | None,

@@ -8,6 +8,7 @@ import pytest
 
 from proxy.errors import (
     MAX_MESSAGE_CHARS,
+    InvalidHeader,
     MissingKey,
     PartitionMismatch,
     PermissionDenied,
@@ -23,6 +24,7 @@ LONG = "t" * 50_000
 @pytest.mark.parametrize("error", [
     UnknownTopic(LONG, "the policy is strict and no rule names it"),
     ReservedHeader("t", "dr-" + LONG), ReservedHeader(LONG, "dr-id"),
+    InvalidHeader("t", "h" * 50_000, "50000 characters, at most 1024"),
     MissingKey(LONG, "ordered"), RecordTooLarge(LONG, 10, limit=5),
     PartitionMismatch(LONG, {"east": 1, "west": 2}), PermissionDenied(LONG, "writer"),
     ProxyError("x" * 100_000),

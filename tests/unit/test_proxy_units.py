@@ -22,6 +22,7 @@ from proxy.build_protos import is_fresh
 from proxy.errors import (
     STATUS_TABLE,
     IncompleteSync,
+    InvalidHeader,
     MissingKey,
     NoWritableRegion,
     PartitionMismatch,
@@ -296,6 +297,19 @@ async def test_router_validation_errors() -> None:
     assert isinstance(outs[3].error, UnknownTopic)
     assert outs[4].error is None
     assert outs[4].written[0].region == "west"
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("", "it is empty"), ("trace\nid", "control or unprintable"),
+    ("a\x00b", "control or unprintable"), ("h" * 1025, "1025 characters, at most 1024")])
+async def test_a_header_name_that_is_no_header_name_is_refused(name: str, why: str) -> None:
+    r = _router(_writers())
+    outs = await r.route([Incoming("near", b"k", b"v", ((name, b"x"),)),
+                          Incoming("near", b"k", b"v", (("trace id ü", b"x"),))], _deadline())
+    assert isinstance(outs[0].error, InvalidHeader)
+    assert why in str(outs[0].error)
+    assert code_name(outs[0].error) == "INVALID_ARGUMENT"
+    assert outs[1].error is None  # spaces and letters of any script are fine
 
 
 async def test_an_empty_key_is_refused_like_a_missing_one() -> None:
