@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -144,14 +145,23 @@ def proxy_serve(
 
 def check_port_free(host: str, port: int | None, what: str, option: str) -> None:
     """Refuse before anything starts when `host:port` cannot be bound: one line naming the
-    port (exit 1: the environment, not the input, is at fault). 0/None: nothing to check."""
+    port (exit 1: the environment, not the input, is at fault). 0/None: nothing to check.
+    A host that does not resolve, or is no address of this machine, is said as such (exit 2:
+    the input is wrong), never as a port that is not free."""
     if not port:
         return
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        fail(f"--host {host}: the host does not resolve ({exc.strerror or exc})")
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
+            sock.bind(addr)
         except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                fail(f"--host {host}: {addr[0]} is not an address of this machine "
+                     f"({exc.strerror or exc})")
             fail(f"the proxy's {what} port {host}:{port} is not free ({exc.strerror or exc}); "
                  f"stop what holds it or pass {option}", 1)
 

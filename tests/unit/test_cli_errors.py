@@ -166,3 +166,16 @@ def test_help_keeps_the_defaults_written_in_it(tmp_path: Path) -> None:
     serve = " ".join(dr("proxy", "serve", "-h", tmp=tmp_path).stdout.split())
     assert "[default: the region's proxy.endpoint]" in serve
     assert "env var: CROSSDC_PROXY_FENCED_WRITES" in serve
+
+
+@pytest.mark.parametrize(("host", "says"), [
+    ("nohost.invalid", "--host nohost.invalid: the host does not resolve"),
+    ("192.0.2.1", "--host 192.0.2.1: 192.0.2.1 is not an address of this machine")])
+def test_a_host_that_cannot_be_bound_is_said_as_such_not_as_a_port(
+        tmp_path: Path, host: str, says: str) -> None:
+    proc = dr("proxy", "serve", "-t", TOPOLOGY, "-r", "east", "-p", POLICY, "--no-consul",
+              "--host", host, tmp=tmp_path)
+    assert proc.returncode == 2
+    line = one_line(proc)
+    assert says in line
+    assert "not free" not in line
