@@ -29,7 +29,13 @@ import structlog
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaError, ProducerClosed, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    KafkaConnectionError,
+    KafkaError,
+    ProducerClosed,
+    TopicAlreadyExistsError,
+    for_code,
+)
 from aiokafka.protocol.admin import CreateAclsRequest, DeleteAclsRequest, DescribeAclsRequest
 from aiokafka.structs import OffsetAndMetadata
 
@@ -437,14 +443,23 @@ async def start_or_close(client: Any, timeout_s: float) -> None:
     """Start an aiokafka producer or consumer within `timeout_s`. Whatever ends the start
     early (an error, the deadline, the caller cancelled because its owner is stopping) closes
     the client first, bounded and shielded, then propagates: a half-started client otherwise
-    keeps its connections and tasks (a ResourceWarning at garbage collection)."""
+    keeps its connections and tasks (a ResourceWarning at garbage collection).
+
+    aiokafka asserts where it should say a cluster does not answer: a transactional
+    producer's start looks its coordinator up through a random known broker and asserts one
+    exists ("Did we not perform bootstrap?"), which fails when the metadata lists none (a
+    broker thawed after a SIGSTOP is fenced until it registers again, and answers metadata
+    without brokers: the long nemesis, seed 16, where it ended a proxy's health loop). That
+    is raised as KafkaConnectionError, what every caller already handles."""
     try:
         async with asyncio.timeout(timeout_s):
             await client.start()
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(5.0):
                 await asyncio.shield(client.stop())
+        if isinstance(exc, AssertionError):
+            raise KafkaConnectionError(f"no broker to start with: {exc}") from exc
         raise
 
 

@@ -5,7 +5,7 @@ producer and broker: tests/integration/test_fenced_writes.py)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -138,3 +138,52 @@ async def test_a_cancelled_write_never_leaves_the_transaction_hanging(cancel_fir
     assert not end.committed
     assert end.maybe_written
     assert await g.join(1) is not a
+
+
+class _StartAsserts:
+    """An aiokafka client whose start() fails as a transactional producer's does when the
+    metadata lists no broker (a thawed, still fenced broker): with an AssertionError."""
+
+    instances: ClassVar[list[_StartAsserts]] = []
+
+    def __init__(self, **_kw: Any) -> None:
+        self.stopped = False
+        self._closed = False
+        _StartAsserts.instances.append(self)
+
+    async def start(self) -> None:
+        raise AssertionError("Did we not perform bootstrap?")
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+async def test_start_or_close_turns_aiokafkas_no_broker_assertion_into_a_connection_error(
+        ) -> None:
+    from crossdc.clients.errors import KafkaConnectionError
+    from crossdc.clients.kafka import start_or_close
+
+    client = _StartAsserts()
+    with pytest.raises(KafkaConnectionError, match="Did we not perform bootstrap"):
+        await start_or_close(client, 5.0)
+    assert client.stopped  # closed, not left half-started
+
+
+async def test_prepare_says_not_started_when_no_broker_is_listed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the long nemesis, seed 16: the assertion escaped prepare() and ended the health loop
+    import proxy.fenced
+
+    monkeypatch.setattr(proxy.fenced, "AIOKafkaProducer", _StartAsserts)
+    dropped: list[str] = []
+
+    async def drop(p: Any, why: str) -> None:
+        dropped.append(why)
+
+    g = TxnGroup("east", KafkaConnection(("127.0.0.1:1",)), dict, transactional_id="t",
+                 drop=drop, commit_timeout_s=1.0)
+    assert await g.prepare(2.0) is False
+    assert g.producer is None
+    with pytest.raises(KafkaError):  # a write's join: a Kafka error its writer handles
+        await g.join(2.0)
+    assert all(c.stopped for c in _StartAsserts.instances)
