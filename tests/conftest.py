@@ -56,22 +56,22 @@ consumer (`Flow.consumer_client`, both modes, aiokafka by default;
 CROSSDC_MIRROR_CONSUMER_CLIENT for `dr mirror run`)."""
 
 MIRROR_CONSUMER_ENV = "CROSSDC_TEST_MIRROR_CONSUMER"
-PLAIN_ENV = "CROSSDC_TEST_PLAIN_WRITES"
-"""`CROSSDC_TEST_PLAIN_WRITES=1`: every proxy a test builds in this process
+FENCED_ENV = "CROSSDC_TEST_FENCED_WRITES"
+"""`CROSSDC_TEST_FENCED_WRITES=1`: every proxy a test builds in this process
 (`KafkaWriterSettings` without `fenced_writes`) and every `dr proxy serve` a test starts
-(CROSSDC_PROXY_FENCED_WRITES=0) writes ordered and sync records plainly, without the fenced
-writes' transactions (proxy/fenced.py), which are the default."""
+(CROSSDC_PROXY_FENCED_WRITES=1) writes ordered and sync records in transactions
+(proxy/fenced.py); without it, the default (`proxy.config.FENCED_BY_DEFAULT`)."""
 
 
 def _kafka_client_default() -> None:
     from crossdc.topology import Flow, Topology
 
-    if os.environ.get(PLAIN_ENV, "") not in ("", "0"):
+    if os.environ.get(FENCED_ENV, "") not in ("", "0"):
         import proxy.config
         from proxy.config import KafkaWriterSettings, ProxyConfig
 
-        os.environ["CROSSDC_PROXY_FENCED_WRITES"] = "0"
-        proxy.config.FENCED_BY_DEFAULT = False
+        os.environ["CROSSDC_PROXY_FENCED_WRITES"] = "1"
+        proxy.config.FENCED_BY_DEFAULT = True
         ProxyConfig.model_fields["kafka"].default = KafkaWriterSettings()
         ProxyConfig.model_rebuild(force=True)
 

@@ -1461,9 +1461,8 @@ def main() -> None:
 
 
 def client_args(client: str) -> tuple[str, ...]:
-    """`dr proxy serve` arguments of a phase's proxy: "" (the defaults: fenced writes with
-    aiokafka), "plain" (`--plain-writes`), "fenced" (`--fenced-writes`), or a
-    `--kafka-client`."""
+    """`dr proxy serve` arguments of a phase's proxy: "" (the defaults), "plain"
+    (`--plain-writes`), "fenced" (`--fenced-writes`), or a `--kafka-client`."""
     if client == "":
         return ()
     if client == "plain":

@@ -92,11 +92,11 @@ def proxy_serve(
         "client writes\").")] = "aiokafka",
     fenced_writes: Annotated[bool | None, typer.Option(
         "--fenced-writes/--plain-writes", envvar="CROSSDC_PROXY_FENCED_WRITES",
-        show_default="fenced with aiokafka, plain with librdkafka",
+        show_default="plain (proxy.config.FENCED_BY_DEFAULT)",
         help="Ordered and sync records in Kafka transactions, so that a write abandoned at "
         "its bound is never seen even if a frozen broker appends it later (aiokafka only; "
-        "docs/architecture.md, \"The guarantee\"). --plain-writes: a commit round trip "
-        "less per write, without that guarantee.")] = None,
+        "docs/architecture.md, \"The guarantee\"); a commit round trip more per "
+        "transaction.")] = None,
 ) -> None:
     """Run the region's routing proxy until SIGTERM (drain); SIGHUP reloads the policy (and
     the auth file)."""

@@ -454,8 +454,8 @@ class Verdict:
         load = (f"{n * RATE_PER_REGION:g} rec/s, 3 modes, {n} regions + "
                 f"{w or 'no'} witness{'es' if w > 1 else ''}, 1 broker each, producers in "
                 "their region's namespace, "
-                + ("plain" if os.environ.get("CROSSDC_TEST_PLAIN_WRITES", "") not in ("", "0")
-                   else "fenced") + " writes"
+                + ("fenced" if os.environ.get("CROSSDC_TEST_FENCED_WRITES", "") not in ("", "0")
+                   else "plain") + " writes"
                 + (f" (run {round_ + 1} of {LOOPS})" if LOOPS > 1 else ""))
         if self.run.notes:  # what the scenario itself waited for in vain
             recover += " — FAILED: " + "; ".join(n.split(" (")[0] for n in self.run.notes)

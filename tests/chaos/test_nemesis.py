@@ -11,8 +11,8 @@ agree on one writable primary and take every mode again, and the history checker
 every region holds.
 
 The reduced set (CI) runs seed 1 for 60 s with every kind but clock skew (`FULL_ONLY`), and
-without broker SIGSTOP when the suite runs with plain writes (`OPEN_DEFECTS`,
-docs/reliability.md). `make chaos`
+without broker SIGSTOP unless the suite runs with fenced writes (`OPEN_DEFECTS`,
+docs/reliability.md: plain writes, the default for now, leave its late appends open). `make chaos`
 (CROSSDC_CHAOS=full): seeds 1-20 for 180 s each, every kind. `CROSSDC_NEMESIS_SEEDS=7,11`
 replays given seeds (`CROSSDC_NEMESIS_KINDS=cut,skew`: only those kinds); the schedule is
 printed and kept in the history JSON (`extra.schedule`). Each run's row goes into
@@ -51,13 +51,13 @@ def _seeds() -> list[int]:
 
 
 DURATION_S = float(os.environ.get("CROSSDC_NEMESIS_S", "180" if FULL else "60"))
-PLAIN = os.environ.get("CROSSDC_TEST_PLAIN_WRITES", "") not in ("", "0")
-OPEN_DEFECTS = {} if not PLAIN else {
+FENCED = os.environ.get("CROSSDC_TEST_FENCED_WRITES", "") not in ("", "0")
+OPEN_DEFECTS = {} if FENCED else {
     "pause": "SIGSTOP of a region's brokers: produce requests already in their sockets (their "
              "proxy killed, or its reset lost in a cut) are appended when they resume, after "
              "the fence's end (late_append; issue 36, abandoned requests still land): what "
-             "plain writes (CROSSDC_TEST_PLAIN_WRITES=1, `--plain-writes`) give up; fenced "
-             "writes, the default, close it"}
+             "plain writes, the default for now, give up; fenced writes "
+             "(CROSSDC_TEST_FENCED_WRITES=1, `--fenced-writes`) close it"}
 """Fault kinds with a known open defect: the reduced set (CI) leaves them to `make chaos`,
 which runs every kind (and shows the defect until it is fixed); docs/reliability.md."""
 FULL_ONLY = {"skew": "new on 2026-12-02: in `make chaos` until its seeds have run here"}

@@ -204,12 +204,12 @@ async def test_the_handle_outlives_every_blocking_call_in_a_thread() -> None:
     assert p._calls == 0
 
 
-def test_fenced_writes_are_the_default_where_the_client_can_write_them() -> None:
+def test_fenced_writes_follow_the_default_where_the_client_can_write_them() -> None:
     import pydantic
 
     import proxy.config
 
-    expected = proxy.config.FENCED_BY_DEFAULT  # CROSSDC_TEST_PLAIN_WRITES=1 turns it off
+    expected = proxy.config.FENCED_BY_DEFAULT  # CROSSDC_TEST_FENCED_WRITES=1 turns it on
     assert KafkaWriterSettings().fenced_writes is expected
     assert KafkaWriterSettings(client="aiokafka", fenced_writes=None).fenced_writes is expected
     assert KafkaWriterSettings(fenced_writes=False).fenced_writes is False
