@@ -216,6 +216,7 @@ class MirrorWorker(Lifecycle):
         self._sync_queue: list[tuple[bytes, bytes, int]] = []  # not sent yet
         # the source group commit (advisory: lag display) runs beside the loop
         self._uncommitted: dict[TopicPartition, int] = {}
+        self._markers_at = 0.0
         self._commit_wanted = asyncio.Event()
         self._lock = asyncio.Lock()
         self._refresh_lock = asyncio.Lock()
@@ -668,6 +669,34 @@ class MirrorWorker(Lifecycle):
             elif self._sync_queue:
                 async with self._lock:
                     await self._send_sync_queue()
+            else:
+                await self._past_markers()
+
+    async def _past_markers(self) -> None:
+        """Idle (everything fetched is carried): commit the consumer's position where it
+        passed transaction markers after the last record carried. A transaction's commit
+        marker takes an offset of its own after its last record, so a group commit of the
+        last record + 1 left every transactional partition one behind its end offset for
+        ever: the lag never read 0 and a failover's drain would wait on it (fenced writes).
+        At most once a second; aiokafka's consumer only (the librdkafka consumer's commit
+        stays at the last record + 1)."""
+        consumer = self._consumer
+        if not isinstance(consumer, Consumer) \
+                or time.monotonic() - self._markers_at < 1.0:
+            return
+        self._markers_at = time.monotonic()
+        assigned = consumer.assignment()
+        for tp, want in list(self._expect.items()):
+            if tp not in assigned or tp in self._stopped_partitions:
+                continue
+            try:
+                pos = await consumer.position(tp)
+            except (KafkaError, AssertionError):  # revoked meanwhile: the next look
+                continue
+            if pos > want and self._expect.get(tp) == want:
+                self._expect[tp] = pos
+                self._uncommitted[tp] = pos
+        self._maybe_commit()
 
     async def _pause(self, seconds: float) -> None:
         """Sleep `seconds`, or less when stop() is called."""

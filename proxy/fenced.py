@@ -21,7 +21,9 @@ the open transaction, sends its records and waits for their acks; the first writ
 closes the transaction to newcomers, and the last one of it to finish ends it, off the
 writers' tasks (a cancelled write does not leave it hanging): committed when every member's
 records were answered; otherwise (a member's records unanswered at its bound: the producer
-was dropped; a member cancelled) never committed. Newcomers wait for the end, then open the
+was dropped; a member cancelled, which only the writer's stop does: a client that gives up
+on its call leaves its write running to its bound, `RegionWriter._write_fenced_detached`)
+never committed. Newcomers wait for the end, then open the
 next one, together. A commit costs the coordinator a round trip (EndTxn, and its markers)
 per transaction, not per record.
 

@@ -161,6 +161,8 @@ class RegionWriter(Lifecycle):
         self.log = log.bind(region=region.name)
         self._txns: TxnGroup | None = None
         """Fenced writes (`settings.fenced_writes`): the strict modes' transactions."""
+        self._fenced_tasks: set[asyncio.Task[None]] = set()
+        """Fenced writes whose caller went away (`_write_fenced_detached`)."""
         if transactional_id is not None:
             self._txns = TxnGroup(
                 region.name, conn, lambda: self._producer_kwargs(f"{client_id}-txn"),
@@ -204,6 +206,11 @@ class RegionWriter(Lifecycle):
         """Flush and close the producer; idempotent. With a `deadline` (monotonic) the flush
         is bounded: what is not flushed by then is abandoned and the connections closed."""
         self._begin_stop()
+        for task in list(self._fenced_tasks):  # writes whose caller left: abandoned now
+            task.cancel()
+        for task in list(self._fenced_tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
         if self._txns is not None:
             await self._txns.close()
         producer: AIOKafkaProducer | None = None
@@ -413,8 +420,8 @@ class RegionWriter(Lifecycle):
         # The first attempt runs here; the retry machinery is built only when it failed.
         strict = mode in _STRICT_MODES
         if strict and self._txns is not None:
-            await self._write_fenced(self._txns, topic, items, results, deadline,
-                                     still_valid, mark)
+            await self._write_fenced_detached(self._txns, topic, items, results, deadline,
+                                              still_valid, mark)
         else:
             pending = await self._attempt(topic, items, range(len(items)), results, deadline,
                                           bounded, strict, mark)
@@ -438,6 +445,27 @@ class RegionWriter(Lifecycle):
         elif ok:
             self.breaker.record_success()
         return out
+
+    async def _write_fenced_detached(self, txns: TxnGroup, topic: str,
+                                     items: Sequence[Outgoing], results: list[Any],
+                                     deadline: float, still_valid: Callable[[], str] | None,
+                                     mark: float | None) -> None:
+        """`_write_fenced` in a task of its own that the caller's cancellation does not
+        reach: a client that gives up on its write (a gRPC call cancelled) leaves the write
+        to run to its bound, so the shared transaction it joined is committed for its
+        neighbours when its records are answered (abandoning it would fail every write of
+        the group). Only `stop()` cancels it."""
+        task = asyncio.create_task(self._write_fenced(txns, topic, items, results, deadline,
+                                                      still_valid, mark),
+                                   name=f"writer:{self.name}:fenced:{topic}")
+        self._fenced_tasks.add(task)
+        task.add_done_callback(self._fenced_done)
+        await asyncio.shield(task)
+
+    def _fenced_done(self, task: asyncio.Task[None]) -> None:
+        self._fenced_tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # retrieved, and said
+            self.log.error("fenced_write_failed", error=repr(task.exception()))
 
     async def _write_fenced(self, txns: TxnGroup, topic: str, items: Sequence[Outgoing],
                             results: list[Any], deadline: float,

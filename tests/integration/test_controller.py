@@ -18,7 +18,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 from controller_helpers import kill_the_leader, start_controllers, stop_processes
-from kafka_helpers import create_topic, eventually, produce, unique
+from kafka_helpers import create_topic, eventually, produce, read_all, unique
 from mirror_helpers import start_mirrors
 from tests_support import write_topology
 
@@ -449,14 +449,17 @@ async def test_failover_moves_the_proxies_ordered_writes_and_the_consumer_groups
             before = (await dcs.primary()).current
             for i in range(20):
                 await ordered_ok(i, "east")
-            # the group consumed 12 of the 20 in east, then its consumers stopped
+            # the group consumed 12 of the 20 in east, then its consumers stopped (its
+            # offset is the 13th record's: with fenced writes, markers take offsets too)
             tp = TopicPartition(topic, 0)
+            k12 = next(r.offset for r in await read_all(topo.region("east").kafka.bootstrap,
+                                                         topic, 1) if r.key == b"k12")
             c = AIOKafkaConsumer(bootstrap_servers=topo.region("east").kafka.bootstrap,
                                  group_id=group, enable_auto_commit=False)
             await c.start()
             try:
                 c.assign([tp])
-                await c.commit({tp: OffsetAndMetadata(12, "")})
+                await c.commit({tp: OffsetAndMetadata(k12, "")})
             finally:
                 await c.stop()
 

@@ -212,6 +212,52 @@ async def test_concurrent_fenced_writes_share_transactions_and_keep_order(
         assert [o.offset for o in offs] == sorted(o.offset for o in offs)  # type: ignore[union-attr]
 
 
+async def test_a_write_whose_caller_gives_up_does_not_fail_its_neighbours(
+        north: tuple[object, Topology]) -> None:
+    """60 writes at once, a third of their callers cancelled while they sit in the shared
+    transaction (a gRPC client cancelling its call): the writes run on to their bound, the
+    transaction is committed, and every write whose caller stayed is answered with its
+    offset and read back committed (a cancelled member used to abandon the transaction:
+    "a write in it ended early (CancelledError)" for every neighbour, CI with fenced writes
+    on, test_proxy_hostile)."""
+    _, topo = north
+    boot = topo.region("north").kafka.bootstrap
+    topic = unique("ord-cancel")
+    await create_topic(boot, topic, partitions=2)
+    w = _writer(topo, attempt_timeout_s=10.0, linger_ms=50)
+    assert await w.start()
+    [warm] = await w.write(topic, [_out(unique("warm"), 0)], mode="ordered",
+                           deadline=time.monotonic() + 20)
+    assert isinstance(warm, RegionWrite), warm
+    try:
+        batches = [[_out(f"c{n}-{i}", n % 2) for i in range(2)] for n in range(60)]
+        tasks = [asyncio.ensure_future(w.write(topic, b, mode="ordered",
+                                               deadline=time.monotonic() + 20))
+                 for b in batches]
+        assert w._txns is not None
+        txns = w._txns
+
+        async def joined() -> bool:
+            return txns._txn is not None and txns._txn.members >= 20
+        await eventually(joined, 20, "writes in the shared transaction")
+        gone = {n for n in range(0, 60, 3) if not tasks[n].done()}
+        assert gone
+        for n in gone:
+            tasks[n].cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert txns.abandoned == 0, txns.abandoned
+    finally:
+        await w.stop(time.monotonic() + 10)
+    stayed = {it.headers[0][1].decode(): r for n, (b, rs) in enumerate(zip(batches, results,
+                                                                          strict=True))
+              if n not in gone for it, r in zip(b, rs, strict=True)}  # type: ignore[arg-type]
+    failed = {k: r for k, r in stayed.items() if not isinstance(r, RegionWrite)}
+    assert not failed, list(failed.items())[:3]
+    assert all(isinstance(results[n], asyncio.CancelledError) for n in gone)
+    seen = set(_ids(await read_all(boot, topic, 2, isolation_level="read_committed")))
+    assert set(stayed) <= seen
+
+
 async def test_a_fenced_write_unanswered_at_its_bound_is_unknown_and_the_writer_goes_on(
         north: tuple[object, Topology]) -> None:
     """The broker frozen under a fenced write: answered UNKNOWN at its bound (1.5 s), its

@@ -214,6 +214,41 @@ async def test_offset_translation_is_exact(two_regions) -> None:  # type: ignore
         await active.stop()
 
 
+async def test_the_group_commit_passes_a_transactions_trailing_marker(two_regions) -> None:  # type: ignore[no-untyped-def]
+    """Source records written in transactions (fenced writes, a mirror's exactly-once copies):
+    each commit marker takes an offset after its transaction's last record. Once everything
+    is carried, the mirror's group commit reaches the partition's end offset, so its lag
+    reads 0 (it stayed 1 behind for ever: a failover's drain, and `dr status`, waited on
+    it)."""
+    east, west = two_regions.bootstrap("east"), two_regions.bootstrap("west")
+    topic = unique("mm-markers")
+    for b in (east, west):
+        await create_topic(b, topic, partitions=1)
+    p = AIOKafkaProducer(bootstrap_servers=east, transactional_id=unique("mm-txn"))
+    await p.start()
+    try:
+        for n in range(3):
+            async with p.transaction():
+                for i in range(2):
+                    await p.send_and_wait(topic, b"v%d-%d" % (n, i), key=b"k", partition=0)
+    finally:
+        await p.stop()
+    tp = TopicPartition(topic, 0)
+    end = (await end_offsets(east, topic, 1))[0]
+    assert end == 9  # 6 records, 3 markers
+    flow = mirror_flow("east", "west", topic)
+    async with MirrorWorker(flow, KafkaConnection.of(east), KafkaConnection.of(west)) as w:
+        async def committed_to_the_end() -> bool:
+            c = AIOKafkaConsumer(bootstrap_servers=east, group_id=w.group)
+            await c.start()
+            try:
+                return await c.committed(tp) == end
+            finally:
+                await c.stop()
+        await eventually(committed_to_the_end, 30, "the group commit at the end offset")
+    assert len(await read_all(west, topic, 1, isolation_level="read_committed")) == 6
+
+
 async def _has_members(bootstrap: str, group: str) -> bool:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
