@@ -242,7 +242,7 @@ async def test_the_group_commit_passes_a_transactions_trailing_marker(two_region
             c = AIOKafkaConsumer(bootstrap_servers=east, group_id=w.group)
             await c.start()
             try:
-                return await c.committed(tp) == end
+                return bool(await c.committed(tp) == end)
             finally:
                 await c.stop()
         await eventually(committed_to_the_end, 30, "the group commit at the end offset")
