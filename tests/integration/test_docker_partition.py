@@ -75,6 +75,34 @@ async def _east_leads(topo: Topology) -> None:
     await eventually(east, 60, "east's controller holding the lock everywhere")
 
 
+_TELLING = ("leadership_changed", "region_status", "lead_round_failed", "failover_",
+            "automatic_failover", "lag")
+
+
+def _why_not_promoted(topo: Topology) -> str:
+    """West's controller as it answers /health now (its HTTP port is its proxy's + 100,
+    dr/stack/containers.py), and the telling lines of its log: what a CI failure of the
+    promote shows (the containers' logs go with the run's /tmp)."""
+    out = []
+    port = int(topo.region("west").proxy.endpoint.rsplit(":", 1)[1]) + 100
+    url = f"http://{NetworkPlan(topo).home('west', 12)}:{port}/health"
+    try:
+        import urllib.request
+        with urllib.request.urlopen(url, timeout=5) as r:
+            h = json.loads(r.read())
+        out.append("west's controller: " + json.dumps(
+            {k: h.get(k) for k in ("leading", "why_not_leading", "datacenters_answering",
+                                   "automatic_failover_blocked", "primary", "regions")}))
+    except (OSError, ValueError) as exc:
+        out.append(f"west's controller {url}: {exc!r}")
+    proc = subprocess.run(["docker", "logs", "--tail", "400", "crossdc-controller-west"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines()
+             if any(t in ln for t in _TELLING)]
+    out.append("its log: " + " | ".join(ln[:300] for ln in lines[-12:]))
+    return "; ".join(out)
+
+
 def _partition(action: str, dc: str) -> None:
     subprocess.run(["bash", str(REPO_ROOT / "compose" / "docker" / "partition.sh"), action, dc],
                    capture_output=True, text=True, timeout=120, check=True)
@@ -157,7 +185,10 @@ async def test_a_region_cut_off_wan_is_partitioned_fails_over_and_heals(
                 held = await read_everywhere(topo)
                 return all((r := held[dc]) is not None and r.region == "west" and not r.fenced
                            for dc in ("west", "witness"))
-            await eventually(promoted, 120, "west and the witness promote west")
+            try:
+                await eventually(promoted, 120, "west and the witness promote west")
+            except AssertionError as exc:  # say why in CI's output: the logs go with /tmp
+                raise AssertionError(f"{exc}; {_why_not_promoted(topo)}") from None
             failover_s = time.monotonic() - t0
 
             async def refused() -> bool:
