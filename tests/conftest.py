@@ -57,21 +57,23 @@ CROSSDC_MIRROR_CONSUMER_CLIENT for `dr mirror run`)."""
 
 MIRROR_CONSUMER_ENV = "CROSSDC_TEST_MIRROR_CONSUMER"
 FENCED_ENV = "CROSSDC_TEST_FENCED_WRITES"
-"""`CROSSDC_TEST_FENCED_WRITES=1`: every proxy a test builds in this process
+"""`CROSSDC_TEST_FENCED_WRITES=1` (=0): every proxy a test builds in this process
 (`KafkaWriterSettings` without `fenced_writes`) and every `dr proxy serve` a test starts
-(CROSSDC_PROXY_FENCED_WRITES=1) writes ordered and sync records in transactions
-(proxy/fenced.py); without it, the default (`proxy.config.FENCED_BY_DEFAULT`)."""
+(CROSSDC_PROXY_FENCED_WRITES) writes ordered and sync records in transactions
+(proxy/fenced.py), or plainly; unset, the default (`proxy.config.FENCED_BY_DEFAULT`, on)."""
 
 
 def _kafka_client_default() -> None:
     from crossdc.topology import Flow, Topology
 
-    if os.environ.get(FENCED_ENV, "") not in ("", "0"):
+    fenced = os.environ.get(FENCED_ENV, "")
+    if fenced:
         import proxy.config
         from proxy.config import KafkaWriterSettings, ProxyConfig
 
-        os.environ["CROSSDC_PROXY_FENCED_WRITES"] = "1"
-        proxy.config.FENCED_BY_DEFAULT = True
+        on = fenced != "0"
+        os.environ["CROSSDC_PROXY_FENCED_WRITES"] = "1" if on else "0"
+        proxy.config.FENCED_BY_DEFAULT = on
         ProxyConfig.model_fields["kafka"].default = KafkaWriterSettings()
         ProxyConfig.model_rebuild(force=True)
 

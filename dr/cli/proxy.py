@@ -92,7 +92,7 @@ def proxy_serve(
         "client writes\").")] = "aiokafka",
     fenced_writes: Annotated[bool | None, typer.Option(
         "--fenced-writes/--plain-writes", envvar="CROSSDC_PROXY_FENCED_WRITES",
-        show_default="plain (proxy.config.FENCED_BY_DEFAULT)",
+        show_default="fenced with aiokafka (proxy.config.FENCED_BY_DEFAULT)",
         help="Ordered and sync records in Kafka transactions, so that a write abandoned at "
         "its bound is never seen even if a frozen broker appends it later (aiokafka only; "
         "docs/architecture.md, \"The guarantee\"); a commit round trip more per "

@@ -23,6 +23,7 @@ from chaos_results import Row  # type: ignore[import-not-found]
 from chaos_support import FULL, PROXY_WORKERS, chaos_topology  # type: ignore[import-not-found]
 from tests_support import write_topology
 
+import proxy.config
 from crossdc.errors import CrossdcError
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
@@ -454,8 +455,7 @@ class Verdict:
         load = (f"{n * RATE_PER_REGION:g} rec/s, 3 modes, {n} regions + "
                 f"{w or 'no'} witness{'es' if w > 1 else ''}, 1 broker each, producers in "
                 "their region's namespace, "
-                + ("fenced" if os.environ.get("CROSSDC_TEST_FENCED_WRITES", "") not in ("", "0")
-                   else "plain") + " writes"
+                + ("fenced" if proxy.config.FENCED_BY_DEFAULT else "plain") + " writes"
                 + (f" (run {round_ + 1} of {LOOPS})" if LOOPS > 1 else ""))
         if self.run.notes:  # what the scenario itself waited for in vain
             recover += " — FAILED: " + "; ".join(n.split(" (")[0] for n in self.run.notes)

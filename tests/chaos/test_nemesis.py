@@ -34,6 +34,7 @@ from chaos_results import record  # type: ignore[import-not-found]
 from chaos_support import FULL  # type: ignore[import-not-found]
 from split_support import HEAL_BOUND_S, Run, SplitStack, split_stack  # type: ignore[import-not-found]
 
+import proxy.config
 from crossdc.errors import CrossdcError
 from dr.drill.nemesis import KINDS, Stage, Step, kinds_of, schedule
 from dr.errors import StackError
@@ -51,13 +52,13 @@ def _seeds() -> list[int]:
 
 
 DURATION_S = float(os.environ.get("CROSSDC_NEMESIS_S", "180" if FULL else "60"))
-FENCED = os.environ.get("CROSSDC_TEST_FENCED_WRITES", "") not in ("", "0")
+FENCED = proxy.config.FENCED_BY_DEFAULT  # the default, or CROSSDC_TEST_FENCED_WRITES (conftest)
 OPEN_DEFECTS = {} if FENCED else {
     "pause": "SIGSTOP of a region's brokers: produce requests already in their sockets (their "
              "proxy killed, or its reset lost in a cut) are appended when they resume, after "
              "the fence's end (late_append; issue 36, abandoned requests still land): what "
-             "plain writes, the default for now, give up; fenced writes "
-             "(CROSSDC_TEST_FENCED_WRITES=1, `--fenced-writes`) close it"}
+             "plain writes (CROSSDC_TEST_FENCED_WRITES=0, `--plain-writes`) give up; fenced "
+             "writes, the default, close it"}
 """Fault kinds with a known open defect: the reduced set (CI) leaves them to `make chaos`,
 which runs every kind (and shows the defect until it is fixed); docs/reliability.md."""
 FULL_ONLY = {"skew": "new on 2026-12-02: in `make chaos` until its seeds have run here"}

@@ -32,6 +32,9 @@ class Producer:
             await self.release_commit.wait()
         if self.commit == "refused":
             raise KafkaError("refused")
+        if self.commit == "fatal":  # aiokafka's transaction manager, fenced by a namesake
+            raise AssertionError("Invalid state transition TransactionState.FATAL_ERROR -> "
+                                 "TransactionState.COMMITTING_TRANSACTION")
 
     async def abort_transaction(self) -> None:
         self.calls.append("abort")
@@ -121,6 +124,24 @@ async def test_an_unanswered_commit_is_unknown_and_drops_the_producer() -> None:
     assert g._txn is None  # the next write opens a new one
 
 
+async def test_a_producer_in_a_fatal_state_is_unknown_and_renewed(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """aiokafka's state machine asserts on a commit from a fatal producer (two proxies in one
+    process fenced each other, CI): the write is UNKNOWN, the producer dropped and the next
+    transaction on a new one, and nothing is left as a task exception never retrieved."""
+    p = Producer(commit="fatal")
+    dropped: list[str] = []
+    g = group([p, Producer()], dropped)
+    t = await g.join(1)
+    g.release(t)
+    end = await g.outcome(t, 1)
+    assert not end.committed
+    assert end.maybe_written
+    assert "fatal state" in dropped[0]
+    assert (await g.join(1)).producer is not p
+    assert "never retrieved" not in caplog.text
+
+
 @pytest.mark.parametrize("cancel_first", [True, False])
 async def test_a_cancelled_write_never_leaves_the_transaction_hanging(cancel_first: bool
                                                                        ) -> None:
@@ -187,3 +208,12 @@ async def test_prepare_says_not_started_when_no_broker_is_listed(
     with pytest.raises(KafkaError):  # a write's join: a Kafka error its writer handles
         await g.join(2.0)
     assert all(c.stopped for c in _StartAsserts.instances)
+
+
+def test_two_proxies_in_one_process_never_share_a_transactional_id() -> None:
+    from proxy.fenced import WRITE_TXN_PREFIX, write_transactional_id
+
+    a, b = write_transactional_id("east", "west"), write_transactional_id("east", "west")
+    assert a != b
+    assert a.startswith(WRITE_TXN_PREFIX + "east-")
+    assert a.endswith("-west")
