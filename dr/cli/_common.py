@@ -30,12 +30,11 @@ from dr.options import (
 )
 from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
 
-__all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "PRINCIPAL_ENV", "Exit", "PrincipalOpt",
-           "StateDirOpt", "TopologyOpt",
-           "check_files", "check_folder", "count_option", "err", "host_option", "name_option",
-           "out", "paths_for", "port_option", "print_validation", "progress", "region_of", "run",
-           "seconds_option",
-           "text_option", "topology_for"]
+__all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "PRINCIPAL_ENV", "Exit", "JsonOpt",
+           "PrincipalOpt", "StateDirOpt", "TopologyOpt", "check_files", "check_folder",
+           "count_option", "err", "host_option", "name_option", "out", "paths_for",
+           "port_option", "print_json", "print_validation", "progress", "region_of", "run",
+           "seconds_option", "text_option", "topology_for"]
 
 T = TypeVar("T")
 
@@ -54,6 +53,8 @@ PrincipalOpt = Annotated[str | None, name_option(
     "command's Kafka clients authenticate as in regions whose topology has `security:` "
     f"[default: ${PRINCIPAL_ENV}; none: such regions refuse the command].",
     show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="The result as one JSON object on "
+                                      "stdout (progress and prompts on stderr).")]
 StateDirOpt = Annotated[Path | None, typer.Option(
     "--state-dir", help="Where data, logs and pids live [default: $CROSSDC_STATE_DIR or "
     ".crossdc/].", show_default=False)]
@@ -64,6 +65,14 @@ def paths_for(state_dir: Path | None) -> StackPaths:
     check_folder(state_dir, "--state-dir")
     base = StackPaths.default()
     return StackPaths(state=state_dir.resolve(), cache=base.cache) if state_dir else base
+
+
+def print_json(body: Any) -> None:
+    """One JSON object on stdout, one line (what `--json` prints)."""
+    import json
+    import sys
+
+    sys.stdout.write(json.dumps(body, default=str) + "\n")
 
 
 def print_validation(file: Path, check: Callable[[], dict[str, Any]]) -> None:

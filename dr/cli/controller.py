@@ -7,7 +7,7 @@ import asyncio
 import getpass
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -17,6 +17,7 @@ from crossdc.security import CONTROLLER
 from crossdc.topology import Topology
 from crossdc.yamlfile import load_model
 from dr.cli._common import (
+    JsonOpt,
     PrincipalOpt,
     TopologyOpt,
     err,
@@ -24,6 +25,7 @@ from dr.cli._common import (
     out,
     paths_for,
     port_option,
+    print_json,
     run,
     seconds_option,
     text_option,
@@ -31,7 +33,7 @@ from dr.cli._common import (
 )
 from dr.controller.config import ControllerSettings, FailoverSettings
 from dr.controller.state import FailoverRecord
-from dr.exits import fail
+from dr.exits import Exit, fail
 
 __all__ = ["controller_app", "failback", "failover", "gate_app"]
 
@@ -125,7 +127,7 @@ def _render_steps(rec: FailoverRecord) -> Table:
 
 def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dry_run: bool,
            reason: str, timeout_s: float, yes: bool = False,
-           principal: str | None = None) -> None:
+           principal: str | None = None, as_json: bool = False) -> None:
     from dr.controller.datacenters import Datacenters
     from dr.controller.ops import execute_forced, follow, plan_failover, start_failover
     topo, _ = topology_for(topology, paths_for(None))
@@ -133,6 +135,7 @@ def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dr
         _region(topo, target, "--to")
     settings = ControllerSettings(region=topo.primary, failover=FailoverSettings())
     by = f"operator:{getpass.getuser()}"
+    say = err if as_json else out  # with --json, stdout holds the one JSON object
 
     async def main() -> FailoverRecord | None:
         async with Datacenters(topo, settings.consul_retry) as dcs:
@@ -141,12 +144,16 @@ def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dr
             lag = plan.behind
             lag_txt = ("unknown" if lag.records is None else
                        f"{lag.records} record(s){'' if lag.measured else ' (last seen)'}")
-            out.print(f"{kind} {plan.record.source} → {plan.record.target} (epoch "
+            say.print(f"{kind} {plan.record.source} → {plan.record.target} (epoch "
                       f"{plan.view.current.epoch} → {plan.view.current.epoch + 1}); "
                       f"{plan.record.target} behind by {lag_txt}"
                       f"{'; forced' if force else ''}")
             if plan.record.risk:
                 err.print(f"[red]risk:[/] {escape(plan.record.risk)}", highlight=False)
+            if dry_run and as_json:
+                print_json(failover_json(plan.record, dry_run=True, plan=plan.steps,
+                                         behind=lag))
+                return None
             if dry_run:
                 for i, line in enumerate(plan.steps, 1):
                     out.print(f"  {i}. {escape(line)}", highlight=False)
@@ -177,6 +184,11 @@ def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dr
     final = run(main())
     if final is None:
         return
+    if as_json:
+        print_json(failover_json(final))
+        if final.state != "done":
+            raise Exit(1)
+        return
     out.print(_render_steps(final))
     if final.state != "done":
         fail(f"{kind} {final.id} failed: {final.error}", 1)
@@ -192,6 +204,26 @@ def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dr
                   f"overruled (runbooks/split-brain.md) — RTO {rto}, RPO {rpo}")
         return
     out.print(f"[green]{final.target} is primary[/] — RTO {rto}, RPO {rpo}")
+
+
+def failover_json(rec: FailoverRecord, *, dry_run: bool = False, plan: list[str] | None = None,
+                  behind: Any = None) -> dict[str, Any]:
+    """`dr failover --json` (and failback): the record as the controller keeps it (its
+    steps, RTO, RPO, risk), whether it ended done, and whether it was forced without a
+    majority (then it is the truth only once a majority holds it); `--dry-run`: the plan's
+    steps and the lag measured, nothing written."""
+    body: dict[str, Any] = {
+        "kind": rec.kind, "id": rec.id, "source": rec.source, "target": rec.target,
+        "dry_run": dry_run, "done": rec.state == "done" and not dry_run,
+        "forced_without_majority": bool(rec.force and "may be the minority" in rec.risk),
+        "record": rec.model_dump(mode="json")}
+    if dry_run:
+        body["plan"] = plan or []
+        if behind is not None:
+            body["behind"] = {"records": behind.records, "measured": behind.measured,
+                              "last_copy_age_s": behind.last_copy_age_s,
+                              "error": behind.error}
+    return body
 
 
 TargetOpt = Annotated[str, typer.Option("--to", help="The region to make primary.")]
@@ -210,10 +242,12 @@ TimeoutOpt = Annotated[float, seconds_option("--timeout", min=1.0,
 
 def failover(target: TargetOpt, topology: TopologyOpt = None, force: ForceOpt = False,
              dry_run: DryRunOpt = False, reason: ReasonOpt = "", timeout_s: TimeoutOpt = 120.0,
-             yes: YesOpt = False, principal: PrincipalOpt = None) -> None:
+             yes: YesOpt = False, principal: PrincipalOpt = None,
+             as_json: JsonOpt = False) -> None:
     """Move the primary to another region: fence, wait out the lease, drain, move group
     offsets, promote, switch DNS (executed by the leading controller, followed here)."""
-    _drive(topology, target, "failover", force, dry_run, reason, timeout_s, yes, principal)
+    _drive(topology, target, "failover", force, dry_run, reason, timeout_s, yes, principal,
+           as_json)
 
 
 def failback(target: Annotated[str | None, typer.Option(
@@ -221,12 +255,14 @@ def failback(target: Annotated[str | None, typer.Option(
                  show_default=False)] = None,
              topology: TopologyOpt = None, force: ForceOpt = False,
              dry_run: DryRunOpt = False, reason: ReasonOpt = "", timeout_s: TimeoutOpt = 120.0,
-             yes: YesOpt = False, principal: PrincipalOpt = None) -> None:
+             yes: YesOpt = False, principal: PrincipalOpt = None,
+             as_json: JsonOpt = False) -> None:
     """Move the primary back to the region the last failover left (once it has caught up)."""
-    _drive(topology, target, "failback", force, dry_run, reason, timeout_s, yes, principal)
+    _drive(topology, target, "failback", force, dry_run, reason, timeout_s, yes, principal,
+           as_json)
 
 
-def _gate(closed: bool, topology: Path | None, reason: str) -> None:
+def _gate(closed: bool, topology: Path | None, reason: str, as_json: bool = False) -> None:
     from dr.controller.datacenters import Datacenters
     from dr.controller.ops import set_gate
     topo, _ = topology_for(topology, paths_for(None))
@@ -236,18 +272,24 @@ def _gate(closed: bool, topology: Path | None, reason: str) -> None:
             return await set_gate(dcs, closed, f"operator:{getpass.getuser()}", reason)
 
     errors = run(main())
+    if as_json:
+        print_json({"gate": "closed" if closed else "open", "reason": reason,
+                    "not_written_in": errors})
+        return
     state = "[yellow]closed[/]: automatic failover stopped" if closed else \
         "[green]open[/]: automatic failover allowed"
     out.print(f"gate {state}" + (f" (not written in: {', '.join(errors)})" if errors else ""))
 
 
 @gate_app.command("close")
-def gate_close(topology: TopologyOpt = None, reason: ReasonOpt = "") -> None:
+def gate_close(topology: TopologyOpt = None, reason: ReasonOpt = "",
+               as_json: JsonOpt = False) -> None:
     """Stop automatic failover (maintenance); manual `dr failover` still works."""
-    _gate(True, topology, reason)
+    _gate(True, topology, reason, as_json)
 
 
 @gate_app.command("open")
-def gate_open(topology: TopologyOpt = None, reason: ReasonOpt = "") -> None:
+def gate_open(topology: TopologyOpt = None, reason: ReasonOpt = "",
+              as_json: JsonOpt = False) -> None:
     """Allow automatic failover again."""
-    _gate(False, topology, reason)
+    _gate(False, topology, reason, as_json)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 from pydantic import ValidationError
@@ -11,16 +11,18 @@ from rich.console import Console
 from rich.table import Table
 
 from crossdc.clients.connection import KafkaConnection
-from crossdc.clients.offsets import apply_offsets, translate_group
+from crossdc.clients.offsets import Translated, apply_offsets, translate_group
 from crossdc.security import MIRROR
 from crossdc.topology import Flow, Topology
 from dr.cli._common import (
+    JsonOpt,
     PrincipalOpt,
     TopologyOpt,
     host_option,
     name_option,
     paths_for,
     port_option,
+    print_json,
     region_of,
     seconds_option,
     topology_for,
@@ -140,6 +142,17 @@ def run(
                       metrics_host, principal=MIRROR))  # its own principal (SASL/SCRAM)
 
 
+def offsets_json(group: str, source: str, target: str, rows: list[Translated],
+                 applied: int | None) -> dict[str, Any]:
+    """`dr offsets translate --json`: the group, both regions, each partition's committed
+    and translated offset (null: nothing to translate to yet), and how many were committed
+    on the target (`--apply`; null without it)."""
+    return {"group": group, "from": source, "to": target, "applied": applied,
+            "offsets": [{"topic": r.topic, "partition": r.partition,
+                         "source_offset": r.source_offset, "target_offset": r.target_offset}
+                        for r in rows]}
+
+
 @offsets_app.command("translate")
 def translate(
     group: Annotated[str, name_option("--group", help="Consumer group to move.")],
@@ -150,6 +163,7 @@ def translate(
                                         "the target (the group must have no members).")] =
         False,
     principal: PrincipalOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Translate a group's committed offsets from one region to another, exactly."""
     topo, _ = topology_for(topology, paths_for(None))
@@ -158,6 +172,10 @@ def translate(
     rows = asyncio.run(translate_group(group, source, src, dst))
     if not rows:
         raise MirrorError(f"group {group!r} has no committed offsets in {source}")
+    if as_json:
+        applied = asyncio.run(apply_offsets(group, dst, rows)) if apply else None
+        print_json(offsets_json(group, source, target, rows, applied))
+        return
     t = Table(title=f"group {group}: {source} → {target}")
     for col in ("topic", "partition", f"committed in {source}", f"translated for {target}"):
         t.add_column(col, justify="left" if col == "topic" else "right")

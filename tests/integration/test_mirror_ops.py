@@ -343,6 +343,11 @@ async def test_offsets_translate_cli_applies_and_refuses_with_members(  # type: 
             env={**os.environ, "COLUMNS": "200"})
         out, _ = await proc.communicate()
         return proc.returncode or 0, out.decode()
+    code, out = await run("--json")  # nothing applied: the translation alone, as JSON
+    assert code == 0, out
+    assert json.loads(out) == {"group": group, "from": "east", "to": "west", "applied": None,
+                               "offsets": [{"topic": topic, "partition": 0,
+                                            "source_offset": 25, "target_offset": 25}]}
     code, out = await run("--apply")
     assert code == 0, out
     assert "committed 1 partition offset(s)" in out

@@ -55,6 +55,35 @@ def test_dr_status_json_cli(two_regions: StackInfo) -> None:
     assert witness["consul"]["wan_expected"] == 3
 
 
+def _dr_json(two_regions: StackInfo, *args: str) -> dict:  # type: ignore[type-arg]
+    proc = subprocess.run(
+        [sys.executable, "-m", "dr.cli", *args, "--json", "--topology",
+         str(two_regions.topology_path)], capture_output=True, text=True, timeout=120,
+        check=False)
+    assert proc.returncode == 0, proc.stderr
+    [line] = proc.stdout.splitlines()  # one JSON object, nothing else on stdout
+    return json.loads(line)  # type: ignore[no-any-return]
+
+
+def test_failover_dry_run_and_gate_answer_json(two_regions: StackInfo) -> None:
+    """`--json` on the operator's commands that print a result (issue 37): the failover's
+    plan (nothing written), the gate closed then opened again."""
+    plan = _dr_json(two_regions, "failover", "--to", "west", "--dry-run")
+    assert (plan["kind"], plan["source"], plan["target"]) == ("failover", "east", "west")
+    assert plan["dry_run"] is True
+    assert plan["done"] is False
+    assert any(step.startswith("fence:") for step in plan["plan"]), plan["plan"]
+    assert plan["record"]["state"] == "running"
+    assert "records" in plan["behind"]
+    try:
+        closed = _dr_json(two_regions, "gate", "close", "--reason", "json test")
+        assert closed == {"gate": "closed", "reason": "json test", "not_written_in": {}}
+    finally:
+        opened = _dr_json(two_regions, "gate", "open")
+    assert opened["gate"] == "open"
+    assert opened["not_written_in"] == {}
+
+
 def test_dr_status_table_cli(two_regions: StackInfo) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "dr.cli", "status", "--topology", str(two_regions.topology_path)],
