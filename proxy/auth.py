@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from crossdc.yamlfile import load_model, parse_model
 from proxy.errors import PermissionDenied, Unauthenticated
+from proxy.policy import glob_problem
 from proxy.reload import WatchedFile
 
 __all__ = ["AuthFile", "AuthStore", "TokenEntry", "authenticate", "hash_token", "load_auth",
@@ -77,6 +78,10 @@ class TokenEntry(BaseModel):
         bad = [t for t in v if not re.match(_TOPIC_PATTERN, t)]
         if bad:
             raise ValueError(f"not a topic name or glob: {', '.join(map(repr, bad))}")
+        for t in v:
+            why = glob_problem(t)
+            if why:
+                raise ValueError(f"{t!r} is not a usable glob: {why}")
         return v
 
     def allows(self, topic: str) -> bool:

@@ -44,6 +44,7 @@ __all__ = [
     "Policy",
     "Rule",
     "default_policy_path",
+    "glob_problem",
     "load_policy",
     "parse_policy",
 ]
@@ -63,6 +64,38 @@ RegionRef = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,30}$")]
 
 LOCAL = "local"
 """In a `prefer` list: the proxy's own region (a keyword, not a region name)."""
+
+
+def glob_problem(pattern: str) -> str | None:
+    """Why `pattern` (a topic name or fnmatch glob) can never mean what it says, or None.
+    fnmatch compiles anything, taking what it cannot read for literal characters: an
+    unclosed `[` or a `]` or `!` outside a class would then have to appear in the topic's
+    name, which Kafka never allows, and a range written backwards (`[z-a]`) matches
+    nothing, so such a rule silently applied to no topic."""
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "[":
+            j = i + 1
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":  # a `]` first in a class is one of its members
+                j += 1
+            close = pattern.find("]", j)
+            if close < 0:
+                return f"'[' at {i + 1} is never closed (a class is written [abc] or [a-z])"
+            body = pattern[j:close]
+            for k in range(1, len(body) - 1):
+                if body[k] == "-" and body[k - 1] > body[k + 1]:
+                    return (f"the range {body[k - 1]}-{body[k + 1]} in {pattern[i:close + 1]} "
+                            "is backwards: it matches nothing")
+            i = close + 1
+            continue
+        if c in "]!":
+            return (f"{c!r} at {i + 1} outside a [...] class: a topic name never holds it "
+                    "(a class is written [abc], its negation [!abc])")
+        i += 1
+    return None
 
 
 def _is_glob(pattern: str) -> bool:
@@ -277,6 +310,14 @@ class Rule(_RuleFields):
 
     topic: str = Field(pattern=_TOPIC_PATTERN, description="Exact topic name, or an fnmatch "
                        "glob (`orders.*`, `clicks-?`, `logs.[ab]*`); case-sensitive.")
+
+    @field_validator("topic")
+    @classmethod
+    def _glob(cls, v: str) -> str:
+        why = glob_problem(v)
+        if why:
+            raise ValueError(f"{v!r} is not a usable glob: {why}")
+        return v
 
     @property
     def is_glob(self) -> bool:

@@ -84,6 +84,40 @@ def test_exact_match_beats_a_later_glob_and_glob_matches_the_rest() -> None:
     assert logs.key_required
 
 
+@pytest.mark.parametrize(("glob", "why"), [
+    ("logs.[ab", "'[' at 6 is never closed"),
+    ("logs.[z-a]*", "the range z-a in [z-a] is backwards"),
+    ("logs]", "']' at 5 outside a [...] class"),
+    ("!logs", "'!' at 1 outside a [...] class"),
+])
+def test_a_glob_that_can_match_no_topic_is_refused_with_its_line(glob: str, why: str) -> None:
+    """fnmatch reads anything, taking an unclosed `[` or a stray `]`/`!` literally (no topic
+    name holds them) and a backwards range as a class of nothing: such a rule applied to no
+    topic, silently. Refused, naming file, line, field and why (issue 37, bad input)."""
+    text = f"rules:\n  - topic: orders\n    mode: nearest\n  - topic: \"{glob}\"\n" \
+           "    mode: nearest\n"
+    [issue] = issues(text)
+    assert issue.startswith("p.yaml:4 rules[1].topic:"), issue
+    assert why in issue, issue
+
+
+def test_globs_that_fnmatch_reads_as_meant_are_kept() -> None:
+    from proxy.policy import glob_problem
+
+    for glob in ("orders.*", "logs.[ab]*", "logs.[!ab]?", "x[]]", "x[!]]", "a[0-9]", "*"):
+        assert glob_problem(glob) is None, glob
+    assert parse_policy(MATCHING, "p.yaml").rules[3].topic == "logs.[ab]*"
+
+
+def test_a_token_with_an_unusable_glob_is_refused() -> None:
+    from pydantic import ValidationError
+
+    from proxy.auth import TokenEntry
+
+    with pytest.raises(ValidationError, match="is never closed"):
+        TokenEntry(name="app", sha256="0" * 64, topics=["payments.[ab"])
+
+
 def test_globs_are_case_sensitive_and_anchored() -> None:
     p = parse_policy(MATCHING, "p.yaml")
     for topic in ("Orders.us", "xorders.us", "clicks-10", "logs.c"):
