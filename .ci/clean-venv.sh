@@ -113,9 +113,9 @@ check 0 0 -- python -m dr.reconcile --help
 check 0 0 -- dr topology validate topology.yaml
 check 0 0 -- dr policy validate policy.yaml -t topology.yaml
 check 0 0 -- python -c "import proxy.api, proxy.server; from proxy.build_protos import is_fresh; assert is_fresh()"
-# bad input: one line, exit 2
+# bad input: one line, exit 2 (the command line) or 65 (a file refused: dr/exits.py)
 check 2 1 -- dr status --bogus
-check 2 1 -- dr topology validate /nonexistent
+check 65 1 -- dr topology validate /nonexistent
 check 2 1 -- dr status
 check 2 1 -- dr reconcile --regions a,b --topics x
 check 2 1 -- python -m dr.reconcile --regions a,b --topics x
@@ -131,7 +131,7 @@ check 2 1 -- dr mirror run --from east --to east --topics x -t topology.yaml
 check 2 1 -- dr mirror run --from east --to west --topics '([' -t topology.yaml
 check 2 1 -- dr drill --scenario datacenter-fire -t topology.yaml
 check 2 1 -- dr drill --scenario primary-outage -t topology.yaml --max-rto-s -1
-check 2 1 -- dr drill --scenario primary-outage -t topology.yaml --config /nonexistent
+check 65 1 -- dr drill --scenario primary-outage -t topology.yaml --config /nonexistent
 check 1 1 -- dr drill --scenario primary-outage -t topology.yaml --dry-run
 check 2 1 -- dr demo -t topology.yaml
 check 2 1 -- dr prometheus config --target bad
@@ -142,10 +142,10 @@ check 2 1 "'--metrics-port'" -- dr mirror run --metrics-port 70000
 check 2 1 "'--grace'" -- dr proxy serve --region east -p policy.yaml --grace nan
 check 2 1 "'--log-level'" -- dr --log-level loud status
 # hostile files: a named pipe, /dev/zero behind a link (refused at once, never read)
-check 2 1 "named pipe" -- dr policy validate pipe.yaml
-check 2 1 "named pipe" -- dr topology validate pipe.yaml
-check 2 1 "character device" -- dr policy validate zero.yaml
-check 2 1 "named pipe" -- dr proxy serve --region east -p pipe.yaml -t topology.yaml
+check 65 1 "named pipe" -- dr policy validate pipe.yaml
+check 65 1 "named pipe" -- dr topology validate pipe.yaml
+check 65 1 "character device" -- dr policy validate zero.yaml
+check 65 1 "named pipe" -- dr proxy serve --region east -p pipe.yaml -t topology.yaml
 # commands that need an extra say which one
 check 1 1 "pip install 'crossdc[reconcile]'" -- \
   dr reconcile --regions east,west --topics x -t topology.yaml

@@ -66,7 +66,9 @@ class ConfigIssue:
 class ConfigError(CrossdcError):
     """A user-written file is invalid; `issues` lists every problem found."""
 
-    exit_code = 2
+    exit_code = 65
+    """sysexits' EX_DATAERR: told apart from a usage error (2) and a bad verdict (3)
+    (dr/exits.py; issues about options rather than a file exit 2 there)."""
 
     def __init__(self, issues: list[ConfigIssue], more: int = 0) -> None:
         self.issues = issues

@@ -1,9 +1,14 @@
 """How a `dr` command ends: every error a user can cause becomes one readable paragraph and
-an exit code, never a traceback.
+an exit code, never a traceback. The codes (docs/architecture.md, "Exit codes", one table):
 
-0 ok; 1 a crossdc error (or the system refused: a file, a port); 2 bad input (options, files
-a user wrote); 3 and up: a command's own verdicts (e.g. a reconciliation threshold); 130
-interrupted.
+0 ok; 1 the command could not do its work (an error it names: a server that does not
+answer, a step that failed, the system refusing a port or a path); 2 the command line (an
+unknown option, a missing argument, an option's value refused); 3 it ran and judged the
+system bad (`dr status` unhealthy, `dr sync status` blocking a failover, a drill breaching a
+threshold, reconciliation FAIL, the demo's verdict; `dr mirror run`: fenced by a newer
+worker, do not restart); 4 nothing judged yet (reconciliation); 65 a file the user wrote is
+missing or invalid (policy, topology, drill, auth, thresholds: file, line and field named;
+sysexits' EX_DATAERR); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -19,7 +24,16 @@ from rich.markup import escape
 
 from crossdc.errors import ConfigError, ConfigIssue, CrossdcError
 
-__all__ = ["COMMAND_LINE", "Exit", "click_command", "fail", "fail_line", "run_app"]
+__all__ = ["COMMAND_LINE", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_INVALID_FILE",
+           "EXIT_NOT_JUDGED", "EXIT_USAGE", "EXIT_VERDICT", "Exit", "click_command", "fail",
+           "fail_line", "run_app"]
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_VERDICT = 3
+EXIT_NOT_JUDGED = 4
+EXIT_INVALID_FILE = ConfigError.exit_code  # 65
+EXIT_INTERRUPTED = 130
 
 COMMAND_LINE = "command line"
 """The `file` of a ConfigIssue about an option rather than a file."""
@@ -83,7 +97,7 @@ def run_app(app: typer.Typer) -> None:
         if exc.issues and all(i.file == COMMAND_LINE or i.file.startswith("--")
                               for i in exc.issues):
             # options a model refused (e.g. `--max-rto-s -1`): name the options, not a file
-            fail("; ".join(_option_issue(i) for i in exc.issues), exc.exit_code)
+            fail("; ".join(_option_issue(i) for i in exc.issues), EXIT_USAGE)
         if len(exc.issues) == 1 and not exc.more:  # one problem: one line
             _err.print(f"[red]invalid file:[/] {escape(str(exc.issues[0]))}", highlight=False,
                        soft_wrap=True)

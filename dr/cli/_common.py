@@ -78,7 +78,7 @@ def print_json(body: Any) -> None:
 def print_validation(file: Path, check: Callable[[], dict[str, Any]]) -> None:
     """`validate --json`: one JSON object on stdout, `{"file", "valid": true, ...what
     check() returned}`, or `{"file", "valid": false, "issues": [{file, line, field,
-    message}], "more"}` and exit 2 when the file is refused (ConfigError)."""
+    message}], "more"}` and exit 65 when the file is refused (ConfigError)."""
     import json
     import sys
 
@@ -92,7 +92,7 @@ def print_validation(file: Path, check: Callable[[], dict[str, Any]]) -> None:
                             "message": i.message} for i in exc.issues], "more": exc.more}
     sys.stdout.write(json.dumps(body) + "\n")
     if not body["valid"]:
-        raise Exit(2)
+        raise Exit(ConfigError.exit_code)
 
 
 @contextlib.contextmanager
@@ -151,7 +151,7 @@ def check_files(topo: Topology, *, policy: Path | None = None, auth: Path | None
                 tls: Any = None, controller_config: Path | None = None) -> None:
     """Validate the files a command hands to processes it starts (a policy against the
     topology, an auth file, TLS files) before anything starts: a bad one is one line naming
-    file, line and field (exit 2), not a child that fails, or restarts, later."""
+    file, line and field (exit 65), not a child that fails, or restarts, later."""
     if policy is not None:
         from proxy.policy import load_policy
         load_policy(policy, topo)

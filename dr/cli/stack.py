@@ -31,7 +31,7 @@ from dr.cli._common import (
     topology_for,
 )
 from dr.controller.ops import ControllerView
-from dr.exits import fail
+from dr.exits import EXIT_VERDICT, fail
 from dr.stack.paths import StackPaths
 from dr.status import ConsulStatus, PrimaryView, StackStatus, probe_topology
 
@@ -190,7 +190,7 @@ def status(
     principal: PrincipalOpt = None,
 ) -> None:
     """Show each region's Kafka brokers and quorum, Consul leader and WAN pool, and each
-    witness's Consul. Exit 1 if any region or witness is unhealthy."""
+    witness's Consul. Exit 3 if any region or witness is unhealthy."""
     from dr.stack.local import read_stack_file
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
@@ -225,7 +225,7 @@ def status(
         if containers:
             render_containers(containers)
     if not st.healthy:
-        raise Exit(1)
+        raise Exit(EXIT_VERDICT)
 
 
 async def _services(topo: Topology, path: Path, paths: StackPaths

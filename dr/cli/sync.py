@@ -17,7 +17,7 @@ from crossdc.yamlfile import load_model
 from dr.cli._common import PrincipalOpt, TopologyOpt, err, out, paths_for, run, topology_for
 from dr.controller.config import ControllerSettings, SyncSettings
 from dr.controller.sync import StandbyReport, SyncReport, sync_report
-from dr.exits import Exit, run_app
+from dr.exits import EXIT_VERDICT, Exit, run_app
 
 __all__ = ["sync_app"]
 
@@ -119,7 +119,7 @@ def status(
         "--config", help="Controller settings YAML (its sync section).")] = None,
     principal: PrincipalOpt = None,
 ) -> None:
-    """What differs between the primary and each standby; exit 1 when something would block
+    """What differs between the primary and each standby; exit 3 when something would block
     a failover (a missing topic, fewer partitions, untranslatable group offsets)."""
     settings = _settings(config, topics)
     topo, _ = topology_for(topology, paths_for(None))
@@ -138,7 +138,7 @@ def status(
     if report.blocking:
         err.print(f"[red]would block a failover:[/] {escape('; '.join(report.blocking))}",
                   highlight=False, soft_wrap=True)
-        raise Exit(1)
+        raise Exit(EXIT_VERDICT)
     if not json_out:
         out.print(f"[green]nothing blocks a failover from {report.primary}[/]")
 

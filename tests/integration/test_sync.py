@@ -227,7 +227,7 @@ async def test_sync_status_exit_codes(two_regions, tmp_path: Path) -> None:  # t
     await produce(east, topic, [(b"k", b"v", [])] * 5, partition=0)
 
     res = _status(path, prefix)
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.returncode == 3, res.stdout + res.stderr
     assert topic in res.stdout
     assert "topic missing" in res.stdout
     assert "no primary record in Consul: using the topology's primary east" in res.stderr
@@ -240,7 +240,7 @@ async def test_sync_status_exit_codes(two_regions, tmp_path: Path) -> None:  # t
 
     await _commit(east, group, topic, 3)  # never mirrored: cannot be translated
     res = _status(path, prefix, "--json")
-    assert res.returncode == 1, res.stdout + res.stderr
+    assert res.returncode == 3, res.stdout + res.stderr
     report = json.loads(res.stdout)
     [west] = report["standbys"]
     assert [g["group"] for g in west["groups"]] == [group]

@@ -148,7 +148,7 @@ def test_validate_json_says_valid_or_every_issue(tmp_path: Path) -> None:
     bad.write_text("rules:\n  - topic: x\n    dr_mode: bogus\n", encoding="utf-8")
     for what in ("policy", "topology"):
         proc = dr(what, "validate", str(bad), "--json", tmp=tmp_path)
-        assert proc.returncode == 2
+        assert proc.returncode == 65  # a file refused (dr/exits.py)
         body = json.loads(proc.stdout)
         assert body["valid"] is False
         assert body["issues"], body

@@ -1,6 +1,6 @@
-"""Every `dr` command, and every group, answers bad input with one error paragraph and exit 2,
-never a traceback; every option of every command is walked with values out of its range and
-values not of its form.
+"""Every `dr` command, and every group, answers bad input with one error paragraph and exit 2
+(65 for a file it reads that is missing or invalid: dr/exits.py), never a traceback; every
+option of every command is walked with values out of its range and values not of its form.
 
 The command tree is read from the typer app itself (and `python -m dr.reconcile`'s one-command
 app), so a command or option added later is walked too, and an option of a kind the walk
@@ -121,6 +121,17 @@ def _choices(p: object) -> tuple[object, ...] | None:
     if found is None:
         found = getattr(getattr(p, "type", None), "choices", None)
     return tuple(found) if found else None
+
+
+FILE_REFUSED = {"missing file", "bad file", "a named pipe for a file"}
+"""Variants whose one bad input is a file the command reads: exit 65 (dr/exits.py)."""
+
+
+def _exit_for(r: Result) -> int:
+    """65 for a file refused (said as `invalid file:`), 2 for the command line."""
+    if r.why in FILE_REFUSED or "invalid file" in r.stderr:
+        return 65
+    return 2
 
 
 def _options(cmd: object) -> dict[str, object]:
@@ -403,8 +414,9 @@ def test_every_command_answers_bad_input_with_one_paragraph(tmp_path: Path) -> N
             problems.append(f"{shown} ({r.why}): still running at the deadline")
         elif "Traceback" in r.stderr + r.stdout:
             problems.append(f"{shown} ({r.why}): a traceback:\n{r.stderr[-600:]}")
-        elif r.code != 2:
-            problems.append(f"{shown} ({r.why}): exit {r.code}, not 2:\n{r.stderr[-600:]}")
+        elif r.code != (want := _exit_for(r)):
+            problems.append(f"{shown} ({r.why}): exit {r.code}, not {want}:\n"
+                            f"{r.stderr[-600:]}")
         elif len(paragraphs) != 1:
             problems.append(f"{shown} ({r.why}): {len(paragraphs)} paragraphs on stderr:\n"
                             f"{r.stderr}")

@@ -406,13 +406,13 @@ def dr(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, check=False)
 
 
-def test_cli_validate_bad_file_prints_every_issue_and_exits_2(tmp_path: Path) -> None:
+def test_cli_validate_bad_file_prints_every_issue_and_exits_65(tmp_path: Path) -> None:
     bad = tmp_path / "p.yaml"
     text = ("rules:\n  - topic: a\n    mode: nearest\n    sync: true\n"
             "  - topic: b\n    quorum: 2\n")
     bad.write_text(text)
     proc = dr("policy", "validate", str(bad))
-    assert proc.returncode == 2
+    assert proc.returncode == 65  # a file refused (dr/exits.py)
     assert "Traceback" not in proc.stderr
     assert f"{bad}:4 rules[0].sync: sync: true needs mode: ordered" in proc.stderr
     assert f"{bad}:6 rules[1].quorum: quorum is only for sync: true" in proc.stderr
@@ -423,7 +423,7 @@ def test_cli_validate_with_topology(tmp_path: Path) -> None:
     bad.write_text("rules:\n  - topic: a\n    mode: nearest\n    prefer: [mars]\n")
     assert dr("policy", "validate", str(bad)).returncode == 0
     proc = dr("policy", "validate", str(bad), "--topology", str(TOPOLOGY))
-    assert proc.returncode == 2
+    assert proc.returncode == 65  # a file refused (dr/exits.py)
     assert f"{bad}:4 rules[0].prefer[0]: 'mars' is not a region (regions: east, west)" \
         in proc.stderr
 
@@ -439,9 +439,9 @@ def test_cli_validate_good_file_prints_one_line() -> None:
     assert "1 rule(s), strict (unmatched topics refused)" in proc.stdout
 
 
-def test_cli_validate_missing_file_exits_2(tmp_path: Path) -> None:
+def test_cli_validate_missing_file_exits_65(tmp_path: Path) -> None:
     proc = dr("policy", "validate", str(tmp_path / "nope.yaml"))
-    assert proc.returncode == 2
+    assert proc.returncode == 65  # a file refused (dr/exits.py)
     assert "nope.yaml: file not found" in proc.stderr
 
 

@@ -197,7 +197,7 @@ def test_validate_commands_answer_a_pipe_with_one_line(command: list[str],
                                                        fifo: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "dr.cli", *command, str(fifo)],
                           capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 2
+    assert proc.returncode == 65  # a file refused (dr/exits.py)
     assert "Traceback" not in proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
