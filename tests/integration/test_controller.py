@@ -126,6 +126,7 @@ async def test_one_controller_leads_and_a_clean_stop_hands_over(topo: Topology,
         await eventually(agreed, 10, "every datacenter holding the same primary record")
 
 
+@pytest.mark.slow  # `make test-more` (CI): keeping `make test` under 10 min
 async def test_killed_leader_is_replaced_within_15_s(topo: Topology, dcs: Datacenters,
                                                      tmp_path: Path) -> None:
     path = write_topology(topo, tmp_path / "topology.yaml")
