@@ -103,7 +103,6 @@ async def test_consul_outage_freezes_then_answers(dep: Deployment) -> None:
     assert (await probe_consul(east, 2, timeout_s=2.0)).healthy
 
 
-@pytest.mark.slow  # `make test-more` (CI): keeping `make test` under 10 min
 async def test_controller_outage_moves_the_lead_then_both_run(dep: Deployment) -> None:
     before = await dep.services.leader()
     assert before is not None
@@ -121,7 +120,6 @@ async def test_controller_outage_moves_the_lead_then_both_run(dep: Deployment) -
         assert await dep.services.healthy(name), name
 
 
-@pytest.mark.slow  # `make test-more` (CI): keeping `make test` under 10 min
 async def test_mirror_outage_kills_every_mirror_then_restarts_them(dep: Deployment) -> None:
     fault = local_fault("mirror-outage", dep.stack, dep.services, "east")
     before = _pids(dep.services)
