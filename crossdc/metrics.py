@@ -1,7 +1,14 @@
 """What every crossdc daemon's Prometheus registry holds beside its own metrics: the
 standard process and Python collectors (`process_*`, `python_gc_*`, `python_info`, as any
-Python exporter has) and `crossdc_build_info{version, component, python}` = 1, so a scrape
-that crossdc did not configure still tells what runs where and which version."""
+Python exporter has) and `crossdc_build_info{version, component, python, home_region}` = 1,
+so a scrape that crossdc did not configure still tells what runs where and which version.
+
+`home_region` is the region the daemon runs in, set by the daemon itself (the proxy's and the
+controller's `--region`, the mirror's target region), so the alert rules and the dashboard
+find a target's region by joining on this series (`on(instance, job)`) rather than on a
+target label only crossdc's own scrape configuration would add. Not `region`: the daemons'
+metrics use that label for the region written to or judged, and a join copying a second
+`region` onto them would clash."""
 
 from __future__ import annotations
 
@@ -34,10 +41,13 @@ def crossdc_version() -> str:
         return __version__
 
 
-def standard_metrics(registry: CollectorRegistry, component: str) -> None:
+def standard_metrics(registry: CollectorRegistry, component: str,
+                     home_region: str | None = None) -> None:
     """Add the standard collectors and `crossdc_build_info` to `registry`, each once: a
     registry that has one already (prometheus-client's global registry has the process and
-    Python collectors; a second component in one test process) keeps what it has."""
+    Python collectors; a second component in one test process) keeps what it has.
+    `home_region`: the region the daemon runs in (None: unknown, the label left empty, which
+    Prometheus treats as absent)."""
     if registry in _DONE:
         return
     _DONE.add(registry)
@@ -46,7 +56,9 @@ def standard_metrics(registry: CollectorRegistry, component: str) -> None:
             collector(registry=registry)
     with contextlib.suppress(ValueError):
         info = Gauge("crossdc_build_info", "1, labelled with the crossdc version, the "
-                     "component (proxy, mirror, controller) and the Python version.",
-                     ("version", "component", "python"), registry=registry,
+                     "component (proxy, mirror, controller), the Python version and the "
+                     "region the daemon runs in.",
+                     ("version", "component", "python", "home_region"), registry=registry,
                      multiprocess_mode="max")
-        info.labels(crossdc_version(), component, platform.python_version()).set(1)
+        info.labels(crossdc_version(), component, platform.python_version(),
+                    home_region or "").set(1)

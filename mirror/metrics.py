@@ -12,11 +12,13 @@ _LABELS = ("source", "target", "topic")
 
 
 class MirrorMetrics:
-    """One set per process (tests make their own registry)."""
+    """One set per process (tests make their own registry); `home_region`: the region the
+    workers run in (their flows' target), on `crossdc_build_info`."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *,
+                 home_region: str | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        standard_metrics(self.registry, "mirror")
+        standard_metrics(self.registry, "mirror", home_region)
         r = self.registry
         self.records = Counter("crossdc_mirror_records", "Records written to the target",
                                _LABELS, registry=r)

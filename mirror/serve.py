@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -24,7 +25,7 @@ from mirror.errors import MirrorError, WorkerFenced
 from mirror.metrics import MirrorMetrics
 from mirror.worker import MirrorWorker
 
-__all__ = ["Restart", "serve", "supervise", "worker_for"]
+__all__ = ["Restart", "serve", "serve_metrics", "supervise", "worker_for"]
 
 log = structlog.get_logger("crossdc.mirror.supervisor")
 
@@ -40,6 +41,14 @@ def worker_for(topo: Topology, f: Flow, metrics: MirrorMetrics, *,
                         KafkaConnection.of(topo.region(f.target), principal=principal), metrics,
                         consul_http_addrs=[topo.region(f.target).consul.http_addr,
                                            topo.region(f.source).consul.http_addr])
+
+
+def serve_metrics(flows: Sequence[Flow]) -> MirrorMetrics:
+    """The metrics of a process running `flows`: its home region (on crossdc_build_info) is
+    their target, where the local stack and the containers run each flow's workers; flows
+    into several regions give none."""
+    targets = {f.target for f in flows}
+    return MirrorMetrics(home_region=targets.pop() if len(targets) == 1 else None)
 
 
 @dataclass(frozen=True)
@@ -106,7 +115,7 @@ async def serve(topo: Topology, flows: list[Flow], metrics_port: int | None,
     with it, each flow's worker is restarted after a bounded pause (`supervise`).
     SIGINT/SIGTERM drains the workers in order (each stop() bounded): exit 0. `principal`:
     what the workers' Kafka clients authenticate as (SASL/SCRAM regions)."""
-    metrics = MirrorMetrics()
+    metrics = serve_metrics(flows)
     restarts = Counter("crossdc_mirror_restarts", "Workers restarted after an error "
                        "(`dr mirror run --restart`)", ("source", "target"),
                        registry=metrics.registry)

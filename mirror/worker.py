@@ -190,7 +190,7 @@ class MirrorWorker(Lifecycle):
         self.flow = flow
         self.source = source
         self.target = target
-        self.metrics = metrics or MirrorMetrics()
+        self.metrics = metrics or MirrorMetrics(home_region=flow.target)
         self.group = flow.group or f"crossdc-mirror-{flow.source}-{flow.target}"
         self._client_id = f"crossdc-mirror-{flow.source}-{flow.target}"  # in logs and leaks
         self.worker_id = flow.worker_id or socket.gethostname()

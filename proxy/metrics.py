@@ -23,11 +23,13 @@ _BUCKETS = (.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10)
 
 
 class ProxyMetrics:
-    """One set per server (tests give each server its own registry)."""
+    """One set per server (tests give each server its own registry); `home_region`: the
+    proxy's region, on `crossdc_build_info`."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, *,
+                 home_region: str | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        standard_metrics(self.registry, "proxy")
+        standard_metrics(self.registry, "proxy", home_region)
         r = self.registry
         self.records = Counter("crossdc_proxy_records", "Records written, by region and mode",
                                ("region", "mode"), registry=r)

@@ -407,7 +407,7 @@ class ProxyServer(Lifecycle):
         self.config = config
         self.region = topology.region(config.region)
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = ProxyMetrics(self.registry)
+        self.metrics = ProxyMetrics(self.registry, home_region=config.region)
         self._results_ok = self.metrics.results.labels("OK")
         self._own_store = isinstance(policy, (str, Path))
         self.policy_store: PolicyStore | None = None

@@ -87,7 +87,7 @@ class Controller(Lifecycle):
         """What its Kafka clients authenticate as (SASL/SCRAM regions)."""
         self.topology_path = topology_path
         self.settings = settings
-        self.metrics = metrics or ControllerMetrics()
+        self.metrics = metrics or ControllerMetrics(home_region=settings.region)
         self.sync_hook = sync
         self.dcs = Datacenters(topology, settings.consul_retry)
         self.dns = DnsPublisher(self.dcs)

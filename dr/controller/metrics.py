@@ -12,9 +12,12 @@ _STATUSES = ("up", "degraded", "down", "unknown")
 
 
 class ControllerMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    """`home_region`: the controller's region, on `crossdc_build_info`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None, *,
+                 home_region: str | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        standard_metrics(self.registry, "controller")
+        standard_metrics(self.registry, "controller", home_region)
         r = self.registry
         self.leader = Gauge("crossdc_controller_leader", "1 while this controller leads.",
                             registry=r)
