@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from crossdc.consulsec import ConsulAcl, ConsulTls
 from crossdc.security import KafkaSecurity
 from crossdc.yamlfile import load_model, repeated
 
@@ -79,6 +80,11 @@ class ConsulSettings(_Model):
     http_addr: str = Field(description="host:port of a Consul agent's HTTP API.")
     datacenter: RegionName = Field(description="The Consul datacenter name of this region.")
     dns_addr: str = Field(description="host:port of that agent's DNS interface.")
+    tls: ConsulTls | None = Field(
+        None, description="HTTPS to the agent (its CA, a client certificate); none: HTTP.")
+    acl: ConsulAcl | None = Field(
+        None, description="Where each component finds its ACL token; none: "
+        "CONSUL_HTTP_TOKEN_FILE / CONSUL_HTTP_TOKEN, or anonymous.")
 
     @field_validator("http_addr", "dns_addr")
     @classmethod

@@ -209,7 +209,7 @@ async def probe_consul(region: HasConsul, wan_expected: int, timeout_s: float
     """Leader and WAN pool of one region's (or witness's) Consul; failures land in `error`,
     never raise."""
     retry = RetrySettings(attempts=1, total_s=timeout_s, call_timeout_s=timeout_s)
-    async with ConsulClient(region.consul.http_addr, retry) as client:
+    async with ConsulClient(region.consul, retry) as client:
         try:
             leader = await client.leader()
             members = await client.wan_members()
@@ -227,7 +227,7 @@ async def probe_primary(region: HasConsul, timeout_s: float) -> PrimaryView:
     """`crossdc/primary` in the KV of one region's (or witness's) datacenter (asked of its
     own agent); failures land in `error`, never raise."""
     retry = RetrySettings(attempts=1, total_s=timeout_s, call_timeout_s=timeout_s)
-    async with ConsulClient(region.consul.http_addr, retry) as client:
+    async with ConsulClient(region.consul, retry) as client:
         try:
             record, _ = await read_primary(client)
         except (ClientError, BadPrimaryRecord) as exc:

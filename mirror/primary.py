@@ -25,7 +25,9 @@ from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary
 from crossdc.errors import ClientError
 from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
+from crossdc.security import MIRROR
 from crossdc.settings import RetrySettings
+from crossdc.topology import ConsulSettings
 
 __all__ = ["PrimaryWatch"]
 
@@ -38,9 +40,11 @@ _RETRY_S = 1.0  # a datacenter that does not answer is asked again this often
 class PrimaryWatch:
     """`open()`, `refresh()` once, `run(stop)` in the worker's TaskGroup, `close()`."""
 
-    def __init__(self, http_addrs: Sequence[str], *, log: Any = None,
+    def __init__(self, http_addrs: Sequence[str | ConsulSettings], *, log: Any = None,
                  retry_s: float = _RETRY_S, wait_s: float = _WAIT_S) -> None:
-        self.http_addrs = list(dict.fromkeys(http_addrs))  # in order, once each
+        self._settings = {(a.http_addr if isinstance(a, ConsulSettings) else a): a
+                          for a in http_addrs}
+        self.http_addrs = list(self._settings)  # in order, once each
         self.current: PrimaryRecord | None = None
         """The newest record seen; None until one is (and when the key is absent
         everywhere: then the topology's primary at epoch 0 holds, which no epoch precedes)."""
@@ -53,7 +57,8 @@ class PrimaryWatch:
 
     def open(self) -> None:
         if not self._clients:
-            self._clients = {a: ConsulClient(a, _RETRY) for a in self.http_addrs}
+            self._clients = {a: ConsulClient(self._settings[a], _RETRY, principal=MIRROR)
+                             for a in self.http_addrs}
 
     async def close(self) -> None:
         clients, self._clients = self._clients, {}

@@ -39,8 +39,8 @@ def worker_for(topo: Topology, f: Flow, metrics: MirrorMetrics, *,
     # records).
     return MirrorWorker(f, KafkaConnection.of(topo.region(f.source), principal=principal),
                         KafkaConnection.of(topo.region(f.target), principal=principal), metrics,
-                        consul_http_addrs=[topo.region(f.target).consul.http_addr,
-                                           topo.region(f.source).consul.http_addr])
+                        consul_http_addrs=[topo.region(f.target).consul,
+                                           topo.region(f.source).consul])
 
 
 def serve_metrics(flows: Sequence[Flow]) -> MirrorMetrics:

@@ -74,7 +74,7 @@ from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
 from crossdc.quarantine import QUARANTINE_TOPIC, quarantine_headers
 from crossdc.settings import Backoff
-from crossdc.topology import Flow
+from crossdc.topology import ConsulSettings, Flow
 from mirror.errors import (
     MirrorError,
     OffsetsError,
@@ -186,7 +186,7 @@ class MirrorWorker(Lifecycle):
 
     def __init__(self, flow: Flow, source: KafkaConnection, target: KafkaConnection,
                  metrics: MirrorMetrics | None = None, *,
-                 consul_http_addrs: Sequence[str] | None = None) -> None:
+                 consul_http_addrs: Sequence[str | ConsulSettings] | None = None) -> None:
         self.flow = flow
         self.source = source
         self.target = target

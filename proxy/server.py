@@ -62,6 +62,7 @@ from crossdc.clients.consul import ConsulClient
 from crossdc.errors import CrossdcError
 from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
+from crossdc.security import PROXY
 from crossdc.topology import Topology
 from proxy.api import SERVICE_NAME, pb, pb_grpc
 from proxy.auth import AuthStore, TokenEntry, authenticate
@@ -433,9 +434,10 @@ class ProxyServer(Lifecycle):
             client_id=client_id,
             transactional_id=write_transactional_id(config.region, r.name) if fenced else None)
             for r in topology.regions}
-        self.consul = ConsulClient(self.region.consul.http_addr, config.consul_retry)
+        self.consul = ConsulClient(self.region.consul, config.consul_retry, principal=PROXY)
         # every other voting datacenter (regions, then witnesses), each through its own agent
-        self.peer_consuls = {dc.name: ConsulClient(dc.consul.http_addr, config.consul_retry)
+        self.peer_consuls = {dc.name: ConsulClient(dc.consul, config.consul_retry,
+                                                  principal=PROXY)
                              for dc in topology.datacenters if dc.name != config.region}
         voters = {dc.name: self.peer_consuls.get(dc.name, self.consul)
                   for dc in topology.datacenters}

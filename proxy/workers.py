@@ -241,7 +241,8 @@ class ProxySupervisor:
         await self._any_serving.wait()
         if self._stop.is_set():
             return
-        self._consul = ConsulClient(self.region.consul.http_addr, self.config.consul_retry)
+        self._consul = ConsulClient(self.region.consul, self.config.consul_retry,
+                                    principal=PROXY)
         from proxy.server import CONSUL_SERVICE, _consul_check, _service_meta
         host = self.config.registered_host
         sid = f"{CONSUL_SERVICE}-{self.config.region}-{host}-{self.port}"

@@ -21,7 +21,7 @@ async def read_everywhere(topology: Topology) -> dict[str, PrimaryRecord | None]
     """Datacenter name → the record its KV holds (None: absent)."""
     out: dict[str, PrimaryRecord | None] = {}
     for dc in topology.datacenters:
-        async with ConsulClient(dc.consul.http_addr) as c:
+        async with ConsulClient(dc.consul) as c:
             out[dc.name], _ = await read_primary(c)
     return out
 

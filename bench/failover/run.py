@@ -188,8 +188,8 @@ async def scenario(stack: Any, topo: Any, tpath: Path, tmp: Path, rate: int,
     def worker(f: Any) -> MirrorWorker:
         return MirrorWorker(f, KafkaConnection.of(topo.region(f.source), principal=MIRROR),
                             KafkaConnection.of(topo.region(f.target), principal=MIRROR),
-                            consul_http_addrs=[topo.region(f.target).consul.http_addr,
-                                               topo.region(f.source).consul.http_addr])
+                            consul_http_addrs=[topo.region(f.target).consul,
+                                               topo.region(f.source).consul])
     workers = [worker(f) for f in topo.flows]
     for w in workers:
         await w.start()

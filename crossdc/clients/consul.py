@@ -29,10 +29,11 @@ import consul.exceptions
 import structlog
 from consul.callback import CB
 
+from crossdc.consulsec import OPERATOR, consul_token
 from crossdc.errors import CasAmbiguous, ClientError, ClientRefused
 from crossdc.lifecycle import Lifecycle
 from crossdc.settings import RetrySettings
-from crossdc.topology import split_hostport
+from crossdc.topology import ConsulSettings, split_hostport
 
 __all__ = [
     "ConsulClient",
@@ -219,13 +220,33 @@ def _dc(dc: str | None) -> list[tuple[str, str]]:
 class ConsulClient(Lifecycle):
     """An async Consul HTTP client for one agent; use as `async with ConsulClient(addr):`.
 
-    Calls that take `dc=` can target another (WAN-joined) datacenter through this agent."""
+    `consul` is a region's (or witness's) `ConsulSettings`, whose `tls` and `acl` say how to
+    reach an agent with HTTPS and ACLs on, or a bare host:port (plain HTTP). `principal`
+    picks the token (`crossdc.consulsec.consul_token`): each component its own. Calls that
+    take `dc=` can target another (WAN-joined) datacenter through this agent."""
 
-    def __init__(self, http_addr: str, retry: RetrySettings | None = None) -> None:
-        host, port = split_hostport(http_addr)
-        self.http_addr = http_addr
+    def __init__(self, consul_: str | ConsulSettings, retry: RetrySettings | None = None, *,
+                 principal: str = OPERATOR) -> None:
+        settings = consul_ if isinstance(consul_, ConsulSettings) else None
+        self.http_addr = settings.http_addr if settings is not None else str(consul_)
+        host, port = split_hostport(self.http_addr)
         self._retry = retry or RetrySettings()
-        self._client: Any = consul.aio.Consul(host=host, port=port)
+        tls = settings.tls if settings is not None else None
+        # Without an acl section the token may still come from CONSUL_HTTP_TOKEN(_FILE).
+        token = consul_token(settings.acl if settings is not None else None, principal)
+        if tls is None:
+            client = consul.aio.Consul(host=host, port=port, scheme="http", token=token)
+        else:
+            client = consul.aio.Consul(
+                host=host, port=port, scheme="https", token=token, cert=tls.cert(),
+                verify=str(tls.ca_file) if tls.ca_file is not None else True)
+        # py-consul lets CONSUL_HTTP_TOKEN win over the token it is given, and sends none on
+        # the raw requests (txn, sessions with service checks, queries): the session's
+        # default header carries ours on every request.
+        client.token = token
+        if token:
+            client.http._session.headers["X-Consul-Token"] = token
+        self._client: Any = client
         self._begin_start()  # the HTTP client exists from here on: close() it
 
     async def start(self) -> None:
@@ -617,3 +638,64 @@ class ConsulClient(Lifecycle):
         return QueryResult(datacenter=str(raw.get("Datacenter", "")),
                            failovers=int(raw.get("Failovers") or 0),
                            instances=[_instance(n) for n in raw.get("Nodes") or ()])
+
+    # -- ACLs (what a secure local stack's bootstrap needs; estates run their own) -----------
+    async def acl_bootstrap(self, secret: str) -> bool:
+        """Bootstrap the datacenter's ACL system with `secret` as its management token; False
+        when it was bootstrapped before (Consul allows it once)."""
+        http = self._client.http
+        try:
+            await self._call("acl/bootstrap", lambda: http.put(
+                CB.json(), "/v1/acl/bootstrap", data=json.dumps({"BootstrapSecret": secret})))
+        except ClientRefused as exc:
+            if "no longer allowed" in str(exc):
+                return False
+            raise
+        return True
+
+    async def acl_policy_upsert(self, name: str, rules: str, description: str = "") -> str:
+        """Create or update the ACL policy `name` (global); its id."""
+        http = self._client.http
+        found = await self._call(f"acl/policy/name/{name}", lambda: http.get(
+            CB.json(), f"/v1/acl/policy/name/{name}"))
+        body = json.dumps({"Name": name, "Rules": rules, "Description": description})
+        if found:
+            pid = str(found["ID"])
+            await self._call(f"acl/policy {name} update", lambda: http.put(
+                CB.json(), f"/v1/acl/policy/{pid}", data=body))
+            return pid
+        raw = await self._call(f"acl/policy {name} create", lambda: http.put(
+            CB.json(), "/v1/acl/policy", data=body))
+        return str(raw["ID"])
+
+    async def acl_token_upsert(self, accessor_id: str, secret_id: str, policies: list[str],
+                               description: str) -> None:
+        """Create or update the global token `accessor_id` (secret `secret_id`) holding
+        `policies` (by name)."""
+        http = self._client.http
+        found = await self._call(f"acl/token {description}", lambda: http.get(
+            CB.json(), f"/v1/acl/token/{accessor_id}"))
+        body: dict[str, Any] = {"Description": description, "Local": False,
+                                "Policies": [{"Name": p} for p in policies]}
+        if found:
+            await self._call(f"acl/token {description} update", lambda: http.put(
+                CB.json(), f"/v1/acl/token/{accessor_id}", data=json.dumps(body)))
+            return
+        body.update(AccessorID=accessor_id, SecretID=secret_id)
+        await self._call(f"acl/token {description} create", lambda: http.put(
+            CB.json(), "/v1/acl/token", data=json.dumps(body)))
+
+    async def agent_token_set(self, kind: Literal["agent", "default", "replication"],
+                              token: str) -> None:
+        """Give this agent a token of its own (kept across restarts with
+        `acl.enable_token_persistence`)."""
+        http = self._client.http
+        await self._call(f"agent/token/{kind}", lambda: http.put(
+            CB.boolean(), f"/v1/agent/token/{kind}", data=json.dumps({"Token": token})))
+
+    async def acl_replication(self) -> dict[str, Any]:
+        """The datacenter's ACL replication status (`Enabled`, `Running`,
+        `ReplicatedTokenIndex`, ...)."""
+        http = self._client.http
+        return dict(await self._call("acl/replication", lambda: http.get(
+            CB.json(), "/v1/acl/replication")) or {})

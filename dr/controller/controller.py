@@ -89,7 +89,7 @@ class Controller(Lifecycle):
         self.settings = settings
         self.metrics = metrics or ControllerMetrics(home_region=settings.region)
         self.sync_hook = sync
-        self.dcs = Datacenters(topology, settings.consul_retry)
+        self.dcs = Datacenters(topology, settings.consul_retry, principal=CONTROLLER)
         self.dns = DnsPublisher(self.dcs)
         self.me = LeaderRecord(controller_id=settings.controller_id, region=settings.region,
                                since_ms=now_ms())

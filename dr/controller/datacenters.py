@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from crossdc.aio import cancelled_from_outside
 from crossdc.clients.consul import ConsulClient
 from crossdc.clients.primary import read_primary, write_primary
+from crossdc.consulsec import OPERATOR
 from crossdc.errors import ClientError, ClientRefused, CrossdcError
 from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PRIMARY_KEY, BadPrimaryRecord, PrimaryRecord
@@ -110,12 +111,16 @@ class Datacenters(Lifecycle):
     """One ConsulClient per datacenter (regions, then witnesses); use as
     `async with Datacenters(topology) as dcs:`."""
 
-    def __init__(self, topology: Topology, retry: RetrySettings | None = None) -> None:
+    def __init__(self, topology: Topology, retry: RetrySettings | None = None, *,
+                 principal: str = OPERATOR) -> None:
+        """`principal`: whose Consul token (the controller's in `dr controller run`, an
+        operator's in the CLI and drills)."""
         self.topology = topology
-        self.clients = {d.name: ConsulClient(d.consul.http_addr, retry)
+        self.clients = {d.name: ConsulClient(d.consul, retry, principal=principal)
                         for d in topology.datacenters}
         self.majority = topology.majority
-        self._probe_clients = {d.name: ConsulClient(d.consul.http_addr, PROBE_RETRY)
+        self._probe_clients = {d.name: ConsulClient(d.consul, PROBE_RETRY,
+                                                    principal=principal)
                                for d in topology.datacenters}
         self._down: dict[str, float] = {}
         self._probes: dict[str, asyncio.Task[None]] = {}

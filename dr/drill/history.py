@@ -115,7 +115,7 @@ from crossdc.lifecycle import Lifecycle
 from crossdc.primary import PrimaryRecord
 from crossdc.quarantine import DR_Q_TOPIC, QUARANTINE_TOPIC
 from crossdc.settings import RetrySettings
-from crossdc.topology import Topology
+from crossdc.topology import ConsulSettings, Topology
 from dr.drill.count import Raw, records
 from dr.drill.traffic import Ack, ToldFailed
 
@@ -1400,14 +1400,14 @@ async def read_healed_view(topology: Topology, *, ordered_write_after_heal: bool
     primaries: dict[str, PrimaryRecord | None] = {}
     unreachable: dict[str, str] = {}
 
-    async def one(name: str, addr: str) -> None:
+    async def one(name: str, addr: ConsulSettings) -> None:
         try:
             async with ConsulClient(addr, retry or VIEW_RETRY) as consul:
                 primaries[name], _ = await read_primary(consul, consistent=True)
         except CrossdcError as exc:
             unreachable[name] = str(exc)
 
-    await asyncio.gather(*(one(d.name, d.consul.http_addr) for d in dcs))
+    await asyncio.gather(*(one(d.name, d.consul) for d in dcs))
     return HealedView(primaries=primaries, unreachable=unreachable,
                           ordered_write_after_heal=ordered_write_after_heal,
                           datacenters=tuple(d.name for d in dcs),
@@ -1511,10 +1511,10 @@ class PrimaryWatch(Lifecycle):
     async def _run(self) -> None:
         async with asyncio.TaskGroup() as tg:
             for d in self.topology.datacenters:
-                tg.create_task(self._one(d.name, d.consul.http_addr),
+                tg.create_task(self._one(d.name, d.consul),
                                name=f"drill:primary-watch:{d.name}")
 
-    async def _one(self, name: str, addr: str) -> None:
+    async def _one(self, name: str, addr: ConsulSettings) -> None:
         async with ConsulClient(addr, WATCH_RETRY) as consul:
             while not self._stop.is_set():
                 try:

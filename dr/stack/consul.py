@@ -124,9 +124,21 @@ class ConsulAgent:
         for port, what, field, udp in self.ports():
             check_port_free(port, what, field, udp=udp)
 
+    def secure_config(self) -> dict[str, object]:
+        """HTTPS and ACLs when the topology asks for them (`dr up --secure`)."""
+        from dr.stack.consulacl import agent_secure_config
+        return agent_secure_config(self.region.name, self.region.consul, self.http_port,
+                                   self.topology.regions[0].consul.datacenter)
+
     def write_config(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(json.dumps(self.config(), indent=2), encoding="utf-8")
+        config = self.config()
+        for key, value in self.secure_config().items():
+            if isinstance(value, dict) and isinstance(config.get(key), dict):
+                config[key] = {**config[key], **value}  # type: ignore[dict-item]
+            else:
+                config[key] = value
+        self.config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
 
     def process(self) -> ManagedProcess:
         return ManagedProcess(

@@ -215,6 +215,11 @@ class LocalStack:
             for proc in to_start:
                 proc.start()
             self._write_stack_file()
+            if any(d.consul.acl is not None for d in self.topology.datacenters):
+                from dr.stack.consulacl import bootstrap_acls
+                self._say("Bootstrapping Consul's ACLs (default deny) and tokens")
+                await bootstrap_acls(self.topology, [self.consul_process(self.agent(s))
+                                                     for s in sites(self.topology)], timeout_s)
             self._say("Waiting for every region and witness to answer")
             await self.wait_ready(timeout_s)
             if self.wan is not None:

@@ -6,6 +6,8 @@ Everything lives in `<state>/secrets/` (mode 0700), each private file mode 0600:
     <region>-kafka-<n>.pem         node n's private key (PKCS#8) + certificate + CA: the PEM
                                    keystore Kafka reads (ssl.keystore.type=PEM)
     <principal>.password           one per principal (crossdc.security.PRINCIPALS)
+    <name>.consul-token            the Consul ACL tokens (dr.stack.consulacl)
+    <site>-consul.pem              a Consul agent's key + certificate (HTTPS)
 
 Broker certificates name 127.0.0.1 and localhost (subject alternative names), so clients
 check hostnames, and CN=kafka-broker: the principal brokers have on the controller listener
@@ -23,13 +25,14 @@ from pathlib import Path
 from crossdc.security import PRINCIPALS, KafkaSecurity
 from crossdc.topology import Topology
 
-__all__ = ["BROKER_CN", "StackSecrets", "secure_topology", "write_secure_topology"]
+__all__ = ["BROKER_CN", "StackSecrets", "secure_topology", "write_private",
+           "write_secure_topology"]
 
 BROKER_CN = "kafka-broker"
 _DAYS = 825
 
 
-def _write_private(path: Path, data: bytes) -> None:
+def write_private(path: Path, data: bytes) -> None:
     """Write `data` to a new file readable by its owner only (never widened, even briefly)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
@@ -83,7 +86,7 @@ class StackSecrets:
         for principal in PRINCIPALS:
             if not self.password_file(principal).exists():
                 # URL-safe: no character that Kafka's --add-scram or JAAS syntax would split on
-                _write_private(self.password_file(principal),
+                write_private(self.password_file(principal),
                                secrets.token_urlsafe(24).encode())
         if not (self.ca_file.exists() and self.ca_key.exists()):
             self._make_ca()
@@ -112,7 +115,7 @@ class StackSecrets:
                     key_agreement=False, encipher_only=False, decipher_only=False),
                     critical=True)
                 .sign(key, hashes.SHA256()))
-        _write_private(self.ca_key, key.private_bytes(
+        write_private(self.ca_key, key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption()))
         self.ca_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -145,7 +148,7 @@ class StackSecrets:
                                  serialization.NoEncryption())
                + cert.public_bytes(serialization.Encoding.PEM)
                + ca_cert.public_bytes(serialization.Encoding.PEM))
-        _write_private(self.keystore(node_name), pem)
+        write_private(self.keystore(node_name), pem)
 
 
 def write_secure_topology(topology: Topology, state: Path) -> tuple[Topology, Path]:
@@ -163,7 +166,16 @@ def write_secure_topology(topology: Topology, state: Path) -> tuple[Topology, Pa
 
 
 def secure_topology(topology: Topology, secrets_: StackSecrets) -> Topology:
-    """`topology` with every region's `security` pointing at the stack's secrets."""
+    """`topology` with every region's `security`, and every datacenter's Consul (HTTPS, a
+    client certificate, ACL tokens: dr.stack.consulacl), pointing at the stack's secrets
+    (made here when missing)."""
+    from dr.stack.consulacl import ensure_consul_secrets, secure_consul
+
     sec = secrets_.security()
-    return topology.model_copy(update={"regions": [
-        r.model_copy(update={"security": sec}) for r in topology.regions]})
+    ensure_consul_secrets(secrets_, [d.name for d in topology.datacenters])
+    return topology.model_copy(update={
+        "regions": [r.model_copy(update={"security": sec,
+                                         "consul": secure_consul(r.consul, secrets_)})
+                    for r in topology.regions],
+        "witnesses": [w.model_copy(update={"consul": secure_consul(w.consul, secrets_)})
+                      for w in topology.witnesses]})
