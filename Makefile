@@ -9,11 +9,11 @@ STAMP   := $(VENV)/.installed
 
 .PHONY: demo test test-more chaos setup lint unit integration down clean engine images docker-up
 
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml client/pyproject.toml client/setup.py
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[dev]"
-	$(BIN)/python -m proxy.build_protos
+	$(BIN)/pip install -q -e ./client -e ".[dev]"
+	$(BIN)/python -m crossdc_client.build_protos
 	@touch $@
 
 setup: $(STAMP)

@@ -1,7 +1,8 @@
 """The root of every error crossdc raises on purpose, and the kernel's own errors.
 
-    CrossdcError                 root (this module)
+    CrossdcError                 root (crossdc_client.errors, re-exported here)
     ├── ConfigError              a file or message a user wrote is invalid (file, line, field)
+    │                            (crossdc_client.errors too, with ConfigIssue)
     ├── NoKafkaPrincipal         a client of a SASL region was built naming no principal
     ├── ClientError              a server (Kafka, Consul) could not be asked (retriable)
     │   ├── ClientRefused        it answered no for good (ACL denied, bad request)
@@ -17,13 +18,14 @@
     └── mirror.errors.MirrorError the mirror workers
 
 Each class says whether retrying can help (`retriable`), so retry predicates read one
-attribute.
+attribute. The root and the file errors are defined in the client distribution
+(`crossdc-client`: the SDK raises them, and an application installing only the SDK gets the
+same classes); this module re-exports them, so the tree stays one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from crossdc_client.errors import ConfigError, ConfigIssue, CrossdcError
 
 __all__ = [
     "CasAmbiguous",
@@ -39,43 +41,6 @@ __all__ = [
     "PartitionMismatch",
     "RecordTooLarge",
 ]
-
-
-class CrossdcError(Exception):
-    """Root of the crossdc error tree."""
-
-    retriable: ClassVar[bool] = False
-    exit_code: ClassVar[int] = 1
-    """What `dr` exits with when this error ends a command."""
-
-
-@dataclass(frozen=True)
-class ConfigIssue:
-    """One problem in a user-written file: where it is and what is wrong."""
-
-    file: str
-    line: int | None
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}" if self.line is not None else self.file
-        return f"{where} {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
-
-
-class ConfigError(CrossdcError):
-    """A user-written file is invalid; `issues` lists every problem found."""
-
-    exit_code = 65
-    """sysexits' EX_DATAERR: told apart from a usage error (2) and a bad verdict (3)
-    (dr/exits.py; issues about options rather than a file exit 2 there)."""
-
-    def __init__(self, issues: list[ConfigIssue], more: int = 0) -> None:
-        self.issues = issues
-        self.more = more
-        """Issues found beyond the ones listed (the list is capped)."""
-        tail = [f"... and {more} more issue(s)"] if more else []
-        super().__init__("\n".join([*(str(i) for i in issues), *tail]))
 
 
 class NoKafkaPrincipal(CrossdcError):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Final, Literal, NamedTuple
 
 from crossdc.quarantine import DR_REPLAYED_FROM
+from crossdc_client.headers import DR_ID  # the SDK reads it: defined in the client distribution
 
 __all__ = [
     "DEAD_LETTER_HEADERS",
@@ -39,7 +40,6 @@ __all__ = [
 ]
 
 DR_PREFIX: Final = "dr-"
-DR_ID: Final = "dr-id"
 DR_ORIGIN: Final = "dr-origin"
 DR_TS: Final = "dr-ts"
 DR_MODE: Final = "dr-mode"

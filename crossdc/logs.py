@@ -17,65 +17,34 @@ from __future__ import annotations
 import logging
 import re
 import sys
-import threading
 from collections.abc import MutableMapping
 from typing import Any, Literal, TextIO, cast
 
 import structlog
 
+# The registry of secret values is the client distribution's (the SDK registers the tokens it
+# holds without a logging library); this module redacts with it.
+from crossdc_client.secrets import (
+    REDACTED,
+    any_registered,
+    forget_secrets,
+    redact,
+    register_secret,
+)
+
 __all__ = ["LOG_LEVELS", "REDACTED", "LogFormat", "LogLevel", "add_logger_name",
            "configure_logging",
            "forget_secrets", "redact", "redact_secrets", "register_secret"]
-
-REDACTED = "[redacted]"
 
 _SECRET_FIELD = re.compile(
     r"(^|[_.-])(password|passwd|pwd|secret|secrets|authorization|bearer|credentials?|"
     r"private_key|api_key|token_value|sasl_plain_password|jaas([_.]config)?)$|"
     r"(_password|_secret|_passwd)$", re.IGNORECASE)
-_MIN_SECRET = 6
-"""Shorter values are not registered: redacting every "abc" would garble the logs."""
-
-_secrets: set[str] = set()
-_secrets_lock = threading.Lock()
-_pattern: re.Pattern[str] | None = None
-
-
-def register_secret(value: str | bytes | None) -> None:
-    """Never log `value` (nor print it through `redact`) in this process from now on."""
-    global _pattern
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if not value or len(value) < _MIN_SECRET:
-        return
-    with _secrets_lock:
-        if value in _secrets:
-            return
-        _secrets.add(value)
-        # longest first, so a secret that contains another is replaced whole
-        _pattern = re.compile("|".join(re.escape(v) for v in
-                                       sorted(_secrets, key=len, reverse=True)))
-
-
-def forget_secrets() -> None:
-    """Clear the registered values (tests)."""
-    global _pattern
-    with _secrets_lock:
-        _secrets.clear()
-        _pattern = None
 
 
 def is_secret_field(name: str) -> bool:
     """Whether a field called `name` holds a secret (its value is never logged)."""
     return bool(_SECRET_FIELD.search(name))
-
-
-def redact(text: str) -> str:
-    """`text` with every registered secret value replaced by `[redacted]`."""
-    pattern = _pattern
-    if pattern is None or not text:
-        return text
-    return pattern.sub(REDACTED, text)
 
 
 def _scrub(value: Any, depth: int = 0) -> Any:
@@ -89,7 +58,7 @@ def _scrub(value: Any, depth: int = 0) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_scrub(v, depth + 1) for v in value)
     if isinstance(value, bytes):
-        return _scrub(value.decode("utf-8", "replace"), depth) if _pattern else value
+        return _scrub(value.decode("utf-8", "replace"), depth) if any_registered() else value
     if isinstance(value, BaseException):  # rendered later: render it now, scrubbed
         return redact(f"{value.__class__.__name__}: {value}")
     return value

@@ -12,10 +12,11 @@ from tenacity import (
     retry_if_exception,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
 )
+from tenacity.wait import wait_base
 
 from crossdc.errors import CrossdcError
+from crossdc_client.backoff import Backoff as _Backoff
 
 __all__ = ["Backoff", "RetrySettings", "retriable"]
 
@@ -26,26 +27,22 @@ def retriable(exc: BaseException) -> bool:
 
 
 @dataclass(frozen=True)
-class Backoff:
-    """Pauses that double from `first_s` up to `max_s`, each with up to `jitter_s` (default
-    `first_s`) added at random: tenacity's `wait_exponential_jitter`, the one backoff of the
-    retry loops (`RetrySettings.retrying`, `wait()`) and of the loops that count their own
-    failures (restart supervisors, the mirror's target writes, the SDK's retries: `pause(n)`)."""
+class Backoff(_Backoff):
+    """The one backoff (`crossdc_client.backoff.Backoff`: pauses that double from `first_s`
+    up to `max_s`, with up to `jitter_s` added; the SDK's retries use it too), and `wait()`:
+    the same pauses as the tenacity wait strategy of the retry loops."""
 
-    first_s: float
-    max_s: float
-    jitter_s: float | None = None
+    def wait(self) -> wait_base:
+        """The tenacity wait strategy (`AsyncRetrying(wait=...)`): `pause(attempt)`."""
+        return _PauseWait(self)
 
-    def wait(self) -> wait_exponential_jitter:
-        """The tenacity wait strategy (`AsyncRetrying(wait=...)`)."""
-        jitter = self.first_s if self.jitter_s is None else self.jitter_s
-        return wait_exponential_jitter(multiplier=self.first_s, max=self.max_s, jitter=jitter)
 
-    def pause(self, n: int) -> float:
-        """The pause after failure number `n` (1, 2, ...)."""
-        state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
-        state.attempt_number = max(1, n)
-        return float(self.wait()(state))
+class _PauseWait(wait_base):
+    def __init__(self, backoff: _Backoff) -> None:
+        self.backoff = backoff
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        return self.backoff.pause(retry_state.attempt_number)
 
 
 class RetrySettings(BaseModel):

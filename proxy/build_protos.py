@@ -1,145 +1,21 @@
-"""Generate the Python code of `proxy/protos/` into `proxy/_proto/` (never edited by hand).
-
-When: at build time. `setup.py`'s build step (`pip install .`, `pip wheel .`, and editable
-installs) loads this file by its path and runs `generate()` with the build environment's
-grpcio-tools (a build requirement, never a run-time one): a wheel carries the stubs, and an
-installed crossdc never writes into its own package. In a checkout, `make setup` runs
-`python -m proxy.build_protos` with the dev venv's grpcio-tools (the `protos` extra), and
-`proxy.api` rebuilds stale stubs at import only there (a checkout with grpcio-tools); an
-install whose stubs are missing or stale is an error naming the fix.
-
-The generated files are not committed: a stamp file holds a hash of every .proto and the
-grpcio-tools version they were built with, and a different hash means "stale, rebuild".
-This module imports only the standard library (the build loads it without crossdc's
-dependencies installed).
-"""
+"""The generator of the proxy API's gRPC stubs: `crossdc_client.build_protos` (the client
+distribution builds and carries the stubs; the server imports the same ones through
+`proxy.api`), re-exported here. `python -m proxy.build_protos` still rebuilds them in a
+checkout (`python -m crossdc_client.build_protos` is the same)."""
 
 from __future__ import annotations
 
-import hashlib
-import os
-import sys
-import tempfile
-from pathlib import Path
+from crossdc_client.build_protos import (
+    OUT_DIR,
+    PROTO_DIR,
+    ensure_generated,
+    generate,
+    in_checkout,
+    is_fresh,
+    main,
+)
 
 __all__ = ["OUT_DIR", "PROTO_DIR", "ensure_generated", "generate", "in_checkout", "is_fresh"]
-
-PROTO_DIR = Path(__file__).resolve().parent / "protos"
-OUT_DIR = Path(__file__).resolve().parent / "_proto"
-_STAMP_NAME = "GENERATED"
-_PACKAGE = "proxy._proto"
-
-
-def _protos() -> list[Path]:
-    return sorted(PROTO_DIR.rglob("*.proto"))
-
-
-def _tools_version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("grpcio-tools")
-    except Exception:  # not installed: the hash of the protos alone decides
-        return "unknown"
-
-
-def _digest() -> str:
-    h = hashlib.sha256()
-    for p in _protos():
-        h.update(str(p.relative_to(PROTO_DIR)).encode())
-        h.update(p.read_bytes())
-    return h.hexdigest()
-
-
-def is_fresh(out_dir: Path = OUT_DIR) -> bool:
-    """True when the generated code exists and was built from the current .proto files."""
-    stamp = out_dir / _STAMP_NAME
-    if not stamp.exists():
-        return False
-    return stamp.read_text(encoding="utf-8").split()[0] == _digest()
-
-
-def in_checkout() -> bool:
-    """Whether this `proxy` package is a source checkout's (a pyproject.toml beside it)
-    rather than an installed one."""
-    return (PROTO_DIR.parent.parent / "pyproject.toml").is_file()
-
-
-def _has_tools() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("grpc_tools") is not None
-
-
-def generate(out_dir: Path = OUT_DIR) -> list[Path]:
-    """Run protoc (grpcio-tools) on every .proto into `out_dir` (the package `proxy._proto`
-    of a checkout, or of a build's staging folder); return the files written."""
-    try:
-        from grpc_tools import protoc
-    except ImportError as exc:
-        raise RuntimeError("grpcio-tools is needed to build proxy/_proto: pip install "
-                           "'crossdc[protos]' (or 'grpcio-tools')") from exc
-    import grpc_tools
-    include = Path(grpc_tools.__file__).parent / "_proto"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".proto-build-") as tmp:
-        rels = [str(p.relative_to(PROTO_DIR)) for p in _protos()]
-        code = protoc.main(["grpc_tools.protoc", f"-I{PROTO_DIR}", f"-I{include}",
-                            f"--python_out={tmp}", f"--pyi_out={tmp}",
-                            f"--grpc_python_out={tmp}", *rels])
-        if code != 0:
-            raise RuntimeError(f"protoc failed ({code}) on {rels}")
-        for src in sorted(Path(tmp).rglob("*.py*")):
-            rel = src.relative_to(tmp)
-            text = src.read_text(encoding="utf-8")
-            # protoc imports siblings by proto package ("from crossdc.v1 import x_pb2");
-            # make those absolute imports inside proxy._proto.
-            for pkg in {str(Path(r).parent).replace("/", ".") for r in rels}:
-                text = text.replace(f"from {pkg} import", f"from {_PACKAGE}.{pkg} import")
-            dst = out_dir / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            for parent in [dst.parent, *dst.parent.parents]:
-                if parent == out_dir.parent:
-                    break
-                init = parent / "__init__.py"
-                if not init.exists():
-                    init.write_text('"""Generated by proxy.build_protos; do not edit."""\n')
-            _atomic_write(dst, text)
-            written.append(dst)
-    _atomic_write(out_dir / _STAMP_NAME, f"{_digest()} grpcio-tools {_tools_version()}\n")
-    return written
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def ensure_generated() -> None:
-    """Nothing when the stubs are fresh (the usual case: cheap). In a checkout with
-    grpcio-tools, rebuild stale or missing stubs. Otherwise raise `crossdc.errors.MissingExtra`
-    naming the fix: an install carries its stubs from its build, and never writes them."""
-    if is_fresh():
-        return
-    if in_checkout() and _has_tools():
-        generate()
-        return
-    from crossdc.errors import MissingExtra
-    if in_checkout():
-        raise MissingExtra("protos", "the proxy's gRPC stubs (proxy/_proto) are missing or "
-                           "stale in this checkout; build them with python -m "
-                           "proxy.build_protos, which needs grpcio-tools")
-    raise MissingExtra("", "this crossdc install has no gRPC stubs for the proxy "
-                       "(proxy/_proto): it was not built by `pip install`; reinstall it "
-                       "(pip install --force-reinstall crossdc)")
-
-
-def main() -> None:
-    files = generate()
-    sys.stdout.write("".join(f"generated {f.relative_to(OUT_DIR.parent.parent)}\n"
-                             for f in files))
-
 
 if __name__ == "__main__":
     main()

@@ -1,10 +1,9 @@
-"""What the SDK's clients (`AsyncProducer`, `AsyncConsumer`) share: how a channel to a proxy
-is opened (bearer token, TLS, options), the pause between retries, and finding the healthy
-proxies of a region through Consul.
+"""A region's proxies, found through Consul (`RegionProxies`: a `crossdc_client.connect.Proxies`
+directory for `AsyncConsumer`), and the SDK's channel helpers re-exported from the client
+distribution (`Connection`: bearer token, TLS, options; `retry_backoff`; `channel_credentials`).
 
     conn = Connection(token="cdc_...", tls=True, root_ca="ca.pem")
     channel = conn.open("proxy.east:7000")            # grpc.aio channel
-    stub.Produce(req, metadata=conn.metadata)
 
     proxies = RegionProxies("east", consul="127.0.0.1:8500")   # or RegionProxies.of(topo, "east")
     await proxies.addresses()                          # ["10.0.0.5:7000", "10.0.0.6:7000"]
@@ -13,22 +12,18 @@ proxies of a region through Consul.
 Every proxy registers itself in its region's Consul datacenter as the service
 `crossdc-proxy`, tagged with its region, with a gRPC health check (`proxy/server.py`,
 `proxy/workers.py`): `addresses()` is that service's instances with the region's tag whose
-checks all pass, as Consul's health API lists them.
+checks all pass, as Consul's health API lists them. This part stays in the full install: it
+needs crossdc's Consul client (py-consul, aiohttp), which the client distribution leaves out.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import grpc
-
-from crossdc.files import read_user_file
-from crossdc.logs import register_secret
-from crossdc.settings import Backoff, RetrySettings
+from crossdc.settings import RetrySettings
 from crossdc.topology import Topology
+from crossdc_client.connect import Connection, channel_credentials, retry_backoff
 
 if TYPE_CHECKING:  # loaded on first use: the producer SDK needs no Consul client
     from crossdc.clients.consul import ConsulClient
@@ -39,61 +34,6 @@ __all__ = ["CONSUL_SERVICE", "Connection", "RegionProxies", "channel_credentials
 CONSUL_SERVICE = "crossdc-proxy"
 """The Consul service every proxy registers (one instance per proxy, tagged with its
 region)."""
-
-
-def retry_backoff(retry_backoff_s: float) -> Backoff:
-    """The SDK's pause between tries: doubling from `retry_backoff_s` (the first retry 100 ms
-    after a failure by default), at most 2 s, with a fifth of the first pause as jitter."""
-    return Backoff(retry_backoff_s, max(retry_backoff_s, 2.0), jitter_s=retry_backoff_s / 5)
-
-
-def _pem(value: bytes | str | Path | None) -> bytes | None:
-    """PEM bytes as given, or read from a file path (a regular file of at most 1 MiB:
-    ConfigError naming it otherwise)."""
-    if value is None or isinstance(value, bytes):
-        return value
-    return read_user_file(value, max_bytes=1024 * 1024, timeout_s=5.0)
-
-
-def channel_credentials(root_ca: bytes | str | Path | None = None,
-                        client_cert: bytes | str | Path | None = None,
-                        client_key: bytes | str | Path | None = None,
-                        ) -> grpc.ChannelCredentials:
-    """TLS channel credentials: `root_ca` to verify the proxy (None: system roots), a client
-    certificate and key for mTLS (both or neither). PEM bytes or file paths."""
-    if (client_cert is None) != (client_key is None):
-        raise ValueError("client_cert and client_key go together")
-    return grpc.ssl_channel_credentials(root_certificates=_pem(root_ca),
-                                        private_key=_pem(client_key),
-                                        certificate_chain=_pem(client_cert))
-
-
-class Connection:
-    """How a client reaches a proxy: its call metadata (`authorization: Bearer <token>`),
-    the channel's credentials (TLS when `tls` or any of the PEM files is given) and options
-    (`tls_server_name`, and `options` as given)."""
-
-    def __init__(self, *, token: str | None = None, tls: bool = False,
-                 root_ca: bytes | str | Path | None = None,
-                 client_cert: bytes | str | Path | None = None,
-                 client_key: bytes | str | Path | None = None,
-                 tls_server_name: str | None = None,
-                 options: Sequence[tuple[str, Any]] = ()) -> None:
-        register_secret(token)  # never in this process's logs, even inside an error's text
-        self.metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {token}"),) if token else ())
-        self.credentials: grpc.ChannelCredentials | None = None
-        if tls or root_ca is not None or client_cert is not None or client_key is not None:
-            self.credentials = channel_credentials(root_ca, client_cert, client_key)
-        self.options: list[tuple[str, Any]] = list(options)
-        if tls_server_name:
-            self.options.append(("grpc.ssl_target_name_override", tls_server_name))
-
-    def open(self, target: str) -> grpc.aio.Channel:
-        """A new channel to `target` (host:port); the caller closes it."""
-        if self.credentials is not None:
-            return grpc.aio.secure_channel(target, self.credentials, options=self.options)
-        return grpc.aio.insecure_channel(target, options=self.options)
 
 
 class RegionProxies:

@@ -28,7 +28,9 @@ to gRPC status codes (`grpc_code`).
 
 (* retriable; (*) per cause)
 
-This module does not import grpc (so `import proxy` stays light); `grpc_code()` does.
+`ProxyError`, `ProduceFailed` and `ConsumeFailed` (what the SDK raises) are defined in the
+client distribution (`crossdc_client.errors`) and re-exported here. This module does not
+import grpc (so `import proxy` stays light); `grpc_code()` does.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from crossdc import errors
-from crossdc.errors import CrossdcError
+from crossdc_client.errors import MAX_MESSAGE_CHARS, ConsumeFailed, ProduceFailed, ProxyError
 
 if TYPE_CHECKING:
     import grpc
@@ -72,11 +74,6 @@ __all__ = [
 ]
 
 
-MAX_MESSAGE_CHARS = 1024
-"""A message is cut to this: it travels as the gRPC status details, in the trailing metadata,
-and a message over the client's metadata limit (8 KiB soft, 16 KiB hard) reaches it as
-RESOURCE_EXHAUSTED (or, between the two, at random) instead of the status it explains
-(found by the hostile tests: a 10,000-character topic name echoed back)."""
 _NAME_CHARS = 120
 
 
@@ -85,19 +82,6 @@ def shown(name: str) -> str:
     if len(name) <= _NAME_CHARS:
         return repr(name)
     return f"{name[:_NAME_CHARS]!r}... ({len(name)} characters)"
-
-
-class ProxyError(CrossdcError):
-    """Root of the proxy's errors. The message is cut to `MAX_MESSAGE_CHARS`."""
-
-    maybe_written = False
-    """A write was handed to Kafka and never answered: the record may be there (the answer's
-    status is UNKNOWN, never FAILED: "written nowhere" would be a lie)."""
-
-    def __init__(self, *args: object) -> None:
-        if len(args) == 1 and isinstance(args[0], str) and len(args[0]) > MAX_MESSAGE_CHARS:
-            args = (f"{args[0][:MAX_MESSAGE_CHARS]}... ({len(args[0])} characters)",)
-        super().__init__(*args)
 
 
 class InvalidRecord(ProxyError):
@@ -277,32 +261,6 @@ class ProxyTaskFailed(ProxyError):
         self.task = task
         why = f"{cause.__class__.__name__}: {cause}" if cause is not None else "it ended"
         super().__init__(f"proxy task {task} failed ({why}); the proxy stopped")
-
-
-class ProduceFailed(ProxyError):
-    """Client SDK: the proxy answered with a non-OK status (`code`, a grpc.StatusCode).
-    `result`: the record's own answer (None when the whole call failed); `earlier`: the
-    failures of the earlier attempts the client retried, oldest first (an attempt that may
-    have written makes the record's outcome unknown, whatever the last answer says)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str, *, result: Any = None,
-                 earlier: Sequence[ProduceFailed] = ()) -> None:
-        self.code = code
-        self.result = result
-        self.earlier = tuple(earlier)
-        self.retriable = code.name in {"UNAVAILABLE"}  # type: ignore[misc]
-        super().__init__(f"{code.name}: {message}")
-
-
-class ConsumeFailed(ProxyError):
-    """Client SDK: a consumer's stream ended with a status it cannot reconnect after
-    (`code`, a grpc.StatusCode), or reconnecting failed `reconnect_attempts` times."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        self.code = code
-        self.details = message
-        self.retriable = code.name in {"UNAVAILABLE"}  # type: ignore[misc]
-        super().__init__(f"{code.name}: {message}")
 
 
 STATUS_TABLE: dict[type[ProxyError], str] = {

@@ -13,30 +13,16 @@ headers.
 
 from __future__ import annotations
 
-import os
-import time
-import uuid
 from collections.abc import Collection, Iterable, Sequence
 
 from crossdc.headers import DR_EPOCH, DR_ID, DR_MODE, DR_ORIGIN, DR_PATH, DR_PREFIX, DR_TS, Mode
+from crossdc_client.headers import uuid7  # the SDK makes idempotency keys the same way
 from proxy.errors import InvalidHeader, ReservedHeader
 
 __all__ = ["MAX_HEADER_NAME", "Headers", "check_client_headers", "dr_headers", "new_dr_id",
            "stamp", "stamp_with", "uuid7"]
 
 Headers = list[tuple[str, bytes]]
-
-
-def uuid7(ms: int | None = None) -> uuid.UUID:
-    """A UUIDv7 (RFC 9562): 48-bit ms timestamp, then random bits; sorts by time."""
-    ts = int(time.time() * 1000) if ms is None else ms
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ts & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76                                   # version 7
-    value |= ((rand >> 62) & 0xFFF) << 64                # rand_a, 12 bits
-    value |= 0b10 << 62                                  # variant
-    value |= rand & ((1 << 62) - 1)                      # rand_b, 62 bits
-    return uuid.UUID(int=value)
 
 
 def new_dr_id(idempotency_key: str) -> str:

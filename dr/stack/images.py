@@ -84,7 +84,7 @@ IMAGES = {"base": BASE_IMAGE, "kafka": KAFKA_IMAGE, "consul": CONSUL_IMAGE,
           "reconcile": RECONCILE_IMAGE}
 """Every image by its short name, in build order (the base first)."""
 
-_PACKAGE_SOURCES = ["pyproject.toml", "setup.py", "README.md", "crossdc", "dr", "proxy",
+_PACKAGE_SOURCES = ["pyproject.toml", "README.md", "client", "crossdc", "dr", "proxy",
                     "mirror", "observability", "policies"]
 """What of the checkout the crossdc image's build context holds (as `src/`)."""
 
@@ -199,8 +199,10 @@ def _copy_sources(dest: Path) -> None:
 
     def skip(folder: str, names: list[str]) -> set[str]:
         gone = {n for n in names if n == "__pycache__" or n.endswith((".pyc", ".egg-info"))}
-        if Path(folder).resolve() == (REPO_ROOT / "proxy").resolve():
-            gone.add("_proto")  # generated into the wheel by the build
+        if Path(folder).resolve() == (REPO_ROOT / "client" / "src" / "crossdc_client").resolve():
+            gone.add("_proto")  # generated into the client's wheel by its build
+        if Path(folder).resolve() == (REPO_ROOT / "client").resolve():
+            gone |= {"build", "dist"} & set(names)  # an earlier local build's leftovers
         return gone
 
     dest.mkdir(parents=True)

@@ -14,10 +14,12 @@ import pytest
 
 from crossdc import extras
 from crossdc.errors import MissingExtra
+from crossdc_client import build_protos
+from crossdc_client.errors import StubsMissing
 from dr.stack.paths import REPO_ROOT
-from proxy import build_protos
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+CLIENT = tomllib.loads((REPO_ROOT / "client" / "pyproject.toml").read_text(encoding="utf-8"))
 
 
 def _names(requirements: list[str]) -> set[str]:
@@ -36,8 +38,13 @@ def test_the_runtime_set_leaves_spark_charts_docker_and_protoc_to_extras() -> No
     assert set(extras.EXTRAS) <= set(optional)
     # the dev venv (`make setup`: pip install -e ".[dev]") has every extra
     assert "crossdc[reconcile,charts,docker,protos]" in optional["dev"]
-    # the stubs are built by the build backend, with grpcio-tools as a build requirement
-    assert "grpcio-tools" in _names(PYPROJECT["build-system"]["requires"])
+    # the stubs are built by the client distribution's build backend, with grpcio-tools as a
+    # build requirement; crossdc depends on that distribution, which needs nothing else
+    assert "grpcio-tools" in _names(CLIENT["build-system"]["requires"])
+    assert "crossdc-client" in runtime
+    assert _names(CLIENT["project"]["dependencies"]) == {"grpcio", "protobuf"}
+    assert f"crossdc-client=={CLIENT['project']['version']}" in PYPROJECT["project"][
+        "dependencies"]
 
 
 def test_a_missing_extra_is_one_error_naming_what_to_install(
@@ -55,13 +62,13 @@ def test_a_missing_extra_is_one_error_naming_what_to_install(
 
 
 def test_stubs_are_generated_into_a_build_folder(tmp_path: Path) -> None:
-    out = tmp_path / "proxy" / "_proto"
+    out = tmp_path / "crossdc_client" / "_proto"
     written = build_protos.generate(out)
     assert {p.name for p in written} >= {"proxy_pb2.py", "proxy_pb2_grpc.py"}
     assert (out / "__init__.py").is_file()
     assert build_protos.is_fresh(out)
     grpc_code = (out / "crossdc" / "v1" / "proxy_pb2_grpc.py").read_text()
-    assert "from proxy._proto.crossdc.v1 import proxy_pb2" in grpc_code
+    assert "from crossdc_client._proto.crossdc.v1 import proxy_pb2" in grpc_code
 
 
 def test_an_install_without_stubs_never_builds_them_and_says_so(
@@ -69,9 +76,10 @@ def test_an_install_without_stubs_never_builds_them_and_says_so(
     monkeypatch.setattr(build_protos, "is_fresh", lambda *a: False)
     monkeypatch.setattr(build_protos, "in_checkout", lambda: False)
     monkeypatch.setattr(build_protos, "generate", lambda *a: pytest.fail("generated"))
-    with pytest.raises(MissingExtra, match="reinstall it"):
+    with pytest.raises(StubsMissing, match=re.escape("pip install --force-reinstall "
+                                                     "crossdc-client")):
         build_protos.ensure_generated()
     monkeypatch.setattr(build_protos, "in_checkout", lambda: True)
     monkeypatch.setattr(build_protos, "_has_tools", lambda: False)
-    with pytest.raises(MissingExtra, match=re.escape("pip install 'crossdc[protos]'")):
+    with pytest.raises(StubsMissing, match=re.escape("pip install 'crossdc[protos]'")):
         build_protos.ensure_generated()

@@ -17,8 +17,8 @@ import pytest
 from crossdc.headers import sync_position
 from crossdc.primary import PrimaryRecord
 from crossdc.topology import Topology
+from crossdc_client.build_protos import is_fresh
 from proxy.breaker import BreakerState, CircuitBreaker
-from proxy.build_protos import is_fresh
 from proxy.errors import (
     STATUS_TABLE,
     IncompleteSync,

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from crossdc import files
 from crossdc.errors import ConfigError
 from crossdc.files import read_user_file, read_user_text
 from crossdc.security import KafkaSecurity
 from crossdc.topology import load_topology
 from crossdc.yamlfile import LIMITS
+from crossdc_client import files  # crossdc.files re-exports it
 from dr.stack.paths import REPO_ROOT
 from proxy.auth import load_auth
 from proxy.policy import load_policy, parse_policy
@@ -115,7 +115,7 @@ def test_a_file_over_the_limit_is_refused_by_its_size_unread(
         opened.append(path)
         return real_open(path, *a, **k)
 
-    monkeypatch.setattr("crossdc.files.os.open", recording_open)
+    monkeypatch.setattr("crossdc_client.files.os.open", recording_open)
     with pytest.raises(ConfigError) as info:
         read_user_file(f, max_bytes=100, timeout_s=1)
     assert _issue(info) == f"{f}: the file is 101 bytes; the limit is 100 bytes"
@@ -134,7 +134,7 @@ def test_a_fifo_swapped_in_after_the_look_is_refused_on_the_open_descriptor(
     regular.write_text(POLICY)
     real_stat = os.stat
     # the look (os.stat) sees a regular file; by the open, a FIFO is there
-    monkeypatch.setattr("crossdc.files.os.stat", lambda p, *a, **k: real_stat(regular)
+    monkeypatch.setattr("crossdc_client.files.os.stat", lambda p, *a, **k: real_stat(regular)
                         if str(p) == str(fifo) else real_stat(p, *a, **k))
     with pytest.raises(ConfigError, match="named pipe"):
         _bounded(lambda: read_user_file(fifo, max_bytes=100, timeout_s=1))
@@ -145,7 +145,7 @@ def test_the_time_bound_is_held_between_reads(tmp_path: Path,
     f = tmp_path / "slow.yaml"
     f.write_bytes(b"x" * 64)
     clock = iter(range(1000))
-    monkeypatch.setattr("crossdc.files.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("crossdc_client.files.time.monotonic", lambda: float(next(clock)))
     monkeypatch.setattr(files, "CHUNK_BYTES", 8)  # each read "takes" a second
     with pytest.raises(ConfigError, match="reading it took longer than 3s"):
         read_user_file(f, max_bytes=100, timeout_s=3)
