@@ -673,8 +673,13 @@ class ConsulClient(Lifecycle):
         """Create or update the global token `accessor_id` (secret `secret_id`) holding
         `policies` (by name)."""
         http = self._client.http
-        found = await self._call(f"acl/token {description}", lambda: http.get(
-            CB.json(), f"/v1/acl/token/{accessor_id}"))
+        try:
+            found = await self._call(f"acl/token {description}", lambda: http.get(
+                CB.json(), f"/v1/acl/token/{accessor_id}"))
+        except ClientRefused as exc:
+            if "does not exist" not in str(exc):  # Consul's 403 for an unknown accessor
+                raise
+            found = None
         body: dict[str, Any] = {"Description": description, "Local": False,
                                 "Policies": [{"Name": p} for p in policies]}
         if found:
