@@ -185,6 +185,8 @@ def reconcile_command(
         check_state_file(state)
     check_output_dir(out_dir, "--out")
     require("reconcile", "dr reconcile")  # Spark and the report's charts: an extra
+    from dr.reconcile.spark_line import check_spark
+    check_spark()  # a pyspark of no supported line: refused before Maven and the JVM
     from dr.stack.toolchain import ensure_spark_kafka_jars
     settings.jars_dir = ensure_spark_kafka_jars(StackPaths.default())
     # Not a terminal (a scheduler's log): wide enough that no column is cut.

@@ -4,6 +4,7 @@
     ├── RegionUnreachable   a region's Kafka did not answer
     ├── NoTopics            no topic matches the pattern in any region
     ├── SparkFailed         Spark failed; carries the first line of Spark's own message
+    ├── UnsupportedSpark    the installed pyspark is of a line crossdc has no connector for
     ├── ThresholdsPassed    the report passed a threshold (`dr reconcile` exits 3)
     └── NotJudgedYet        every record of the window is still in flight (exits 4)
 """
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dr.errors import DrError
 
 __all__ = ["NoTopics", "NotJudgedYet", "ReconcileError", "RegionUnreachable", "SparkFailed",
-           "ThresholdsPassed"]
+           "ThresholdsPassed", "UnsupportedSpark"]
 
 
 class ReconcileError(DrError):
@@ -38,6 +39,11 @@ class NoTopics(ReconcileError):
 
 class SparkFailed(ReconcileError):
     """The Spark job failed."""
+
+
+class UnsupportedSpark(ReconcileError):
+    """The installed pyspark is not of a supported Spark line (or not of its Scala build): the
+    message names the lines that are, and how to install one."""
 
 
 class ThresholdsPassed(ReconcileError):

@@ -243,7 +243,7 @@ def _read_region(spark: SparkSession, s: RegionSurvey, ri: int, topic_codes: dic
         .otherwise(F.array_except("headers", dr_entries))
     content = F.xxhash64(F.col("key").isNull(), F.col("key"), F.col("value").isNull(),
                          F.col("value"), user)
-    dr_ts = h["dr-ts"].cast("string").try_cast("bigint")
+    dr_ts = _try_cast(f"cast(h['{DR_TS}'] AS STRING)", "BIGINT")
     ts_ms = F.unix_millis("timestamp")
     rid = h["dr-id"]
     # The record identity through every shuffle: two 64-bit hashes of the dr-id (128 bits,
@@ -606,12 +606,12 @@ class _Comparison:
         """Records a proxy acknowledged (by its journal, in the window) that no region
         holds: missing in every region. Their partition and offset are where Kafka
         acknowledged the first copy."""
-        first = F.split(F.split(F.col("jw"), ",")[0], ":")
+        first = "split(split(jw, ',')[0], ':')"
         lost = (journal.filter(F.col("jr") == _RANK[ACKED])
                 .join(ids.select("tc", "id1", "id2"), ["tc", "id1", "id2"], "left_anti")
-                .select("tc", "jid", first[0].alias("at"),
-                        first[1].try_cast("int").alias("partition"),
-                        first[2].try_cast("bigint").alias("off"))
+                .select("tc", "jid", F.expr(f"{first}[0]").alias("at"),
+                        _try_cast(f"{first}[1]", "INT").alias("partition"),
+                        _try_cast(f"{first}[2]", "BIGINT").alias("off"))
                 .filter(F.col("partition").isNotNull())).persist()
         try:
             per = {(self.topics[r["tc"]], r["partition"]): r["count"]
@@ -660,7 +660,8 @@ class _Comparison:
             one = (f.select(F.explode(F.from_json(F.col("value").cast("string"),
                                                   SPARK_SCHEMA)).alias("g"))
                    .select(_code(g["t"], self.topics).alias("tc"),
-                           g["ts"].try_cast("bigint").alias("ts"), F.explode(g["e"]).alias("e"))
+                           _try_cast("g.ts", "BIGINT").alias("ts"),
+                           F.explode(g["e"]).alias("e"))
                    .select("tc", "ts", e[0].alias("jid"), e[1].alias("st"), e[2].alias("jw")))
             entries = one if entries is None else entries.unionByName(one)
         assert entries is not None
@@ -934,6 +935,13 @@ class _Inventory:
         """(region, topic, partition) where a record older than the window was read."""
         self.names: list[str] = list(regions)
         """Compared regions first, then other origins seen in dr-origin."""
+
+
+def _try_cast(sql: str, to: str) -> Column:
+    """`try_cast(<sql> AS <to>)`: null where the text is no number (a header a client
+    wrote). SQL's try_cast, not `Column.try_cast`, which pyspark has only from 4.0: the same
+    expression on Spark 3.5 and 4.x."""
+    return F.expr(f"try_cast({sql} AS {to})")
 
 
 def _code(col: Column, names: list[str]) -> Column:

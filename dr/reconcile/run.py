@@ -15,6 +15,7 @@ from crossdc.extras import require
 from crossdc.security import RECONCILE
 from crossdc.topology import Topology
 from dr.reconcile.model import Report, Thresholds, Window
+from dr.reconcile.spark_line import check_spark
 from dr.reconcile.survey import survey
 from dr.reconcile.verdict import conclude, exactly_once_pairs, judge
 from dr.reconcile.watermark import Watermarks, load_watermarks, save_watermarks
@@ -72,6 +73,7 @@ def check_regions(settings: RunSettings) -> None:
 def run(settings: RunSettings) -> Report:
     """Run the job once; with `state_path`, incrementally from the saved watermarks."""
     require("reconcile", "the reconciliation job")
+    check_spark()
     from dr.reconcile.job import SparkOptions, compare, now_ms, spark_session, stop_session
 
     check_regions(settings)

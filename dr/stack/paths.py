@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dr.stack.spark_connector import connector_pom
+
 __all__ = ["REPO_ROOT", "StackPaths", "default_cache_dir", "default_state_dir",
            "default_topology_path", "in_checkout", "no_topology_message"]
 
@@ -78,7 +80,8 @@ class StackPaths:
 
     @property
     def spark_pom(self) -> Path:
-        return REPO_ROOT / "dr" / "reconcile" / "pom.xml"
+        """The Kafka connector pom for the installed pyspark's Spark line (dr/reconcile/)."""
+        return connector_pom()
 
     @property
     def log4j_config(self) -> Path:
