@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
+from crossdc.clientsettings import ERROR_TYPE as CLIENT_SETTING_ERROR
+from crossdc.clientsettings import ClientSettings
 from crossdc.consulsec import ConsulAcl, ConsulTls
 from crossdc.security import KafkaSecurity
 from crossdc.yamlfile import load_model, repeated
@@ -60,6 +71,11 @@ class KafkaSettings(_Model):
 
     bootstrap_servers: list[str] = Field(
         min_length=1, description="host:port of one or more brokers of this region's cluster.")
+    client_settings: ClientSettings = Field(
+        default_factory=ClientSettings, description="Kafka client settings per role "
+        "(producer, consumer, admin) in Kafka's property names, for every client crossdc "
+        "builds for this region, aiokafka and librdkafka alike (crossdc.clientsettings); "
+        "what crossdc owns or one client lacks is refused.")
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -141,7 +157,31 @@ class Region(_Model):
     local: LocalSettings | None = Field(
         None, description="Ports for the local stack; required by `dr up`.")
     security: KafkaSecurity | None = Field(
-        None, description="SASL/SCRAM (over TLS) to this region's brokers; none: PLAINTEXT.")
+        None, description="TLS (mutual with a client certificate) or SASL (PLAIN, SCRAM, "
+        "OAUTHBEARER) to this region's brokers; none: PLAINTEXT.")
+
+    @field_validator("kafka", mode="wrap")
+    @classmethod
+    def _name_refused_settings(cls, v: object, handler: ValidatorFunctionWrapHandler,
+                               info: ValidationInfo) -> KafkaSettings:
+        """A refused client setting's message names the region (its line is its key's)."""
+        try:
+            kafka: KafkaSettings = handler(v)
+            return kafka
+        except ValidationError as exc:
+            name = info.data.get("name")
+            if not isinstance(name, str):
+                raise
+            errors: list[Any] = []
+            err: Any
+            for err in exc.errors():
+                if err["type"] == CLIENT_SETTING_ERROR:
+                    why = f"region {name}: {err['msg']}"
+                    err = {"type": PydanticCustomError(CLIENT_SETTING_ERROR, "{why}",
+                                                       {"why": why}),
+                           "loc": err["loc"], "input": err["input"]}
+                errors.append(err)
+            raise ValidationError.from_exception_data(exc.title, errors) from None
 
     @property
     def kafka_port(self) -> int:

@@ -137,7 +137,11 @@ class RdMirrorConsumer:
 
         self._loop = asyncio.get_running_loop()
         self._arrived = asyncio.Event()
-        self._c = Consumer(dict(self._config, **rdkafka_config(self.conn)))
+        # the region's client settings replace the fetch sizes, never the flow's discovery
+        # interval (as on the aiokafka consumer)
+        refresh = {"topic.metadata.refresh.interval.ms":
+                   self._config["topic.metadata.refresh.interval.ms"]}
+        self._c = Consumer({**self._config, **rdkafka_config(self.conn, "consumer"), **refresh})
         self._ended = self._loop.create_future()
         self._running = True
         self._thread = threading.Thread(target=self._consume_loop, daemon=True,

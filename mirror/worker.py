@@ -289,13 +289,15 @@ class MirrorWorker(Lifecycle):
                 self.source, client_id=self._client_id, group_id=self.group,
                 read_committed=True, max_poll_records=_MAX_BATCH,
                 metadata_max_age_ms=int(self.flow.discovery_interval_s * 1000))
-        return Consumer(
-            **self.source.aiokafka_kwargs(), client_id=self._client_id, group_id=self.group,
+        # fetch sizes: tuning, which the region's client_settings may replace
+        tuning = {"max_partition_fetch_bytes": 4 * 1024 * 1024,
+                  "fetch_max_bytes": 64 * 1024 * 1024}
+        return Consumer(**self.source.aiokafka_kwargs(
+            "consumer", tuning, client_id=self._client_id, group_id=self.group,
             enable_auto_commit=False, auto_offset_reset="earliest",
-            isolation_level="read_committed", max_partition_fetch_bytes=4 * 1024 * 1024,
-            fetch_max_bytes=64 * 1024 * 1024,
+            isolation_level="read_committed",
             metadata_max_age_ms=int(self.flow.discovery_interval_s * 1000),
-            rebalance_timeout_ms=_REBALANCE_TIMEOUT_MS)
+            rebalance_timeout_ms=_REBALANCE_TIMEOUT_MS))
 
     async def _new_producer(self) -> None:
         """(Re)create the target producer. A batch the broker refused leaves a gap in the
@@ -317,7 +319,9 @@ class MirrorWorker(Lifecycle):
                 transactional_id=self._producer_kw.get("transactional_id"),
                 transaction_timeout_ms=_TXN_TIMEOUT_MS)
         else:
-            producer = AIOKafkaProducer(**self.target.aiokafka_kwargs(), **self._producer_kw)
+            kw = dict(self._producer_kw)
+            tuning = {k: kw.pop(k) for k in ("linger_ms", "max_batch_size")}
+            producer = AIOKafkaProducer(**self.target.aiokafka_kwargs("producer", tuning, **kw))
         await producer.start()
         self._producer = producer
         # before a record is queued: the offset-sync topic, say, is written right after a
@@ -583,8 +587,8 @@ class MirrorWorker(Lifecycle):
         `pos:` record (a worker died before recording them), so they are not sent again."""
         suffix = f",{self.flow.source},{self.flow.target}".encode()
         start = f"{self.flow.source},{self.flow.target}".encode()
-        c = Consumer(**self.target.aiokafka_kwargs(),
-                             client_id=f"{self._client_id}-recover", enable_auto_commit=False)
+        c = Consumer(**self.target.aiokafka_kwargs(
+            "consumer", client_id=f"{self._client_id}-recover", enable_auto_commit=False))
         try:
             await c.start()
         except BaseException:

@@ -403,9 +403,9 @@ async def pending_hints(conn: KafkaConnection, region: str, targets: Sequence[st
     offset of `hints_topic(target)` minus the group `hints_group(region)`'s committed offset
     (or the log start). 0 for a target without a hints topic there. Raises (ClientError,
     KafkaError, OSError, TimeoutError) when the cluster does not answer within `timeout_s`."""
-    consumer = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-hints-pending",
-                                enable_auto_commit=False,
-                                request_timeout_ms=int(timeout_s * 1000))
+    consumer = Consumer(**conn.aiokafka_kwargs(
+        "consumer", client_id="crossdc-hints-pending", enable_auto_commit=False,
+        request_timeout_ms=int(timeout_s * 1000)))
     admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
     try:
         async with asyncio.timeout(timeout_s):
@@ -493,8 +493,9 @@ class TailReader:
     async def _ready(self, tp: TopicPartition) -> Consumer:
         c = self._consumer
         if c is None:
-            c = Consumer(**self.conn.aiokafka_kwargs(), client_id=self.client_id,
-                         enable_auto_commit=False, isolation_level=self.isolation)
+            c = Consumer(**self.conn.aiokafka_kwargs(
+                "consumer", client_id=self.client_id, enable_auto_commit=False,
+                isolation_level=self.isolation))
             await start_or_close(c, 30.0)
             self._consumer = c
         if c.assignment() != {tp}:
@@ -745,10 +746,10 @@ class HintReplayer(Lifecycle):
         await self._own_ready.wait()
         while not self.closed:
             consumer = Consumer(
-                **self.writers[self.own].conn.aiokafka_kwargs(), group_id=self.group,
-                client_id=self.client_id,
-                enable_auto_commit=False, auto_offset_reset="earliest",
-                max_poll_interval_ms=600_000)
+                **self.writers[self.own].conn.aiokafka_kwargs(
+                    "consumer", group_id=self.group, client_id=self.client_id,
+                    enable_auto_commit=False, auto_offset_reset="earliest",
+                    max_poll_interval_ms=600_000))
             consumer.subscribe(sorted(self.topics), listener=_Listener(self))
             self._consumer = consumer
             self._closing = None

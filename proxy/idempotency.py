@@ -557,10 +557,10 @@ class IdempotencyLog(Lifecycle):
             return False
         # the broker holds a fetch until `fetch_wait_ms` has passed (or 1 MB is there): a
         # bounded number of fetches a second whatever the call rate
-        consumer = Consumer(**self.conn.aiokafka_kwargs(), group_id=None,
-                                    enable_auto_commit=False,
-                                    fetch_max_wait_ms=self.fetch_wait_ms,
-                                    fetch_min_bytes=1 << 20, client_id=self.client_id)
+        consumer = Consumer(**self.conn.aiokafka_kwargs(
+            "consumer", group_id=None, enable_auto_commit=False,
+            fetch_max_wait_ms=self.fetch_wait_ms, fetch_min_bytes=1 << 20,
+            client_id=self.client_id))
         try:
             await start_or_close(consumer, 10.0)
         except (KafkaError, OSError, TimeoutError) as exc:

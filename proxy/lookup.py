@@ -79,9 +79,10 @@ async def find_copies(conn: KafkaConnection, topic: str, wanted: Mapping[str, Ma
     region = next(iter(wanted.values())).region
     if left <= 0.05:
         raise LookupFailed(f"no time left to read {topic} in {region}")
-    c = Consumer(**conn.aiokafka_kwargs(), client_id=f"{client_id}-lookup",
-                 enable_auto_commit=False, isolation_level="read_committed",
-                 fetch_max_wait_ms=100, request_timeout_ms=max(1000, int(left * 1000)))
+    c = Consumer(**conn.aiokafka_kwargs(
+        "consumer", client_id=f"{client_id}-lookup", enable_auto_commit=False,
+        isolation_level="read_committed", fetch_max_wait_ms=100,
+        request_timeout_ms=max(1000, int(left * 1000))))
     try:
         async with asyncio.timeout(left):
             await start_or_close(c, left)

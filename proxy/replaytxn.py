@@ -65,11 +65,10 @@ class ReplayTxn:
     async def _ready(self, timeout_s: float) -> AIOKafkaProducer:
         p = self._producer
         if p is None:
-            p = AIOKafkaProducer(**self.conn.aiokafka_kwargs(), client_id=self.client_id,
-                                 acks="all", enable_idempotence=True,
-                                 transactional_id=self.transactional_id,
-                                 transaction_timeout_ms=_TXN_TIMEOUT_MS,
-                                 request_timeout_ms=max(1000, int(timeout_s * 1000)))
+            p = AIOKafkaProducer(**self.conn.aiokafka_kwargs(
+                "producer", client_id=self.client_id, acks="all", enable_idempotence=True,
+                transactional_id=self.transactional_id, transaction_timeout_ms=_TXN_TIMEOUT_MS,
+                request_timeout_ms=max(1000, int(timeout_s * 1000))))
             await start_or_close(p, timeout_s)  # init_transactions: fences an older owner
             self._producer = p
         return p

@@ -175,11 +175,15 @@ class RegionWriter(Lifecycle):
 
     def _producer_kwargs(self, client_id: str) -> dict[str, Any]:
         s = self.settings
-        return dict(**self.conn.aiokafka_kwargs(), acks="all", enable_idempotence=True,
-                    linger_ms=s.linger_ms, max_batch_size=s.max_batch_bytes,
-                    max_request_size=s.max_request_bytes,
-                    request_timeout_ms=s.request_timeout_ms,
-                    metadata_max_age_ms=s.metadata_max_age_ms, client_id=client_id)
+        # the proxy's tuning gives way to the region's client_settings (the topology speaks
+        # per region); the record-size limit and the write semantics never do
+        tuning = dict(linger_ms=s.linger_ms, max_batch_size=s.max_batch_bytes,
+                      request_timeout_ms=s.request_timeout_ms,
+                      metadata_max_age_ms=s.metadata_max_age_ms)
+        return self.conn.aiokafka_kwargs("producer", tuning, acks="all",
+                                         enable_idempotence=True,
+                                         max_request_size=s.max_request_bytes,
+                                         client_id=client_id)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> bool:

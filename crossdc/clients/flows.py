@@ -58,8 +58,8 @@ class FlowStatus(_Out):
 
 async def _lag(flow: Flow, group: str, conn: KafkaConnection) -> list[PartitionLag]:
     admin = KafkaAdmin(conn, ONCE)  # bounded by flow_status's deadline
-    consumer = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-flow-lag",
-                                enable_auto_commit=False)
+    consumer = Consumer(**conn.aiokafka_kwargs(
+        "consumer", client_id="crossdc-flow-lag", enable_auto_commit=False))
     try:
         await admin.start()
         await consumer.start()
@@ -88,9 +88,9 @@ async def _lag(flow: Flow, group: str, conn: KafkaConnection) -> list[PartitionL
 async def _newest(flow: Flow, conn: KafkaConnection) -> tuple[int | None, float | None]:
     tp = TopicPartition(sync_topic_name(flow.source), MAP_PARTITION)
     pattern = re.compile(flow.topics)
-    c = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-flow-newest",
-                         enable_auto_commit=False,
-                         isolation_level="read_committed")
+    c = Consumer(**conn.aiokafka_kwargs(
+        "consumer", client_id="crossdc-flow-newest", enable_auto_commit=False,
+        isolation_level="read_committed"))
     try:
         await c.start()  # inside: a region that does not answer still gets its client closed
         if tp.topic not in await c.topics():

@@ -134,7 +134,7 @@ class KafkaAdmin(Lifecycle):
             return
 
         async def connect() -> None:
-            admin = AIOKafkaAdminClient(**self.conn.aiokafka_kwargs(), **self._admin_kw)
+            admin = AIOKafkaAdminClient(**self.conn.aiokafka_kwargs("admin", **self._admin_kw))
             try:
                 await admin.start()
             except BaseException:
@@ -401,9 +401,9 @@ class KafkaAdmin(Lifecycle):
             return
 
         async def commit() -> None:
-            consumer = Consumer(**self.conn.aiokafka_kwargs(),
-                                        client_id="crossdc-group-commit", group_id=group,
-                                        enable_auto_commit=False)
+            consumer = Consumer(**self.conn.aiokafka_kwargs(
+                "consumer", client_id="crossdc-group-commit", group_id=group,
+                enable_auto_commit=False))
             try:
                 await consumer.start()
                 consumer.assign(list(offsets))
@@ -428,8 +428,9 @@ async def open_log(conn: KafkaConnection, topic: str, configs: dict[str, str], *
                               client_id=client_id) as admin:
             reps = replication or await admin.replication_factor()
             await admin.create_topics([TopicSpec(topic, 1, reps, configs)], exist_ok=True)
-        producer = AIOKafkaProducer(**conn.aiokafka_kwargs(), acks="all", enable_idempotence=True,
-                                    client_id=client_id, **producer_kw)
+        producer = AIOKafkaProducer(**conn.aiokafka_kwargs(
+            "producer", acks="all", enable_idempotence=True, client_id=client_id,
+            **producer_kw))
     except (KafkaError, OSError) as exc:
         raise ClientError(f"{topic}: {exc!r}") from exc
     try:

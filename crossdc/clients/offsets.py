@@ -250,9 +250,9 @@ async def _committed_reader(conn: KafkaConnection, topic: str) -> AsyncIterator[
     """A started read_committed consumer, stopped at the end (also when its start fails: a
     failed start leaves its metadata task running); Kafka's errors become
     `OffsetsUnavailable`."""
-    c = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-offsets-reader",
-                         enable_auto_commit=False,
-                         isolation_level="read_committed")
+    c = Consumer(**conn.aiokafka_kwargs(
+        "consumer", client_id="crossdc-offsets-reader", enable_auto_commit=False,
+        isolation_level="read_committed"))
     try:
         try:
             await c.start()

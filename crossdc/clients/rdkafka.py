@@ -59,6 +59,7 @@ from aiokafka.errors import (
 
 from crossdc.aio import set_done
 from crossdc.clients.connection import KafkaConnection
+from crossdc.clientsettings import Role
 from crossdc.lifecycle import Lifecycle
 
 __all__ = ["RdProducer", "RdProducerFatal", "Sent", "rdkafka_available", "rdkafka_config"]
@@ -78,22 +79,13 @@ def rdkafka_available() -> str:
     return ""
 
 
-def rdkafka_config(conn: KafkaConnection) -> dict[str, Any]:
-    """`bootstrap.servers` and the connection's security as librdkafka settings: SASL
-    (SCRAM-SHA-256/512; PLAIN if a security ever names it) with the principal's password
-    read now, TLS with the CA file and the brokers' hostnames checked."""
-    cfg: dict[str, Any] = {"bootstrap.servers": conn.bootstrap}
-    user = conn.user()
-    sec = conn.security
-    if sec is not None and user is not None:
-        cred = sec.credentials(user)
-        cfg.update({"security.protocol": sec.protocol, "sasl.mechanism": sec.mechanism,
-                    "sasl.username": cred.username, "sasl.password": cred.password})
-        if sec.protocol == "SASL_SSL":
-            cfg["ssl.endpoint.identification.algorithm"] = "https"
-            if sec.ca_file is not None:
-                cfg["ssl.ca.location"] = str(sec.ca_file)
-    return cfg
+def rdkafka_config(conn: KafkaConnection, role: Role = "producer") -> dict[str, Any]:
+    """`bootstrap.servers`, the region's client settings for `role` and the connection's
+    security as librdkafka settings (`KafkaConnection.rdkafka_config`): SASL (PLAIN,
+    SCRAM-SHA-256/512 with the principal's password read now; OAUTHBEARER through an
+    `oauth_cb`), TLS with the CA file, the client certificate and the brokers' host names
+    checked."""
+    return conn.rdkafka_config(role)
 
 
 class RdProducerFatal(KafkaError):  # type: ignore[misc]
@@ -230,7 +222,7 @@ class RdProducer(Lifecycle):
 
         self._loop = asyncio.get_running_loop()
         try:
-            self._producer = Producer(dict(self._config, **rdkafka_config(self.conn)))
+            self._producer = Producer({**self._config, **rdkafka_config(self.conn, "producer")})
         except BaseException:
             self._start_undone()
             raise

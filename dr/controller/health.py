@@ -297,21 +297,19 @@ class RegionProber:
                         self.settings.canary_topic, 1, rf, {"retention.ms": "3600000"})],
                         unchecked=True)
                 producer = AIOKafkaProducer(
-                    **self.kafka.with_servers(self.bootstrap_servers()).aiokafka_kwargs(),
-                    client_id="crossdc-health-canary",
-                    acks="all", linger_ms=0,
-                    request_timeout_ms=int(self.settings.timeout_s * 1000))
+                    **self.kafka.with_servers(self.bootstrap_servers()).aiokafka_kwargs(
+                        "producer", client_id="crossdc-health-canary", acks="all", linger_ms=0,
+                        request_timeout_ms=int(self.settings.timeout_s * 1000)))
                 self._producer = producer
                 await producer.start()
             if self._consumer is None:
                 # Short request deadlines: closing a consumer whose broker died waits for
                 # its in-flight fetch (40 s by default).
                 consumer = Consumer(
-                    **self.kafka.with_servers(self.bootstrap_servers()).aiokafka_kwargs(),
-                    client_id="crossdc-health-canary",
-                    enable_auto_commit=False,
-                    request_timeout_ms=int(max(2.0, self.settings.timeout_s * 2) * 1000),
-                    fetch_max_wait_ms=200)
+                    **self.kafka.with_servers(self.bootstrap_servers()).aiokafka_kwargs(
+                        "consumer", client_id="crossdc-health-canary", enable_auto_commit=False,
+                        request_timeout_ms=int(max(2.0, self.settings.timeout_s * 2) * 1000),
+                        fetch_max_wait_ms=200))
                 self._consumer = consumer
                 await consumer.start()
                 consumer.assign([self._tp])

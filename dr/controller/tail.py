@@ -152,10 +152,9 @@ async def _read_topic(conn: KafkaConnection, topic: str, timeout_s: float) -> li
     n = await _partitions(conn, topic, timeout_s)
     if not n:
         return []
-    c = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-tail-reader",
-                         enable_auto_commit=False,
-                         isolation_level="read_committed",
-                         request_timeout_ms=int(timeout_s * 1000))
+    c = Consumer(**conn.aiokafka_kwargs(
+        "consumer", client_id="crossdc-tail-reader", enable_auto_commit=False,
+        isolation_level="read_committed", request_timeout_ms=int(timeout_s * 1000)))
     out: list[Any] = []
     try:
         async with asyncio.timeout(timeout_s):
@@ -365,10 +364,10 @@ async def replay_tail(topology: Topology, region: str, ids: Sequence[str] | None
             # Started (init_transactions) before the markers are read: a replay still
             # running is fenced by now, or its commit is visible to what we read next.
             producer = AIOKafkaProducer(
-                **conn.aiokafka_kwargs(), client_id="crossdc-tail-replay", acks="all",
-                enable_idempotence=True,
-                transactional_id=f"crossdc-tail-replay-{target}",
-                request_timeout_ms=int(timeout_s * 1000))
+                **conn.aiokafka_kwargs(
+                    "producer", client_id="crossdc-tail-replay", acks="all",
+                    enable_idempotence=True, transactional_id=f"crossdc-tail-replay-{target}",
+                    request_timeout_ms=int(timeout_s * 1000)))
             try:
                 async with asyncio.timeout(timeout_s):
                     await _ensure_replayed_topic(conn)

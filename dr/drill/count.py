@@ -125,8 +125,9 @@ async def _records(conn: KafkaConnection, topics: list[str], client_id: str
     tps = [TopicPartition(t, p) for t, n in counts.items() for p in range(n)]
     if not tps:
         return
-    c = Consumer(**conn.aiokafka_kwargs(), enable_auto_commit=False,
-                         isolation_level="read_committed", client_id=client_id)
+    c = Consumer(**conn.aiokafka_kwargs(
+        "consumer", enable_auto_commit=False, isolation_level="read_committed",
+        client_id=client_id))
     try:
         await c.start()
         c.assign(tps)

@@ -55,9 +55,9 @@ class RegionSurvey:
 async def _survey_region(region: str, conn: KafkaConnection, pattern: re.Pattern[str],
                          timeout_s: float) -> RegionSurvey:
     admin = KafkaAdmin(conn, ONCE, request_timeout_ms=int(timeout_s * 1000))
-    consumer = Consumer(**conn.aiokafka_kwargs(), client_id="crossdc-reconcile-survey",
-                                enable_auto_commit=False, isolation_level="read_committed",
-                                request_timeout_ms=int(timeout_s * 1000))
+    consumer = Consumer(**conn.aiokafka_kwargs(
+        "consumer", client_id="crossdc-reconcile-survey", enable_auto_commit=False,
+        isolation_level="read_committed", request_timeout_ms=int(timeout_s * 1000)))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
         listed = await asyncio.wait_for(admin.list_topics(), timeout_s)

@@ -145,7 +145,7 @@ class KafkaNode:
         controllers serve, so SCRAM cannot guard it); ACLs enforced, nothing allowed
         without one. The admin password is in this file: it is written mode 0600."""
         assert self.region.security is not None
-        mech = self.region.security.mechanism
+        mech = self.region.security.sasl_mechanism or "SCRAM-SHA-512"
         jaas = ("org.apache.kafka.common.security.scram.ScramLoginModule required "
                 f'username="{ADMIN}" password="{sec.password(ADMIN)}";')
         return {
@@ -219,7 +219,7 @@ class KafkaNode:
             # The SCRAM users exist from the first metadata record (KRaft: no ZooKeeper to
             # add them to before the brokers start). The passwords pass on the formatter's
             # command line (a local, short-lived process of the same user).
-            mech = self.region.security.mechanism
+            mech = self.region.security.sasl_mechanism or "SCRAM-SHA-512"
             for p in PRINCIPALS:
                 scram += ["--add-scram",
                           f"{mech}=[name={p},password={self.secrets.password(p)}]"]

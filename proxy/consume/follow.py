@@ -311,9 +311,9 @@ class PrimaryFollower:
         out: dict[tuple[str, int], Handover] = {}
         prefix = f"{group}|".encode()
         tp = TopicPartition(HANDOVER_TOPIC, 0)
-        c = Consumer(**self.s.kafka[region].aiokafka_kwargs(), group_id=None,
-                     enable_auto_commit=False, isolation_level="read_committed",
-                     client_id=f"{self.s.client_id}-handover")
+        c = Consumer(**self.s.kafka[region].aiokafka_kwargs(
+            "consumer", group_id=None, enable_auto_commit=False, isolation_level="read_committed",
+            client_id=f"{self.s.client_id}-handover"))
         try:
             async with asyncio.timeout(self.config.open_timeout_s):
                 await c.start()

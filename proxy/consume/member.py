@@ -416,10 +416,10 @@ class GroupMember(Lifecycle):
                 await sleep_unless(self._stopping, 0.2)
                 continue
             consumer = Consumer(
-                **self.conn.aiokafka_kwargs(), group_id=self.kafka_group,
-                client_id=self.client_id, enable_auto_commit=False,
-                auto_offset_reset=self.config.auto_offset_reset,
-                isolation_level="read_committed", max_poll_interval_ms=600_000)
+                **self.conn.aiokafka_kwargs(
+                    "consumer", group_id=self.kafka_group, client_id=self.client_id,
+                    enable_auto_commit=False, auto_offset_reset=self.config.auto_offset_reset,
+                    isolation_level="read_committed", max_poll_interval_ms=600_000))
             consumer.subscribe(sorted(self.topics), listener=_Listener(self))
             self._consumer = consumer
             starting = self._own(self._start_consumer(consumer),

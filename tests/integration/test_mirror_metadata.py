@@ -36,9 +36,8 @@ LINGER_MS = 1000
 
 async def _producer(bootstrap: str, known: str) -> AIOKafkaProducer:
     """A started producer that knows `known` (and every other topic) but follows none."""
-    producer = AIOKafkaProducer(**KafkaConnection.of(bootstrap).aiokafka_kwargs(),
-                                linger_ms=LINGER_MS, acks="all",
-                                enable_idempotence=True)
+    producer = AIOKafkaProducer(**KafkaConnection.of(bootstrap).aiokafka_kwargs(
+        "producer", linger_ms=LINGER_MS, acks="all", enable_idempotence=True))
     await producer.start()
     await _know_all(producer)
     assert known in producer.client.cluster.topics()

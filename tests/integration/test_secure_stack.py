@@ -86,8 +86,8 @@ async def _create(s: Secure, topic: str) -> None:
 
 async def _read(s: Secure, region: str, topic: str, count: int, timeout_s: float = 90.0
                 ) -> list[tuple[bytes | None, bytes | None, dict[str, bytes]]]:
-    c = AIOKafkaConsumer(topic, **s.kafka(region).aiokafka_kwargs(),
-                         auto_offset_reset="earliest", enable_auto_commit=False)
+    c = AIOKafkaConsumer(topic, **s.kafka(region).aiokafka_kwargs(
+        "consumer", auto_offset_reset="earliest", enable_auto_commit=False))
     got: list[tuple[bytes | None, bytes | None, dict[str, bytes]]] = []
     await c.start()
     try:
@@ -104,8 +104,8 @@ async def _read(s: Secure, region: str, topic: str, count: int, timeout_s: float
 async def _write_as(s: Secure, principal: str, region: str, topic: str) -> str:
     """Produce one record straight to Kafka as `principal` (as a proxy that ignores Consul
     would); "ok" or the error's class name."""
-    p = AIOKafkaProducer(**s.kafka(region, principal).aiokafka_kwargs(), acks="all",
-                         enable_idempotence=True, request_timeout_ms=15_000)
+    p = AIOKafkaProducer(**s.kafka(region, principal).aiokafka_kwargs(
+        "producer", acks="all", enable_idempotence=True, request_timeout_ms=15_000))
     try:
         await p.start()
         await p.send_and_wait(topic, b"raw", key=b"k")
@@ -209,7 +209,7 @@ def test_reconciliation_reads_both_regions_over_sasl_ssl(secure: Secure) -> None
 
     async def seed() -> None:
         await _create(secure, topic)
-        p = AIOKafkaProducer(**secure.kafka("east").aiokafka_kwargs(), acks="all")
+        p = AIOKafkaProducer(**secure.kafka("east").aiokafka_kwargs("producer", acks="all"))
         await p.start()
         try:
             for i in range(5):

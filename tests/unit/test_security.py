@@ -101,25 +101,26 @@ def test_a_connection_gives_scram_over_tls_as_its_principal(secrets: StackSecret
     east = topo.region("east")
     conn = KafkaConnection.of(east, principal=PROXY)
     assert (conn.region, conn.bootstrap, conn.principal) == ("east", east.kafka.bootstrap, PROXY)
-    kw = conn.aiokafka_kwargs()
+    kw = conn.aiokafka_kwargs("producer")
     assert kw["bootstrap_servers"] == east.kafka.bootstrap
     assert (kw["security_protocol"], kw["sasl_mechanism"]) == ("SASL_SSL", "SCRAM-SHA-512")
     assert kw["sasl_plain_username"] == PROXY
     assert kw["sasl_plain_password"] == secrets.password(PROXY)
     assert isinstance(kw["ssl_context"], ssl.SSLContext)
     assert kw["ssl_context"].check_hostname
-    assert conn.as_principal(MIRROR).aiokafka_kwargs()["sasl_plain_username"] == MIRROR
+    assert conn.as_principal(MIRROR).aiokafka_kwargs("producer")["sasl_plain_username"] == MIRROR
     # other brokers of the same cluster (the controller's probe): same security, principal
-    moved = conn.with_servers(["127.0.0.1:1", "127.0.0.1:2"]).aiokafka_kwargs()
+    moved = conn.with_servers(["127.0.0.1:1", "127.0.0.1:2"]).aiokafka_kwargs("producer")
     assert (moved["bootstrap_servers"], moved["sasl_plain_username"]) == (
         "127.0.0.1:1,127.0.0.1:2", PROXY)
     # a plain region, or a bare bootstrap string: PLAINTEXT, nothing added, whoever asks
     plain = load_topology(TOPOLOGY).region("east")
-    assert KafkaConnection.of(plain).aiokafka_kwargs() == {
+    assert KafkaConnection.of(plain).aiokafka_kwargs("producer") == {
         "bootstrap_servers": plain.kafka.bootstrap}
-    assert KafkaConnection.of(plain, principal=PROXY).aiokafka_kwargs() == {
+    assert KafkaConnection.of(plain, principal=PROXY).aiokafka_kwargs("producer") == {
         "bootstrap_servers": plain.kafka.bootstrap}
-    assert KafkaConnection.of(" a:1, b:2 ").aiokafka_kwargs() == {"bootstrap_servers": "a:1,b:2"}
+    assert KafkaConnection.of(" a:1, b:2 ").aiokafka_kwargs("producer") == {
+        "bootstrap_servers": "a:1,b:2"}
     assert KafkaConnection.of(["a:1"]).spark_options() == {"kafka.bootstrap.servers": "a:1"}
     with pytest.raises(ValueError, match="bootstrap server"):
         KafkaConnection.of("")
@@ -129,7 +130,8 @@ def test_a_secure_region_without_a_principal_fails_closed(topo: Topology) -> Non
     """Never the controller's (or anyone's) principal by default: the connection refuses to
     give its arguments, naming the region and how to name one."""
     conn = KafkaConnection.of(topo.region("west"))
-    for ask in (conn.aiokafka_kwargs, conn.spark_options, conn.user):
+    for ask in (lambda: conn.aiokafka_kwargs("consumer"), conn.spark_options, conn.user,
+                lambda: conn.rdkafka_config("producer")):
         with pytest.raises(NoKafkaPrincipal) as caught:
             ask()
         assert caught.value.region == "west"
@@ -158,7 +160,7 @@ def test_a_pinned_username_names_the_principal(tmp_path: Path) -> None:
     sec = KafkaSecurity(protocol="SASL_PLAINTEXT", username="app", password_file=pw)
     region = load_topology(TOPOLOGY).region("east").model_copy(update={"security": sec})
     for principal in (None, PROXY):  # the topology's one principal, whoever builds it
-        kw = KafkaConnection.of(region, principal=principal).aiokafka_kwargs()
+        kw = KafkaConnection.of(region, principal=principal).aiokafka_kwargs("producer")
         assert kw["sasl_plain_username"] == "app"
         assert "ssl_context" not in kw
 
@@ -175,14 +177,14 @@ def test_two_connections_in_one_process_change_nothing_global(
     proxy = KafkaConnection.of(east, principal=PROXY)
     mirror = KafkaConnection.of(east, principal=MIRROR)
     nobody = KafkaConnection.of(west)
-    assert proxy.aiokafka_kwargs()["sasl_plain_username"] == PROXY
-    assert mirror.aiokafka_kwargs()["sasl_plain_username"] == MIRROR
-    assert proxy.aiokafka_kwargs()["sasl_plain_username"] == PROXY  # still its own
+    assert proxy.aiokafka_kwargs("producer")["sasl_plain_username"] == PROXY
+    assert mirror.aiokafka_kwargs("producer")["sasl_plain_username"] == MIRROR
+    assert proxy.aiokafka_kwargs("producer")["sasl_plain_username"] == PROXY  # still its own
     with pytest.raises(NoKafkaPrincipal):  # the environment names nobody for a client
-        nobody.aiokafka_kwargs()
+        nobody.aiokafka_kwargs("producer")
     plain = KafkaConnection.of(load_topology(TOPOLOGY).region("east"))  # same brokers, plain
-    assert plain.aiokafka_kwargs() == {"bootstrap_servers": east.kafka.bootstrap}
-    assert proxy.aiokafka_kwargs()["security_protocol"] == "SASL_SSL"  # not downgraded
+    assert plain.aiokafka_kwargs("producer") == {"bootstrap_servers": east.kafka.bootstrap}
+    assert proxy.aiokafka_kwargs("producer")["security_protocol"] == "SASL_SSL"  # not downgraded
     after = {m.__name__: dict(vars(m)) for m in (cc, ck)}
     assert after == before  # no module state written
     for name in ("use_topology", "set_kafka_principal", "kafka_principal", "kafka_kw",
