@@ -8,10 +8,10 @@ from crossdc_client.consumer import (
     AsyncConsumer,
     ConsumedBatch,
     ConsumedRecord,
-    _partition_ranges,  # noqa: F401  (the unit tests reach it here)
     offset_ranges,
     reconnects,
 )
+from crossdc_client.consumer import _partition_ranges as _partition_ranges  # the unit tests'
 from proxy.connect import RegionProxies
 
 __all__ = ["AsyncConsumer", "ConsumedBatch", "ConsumedRecord", "RegionProxies",

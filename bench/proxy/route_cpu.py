@@ -164,6 +164,8 @@ async def _round(records: int, batch: int) -> dict[str, Any]:
 
 def child(checkout: str, records: int, batch: int) -> None:
     sys.path.insert(0, checkout)
+    if (Path(checkout) / "client" / "src").is_dir():  # the SDK's distribution (its stubs)
+        sys.path.insert(0, str(Path(checkout) / "client" / "src"))
     import proxy
 
     if not str(Path(proxy.__file__).resolve()).startswith(str(Path(checkout).resolve())):
@@ -195,8 +197,9 @@ def main() -> None:
         return
     checkouts = [Path(c).resolve() for c in a.checkout] or [ROOT]
     for c in checkouts:
-        if not (c / "proxy" / "_proto").is_dir():
-            raise SystemExit(f"{c}: no proxy/_proto (run `python -m proxy.build_protos` there)")
+        stubs = [c / "client" / "src" / "crossdc_client" / "_proto", c / "proxy" / "_proto"]
+        if not any(s.is_dir() for s in stubs):  # the second: a checkout before crossdc-client
+            raise SystemExit(f"{c}: no gRPC stubs (run `python -m proxy.build_protos` there)")
     load_before = [round(x, 2) for x in os.getloadavg()]
     got: dict[str, list[float]] = {str(c): [] for c in checkouts}
     for r in range(a.rounds):

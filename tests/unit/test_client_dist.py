@@ -6,13 +6,12 @@ fresh venv and produces and consumes through a real proxy with it."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
-
-from setuptools import find_packages
 
 from dr.stack.paths import REPO_ROOT
 
@@ -51,6 +50,21 @@ def test_the_sdk_loads_grpc_and_protobuf_and_nothing_of_crossdc_or_its_daemons(
     assert not tops & OURS_ELSEWHERE, tops & OURS_ELSEWHERE
     # every module of the SDK is the client distribution's own source
     assert Path(loaded["crossdc_client"]).resolve().is_relative_to(CLIENT / "src")
+
+
+def find_packages(root: str, include: list[str]) -> list[str]:
+    """setuptools' `find_packages(root, include=...)`: the packages (folders with an
+    __init__.py, inside packages) whose dotted name matches a pattern."""
+
+    def walk(folder: Path, prefix: str) -> list[str]:
+        out = []
+        for sub in sorted(folder.iterdir()):
+            if sub.is_dir() and sub.name.isidentifier() and (sub / "__init__.py").is_file():
+                out += [prefix + sub.name, *walk(sub, f"{prefix}{sub.name}.")]
+        return out
+
+    return [n for n in walk(Path(root), "")
+            if any(fnmatch.fnmatchcase(n, pat) for pat in include)]
 
 
 def test_the_two_distributions_hold_disjoint_packages() -> None:
