@@ -13,6 +13,7 @@ from crossdc.topology import split_hostport
 from dr.cli._common import (
     StateDirOpt,
     TopologyOpt,
+    err,
     out,
     paths_for,
     seconds_option,
@@ -21,8 +22,12 @@ from dr.cli._common import (
 from dr.errors import DrError
 from dr.exits import fail
 from dr.stack.prometheus import (
+    RUNBOOK_BASE_DEFAULT,
+    RUNBOOK_BASE_ENV,
     Target,
+    alert_rules,
     alerts_path,
+    check_runbook_base,
     dashboard_path,
     scrape_config,
     scrape_targets_from_topology,
@@ -59,25 +64,76 @@ def prometheus_config(
     rules: Annotated[bool, typer.Option(
         "--rules/--no-rules", help="Load crossdc's alert rules (observability/alerts.yml).")
     ] = True,
+    rules_file: Annotated[Path | None, typer.Option(
+        "--rules-file", help="The alert rules to load, e.g. written by `dr prometheus rules "
+        "--runbook-base` [default: the shipped observability/alerts.yml].",
+        show_default=False)] = None,
     out_file: Annotated[Path | None, typer.Option(
         "--out", "-o", help="Write here [default: stdout].", show_default=False)] = None,
 ) -> None:
     """Print a Prometheus configuration scraping the topology's proxies (their
-    proxy.metrics_port) and every --target; jobs crossdc-<component>, label home_region."""
+    proxy.metrics_port) and every --target; jobs crossdc-<component>. No target labels: the
+    daemons label their own crossdc_build_info with their component and home region."""
     extra = [_target(t) for t in target or []]
     if out_file is not None and out_file.is_dir():
         fail(f"--out {out_file}: is a folder; give the file to write")
+    if rules_file is not None and not rules:
+        fail("--rules-file with --no-rules: give one or the other")
+    if rules_file is not None and not rules_file.is_file():
+        fail(f"--rules-file {rules_file}: no such file (write it with `dr prometheus rules`)")
     topo, _ = topology_for(topology, paths_for(state_dir))
     targets = scrape_targets_from_topology(topo, extra=extra)
+    loaded = (rules_file or alerts_path()).resolve() if rules else None
     doc = scrape_config(targets, interval_s=interval_s,
-                        rule_files=[alerts_path()] if rules else [])
+                        rule_files=[loaded] if loaded is not None else [])
     text = yaml.safe_dump(doc, sort_keys=False)
     if out_file is None:
         sys.stdout.write(text)
         return
-    try:
-        out_file.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise DrError(f"cannot write {out_file}: {exc.strerror or exc}") from exc
-    out.print(f"{out_file}: {len(targets)} target(s); rules {alerts_path() if rules else 'none'}"
+    _write(out_file, text)
+    out.print(f"{out_file}: {len(targets)} target(s); rules {loaded or 'none'}"
               f"; dashboard to import in Grafana: {dashboard_path()}")
+
+
+def _runbook_base(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return check_runbook_base(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--runbook-base") from None
+
+
+@prometheus_app.command("rules")
+def prometheus_rules(
+    runbook_base: Annotated[str | None, typer.Option(
+        "--runbook-base", envvar=RUNBOOK_BASE_ENV, callback=_runbook_base,
+        help="Absolute URL of the folder serving crossdc's runbooks/ (e.g. "
+        "https://git.example/ops/crossdc/-/blob/main/runbooks): each alert's runbook_url "
+        f"becomes <base>/<runbook>.md#<section> [default: {RUNBOOK_BASE_DEFAULT}, a "
+        "placeholder].", show_default=False)] = None,
+    out_file: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Write here [default: stdout].", show_default=False)] = None,
+) -> None:
+    """Print crossdc's alert rules (observability/alerts.yml) with their runbook links under
+    --runbook-base; load the file with `rule_files:` (or `dr prometheus config --rules-file`)."""
+    if out_file is not None and out_file.is_dir():
+        fail(f"--out {out_file}: is a folder; give the file to write")
+    text = alert_rules(runbook_base)
+    if runbook_base is None or runbook_base == RUNBOOK_BASE_DEFAULT:
+        err.print(f"note: the runbook links point at {RUNBOOK_BASE_DEFAULT} (a placeholder): "
+                  f"give --runbook-base (or {RUNBOOK_BASE_ENV}) where your runbooks are served",
+                  highlight=False, soft_wrap=True)
+    if out_file is None:
+        sys.stdout.write(text)
+        return
+    _write(out_file, text)
+    out.print(f"{out_file}: {text.count('- alert:')} alert rules, runbooks under "
+              f"{runbook_base or RUNBOOK_BASE_DEFAULT}")
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise DrError(f"cannot write {path}: {exc.strerror or exc}") from exc

@@ -1,12 +1,16 @@
-"""A real Prometheus server for the local stack, and the scrape configuration it reads.
+"""A real Prometheus server for the local stack, the scrape configuration it reads, and the
+alert rules as written for an installation.
 
 `scrape_config(targets)` builds a Prometheus configuration (a dict, dumped as YAML) from the
 daemons a stack runs, each target `(component, region, "host:port")`: one job per component
-(`crossdc-proxy`, `crossdc-mirror`, `crossdc-controller`), and on each target the label
-`home_region` = the region the daemon runs in. Not `region`: the metrics' own `region` label
-(the region a proxy wrote to, the region a controller judged) would collide with it and
-Prometheus would rename theirs to `exported_region`. observability/alerts.yml and the Grafana
-dashboard use exactly these names.
+(`crossdc-proxy`, `crossdc-mirror`, `crossdc-controller`) and no target label of ours. The
+alert rules and the Grafana dashboard key on neither: each daemon labels its own
+`crossdc_build_info` with its component and `home_region`, so they work the same under a
+scrape crossdc did not write (observability/prometheus.consul_sd.yml, kube-prometheus).
+
+`alert_rules(runbook_base)` is observability/alerts.yml with its `runbook_url` annotations
+under another base (the shipped file links https://crossdc.example/runbooks, a placeholder);
+`dr prometheus rules --runbook-base` writes it.
 
 The topology declares only the proxies' metrics ports (`regions[].proxy.metrics_port`);
 mirrors and controllers choose theirs when started (`--metrics-port`, `--http-port`: the
@@ -15,11 +19,13 @@ proxies and the caller adds the daemons it started (`extra=`).
 
 `PrometheusServer` runs the `prometheus` binary (Debian's `prometheus` package) as a
 `ManagedProcess` on a free loopback port, with the alert rules crossdc ships
-(`alerts_path()`, observability/alerts.yml, package data), a small retention and everything
+(`alerts_path()`, observability/alerts.yml, package data; written with their runbook links
+under `local_runbook_base()`), a small retention and everything
 under the stack's state directory (so `dr down` stops it with the rest):
 
     <state>/prometheus/prometheus.yml   the scrape configuration
-    <state>/prometheus/rules/           copies of the rule files
+    <state>/prometheus/rules/           the rule files (alerts.yml linking the checkout's
+                                        runbooks/, file://; CROSSDC_RUNBOOK_BASE wins)
     <state>/prometheus/data/            the TSDB
     <state>/prometheus/server.json      its port
     <state>/prometheus/server.log, pid
@@ -31,12 +37,14 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 import structlog
@@ -44,17 +52,20 @@ import yaml
 
 from crossdc.topology import Topology, split_hostport
 from dr.errors import StackError, StartTimeout, ToolchainMissing
-from dr.stack.paths import StackPaths
+from dr.stack.paths import REPO_ROOT, StackPaths
 from dr.stack.ports import free_port
 from dr.stack.process import ManagedProcess, check_port_free
 
-__all__ = ["COMPONENTS", "PrometheusServer", "Target", "alerts_path", "dashboard_path",
-           "find_prometheus", "job_name", "scrape_config", "scrape_targets_from_topology"]
+__all__ = ["COMPONENTS", "RUNBOOK_BASE_DEFAULT", "RUNBOOK_BASE_ENV", "PrometheusServer",
+           "Target", "alert_rules", "alerts_path", "check_runbook_base", "dashboard_path",
+           "find_prometheus", "job_name", "local_runbook_base", "scrape_config",
+           "scrape_targets_from_topology"]
 
 log = structlog.get_logger("crossdc.stack.prometheus")
 
 Target = tuple[str, str, str]
-"""(component, region it runs in, "host:port" of its /metrics)."""
+"""(component, region it runs in, "host:port" of its /metrics). The region is not written into
+the configuration: the daemon labels its own crossdc_build_info with it."""
 
 COMPONENTS = ("proxy", "mirror", "controller")
 """The components crossdc's alerts and dashboard know (others get a job too)."""
@@ -73,6 +84,65 @@ def dashboard_path() -> Path:
     return (_OBSERVABILITY / "grafana" / "crossdc.json").resolve()
 
 
+RUNBOOK_BASE_DEFAULT = "https://crossdc.example/runbooks"
+"""Where the shipped alerts.yml links its runbooks: a placeholder (`.example` is a reserved
+domain) that says "set me" in every alert it appears in, rather than a guessed address."""
+
+RUNBOOK_BASE_ENV = "CROSSDC_RUNBOOK_BASE"
+"""Environment variable giving the runbook base (`dr prometheus rules`, the local stack)."""
+
+_URL_UNSAFE = re.compile(r"[\s\"'\\{}<>`#?]")
+
+
+def check_runbook_base(base: str) -> str:
+    """`base` without its trailing slashes, when it is an absolute http, https or file URL;
+    ValueError saying why not. Refused too: characters that would end the annotation's
+    quoted YAML string or start a Prometheus template (quotes, backslash, braces), blanks,
+    and `?`/`#` (each link appends `/<runbook>.md#<section>`)."""
+    bad = _URL_UNSAFE.search(base)
+    if bad:
+        raise ValueError(f"{base!r} holds {bad.group()!r}: give a plain URL, e.g. "
+                         f"https://git.example/ops/crossdc/runbooks")
+    parts = urlsplit(base)
+    if parts.scheme not in ("http", "https", "file"):
+        raise ValueError(f"{base!r} is not an absolute http(s):// or file:// URL")
+    if parts.scheme != "file" and not parts.netloc:
+        raise ValueError(f"{base!r} names no host")
+    if parts.scheme == "file" and (parts.netloc not in ("", "localhost")
+                                   or not parts.path.startswith("/")):
+        raise ValueError(f"{base!r}: a file URL names an absolute path on this machine "
+                         f"(file:///...)")
+    return base.rstrip("/")
+
+
+def alert_rules(runbook_base: str | None = None) -> str:
+    """The text of observability/alerts.yml with every `runbook_url` under `runbook_base`
+    (None or the default: the file as shipped). Comments and layout kept: the annotations
+    are rewritten in place, not re-dumped."""
+    text = alerts_path().read_text(encoding="utf-8")
+    if runbook_base is None:
+        return text
+    base = check_runbook_base(runbook_base)
+    if base == RUNBOOK_BASE_DEFAULT:
+        return text
+    shipped = f'runbook_url: "{RUNBOOK_BASE_DEFAULT}/'
+    if text.count(shipped) != text.count("runbook_url:"):
+        raise StackError(f"{alerts_path()}: a runbook_url not under {RUNBOOK_BASE_DEFAULT}")
+    return (f"# Written by `dr prometheus rules --runbook-base {base}` from {alerts_path()}\n"
+            + text.replace(shipped, f'runbook_url: "{base}/'))
+
+
+def local_runbook_base() -> str:
+    """The runbook base of a Prometheus on this machine: $CROSSDC_RUNBOOK_BASE, else the
+    checkout's runbooks/ as a file:// URL, else (an installed package, no runbooks/ beside
+    it) the shipped placeholder."""
+    env = os.environ.get(RUNBOOK_BASE_ENV)
+    if env:
+        return env
+    here = REPO_ROOT / "runbooks"
+    return here.as_uri() if here.is_dir() else RUNBOOK_BASE_DEFAULT
+
+
 def job_name(component: str) -> str:
     """The Prometheus job of a component's daemons: `crossdc-<component>`."""
     return f"crossdc-{component}"
@@ -86,10 +156,10 @@ def _duration(seconds: float) -> str:
 def scrape_config(targets: Sequence[Target], *, interval_s: float = 2.0,
                   rule_files: Sequence[Path] = ()) -> dict[str, Any]:
     """A Prometheus configuration scraping `targets` every `interval_s` (rules evaluated as
-    often), one job per component, each target labelled `home_region`."""
+    often), one job per component, no target labels (the daemons label themselves)."""
     if interval_s <= 0:
         raise StackError(f"scrape interval must be positive, not {interval_s}")
-    by_job: dict[str, dict[str, list[str]]] = {}
+    by_job: dict[str, list[str]] = {}
     seen: set[tuple[str, str]] = set()
     for component, region, address in targets:
         if not component or not component.replace("-", "").replace("_", "").isalnum():
@@ -102,7 +172,7 @@ def scrape_config(targets: Sequence[Target], *, interval_s: float = 2.0,
         if (component, address) in seen:
             continue
         seen.add((component, address))
-        by_job.setdefault(component, {}).setdefault(region, []).append(address)
+        by_job.setdefault(component, []).append(address)
     order = sorted(by_job, key=lambda c: (COMPONENTS.index(c) if c in COMPONENTS
                                          else len(COMPONENTS), c))
     return {
@@ -112,8 +182,7 @@ def scrape_config(targets: Sequence[Target], *, interval_s: float = 2.0,
         "rule_files": [str(p) for p in rule_files],
         "scrape_configs": [
             {"job_name": job_name(component),
-             "static_configs": [{"targets": addresses, "labels": {"home_region": region}}
-                                for region, addresses in by_job[component].items()]}
+             "static_configs": [{"targets": by_job[component]}]}
             for component in order],
     }
 
@@ -150,12 +219,14 @@ class PrometheusServer:
     def __init__(self, paths: StackPaths, targets: Sequence[Target] = (), *,
                  port: int | None = None, interval_s: float = 2.0,
                  retention: str = "2h", rule_files: Sequence[Path] | None = None,
-                 binary: Path | None = None) -> None:
+                 runbook_base: str | None = None, binary: Path | None = None) -> None:
         self.paths = paths
         self.targets: list[Target] = list(targets)
         self.interval_s = interval_s
         self.retention = retention
         self.rule_files = [alerts_path()] if rule_files is None else list(rule_files)
+        self.runbook_base = check_runbook_base(runbook_base or local_runbook_base())
+        """The base of the runbook links in crossdc's alerts.yml as this server loads it."""
         self._binary = binary
         self._port = port
         self._proc: ManagedProcess | None = None
@@ -196,12 +267,16 @@ class PrometheusServer:
                                          for p in self.rule_files])
 
     def write_config(self) -> None:
-        """Write prometheus.yml and copy the rule files beside it."""
+        """Write prometheus.yml and the rule files beside it: crossdc's alerts.yml written
+        with `runbook_base`, any other copied as it is."""
         rules = self.workdir / "rules"
         rules.mkdir(parents=True, exist_ok=True)
         for src in self.rule_files:
             try:
-                shutil.copyfile(src, rules / src.name)
+                if src.resolve() == alerts_path():
+                    (rules / src.name).write_text(alert_rules(self.runbook_base), "utf-8")
+                else:
+                    shutil.copyfile(src, rules / src.name)
             except OSError as exc:
                 raise StackError(f"alert rules {src}: {exc.strerror or exc}") from exc
         tmp = self.config_path.with_suffix(".tmp")

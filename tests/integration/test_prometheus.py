@@ -1,12 +1,14 @@
 """A real Prometheus (Debian's `prometheus`) run by `PrometheusServer`, scraping real metric
 endpoints of ours (the mirror's and the controller's registries served by prometheus_client,
-as `dr mirror run --metrics-port` serves them): targets up, crossdc_ metrics queryable with
-the `home_region` label, the alert rules loaded and evaluated on what it scraped.
+as `dr mirror run --metrics-port` serves them): targets up, crossdc_ metrics queryable, each
+target's home region found from its own crossdc_build_info (the recording rule
+crossdc:target_info), the alert rules loaded and evaluated on what it scraped.
 
 No Kafka or Consul needed: seconds, not minutes."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +41,7 @@ def serve(registry: CollectorRegistry) -> Iterator[str]:
 
 @pytest.fixture
 def mirror_endpoint() -> Iterator[tuple[MirrorMetrics, str]]:
-    metrics = MirrorMetrics(CollectorRegistry())
+    metrics = MirrorMetrics(CollectorRegistry(), home_region="west")
     metrics.records.labels("east", "west", "payments").inc(42)
     metrics.stopped_partitions.labels("east", "west", "payments").set(1)
     for address in serve(metrics.registry):
@@ -48,7 +50,7 @@ def mirror_endpoint() -> Iterator[tuple[MirrorMetrics, str]]:
 
 @pytest.fixture
 def controller_endpoint() -> Iterator[str]:
-    metrics = ControllerMetrics(CollectorRegistry())
+    metrics = ControllerMetrics(CollectorRegistry(), home_region="east")
     metrics.leader.set(1)
     metrics.set_gate(True, 1_700_000_000_000)
     yield from serve(metrics.registry)
@@ -82,7 +84,7 @@ async def test_prometheus_scrapes_our_metrics_and_evaluates_the_alert_rules(
 
             await eventually(lambda: healthy("crossdc-mirror"), 30, "the mirror target up")
 
-            stopped = 'crossdc_mirror_stopped_partitions{home_region="west"}'
+            stopped = "crossdc_mirror_stopped_partitions"
             await eventually(lambda: _nonempty(_query(http, base, stopped)), 20,
                              "a crossdc_ metric queryable")
             [sample] = await _query(http, base, stopped)
@@ -92,13 +94,27 @@ async def test_prometheus_scrapes_our_metrics_and_evaluates_the_alert_rules(
             assert {k: sample["metric"][k] for k in ("source", "target", "topic")} == \
                 {"source": "east", "target": "west", "topic": "payments"}
             assert sample["value"][1] == "1"
+            assert "home_region" not in sample["metric"]  # no target label of ours
+
+            # the daemon's own region, as the rules join it
+            info = 'crossdc:target_info{component="mirror"}'
+            await eventually(lambda: _nonempty(_query(http, base, info)), 20,
+                             "the recording rule evaluated")
+            [target] = await _query(http, base, info)
+            assert {k: target["metric"][k] for k in ("instance", "job", "home_region")} == \
+                {"instance": mirror_addr, "job": "crossdc-mirror", "home_region": "west"}
 
             groups = (await api(http, f"{base}/rules"))["groups"]
             assert {g["file"] for g in groups} == {
                 str(paths.state / "prometheus" / "rules" / "alerts.yml")}
-            loaded = {r["name"] for g in groups for r in g["rules"]}
+            loaded = {r["name"]: r for g in groups for r in g["rules"]}
             assert {"CrossdcMirrorPartitionStopped", "CrossdcFencedTooLong",
-                    "CrossdcNoControllerLeader", "CrossdcGateLeftClosed"} <= loaded
+                    "CrossdcNoControllerLeader", "CrossdcGateLeftClosed"} <= set(loaded)
+            # the rules it loads link the checkout's runbooks (absolute file:// URLs)
+            url = loaded["CrossdcMirrorPartitionStopped"]["annotations"]["runbook_url"]
+            assert url == (f"{prom.runbook_base}/mirror.md"
+                           "#a-stopped-partition-record-too-large")
+            assert url.startswith("file:///") or "CROSSDC_RUNBOOK_BASE" in os.environ
 
             async def alert_state(name: str) -> str | None:
                 data = await api(http, f"{base}/alerts")
@@ -119,8 +135,13 @@ async def test_prometheus_scrapes_our_metrics_and_evaluates_the_alert_rules(
             await eventually(lambda: _nonempty(_query(http, base, gate_since)), 20,
                              "the controller's metrics queryable")
             [gate] = await _query(http, base, gate_since)
-            assert gate["metric"]["home_region"] == "east"
             assert float(gate["value"][1]) == 1_700_000_000
+            region = ('crossdc_controller_gate_closed_since_seconds * on(instance, job) '
+                      'group_left(home_region) crossdc:target_info')
+            await eventually(lambda: _nonempty(_query(http, base, region)), 20,
+                             "the controller's region joined")
+            [joined] = await _query(http, base, region)
+            assert joined["metric"]["home_region"] == "east"
     finally:
         prom.stop()
     assert not prom.running()
@@ -129,7 +150,7 @@ async def test_prometheus_scrapes_our_metrics_and_evaluates_the_alert_rules(
 
 async def test_a_bad_rule_file_is_a_process_died_with_the_cause(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yml"
-    bad.write_text(alerts_path().read_text("utf-8").replace("expr: up{", "expr: up{{", 1),
+    bad.write_text(alerts_path().read_text("utf-8").replace("(up == 0)", "(up{{ == 0)", 1),
                    encoding="utf-8")
     paths = StackPaths(state=tmp_path / "state", cache=tmp_path / "cache")
     prom = PrometheusServer(paths, [], rule_files=[bad])
