@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from crossdc.errors import ClientError, ConfigError, ConfigIssue
+import structlog
+
+from crossdc.errors import ClientError, ConfigError, ConfigIssue, CrossdcError
 from crossdc.files import read_user_text
 from crossdc.logs import register_secret
 
@@ -51,6 +53,11 @@ _FILE_TOKEN_LIFETIME_S = 300.0
 """What librdkafka is told a token without an `exp` claim lasts: it asks again (and so
 the file is read again) after 80 % of it."""
 _ENDPOINT_TIMEOUT_S = 10.0
+_RETRY_S = 10.0
+"""How soon librdkafka asks again after a token could not be had."""
+_PLACEHOLDER = "crossdc.no-token."
+"""What librdkafka is handed when no token could be had: refused by every broker."""
+_log = structlog.get_logger("crossdc.oauth")
 
 
 @dataclass(frozen=True)
@@ -202,10 +209,25 @@ OAuthCb = Callable[[str], tuple[str, float, str, dict[str, str]]]
 
 def rdkafka_oauth_cb(source: TokenSource) -> OAuthCb:
     """confluent-kafka's `oauth_cb`: (token, expiry in epoch seconds, principal, extensions).
-    An error raised here is librdkafka's token failure: it logs it and asks again."""
+
+    An exception raised in the callback is raised again by the client's next `poll()`
+    (confluent-kafka keeps it for the thread that polls), which would end crossdc's poll
+    threads; so a token that cannot be had (the file unreadable, the endpoint down) is
+    logged, and librdkafka is handed a placeholder that no broker accepts, said to expire
+    in `_RETRY_S`: the client fails to authenticate (what its caller already handles) and
+    asks again soon."""
 
     def cb(_config: str) -> tuple[str, float, str, dict[str, str]]:
-        token = source.get()
+        try:
+            token = source.get()
+        except CrossdcError as exc:
+            _log.warning("oauth_token_unavailable", source=repr(source), error=str(exc))
+            return _PLACEHOLDER, time.time() + _RETRY_S, "crossdc", {}
+        if token.expires_at <= time.time():
+            # librdkafka refuses an expired token by raising in the callback's caller: the
+            # broker is left to refuse it instead (the same failure, said by the broker)
+            _log.warning("oauth_token_expired", source=repr(source))
+            return token.value, time.time() + _RETRY_S, token.principal or "crossdc", {}
         return token.value, token.expires_at, token.principal or "crossdc", {}
 
     return cb

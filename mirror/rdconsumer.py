@@ -141,7 +141,11 @@ class RdMirrorConsumer:
         # interval (as on the aiokafka consumer)
         refresh = {"topic.metadata.refresh.interval.ms":
                    self._config["topic.metadata.refresh.interval.ms"]}
-        self._c = Consumer({**self._config, **rdkafka_config(self.conn, "consumer"), **refresh})
+        config = {**self._config, **rdkafka_config(self.conn, "consumer"), **refresh}
+        # confluent-kafka asks for the first OAUTHBEARER token inside the constructor (a
+        # token endpoint's HTTP request): not on the event loop
+        self._c = (await asyncio.to_thread(Consumer, config) if "oauth_cb" in config
+                   else Consumer(config))
         self._ended = self._loop.create_future()
         self._running = True
         self._thread = threading.Thread(target=self._consume_loop, daemon=True,

@@ -108,6 +108,7 @@ OWN_SERVERS = ("tests/integration/test_services.py", "tests/integration/test_pro
                "tests/integration/test_stack_variants.py",
                "tests/integration/test_hostile_files.py",
                "tests/integration/test_docker_stack.py",
+               "tests/integration/test_kafka_security.py",
                "tests/integration/test_controller.py", "tests/integration/test_lease.py",
                "tests/integration/test_fenced_writes.py")
 

@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka.abc import AbstractTokenProvider
+from aiokafka.errors import KafkaConnectionError
 
 from crossdc.clientsettings import ClientSettings, Role
-from crossdc.errors import NoKafkaPrincipal
+from crossdc.errors import CrossdcError, NoKafkaPrincipal
 from crossdc.oauth import TokenSource
 from crossdc.security import KafkaSecurity
 from crossdc.topology import Region
@@ -56,7 +57,12 @@ class AiokafkaTokens(AbstractTokenProvider):  # type: ignore[misc]
         self.source = source
 
     async def token(self) -> str:
-        token = await asyncio.to_thread(self.source.get)
+        """A token now; one that cannot be had (file unreadable, endpoint down) fails the
+        connection as `KafkaConnectionError`, what every caller already handles."""
+        try:
+            token = await asyncio.to_thread(self.source.get)
+        except CrossdcError as exc:
+            raise KafkaConnectionError(f"no OAUTHBEARER token: {exc}") from exc
         return token.value
 
     def __repr__(self) -> str:

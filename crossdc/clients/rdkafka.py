@@ -222,7 +222,13 @@ class RdProducer(Lifecycle):
 
         self._loop = asyncio.get_running_loop()
         try:
-            self._producer = Producer({**self._config, **rdkafka_config(self.conn, "producer")})
+            config = {**self._config, **rdkafka_config(self.conn, "producer")}
+            if "oauth_cb" in config:
+                # confluent-kafka asks for the first OAUTHBEARER token inside the
+                # constructor (a token endpoint's HTTP request): not on the event loop
+                self._producer = await asyncio.to_thread(Producer, config)
+            else:
+                self._producer = Producer(config)
         except BaseException:
             self._start_undone()
             raise
