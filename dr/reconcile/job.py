@@ -199,8 +199,12 @@ def _read_ranges(spark: SparkSession, conn: KafkaConnection,
         assign.setdefault(topic, []).append(p)
         starting.setdefault(topic, {})[str(p)] = a
         ending.setdefault(topic, {})[str(p)] = b
+    # big fetches: one request brings many batches (the defaults: 1 MB a partition); a
+    # region's consumer client_settings replace them, the servers and security come last
+    fetch = {"kafka.max.partition.fetch.bytes": str(16 << 20),
+             "kafka.fetch.max.bytes": str(64 << 20)}
     return (spark.read.format("kafka")
-            .options(**conn.spark_options())  # servers (and SASL/SCRAM, TLS)
+            .options(**{**fetch, **conn.spark_options()})  # servers, security, settings
             .option("assign", json.dumps(assign))
             .option("startingOffsets", json.dumps(starting))
             .option("endingOffsets", json.dumps(ending))
@@ -213,9 +217,6 @@ def _read_ranges(spark: SparkSession, conn: KafkaConnection,
             # enough input tasks for every core, even when a region has few, big partitions
             # (a partition's offset range is split into pieces read in parallel)
             .option("minPartitions", str(max(min_partitions, len(parts))))
-            # big fetches: one request brings many batches (the defaults: 1 MB a partition)
-            .option("kafka.max.partition.fetch.bytes", str(16 << 20))
-            .option("kafka.fetch.max.bytes", str(64 << 20))
             .load())
 
 
