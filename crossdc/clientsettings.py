@@ -82,6 +82,11 @@ class Setting:
                 raise ValueError(f"{self.name}: {value!r} is not one of "
                                  f"{', '.join(self.choices)}")
             return value
+        if self.kind is str:
+            if not isinstance(value, str) or not value or len(value) > 255:
+                raise ValueError(f"{self.name}: {value!r} is not a name of 1 to 255 "
+                                 f"characters")
+            return value
         if self.kind is bool:
             if not isinstance(value, bool):
                 raise ValueError(f"{self.name}: {value!r} is not true or false")
@@ -131,8 +136,9 @@ _TABLE = [
             high=300_000),
     Setting("fetch.min.bytes", *_consumer("fetch_min_bytes", "fetch.min.bytes"), low=1,
             high=100_000_000),
-    Setting("fetch.max.bytes", *_consumer("fetch_max_bytes", "fetch.max.bytes"), low=1,
-            high=2_147_483_135),
+    # librdkafka refuses a fetch.max.bytes below its message.max.bytes (1,000,000)
+    Setting("fetch.max.bytes", *_consumer("fetch_max_bytes", "fetch.max.bytes"),
+            low=1 << 20, high=2_147_483_135),
     Setting("max.partition.fetch.bytes",
             *_consumer("max_partition_fetch_bytes", "max.partition.fetch.bytes"), low=1),
     Setting("session.timeout.ms", *_consumer("session_timeout_ms", "session.timeout.ms"),
