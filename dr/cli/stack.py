@@ -85,9 +85,10 @@ def up(
         "--controller-config", help="With --services: the controllers' settings YAML.")
                                  ] = None,
     secure: Annotated[bool, typer.Option(
-        "--secure", help="Brokers on SASL/SCRAM over TLS with ACLs (a throwaway CA and "
-        "passwords under <state>/secrets; the topology used is written to "
-        "<state>/topology.secure.yaml). See docs/security.md.")] = False,
+        "--secure", help="Brokers on SASL/SCRAM over TLS with ACLs, Consul on HTTPS with "
+        "client certificates and ACLs (default deny, a token per component): a throwaway CA, "
+        "passwords and tokens under <state>/secrets; the topology used is written to "
+        "<state>/topology.secure.yaml. See docs/security.md.")] = False,
     docker: Annotated[bool, typer.Option(
         "--docker", help="The whole deployment in containers instead (Docker Compose v2; "
         "images built here by `dr images build`): every region's Kafka, Consul, proxy, "
