@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# CI: crossdc as a user installs it. The package is built once into a wheel, from the
-# checkout's sources only (tracked and new files: never the stubs a dev venv generated, so the
-# wheel's proxy/_proto must come from the build hook), then installed into fresh venvs
-# (python -m venv + pip; uv is not assumed):
+# CI: crossdc as a user installs it. The two distributions are built once into wheels, from
+# the checkout's sources only (tracked and new files: never the stubs a dev venv generated, so
+# the client wheel's crossdc_client/_proto must come from its build hook), then installed into
+# fresh venvs (python -m venv + pip; uv is not assumed):
 #
-#   lean    `pip install crossdc`, what a proxy host gets: no pyspark, matplotlib,
+#   client  `pip install crossdc-client`, what an application gets: grpcio and protobuf, none
+#           of aiokafka, confluent-kafka, py-consul, aiohttp, typer, rich, cryptography (nor
+#           pydantic, PyYAML, structlog, tenacity, crossdc's own packages). The SDK imports,
+#           and produces and consumes a record through a real proxy: the dev venv's pytest runs
+#           tests/integration/test_client_install.py (its stack and proxy) with
+#           CROSSDC_CLIENT_PYTHON set to this venv's python, which runs the application.
+#
+#   lean    `pip install crossdc` (with crossdc-client, its dependency), what a proxy host gets: no pyspark, matplotlib,
 #           testcontainers, grpcio-tools or dev tools. The CLI, `dr proxy serve --help` and
 #           the proxy's gRPC stubs load; every error path (bad options, hostile files, a
 #           command that needs an extra) ends in one line and the documented exit code,
@@ -29,29 +36,35 @@ venv() {  # venv NAME: a fresh venv with an up-to-date pip
   fi
 }
 
-# -- the wheel, built from the sources alone --------------------------------------------
+# -- the wheels, built from the sources alone -------------------------------------------
 venv lean
 shopt -s nullglob
-wheels=("$base"/dist/crossdc-*.whl)
-if [[ ${#wheels[@]} -eq 0 ]]; then
+wheels=("$base"/dist/crossdc-[0-9]*.whl)
+client_wheels=("$base"/dist/crossdc_client-*.whl)
+if [[ ${#wheels[@]} -eq 0 || ${#client_wheels[@]} -eq 0 ]]; then
   src="$base/src"
   rm -rf "$src" && mkdir -p "$src"
   if git -C "$repo" rev-parse --git-dir >/dev/null 2>&1; then
     (cd "$repo" && git ls-files -z -co --exclude-standard | tar --null -T - -cf -) \
       | tar -x -C "$src"
   else
-    cp -a "$repo/." "$src" && rm -rf "$src/.venv" "$src/proxy/_proto"
+    cp -a "$repo/." "$src" && rm -rf "$src/.venv"
   fi
-  rm -rf "$src/proxy/_proto"
+  rm -rf "$src/client/src/crossdc_client/_proto" "$src/proxy/_proto"
+  "$base/lean/bin/pip" wheel -q --no-deps -w "$base/dist" "$src/client"
   "$base/lean/bin/pip" wheel -q --no-deps -w "$base/dist" "$src"
-  wheels=("$base"/dist/crossdc-*.whl)
+  wheels=("$base"/dist/crossdc-[0-9]*.whl)
+  client_wheels=("$base"/dist/crossdc_client-*.whl)
 fi
 wheel="${wheels[0]}"
-echo "clean-venv: built $(basename "$wheel") ($((SECONDS - started)) s)"
+client_wheel="${client_wheels[0]}"
+echo "clean-venv: built $(basename "$client_wheel") and $(basename "$wheel")" \
+  "($((SECONDS - started)) s)"
 
 # -- the lean install ------------------------------------------------------------------
 if [[ ! -x "$base/lean/bin/dr" ]]; then
-  "$base/lean/bin/pip" install -q "$wheel"
+  # crossdc-client is not on PyPI: given beside crossdc, pip takes it for the dependency
+  "$base/lean/bin/pip" install -q "$client_wheel" "$wheel"
 fi
 echo "clean-venv: lean install ready ($((SECONDS - started)) s, $("$base/lean/bin/pip" list \
   --format=freeze 2>/dev/null | wc -l) distributions)"
@@ -167,7 +180,7 @@ run_app(app)"
 # -- one extra: charts -----------------------------------------------------------------
 venv charts
 if ! "$base/charts/bin/python" -c "import matplotlib" 2>/dev/null; then
-  "$base/charts/bin/pip" install -q "$wheel[charts]"
+  "$base/charts/bin/pip" install -q "$client_wheel" "$wheel[charts]"
 fi
 echo "clean-venv: charts install ready ($((SECONDS - started)) s)"
 export PATH="$base/charts/bin:${PATH#"$base/lean/bin:"}"
@@ -186,8 +199,51 @@ else
   echo "ok   dr drill with charts gets past the extras check: ${out%%$'\n'*}"
 fi
 
+# -- the client distribution alone: what an application installs -----------------------
+venv client
+if ! "$base/client/bin/python" -c "import crossdc_client" 2>/dev/null; then
+  "$base/client/bin/pip" install -q "$client_wheel"
+fi
+echo "clean-venv: client install ready ($((SECONDS - started)) s, $("$base/client/bin/pip" \
+  list --format=freeze 2>/dev/null | wc -l) distributions:" \
+  "$("$base/client/bin/pip" list --format=freeze 2>/dev/null | cut -d= -f1 | tr '\n' ' '))"
+export PATH="$base/client/bin:${PATH#"$base/charts/bin:"}"
+absent "$base/client/bin/python" aiokafka confluent_kafka consul aiohttp typer rich \
+  cryptography
+absent "$base/client/bin/python" pydantic yaml structlog tenacity crossdc proxy dr mirror \
+  grpc_tools
+check 0 0 -- python -c "import crossdc_client.api, crossdc_client.build_protos as b
+from crossdc_client import AsyncConsumer, AsyncProducer, Producer, ProduceFailed, Closed
+assert b.is_fresh() and not b.in_checkout(), 'stubs from the build, an installed package'"
+# a stopped client is one error of the SDK's tree, the same class the full install catches
+check 0 0 -- python -c "import asyncio
+from crossdc_client import AsyncProducer, Closed, CrossdcError
+async def main():
+    p = AsyncProducer('127.0.0.1:1')
+    await p.start(); await p.stop()
+    try:
+        await p.send('t', b'v')
+    except Closed as exc:
+        assert isinstance(exc, CrossdcError)
+    else:
+        raise SystemExit('send after stop did not raise Closed')
+asyncio.run(main())"
+# the SDK against a real proxy: the stack and the proxy from the dev venv, the application
+# in this venv
+if [[ ! -x "$repo/.venv/bin/pytest" ]]; then
+  echo "FAIL: no dev venv at $repo/.venv (make setup) to run the proxy for the client"; failed=1
+elif (cd "$repo" && CROSSDC_CLIENT_PYTHON="$base/client/bin/python" timeout 600 \
+      .venv/bin/pytest -n 0 -q -p no:cacheprovider tests/integration/test_client_install.py \
+      >"$work/client-test.log" 2>&1); then
+  echo "ok   the client alone produces and consumes through a real proxy" \
+    "($(grep -Eo '[0-9]+ passed in [0-9.]+s' "$work/client-test.log" | tail -1))"
+else
+  echo "FAIL: tests/integration/test_client_install.py with the client venv:"
+  tail -40 "$work/client-test.log"; failed=1
+fi
+
 rm -rf "$work"
 [[ -n "${CLEAN_VENV_DIR:-}" ]] || rm -rf "$base"
 if [[ "$failed" != 0 ]]; then echo "clean-venv: FAILED ($((SECONDS - started)) s)"; exit 1; fi
-echo "clean-venv: lean install and the charts extra: every error path one line, no traceback" \
-  "($((SECONDS - started)) s)"
+echo "clean-venv: lean install and the charts extra: every error path one line, no traceback;" \
+  "the client alone: no daemon library, a record produced and consumed ($((SECONDS - started)) s)"
