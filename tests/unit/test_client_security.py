@@ -98,7 +98,7 @@ def test_what_each_form_needs_a_principal_for() -> None:
     assert KafkaSecurity(protocol="SSL", cert_file=Path("/{principal}.pem"),
                          key_file=Path("/k.pem")).needs_principal
     oauth = KafkaSecurity(mechanism="OAUTHBEARER",
-                          oauth={"token_file": "/run/{principal}.jwt"})  # type: ignore[arg-type]
+                          oauth={"token_file": "/run/{principal}.jwt"})
     assert oauth.needs_principal
     assert oauth.sasl_mechanism == "OAUTHBEARER"
     assert KafkaSecurity(credentials_dir=Path("/x")).sasl_mechanism == "SCRAM-SHA-512"
@@ -198,7 +198,7 @@ async def test_a_token_file_is_read_again_at_every_ask(tmp_path: Path) -> None:
     exp = int(time.time()) + 600
     token.write_text(_jwt({"sub": PROXY, "exp": exp}) + "\n")
     sec = KafkaSecurity(mechanism="OAUTHBEARER",
-                        oauth={"token_file": tmp_path / "{principal}.jwt"})  # type: ignore[arg-type]
+                        oauth={"token_file": tmp_path / "{principal}.jwt"})
     conn = KafkaConnection(("b:1",), sec, PROXY)
     provider = conn.aiokafka_kwargs("consumer")["sasl_oauth_token_provider"]
     assert isinstance(provider, AiokafkaTokens)
