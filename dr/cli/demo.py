@@ -39,6 +39,10 @@ def demo_command(
     policy: Annotated[Path | None, typer.Option(
         "--policy", "-p", help="The proxies' routing policy [default: $CROSSDC_POLICY, else "
         "policies/default.yaml].", show_default=False)] = None,
+    secure: Annotated[bool, typer.Option(
+        "--secure", help="The same story on a secure stack (as `dr up --secure`: SASL/SCRAM "
+        "over TLS and ACLs in Kafka, HTTPS and default-deny ACLs in Consul, a token per "
+        "component). See docs/security.md.")] = False,
     topology: TopologyOpt = None,
     state_dir: StateDirOpt = None,
 ) -> None:
@@ -62,6 +66,9 @@ def demo_command(
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
     check_files(topo, policy=policy)  # its content too, before anything starts
+    if secure:
+        from dr.stack.tls import write_secure_topology
+        topo, path = write_secure_topology(topo, paths.state)
     from crossdc.extras import require
     require("demo", "dr demo (Spark for the reconciliation, charts for the reports)")
     already = [p.name for p in stack_processes(paths) if p.running()]

@@ -69,3 +69,35 @@ async def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> No
     assert not leftover, "all stopped by the demo itself"
     for name in running:
         assert name in text, f"{name} named as stopped"
+
+
+async def test_the_secure_demo_runs_to_one_passing_verdict(tmp_path: Path) -> None:
+    """`dr demo --secure`: the whole story with Kafka on SASL/SCRAM over TLS with ACLs and
+    Consul on HTTPS with default-deny ACLs, each component with its own token: the drill
+    (traffic, a primary outage, the automatic failover and failback) and the reconciliation
+    pass and agree."""
+    topo = free_topology(["east", "west"]).model_copy(update={"flows": [
+        Flow(source="east", target="west", topics=DRILL_TOPICS),
+        Flow(source="west", target="east", topics=DRILL_TOPICS)]})
+    path = write_topology(topo, tmp_path / "topology.yaml")
+    state = tmp_path / "state"
+    paths = StackPaths(state=state, cache=StackPaths.default().cache)
+    proc = await asyncio.create_subprocess_exec(
+        DR, "demo", "--secure", "--duration", "45", "--topology", str(path), "--state-dir",
+        str(state), "--reports", str(tmp_path / "reports"), cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "200"})
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 660)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        leftover = await LocalStack.down(paths)
+    text = " ".join((out + err).decode().split())
+    assert proc.returncode == 0, text[-4000:]
+    assert "passed: nothing acknowledged was lost" in text, text[-4000:]
+    assert not leftover, "the demo stopped what it started"
+    secure = (state / "topology.secure.yaml").read_text(encoding="utf-8")
+    assert "tokens_dir" in secure
+    assert "SASL_SSL" in secure

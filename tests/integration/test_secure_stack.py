@@ -86,8 +86,11 @@ async def _create(s: Secure, topic: str) -> None:
 
 async def _read(s: Secure, region: str, topic: str, count: int, timeout_s: float = 90.0
                 ) -> list[tuple[bytes | None, bytes | None, dict[str, bytes]]]:
+    # read_committed: a fenced write the proxy aborted (a topic it did not know yet) is no
+    # record of the topic
     c = AIOKafkaConsumer(topic, **s.kafka(region).aiokafka_kwargs(
-        "consumer", auto_offset_reset="earliest", enable_auto_commit=False))
+        "consumer", auto_offset_reset="earliest", enable_auto_commit=False,
+        isolation_level="read_committed"))
     got: list[tuple[bytes | None, bytes | None, dict[str, bytes]]] = []
     await c.start()
     try:
