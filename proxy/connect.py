@@ -22,7 +22,7 @@ import random
 from typing import TYPE_CHECKING
 
 from crossdc.settings import RetrySettings
-from crossdc.topology import Topology
+from crossdc.topology import ConsulSettings, Topology
 from crossdc_client.connect import Connection, channel_credentials, retry_backoff
 
 if TYPE_CHECKING:  # loaded on first use: the producer SDK needs no Consul client
@@ -37,14 +37,16 @@ region)."""
 
 
 class RegionProxies:
-    """The healthy proxies of `region`, from the Consul agent at `consul` (host:port of its
-    HTTP API, in the region's datacenter). The Consul client opens on the first
-    `addresses()` and closes on `close()` (a later `addresses()` opens it again)."""
+    """The healthy proxies of `region`, from the Consul agent `consul` (the region's
+    `ConsulSettings`, with its HTTPS and token settings, or host:port of a plain HTTP API, in
+    the region's datacenter). The Consul client opens on the first `addresses()` and closes
+    on `close()` (a later `addresses()` opens it again)."""
 
-    def __init__(self, region: str, consul: str, *,
+    def __init__(self, region: str, consul: str | ConsulSettings, *,
                  retry: RetrySettings | None = None) -> None:
         self.region = region
-        self.consul = consul
+        self._settings = consul
+        self.consul = consul.http_addr if isinstance(consul, ConsulSettings) else consul
         self.retry = retry or RetrySettings(attempts=2, total_s=3.0, call_timeout_s=2.0)
         self._client: ConsulClient | None = None
 
@@ -52,7 +54,7 @@ class RegionProxies:
     def of(cls, topology: Topology, region: str) -> RegionProxies:
         """The region's proxies through the region's Consul agent named in `topology`
         (KeyError naming the regions for an unknown one)."""
-        return cls(region, topology.region(region).consul.http_addr)
+        return cls(region, topology.region(region).consul)
 
     async def addresses(self) -> list[str]:
         """`host:port` of each proxy of the region whose checks all pass, in random order
@@ -60,7 +62,7 @@ class RegionProxies:
         does not answer."""
         if self._client is None:
             from crossdc.clients.consul import ConsulClient
-            self._client = ConsulClient(self.consul, self.retry)
+            self._client = ConsulClient(self._settings, self.retry)
         _, found = await self._client.service_instances(CONSUL_SERVICE, tags=[self.region],
                                                         passing=True)
         out = [f"[{i.address}]:{i.port}" if ":" in i.address else f"{i.address}:{i.port}"
