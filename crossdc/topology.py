@@ -14,10 +14,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
     field_validator,
+    model_serializer,
 )
 from pydantic_core import PydanticCustomError
 
@@ -76,6 +78,16 @@ class KafkaSettings(_Model):
         "(producer, consumer, admin) in Kafka's property names, for every client crossdc "
         "builds for this region, aiokafka and librdkafka alike (crossdc.clientsettings); "
         "what crossdc owns or one client lacks is refused.")
+
+    @model_serializer(mode="wrap")
+    def _without_empty_settings(self, handler: SerializerFunctionWrapHandler
+                                ) -> dict[str, Any]:
+        # a topology written back (dr up --secure, dr compose write) stays as short as the
+        # one read: no `client_settings: {producer: {}, ...}` nobody wrote
+        out: dict[str, Any] = handler(self)
+        if not any(out.get("client_settings", {}).values()):
+            out.pop("client_settings", None)
+        return out
 
     @field_validator("bootstrap_servers")
     @classmethod
