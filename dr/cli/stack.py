@@ -46,9 +46,12 @@ stack_commands = typer.Typer()
 
 @stack_commands.command()
 def setup() -> None:
-    """Fetch the Kafka jars and build Consul into the cache (what `dr up` does first)."""
+    """Fetch the Kafka jars (unless an installed Kafka of the pinned minor is found:
+    $KAFKA_HOME, kafka-server-start.sh on PATH, /opt/kafka) and build Consul (unless a
+    `consul` of the pinned minor is on PATH) into the cache (what `dr up` does first)."""
     from dr.stack.toolchain import (
         check_toolchain,
+        describe_kafka,
         ensure_consul,
         ensure_kafka_libs,
         ensure_spark_kafka_jars,
@@ -60,7 +63,9 @@ def setup() -> None:
         libs = ensure_kafka_libs(paths, say)
         spark = ensure_spark_kafka_jars(paths, say)
         consul = ensure_consul(paths, say)
-    out.print(f"Kafka jars: {libs}\nSpark Kafka connector: {spark}\nConsul:     {consul}")
+    # soft_wrap: paths stay whole for copying, whatever the terminal's width
+    out.print(f"{describe_kafka(paths, libs)}\nSpark Kafka connector: {spark}\n"
+              f"Consul:     {consul}", soft_wrap=True)
 
 
 @stack_commands.command()

@@ -113,10 +113,10 @@ class LocalStack:
 
     # -- parts --------------------------------------------------------------------------
     def nodes(self, region: Region) -> list[KafkaNode]:
-        from dr.stack.toolchain import kafka_libs_dir
+        from dr.stack.toolchain import kafka_libs
         idx = self.topology.regions.index(region)
         nodes = kafka_nodes(region, idx, self.brokers, self.paths.region_dir(region.name),
-                            kafka_libs_dir(self.paths), self.paths.log4j_config)
+                            kafka_libs(self.paths), self.paths.log4j_config)
         if self.wan is not None:
             nodes = [replace(n, wan=self.wan.link(region.name, n.node_id)) for n in nodes]
         if self.netns is not None:

@@ -1,7 +1,9 @@
 """The machine's toolchain and the two artifacts built from registries, cached once.
 
-- Kafka: `mvn dependency:copy-dependencies` on `compose/local/pom.xml`
-  → `<cache>/kafka-<v>-<h>/libs`.
+- Kafka: an installed distribution when its version fits the pin (same major and minor:
+  `installed_kafka`; `$KAFKA_HOME`, a `kafka-server-start.sh` on PATH, `/opt/kafka`), its
+  `libs/` the brokers' classpath; else `mvn dependency:copy-dependencies` on
+  `compose/local/pom.xml` → `<cache>/kafka-<v>-<h>/libs`.
 - Spark's Kafka connector: the same on `dr/reconcile/pom.xml` → `<cache>/spark-kafka-<v>-<h>/jars`.
 - Consul: a `consul` already installed on PATH when its version fits the pin (same major and
   minor: `installed_consul`), else its Go module, built with the machine's Go →
@@ -29,7 +31,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,18 +45,26 @@ __all__ = [
     "COMPOSE_VERSION",
     "CONSUL_MODULE",
     "CONSUL_VERSION",
+    "KAFKA_DIRS",
     "TOXIPROXY_MODULE",
     "TOXIPROXY_VERSION",
+    "InstalledKafka",
+    "check_kafka_distribution",
     "check_toolchain",
     "compose_binary",
     "consul_binary",
+    "describe_kafka",
     "ensure_compose",
     "ensure_consul",
     "ensure_kafka_libs",
     "ensure_spark_kafka_jars",
     "ensure_toxiproxy",
     "installed_consul",
+    "installed_kafka",
+    "kafka_distributions",
+    "kafka_libs",
     "kafka_libs_dir",
+    "kafka_version",
     "spark_kafka_jars_dir",
     "toxiproxy_binary",
 ]
@@ -73,7 +83,9 @@ Progress = Callable[[str], None]
 _HOW_TO_GET = {
     "java": "Java 17 or newer runs the Kafka brokers "
             "(Debian: apt-get install openjdk-17-jre-headless)",
-    "mvn": "Maven fetches the Kafka jars from Maven Central (Debian: apt-get install maven)",
+    "mvn": "Maven fetches the Kafka jars from Maven Central (Debian: apt-get install maven; "
+           "an installed Kafka of the pinned minor in $KAFKA_HOME or /opt/kafka spares it "
+           "that fetch)",
     "go": "Go 1.23 or newer builds Consul from its Go module (https://go.dev/doc/install)",
 }
 
@@ -149,6 +161,136 @@ def _consul_fits(binary: Path, _mtime: int) -> bool:
     return fits
 
 
+KAFKA_DIRS = (Path("/opt/kafka"),)
+"""Where a Kafka distribution is looked for after `$KAFKA_HOME` and PATH."""
+
+# The version of a distribution is its broker's jar: `kafka_<scala>-<v>.jar` (every release),
+# `kafka-server-<v>.jar` (Kafka 4 moved the server there); never -test, -sources, -javadoc.
+_KAFKA_JARS = (re.compile(r"^kafka_\d+\.\d+-(\d+\.\d+\.\d+)\.jar$"),
+               re.compile(r"^kafka-server-(\d+\.\d+\.\d+)\.jar$"))
+
+
+def kafka_version(paths: StackPaths) -> str:
+    """The Kafka version the stack pins (`compose/local/pom.xml`'s `kafka.version`)."""
+    return _pom_version(paths.pom, "kafka.version")
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+@dataclass(frozen=True)
+class InstalledKafka:
+    """A Kafka distribution found on the machine, checked against the pinned version."""
+
+    root: Path
+    source: str
+    """How it was found: `$KAFKA_HOME`, `kafka-server-start.sh on PATH`, `the usual place`
+    (`KAFKA_DIRS`: /opt/kafka)."""
+    version: str | None
+    """From its broker jar; None when `libs/` holds none (or several versions)."""
+    pin: str
+    problem: str | None = None
+    """Why it is not used (None: it fits)."""
+
+    @property
+    def libs(self) -> Path:
+        return self.root / "libs"
+
+    @property
+    def fits(self) -> bool:
+        return self.problem is None
+
+    def describe(self) -> str:
+        return f"Kafka {self.version}: installed at {self.root} ({self.source})"
+
+
+def check_kafka_distribution(root: Path, source: str, pin: str) -> InstalledKafka:
+    """`root` as a Kafka distribution: its `libs/` broker jar's version has `pin`'s major
+    and minor (4.1.x for 4.1.1), or `problem` says why not, naming the path and versions."""
+    libs = root / "libs"
+    try:
+        names = sorted(p.name for p in libs.iterdir())
+    except OSError:
+        names = []
+    versions = sorted({m.group(1) for n in names for rx in _KAFKA_JARS
+                       if (m := rx.match(n)) is not None})
+    where = f"{root} ({source})"
+    if not versions:
+        return InstalledKafka(root, source, None, pin, (
+            f"{where} is not a Kafka distribution: {libs} holds no kafka_<scala>-<version>.jar "
+            f"or kafka-server-<version>.jar; not used"))
+    if len(versions) > 1:
+        return InstalledKafka(root, source, None, pin, (
+            f"{where} holds the jars of several Kafka versions ({', '.join(versions)}) in "
+            f"{libs}; not used"))
+    [version] = versions
+    if _minor(version) != _minor(pin):
+        return InstalledKafka(root, source, version, pin, (
+            f"Kafka {version} installed at {where} does not fit: the stack needs Kafka "
+            f"{_minor(pin)}.x (compose/local/pom.xml pins {pin}); not used"))
+    return InstalledKafka(root, source, version, pin)
+
+
+def kafka_distributions(paths: StackPaths, path: str | None = None,
+                        env: Mapping[str, str] | None = None,
+                        dirs: Sequence[Path] = KAFKA_DIRS) -> list[InstalledKafka]:
+    """Every Kafka distribution on the machine, in the order they are preferred:
+    `$KAFKA_HOME` (`env`: instead of os.environ), the root of a `kafka-server-start.sh` on
+    PATH (`path`: instead of $PATH; `<root>/bin/kafka-server-start.sh`, symlinks resolved),
+    then `dirs` (`/opt/kafka`) when they exist; each checked against the pin."""
+    env = os.environ if env is None else env
+    pin = kafka_version(paths)
+    found: list[tuple[Path, str]] = []
+    if env.get("KAFKA_HOME"):
+        found.append((Path(env["KAFKA_HOME"]), "$KAFKA_HOME"))
+    script = shutil.which("kafka-server-start.sh", path=path)
+    if script is not None:
+        found.append((Path(script).resolve().parent.parent, "kafka-server-start.sh on PATH"))
+    found += [(d, "the usual place") for d in dirs if d.exists()]
+    seen: set[Path] = set()
+    out: list[InstalledKafka] = []
+    for root, source in found:
+        key = root.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(check_kafka_distribution(key, source, pin))
+    return out
+
+
+def installed_kafka(paths: StackPaths, path: str | None = None,
+                    env: Mapping[str, str] | None = None,
+                    dirs: Sequence[Path] = KAFKA_DIRS) -> InstalledKafka | None:
+    """The first installed Kafka distribution whose version has the pin's major and minor
+    (`kafka_distributions`), or None: then its jars are fetched."""
+    return next((d for d in kafka_distributions(paths, path, env, dirs) if d.fits), None)
+
+
+def _fetched_kafka(paths: StackPaths) -> bool:
+    return (kafka_libs_dir(paths).parent / ".complete").exists()
+
+
+def kafka_libs(paths: StackPaths, path: str | None = None,
+               env: Mapping[str, str] | None = None) -> Path:
+    """The folder the brokers' classpath is (`<libs>/*`): the jars fetched into the cache,
+    else an installed distribution's `libs/` whose version fits (`installed_kafka`), else the
+    cache's path (`ensure_kafka_libs` fetches them there)."""
+    if _fetched_kafka(paths):
+        return kafka_libs_dir(paths)
+    dist = installed_kafka(paths, path, env)
+    return dist.libs if dist is not None else kafka_libs_dir(paths)
+
+
+def describe_kafka(paths: StackPaths, libs: Path) -> str:
+    """What `dr setup` says of the Kafka it uses: `Kafka 4.1.0: installed at /opt/kafka
+    ($KAFKA_HOME)` or `Kafka 4.1.1: fetched into the cache (<libs>)`."""
+    dist = None if libs == kafka_libs_dir(paths) else installed_kafka(paths)
+    if dist is None or dist.libs != libs:
+        return f"Kafka {kafka_version(paths)}: fetched into the cache ({libs})"
+    return dist.describe()
+
+
 @contextlib.contextmanager
 def cache_lock(cache: Path, name: str, what: str,
                progress: Progress | None = None) -> Iterator[None]:
@@ -173,11 +315,11 @@ def cache_lock(cache: Path, name: str, what: str,
 def check_toolchain(paths: StackPaths, path: str | None = None) -> dict[str, str]:
     """Programs found on PATH for what the stack needs; ToolchainMissing lists all that lack.
 
-    Maven and Go are needed only while their artifact is not cached yet.
+    Maven and Go are needed only while their artifact is neither cached nor installed.
     """
     needed = ["java"]
-    if not all((d.parent / ".complete").exists()
-               for d in (kafka_libs_dir(paths), spark_kafka_jars_dir(paths))):
+    if (not _fetched_kafka(paths) and installed_kafka(paths, path) is None) or \
+            not (spark_kafka_jars_dir(paths).parent / ".complete").exists():
         needed.append("mvn")
     if not consul_binary(paths, path).exists():
         needed.append("go")
@@ -236,8 +378,19 @@ def _maven_fetch(pom: Path, dest: Path, marker: Path, *, what: str, expect: str,
 
 
 def ensure_kafka_libs(paths: StackPaths, progress: Progress | None = None) -> Path:
-    """Fetch the Kafka runtime jars once; return the folder to put on the classpath."""
-    version = _pom_version(paths.pom, "kafka.version")
+    """The Kafka jars to run: fetched already or installed (`kafka_libs`), else the pinned
+    ones fetched once (an installed distribution that does not fit is said first); return
+    the folder to put on the classpath."""
+    found = kafka_libs(paths)
+    if found != kafka_libs_dir(paths) or _fetched_kafka(paths):
+        log.info("kafka_libs", libs=str(found), installed=found != kafka_libs_dir(paths))
+        return found
+    for dist in kafka_distributions(paths):  # none fits: say why each is not used
+        if dist.problem is not None:
+            log.info("installed_kafka_not_used", root=str(dist.root), source=dist.source,
+                     version=dist.version)
+            (progress or (lambda _m: None))(dist.problem)
+    version = kafka_version(paths)
     return _maven_copy(paths.pom, kafka_libs_dir(paths), what=f"Apache Kafka {version} jars",
                        expect="kafka_2.13-*.jar", progress=progress)
 
