@@ -9,6 +9,7 @@
     │   └── CasAmbiguous         a compare-and-set whose outcome could not be read back
     ├── BadPrimaryRecord         crossdc.primary: the KV value is not a primary record
     ├── MissingExtra             an optional part is not installed (names the extra)
+    ├── BadEnvironment           an environment variable's value is unusable (names it)
     ├── OffsetsError             group offsets cannot be translated or applied
     │   └── OffsetsUnavailable   the offset-sync topic or the group cannot be read now
     ├── PartitionMismatch        a topic's partition counts differ between regions (marker)
@@ -28,6 +29,7 @@ from __future__ import annotations
 from crossdc_client.errors import ConfigError, ConfigIssue, CrossdcError
 
 __all__ = [
+    "BadEnvironment",
     "CasAmbiguous",
     "ClientError",
     "ClientRefused",
@@ -92,6 +94,13 @@ class MissingExtra(CrossdcError):
     def __init__(self, extra: str, what: str) -> None:
         self.extra = extra
         super().__init__(f"{what}: pip install 'crossdc[{extra}]'" if extra else what)
+
+
+class BadEnvironment(CrossdcError):
+    """An environment variable crossdc reads has a value it cannot use (`CROSSDC_TRACING=maybe`):
+    the message names the variable, the value and what it takes. Exits 2, as a bad option."""
+
+    exit_code = 2
 
 
 class PartitionMismatch(CrossdcError):

@@ -7,7 +7,8 @@ fails stops it (NOT_SERVING, port closed) and `serve()` raises `ProxyTaskFailed`
 same bounded cleanup: `dr proxy serve` exits non-zero instead of limping.
 
 `serve()` runs one server in this process (`--workers 1`, and each worker of
-`--workers N`: see `proxy.workers`, whose supervisor calls `serve_workers`).
+`--workers N`: see `proxy.workers`, whose supervisor calls `serve_workers`). Traces
+(`crossdc.tracing`) are on when the environment asks: each serving process exports its own.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Literal
 import structlog
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from crossdc import tracing
 from crossdc.gctune import tune_gc
 from crossdc.security import PROXY
 from crossdc.topology import load_topology, split_hostport
@@ -74,6 +76,7 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
                       journal=JournalSettings(enabled=journal), kafka_principal=kafka_principal,
                       kafka=KafkaWriterSettings(client=kafka_client,
                                                 fenced_writes=fenced_writes))
+    traced = tracing.configure("proxy", region)  # MissingExtra before anything starts
     server = ProxyServer(topology, cfg, policy_path,
                          registry=REGISTRY if registry is None else registry)
     stop = asyncio.Event()
@@ -110,6 +113,8 @@ async def serve(topology_path: Path, region: str, policy_path: Path, *,
             with contextlib.suppress(Exception):
                 loop.remove_signal_handler(sig)
         await server.stop()
+        if traced:  # the last spans out (bounded), off the event loop
+            await asyncio.to_thread(tracing.shutdown, 3.0)
 
 
 async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, workers: int,
@@ -128,6 +133,7 @@ async def serve_workers(topology_path: Path, region: str, policy_path: Path, *, 
     ProxyTaskFailed when a worker cannot start (`proxy.workers`)."""
     from proxy.workers import ProxySupervisor, WorkerSpec
 
+    tracing.check()  # asked for without the extra: said once, not by every worker
     topology = load_topology(topology_path)
     reg = topology.region(region)
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)

@@ -56,6 +56,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import CollectorRegistry, start_http_server
 
+from crossdc import tracing
 from crossdc.aio import TaskEnded, guard
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consul import ConsulClient
@@ -222,7 +223,8 @@ class _Servicer(pb_grpc.ProxyServicer):
     async def ProduceBatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if type(request) is _Undecodable:
             await self._refuse_undecodable("ProduceBatch", request, context)
-        outs = await self.s.handle([_decode(r) for r in request.records], context, wait=False)
+        outs = await self.s.handle([_decode(r) for r in request.records], context, wait=False,
+                                   method="ProduceBatch")
         return _batch_response(outs)
 
     async def ProduceStream(self, request_iterator: AsyncIterator[Any],
@@ -247,7 +249,8 @@ class _Servicer(pb_grpc.ProxyServicer):
                         await queue.put(req)
                         return
                     recs = [_decode(r) for r in req.records]
-                    task = asyncio.create_task(self.s.handle(recs, context, wait=True),
+                    task = asyncio.create_task(self.s.handle(recs, context, wait=True,
+                                                             method="ProduceStream"),
                                                name="proxy:stream-batch")
                     owned.add(task)  # owned before any await: never orphaned
                     task.add_done_callback(owned.discard)
@@ -307,7 +310,8 @@ class _Servicer(pb_grpc.ProxyServicer):
         try:
             if s._draining:
                 raise NotServing("proxy is shutting down; use another proxy of the region")
-            stream = await s.consume.open(first.open, entry, peer=context.peer())
+            stream = await (self._open_traced(first.open, entry, context) if tracing.ENABLED
+                            else s.consume.open(first.open, entry, peer=context.peer()))
         except ProxyError as exc:
             await context.abort(grpc_code(exc), str(exc))
             raise  # pragma: no cover - abort raises
@@ -333,6 +337,31 @@ class _Servicer(pb_grpc.ProxyServicer):
             await asyncio.wait({reader})
             if not reader.cancelled():
                 reader.exception()
+
+    async def _open_traced(self, req: Any, entry: TokenEntry | None,
+                           context: grpc.aio.ServicerContext) -> ConsumeStream:
+        """`ConsumeService.open` in a span `crossdc.v1.Proxy/Consume` (a child of the caller's
+        traceparent), the parent of the stream's delivery spans (`ConsumeStream.push`)."""
+        with tracing.span(f"{SERVICE_NAME}/Consume", kind="server",
+                          parent=tracing.extract(context.invocation_metadata()),
+                          attributes={"rpc.system": "grpc", "rpc.service": SERVICE_NAME,
+                                      "rpc.method": "Consume", "messaging.system": "kafka",
+                                      "messaging.consumer.group.name": req.group}) as sp:
+            try:
+                stream = await self.s.consume.open(req, entry, peer=context.peer())
+            except ProxyError as exc:
+                sp.update({"rpc.grpc.status_code": grpc_code(exc).value[0],
+                           "crossdc.outcome": exc.__class__.__name__})
+                sp.error(str(exc))
+                raise
+            topics = sorted(stream.topics)
+            sp.update({"crossdc.stream": stream.id, "crossdc.topics": topics[:_LISTED],
+                       "crossdc.regions_read": sorted(
+                           {m.region for sc in {sc for sc, _ in stream.topics.values()}
+                            if (m := self.s.consume.member(stream.group, sc)) is not None}),
+                       "rpc.grpc.status_code": 0})
+            stream.trace = sp
+            return stream
 
     async def _consume_requests(self, requests: AsyncIterator[Any], stream: ConsumeStream,
                                 context: grpc.aio.ServicerContext) -> None:
@@ -780,8 +809,34 @@ class ProxyServer(Lifecycle):
         return denied
 
     async def handle(self, records: list[Incoming], context: grpc.aio.ServicerContext, *,
-                     wait: bool) -> list[Outcome]:
-        """Admission (serving, auth, batch size, budget, deadline), then route."""
+                     wait: bool, method: str = "Produce") -> list[Outcome]:
+        """Admission (serving, auth, batch size, budget, deadline), then route; with tracing
+        on, in a span of the call `method` (`_traced`)."""
+        if tracing.ENABLED:
+            return await self._traced(method, records, context, wait)
+        return await self._handle(records, context, wait)
+
+    async def _traced(self, method: str, records: list[Incoming],
+                      context: grpc.aio.ServicerContext, wait: bool) -> list[Outcome]:
+        """`_handle` in a span `crossdc.v1.Proxy/<method>` (server kind, a child of the
+        caller's W3C traceparent): one per call, one per batch of a stream, never per record."""
+        with tracing.span(f"{SERVICE_NAME}/{method}", kind="server",
+                          parent=tracing.extract(context.invocation_metadata()),
+                          attributes={"rpc.system": "grpc", "rpc.service": SERVICE_NAME,
+                                      "rpc.method": method, "messaging.system": "kafka",
+                                      "crossdc.records": len(records)}) as sp:
+            try:
+                outs = await self._handle(records, context, wait)
+            except BaseException:  # aborted (refused before routing): the call's status
+                code = context.code()  # a StatusCode (or its number)
+                sp.set("rpc.grpc.status_code",
+                       code.value[0] if isinstance(code, grpc.StatusCode) else code)
+                raise
+            _describe(sp, records, outs, unary=method == "Produce")
+            return outs
+
+    async def _handle(self, records: list[Incoming], context: grpc.aio.ServicerContext,
+                      wait: bool) -> list[Outcome]:
         denied: dict[int, Outcome] = {}
         all_records = records
         try:
@@ -914,6 +969,33 @@ class ProxyServer(Lifecycle):
                 await self.router.partition_counts(rule.topic, time.monotonic() + 2.0)
             except ProxyError as exc:
                 self.log.warning("policy_topic_not_writable", topic=rule.topic, error=str(exc))
+
+
+_LISTED = 20
+"""Topics named in a span's attributes at most."""
+
+
+def _describe(sp: tracing.Span, records: list[Incoming], outs: list[Outcome], *,
+              unary: bool) -> None:
+    """A Produce span's attributes: topics, modes, regions written, outcome, gRPC status."""
+    topics = sorted({r.topic for r in records})
+    failed = [o for o in outs if o.error is not None]
+    statuses = {o.status for o in outs}
+    first = failed[0].error if failed else None
+    sp.update({
+        "crossdc.topics": topics[:_LISTED],
+        "messaging.destination.name": topics[0] if len(topics) == 1 else None,
+        "crossdc.modes": sorted({o.mode for o in outs if o.mode}),
+        "crossdc.regions_written": sorted({w.region for o in outs for w in o.written}),
+        "crossdc.epoch": max((o.epoch for o in outs if o.epoch), default=None),
+        "crossdc.records_failed": len(failed),
+        "crossdc.duplicates": sum(o.duplicate for o in outs) or None,
+        "crossdc.outcome": statuses.pop() if len(statuses) == 1 else "mixed",
+        # a batch's call succeeds whatever its records did (each has its own status)
+        "rpc.grpc.status_code": grpc_code(first).value[0] if unary and first else 0,
+    })
+    if first is not None:
+        sp.error(f"{len(failed)} of {len(outs)} record(s) not written: {first}")
 
 
 def _is_retry(context: grpc.aio.ServicerContext) -> bool:

@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from crossdc import tracing
 from crossdc.security import CONTROLLER
 from crossdc.topology import Topology
 from crossdc.yamlfile import load_model
@@ -20,6 +21,7 @@ from dr.cli._common import (
     JsonOpt,
     PrincipalOpt,
     TopologyOpt,
+    check_bindable,
     err,
     host_option,
     out,
@@ -86,6 +88,13 @@ def controller_run(
     topo, path = topology_for(topology, paths_for(None))
     _region(topo, region, "--region")
     settings = _settings(region, config, auto_failover, http_port, http_host)
+    # /health and /metrics: said before anything starts, naming where the value came from
+    check_bindable(settings.http_host, settings.http_port, "controller's /health and /metrics",
+                   host_from="--http-host" if http_host is not None or config is None
+                   else f"{config} http_host",
+                   port_fix="pass another --http-port" if http_port is not None
+                   else f"change http_port in {config} (or pass --http-port)")
+    traced = tracing.configure("controller", region)  # CROSSDC_TRACING, OTEL_TRACES_EXPORTER
 
     async def main() -> None:
         ctl = Controller(topo, settings, topology_path=path, sync=standby_sync,
@@ -109,7 +118,11 @@ def controller_run(
                 raise waiter.exception()  # type: ignore[misc]
             waiter.cancel()
 
-    run(main())
+    try:
+        run(main())
+    finally:
+        if traced:
+            tracing.shutdown()
 
 
 def _render_steps(rec: FailoverRecord) -> Table:
@@ -166,7 +179,13 @@ def _drive(topology: Path | None, target: str | None, kind: str, force: bool, dr
             if not plan.view.has_majority:
                 # No controller can lead without a majority: this command executes it.
                 err.print("no majority: executing the failover here", highlight=False)
-                return await execute_forced(topo, dcs, settings, plan, principal=principal)
+                traced = tracing.configure("dr")  # its spans are this command's
+                try:
+                    return await execute_forced(topo, dcs, settings, plan,
+                                                principal=principal)
+                finally:
+                    if traced:
+                        await asyncio.to_thread(tracing.shutdown)
             await start_failover(dcs, plan)
             last: list[str] = []
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from crossdc import tracing
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.errors import KafkaError
 from crossdc.clients.flows import flow_status
@@ -227,7 +228,26 @@ class FailoverEngine:
     # -- execution -----------------------------------------------------------------------
     async def execute(self, record: FailoverRecord) -> FailoverRecord:
         """Run (or resume) `record` to its end; returns the final record (state done or
-        failed, persisted)."""
+        failed, persisted). With tracing on, in a span `crossdc.failover` with a child per
+        step it runs (`crossdc.failover.<step>`)."""
+        with tracing.span("crossdc.failover", attributes={
+                "crossdc.failover.id": record.id, "crossdc.failover.kind": record.kind,
+                "crossdc.failover.source": record.source,
+                "crossdc.failover.target": record.target,
+                "crossdc.failover.automatic": record.automatic,
+                "crossdc.failover.force": record.force,  # past the safety checks
+                "crossdc.failover.minority": self.forced,  # no majority (`dr failover`)
+                "crossdc.failover.first_step": record.next_step(),
+                "crossdc.epoch.from": record.from_epoch}) as sp:
+            final = await self._execute(record)
+            sp.update({"crossdc.failover.state": final.state, "crossdc.epoch": final.epoch,
+                       "crossdc.failover.rto_s": final.rto_s,
+                       "crossdc.failover.rpo_records": final.rpo_records})
+            if final.state != "done":
+                sp.error(final.error or final.state)
+            return final
+
+    async def _execute(self, record: FailoverRecord) -> FailoverRecord:
         steps: dict[StepName, Callable[[FailoverRecord], Awaitable[FailoverRecord]]] = {
             "fence": self._fence, "lease_wait": self._lease_wait, "drain": self._drain,
             "offsets": self._offsets, "promote": self._promote, "dns": self._dns,
@@ -241,28 +261,36 @@ class FailoverEngine:
                                           detail="")
                 record = await self.persist(record)
             t0 = time.monotonic()
-            try:
-                async with asyncio.timeout(self.step_limit_s(name, record)):
-                    record = await steps[name](record)
-            except NotLeader:
-                raise
-            except (StepFailed, *STEP_ERRORS) as exc:
-                if isinstance(exc, TimeoutError) and not str(exc):
-                    why = (f"step {name}: not done within "
-                           f"{self.step_limit_s(name, record):g} s")
-                elif isinstance(exc, StepFailed):
-                    why = str(exc)
-                else:
-                    why = f"step {name}: {exc.__class__.__name__}: {exc}"
-                blog.error("failover_step_failed", step=name, error=why)
-                record = record.with_step(name, status="failed", ended_ms=now_ms(),
-                                          detail=why)
-                record = record.model_copy(update={"state": "failed", "error": why,
-                                                   "ended_ms": now_ms()})
-                record = await self.persist(record)
-                return record
-            if record.step(name).status == "running":
-                record = record.with_step(name, status="done", ended_ms=now_ms())
+            with tracing.span(f"crossdc.failover.{name}",
+                              attributes={"crossdc.failover.step": name}) as ssp:
+                try:
+                    async with asyncio.timeout(self.step_limit_s(name, record)):
+                        record = await steps[name](record)
+                except NotLeader:
+                    raise
+                except (StepFailed, *STEP_ERRORS) as exc:
+                    if isinstance(exc, TimeoutError) and not str(exc):
+                        why = (f"step {name}: not done within "
+                               f"{self.step_limit_s(name, record):g} s")
+                    elif isinstance(exc, StepFailed):
+                        why = str(exc)
+                    else:
+                        why = f"step {name}: {exc.__class__.__name__}: {exc}"
+                    blog.error("failover_step_failed", step=name, error=why)
+                    ssp.update({"crossdc.failover.step.status": "failed",
+                                "crossdc.epoch": record.epoch})
+                    ssp.error(why)
+                    record = record.with_step(name, status="failed", ended_ms=now_ms(),
+                                              detail=why)
+                    record = record.model_copy(update={"state": "failed", "error": why,
+                                                       "ended_ms": now_ms()})
+                    record = await self.persist(record)
+                    return record
+                if record.step(name).status == "running":
+                    record = record.with_step(name, status="done", ended_ms=now_ms())
+                ssp.update({"crossdc.failover.step.status": record.step(name).status,
+                            "crossdc.failover.step.detail": record.step(name).detail[:300]
+                            or None, "crossdc.epoch": record.epoch})
             blog.info("failover_step_done", step=name, epoch=record.epoch,
                       seconds=round(time.monotonic() - t0, 3),
                       status=record.step(name).status, detail=record.step(name).detail)

@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from crossdc import tracing
 from crossdc.aio import wait_any
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin
@@ -98,6 +99,8 @@ class ConsumeStream:
         self.out: asyncio.Queue[Any] = asyncio.Queue()
         self.ended = False
         self.records_sent = 0
+        self.trace = tracing.NOOP
+        """The span of its open (the servicer's, with tracing on): its deliveries' parent."""
 
     def of_scope(self, scope: str) -> dict[str, ReadSettings]:
         return {t: s for t, (sc, s) in self.topics.items() if sc == scope}
@@ -112,6 +115,7 @@ class ConsumeStream:
                 partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in out.partitions])))
             return
         assert isinstance(out, Batch)
+        sp = self._deliver_span(out) if tracing.ENABLED else None
         # each record is built here, once, straight into the batch message (a body is the
         # Kafka record as fetched: `member.GroupMember`)
         region = out.region
@@ -137,6 +141,26 @@ class ConsumeStream:
         self.records_sent += len(out.records)
         if size:
             self.out.put_nowait(resp)
+        if sp is not None:
+            sp.end()
+
+    def _deliver_span(self, out: Batch) -> tracing.Span:
+        """A span per batch delivered to the stream (its records made into messages and
+        queued), a child of the stream's open: what was read, from where, how many."""
+        tps = sorted({d.tp for d in out.records})
+        return tracing.start("crossdc.consume.deliver", parent=self.trace, kind="internal",
+                             attributes={
+                                 "messaging.system": "kafka",
+                                 "messaging.operation.type": "receive",
+                                 "messaging.consumer.group.name": self.group,
+                                 "messaging.batch.message_count": len(out.records),
+                                 "messaging.destination.name":
+                                     tps[0][0] if len({t for t, _ in tps}) == 1 else None,
+                                 "crossdc.stream": self.id,
+                                 "crossdc.region_read": out.region,
+                                 "crossdc.partitions": [f"{t}/{p}" for t, p in tps[:20]],
+                                 "crossdc.redelivered": sum(d.attempt > 1
+                                                            for d in out.records)})
 
     def control(self, kind: Any, *, region: str, epoch: int) -> None:
         """Queue a control without partitions (PAUSED, RESUMED)."""

@@ -37,7 +37,7 @@ def test_the_runtime_set_leaves_spark_charts_docker_and_protoc_to_extras() -> No
     assert "grpcio-tools" in _names(optional["protos"])
     assert set(extras.EXTRAS) <= set(optional)
     # the dev venv (`make setup`: pip install -e ".[dev]") has every extra
-    assert "crossdc[reconcile,charts,docker,protos]" in optional["dev"]
+    assert "crossdc[reconcile,charts,docker,protos,tracing]" in optional["dev"]
     # the stubs are built by the client distribution's build backend, with grpcio-tools as a
     # build requirement; crossdc depends on that distribution, which needs nothing else
     assert "grpcio-tools" in _names(CLIENT["build-system"]["requires"])
