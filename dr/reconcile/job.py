@@ -37,12 +37,14 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyspark
 import structlog
 from py4j.protocol import Py4JError
 from pyspark.errors import PySparkException
@@ -290,12 +292,32 @@ def _rows(spark: SparkSession, surveys: dict[str, RegionSurvey], topic_codes: di
     return rows.withColumn("when", when.otherwise(IN).cast("tinyint"))
 
 
+_SOCKETS_LEFT_TO_GC = int(pyspark.__version__.split(".")[0]) < 4
+"""pyspark 3.5 leaves the socket of each collect() to the garbage collector ("The socket will
+be automatically closed when garbage-collected", its `_load_from_socket`), which closes it as
+the result is dropped and says so with a ResourceWarning; pyspark 4 closes it itself."""
+
+
+@contextmanager
+def _collect_sockets_quiet() -> Iterator[None]:
+    """On pyspark 3.5, no ResourceWarning for the sockets its collects leave (closed, not
+    leaked: a test suite with warnings as errors, or `python -X dev`, saw dozens a run)."""
+    if not _SOCKETS_LEFT_TO_GC:
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"unclosed <socket\.socket ", ResourceWarning)
+        yield
+
+
 def compare(spark: SparkSession, surveys: dict[str, RegionSurvey], *, since_ms: int | None,
             until_ms: int, start_offsets: dict[str, dict[tuple[str, int], int]],
             max_details: int = 1000) -> Findings:
     """Read the surveyed offset ranges and compare the regions; Spark errors → SparkFailed."""
     try:
-        return _Comparison(spark, surveys, max_details).run(since_ms, until_ms, start_offsets)
+        with _collect_sockets_quiet():
+            return _Comparison(spark, surveys, max_details).run(since_ms, until_ms,
+                                                                start_offsets)
     except (PySparkException, Py4JError) as exc:  # Py4JJavaError, or the JVM gone
         raise SparkFailed(f"the Spark job failed: {_first_line(exc)}") from exc
 
