@@ -6,8 +6,11 @@ also refuses `nan` and `inf`)."""
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import re
+import socket
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +18,9 @@ import typer
 
 from dr.exits import fail
 
-__all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "MAX_TEXT", "check_folder", "count_option",
-           "host_option", "name_option", "port_option", "seconds_option", "text_option"]
+__all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "MAX_TEXT", "check_bindable", "check_folder",
+           "check_writable_folder", "count_option", "host_option", "name_option",
+           "port_option", "seconds_option", "text_option"]
 
 MAX_PORT = 65535
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -105,3 +109,41 @@ def check_folder(folder: Path | None, option: str) -> None:
     naming the option (exit 2), before any work."""
     if folder is not None and folder.exists() and not folder.is_dir():
         fail(f"{option} {folder}: is a file, not a folder")
+
+
+def check_writable_folder(folder: Path, option: str) -> None:
+    """A folder the run will write into: made (with its parents) and a file written there
+    now, so a run never ends unable to save. One line naming `option` (a flag, or the file
+    field it came from): exit 2 when it is a file, exit 1 when the system refuses."""
+    check_folder(folder, option)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".crossdc-probe-"):
+            pass
+    except OSError as exc:
+        fail(f"{option} {folder}: cannot write there ({exc.strerror or exc})", 1)
+
+
+def check_bindable(host: str, port: int | None, what: str, *, host_from: str,
+                   port_fix: str) -> None:
+    """Refuse before anything starts when a server of the command cannot bind `host:port`.
+    A host that does not resolve, or is no address of this machine, is said as such naming
+    where it came from (`host_from`: `--http-host`, `ctl.yaml http_host`; exit 2, the input
+    is wrong), never as a port that is not free; a port in use names the port and how to
+    pick another (`port_fix`: `pass --metrics-port`; exit 1, the machine is at fault).
+    Port 0 or None: only the address is checked (the server takes any free port)."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, port or 0, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        fail(f"{host_from} {host}: the host does not resolve ({exc.strerror or exc})")
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # servers bind with SO_REUSEADDR: a socket lingering in TIME_WAIT is no conflict
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                fail(f"{host_from} {host}: {addr[0]} is not an address of this machine "
+                     f"({exc.strerror or exc})")
+            fail(f"the {what} port {host}:{port} is not free ({exc.strerror or exc}); stop "
+                 f"what holds it or {port_fix}", 1)

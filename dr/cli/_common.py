@@ -20,7 +20,9 @@ from dr.options import (
     MAX_COUNT,
     MAX_PORT,
     MAX_SECONDS,
+    check_bindable,
     check_folder,
+    check_writable_folder,
     count_option,
     host_option,
     name_option,
@@ -31,7 +33,8 @@ from dr.options import (
 from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
 
 __all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "PRINCIPAL_ENV", "Exit", "JsonOpt",
-           "PrincipalOpt", "StateDirOpt", "TopologyOpt", "check_files", "check_folder",
+           "PrincipalOpt", "StateDirOpt", "TopologyOpt", "check_bindable", "check_files",
+           "check_folder", "check_writable_folder",
            "count_option", "err", "host_option", "name_option", "out", "paths_for",
            "port_option", "print_json", "print_validation", "progress", "region_of", "run",
            "seconds_option", "text_option", "topology_for"]

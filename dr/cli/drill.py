@@ -15,6 +15,7 @@ from dr.cli._common import (
     StateDirOpt,
     TopologyOpt,
     check_folder,
+    check_writable_folder,
     count_option,
     err,
     out,
@@ -90,6 +91,10 @@ def drill_command(
         max_duplicates=max_duplicates, max_detection_s=max_detection_s))
     cfg = cfg.model_copy(update={"thresholds": thresholds,
                                  **({"reports": reports} if reports is not None else {})})
+    if not dry_run:  # its report folder, before the stack is touched (a dry run writes none)
+        check_writable_folder(cfg.reports, "--reports" if reports is not None else
+                              f"{config} reports" if config is not None and
+                              "reports" in cfg.model_fields_set else "the reports folder")
     stack, services = _local(topo, path, paths)
 
     async def main() -> DrillReport | None:

@@ -18,6 +18,7 @@ from dr.cli._common import (
     JsonOpt,
     PrincipalOpt,
     TopologyOpt,
+    check_bindable,
     host_option,
     name_option,
     paths_for,
@@ -134,6 +135,9 @@ def run(
     topo, _ = topology_for(topology, paths_for(None))
     flows = _flows(topo, source, target, topics, group, exactly_once, forward,
                    discovery_interval, dead_letter, worker_id, flow)
+    if metrics_port is not None:  # before any worker starts
+        check_bindable(metrics_host, metrics_port, "mirror's metrics",
+                       host_from="--metrics-host", port_fix="pass another --metrics-port")
     if kafka_client:
         flows = [f.model_copy(update={"kafka_client": kafka_client}) for f in flows]
     if consumer_client:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -17,6 +15,7 @@ from crossdc.security import PROXY
 from crossdc.topology import split_hostport
 from dr.cli._common import (
     TopologyOpt,
+    check_bindable,
     check_files,
     err,
     host_option,
@@ -117,9 +116,14 @@ def proxy_serve(
     check_files(topo, policy=policy, auth=auth, tls=tls)  # before any worker starts
     ep_host, ep_port = split_hostport(reg.proxy.endpoint)
     bind = host or ep_host
-    check_port_free(bind, ep_port if port is None else port, "gRPC", "--port")
-    check_port_free(bind, reg.proxy.metrics_port if metrics_port is None else metrics_port,
-                    "metrics", "--metrics-port")
+    field = f"regions[{topo.regions.index(reg)}].proxy"
+    host_from = "--host" if host else f"{path} {field}.endpoint"
+    for what, given, option, default, key in (
+            ("gRPC", port, "--port", ep_port, "endpoint"),
+            ("metrics", metrics_port, "--metrics-port", reg.proxy.metrics_port, "metrics_port")):
+        check_bindable(bind, default if given is None else given, f"proxy's {what}",
+                       host_from=host_from, port_fix=f"pass {option}" if given is not None
+                       else f"pass {option} (or change {field}.{key} in {path})")
     n = workers if workers is not None else (os.cpu_count() or 1)
     if n == 1:
         run(serve(path, region, policy, port=port, metrics_port=metrics_port, host=host,
@@ -141,29 +145,6 @@ def proxy_serve(
                       log_level=str(root.get("log_level") or "warning"),
                       kafka_principal=PROXY, kafka_client=client,
                       fenced_writes=fenced_writes))
-
-
-def check_port_free(host: str, port: int | None, what: str, option: str) -> None:
-    """Refuse before anything starts when `host:port` cannot be bound: one line naming the
-    port (exit 1: the environment, not the input, is at fault). 0/None: nothing to check.
-    A host that does not resolve, or is no address of this machine, is said as such (exit 2:
-    the input is wrong), never as a port that is not free."""
-    if not port:
-        return
-    try:
-        family, _, _, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-    except socket.gaierror as exc:
-        fail(f"--host {host}: the host does not resolve ({exc.strerror or exc})")
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(addr)
-        except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL:
-                fail(f"--host {host}: {addr[0]} is not an address of this machine "
-                     f"({exc.strerror or exc})")
-            fail(f"the proxy's {what} port {host}:{port} is not free ({exc.strerror or exc}); "
-                 f"stop what holds it or pass {option}", 1)
 
 
 @proxy_app.command("token")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -15,13 +16,15 @@ from rich.table import Table
 
 from crossdc.clients.flows import FlowStatus, flows_status
 from crossdc.settings import RetrySettings
-from crossdc.topology import Topology
+from crossdc.topology import Region, Topology, Witness, split_hostport
+from crossdc.yamlfile import load_model
 from dr.cli._common import (
     Exit,
     PrincipalOpt,
     StateDirOpt,
     TopologyOpt,
     check_files,
+    check_writable_folder,
     err,
     out,
     paths_for,
@@ -108,6 +111,10 @@ def up(
         if given is not None and not given.exists():  # a FIFO or folder: said by the loader
             fail(f"{option} {given}: no such file")
     paths = paths_for(state_dir)
+    # data, logs and pids go there: a folder it cannot write is said now, not as a stray
+    # OSError once servers are being set up
+    check_writable_folder(paths.state, "--state-dir" if state_dir else
+                          "the state folder ($CROSSDC_STATE_DIR, else .crossdc/)")
     if docker:
         _up_docker(topology, paths, timeout_s, auto_failover,
                    refused=[o for o, on in (("--secure", secure), ("--services", services),
@@ -117,6 +124,8 @@ def up(
                                             ("--brokers", brokers != 1)) if on])
         return
     topo, path = topology_for(topology, paths)
+    # the hosts its servers are reached at, per field, before anything starts
+    load_model(Topology, path, checks=lambda t: local_host_issues(t, services=services))
     # their content too, before anything starts
     check_files(topo, policy=policy, controller_config=controller_config)
     if secure:
@@ -137,6 +146,42 @@ def up(
               f"{paths.state}")
     if services:
         err.print(f"[green]services[/]: {', '.join(s.name for s in started)}")
+
+
+def local_host_issues(topo: Topology, *, services: bool
+                      ) -> Iterator[tuple[tuple[int | str, ...], str]]:
+    """The local stack runs every server on 127.0.0.1 (`dr up`'s processes bind there), so
+    each address its clients are given must reach it: a host that does not resolve, or does
+    not resolve to 127.0.0.1, is an issue of its field (with --services, the proxies'
+    endpoints too), never a region that "did not answer" minutes later."""
+    sites: list[tuple[str, int, Region | Witness]] = [
+        *(("regions", i, r) for i, r in enumerate(topo.regions)),
+        *(("witnesses", i, w) for i, w in enumerate(topo.witnesses))]
+    for kind, i, site in sites:
+        fields: list[tuple[tuple[int | str, ...], str]] = []
+        if isinstance(site, Region):
+            fields += [(("kafka", "bootstrap_servers", j), a)
+                       for j, a in enumerate(site.kafka.bootstrap_servers)]
+            if services:
+                fields.append((("proxy", "endpoint"), site.proxy.endpoint))
+        fields += [(("consul", "http_addr"), site.consul.http_addr),
+                   (("consul", "dns_addr"), site.consul.dns_addr)]
+        for loc, addr in fields:
+            why = _not_loopback(split_hostport(addr)[0])
+            if why is not None:
+                yield (kind, i, *loc), why
+
+
+def _not_loopback(host: str) -> str | None:
+    import socket
+    try:
+        found = {str(a[4][0]) for a in socket.getaddrinfo(host.strip("[]"), None)}
+    except socket.gaierror as exc:
+        return f"the host {host} does not resolve ({exc.strerror or exc})"
+    if "127.0.0.1" in found:
+        return None
+    named = "" if found == {host.strip("[]")} else f" resolves to {', '.join(sorted(found))},"
+    return f"{host}{named} is not 127.0.0.1, where the local stack runs all its servers"
 
 
 def _up_docker(topology: Path | None, paths: StackPaths, timeout_s: float, auto_failover: bool,

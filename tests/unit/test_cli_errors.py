@@ -179,3 +179,172 @@ def test_a_host_that_cannot_be_bound_is_said_as_such_not_as_a_port(
     line = one_line(proc)
     assert says in line
     assert "not free" not in line
+
+
+# -- the bad-input audit (issue 37): hosts, ports and folders said before anything starts ---
+@pytest.fixture
+def free_topo(tmp_path: Path) -> Path:
+    """A topology on ports nothing listens on: a check that let a daemon through would find
+    no one else's servers."""
+    from tests_support import write_topology
+
+    from dr.stack.ports import free_topology
+    return write_topology(free_topology(["east", "west"]), tmp_path / "topology.yaml")
+
+
+def test_mirror_metrics_host_and_port_are_said_as_such(tmp_path: Path, free_topo: Path,
+                                                       taken_port: int) -> None:
+    run = ("mirror", "run", "-t", str(free_topo), "--from", "east", "--to", "west",
+           "--topics", "x")
+    proc = dr(*run, "--metrics-port", "0", "--metrics-host", "no-such-host.invalid",
+              tmp=tmp_path)
+    assert proc.returncode == 2
+    line = one_line(proc)
+    assert "--metrics-host no-such-host.invalid: the host does not resolve" in line
+    assert "not free" not in line
+    proc = dr(*run, "--metrics-port", str(taken_port), tmp=tmp_path)
+    assert proc.returncode == 1
+    assert (f"the mirror's metrics port 127.0.0.1:{taken_port} is not free" in
+            (line := one_line(proc)))
+    assert line.endswith("pass another --metrics-port")
+
+
+def test_controller_http_host_and_port_name_their_option_or_field(
+        tmp_path: Path, free_topo: Path, taken_port: int) -> None:
+    run = ("controller", "run", "-t", str(free_topo), "-r", "east")
+    proc = dr(*run, "--http-host", "no-such-host.invalid", tmp=tmp_path)
+    assert proc.returncode == 2
+    line = one_line(proc)
+    assert "--http-host no-such-host.invalid: the host does not resolve" in line
+    assert "not free" not in line
+    proc = dr(*run, "--http-host", "192.0.2.1", tmp=tmp_path)
+    assert proc.returncode == 2
+    assert "--http-host 192.0.2.1: 192.0.2.1 is not an address of this machine" in \
+        one_line(proc)
+    proc = dr(*run, "--http-port", str(taken_port), tmp=tmp_path)
+    assert proc.returncode == 1
+    line = one_line(proc)
+    assert f"port 127.0.0.1:{taken_port} is not free" in line
+    assert line.endswith("pass another --http-port")
+    config = tmp_path / "ctl.yaml"
+    config.write_text(f"region: east\nhttp_port: {taken_port}\n")
+    proc = dr(*run, "--config", str(config), tmp=tmp_path)
+    assert proc.returncode == 1
+    assert f"change http_port in {config}" in one_line(proc)
+    config.write_text("region: east\nhttp_host: no-such-host.invalid\n")
+    proc = dr(*run, "--config", str(config), tmp=tmp_path)
+    assert proc.returncode == 2
+    assert f"{config} http_host no-such-host.invalid: the host does not resolve" in \
+        one_line(proc)
+
+
+def test_proxy_address_from_the_topology_names_its_field(tmp_path: Path, free_topo: Path,
+                                                         taken_port: int) -> None:
+    import yaml
+
+    data = yaml.safe_load(free_topo.read_text())
+    data["regions"][0]["proxy"]["endpoint"] = f"127.0.0.1:{taken_port}"
+    topo = tmp_path / "port.yaml"
+    topo.write_text(yaml.safe_dump(data))
+    proc = dr("proxy", "serve", "-t", str(topo), "-r", "east", "-p", POLICY, "--no-consul",
+              tmp=tmp_path)
+    assert proc.returncode == 1
+    line = one_line(proc)
+    assert f"gRPC port 127.0.0.1:{taken_port} is not free" in line
+    assert f"pass --port (or change regions[0].proxy.endpoint in {topo})" in line
+    data["regions"][0]["proxy"]["endpoint"] = "no-such-host.invalid:7000"
+    topo.write_text(yaml.safe_dump(data))
+    proc = dr("proxy", "serve", "-t", str(topo), "-r", "east", "-p", POLICY, "--no-consul",
+              tmp=tmp_path)
+    assert proc.returncode == 2
+    assert (f"{topo} regions[0].proxy.endpoint no-such-host.invalid: the host does not "
+            "resolve") in one_line(proc)
+
+
+def test_dr_up_refuses_topology_hosts_the_local_stack_cannot_serve(
+        tmp_path: Path, free_topo: Path) -> None:
+    """Each field, with its file and line, before anything is fetched or started (not a
+    region that "did not answer" after the start's timeout)."""
+    import yaml
+
+    data = yaml.safe_load(free_topo.read_text())
+    data["regions"][0]["kafka"]["bootstrap_servers"] = ["no-such-host.invalid:9092"]
+    data["witnesses"][0]["consul"]["http_addr"] = "192.0.2.7:8500"
+    data["regions"][1]["proxy"]["endpoint"] = "no-such-host.invalid:7000"
+    topo = tmp_path / "hosts.yaml"
+    topo.write_text(yaml.safe_dump(data, sort_keys=False))
+    lines = topo.read_text().splitlines()
+
+    def line_of(text: str) -> int:
+        return next(i for i, ln in enumerate(lines, 1) if text in ln)
+
+    proc = dr("up", "-t", str(topo), "--timeout", "5", tmp=tmp_path)
+    assert proc.returncode == 65, proc.stderr
+    said = proc.stderr
+    assert (f"{topo}:{line_of('no-such-host.invalid:9092')} regions[0].kafka."
+            "bootstrap_servers[0]: the host no-such-host.invalid does not resolve") in said
+    assert (f"{topo}:{line_of('192.0.2.7:8500')} witnesses[0].consul.http_addr: 192.0.2.7 is "
+            "not 127.0.0.1, where the local stack runs all its servers") in said
+    assert "proxy.endpoint" not in said  # the proxies run only with --services
+    proc = dr("up", "-t", str(topo), "--services", "--timeout", "5", tmp=tmp_path)
+    assert proc.returncode == 65
+    assert f"{topo}:{line_of('no-such-host.invalid:7000')} regions[1].proxy.endpoint" in \
+        proc.stderr
+    assert not (tmp_path / "cache").exists()  # nothing fetched, nothing built
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "unwritable"])
+def test_dr_up_state_dir_it_cannot_write_is_said_first(tmp_path: Path, free_topo: Path,
+                                                       where: str) -> None:
+    (tmp_path / "a-file").write_text("x")
+    state = (tmp_path / "a-file" / "state" if where == "under-a-file"
+             else Path("/proc/crossdc-state"))  # even root makes no folder in /proc
+    proc = dr("up", "-t", str(free_topo), "--state-dir", str(state), "--timeout", "5",
+              tmp=tmp_path)
+    assert proc.returncode == 1
+    assert f"--state-dir {state}: cannot write there" in one_line(proc)
+    assert not (tmp_path / "cache").exists()
+
+
+def test_dr_up_port_taken_names_the_port_and_its_field(tmp_path: Path, free_topo: Path,
+                                                       taken_port: int) -> None:
+    """Checked before any server starts (the cached Kafka and Consul are used: nothing is
+    built; a stack that started anyway is stopped)."""
+    import yaml
+
+    from dr.stack.paths import StackPaths
+    from dr.stack.toolchain import consul_binary, kafka_libs
+
+    cache = StackPaths.default()
+    if not kafka_libs(cache).exists() or not consul_binary(cache).exists():
+        pytest.skip("Kafka or Consul is not in the cache yet (`dr setup`)")
+    data = yaml.safe_load(free_topo.read_text())
+    data["regions"][1]["kafka"]["bootstrap_servers"] = [f"127.0.0.1:{taken_port}"]
+    topo = tmp_path / "port.yaml"
+    topo.write_text(yaml.safe_dump(data))
+    env = {"CROSSDC_CACHE_DIR": str(cache.cache)}
+    try:
+        proc = dr("up", "-t", str(topo), "--timeout", "30", tmp=tmp_path, env=env)
+    finally:
+        dr("down", tmp=tmp_path, env=env)
+    assert proc.returncode == 1
+    line = one_line(proc)
+    assert f"Port 127.0.0.1:{taken_port} (west kafka broker 1 client listener)" in line
+    assert "change regions[1].kafka.bootstrap_servers[0]" in line
+
+
+def test_drill_report_folder_is_checked_before_the_stack_is_touched(
+        tmp_path: Path, free_topo: Path) -> None:
+    (tmp_path / "a-file").write_text("x")
+    bad = tmp_path / "a-file" / "reports"
+    run = ("drill", "-s", "primary-outage", "-t", str(free_topo))
+    proc = dr(*run, "--reports", str(bad), tmp=tmp_path)
+    assert proc.returncode == 1
+    assert f"--reports {bad}: cannot write there" in one_line(proc)  # not "no proxy known"
+    config = tmp_path / "drill.yaml"
+    config.write_text(f"reports: {bad}\n")
+    proc = dr(*run, "-c", str(config), tmp=tmp_path)
+    assert proc.returncode == 1
+    assert f"{config} reports {bad}: cannot write there" in one_line(proc)
+    proc = dr(*run, "-c", str(config), "--dry-run", tmp=tmp_path)  # writes nothing: not asked
+    assert "cannot write there" not in proc.stderr
