@@ -126,9 +126,11 @@ class _Live:
 async def run_demo(topology: Topology, topology_path: Path, paths: StackPaths, *,
                    console: Console, duration_s: float = 75.0, rate: float = 150.0,
                    reports: Path = Path("reports"), say: Callable[[str], None] | None = None,
-                   policy: Path | None = None) -> DemoResult:
+                   policy: Path | None = None, principal: str | None = None) -> DemoResult:
     """Bring everything up, run the drill with a live display, reconcile, and return the
-    figures. The caller stops the stack (`LocalStack.down(paths)`)."""
+    figures. The caller stops the stack (`LocalStack.down(paths)`). `principal`: the Kafka
+    principal of the drill's own clients where the regions have `security:` (the
+    reconciliation uses its own)."""
     note = say or (lambda s: console.print(s, highlight=False))
     note("[bold]1/5[/] two regions: Kafka (KRaft) and Consul per region, WAN-joined")
     with console.status("starting Kafka and Consul") as status:
@@ -151,7 +153,8 @@ async def run_demo(topology: Topology, topology_path: Path, paths: StackPaths, *
                       thresholds=Thresholds(max_rto_s=15, max_detection_s=3))
     plan = await plan_drill(topology, "primary-outage", cfg, stack=stack, services=services)
     live = _Live()
-    drill = await _drill_with_display(topology, plan, cfg, live, console, duration_s, rate)
+    drill = await _drill_with_display(topology, plan, cfg, live, console, duration_s, rate,
+                                      principal)
 
     checkpoint()  # a Ctrl-C lost on the way (Python 3.11) stops the demo here
     note("[bold]4/5[/] Spark reconciliation of the drill's topics in every region, with "
@@ -163,7 +166,7 @@ async def run_demo(topology: Topology, topology_path: Path, paths: StackPaths, *
         await journals_flushed(proxies, timeout_s=60)
     html, report = await asyncio.to_thread(
         _reconcile, topology, topology_path, paths, drill, console)
-    agreement = await agreement_of(topology, drill, report)
+    agreement = await agreement_of(topology, drill, report, principal)
     checkpoint()
     note("[bold]5/5[/] done")
     verdict = report.verdict
@@ -221,13 +224,14 @@ async def _proxies_at_zero(metrics: list[str], gauge: str, timeout_s: float,
     return True
 
 
-async def agreement_of(topology: Topology, drill: DrillReport, report: Report) -> Agreement:
+async def agreement_of(topology: Topology, drill: DrillReport, report: Report,
+                       principal: str | None = None) -> Agreement:
     """Hold the drill's ack log, read back from every region now, against the
     reconciliation's missing copies (`Agreement`)."""
     from dr.drill.count import read_back
     assert drill.files is not None
     acks = _acks(Path(drill.files.folder) / (drill.files.ack_log or "acks.jsonl"))
-    held = await read_back(topology, sorted({a.topic for a in acks}))
+    held = await read_back(topology, sorted({a.topic for a in acks}), principal=principal)
     quarantined = {(m.dr_id, m.region) for m in report.missing if m.outcome == "quarantined"}
     drill_view = {(a.dr_id, r) for a in acks for r in held
                   if not held[r].get(a.topic, {}).get(a.dr_id)} - quarantined
@@ -256,8 +260,8 @@ async def _start_prometheus(paths: StackPaths, infos: list[object],
 
 
 async def _drill_with_display(topology: Topology, plan: DrillPlan, cfg: DrillConfig,
-                              live: _Live, console: Console, duration_s: float, rate: float
-                              ) -> DrillReport:
+                              live: _Live, console: Console, duration_s: float, rate: float,
+                              principal: str | None = None) -> DrillReport:
     """The drill under the live table, with the primary and the mirror lag above it."""
     def header() -> Text:
         lag = ", ".join(f"{k} {'?' if v is None else v}" for k, v in sorted(live.lags.items()))
@@ -274,14 +278,14 @@ async def _drill_with_display(topology: Topology, plan: DrillPlan, cfg: DrillCon
                     live.primary = cur.writable or f"none (fenced, {cur.region} last)"
                     live.epoch = cur.epoch
                 for f in topology.flows:
-                    st = await flow_status(topology, f, 10)
+                    st = await flow_status(topology, f, 10, principal=principal)
                     live.lags[f"{f.source}→{f.target}"] = st.lag_records
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(done.wait(), 1.0)  # the display's pace
 
     return await live_drill(console, lambda progress, seen: run_drill(
         topology, plan, cfg, duration_s=duration_s, rate=rate, progress=progress,
-        traffic_seen=seen), header=header, beside=watch)
+        traffic_seen=seen, principal=principal), header=header, beside=watch)
 
 
 def _reconcile(topology: Topology, topology_path: Path, paths: StackPaths,

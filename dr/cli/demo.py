@@ -14,7 +14,7 @@ from dr.cli._common import (
     StateDirOpt,
     TopologyOpt,
     check_files,
-    check_folder,
+    check_writable_folder,
     err,
     out,
     paths_for,
@@ -55,7 +55,7 @@ def demo_command(
     from proxy.policy import default_policy_path
 
     # before anything starts: a demo that fails after bringing up the stack loses minutes
-    check_folder(reports, "--reports")
+    check_writable_folder(reports, "--reports")
     policy = policy or default_policy_path()
     if policy is None:
         fail("no routing policy for the proxies: run from the checkout, pass --policy FILE or "
@@ -66,9 +66,12 @@ def demo_command(
     paths = paths_for(state_dir)
     topo, path = topology_for(topology, paths)
     check_files(topo, policy=policy)  # its content too, before anything starts
+    principal = None
     if secure:
+        from crossdc.security import ADMIN
         from dr.stack.tls import write_secure_topology
         topo, path = write_secure_topology(topo, paths.state)
+        principal = ADMIN  # the drill's own clients: the local stack's super user
     from crossdc.extras import require
     require("demo", "dr demo (Spark for the reconciliation, charts for the reports)")
     already = [p.name for p in stack_processes(paths) if p.running()]
@@ -86,7 +89,8 @@ def demo_command(
 
     try:
         result = asyncio.run(run_demo(topo, path, paths, console=err, duration_s=duration_s,
-                                      rate=rate, reports=reports, policy=policy))
+                                      rate=rate, reports=reports, policy=policy,
+                                      principal=principal))
     except KeyboardInterrupt:
         stop("interrupted")
         raise Exit(130) from None

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from crossdc.topology import split_hostport
+from crossdc.yamlfile import load_model
 from dr.cli._common import (
     StateDirOpt,
     TopologyOpt,
@@ -79,8 +81,8 @@ def prometheus_config(
         fail(f"--out {out_file}: is a folder; give the file to write")
     if rules_file is not None and not rules:
         fail("--rules-file with --no-rules: give one or the other")
-    if rules_file is not None and not rules_file.is_file():
-        fail(f"--rules-file {rules_file}: no such file (write it with `dr prometheus rules`)")
+    if rules_file is not None:
+        load_model(_RuleFile, rules_file)  # a file Prometheus would refuse: refused now
     topo, _ = topology_for(topology, paths_for(state_dir))
     targets = scrape_targets_from_topology(topo, extra=extra)
     loaded = (rules_file or alerts_path()).resolve() if rules else None
@@ -93,6 +95,15 @@ def prometheus_config(
     _write(out_file, text)
     out.print(f"{out_file}: {len(targets)} target(s); rules {loaded or 'none'}"
               f"; dashboard to import in Grafana: {dashboard_path()}")
+
+
+class _RuleFile(BaseModel):
+    """What `--rules-file` must at least be: a Prometheus rule file with its groups."""
+
+    model_config = ConfigDict(extra="allow")
+
+    groups: list[dict[str, Any]] = Field(
+        min_length=1, description="Rule groups (e.g. as `dr prometheus rules` writes them).")
 
 
 def _runbook_base(value: str | None) -> str | None:

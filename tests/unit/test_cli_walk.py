@@ -69,11 +69,13 @@ FLAGS = ("--no-consul",)  # never reach out, should a variant get that far
 REGIONS = {"--region": ("mars", "Bad Region!"), "--regions": ("east,mars", "east,Bad!"),
            "--from": ("mars", "Bad Region!"), "--to": ("mars", "Bad Region!")}
 INPUT_FILES = ("--topology", "--policy", "--auth", "--thresholds", "--config",
-               "--controller-config", "--tls-cert", "--tls-key", "--tls-client-ca", "<file>")
+               "--controller-config", "--tls-cert", "--tls-key", "--tls-client-ca", "--rules-file",
+               "<file>")
 STATE_FILES = ("--state",)
 """Read when they exist, written at the end: a missing one is fine (a first run)."""
 FOLDERS = ("--state-dir", "--reports")
-OUTPUTS = {("reconcile", "--out"): "folder", ("prometheus config", "--out"): "file"}
+OUTPUTS = {("reconcile", "--out"): "folder", ("prometheus config", "--out"): "file",
+           ("prometheus rules", "--out"): "file"}
 LONG = "x" * 300
 STRINGS: dict[str, tuple[str, ...]] = {  # malformed (and over-long) values of string options
     "--topics": ("([",), "--exactly-once": ("([",), "--since": ("yesterday",),
@@ -84,6 +86,7 @@ STRINGS: dict[str, tuple[str, ...]] = {  # malformed (and over-long) values of s
     "--metrics-host": ("bad host!",), "--master": ("bogus",), "--driver-memory": ("lots",),
     "--executor-memory": ("lots",), "--reason": ("x" * 2000, "two\nlines"),
     "--principal": ("", "a b", LONG), "--pattern": ("", "a b"), "--token": ("", "a b"),
+    "--runbook-base": ("runbooks/", "ftp://x/runbooks"),
 }
 
 
