@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import sys
-import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated
@@ -21,7 +20,7 @@ from crossdc.security import RECONCILE
 from crossdc.topology import load_topology
 from crossdc.yamlfile import load_model
 from dr.exits import Exit, fail
-from dr.options import MAX_SECONDS, check_folder, count_option, seconds_option
+from dr.options import MAX_SECONDS, check_writable_folder, count_option, seconds_option
 from dr.reconcile.errors import NotJudgedYet, ThresholdsPassed
 from dr.reconcile.model import Thresholds
 from dr.stack.paths import StackPaths, default_topology_path, no_topology_message
@@ -30,17 +29,9 @@ __all__ = ["check_output_dir", "check_state_file", "parse_time", "reconcile_comm
            "thresholds"]
 
 
-def check_output_dir(folder: Path, option: str) -> None:
-    """Make `folder` (and its parents) and prove a file can be written there, so that a run
-    never ends with a report it cannot save. One line and exit 1 when the system refuses;
-    exit 2 when `folder` is a file (bad input)."""
-    check_folder(folder, option)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".crossdc-probe-"):
-            pass
-    except OSError as exc:
-        fail(f"{option} {folder}: cannot write there ({exc.strerror or exc})", 1)
+check_output_dir = check_writable_folder
+"""Make the folder (and its parents) and prove a file can be written there, so that a run
+never ends with a report it cannot save (dr.options.check_writable_folder)."""
 
 
 def check_state_file(state: Path) -> None:
