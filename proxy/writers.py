@@ -576,6 +576,7 @@ class RegionWriter(Lifecycle):
         built here (`create_batch`/`send_batch`: one future per batch, offsets base + index),
         which skips aiokafka's per-record send path; the others go through `send()`, which
         lets a lone record share the producer's current batch of its partition."""
+        transactional = producer is not None
         if producer is None:
             if self._renew:
                 await self._renew_producer()
@@ -624,6 +625,9 @@ class RegionWriter(Lifecycle):
                     await asyncio.wait(waiting)
         except TimeoutError:
             pass
+        renew = self._renew
+        if transactional:
+            self._renew = False  # set by `_settle` when this producer had a batch refused
         for i, fut in futs:
             self._settle(topic, i, fut, timeout, results, retry)
         for idxs, fut, start in chunks:
@@ -635,6 +639,16 @@ class RegionWriter(Lifecycle):
             else:
                 for i in idxs:
                     self._settle(topic, i, fut, timeout, results, retry)
+        if transactional:
+            refused, self._renew = self._renew, renew
+        if transactional and refused:
+            # A fenced write's transactional producer had a batch refused with
+            # OutOfOrderSequenceNumber: aiokafka's sender ends on it, so that producer sends
+            # nothing more, and renewing the plain producer (what `_settle` asks for) left it
+            # in place: every later transaction failed on it and the breaker opened (the
+            # secure demo, 2026-12-04: 127 renewals of the wrong producer). It is dropped;
+            # the next transaction starts a new one.
+            await self._drop_producer(producer, "OutOfOrderSequenceNumber (transactional)")
         stuck = 0
         for i in pending:
             if results[i] is None:

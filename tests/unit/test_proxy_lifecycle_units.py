@@ -484,6 +484,55 @@ async def test_writer_renews_its_producer_after_out_of_order_sequence() -> None:
     assert fresh.sent == 1
 
 
+async def test_a_transactional_producer_refused_out_of_order_is_dropped_not_the_plain_one(
+        ) -> None:
+    # The secure demo (2026-12-04): a fenced write's transactional producer had a batch
+    # refused with OutOfOrderSequenceNumber (aiokafka's sender ends on it); the writer renewed
+    # its plain producer instead, 127 times, and every later transaction failed on the
+    # wedged one. The transactional producer must be dropped (the next transaction starts a
+    # new one) and the plain producer left alone.
+    from types import SimpleNamespace
+
+    from aiokafka.errors import OutOfOrderSequenceNumber
+
+    from proxy.config import BreakerSettings, KafkaWriterSettings
+    from proxy.writers import Outgoing, RegionWriteFailed, RegionWriter
+
+    async def closed() -> None:
+        return None
+
+    class Refusing:
+        def __init__(self) -> None:
+            self._closed = False
+            self.client = SimpleNamespace(_conns={}, close=closed)
+            self._message_accumulator = SimpleNamespace(fail_all=lambda exc: None)
+
+        async def send(self, topic: str, **kw: Any) -> asyncio.Future[Any]:
+            fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            fut.set_exception(OutOfOrderSequenceNumber())
+            return fut
+
+    east = TOPO.region("east")
+    w = RegionWriter(east, KafkaConnection.of(east), KafkaWriterSettings(), BreakerSettings(),
+                     ProxyMetrics(), client_id="t")
+    plain = object()
+    w._producer = plain  # type: ignore[assignment]  # a stand-in, never used here
+    w._reachable = True
+    forgotten: list[object] = []
+    w._txns = SimpleNamespace(forget=forgotten.append)  # type: ignore[assignment]
+    txn = Refusing()
+    results: list[Any] = [None]
+    retry = await w._attempt("payments", [Outgoing(b"k", b"v", [], 0, 2)], [0], results,
+                             time.monotonic() + 5, producer=txn)  # type: ignore[arg-type]
+    assert type(results[0]) is RegionWriteFailed
+    assert "OutOfOrderSequenceNumber" in str(results[0])
+    assert forgotten == [txn], "the transactional producer is dropped"
+    assert txn._closed
+    assert w._producer is plain, "the plain producer stays"
+    assert not w._renew, "and is not renewed"
+    assert retry == [0]
+
+
 async def test_a_start_cancelled_half_way_closes_its_producer(monkeypatch: pytest.MonkeyPatch,
                                                               ) -> None:
     """The server stopping while a probe starts a producer cancels that start: the producer
