@@ -184,7 +184,7 @@ class FakeServer:
         return None
 
     async def handle(self, records: list[Incoming], context: Any, *,
-                     wait: bool) -> list[Outcome]:
+                     wait: bool, method: str | None = "Produce") -> list[Outcome]:
         self.running += 1
         self.started += 1
         self.budget += 1
