@@ -496,7 +496,8 @@ async def test_a_transactional_producer_refused_out_of_order_is_dropped_not_the_
     from aiokafka.errors import OutOfOrderSequenceNumber
 
     from proxy.config import BreakerSettings, KafkaWriterSettings
-    from proxy.writers import Outgoing, RegionWriteFailed, RegionWriter
+    from proxy.errors import RegionWriteFailed
+    from proxy.writers import Outgoing, RegionWriter
 
     async def closed() -> None:
         return None
@@ -516,14 +517,14 @@ async def test_a_transactional_producer_refused_out_of_order_is_dropped_not_the_
     w = RegionWriter(east, KafkaConnection.of(east), KafkaWriterSettings(), BreakerSettings(),
                      ProxyMetrics(), client_id="t")
     plain = object()
-    w._producer = plain  # type: ignore[assignment]  # a stand-in, never used here
+    w._producer = plain  # a stand-in, never used here
     w._reachable = True
     forgotten: list[object] = []
     w._txns = SimpleNamespace(forget=forgotten.append)  # type: ignore[assignment]
     txn = Refusing()
     results: list[Any] = [None]
     retry = await w._attempt("payments", [Outgoing(b"k", b"v", [], 0, 2)], [0], results,
-                             time.monotonic() + 5, producer=txn)  # type: ignore[arg-type]
+                             time.monotonic() + 5, producer=txn)
     assert type(results[0]) is RegionWriteFailed
     assert "OutOfOrderSequenceNumber" in str(results[0])
     assert forgotten == [txn], "the transactional producer is dropped"
