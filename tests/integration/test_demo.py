@@ -71,11 +71,13 @@ async def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> No
         assert name in text, f"{name} named as stopped"
 
 
-# An open defect this test found (2026-12-04, 2 of 2 runs): on the secure stack, after the
-# primary outage the west proxy's own writer into west keeps failing (127 producer renewals on
-# OutOfOrderSequenceNumber, "producer not started", "topic metadata unknown"), so the west
-# producers' ordered writes are never acknowledged again while the east proxy writes west
-# fine; the plain demo does not show it. Not strict: it has passed its sync half once.
+# A defect this test found (2026-12-04, 2 of 2 runs): on the secure stack, after the primary
+# outage the west proxy's writer kept failing (127 producer renewals on
+# OutOfOrderSequenceNumber), so the west producers' ordered writes were never acknowledged
+# again. Cause: a fenced write's transactional producer refused with OutOfOrderSequenceNumber
+# was never replaced (the plain one was renewed instead); fixed in proxy/writers.py, after
+# which it passed in the CI rehearsal of 87707cd. Expected to fail (not strict) until it has
+# passed again.
 @pytest.mark.xfail(reason="open defect: the secure stack's west proxy writer after the "
                    "outage (see the comment above)", strict=False)
 async def test_the_secure_demo_runs_to_one_passing_verdict(tmp_path: Path) -> None:
