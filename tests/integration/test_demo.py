@@ -76,10 +76,10 @@ async def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> No
 # OutOfOrderSequenceNumber), so the west producers' ordered writes were never acknowledged
 # again. Cause: a fenced write's transactional producer refused with OutOfOrderSequenceNumber
 # was never replaced (the plain one was renewed instead); fixed in proxy/writers.py, after
-# which it passed in the CI rehearsal of 87707cd. Expected to fail (not strict) until it has
-# passed again.
-@pytest.mark.xfail(reason="open defect: the secure stack's west proxy writer after the "
-                   "outage (see the comment above)", strict=False)
+# which it passed in the CI rehearsal of 87707cd and once more alone (189 s). Expected to fail
+# (not strict) until it has passed in CI.
+@pytest.mark.xfail(reason="a defect fixed 2026-12-04 (see the comment above): kept until it "
+                   "has passed in CI", strict=False)
 async def test_the_secure_demo_runs_to_one_passing_verdict(tmp_path: Path) -> None:
     """`dr demo --secure`: the whole story with Kafka on SASL/SCRAM over TLS with ACLs and
     Consul on HTTPS with default-deny ACLs, each component with its own token: the drill
