@@ -71,15 +71,10 @@ async def test_ctrl_c_stops_every_process_the_demo_started(tmp_path: Path) -> No
         assert name in text, f"{name} named as stopped"
 
 
-# A defect this test found (2026-12-04, 2 of 2 runs): on the secure stack, after the primary
-# outage the west proxy's writer kept failing (127 producer renewals on
-# OutOfOrderSequenceNumber), so the west producers' ordered writes were never acknowledged
-# again. Cause: a fenced write's transactional producer refused with OutOfOrderSequenceNumber
-# was never replaced (the plain one was renewed instead); fixed in proxy/writers.py, after
-# which it passed in the CI rehearsal of 87707cd and once more alone (189 s). Expected to fail
-# (not strict) until it has passed in CI.
-@pytest.mark.xfail(reason="a defect fixed 2026-12-04 (see the comment above): kept until it "
-                   "has passed in CI", strict=False)
+# The defect this test found (2026-12-04): after the primary outage the west proxy's writer
+# kept a transactional producer that Kafka had refused (OutOfOrderSequenceNumber) and renewed
+# its plain one instead, so west's ordered writes were never acknowledged again (fixed in
+# proxy/writers.py `_attempt`; failed 2 of 2 runs before, passed 2 of 2 after).
 async def test_the_secure_demo_runs_to_one_passing_verdict(tmp_path: Path) -> None:
     """`dr demo --secure`: the whole story with Kafka on SASL/SCRAM over TLS with ACLs and
     Consul on HTTPS with default-deny ACLs, each component with its own token: the drill
