@@ -22,6 +22,8 @@ from typing import Any, Literal, TextIO, cast
 
 import structlog
 
+from crossdc.tracing import add_trace_ids
+
 # The registry of secret values is the client distribution's (the SDK registers the tokens it
 # holds without a logging library); this module redacts with it.
 from crossdc_client.secrets import (
@@ -139,6 +141,7 @@ def configure_logging(fmt: LogFormat = "console", level: str = "info", *,
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         add_logger_name,
+        add_trace_ids,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     renderer: structlog.typing.Processor

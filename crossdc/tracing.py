@@ -29,6 +29,7 @@ task), records an exception that leaves it and marks it ERROR; `start()` opens o
 not current, for a caller that ends it itself. Both give a `Span` (a no-op `NOOP` when off)
 whose `set`, `update`, `error` and `end` are all a call site uses. `extract(metadata)` reads a
 caller's W3C `traceparent` / `tracestate` from gRPC metadata: the parent of the server's span.
+`add_trace_ids` (in crossdc.logs' processors) puts the current span's ids on every log line.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any, Literal
 
 from crossdc.errors import BadEnvironment, MissingExtra
@@ -46,6 +47,7 @@ __all__ = [
     "ENABLED",
     "NOOP",
     "Span",
+    "add_trace_ids",
     "check",
     "configure",
     "exporters_wanted",
@@ -256,6 +258,21 @@ def span(name: str, *, parent: Any = None, kind: Kind = "internal",
     with _tracer.start_as_current_span(name, context=_context(parent), kind=_kinds[kind],
                                        attributes=_clean(attributes)) as s:
         yield Span(s)
+
+
+def add_trace_ids(_logger: Any, _method: str,
+                  event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """A structlog processor: `trace_id` and `span_id` (hex, as OTLP backends show them) of
+    the current span on every log line written inside one, so a log search finds a trace's
+    lines and a trace its logs. Off, or outside a span, the line is left as it is."""
+    if not ENABLED or "trace_id" in event:
+        return event
+    from opentelemetry.trace import get_current_span
+    ctx = get_current_span().get_span_context()
+    if ctx.is_valid:
+        event["trace_id"] = format(ctx.trace_id, "032x")
+        event["span_id"] = format(ctx.span_id, "016x")
+    return event
 
 
 def start(name: str, *, parent: Any = None, kind: Kind = "internal",

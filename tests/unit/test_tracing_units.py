@@ -229,3 +229,33 @@ def test_an_otlp_protocol_it_cannot_use_is_named(monkeypatch: pytest.MonkeyPatch
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf")
         with pytest.raises(MissingExtra, match="opentelemetry-exporter-otlp-proto-http"):
             tracing.configure("proxy", "east")
+
+
+def test_log_lines_inside_a_span_carry_its_trace_and_span_ids(
+        spans: InMemorySpanExporter, capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    import structlog
+
+    from crossdc.logs import configure_logging
+    before = structlog.get_config()
+    handlers, level = logging.getLogger().handlers[:], logging.getLogger().level
+    configure_logging("json", "info")
+    try:
+        log = structlog.get_logger("t")
+        log.info("outside")
+        with tracing.span("crossdc.produce") as s:
+            log.info("inside")
+            logging.getLogger("aiokafka.conn").warning("a library's line inside")
+        tracing.shutdown()
+        log.info("off")
+    finally:
+        structlog.configure(**before)
+        logging.getLogger().handlers[:] = handlers
+        logging.getLogger().setLevel(level)
+    lines = {x["event"]: x for x in map(json.loads, capsys.readouterr().err.splitlines())}
+    ctx = s.otel.get_span_context()
+    for event in ("inside", "a library's line inside"):
+        assert lines[event]["trace_id"] == format(ctx.trace_id, "032x")
+        assert lines[event]["span_id"] == format(ctx.span_id, "016x")
+    assert "trace_id" not in lines["outside"] and "trace_id" not in lines["off"]
