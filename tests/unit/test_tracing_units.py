@@ -258,4 +258,5 @@ def test_log_lines_inside_a_span_carry_its_trace_and_span_ids(
     for event in ("inside", "a library's line inside"):
         assert lines[event]["trace_id"] == format(ctx.trace_id, "032x")
         assert lines[event]["span_id"] == format(ctx.span_id, "016x")
-    assert "trace_id" not in lines["outside"] and "trace_id" not in lines["off"]
+    assert "trace_id" not in lines["outside"]
+    assert "trace_id" not in lines["off"]
