@@ -375,7 +375,7 @@ class _Servicer(pb_grpc.ProxyServicer):
                 kind = req.WhichOneof("kind")
                 if kind == "credit":
                     s.authenticate(context)
-                    s.consume.credit(stream, req.credit.records)
+                    s.consume.credit(stream, req.credit.records, req.credit.bytes)
                 elif kind == "ack":
                     s.consume.settle(stream.group, req.ack.partitions, None)
                 elif kind == "nack":

@@ -209,17 +209,28 @@ class PartitionAcks:
         self._merge(lo - 1, len(self._runs))
         self._advance()
 
-    def take_pending(self, limit: int, *, now: float, deadline_s: float
+    def take_pending(self, limit: int, *, now: float, deadline_s: float,
+                     max_bytes: int | None = None, size_of: Callable[[int], int] | None = None
                      ) -> list[tuple[int, int, int]]:
         """Up to `limit` pending records, lowest offsets first, delivered again now: each
-        `(first, end, attempt)` with `attempt` the delivery it is (2 the first time again)."""
+        `(first, end, attempt)` with `attempt` the delivery it is (2 the first time again).
+        With `max_bytes`, also no more records than reach it by `size_of(offset)` (the one
+        that crosses it included, so a record larger than the budget still goes)."""
         picked: list[Range] = []
         left = limit
+        budget = max_bytes if max_bytes is not None and size_of is not None else None
         for r in self._runs:
-            if left <= 0:
+            if left <= 0 or (budget is not None and budget <= 0):
                 break
             if r.state == RecordState.PENDING:
                 take = min(left, r.end - r.start)
+                if budget is not None:
+                    assert size_of is not None
+                    n = 0
+                    while n < take and budget > 0:
+                        budget -= size_of(r.start + n)
+                        n += 1
+                    take = n
                 picked.append((r.start, r.start + take))
                 left -= take
         out: list[tuple[int, int, int]] = []

@@ -43,6 +43,8 @@ __all__ = ["Batch", "Control", "Credit", "DeadLetter", "Delivery", "Dispatcher",
 
 MAX_CREDIT = 1 << 31
 """Credit a stream may hold at once (more is cut: a client cannot overflow anything)."""
+MAX_CREDIT_BYTES = 1 << 40
+"""Byte credit a stream may hold at once (more is cut)."""
 
 
 @dataclass(slots=True)
@@ -101,12 +103,31 @@ class DeadLetter:
 
 @dataclass(slots=True)
 class Credit:
-    """Records a stream may still be sent (shared by the members it reads from)."""
+    """What a stream may still be sent (shared by the members it reads from): `n` records
+    and, once the client grants bytes, `bytes` of keys, values and headers; the smaller wins.
+    A record is sent while both are positive, so the one that crosses the byte budget still
+    goes (a record larger than the whole budget is never stuck) and `bytes` may go negative
+    by at most that record until the client gives it back."""
 
     n: int = 0
+    bytes: int = 0
+    by_bytes: bool = False
+    """Whether bytes bound the stream (the client granted some): else records alone do."""
 
-    def add(self, records: int) -> None:
+    def add(self, records: int, nbytes: int = 0) -> None:
         self.n = min(MAX_CREDIT, self.n + max(0, records))
+        if nbytes > 0:
+            self.by_bytes = True
+            self.bytes = min(MAX_CREDIT_BYTES, self.bytes + nbytes)
+
+    @property
+    def open(self) -> bool:
+        """Whether a record may be sent now."""
+        return self.n > 0 and (not self.by_bytes or self.bytes > 0)
+
+    def budget(self) -> int | None:
+        """The bytes a take may reach (None: not bounded by bytes)."""
+        return self.bytes if self.by_bytes else None
 
 
 @dataclass(slots=True)
@@ -381,7 +402,8 @@ class Dispatcher:
         if not self.delivering:
             return out
         for st in self.streams.values():
-            if st.credit.n <= 0:
+            credit = st.credit
+            if not credit.open:
                 continue
             parts = [(tp, p) for tp, p in self._parts.items() if p.deliverer == st.id]
             if not parts:
@@ -390,56 +412,72 @@ class Dispatcher:
             parts = parts[self._rr:] + parts[:self._rr]
             records: list[Delivery] = []
             progress = True
-            while st.credit.n > 0 and progress:
+            while credit.open and progress:
                 progress = False
                 for tp, p in parts:
-                    if st.credit.n <= 0:
+                    if not credit.open:
                         break
-                    got = self._take(tp, p, st, min(st.credit.n, self.max_batch_records),
-                                     now, records)
+                    got, size = self._take(tp, p, st, min(credit.n, self.max_batch_records),
+                                           credit.budget(), now, records)
                     if got:
-                        st.credit.n -= got
+                        credit.n -= got
+                        credit.bytes -= size
                         progress = True
             for chunk in _chunks(records, self.max_batch_records):
                 out.append(Batch(st.id, tuple(chunk), self.region))
         return out
 
-    def _take(self, tp: TopicPartition, p: _Part, st: StreamState, limit: int, now: float,
-              out: list[Delivery]) -> int:
+    def _take(self, tp: TopicPartition, p: _Part, st: StreamState, limit: int,
+              budget: int | None, now: float, out: list[Delivery]) -> tuple[int, int]:
+        """Deliver up to `limit` records of `tp` to `st` (and up to `budget` bytes, the
+        crossing record included); the records and bytes delivered."""
         acks = p.acks
         if acks is None or limit <= 0:
-            return 0
+            return 0, 0
         settings = st.topics.get(tp[0])
         if settings is None:
-            return 0
+            return 0, 0
         p.settings = settings
         p.holder = st.id
         acks.max_deliveries = settings.max_deliveries
         deadline = settings.ack_deadline_s
         got = 0
+        spent = 0
         held = p.held
-        for first, end, attempt in acks.take_pending(limit, now=now, deadline_s=deadline):
+        for first, end, attempt in acks.take_pending(
+                limit, now=now, deadline_s=deadline, max_bytes=budget,
+                size_of=None if budget is None else (lambda off: held[off].size)):
             for off in range(first, end):
                 r = held[off]
                 out.append(Delivery(tp, off, attempt, deadline, r.body, r.size))
+                spent += r.size
             got += end - first
-        if got >= limit or not p.fresh:
-            return got
+        if got >= limit or not p.fresh or (budget is not None and spent >= budget):
+            return got, spent
         chunk: list[Fetched] = []
         ceiling = acks.committed + acks.max_span  # the end a delivery may reach
-        while p.fresh and got + len(chunk) < limit and p.fresh[0].offset < ceiling:
-            chunk.append(p.fresh.popleft())
+        fresh = p.fresh
+        if budget is None:
+            while fresh and got + len(chunk) < limit and fresh[0].offset < ceiling:
+                chunk.append(fresh.popleft())
+            size = sum(r.size for r in chunk)
+        else:
+            size = 0
+            while fresh and got + len(chunk) < limit and fresh[0].offset < ceiling \
+                    and spent + size < budget:
+                r = fresh.popleft()
+                chunk.append(r)
+                size += r.size
         if not chunk:
-            return got
+            return got, spent
         p.last_ms = chunk[-1].ts_ms
         acks.delivered([r.offset for r in chunk], chunk[-1].offset + 1, now=now,
                        deadline_s=deadline)
         p.held.update((r.offset, r) for r in chunk)
-        size = sum(r.size for r in chunk)
         p.fresh_bytes -= size
         p.held_bytes += size
         out.extend([Delivery(tp, r.offset, 1, deadline, r.body, r.size) for r in chunk])
-        return got + len(chunk)
+        return got + len(chunk), spent + size
 
     # -- internals ------------------------------------------------------------------------------
     def _deliveries(self, tp: TopicPartition, p: _Part) -> int:

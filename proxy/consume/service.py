@@ -122,13 +122,15 @@ class ConsumeStream:
         resp = pb.ConsumeResponse()
         add = resp.batch.records.add
         size = 0
+        charged = 0  # the byte credit the message's records spent (their sizes)
         limit = self.max_batch_bytes
         for d in out.records:
             m = d.body
             n = d.size + _RECORD_OVERHEAD
             if size and size + n > limit:
+                resp.batch.credit_bytes = charged
                 self.out.put_nowait(resp)
-                resp, size = pb.ConsumeResponse(), 0
+                resp, size, charged = pb.ConsumeResponse(), 0, 0
                 add = resp.batch.records.add
             r = add(topic=m.topic, partition=m.partition, offset=d.offset, region=region,
                     key=m.key, value=m.value, timestamp_ms=m.timestamp,
@@ -138,8 +140,10 @@ class ConsumeStream:
                 for k, v in m.headers:
                     h(key=k, value=v or b"")
             size += n
+            charged += d.size
         self.records_sent += len(out.records)
         if size:
+            resp.batch.credit_bytes = charged
             self.out.put_nowait(resp)
         if sp is not None:
             sp.end()
@@ -335,7 +339,7 @@ class ConsumeService(Lifecycle):
         sid = f"{self._prefix}-{next(self._ids)}"
         stream = ConsumeStream(sid, group, req.client_id or peer, checked,
                                max_batch_bytes=self.config.max_batch_bytes)
-        stream.credit.add(req.credit)
+        stream.credit.add(req.credit, req.credit_bytes)
         self.streams[sid] = stream
         for scope, region in sorted(regions.items()):
             m = self.members.get((group, scope))
@@ -346,7 +350,7 @@ class ConsumeService(Lifecycle):
             m.attach(stream, stream.of_scope(scope), stream.credit)
         self.log.info("consume_stream_opened", group=group, stream=sid,
                       client=stream.client_id, topics=sorted(checked)[:20],
-                      regions=regions, credit=req.credit)
+                      regions=regions, credit=req.credit, credit_bytes=req.credit_bytes)
         self._gauges()
         return stream
 
@@ -363,8 +367,8 @@ class ConsumeService(Lifecycle):
                       records_sent=stream.records_sent)
         self._gauges()
 
-    def credit(self, stream: ConsumeStream, records: int) -> None:
-        stream.credit.add(records)
+    def credit(self, stream: ConsumeStream, records: int, nbytes: int = 0) -> None:
+        stream.credit.add(records, nbytes)
         for scope in SCOPES:
             m = self.members.get((stream.group, scope))
             if m is not None:
