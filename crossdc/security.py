@@ -24,6 +24,11 @@ a process instead. Any file field (and `oauth.client_id`) may hold `{principal}`
 the component's principal: `cert_file: /etc/crossdc/tls/{principal}.pem` gives each
 component its own certificate, `oauth.token_file: /run/tokens/{principal}.jwt` its own token.
 
+What the brokers see a component as (the ACLs' and the fence's `User:<name>`) is its
+principal's name unless `kafka_principals` (by component) or `kafka_principal_template`
+says otherwise: the full subject of its certificate under mTLS when the brokers have no
+`ssl.principal.mapping.rules`, its token's `sub` under OAUTHBEARER (`kafka_principal()`).
+
     regions:
       - name: east
         security:
@@ -57,6 +62,7 @@ from crossdc.oauth import (
 
 __all__ = [
     "ADMIN",
+    "COMPONENTS",
     "CONTROLLER",
     "MIRROR",
     "PRINCIPALS",
@@ -74,6 +80,10 @@ CONTROLLER = "crossdc-controller"
 RECONCILE = "crossdc-reconcile"
 #: every SCRAM user a secure stack creates: the brokers' super user, then one per component
 PRINCIPALS = (ADMIN, PROXY, MIRROR, CONTROLLER, RECONCILE)
+#: the keys of a region's `kafka_principals`: each component's short name, and its principal
+COMPONENTS = {"proxy": PROXY, "mirror": MIRROR, "controller": CONTROLLER,
+              "reconcile": RECONCILE}
+_USER = "User:"
 _MAX_PASSWORD_BYTES = 64 * 1024  # a password file larger than this is refused unread
 _MAX_PEM_BYTES = 1024 * 1024
 _PRINCIPAL = "{principal}"
@@ -116,6 +126,24 @@ def _template(v: Any) -> Any:
     if v is not None and _BRACES.search(str(v).replace(_PRINCIPAL, "")):
         raise ValueError(f"{str(v)!r}: the only placeholder is {_PRINCIPAL}")
     return v
+
+
+def _kafka_name(v: str) -> str:
+    """A Kafka principal's name as the brokers' principal builder makes it (the ACLs are
+    `User:<name>`): `User:` may be given and is dropped; what can never match is refused."""
+    name = v[len(_USER):] if v.startswith(_USER) else v
+    if not name:
+        raise ValueError("an empty principal name")
+    if name != name.strip():
+        raise ValueError(f"{v!r}: space at an end (Kafka compares names exactly)")
+    if name == "*":
+        # a DENY for User:* binds every principal: the fence would stop the mirror too
+        raise ValueError("'*' is every principal, not one component's")
+    if re.search(r"(?<!\\),\s", name):
+        raise ValueError(f"{v!r}: a space after a comma; Kafka names a certificate by its "
+                         f"RFC 2253 subject, without (CN=crossdc-proxy,OU=crossdc,O=...)")
+    _template(name)
+    return name
 
 
 def _fill(value: Path, principal: str | None) -> Path:
@@ -263,6 +291,17 @@ class KafkaSecurity(BaseModel):
     password_file: Path | None = Field(None, description="The password of `username`.")
     oauth: OAuthSettings | None = Field(
         None, description="Where OAUTHBEARER tokens come from (OAUTHBEARER only).")
+    kafka_principals: dict[str, str] = Field(
+        default_factory=dict, description="The Kafka principal name these brokers see each "
+        "component as, by component (proxy, mirror, controller, reconcile), for the ACLs "
+        "and the fence: a certificate's RFC 2253 subject (mTLS without "
+        "ssl.principal.mapping.rules: `CN=crossdc-proxy,OU=crossdc`), a token's `sub` "
+        "(OAUTHBEARER). `User:` may be given (dropped). A component not named: "
+        "kafka_principal_template, else the pinned username, else its own name.",
+        json_schema_extra={"propertyNames": {"enum": list(COMPONENTS)}})
+    kafka_principal_template: str | None = Field(
+        None, description="The Kafka principal name of every component kafka_principals "
+        "does not name, {principal} its own name: `CN={principal},OU=crossdc,O=Example`.")
 
     # Field validators (each error at its own line): a field the protocol or mechanism does
     # not use is refused; what a mechanism lacks is said by the model validator below.
@@ -330,6 +369,26 @@ class KafkaSecurity(BaseModel):
                              f"{mech or _protocol(info)}")
         return v
 
+    @field_validator("kafka_principals")
+    @classmethod
+    def _components(cls, v: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(v) - set(COMPONENTS))
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))}: not a component (one of "
+                             f"{', '.join(COMPONENTS)})")
+        return {k: _kafka_name(name) for k, name in v.items()}
+
+    @field_validator("kafka_principal_template")
+    @classmethod
+    def _principal_template(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = _kafka_name(v)
+        if _PRINCIPAL not in v:
+            raise ValueError(f"{v!r} names no {_PRINCIPAL}: every component would be the "
+                             f"same principal (one name: kafka_principals)")
+        return v
+
     @model_validator(mode="after")
     def _complete(self) -> KafkaSecurity:
         if self.cert_file is not None and self.key_file is None:
@@ -344,6 +403,10 @@ class KafkaSecurity(BaseModel):
         elif mech == "OAUTHBEARER" and self.oauth is None:
             raise ValueError("OAUTHBEARER needs oauth: a token_file or a "
                              "token_endpoint_url")
+        if self.kafka_principals or self.kafka_principal_template:
+            same = self.fence_conflict()
+            if same:
+                raise ValueError(same)
         return self
 
     # -- what it says -----------------------------------------------------------------------
@@ -367,6 +430,31 @@ class KafkaSecurity(BaseModel):
         files = (self.cert_file, self.key_file, self.key_password_file)
         return (any(_PRINCIPAL in str(f) for f in files if f is not None)
                 or (self.oauth is not None and self.oauth.needs_principal))
+
+    def kafka_principal(self, principal: str) -> str:
+        """The name these brokers see the component `principal` (crossdc's: `PROXY`...) as,
+        without `User:`: `kafka_principals`, else the template, else the pinned `username`
+        (every client authenticates as it, PLAIN and SCRAM), else `principal` itself (SCRAM
+        and PLAIN's per-principal passwords; mTLS with a mapping rule that keeps the CN)."""
+        for key, name in COMPONENTS.items():
+            if name == principal and key in self.kafka_principals:
+                return self.kafka_principals[key]
+        if self.kafka_principal_template is not None:
+            return self.kafka_principal_template.replace(_PRINCIPAL, principal)
+        if self.sasl_mechanism in _PASSWORDS and self.username is not None:
+            return self.username
+        return principal
+
+    def fence_conflict(self) -> str | None:
+        """Why the fence cannot work here (None: it can): the proxies' principal is the
+        mirror's too, so a DENY of the proxies' writes would stop replication into the
+        region as well."""
+        proxy = self.kafka_principal(PROXY)
+        if proxy != self.kafka_principal(MIRROR):
+            return None
+        return (f"the proxies and the mirror are both Kafka principal {proxy!r} here: the "
+                f"fence's DENY would stop the mirror too (give each component its own "
+                f"identity and name them in kafka_principals)")
 
     # -- what a client needs ------------------------------------------------------------
     def credentials(self, principal: str | None) -> Credentials:

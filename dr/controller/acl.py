@@ -3,11 +3,15 @@
 With SASL/SCRAM on (a region's `security:` in the topology), each component connects as its
 own principal (crossdc.security.PRINCIPALS) and the brokers enforce ACLs
 (StandardAuthorizer, `allow.everyone.if.no.acl.found=false`). `component_acls()` is what
-each may do; `dr up` grants it as the brokers' super user.
+each may do; `dr up` grants it as the brokers' super user. Every ACL names the principal the
+region's brokers see the component as (`KafkaSecurity.kafka_principal`: a certificate's
+subject, a token's `sub`, by default the component's own name), so the fence denies whoever
+the proxies really are there.
 
 The fence, in Kafka: the proxies' principal may write the ordered topics of a region only
 while that region is the writable primary. `KafkaFence.reconcile(primary)` makes every
-secure region's ACLs say so: DENY WRITE for User:crossdc-proxy on each ordered topic of a
+secure region's ACLs say so: DENY WRITE for the proxies' principal (User:crossdc-proxy by
+default) on each ordered topic of a
 region that is not the writable primary (a fenced record: of every region), none on the
 primary's. The mirror's principal is not named by a deny, so it keeps carrying records
 in. The failover's fence step denies the old primary at once; its promote step lifts the
@@ -34,9 +38,9 @@ import structlog
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import AclBinding, KafkaAdmin
-from crossdc.errors import CrossdcError
+from crossdc.errors import ConfigError, ConfigIssue, CrossdcError
 from crossdc.primary import PrimaryRecord
-from crossdc.security import ADMIN, CONTROLLER, MIRROR, PROXY, RECONCILE
+from crossdc.security import ADMIN, CONTROLLER, MIRROR, PROXY, RECONCILE, KafkaSecurity
 from crossdc.settings import RetrySettings
 from crossdc.topology import Region, Topology
 from proxy.fenced import WRITE_TXN_PREFIX
@@ -51,18 +55,23 @@ PROXY_INTERNAL_PREFIX = "_crossdc.proxy."
 """Topics the proxies keep for themselves (created, read and written by them)."""
 
 
-def _user(principal: str) -> str:
-    return f"User:{principal}"
+def _user(principal: str, security: KafkaSecurity | None) -> str:
+    """The ACL principal of component `principal` in a region secured by `security`."""
+    name = principal if security is None else security.kafka_principal(principal)
+    return f"User:{name}"
 
 
-def component_acls() -> list[AclBinding]:
-    """ALLOW bindings for every component principal (all topics: `*`)."""
+def component_acls(security: KafkaSecurity | None = None) -> list[AclBinding]:
+    """ALLOW bindings for every component principal (all topics: `*`), each named as the
+    brokers of a region secured by `security` see it."""
     out: list[AclBinding] = []
 
     def allow(principal: str, resource: str, ops: list[str]) -> None:
         name = "kafka-cluster" if resource == "cluster" else "*"
-        out.extend(AclBinding(resource, name, _user(principal), op)  # type: ignore[arg-type]
-                   for op in ops)
+        out.extend(AclBinding(resource, name, _user(principal, security),  # type: ignore[arg-type]
+                              op) for op in ops)
+
+    proxy = _user(PROXY, security)
 
     # proxy: produce (idempotent) to any topic, and read any for the clients that consume
     # through it (`Consume`, docs/consume.md: the token's topic patterns decide who reads
@@ -70,15 +79,15 @@ def component_acls() -> list[AclBinding]:
     allow(PROXY, "topic", ["WRITE", "DESCRIBE", "READ"])
     allow(PROXY, "cluster", ["IDEMPOTENT_WRITE"])
     # ... and its own internal topics (the shared idempotency store, proxy/idempotency.py)
-    out.extend(AclBinding("topic", PROXY_INTERNAL_PREFIX, _user(PROXY), op, pattern="PREFIXED")
+    out.extend(AclBinding("topic", PROXY_INTERNAL_PREFIX, proxy, op, pattern="PREFIXED")
                for op in ("CREATE", "READ", "DESCRIBE_CONFIGS"))
     # ... and its consumer groups: the hints' replay (proxy/hints.py) and the members reading
     # for its clients (`_crossdc.proxy.consume.<group>.<scope>`)
-    out.append(AclBinding("group", PROXY_INTERNAL_PREFIX, _user(PROXY), "READ",
+    out.append(AclBinding("group", PROXY_INTERNAL_PREFIX, proxy, "READ",
                           pattern="PREFIXED"))
     # ... and the hints replay's transactions (proxy/replaytxn.py) and the fenced writes'
     # (proxy/fenced.py)
-    out.extend(AclBinding("transactional_id", prefix, _user(PROXY), op, pattern="PREFIXED")
+    out.extend(AclBinding("transactional_id", prefix, proxy, op, pattern="PREFIXED")
                for prefix in (REPLAY_TXN_PREFIX, WRITE_TXN_PREFIX) for op in ("WRITE", "DESCRIBE"))
     # mirror: read sources, write/create targets, its groups, offset syncs, transactions
     allow(MIRROR, "topic", ["ALL"])
@@ -96,9 +105,10 @@ def component_acls() -> list[AclBinding]:
     return out
 
 
-def proxy_deny(topic: str) -> AclBinding:
-    """The fence on one topic: the proxies' principal may not write it."""
-    return AclBinding("topic", topic, _user(PROXY), "WRITE", permission="DENY")
+def proxy_deny(topic: str, security: KafkaSecurity | None = None) -> AclBinding:
+    """The fence on one topic: the proxies' principal (as the brokers of a region secured
+    by `security` see it) may not write it."""
+    return AclBinding("topic", topic, _user(PROXY, security), "WRITE", permission="DENY")
 
 
 async def grant_component_acls(region: Region, retry: RetrySettings | None = None) -> None:
@@ -106,8 +116,8 @@ async def grant_component_acls(region: Region, retry: RetrySettings | None = Non
     # generous: right after start-up the quorum may still be slow to commit
     retry = retry or RetrySettings(attempts=5, total_s=90.0, call_timeout_s=30.0)
     async with KafkaAdmin(KafkaConnection.of(region, principal=ADMIN), retry) as admin:
-        await admin.create_acls(component_acls())
-    log.info("component_acls_granted", region=region.name, acls=len(component_acls()))
+        await admin.create_acls(acls := component_acls(region.security))
+    log.info("component_acls_granted", region=region.name, acls=len(acls))
 
 
 class KafkaFence:
@@ -123,6 +133,18 @@ class KafkaFence:
         """Raises (NotLeader) once this process may no longer act: checked right before a
         deny is lifted, the side effect a deposed leader must never have (issue 36)."""
         self.regions = [r for r in topology.regions if r.security is not None]
+        self.security: dict[str, KafkaSecurity] = {}
+        """Per region, its security: whom its brokers see the proxies as."""
+        for i, r in enumerate(topology.regions):
+            if r.security is None:
+                continue
+            # a deny that names nobody the proxies are, or the mirror too, is no fence:
+            # refused when built (a pinned username shared by every component gets here)
+            why = r.security.fence_conflict()
+            if why:
+                raise ConfigError([ConfigIssue("topology", None, f"regions[{i}].security",
+                                               f"region {r.name}: {why}")])
+            self.security[r.name] = r.security
         self.kafka = {r.name: KafkaConnection.of(r, principal=principal) for r in self.regions}
         for conn in self.kafka.values():
             conn.user()  # fail closed here, not in a step that logs "pending"
@@ -165,13 +187,15 @@ class KafkaFence:
             topics = self._ordered(await admin.list_topics())
             # Kafka is asked every time, never a cache: a fence that another process (an
             # earlier leader) began must still deny every topic here.
-            have = await asyncio.gather(*(admin.has_acl(proxy_deny(t)) for t in topics))
+            sec = self.security[region]
+            have = await asyncio.gather(*(admin.has_acl(proxy_deny(t, sec)) for t in topics))
             new = [t for t, there in zip(topics, have, strict=True) if not there]
             if new:
-                await admin.create_acls([proxy_deny(t) for t in new])
+                await admin.create_acls([proxy_deny(t, sec) for t in new])
         self.denied[region] = set(topics)
         if new:
-            log.warning("kafka_fence_denied", target_region=region, topics=new)
+            log.warning("kafka_fence_denied", target_region=region, topics=new,
+                        principal=_user(PROXY, self.security[region]))
         return new
 
     async def allow(self, region: str) -> int:
@@ -183,7 +207,8 @@ class KafkaFence:
             # Kafka's ACLs are not in Consul's transaction: the closest check to the delete
             # is whether this process still leads (its beats reach a majority)
             self.guard()
-            n = await admin.delete_acls([proxy_deny(t) for t in topics])
+            n = await admin.delete_acls([proxy_deny(t, self.security[region])
+                                         for t in topics])
         self.denied[region] = set()
         if n:
             log.warning("kafka_fence_lifted", target_region=region, acls=n)
