@@ -40,6 +40,9 @@ from dr.cli._common import (
 )
 from dr.exits import fail
 
+DEFAULT_CREDIT_BYTES = 16 * 1024 * 1024
+"""The SDK's default (crossdc_client.consumer.DEFAULT_CREDIT_BYTES), here without loading grpc."""
+
 if TYPE_CHECKING:
     from proxy.connect import RegionProxies
     from proxy.consumer_client import ConsumedRecord
@@ -120,6 +123,7 @@ def _refused(where: str, exc: ConsumeFailed, printed: int) -> NoReturn:
 async def consume_records(target: str | RegionProxies, group: str, topics: Sequence[str],
                           pattern: str, *, ack_deadline_s: float, max_records: int | None,
                           credit: int, token: str | None, reconnect_attempts: int,
+                          credit_bytes: int = DEFAULT_CREDIT_BYTES,
                           write: Callable[[ConsumedRecord], str],
                           ) -> tuple[int, ConsumeFailed | None]:
     """Print records as `write` formats them until `max_records`, SIGINT or SIGTERM,
@@ -134,6 +138,7 @@ async def consume_records(target: str | RegionProxies, group: str, topics: Seque
         loop.add_signal_handler(sig, stop.set)
     consumer = AsyncConsumer(target, group, topics, pattern=pattern,
                              credit=min(credit, max_records or credit),
+                             credit_bytes=credit_bytes,
                              ack_deadline_s=ack_deadline_s, client_id="dr-consume",
                              token=token, reconnect_attempts=reconnect_attempts)
     printed = 0
@@ -202,6 +207,10 @@ def consume_command(
     credit: Annotated[int, count_option(
         "--credit", min=1, max=MAX_CREDIT, help="Records delivered and not yet acknowledged, "
         "at most.")] = 500,
+    credit_bytes: Annotated[int, count_option(
+        "--credit-bytes", min=0, max=1 << 40, help="Bytes (keys, values, headers) delivered "
+        "and not yet acknowledged, about (the record that crosses it still comes; 0: "
+        "--credit alone bounds it).")] = DEFAULT_CREDIT_BYTES,
     reconnect_attempts: Annotated[int, count_option(
         "--reconnect-attempts", max=1000, help="Failed reconnects in a row before giving "
         "up.")] = 10,
@@ -229,7 +238,7 @@ def consume_command(
         fail("give --topic TOPIC (repeatable) or --pattern GLOB, one of them")
     printed, failed = run(consume_records(
         where, group, topic or [], pattern or "", ack_deadline_s=ack_deadline_s or 0.0,
-        max_records=max_records, credit=credit, token=token,
+        max_records=max_records, credit=credit, credit_bytes=credit_bytes, token=token,
         reconnect_attempts=reconnect_attempts, write=record_json if as_json else record_line))
     if failed is not None:
         _refused(str(where), failed, printed)

@@ -192,6 +192,28 @@ async def test_the_committed_offset_never_passes_an_unacknowledged_record(
         await eventually(all_in, 10, "the commit past every record once all are acked")
 
 
+async def test_byte_credit_bounds_what_is_outstanding_and_comes_back_with_the_acks(
+        two_regions: Any, east: ProxyServer) -> None:
+    """1,001-byte records, 1,000 records of credit but 4,000 bytes: four records (the fourth
+    crosses the budget) until they are acked, then the next four."""
+    topic = await _topic(two_regions, "clong", 1)  # a 60 s deadline: no redelivery here
+    await produce(_boot(two_regions), topic,
+                  [(b"k", bytes([65 + i]) * 1000, ()) for i in range(12)])
+    group = unique("g")
+    async with AsyncConsumer(_target(east), group, [topic], credit=1000,
+                             credit_bytes=4000) as c:
+        first = await _take(c, 4, ack=False)
+        assert [r.offset for r in first] == [0, 1, 2, 3]
+        with pytest.raises(TimeoutError):  # nothing more while 4,004 bytes are outstanding
+            await _next(c, 1.5)
+        assert _metric(east, "crossdc_proxy_consume_delivered_total", group) == 4
+        await c.ack(first)
+        second = await _take(c, 4, ack=False)
+        assert [r.offset for r in second] == [4, 5, 6, 7]
+        await c.ack(second)
+        assert [r.offset for r in await _take(c, 4)] == [8, 9, 10, 11]
+
+
 async def test_a_record_not_acked_within_its_deadline_is_delivered_again(
         two_regions: Any, east: ProxyServer) -> None:
     topic = await _topic(two_regions, "cons", 1)

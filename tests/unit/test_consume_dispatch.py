@@ -55,6 +55,50 @@ def test_credit_gates_delivery_and_order_holds_per_partition() -> None:
     assert [o for _, _, o, _ in delivered(d.pump(0.0))] == list(range(8, 15))
 
 
+def test_byte_credit_bounds_a_stream_and_the_smaller_credit_wins() -> None:
+    d = Dispatcher()
+    d.add_partitions([(T, 0)])
+    s = stream("a", credit=1000)
+    s.credit.add(0, 250)  # bytes: 2 records of 100 fit, the third crosses and still goes
+    d.attach(s)
+    d.fetched((T, 0), recs(0, 20, size=100))
+    assert [o for _, _, o, _ in delivered(d.pump(0.0))] == [0, 1, 2]
+    assert (s.credit.n, s.credit.bytes) == (997, -50)
+    assert delivered(d.pump(0.0)) == []  # bytes spent: records credit alone does not send
+    s.credit.add(0, 150)  # back to 100: one record
+    assert [o for _, _, o, _ in delivered(d.pump(0.0))] == [3]
+    s.credit.add(0, 10_000)  # now records bind
+    s.credit.n = 2
+    assert [o for _, _, o, _ in delivered(d.pump(0.0))] == [4, 5]
+
+
+def test_a_record_larger_than_the_whole_byte_credit_still_goes() -> None:
+    d = Dispatcher()
+    d.add_partitions([(T, 0)])
+    s = stream("a", credit=10)
+    s.credit.add(0, 10)
+    d.attach(s)
+    d.fetched((T, 0), recs(0, 3, size=1_000))
+    assert [o for _, _, o, _ in delivered(d.pump(0.0))] == [0]
+    assert delivered(d.pump(0.0)) == []
+
+
+def test_redeliveries_spend_byte_credit_too() -> None:
+    d = Dispatcher()
+    d.add_partitions([(T, 0)])
+    s = stream("a", credit=100)
+    s.credit.add(0, 300)
+    d.attach(s)
+    d.fetched((T, 0), recs(0, 10, size=100))
+    assert len(delivered(d.pump(0.0))) == 3
+    d.nack((T, 0), 0, 3, now=0.0)
+    d.tick(0.0)
+    s.credit.add(0, 200)  # 200 left: two of the three due again, the third waits
+    assert delivered(d.pump(0.0)) == [("a", 0, 0, 2), ("a", 0, 1, 2)]
+    s.credit.add(0, 100)
+    assert delivered(d.pump(0.0)) == [("a", 0, 2, 2)]
+
+
 def test_the_commit_point_never_passes_an_unacked_record() -> None:
     d = Dispatcher()
     d.add_partitions([(T, 0)])

@@ -8,9 +8,12 @@
             await batch.ack()                 # or batch.nack(delay_s=5)
 
 One `Consume` stream per consumer. Credit is the backpressure: the consumer grants `credit`
-records when the stream opens and grants each record again once it is acked or nacked (or
-its ack deadline passed here: the proxy delivers it again, on this stream or another of the
-group), so at most `credit` records are outstanding. Acks and nacks go on the stream (the
+records and `credit_bytes` bytes (keys, values and headers) when the stream opens and grants
+each record again once it is acked or nacked (or its ack deadline passed here: the proxy
+delivers it again, on this stream or another of the group), so at most `credit` records and
+about `credit_bytes` bytes are outstanding, whichever is reached first (the defaults, 10,000
+records and 16 MiB, keep a fast reader busy and bound its memory: 1 MB records stop at 16;
+`credit_bytes=0` lets records alone bound it). Acks and nacks go on the stream (the
 proxy process that delivered a record is the one that holds its state); when the stream is
 gone they go as unary `Ack`/`Nack` on the same channel, best effort (a record whose ack is
 lost comes back at its deadline: at-least-once).
@@ -63,7 +66,8 @@ from crossdc_client.errors import ConsumeFailed, CrossdcError, ProxyError
 from crossdc_client.headers import DR_ID
 from crossdc_client.lifecycle import Lifecycle
 
-__all__ = ["AsyncConsumer", "ConsumedBatch", "ConsumedRecord", "Proxies", "offset_ranges"]
+__all__ = ["DEFAULT_CREDIT", "DEFAULT_CREDIT_BYTES", "AsyncConsumer", "ConsumedBatch",
+           "ConsumedRecord", "Proxies", "offset_ranges"]
 
 log = logging.getLogger(__name__)
 """stdlib logging: an application's own set-up decides where it goes (crossdc's processes
@@ -178,13 +182,20 @@ class _Ended:
         self.error = error
 
 
+DEFAULT_CREDIT = 10_000
+"""Records a consumer may have outstanding by default."""
+DEFAULT_CREDIT_BYTES = 16 * 1024 * 1024
+"""Bytes (keys, values, headers) a consumer may have outstanding by default."""
+
+
 class AsyncConsumer(Lifecycle):
     """A consumer of `group` reading `topics` (exact names) or `pattern` (one glob) through
     the proxy at `target`, or any healthy proxy of a region (a `Proxies` directory such as
     `proxy.connect.RegionProxies`; see the module docstring)."""
 
     def __init__(self, target: str | Proxies, group: str, topics: Sequence[str] = (), *,
-                 pattern: str = "", credit: int = 1000, ack_deadline_s: float = 0.0,
+                 pattern: str = "", credit: int = DEFAULT_CREDIT,
+                 credit_bytes: int = DEFAULT_CREDIT_BYTES, ack_deadline_s: float = 0.0,
                  max_deliveries: int = 0, client_id: str = "", reconnect_attempts: int = 10,
                  retry_backoff_s: float = 0.1, open_timeout_s: float = 15.0,
                  max_message_bytes: int = 64 * 1024 * 1024,
@@ -195,6 +206,8 @@ class AsyncConsumer(Lifecycle):
                  tls_server_name: str | None = None) -> None:
         if credit <= 0:
             raise ValueError("credit must be > 0")
+        if credit_bytes < 0:
+            raise ValueError("credit_bytes must be >= 0 (0: records alone bound the stream)")
         if isinstance(topics, str):
             raise TypeError("topics is a list of topic names")
         if not isinstance(target, str):
@@ -209,6 +222,7 @@ class AsyncConsumer(Lifecycle):
         self.topics = list(topics)
         self.pattern = pattern
         self.window = credit
+        self.window_bytes = credit_bytes
         self.ack_deadline_s = ack_deadline_s
         self.max_deliveries = max_deliveries
         self.client_id = client_id
@@ -234,6 +248,10 @@ class AsyncConsumer(Lifecycle):
         self._deadlines: list[tuple[float, int, list[Key]]] = []
         self._seq = itertools.count()
         self._returned = 0  # credit to grant again
+        self._returned_bytes = 0
+        # with byte credit: what each outstanding record's message spent, its share given
+        # back with it (the proxy counts bytes; a message says how many its records spent)
+        self._charges: dict[Key, int] = {}
         self.stream_id = ""
         self.assigned: set[tuple[str, int]] = set()
         self.opened: dict[str, Any] = {}
@@ -357,6 +375,8 @@ class AsyncConsumer(Lifecycle):
         self._outstanding.clear()
         self._deadlines.clear()
         self._returned = 0
+        self._returned_bytes = 0
+        self._charges.clear()
         self.assigned.clear()
         call = self._stub.Consume(metadata=self._metadata)
         self._call = call
@@ -365,7 +385,8 @@ class AsyncConsumer(Lifecycle):
                 await call.write(pb.ConsumeRequest(open=pb.ConsumeOpen(
                     group=self.group, topics=self.topics, pattern=self.pattern,
                     ack_deadline_s=self.ack_deadline_s, max_deliveries=self.max_deliveries,
-                    credit=self.window, client_id=self.client_id)))
+                    credit=self.window, credit_bytes=self.window_bytes,
+                    client_id=self.client_id)))
                 first = await call.read()
         except grpc.aio.AioRpcError as exc:
             await self._drop_call()
@@ -429,6 +450,8 @@ class AsyncConsumer(Lifecycle):
                 await self._ended(item)
                 continue
             records = tuple([_record(r) for r in item.records])
+            if item.credit_bytes and records:
+                self._charge(records, item.credit_bytes)
             now = time.monotonic()
             outstanding = self._outstanding
             by_due: dict[float, list[Key]] = {}
@@ -465,20 +488,44 @@ class AsyncConsumer(Lifecycle):
         credit is granted again."""
         now = time.monotonic()
         n = 0
+        nbytes = 0
+        charges = self._charges
         while self._deadlines and self._deadlines[0][0] <= now:
             due, _, keys = heapq.heappop(self._deadlines)
             for key in keys:
                 if self._outstanding.get(key) == due:
                     del self._outstanding[key]
                     n += 1
+                    if charges:
+                        nbytes += charges.pop(key, 0)
         if n:
-            await self._give_back(n)
+            await self._give_back(n, nbytes)
 
-    async def _give_back(self, n: int) -> None:
+    def _charge(self, records: Sequence[ConsumedRecord], spent: int) -> None:
+        """Spread the byte credit a message spent over its records (equal shares, the rest on
+        the first): each share comes back with its record."""
+        share, rest = divmod(spent, len(records))
+        charges = self._charges
+        for r in records:
+            key = (r.topic, r.partition, r.region, r.offset)
+            # a record delivered again before its first delivery settled here: both shares
+            charges[key] = charges.get(key, 0) + share + rest
+            rest = 0
+
+    def _uncharge(self, records: Iterable[ConsumedRecord]) -> int:
+        """The byte credit `records` spent (forgotten here: given back once)."""
+        pop = self._charges.pop
+        return sum(pop((r.topic, r.partition, r.region, r.offset), 0) for r in records)
+
+    async def _give_back(self, n: int, nbytes: int = 0) -> None:
         self._returned += n
-        if self._returned >= max(1, self.window // 4) or not self._outstanding:
+        self._returned_bytes += nbytes
+        if self._returned >= max(1, self.window // 4) or not self._outstanding or \
+                (self.window_bytes and self._returned_bytes >= self.window_bytes // 4):
             n, self._returned = self._returned, 0
-            await self._write(pb.ConsumeRequest(credit=pb.ConsumeCredit(records=n)))
+            nbytes, self._returned_bytes = self._returned_bytes, 0
+            await self._write(pb.ConsumeRequest(credit=pb.ConsumeCredit(records=n,
+                                                                        bytes=nbytes)))
 
     # -- settling --------------------------------------------------------------------------------
     async def ack(self, records: Iterable[ConsumedRecord]) -> None:
@@ -505,7 +552,7 @@ class AsyncConsumer(Lifecycle):
             if pop((r.topic, r.partition, r.region, r.offset), None) is not None:
                 n += 1
         if n:
-            await self._give_back(n)
+            await self._give_back(n, self._uncharge(records) if self._charges else 0)
 
     async def _write(self, req: Any) -> bool:
         """Send on the stream; False when it is gone."""
