@@ -34,8 +34,9 @@ error class when the broker refused (aiokafka's, as the data paths use them). Ru
 - **NOT_LEADER / unknown partition / leader epoch errors** and a node that cannot be reached
   force a metadata refresh; the partition comes back with its error and no batches (fetch it
   again: the next call asks the new leader). **OFFSET_OUT_OF_RANGE** comes back as
-  `OffsetOutOfRangeError` with the log start and end offsets: the caller decides where to
-  reset (it is never reset silently).
+  `OffsetOutOfRangeError`, the position unchanged: the caller decides where to reset (never
+  silently; Kafka sends -1 for the partition's offsets with that error, so the log's bounds
+  are a ListOffsets away: the group consumer's `beginning_offsets`/`end_offsets`).
 """
 
 from __future__ import annotations
@@ -69,9 +70,9 @@ from crossdc.clients.connection import KafkaConnection
 from crossdc.lifecycle import Lifecycle
 
 __all__ = ["BATCH_HEADER", "CODECS", "LOG_OVERHEAD", "READ_COMMITTED", "READ_UNCOMMITTED",
-           "NotLeaderForPartitionError", "OffsetOutOfRangeError", "PartitionFetch", "RawBatch",
-           "RawFetcher", "Split", "UnknownTopicOrPartitionError", "mark_skips",
-           "split_batches"]
+           "CorruptRecordException", "NotLeaderForPartitionError", "OffsetOutOfRangeError",
+           "PartitionFetch", "RawBatch", "RawFetcher", "Split", "UnknownTopicOrPartitionError",
+           "mark_skips", "split_batches"]
 
 LOG_OVERHEAD = 12
 """Base offset (int64) and length (int32): what precedes every batch's `length` bytes."""
@@ -228,7 +229,7 @@ class PartitionFetch:
     truncated_bytes: int = 0
     error: type[KafkaError] | None = None
     """The broker's error for the partition (or the node's: a connection that failed);
-    `OffsetOutOfRangeError` is the caller's to resolve (log_start_offset, high_watermark)."""
+    `OffsetOutOfRangeError` is the caller's to resolve (the offsets above are -1 then)."""
 
     @property
     def records(self) -> int:
