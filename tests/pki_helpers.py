@@ -23,6 +23,7 @@ class Pki:
     client_key: Path
     rogue_cert: Path     # a client certificate from another CA
     rogue_key: Path
+    ca_key: Path | None = None  # the CA's key, to issue more (`issue_client`)
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -36,11 +37,12 @@ def _write_key(key: ec.EllipticCurvePrivateKey, path: Path) -> Path:
     return path
 
 
-def _cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Certificate | None,
-          issuer_key: ec.EllipticCurvePrivateKey, *, ca: bool = False,
-          server: bool = False) -> x509.Certificate:
+def _cert(subject: str | x509.Name, key: ec.EllipticCurvePrivateKey,
+          issuer: x509.Certificate | None, issuer_key: ec.EllipticCurvePrivateKey, *,
+          ca: bool = False, server: bool = False) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    name = subject if isinstance(subject, x509.Name) else \
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
     b = (x509.CertificateBuilder().subject_name(name)
          .issuer_name(issuer.subject if issuer is not None else name)
          .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -81,4 +83,18 @@ def make_pki(d: Path) -> Pki:
         client_cert=_write_cert(_cert("producer", ck, ca, ca_key), d / "client.pem"),
         client_key=_write_key(ck, d / "client.key"),
         rogue_cert=_write_cert(_cert("rogue", rk, rogue_ca, rogue_ca_key), d / "rogue.pem"),
-        rogue_key=_write_key(rk, d / "rogue.key"))
+        rogue_key=_write_key(rk, d / "rogue.key"),
+        ca_key=_write_key(ca_key, d / "ca.key"))
+
+
+def issue_client(pki: Pki, subject: x509.Name, cert: Path, key: Path) -> str:
+    """Write a client certificate of `pki`'s CA for `subject` (and its key); its subject as
+    RFC 4514 prints it, the form Kafka names a certificate's principal by (RFC 2253)."""
+    assert pki.ca_key is not None
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+    k = _key()
+    _write_cert(_cert(subject, k, ca, ca_key), cert)
+    _write_key(k, key)
+    return subject.rfc4514_string()

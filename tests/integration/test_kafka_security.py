@@ -3,16 +3,21 @@ mutual TLS (client certificates), SASL/PLAIN over TLS and OAUTHBEARER over TLS (
 unsecured JWT validator stands in for an OIDC provider's), each with aiokafka and librdkafka
 clients producing and consuming through the `KafkaConnection` every crossdc client is built
 from (crossdc/security.py, crossdc/oauth.py); a client without what the listener asks for
-is refused.
+is refused. The fence in Kafka denies whom the brokers really see the proxies as: a
+certificate's full subject (no `ssl.principal.mapping.rules`), a token's `sub`
+(`kafka_principals`), where a deny of the component's name would fence nobody.
 
 One broker (~512 MB heap) through the code `dr up` uses, with three listeners beside its
 PLAINTEXT one: `MTLS` (SSL, `ssl.client.auth=required`), `SASL` (SASL_SSL with PLAIN and
-OAUTHBEARER). Its certificate and the clients' come from a throwaway CA (pki_helpers)."""
+OAUTHBEARER). Its certificate and the clients' come from a throwaway CA (pki_helpers). Its
+authorizer is Kafka's StandardAuthorizer allowing what no ACL names (so only the fence's
+tests' topics carry ACLs)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import json
 import time
 from collections.abc import AsyncIterator
@@ -22,17 +27,21 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
-from kafka_helpers import unique
-from pki_helpers import Pki, make_pki
+from aiokafka.errors import KafkaError as AioKafkaError
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+from kafka_helpers import eventually, unique
+from pki_helpers import Pki, issue_client, make_pki
 from tests_support import write_topology
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import KafkaConnectionError, KafkaError
-from crossdc.clients.kafka import KafkaAdmin, TopicSpec
+from crossdc.clients.kafka import AclBinding, KafkaAdmin, TopicSpec
 from crossdc.clients.rdkafka import RdProducer
-from crossdc.security import PROXY, KafkaSecurity
+from crossdc.security import CONTROLLER, PROXY, KafkaSecurity
 from crossdc.topology import Topology
+from dr.controller.acl import KafkaFence
 from dr.stack.local import LocalStack
 from dr.stack.paths import StackPaths
 from dr.stack.ports import free_port, free_topology
@@ -59,6 +68,7 @@ class Broker:
     mtls: str      # host:port of the SSL listener (client certificates required)
     sasl: str      # host:port of the SASL_SSL listener (PLAIN, OAUTHBEARER)
     secrets: Path  # the clients' files: passwords, tokens
+    topology: dict[str, Any]  # the broker's one-region topology (JSON), region `solo`
 
     def conn(self, servers: str, security: KafkaSecurity,
              principal: str | None = None) -> KafkaConnection:
@@ -98,6 +108,10 @@ async def broker(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Brok
         "listener.name.sasl.sasl.enabled.mechanisms": "PLAIN,OAUTHBEARER",
         "listener.name.sasl.plain.sasl.jaas.config": plain_jaas,
         "listener.name.sasl.oauthbearer.sasl.jaas.config": oauth_jaas,
+        # ACLs for the fence's tests; no ssl.principal.mapping.rules: a certificate's
+        # principal is its whole subject, as on brokers an estate has not told otherwise
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "allow.everyone.if.no.acl.found": "true",
     }
     topo = Topology.model_validate(data)
     paths = StackPaths(state=root / "state", cache=StackPaths.default().cache)
@@ -108,7 +122,8 @@ async def broker(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Brok
     (secrets / "alice.password").chmod(0o600)
     try:
         await stack.up(timeout_s=180)
-        yield Broker(pki, f"127.0.0.1:{mtls}", f"127.0.0.1:{sasl}", secrets)
+        yield Broker(pki, f"127.0.0.1:{mtls}", f"127.0.0.1:{sasl}", secrets,
+                     topo.model_dump(mode="json"))
     finally:
         await LocalStack.down(paths)
 
@@ -317,3 +332,129 @@ async def test_oauthbearer_client_credentials_from_a_token_endpoint(
         assert await _refused(client, broker.conn(broker.sasl, sec, principal=PROXY))
     finally:
         await runner.cleanup()
+
+
+# -- the fence denies whom the brokers see the proxies as -----------------------------------
+FENCED_POLICY = """\
+rules:
+  - topic: "fencetest-*"
+    mode: ordered
+default:
+  mode: nearest
+"""
+OAUTH_SUB = "0oa7f3a9-crossdc-east-proxy"  # an IdP's client id: the token's `sub`
+
+
+def _estate_name(cn: str) -> x509.Name:
+    # encoded O, OU, CN: RFC 2253 (Kafka's form) prints it CN first
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Example Estate"),
+                      x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, "crossdc"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+def _identities(broker: Broker, how: str, d: Path) -> tuple[str, dict[str, Any], str,
+                                                             KafkaSecurity]:
+    """(listener, the region's security with `{principal}` files, the proxy's name as the
+    brokers see it, a witness's security: a client the brokers see as `crossdc-proxy`)."""
+    if how == "mtls":
+        issue_client(broker.pki, _estate_name(CONTROLLER), d / f"{CONTROLLER}.pem",
+                     d / f"{CONTROLLER}.key")
+        dn = issue_client(broker.pki, _estate_name(PROXY), d / f"{PROXY}.pem",
+                          d / f"{PROXY}.key")
+        sec: dict[str, Any] = {"protocol": "SSL", "ca_file": str(broker.pki.ca),
+               "cert_file": str(d / "{principal}.pem"), "key_file": str(d / "{principal}.key")}
+        listener, seen = broker.mtls, dn
+    else:
+        (d / f"{CONTROLLER}.jwt").write_text(unsecured_jwt(CONTROLLER))
+        (d / f"{PROXY}.jwt").write_text(unsecured_jwt(OAUTH_SUB))
+        sec = {"protocol": "SASL_SSL", "mechanism": "OAUTHBEARER",
+               "ca_file": str(broker.pki.ca), "oauth": {"token_file": str(d / "{principal}.jwt")}}
+        listener, seen = broker.sasl, OAUTH_SUB
+    # no certificate is seen as the bare `crossdc-proxy` here (a CN alone is
+    # `CN=crossdc-proxy`): the witness is a token of that `sub`, on the SASL listener (ACLs
+    # are the broker's, whichever listener a client came in by)
+    (d / "witness.jwt").write_text(unsecured_jwt(PROXY))
+    witness = KafkaSecurity(protocol="SASL_SSL", mechanism="OAUTHBEARER",
+                            ca_file=broker.pki.ca, oauth={"token_file": d / "witness.jwt"})
+    return listener, sec, seen, witness
+
+
+def _topology(broker: Broker, listener: str, security: dict[str, Any]) -> Topology:
+    data = copy.deepcopy(broker.topology)
+    data["regions"][0]["kafka"]["bootstrap_servers"] = [listener]
+    data["regions"][0]["security"] = security
+    return Topology.model_validate(data)
+
+
+class _Writer:
+    """One producer kept open; `write()` says how a record fared ('' when acknowledged)."""
+
+    def __init__(self, conn: KafkaConnection, topic: str) -> None:
+        self.topic = topic
+        self.p = AIOKafkaProducer(**conn.aiokafka_kwargs("producer", request_timeout_ms=10_000))
+
+    async def __aenter__(self) -> _Writer:
+        await asyncio.wait_for(self.p.start(), 30)
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.p.stop()
+
+    async def write(self) -> str:
+        try:
+            await asyncio.wait_for(self.p.send_and_wait(self.topic, b"v", key=b"k"), 20)
+        except AioKafkaError as exc:
+            return str(exc.__class__.__name__)
+        return ""
+
+
+@pytest.mark.parametrize("how", ["mtls", "oauth"])
+async def test_the_fence_denies_whom_the_brokers_see_the_proxies_as(
+        broker: Broker, how: str, tmp_path: Path) -> None:
+    """The brokers see the proxy as its certificate's whole subject (mTLS, no mapping rules)
+    or its token's `sub` (OAuth): a deny of `User:crossdc-proxy` (the default) fences nobody
+    there, while it does fence a client that is that name (the witness, proving the deny is
+    in force); the same fence told the name (`kafka_principals`) refuses the proxy's writes,
+    and lifting it lets them through again."""
+    listener, sec, seen, witness_sec = _identities(broker, how, tmp_path)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(FENCED_POLICY)
+    default = _topology(broker, listener, sec)
+    mapped = _topology(broker, listener, {**sec, "kafka_principals": {"proxy": seen}})
+    region = mapped.regions[0]
+    assert region.security is not None
+    proxy_conn = KafkaConnection.of(region, principal=PROXY)
+    topic = unique("fencetest")
+    async with KafkaAdmin(KafkaConnection.of(region, principal=CONTROLLER)) as admin:
+        await admin.create_topics([TopicSpec(topic, 1)])
+        # the estate's grants (component_acls: ALLOW on `*`) stand in as one literal ALLOW
+        # for everyone, so the deny alone decides, and the broker's other topics carry none
+        await admin.create_acls([AclBinding("topic", topic, "User:*", "ALL")])
+
+    async with _Writer(proxy_conn, topic) as proxy, \
+            _Writer(KafkaConnection((broker.sasl,), witness_sec, PROXY, "solo"),
+                    topic) as witness:
+        assert await proxy.write() == ""
+
+        # the default: DENY User:crossdc-proxy
+        naive = KafkaFence(default, policy, principal=CONTROLLER)
+        assert topic in await naive.deny("solo")
+
+        async def witness_refused() -> bool:
+            return await witness.write() == "TopicAuthorizationFailedError"
+        await eventually(witness_refused, 20, "the default deny in force")
+        assert await proxy.write() == "", "a deny of the component's name fenced the proxy"
+        assert await naive.allow("solo") >= 1
+
+        # told whom the brokers see: DENY User:<subject or sub>
+        fence = KafkaFence(mapped, policy, principal=CONTROLLER)
+        assert topic in await fence.deny("solo")
+
+        async def proxy_refused() -> bool:
+            return await proxy.write() == "TopicAuthorizationFailedError"
+        await eventually(proxy_refused, 20, f"the proxy ({seen}) fenced")
+        assert await fence.allow("solo") >= 1
+
+        async def proxy_writes() -> bool:
+            return await proxy.write() == ""
+        await eventually(proxy_writes, 20, "the proxy writing again once lifted")
