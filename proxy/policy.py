@@ -8,6 +8,15 @@ then every other region, before the ack; `quorum` regions suffice), `require_key
 `max_record_bytes`, `prefer` (nearest only: the order of the regions to try), and `consume`
 (reading through the proxy: `ack_deadline_s`, `max_deliveries`, `dead_letter_topic`).
 
+A dead-letter topic no rule matches follows its source topic's rule (`Policy.rule_for`),
+before the default: `dlq.payments.refunds` of `payments.*` is written, fenced and read as
+`payments.*` says (its mode, sync, quorum and `prefer`), minus what would refuse a dead letter
+(a key is optional, the size limit leaves room for the `dr-dl-*` headers). A rule that matches
+the dead-letter topic wins; `dead_letter_rule_required: true` turns the following off (each
+dead-letter topic then needs a rule, or the default). `Policy.dead_letter_problem` says why a
+topic's records could not be dead-lettered: the proxy refuses to open a stream on it, and
+validation reports every rule whose topics it would refuse.
+
 Nearest writes stay local: a proxy writes its own region first. `prefer` orders the OTHER
 regions (only those it names are tried after the own one); the word `local` in it places the
 own region explicitly: `prefer: [west, local]` means west first, then the proxy's own region
@@ -36,6 +45,7 @@ from crossdc.topology import Topology
 from crossdc.yamlfile import load_model, parse_model, repeated
 
 __all__ = [
+    "DEAD_LETTER_HEADROOM",
     "LOCAL",
     "TOPIC_PLACEHOLDER",
     "ConsumeSettings",
@@ -187,6 +197,76 @@ class _RuleIndex:
 _TOPIC_NAME = re.compile(r"^[A-Za-z0-9._\-]{1,249}$")
 TOPIC_PLACEHOLDER = "{topic}"
 """In a `dead_letter_topic`: the name of the topic the record was read from."""
+DEAD_LETTER_HEADROOM = 1024
+"""Bytes a dead-letter topic that follows its source's rule accepts beyond the source's
+`max_record_bytes`: the `dr-dl-*` headers a dead letter carries (at most ~600 bytes: a
+249-character topic, a 200-character group, the record's id)."""
+_DEAD_LETTER_DEPTH = 4
+"""Dead letters of dead letters follow their source's rule this many levels deep
+(`dlq.dlq.dlq.dlq.t`); deeper ones need a rule of their own."""
+_NAME_CHARS = 80
+
+
+def _shown(name: str) -> str:
+    """`repr(name)` for a message, cut when long (a topic at open comes from a client)."""
+    if len(name) <= _NAME_CHARS:
+        return repr(name)
+    return f"{name[:_NAME_CHARS]!r}... ({len(name)} characters)"
+
+
+def _source_of(template: str, topic: str) -> str | None:
+    """The topic whose dead letters `template` sends to `topic`, or None: the template's
+    literal text is `topic`'s, and `{topic}` stands for one name everywhere it appears."""
+    parts = template.split(TOPIC_PLACEHOLDER)
+    k = len(parts) - 1
+    if k == 0:
+        return None
+    n, rest = divmod(len(topic) - sum(map(len, parts)), k)
+    if rest or n < 1:
+        return None
+    source = topic[len(parts[0]):len(parts[0]) + n]
+    return source if template.replace(TOPIC_PLACEHOLDER, source) == topic else None
+
+
+_FILLERS = ("x", "y", "z0")
+"""What `_sample` puts in for a `*`: the first, then the others if an earlier rule takes it."""
+
+
+def _sample(glob: str, filler: str = _FILLERS[0]) -> str | None:
+    """A topic name `glob` matches, made of its literal text, `filler` for each `*`, its
+    first character for each `?` and the first fitting character of it and `x0._-` for each
+    class, or None."""
+    out: list[str] = []
+    i, n = 0, len(glob)
+    while i < n:
+        c = glob[i]
+        if c == "*":
+            out.append(filler)
+            i += 1
+        elif c == "?":
+            out.append(filler[0])
+            i += 1
+        elif c == "[":
+            j = i + 1
+            if j < n and glob[j] == "!":
+                j += 1
+            if j < n and glob[j] == "]":
+                j += 1
+            close = glob.find("]", j)
+            if close < 0:
+                return None
+            cls = glob[i:close + 1]
+            pick = next((ch for ch in filler + "x0._-" + cls[1:-1] if ch not in "!]"
+                         and fnmatch.fnmatchcase(ch, cls)), None)
+            if pick is None:
+                return None
+            out.append(pick)
+            i = close + 1
+        else:
+            out.append(c)
+            i += 1
+    sample = "".join(out)
+    return sample if _TOPIC_NAME.match(sample) and fnmatch.fnmatchcase(sample, glob) else None
 
 
 class ConsumeSettings(BaseModel):
@@ -204,9 +284,11 @@ class ConsumeSettings(BaseModel):
     dead_letter_topic: str = Field(f"dlq.{TOPIC_PLACEHOLDER}", min_length=1, max_length=249,
                                    description="Where a record goes after `max_deliveries`: "
                                    "a topic name, `{topic}` standing for the topic it was "
-                                   "read from; written like any record, by its own rule. It "
-                                   "must not match this rule (a consumer of these topics "
-                                   "would read its dead letters back).")
+                                   "read from; written like any record, by the rule that "
+                                   "matches it, else by this rule (a key optional; see "
+                                   "`dead_letter_rule_required`). It must not match this "
+                                   "rule (a consumer of these topics would read its dead "
+                                   "letters back).")
 
     @field_validator("dead_letter_topic")
     @classmethod
@@ -353,9 +435,15 @@ class Policy(BaseModel):
                          "forbid a default: the file says unknown topics are refused.")
     default: DefaultRule | None = Field(None, description="How topics no rule matches are "
                                         "written; without one they are refused (NOT_FOUND).")
+    dead_letter_rule_required: bool = Field(False, description="Each dead-letter topic needs "
+                                            "a rule (or the default) of its own; by default "
+                                            "one no rule matches follows its source topic's "
+                                            "rule.")
 
     _index: _RuleIndex | None = PrivateAttr(default=None)
     _cache: dict[str, Rule | None] = PrivateAttr(default_factory=dict)
+    _templates: dict[str, int] = PrivateAttr(default_factory=dict)
+    """Each distinct `dead_letter_topic` of the rules, and the first rule that says it."""
 
     @field_validator("default")
     @classmethod
@@ -366,19 +454,24 @@ class Policy(BaseModel):
 
     def model_post_init(self, context: Any, /) -> None:
         self._index = _RuleIndex(self.rules)
+        for i, rule in enumerate(self.rules):
+            self._templates.setdefault(rule.consume.dead_letter_topic, i)
+        if self.default is not None:
+            self._templates.setdefault(self.default.consume.dead_letter_topic, len(self.rules))
 
     def __eq__(self, other: object) -> bool:
         # Fields only: pydantic would also compare the private lookup cache.
         if not isinstance(other, Policy):
             return NotImplemented
-        return (self.rules, self.strict, self.default) == (other.rules, other.strict,
-                                                           other.default)
+        return (self.rules, self.strict, self.default, self.dead_letter_rule_required) == (
+            other.rules, other.strict, other.default, other.dead_letter_rule_required)
 
     __hash__ = None  # type: ignore[assignment]  # lists inside: never hashable
 
     def rule_for(self, topic: str) -> Rule | None:
-        """The rule for `topic`: the first that matches, else the default (as a Rule with
-        `topic=topic`), else None (the topic is refused)."""
+        """The rule for `topic`: the first that matches, else, for a dead-letter topic, the
+        rule of its source topic (`_following`; not with `dead_letter_rule_required`), else
+        the default (as a Rule with `topic=topic`), else None (the topic is refused)."""
         try:
             return self._cache[topic]
         except KeyError:
@@ -389,13 +482,67 @@ class Policy(BaseModel):
         self._cache[topic] = found
         return found
 
-    def _match(self, topic: str) -> Rule | None:
+    def _match(self, topic: str, depth: int = 0) -> Rule | None:
         assert self._index is not None
         i = self._index.first(topic)
         if i is not None:
             return self.rules[i]
+        if not self.dead_letter_rule_required and depth < _DEAD_LETTER_DEPTH:
+            # A dead-letter topic no rule names: the rule of the topic whose dead letters
+            # go here (before the default: dead letters stay where their topic's records
+            # are). Looked up without the cache (whose answers are depth 0's), so the answer
+            # never depends on what was asked before.
+            for template, j in self._templates.items():
+                if TOPIC_PLACEHOLDER not in template:
+                    if template == topic:  # a fixed name: the first rule that says it
+                        return _following(topic, self._rule_at(j))
+                    continue
+                source = _source_of(template, topic)
+                if source is None:
+                    continue
+                rule = self._match(source, depth + 1)
+                if rule is not None and rule.consume.dead_letter_topic == template:
+                    return _following(topic, rule)
         if self.default is not None:
             return self.default.for_topic(topic)
+        return None
+
+    def _rule_at(self, j: int) -> Rule:
+        """rules[j], or the default's (j = len(rules))."""
+        if j < len(self.rules):
+            return self.rules[j]
+        assert self.default is not None
+        return self.default.for_topic(self.default.consume.dead_letter_topic)
+
+    def dead_letter_problem(self, topic: str, rule: Rule | None = None) -> str | None:
+        """Why the records of `topic` (under `rule`, its rule when given) could not be
+        dead-lettered, or None: the proxy refuses to open a stream on such a topic
+        (NOT_FOUND: `proxy.consume.service`), and `problems` reports every rule whose topics
+        it would refuse. Refused: no rule for the topic; a dead-letter topic name that is no
+        Kafka topic name (too long); one no rule admits; one whose rule would refuse a dead
+        letter (a key required where the topic's records may have none, or a smaller size
+        limit than the topic's)."""
+        if rule is None:
+            rule = self.rule_for(topic)
+            if rule is None:
+                return "no policy rule admits it"
+        named = rule.consume.dead_letter_for(topic)
+        if not _TOPIC_NAME.match(named):
+            return (f"its dead-letter topic {_shown(named)} is not a Kafka topic name "
+                    "(letters, digits, '.', '_' and '-', at most 249)")
+        dl = self.rule_for(named)
+        if dl is None:
+            return (f"its dead-letter topic {_shown(named)} has no policy rule"
+                    + (" (dead_letter_rule_required: true)" if self.dead_letter_rule_required
+                       else ""))
+        if dl.key_required and not rule.key_required:
+            return (f"its dead-letter topic {_shown(named)} requires a key (rule "
+                    f"{_shown(dl.topic)}) and its records may have none: their dead letters "
+                    "would be refused (set require_key: false on that rule)")
+        if dl.max_record_bytes < rule.max_record_bytes:
+            return (f"its dead-letter topic {_shown(named)} takes records of at most "
+                    f"{dl.max_record_bytes} bytes (rule {_shown(dl.topic)}), its own up to "
+                    f"{rule.max_record_bytes}: a large record's dead letter would be refused")
         return None
 
     def problems(self, topology: Topology | None = None) -> Iterator[tuple[Sequence[int | str],
@@ -413,6 +560,7 @@ class Policy(BaseModel):
         index = self._index
         budget = index.tests + _MAX_OVERLAP_TESTS
         patterns: dict[str, int] = {}
+        hidden: set[int] = set()
         for i, rule in enumerate(self.rules):
             if rule.is_glob:
                 j = patterns.setdefault(rule.topic, i)
@@ -431,6 +579,7 @@ class Policy(BaseModel):
             if first is None or first >= i:
                 continue
             j = first
+            hidden.add(i)
             if self.rules[j].topic == rule.topic:
                 yield ("rules", i, "topic"), (f"{rule.topic!r} repeats rules[{j}]; "
                                               "each topic pattern once")
@@ -439,7 +588,7 @@ class Policy(BaseModel):
                                               f"({self.rules[j].topic!r}) matches "
                                               f"{rule.topic!r} first; move this rule "
                                               "above it")
-        yield from self._dead_letter_problems()
+        yield from self._dead_letter_problems(hidden)
         if topology is None:
             return
         names = [r.name for r in topology.regions]
@@ -464,38 +613,78 @@ class Policy(BaseModel):
                                          "region(s) of the topology")
 
 
-    def _dead_letter_problems(self) -> Iterator[tuple[Sequence[int | str], str]]:
-        """A rule whose dead-letter topic it matches itself (its consumers would read their
-        dead letters back; for a glob, checked with the pattern put in for `{topic}`), and
-        a dead-letter topic no rule admits (dead letters could not be written). Only rules
-        that say `consume:` are checked here, so a policy written before it stays valid; the
-        proxy checks the others when a stream opens."""
-        targets: list[tuple[tuple[str | int, ...], str | None, _RuleFields]] = [
-            (("rules", i), r.topic, r) for i, r in enumerate(self.rules)]
-        if self.default is not None:
-            targets.append((("default",), None, self.default))
-        for loc, topic, r in targets:
-            if "consume" not in r.model_fields_set:
-                continue
-            template = r.consume.dead_letter_topic
-            if topic is not None:
-                named = r.consume.dead_letter_for(topic)
-                if fnmatch.fnmatchcase(named, topic):
-                    yield (*loc, "consume", "dead_letter_topic"), (
-                        f"{named!r} matches this rule's topic {topic!r}: its consumers would "
+    def _dead_letter_problems(self, hidden: set[int]) -> Iterator[tuple[Sequence[int | str],
+                                                                     str]]:
+        """Rules whose topics could not be read through the proxy (`dead_letter_problem`,
+        the proxy's own check at open, for the rule's topic or, for a glob, a sample topic
+        it matches: `_sample`), and, where `consume:` is written, a rule whose dead-letter
+        topic it matches itself (its consumers would read their dead letters back; for a
+        glob, checked with the pattern put in for `{topic}`). `hidden`: the exact rules an
+        earlier rule hides (reported already)."""
+        for i, r in enumerate(self.rules):
+            loc = ("rules", i, "consume", "dead_letter_topic")
+            if "consume" in r.model_fields_set:
+                named = r.consume.dead_letter_for(r.topic)
+                if fnmatch.fnmatchcase(named, r.topic):
+                    yield loc, (
+                        f"{named!r} matches this rule's topic {r.topic!r}: its consumers would "
                         "read their dead letters back; name it outside the rule (the default "
                         f"is 'dlq.{TOPIC_PLACEHOLDER}')")
                     continue
-                if _is_glob(named):
-                    continue  # a pattern stands in for {topic}: no one topic to look up
-            elif TOPIC_PLACEHOLDER in template:
-                continue  # the default rule's topics are any: nothing to look up
-            else:
-                named = template
-            if self.rule_for(named) is None:
-                yield (*loc, "consume", "dead_letter_topic"), (
-                    f"no rule admits the dead-letter topic {named!r} (and no default): "
-                    "dead letters could not be written")
+            sample = r.topic if not r.is_glob else self._sample_of(i)
+            if sample is None or i in hidden:
+                continue  # no one topic to try (earlier rules take the samples), or hidden
+            why = self.dead_letter_problem(sample, r)
+            if why is not None:
+                which = repr(sample) if sample == r.topic else \
+                    f"{sample!r} (a topic of {r.topic!r})"
+                yield loc, f"{which} could not be read through the proxy: {why}"
+
+    def _sample_of(self, i: int) -> str | None:
+        """A topic glob rules[i] decides (`_sample`, with each filler until no earlier rule
+        takes it), or None."""
+        assert self._index is not None
+        for filler in _FILLERS:
+            sample = _sample(self.rules[i].topic, filler)
+            if sample is not None and self._index.first(sample) == i:
+                return sample
+        return None
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """Where each rule's dead letters go (`dr policy validate --json`): per rule its
+        topic, the topic tried (the rule's, or a sample of its glob; None: no sample), that
+        topic's dead-letter topic, the rule that writes it (`rules[j]`, `default`, `source`:
+        it follows the rule of its source topic, or None) and in which mode, and why such a
+        topic could not be read through the proxy (`dead_letter_problem`, or None)."""
+        assert self._index is not None
+        out: list[dict[str, Any]] = []
+        for i, r in enumerate(self.rules):
+            sample = r.topic if not r.is_glob else self._sample_of(i)
+            named = r.consume.dead_letter_for(sample) if sample is not None else None
+            dl = self.rule_for(named) if named is not None and _TOPIC_NAME.match(named) \
+                else None
+            j = self._index.first(named) if dl is not None and named is not None else None
+            out.append({
+                "rule": i, "topic": r.topic, "sample": sample, "dead_letter_topic": named,
+                "written_by": (None if dl is None else f"rules[{j}]" if j is not None else
+                               "default" if self.default is not None and named is not None
+                               and dl == self.default.for_topic(named) else "source"),
+                "mode": dl.dr_mode if dl is not None else None,
+                "problem": (self.dead_letter_problem(sample, r) if sample is not None
+                            else None)})
+        return out
+
+
+def _following(topic: str, source: Rule) -> Rule:
+    """The rule of dead-letter topic `topic`, no rule naming it: `source`'s (the rule of the
+    topic it holds the dead letters of), except that a dead letter is never refused for
+    what its original was accepted with: a key is optional (an ordered topic's records
+    written straight to Kafka may have none) and the size limit leaves room for the
+    `dr-dl-*` headers."""
+    return Rule.model_construct(topic=topic, mode=source.mode, sync=source.sync,
+                                quorum=source.quorum, require_key=False,
+                                max_record_bytes=source.max_record_bytes + DEAD_LETTER_HEADROOM,
+                                prefer=source.prefer, consume=source.consume)
 
 
 def load_policy(path: str | Path, topology: Topology | None = None) -> Policy:

@@ -25,11 +25,14 @@ def policy_validate(
     topology: Annotated[Path | None, typer.Option(
         "--topology", "-t", help="Also check `prefer` regions and quorums against this "
         "topology file.", show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object: valid, and the "
-                                          "rules' count, or every issue with file, line "
-                                          "and field.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object: valid, the "
+                                          "rules' count and where each rule's dead letters "
+                                          "go, or every issue with file, line and "
+                                          "field.")] = False,
 ) -> None:
-    """Check a routing policy file; print every problem with file, line and field."""
+    """Check a routing policy file; print every problem with file, line and field (a topic
+    that could not be read through the proxy, e.g. its dead letters could not be written,
+    is one)."""
     from proxy.policy import load_policy  # lazily: keeps `import dr.cli` light
     if as_json:
         def check() -> dict[str, object]:
@@ -37,7 +40,8 @@ def policy_validate(
             pol = load_policy(file, topo)
             return {"rules": len(pol.rules), "strict": pol.strict,
                     "default_mode": pol.default.dr_mode if pol.default else None,
-                    "topology": str(topology) if topology is not None else None}
+                    "topology": str(topology) if topology is not None else None,
+                    "dead_letters": pol.dead_letters()}
         print_validation(file, check)
         return
     topo = load_topology(topology) if topology is not None else None

@@ -6,9 +6,10 @@ streams (and `member_linger_s` after the last one left), and routes credits, ack
 Opening a stream (`open`): the group is a name of at most 200 characters of `[A-Za-z0-9._-]`;
 exact topics or one glob (matched once, at open, against the topics of the proxy's own
 region, never `__*` or `_crossdc.*`); per topic a policy rule (NOT_FOUND), the token's
-patterns (PERMISSION_DENIED), a rule for its dead-letter topic (NOT_FOUND), the region it is
-read from (`source.read_region`: UNAVAILABLE while the primary is fenced) and the topic
-there (NOT_FOUND); the settings asked are cut to the rule's (`source.stream_settings`).
+patterns (PERMISSION_DENIED), a dead-letter topic its records can be written to
+(`Policy.dead_letter_problem`: NOT_FOUND; one no rule names follows the topic's rule), the
+region it is read from (`source.read_region`: UNAVAILABLE while the primary is fenced) and
+the topic there (NOT_FOUND); the settings asked are cut to the rule's (`source.stream_settings`).
 Nearest topics are read by the group's `local` member (own region), ordered and sync ones
 by its `primary` member (the primary when the member started: following a later move is the
 failover hookup's; meanwhile a stream that would read another primary than the member is
@@ -417,9 +418,9 @@ class ConsumeService(Lifecycle):
             raise PermissionDenied(topic, entry.name, action="read")
         settings = stream_settings(rule.consume, topic, ack_deadline_s=ack_deadline_s,
                                    max_deliveries=max_deliveries)
-        if policy.rule_for(settings.dead_letter_topic) is None:
-            raise UnknownTopic(topic, f"its dead-letter topic "
-                               f"{shown(settings.dead_letter_topic)} has no policy rule")
+        why = policy.dead_letter_problem(topic, rule)  # what `dr policy validate` checks
+        if why is not None:
+            raise UnknownTopic(topic, why)
         current = self.current()
         region = read_region(rule, current, self.region)
         if region is not None and rule.dr_mode != "nearest" and region != self.follower.reading:

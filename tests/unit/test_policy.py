@@ -270,10 +270,11 @@ def test_consume_settings_default_and_resolve_the_dead_letter_topic() -> None:
      "dead_letter_topic", "rules[0].consume.dead_letter_topic",
      "'orders' matches this rule's topic 'orders': its consumers would read their dead "
      "letters back; name it outside the rule (the default is 'dlq.{topic}')"),
-    ("strict: true\nrules:\n  - topic: orders\n    consume:\n      max_deliveries: 3\n",
+    ("strict: true\ndead_letter_rule_required: true\nrules:\n  - topic: orders\n"
+     "    consume:\n      max_deliveries: 3\n",
      "max_deliveries", "rules[0].consume.dead_letter_topic",
-     "no rule admits the dead-letter topic 'dlq.orders' (and no default): dead letters could "
-     "not be written"),
+     "'orders' could not be read through the proxy: its dead-letter topic 'dlq.orders' has "
+     "no policy rule (dead_letter_rule_required: true)"),
 ])
 def test_bad_consume_settings_name_line_and_field(text: str, needle: str, field: str,
                                                  message: str) -> None:
