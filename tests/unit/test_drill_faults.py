@@ -240,7 +240,7 @@ def test_flow_selection_by_name() -> None:
     [one] = _flows(topo, None, None, None, None, False, False, 10.0, False, None, ["west:east"])
     assert isinstance(one, Flow)
     assert (one.source, one.target, one.discovery_interval_s) == ("west", "east", 2.0)
-    assert one.topics == "(payments|ledger|clickstream).*"
+    assert one.topics == r"(dlq\.)?(payments|ledger|clickstream).*"
     with pytest.raises(typer.BadParameter, match="no flow east:mars"):
         _flows(topo, None, None, None, None, False, False, 10.0, False, None, ["east:mars"])
 
