@@ -5,6 +5,7 @@ under read_committed with an aborted transaction, and from an offset inside a ba
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -180,3 +181,58 @@ async def test_a_fetch_from_inside_a_batch_starts_at_that_offset(two_regions: An
         ghost = TopicPartition(unique("raw-none"), 0)
         assert (await f.fetch({ghost: 0}))[ghost].error in (UnknownTopicOrPartitionError,
                                                             NotLeaderForPartitionError)
+
+
+async def test_a_paused_group_member_lends_its_client_to_the_raw_fetcher(
+        two_regions: Any) -> None:
+    """The plan for the member (docs/consume.md): the aiokafka group consumer keeps the
+    membership and the commits with its partitions paused (its own fetcher sends nothing),
+    a `getmany` kept running so it is never idle past `max_poll_interval_ms`, and the raw
+    fetcher reads through its client from the positions it resolved."""
+    from aiokafka.structs import OffsetAndMetadata
+    from kafka_helpers import eventually, produce
+
+    from crossdc.clients.consumer import Consumer
+
+    boot = _boot(two_regions)
+    topic = unique("raw-grp")
+    await create_topic(boot, topic, partitions=2)
+    await produce(boot, topic, [(b"k%d" % i, b"v%d" % i, []) for i in range(40)], partition=0)
+    await produce(boot, topic, [(b"k%d" % i, b"v%d" % i, []) for i in range(40)], partition=1)
+    c = Consumer(bootstrap_servers=boot, group_id=unique("raw-g"), enable_auto_commit=False,
+                 auto_offset_reset="earliest", isolation_level="read_committed",
+                 max_poll_interval_ms=1500, session_timeout_ms=10_000,
+                 heartbeat_interval_ms=300)
+    c.subscribe([topic])
+    await c.start()
+    try:
+        async def assigned() -> bool:
+            await c.getmany(timeout_ms=100)  # nothing read yet: the group is being joined
+            return len(c.assignment()) == 2
+        # the first getmany may already return records (before the pause): not counted
+        await eventually(assigned, 30.0, "both partitions assigned")
+        tps = set(c.assignment())
+        c.pause(*tps)
+        generation = c._coordinator.generation
+        pos = {tp: await c.position(tp) for tp in tps}
+        fetcher = RawFetcher(c._client, max_wait_ms=100)  # borrowed: the consumer closes it
+        read: dict[TopicPartition, list[int]] = {tp: [] for tp in tps}
+        deadline = asyncio.get_running_loop().time() + 3.0  # twice max_poll_interval_ms
+        async with fetcher:
+            while asyncio.get_running_loop().time() < deadline:
+                assert await c.getmany(timeout_ms=300) == {}  # paused: aiokafka fetches nothing
+                for tp, got in (await fetcher.fetch(pos)).items():
+                    assert got.error is None
+                    for b in got.batches:
+                        read[tp] += [r.offset for r in decode_batch(b.data, b.first_offset)]
+                    pos[tp] = got.next_offset
+        assert fetcher.closed
+        assert c._coordinator.generation == generation  # still a member: no rebalance
+        assert set(c.assignment()) == tps
+        for tp in tps:
+            assert read[tp] == list(range(pos[tp] - len(read[tp]), pos[tp]))
+        assert {tp: pos[tp] for tp in tps} == {tp: 40 for tp in tps}
+        await c.commit({tp: OffsetAndMetadata(pos[tp], "") for tp in tps})
+        assert {tp: await c.committed(tp) for tp in tps} == {tp: 40 for tp in tps}
+    finally:
+        await c.stop()
