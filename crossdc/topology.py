@@ -26,6 +26,7 @@ from pydantic_core import PydanticCustomError
 from crossdc.clientsettings import ERROR_TYPE as CLIENT_SETTING_ERROR
 from crossdc.clientsettings import ClientSettings
 from crossdc.consulsec import ConsulAcl, ConsulTls
+from crossdc.hostport import split_hostport
 from crossdc.security import KafkaSecurity
 from crossdc.yamlfile import load_model, repeated
 
@@ -52,16 +53,6 @@ RegionName = Annotated[
           description="Lower-case letters, digits and '-', starting with a letter."),
 ]
 Port = Annotated[int, Field(ge=1, le=65535)]
-
-_HOSTPORT = re.compile(r"^(?P<host>[A-Za-z0-9.\-]+|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
-
-
-def split_hostport(value: str) -> tuple[str, int]:
-    """`"127.0.0.1:9092"` → `("127.0.0.1", 9092)`; ValueError naming the value when malformed."""
-    m = _HOSTPORT.match(value)
-    if not m or not 1 <= int(m.group("port")) <= 65535:
-        raise ValueError(f"{value!r} is not host:port (e.g. 127.0.0.1:9092)")
-    return m.group("host").strip("[]"), int(m.group("port"))
 
 
 class _Model(BaseModel):

@@ -12,21 +12,27 @@ import re
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
 from dr.exits import fail
 
-__all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "MAX_TEXT", "check_bindable", "check_folder",
-           "check_writable_folder", "count_option", "host_option", "name_option",
-           "port_option", "seconds_option", "text_option"]
+__all__ = ["MAX_COUNT", "MAX_PORT", "MAX_SECONDS", "MAX_TEXT", "TopologyOpt", "check_bindable",
+           "check_folder", "check_writable_folder", "count_option", "host_option",
+           "name_option", "port_option", "seconds_option", "text_option"]
 
 MAX_PORT = 65535
 MAX_SECONDS = 7 * 24 * 3600.0
 """The longest any seconds option may be (a week): beyond it, a typo or an overflow."""
 MAX_COUNT = 2**63 - 1
 """The largest count (records, duplicates): Kafka's offsets are signed 64-bit."""
+
+TopologyOpt = Annotated[Path | None, typer.Option(
+    "--topology", "-t", help="Topology file [default: the running stack's, else "
+    "policies/topology.local.yaml].", show_default=False)]
+"""`--topology` (here, not in `dr.cli._common`: `dr consume` starts without the stack's
+modules)."""
 
 
 def port_option(*decls: str, **kw: Any) -> Any:

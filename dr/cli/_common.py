@@ -20,6 +20,7 @@ from dr.options import (
     MAX_COUNT,
     MAX_PORT,
     MAX_SECONDS,
+    TopologyOpt,
     check_bindable,
     check_folder,
     check_writable_folder,
@@ -44,9 +45,6 @@ T = TypeVar("T")
 out = Console()
 err = Console(stderr=True)
 
-TopologyOpt = Annotated[Path | None, typer.Option(
-    "--topology", "-t", help="Topology file [default: the running stack's, else "
-    "policies/topology.local.yaml].", show_default=False)]
 PRINCIPAL_ENV = "CROSSDC_KAFKA_PRINCIPAL"
 #: The one place an operator's command learns its Kafka principal: --principal, else
 #: $CROSSDC_KAFKA_PRINCIPAL. None: regions with `security:` refuse the command's clients

@@ -26,20 +26,16 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from crossdc.topology import split_hostport
-from dr.cli._common import (
-    TopologyOpt,
-    count_option,
-    err,
-    name_option,
-    paths_for,
-    region_of,
-    run,
-    seconds_option,
-    topology_for,
-)
+# Light imports only: `dr consume` starts in about 0.2 s when nothing here loads the topology
+# models, the stack or the other command modules (dr.cli.main builds it alone; the figures:
+# bench/results/consume-cli.md). The SDK and, with --region, the topology load when used.
+from crossdc.hostport import split_hostport
 from dr.exits import fail
+from dr.options import TopologyOpt, count_option, name_option, seconds_option
 
+DEFAULT_CREDIT = 10_000
+"""The SDK's default (crossdc_client.consumer.DEFAULT_CREDIT), here without loading grpc: at
+500 the proxy waited on the CLI's acks (100,000 records: 4.5 s against 1.2 s)."""
 DEFAULT_CREDIT_BYTES = 16 * 1024 * 1024
 """The SDK's default (crossdc_client.consumer.DEFAULT_CREDIT_BYTES), here without loading grpc."""
 
@@ -129,7 +125,7 @@ async def consume_records(target: str | RegionProxies, group: str, topics: Seque
     """Print records as `write` formats them until `max_records`, SIGINT or SIGTERM,
     acknowledging each batch once written: the number printed, and the `ConsumeFailed`
     that ended the stream (None: stopped as asked)."""
-    from proxy.consumer_client import AsyncConsumer
+    from crossdc_client.consumer import AsyncConsumer  # without proxy.connect's Consul
     from proxy.errors import ConsumeFailed
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -206,7 +202,7 @@ def consume_command(
         show_default=False)] = None,
     credit: Annotated[int, count_option(
         "--credit", min=1, max=MAX_CREDIT, help="Records delivered and not yet acknowledged, "
-        "at most.")] = 500,
+        "at most.")] = DEFAULT_CREDIT,
     credit_bytes: Annotated[int, count_option(
         "--credit-bytes", min=0, max=1 << 40, help="Bytes (keys, values, headers) delivered "
         "and not yet acknowledged, about (the record that crosses it still comes; 0: "
@@ -230,20 +226,20 @@ def consume_command(
              "HOST:PORT (one proxy), one of them")
     where: Any = target
     if region is not None:
+        from dr.cli._common import paths_for, region_of, topology_for
         topo, _ = topology_for(topology, paths_for(None))
         region_of(topo, region, "--region")
         from proxy.connect import RegionProxies
         where = RegionProxies.of(topo, region)
     if bool(topic) == (pattern is not None):
         fail("give --topic TOPIC (repeatable) or --pattern GLOB, one of them")
-    printed, failed = run(consume_records(
+    printed, failed = asyncio.run(consume_records(
         where, group, topic or [], pattern or "", ack_deadline_s=ack_deadline_s or 0.0,
         max_records=max_records, credit=credit, credit_bytes=credit_bytes, token=token,
         reconnect_attempts=reconnect_attempts, write=record_json if as_json else record_line))
     if failed is not None:
         _refused(str(where), failed, printed)
-    err.print(f"{printed} record(s) of group {group} printed and acknowledged",
-              highlight=False)
+    sys.stderr.write(f"{printed} record(s) of group {group} printed and acknowledged\n")
 
 
 if __name__ == "__main__":

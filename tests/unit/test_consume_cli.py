@@ -62,6 +62,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str],
     assert proc.returncode == 2
 
 
+def test_dr_consume_starts_without_the_other_commands_the_topology_or_grpc() -> None:
+    """`dr.cli.main` builds `dr consume` alone (its start-up: bench/results/consume-cli.md);
+    the SDK and grpc load when it reads, the topology only with --region."""
+    heavy = ("dr.cli.stack", "dr.cli.proxy", "dr.cli.controller", "dr.stack.local",
+             "crossdc.topology", "grpc", "aiokafka")
+    code = ("import sys\nsys.argv = ['dr', 'consume', '--help']\nfrom dr.cli import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert "Usage: dr consume" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "[]"
+
+
 def test_a_proxy_that_does_not_answer_is_exit_1_naming_it(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
