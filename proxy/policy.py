@@ -32,6 +32,7 @@ This module imports no grpc: `dr policy validate` uses it.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import os
 import re
 import sys
@@ -57,6 +58,7 @@ __all__ = [
     "glob_problem",
     "load_policy",
     "parse_policy",
+    "validate_policy",
 ]
 
 Mode = Literal["ordered", "nearest"]
@@ -588,7 +590,7 @@ class Policy(BaseModel):
                                               f"({self.rules[j].topic!r}) matches "
                                               f"{rule.topic!r} first; move this rule "
                                               "above it")
-        yield from self._dead_letter_problems(hidden)
+        yield from self._self_read_dead_letters()
         if topology is None:
             return
         names = [r.name for r in topology.regions]
@@ -613,27 +615,39 @@ class Policy(BaseModel):
                                          "region(s) of the topology")
 
 
-    def _dead_letter_problems(self, hidden: set[int]) -> Iterator[tuple[Sequence[int | str],
-                                                                     str]]:
-        """Rules whose topics could not be read through the proxy (`dead_letter_problem`,
-        the proxy's own check at open, for the rule's topic or, for a glob, a sample topic
-        it matches: `_sample`), and, where `consume:` is written, a rule whose dead-letter
-        topic it matches itself (its consumers would read their dead letters back; for a
-        glob, checked with the pattern put in for `{topic}`). `hidden`: the exact rules an
-        earlier rule hides (reported already)."""
+    def _self_read_dead_letters(self) -> Iterator[tuple[Sequence[int | str], str]]:
+        """Where `consume:` is written, a rule whose dead-letter topic it matches itself (its
+        consumers would read their dead letters back; for a glob, checked with the pattern
+        put in for `{topic}`): an error of the file, whatever reads it."""
         for i, r in enumerate(self.rules):
-            loc = ("rules", i, "consume", "dead_letter_topic")
             if "consume" in r.model_fields_set:
                 named = r.consume.dead_letter_for(r.topic)
                 if fnmatch.fnmatchcase(named, r.topic):
-                    yield loc, (
+                    yield ("rules", i, "consume", "dead_letter_topic"), (
                         f"{named!r} matches this rule's topic {r.topic!r}: its consumers would "
                         "read their dead letters back; name it outside the rule (the default "
                         f"is 'dlq.{TOPIC_PLACEHOLDER}')")
+
+    def consume_problems(self) -> Iterator[tuple[Sequence[int | str], str]]:
+        """Rules whose topics could not be read through the proxy (`dead_letter_problem`, the
+        proxy's own check at open, for the rule's topic or, for a glob, a sample topic it
+        matches: `_sample`). Not errors of the file for the proxy (it routes writes, and
+        refuses such a stream at open: NOT_FOUND); `dr policy validate` reports every one
+        (`validate_policy`). Rules hidden by an earlier one and those whose dead letters
+        they would read back are reported by `problems` already."""
+        assert self._index is not None
+        for i, r in enumerate(self.rules):
+            loc = ("rules", i, "consume", "dead_letter_topic")
+            if "consume" in r.model_fields_set and \
+                    fnmatch.fnmatchcase(r.consume.dead_letter_for(r.topic), r.topic):
+                continue
+            if not r.is_glob:
+                first = self._index.first(r.topic)
+                if first is not None and first < i:
                     continue
             sample = r.topic if not r.is_glob else self._sample_of(i)
-            if sample is None or i in hidden:
-                continue  # no one topic to try (earlier rules take the samples), or hidden
+            if sample is None:
+                continue  # no one topic to try (earlier rules take the samples)
             why = self.dead_letter_problem(sample, r)
             if why is not None:
                 which = repr(sample) if sample == r.topic else \
@@ -687,15 +701,29 @@ def _following(topic: str, source: Rule) -> Rule:
                                 prefer=source.prefer, consume=source.consume)
 
 
-def load_policy(path: str | Path, topology: Topology | None = None) -> Policy:
+def _checks(topology: Topology | None, consumable: bool) -> Any:
+    if consumable:
+        return lambda p: itertools.chain(p.problems(topology), p.consume_problems())
+    return lambda p: p.problems(topology)
+
+
+def load_policy(path: str | Path, topology: Topology | None = None, *,
+                consumable: bool = False) -> Policy:
     """Read and validate a policy file (against `topology` when given); ConfigError lists
-    every problem with file, line and field."""
-    return load_model(Policy, path, lambda p: p.problems(topology))
+    every problem with file, line and field. `consumable`: every topic that could not be
+    read through the proxy is one too (`Policy.consume_problems`; `dr policy validate`)."""
+    return load_model(Policy, path, _checks(topology, consumable))
 
 
-def parse_policy(text: str, filename: str, topology: Topology | None = None) -> Policy:
+def validate_policy(path: str | Path, topology: Topology | None = None) -> Policy:
+    """What `dr policy validate` checks: `load_policy(..., consumable=True)`."""
+    return load_policy(path, topology, consumable=True)
+
+
+def parse_policy(text: str, filename: str, topology: Topology | None = None, *,
+                 consumable: bool = False) -> Policy:
     """`load_policy` for text already read (`filename` is used in errors)."""
-    return parse_model(Policy, text, filename, lambda p: p.problems(topology))
+    return parse_model(Policy, text, filename, _checks(topology, consumable))
 
 
 def default_policy_path() -> Path | None:

@@ -33,11 +33,11 @@ def policy_validate(
     """Check a routing policy file; print every problem with file, line and field (a topic
     that could not be read through the proxy, e.g. its dead letters could not be written,
     is one)."""
-    from proxy.policy import load_policy  # lazily: keeps `import dr.cli` light
+    from proxy.policy import validate_policy  # lazily: keeps `import dr.cli` light
     if as_json:
         def check() -> dict[str, object]:
             topo = load_topology(topology) if topology is not None else None
-            pol = load_policy(file, topo)
+            pol = validate_policy(file, topo)
             return {"rules": len(pol.rules), "strict": pol.strict,
                     "default_mode": pol.default.dr_mode if pol.default else None,
                     "topology": str(topology) if topology is not None else None,
@@ -45,7 +45,7 @@ def policy_validate(
         print_validation(file, check)
         return
     topo = load_topology(topology) if topology is not None else None
-    pol = load_policy(file, topo)
+    pol = validate_policy(file, topo)
     fallback = ("strict (unmatched topics refused)" if pol.strict else
                 f"default {pol.default.dr_mode}" if pol.default else
                 "no default (unmatched topics refused)")

@@ -39,8 +39,9 @@ def topo() -> Topology:
 
 
 def issues(text: str, topology: Topology | None = None) -> list[str]:
+    """Every problem `dr policy validate` reports (unreadable topics included)."""
     with pytest.raises(ConfigError) as info:
-        parse_policy(text, "p.yaml", topology)
+        parse_policy(text, "p.yaml", topology, consumable=True)
     return [str(i) for i in info.value.issues]
 
 
