@@ -165,6 +165,14 @@ class ConsumeConfig(_Model):
                                    "reconnects does not rebalance the group.")
     auto_offset_reset: Literal["earliest", "latest"] = Field(
         "earliest", description="Where a group without a committed offset starts.")
+    fetch: Literal["raw", "decoded"] = Field(
+        "raw", description="How members fetch: `raw`, Kafka's record batches undecoded (sent "
+        "as they are to streams that decode batches, decoded here only for the others, a "
+        "dead letter, a handover's skip window); `decoded`, aiokafka's consumer decoding "
+        "every record (the form before issue 38).")
+    partition_fetch_bytes: int = Field(1024 * 1024, gt=0, le=64 * 1024 * 1024,
+                                       description="Bytes one raw fetch asks of a partition "
+                                       "(Kafka still answers a larger first batch whole).")
     dead_letter_write_s: float = Field(10.0, gt=0, description="Bound of one dead-letter "
                                        "write (retried after `retry_s` when it fails: the "
                                        "record stays unsettled meanwhile).")

@@ -240,6 +240,13 @@ class ProxyMetrics:
                                            "again (their ack deadline passed, they were "
                                            "nacked, or their stream ended before the ack)",
                                            ("group",), registry=r)
+        self.consume_raw_batches = Counter(
+            "crossdc_proxy_consume_raw_batches", "Kafka record batches sent to consumer "
+            "streams undecoded (pass-through; one per delivery of a batch's records)",
+            ("group",), registry=r)
+        self.consume_decoded = Counter(
+            "crossdc_proxy_consume_decoded", "Records of batches fetched raw that the proxy "
+            "decoded to send (a stream that reads records)", ("group",), registry=r)
         self.consume_acked = Counter("crossdc_proxy_consume_acked", "Records settled by an "
                                      "ack", ("group",), registry=r)
         self.consume_nacked = Counter("crossdc_proxy_consume_nacked", "Records nacked by a "

@@ -12,10 +12,12 @@ controller's lag round, the primary's broker killed)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
 from crossdc.aio import cancelled_from_outside
+from crossdc.clients.rawfetch import RawFetcher
 
 __all__ = ["Consumer"]
 
@@ -35,3 +37,9 @@ class Consumer(AIOKafkaConsumer):  # type: ignore[misc]
             await asyncio.shield(self._client.close())
             raise
         await self._client.close()  # idempotent: what stop() left open when it ended early
+
+    def raw_fetcher(self, **kw: Any) -> RawFetcher:
+        """A `RawFetcher` over this consumer's client (its connections, metadata and
+        security): batches fetched undecoded while the group, positions and commits stay
+        with the consumer (docs/consume.md, pass-through). Not closed with the fetcher."""
+        return RawFetcher(self._client, **kw)

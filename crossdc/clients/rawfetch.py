@@ -116,6 +116,8 @@ class RawBatch:
     skip: bool = False
     """Not for readers: a control batch, or a batch of an aborted transaction
     (read_committed)."""
+    first_timestamp: int = -1
+    """The first record's timestamp (a lower bound of every record's, under CreateTime)."""
 
     @property
     def compression(self) -> str:
@@ -166,7 +168,8 @@ def split_batches(records: bytes | memoryview, fetch_offset: int) -> Split:
         if length < _MIN_LENGTH:
             raise CorruptRecordException(
                 f"record batch at byte {pos} is {length} bytes, shorter than its header")
-        (base, _, _, magic, _, attrs, delta, _, max_ts, pid, _, _, count) = unpack(buf, pos)
+        (base, _, _, magic, _, attrs, delta, first_ts, max_ts, pid, _, _,
+         count) = unpack(buf, pos)
         if magic != 2:
             raise CorruptRecordException(
                 f"record batch at offset {base} has magic {magic}: only v2 batches pass "
@@ -174,7 +177,7 @@ def split_batches(records: bytes | memoryview, fetch_offset: int) -> Split:
         last = base + delta
         if last >= fetch_offset:
             out.append(RawBatch(buf[pos:end], base, last, count, max_ts, attrs, pid,
-                                max(base, fetch_offset)))
+                                max(base, fetch_offset), False, first_ts))
         pos = end
     return Split(out, size - pos)
 
@@ -211,7 +214,7 @@ def mark_skips(batches: Sequence[RawBatch], aborted: Iterable[tuple[int, int]] |
 
 def _with_skip(b: RawBatch, skip: bool) -> RawBatch:
     return RawBatch(b.data, b.base_offset, b.last_offset, b.count, b.max_timestamp,
-                    b.attributes, b.producer_id, b.first_offset, skip)
+                    b.attributes, b.producer_id, b.first_offset, skip, b.first_timestamp)
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from crossdc.headers import DR_ID, record_id
 from proxy.consume.acks import PartitionAcks, RecordState
 from proxy.consume.assign import Stream, TopicPartition, assign
 from proxy.consume.handover import SettledIds
+from proxy.consume.raw import RawRef
 from proxy.consume.source import ReadSettings
 
 __all__ = ["Batch", "Control", "Credit", "DeadLetter", "Delivery", "Dispatcher", "Fetched",
@@ -551,7 +552,10 @@ class Dispatcher:
 
 def body_id(body: Any, offset: int, region: str) -> str:
     """The id in every region (`crossdc.headers.record_id`) of a record read from `region`
-    (a Kafka record: `topic`, `partition`, `headers` as (key, value) pairs)."""
+    (a Kafka record: `topic`, `partition`, `headers` as (key, value) pairs; or a batch passed
+    through, decoded here)."""
+    if type(body) is RawRef:
+        body = body.record(offset)
     for k, v in body.headers or ():
         if k == DR_ID:
             return record_id(v, region, body.topic, body.partition, offset)

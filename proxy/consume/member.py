@@ -54,6 +54,7 @@ from crossdc.aio import guard, sleep_unless, wait_any
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consumer import Consumer
 from crossdc.clients.errors import IllegalStateError, KafkaError
+from crossdc.clients.rawfetch import OffsetOutOfRangeError
 from crossdc.headers import (
     DEAD_LETTER_HEADERS,
     DR_DL_DELIVERIES,
@@ -81,6 +82,7 @@ from proxy.consume.dispatch import (
     StreamState,
 )
 from proxy.consume.handover import Handover, SettledIds, SkipSet
+from proxy.consume.raw import RawRef, Record, offsets_of, record_size
 from proxy.errors import PrimaryUnavailable, ProxyError, UnknownTopic
 from proxy.metrics import ProxyMetrics
 from proxy.router import Incoming, Outcome
@@ -114,6 +116,8 @@ def dead_letter_record(group: str, region: str, x: DeadLetter) -> Incoming:
     the `dr-dl-*` headers, and as idempotency key (so its `dr-id`) a UUIDv5 of group and the
     record's id, the same for every copy of the record in every region."""
     body = x.body
+    if type(body) is RawRef:  # passed through: decoded here, the one record
+        body = body.record(x.offset)
     headers = [(k, v or b"") for k, v in body.headers or ()]
     original = next((v for k, v in headers if k == DR_ID), None)
     rid = record_id(original, region, x.tp[0], x.tp[1], x.offset)
@@ -142,6 +146,9 @@ gave it (the service: its own, then the handover topic of the member's region)."
 
 
 def _size(m: Any) -> int:
+    if type(m) is Record:  # decoded here from a raw batch
+        return len(m.key or b"") + len(m.value or b"") + sum(len(k) + len(v or b"")
+                                                             for k, v in m.headers)
     key = m.serialized_key_size if m.serialized_key_size > 0 else 0
     value = m.serialized_value_size if m.serialized_value_size > 0 else 0
     if not m.headers:
@@ -195,6 +202,7 @@ class GroupMember(Lifecycle):
         self._bg: set[asyncio.Task[Any]] = set()
         self._stopping = asyncio.Event()
         self._wake = asyncio.Event()       # the timer: a nack may be due before its wait ends
+        self._fetch_wake = asyncio.Event()  # the raw fetch: records were sent or settled
         self._dl_wake = asyncio.Event()
         self._dl_retry = asyncio.Event()   # cuts a failed dead letter's backoff short
         self._dead: list[DeadLetter] = []  # to write
@@ -308,6 +316,7 @@ class GroupMember(Lifecycle):
         """Send what the streams' credit allows (nothing while Kafka rebalances)."""
         if self._rebalancing or self.closed:
             return
+        self._fetch_wake.set()  # what was sent or settled may let a partition fetch again
         for out in self.dispatcher.pump(time.monotonic()):
             sink = self.sinks.get(out.stream)
             if sink is None:
@@ -435,7 +444,8 @@ class GroupMember(Lifecycle):
                     failures = 0
                     self.log.info("consume_member_started", group_id=self.kafka_group,
                                   topics=sorted(self.topics))
-                    await self._fetch(consumer)
+                    await (self._fetch_raw(consumer) if self.config.fetch == "raw"
+                           else self._fetch(consumer))
             except (KafkaError, OSError) as exc:
                 failures += 1
                 self.log.warning("consume_member_restarting", error=repr(exc))
@@ -480,28 +490,135 @@ class GroupMember(Lifecycle):
         while True:
             self._apply_pauses(consumer)
             data = await consumer.getmany(timeout_ms=200, max_records=cfg.prefetch_records)
+            if self._fetched_decoded(data):
+                self.pump()
+
+    def _fetched_decoded(self, data: dict[TopicPartition, list[Any]]) -> int:
+        """Give the dispatcher records aiokafka decoded (a handover's skip window applied)."""
+        got = 0
+        for tp, msgs in data.items():
+            key = (tp.topic, tp.partition)
+            msgs = self._unskipped(key, msgs)
+            # the record as fetched is the body: the stream builds its message once
+            got += self.dispatcher.fetched(key, [Fetched(m.offset, _size(m), m, m.timestamp)
+                                                 for m in msgs])
+        return got
+
+    def _unskipped(self, key: tuple[str, int], msgs: list[Any]) -> list[Any]:
+        """`msgs` without the records a handover's skip set names (settled before the move)."""
+        skips = self._skips.get(key)
+        if skips is None:
+            return msgs
+        before = skips.skipped
+        if skips.needs_origin:
+            msgs = [m for m in msgs if not skips.skip(
+                m.offset, self._id_of(m), _header(m, DR_ORIGIN))]
+        else:
+            msgs = [m for m in msgs if not skips.skip(m.offset, self._id_of(m))]
+        if skips.skipped > before:
+            self.skipped += skips.skipped - before
+            self.metrics.consume_handover_skipped.labels(self.group).inc(
+                skips.skipped - before)
+        if skips.done:
+            del self._skips[key]
+        return msgs
+
+    async def _fetch_raw(self, consumer: Any) -> None:
+        """Fetch Kafka's record batches undecoded over the consumer's client (issue 38). The
+        consumer keeps the group, the commits and the positions (each fetch moves a position
+        with `seek`, so the rebalance's and the handover's seeks work as for `_fetch`), its
+        own fetching paused on every partition; `getmany` is still called each round, for
+        aiokafka counts the time between two calls against `max_poll_interval_ms`."""
+        cfg = self.config
+        fetcher = consumer.raw_fetcher(isolation="read_committed", max_wait_ms=200,
+                                       partition_max_bytes=cfg.partition_fetch_bytes)
+        d = self.dispatcher
+        while True:
+            assigned = consumer.assignment()
+            self._pause_all(consumer, assigned)
+            # paused partitions return nothing; anything fetched before the pause is kept
+            if self._fetched_decoded(await consumer.getmany(timeout_ms=0)):
+                self.pump()
+            positions: dict[TopicPartition, int] = {}
+            if not self._rebalancing:
+                for tp in assigned:
+                    key = (tp.topic, tp.partition)
+                    if not d.wants_fetch(key):
+                        continue
+                    pos = _position(consumer, key)
+                    if pos is None:  # the committed offset (or the reset) not looked up yet
+                        try:
+                            pos = int(await consumer.position(tp))
+                        except IllegalStateError:  # revoked meanwhile
+                            continue
+                    positions[tp] = pos
+            self.paused = len(assigned) - len(positions)
+            if not positions:
+                await wait_any(self._stopping, self._fetch_wake, timeout_s=0.2)
+                self._fetch_wake.clear()
+                continue
             got = 0
-            for tp, msgs in data.items():
+            failed = 0
+            for tp, pf in (await fetcher.fetch(positions)).items():
                 key = (tp.topic, tp.partition)
-                skips = self._skips.get(key)
-                if skips is not None:
-                    before = skips.skipped
-                    if skips.needs_origin:
-                        msgs = [m for m in msgs if not skips.skip(
-                            m.offset, self._id_of(m), _header(m, DR_ORIGIN))]
-                    else:
-                        msgs = [m for m in msgs if not skips.skip(m.offset, self._id_of(m))]
-                    if skips.skipped > before:
-                        self.skipped += skips.skipped - before
-                        self.metrics.consume_handover_skipped.labels(self.group).inc(
-                            skips.skipped - before)
-                    if skips.done:
-                        del self._skips[key]
-                # the record as fetched is the body: the stream builds its message once
-                got += self.dispatcher.fetched(key, [Fetched(m.offset, _size(m), m, m.timestamp)
-                                                     for m in msgs])
+                if self._rebalancing or _position(consumer, key) != pf.fetch_offset:
+                    continue  # moved meanwhile (a rebalance, a handover's seek): read again
+                if pf.error is not None:
+                    failed += 1
+                    await self._raw_fetch_failed(consumer, tp, pf.error)
+                    continue
+                if pf.next_offset != pf.fetch_offset:
+                    with contextlib.suppress(IllegalStateError):
+                        consumer.seek(tp, pf.next_offset)
+                got += self._fetched_raw(key, pf.batches)
             if got:
                 self.pump()
+            elif failed:
+                await sleep_unless(self._stopping, min(1.0, cfg.retry_s))
+
+    def _fetched_raw(self, key: tuple[str, int], batches: Sequence[Any]) -> int:
+        """Give the dispatcher the records of `batches` (one `Fetched` per record, the
+        batch its body); inside a handover's skip window, decoded and filtered."""
+        topic, partition = key
+        out: list[Fetched] = []
+        for b in batches:
+            if b.skip:  # a transaction marker, an aborted transaction's: settled as a gap
+                continue
+            ref = RawRef(topic, partition, b)
+            if key in self._skips:
+                recs = [r for o, r in ref.records().items() if o >= b.first_offset]
+                out += [Fetched(r.offset, _size(r), r, r.timestamp)
+                        for r in self._unskipped(key, recs)]
+                continue
+            size = record_size(ref)
+            ts = b.first_timestamp  # a lower bound: a handover by time starts no later
+            out += [Fetched(o, size, ref, ts) for o in offsets_of(ref)]
+        return self.dispatcher.fetched(key, out) if out else 0
+
+    async def _raw_fetch_failed(self, consumer: Any, tp: TopicPartition,
+                                error: type[BaseException]) -> None:
+        """A partition's raw fetch refused: out of range is reset as `auto_offset_reset`
+        says (logged); anything else is fetched again next round (the fetcher has asked
+        for new metadata where the leader moved)."""
+        if error is OffsetOutOfRangeError:
+            self.log.warning("consume_offset_out_of_range", topic=tp.topic,
+                             partition=tp.partition, reset=self.config.auto_offset_reset)
+            with contextlib.suppress(IllegalStateError):
+                if self.config.auto_offset_reset == "earliest":
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    await consumer.seek_to_end(tp)
+            return
+        self.log.info("consume_fetch_refused", topic=tp.topic, partition=tp.partition,
+                      error=error.__name__)
+
+    def _pause_all(self, consumer: Any, assigned: set[TopicPartition]) -> None:
+        """The consumer's own fetching off on every partition (raw fetch reads them)."""
+        if assigned:
+            new = assigned - consumer.paused()
+            if new:
+                with contextlib.suppress(IllegalStateError):
+                    consumer.pause(*new)
 
     def _id_of(self, m: Any) -> str:
         dr_id = next((v for k, v in m.headers or () if k == DR_ID), None)
@@ -659,6 +776,8 @@ class GroupMember(Lifecycle):
         kept = keys & d.partitions
         d.add_partitions(keys - kept)
         c = self._consumer
+        if c is not None and self.config.fetch == "raw":
+            self._pause_all(c, set(assigned))  # before any await: aiokafka fetches nothing
         if self._handovers is not None and keys - kept and c is not None:
             for tp, h in (await self._handovers(self, keys - kept)).items():
                 if h.start is None and h.start_ms is not None:

@@ -24,7 +24,7 @@ import itertools
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -41,9 +41,10 @@ from proxy.api import pb
 from proxy.auth import TokenEntry
 from proxy.config import ConsumeConfig
 from proxy.consume.acks import Range, RecordState, normalize_ranges
-from proxy.consume.dispatch import Batch, Control, Credit, Output
+from proxy.consume.dispatch import Batch, Control, Credit, Delivery, Output
 from proxy.consume.follow import PrimaryFollower
 from proxy.consume.member import GroupMember, Route
+from proxy.consume.raw import RawRef
 from proxy.consume.source import ReadSettings, read_region, stream_settings
 from proxy.errors import (
     InvalidConsume,
@@ -85,17 +86,116 @@ class _End:
         self.error = error
 
 
+class _Messages:
+    """Builds the messages of one batch for a stream, each at most `max_batch_bytes` (at
+    least one record or batch) and queues them. A record fetched decoded is built into the
+    message's `records` straight from the Kafka record; a record of a batch passed through
+    goes as the batch's bytes and its offset ranges (`raw`) to a stream that decodes batches
+    (consecutive records of one batch, attempt and deadline share one entry), decoded here
+    for any other stream. A message holds records or raw entries, never both (per partition
+    the client sees them in the order sent)."""
+
+    __slots__ = ("attempt", "charged", "deadline", "decoded", "entries", "entry", "kind", "last",
+                 "ref", "region", "resp", "size", "stream")
+
+    def __init__(self, stream: ConsumeStream, region: str) -> None:
+        self.stream = stream
+        self.region = region
+        self.resp = pb.ConsumeResponse()
+        self.size = 0
+        self.charged = 0  # the byte credit the message's records spent (their sizes)
+        self.kind = ""    # "records" | "raw": what the message holds
+        self.entry: Any = None  # the raw entry being filled, of `ref`
+        self.ref: RawRef | None = None
+        self.last = -2    # the last offset put in `entry`
+        self.attempt = 0
+        self.deadline = 0.0
+        self.entries = 0  # raw entries made
+        self.decoded = 0  # records decoded here
+
+    def _flush(self) -> None:
+        if self.size:
+            self.resp.batch.credit_bytes = self.charged
+            self.stream.out.put_nowait(self.resp)
+            self.resp, self.size, self.charged = pb.ConsumeResponse(), 0, 0
+        self.entry, self.ref, self.kind = None, None, ""
+
+    def _room(self, kind: str, n: int) -> None:
+        if self.size and (self.kind != kind or self.size + n > self.stream.max_batch_bytes):
+            self._flush()
+        self.kind = kind
+
+    def add(self, deliveries: Iterable[Delivery]) -> None:
+        raw = self.stream.raw
+        region = self.region
+        for d in deliveries:
+            m = d.body
+            if type(m) is RawRef:
+                if raw:
+                    self._raw(d, m)
+                    continue
+                m = m.record(d.offset)  # decoded here, for a stream that reads records
+                self.decoded += 1
+            n = d.size + _RECORD_OVERHEAD
+            self._room("records", n)
+            r = self.resp.batch.records.add(
+                topic=m.topic, partition=m.partition, offset=d.offset, region=region,
+                key=m.key, value=m.value, timestamp_ms=m.timestamp,
+                delivery_attempt=d.attempt, ack_deadline_s=d.ack_deadline_s)
+            if m.headers:
+                h = r.headers.add
+                for k, v in m.headers:
+                    h(key=k, value=v or b"")
+            self.size += n
+            self.charged += d.size
+        self._flush()
+        st = self.stream
+        if self.entries and st.m_raw is not None:
+            st.m_raw.inc(self.entries)
+        if self.decoded and st.m_decoded is not None:
+            st.m_decoded.inc(self.decoded)
+
+    def _raw(self, d: Delivery, ref: RawRef) -> None:
+        e = self.entry
+        if e is not None and self.ref is ref and self.attempt == d.attempt \
+                and self.deadline == d.ack_deadline_s:
+            if d.offset == self.last + 1:
+                e.ranges[-1].last = d.offset
+            else:
+                e.ranges.add(first=d.offset)
+            self.last = d.offset
+            self.charged += d.size
+            return
+        data = ref.data
+        self._room("raw", len(data) + _RECORD_OVERHEAD)
+        e = self.resp.batch.raw.add(topic=ref.topic, partition=ref.partition,
+                                    region=self.region, batch=data,
+                                    delivery_attempt=d.attempt,
+                                    ack_deadline_s=d.ack_deadline_s)
+        e.ranges.add(first=d.offset)
+        self.entries += 1
+        self.entry, self.ref, self.last = e, ref, d.offset
+        self.attempt, self.deadline = d.attempt, d.ack_deadline_s
+        self.size += len(data) + _RECORD_OVERHEAD
+        self.charged += d.size
+
+
 class ConsumeStream:
     """One client stream: `topics` (topic -> (scope, settings)), a credit shared by the
     members it reads from, and `out`, what to send (responses, then an `_End`)."""
 
     def __init__(self, id: str, group: str, client_id: str,
-                 topics: dict[str, tuple[str, ReadSettings]], *, max_batch_bytes: int) -> None:
+                 topics: dict[str, tuple[str, ReadSettings]], *, max_batch_bytes: int,
+                 raw: bool = False, metrics: ProxyMetrics | None = None) -> None:
         self.id = id
         self.group = group
         self.client_id = client_id
         self.topics = topics
         self.credit = Credit()
+        self.raw = raw
+        """The client decodes Kafka record batches (`open.raw_batches`): sent undecoded."""
+        self.m_raw = metrics.consume_raw_batches.labels(group) if metrics else None
+        self.m_decoded = metrics.consume_decoded.labels(group) if metrics else None
         self.max_batch_bytes = max_batch_bytes
         self.out: asyncio.Queue[Any] = asyncio.Queue()
         self.ended = False
@@ -117,35 +217,8 @@ class ConsumeStream:
             return
         assert isinstance(out, Batch)
         sp = self._deliver_span(out) if tracing.ENABLED else None
-        # each record is built here, once, straight into the batch message (a body is the
-        # Kafka record as fetched: `member.GroupMember`)
-        region = out.region
-        resp = pb.ConsumeResponse()
-        add = resp.batch.records.add
-        size = 0
-        charged = 0  # the byte credit the message's records spent (their sizes)
-        limit = self.max_batch_bytes
-        for d in out.records:
-            m = d.body
-            n = d.size + _RECORD_OVERHEAD
-            if size and size + n > limit:
-                resp.batch.credit_bytes = charged
-                self.out.put_nowait(resp)
-                resp, size, charged = pb.ConsumeResponse(), 0, 0
-                add = resp.batch.records.add
-            r = add(topic=m.topic, partition=m.partition, offset=d.offset, region=region,
-                    key=m.key, value=m.value, timestamp_ms=m.timestamp,
-                    delivery_attempt=d.attempt, ack_deadline_s=d.ack_deadline_s)
-            if m.headers:
-                h = r.headers.add
-                for k, v in m.headers:
-                    h(key=k, value=v or b"")
-            size += n
-            charged += d.size
+        _Messages(self, out.region).add(out.records)
         self.records_sent += len(out.records)
-        if size:
-            resp.batch.credit_bytes = charged
-            self.out.put_nowait(resp)
         if sp is not None:
             sp.end()
 
@@ -339,7 +412,8 @@ class ConsumeService(Lifecycle):
                     reason="moved", epoch=self.current().epoch)
         sid = f"{self._prefix}-{next(self._ids)}"
         stream = ConsumeStream(sid, group, req.client_id or peer, checked,
-                               max_batch_bytes=self.config.max_batch_bytes)
+                               max_batch_bytes=self.config.max_batch_bytes,
+                               raw=req.raw_batches, metrics=self.metrics)
         stream.credit.add(req.credit, req.credit_bytes)
         self.streams[sid] = stream
         for scope, region in sorted(regions.items()):
@@ -351,7 +425,8 @@ class ConsumeService(Lifecycle):
             m.attach(stream, stream.of_scope(scope), stream.credit)
         self.log.info("consume_stream_opened", group=group, stream=sid,
                       client=stream.client_id, topics=sorted(checked)[:20],
-                      regions=regions, credit=req.credit, credit_bytes=req.credit_bytes)
+                      regions=regions, credit=req.credit, credit_bytes=req.credit_bytes,
+                      raw_batches=req.raw_batches)
         self._gauges()
         return stream
 

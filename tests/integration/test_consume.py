@@ -137,11 +137,14 @@ async def _committed(two_regions: Any, group: str, scope: str = "primary",
         return await admin.group_offsets(kafka_group(group, scope))
 
 
+@pytest.mark.parametrize("raw", [True, False], ids=["pass-through", "records"])
 @pytest.mark.parametrize("prefix", ["cons", "cnear"])
 async def test_a_client_reads_what_a_direct_consumer_reads(two_regions: Any, east: ProxyServer,
-                                                            prefix: str) -> None:
+                                                            prefix: str, raw: bool) -> None:
     """Ordered (read from the primary, east) and nearest (read from the own region): the
-    same records, each partition in Kafka's order, with every header (dr-* included)."""
+    same records, each partition in Kafka's order, with every header (dr-* included); as
+    Kafka's batches passed through and decoded by the client, and as records the proxy
+    decoded for a client that asked for them."""
     topic = await _topic(two_regions, prefix, 3)
     async with AsyncProducer(_target(east)) as p:
         for i in range(60):
@@ -149,9 +152,15 @@ async def test_a_client_reads_what_a_direct_consumer_reads(two_regions: Any, eas
                          headers=[("app", b"x")])
         await p.flush()
     group = unique("g")
-    async with AsyncConsumer(_target(east), group, [topic], credit=25) as c:
+    async with AsyncConsumer(_target(east), group, [topic], credit=25, raw_batches=raw) as c:
         got = await _take(c, 60)
     direct = await read_all(_boot(two_regions), topic, 3)
+    if raw:  # the batches went as Kafka stored them; nothing was decoded in the proxy
+        assert _metric(east, "crossdc_proxy_consume_raw_batches_total", group) > 0
+        assert _metric(east, "crossdc_proxy_consume_decoded_total", group) == 0
+    else:
+        assert _metric(east, "crossdc_proxy_consume_raw_batches_total", group) == 0
+        assert _metric(east, "crossdc_proxy_consume_decoded_total", group) == 60
     assert len(got) == 60
     for part in range(3):
         mine = [(r.offset, r.key, r.value) for r in got if r.partition == part]
@@ -165,6 +174,59 @@ async def test_a_client_reads_what_a_direct_consumer_reads(two_regions: Any, eas
     async def acked() -> bool:
         return _metric(east, "crossdc_proxy_consume_acked_total", group) == 60
     await eventually(acked, 10, "every ack applied")
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["pass-through", "records"])
+async def test_only_committed_transactions_are_read(two_regions: Any, east: ProxyServer,
+                                                    raw: bool) -> None:
+    """read_committed: an aborted transaction between two committed ones is never delivered,
+    nor are the transaction markers (batches skipped undecoded under pass-through)."""
+    from aiokafka import AIOKafkaProducer
+    topic = await _topic(two_regions, "cons", 1)
+    producer = AIOKafkaProducer(bootstrap_servers=_boot(two_regions),
+                                transactional_id=unique("tx"))
+    await producer.start()
+    try:
+        async with producer.transaction():
+            for i in range(3):
+                await producer.send(topic, f"c{i}".encode(), key=b"k")
+        await producer.begin_transaction()
+        for i in range(3):
+            await producer.send(topic, f"aborted{i}".encode(), key=b"k")
+        await producer.abort_transaction()
+        async with producer.transaction():
+            for i in range(3, 6):
+                await producer.send(topic, f"c{i}".encode(), key=b"k")
+    finally:
+        await producer.stop()
+    group = unique("g")
+    async with AsyncConsumer(_target(east), group, [topic], credit=100, raw_batches=raw) as c:
+        got = await _take(c, 6)
+        assert [r.value for r in got] == [f"c{i}".encode() for i in range(6)]
+        with pytest.raises(TimeoutError):  # nothing of the aborted one, no marker
+            await _next(c, 1.0)
+
+
+async def test_a_nack_of_some_records_of_a_batch_redelivers_only_those(
+        two_regions: Any, east: ProxyServer) -> None:
+    """Pass-through: ten records in one Kafka batch; two nacked come back alone (the batch
+    is sent again with their offsets), the others stay settled."""
+    topic = await _topic(two_regions, "clong", 1)
+    await produce(_boot(two_regions), topic, [(b"k", f"v{i}".encode(), ()) for i in range(10)],
+                  linger_ms=200)  # one batch
+    group = unique("g")
+    async with AsyncConsumer(_target(east), group, [topic], credit=100,
+                             raw_batches=True) as c:
+        got = await _take(c, 10, ack=False)
+        await c.ack([r for r in got if r.offset not in (3, 7)])
+        await c.nack([r for r in got if r.offset in (3, 7)])
+        again = await _take(c, 2, ack=False)
+        assert [(r.offset, r.value, r.delivery_attempt) for r in again] == \
+            [(3, b"v3", 2), (7, b"v7", 2)]
+        await c.ack(again)
+    assert _metric(east, "crossdc_proxy_consume_decoded_total", group) == 0
+    # the batch went twice: whole, then with the two offsets (one entry, two ranges)
+    assert _metric(east, "crossdc_proxy_consume_raw_batches_total", group) == 2
 
 
 async def test_the_committed_offset_never_passes_an_unacknowledged_record(

@@ -18,13 +18,13 @@ first decoded.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
 from crossdc_client.errors import CrossdcError
 
-__all__ = ["EXTRA", "BatchCorrupt", "BatchRecord", "DecoderMissing", "decode_batch",
-           "decode_batches", "decoder_available", "split"]
+__all__ = ["EXTRA", "BatchCorrupt", "BatchRecord", "DecoderMissing", "batch_records",
+           "decode_batch", "decode_batches", "decoder_available", "split"]
 
 EXTRA = "crossdc-client[fast]"
 LOG_OVERHEAD = 12  # base offset int64, length int32
@@ -100,6 +100,27 @@ def decode_batch(data: bytes | memoryview, first_offset: int = -1, *,
         raise
     except Exception as exc:  # the C decoder's own errors (struct, codec, corrupt record)
         raise BatchCorrupt(f"record batch does not decode: {exc!r}") from exc
+
+
+def batch_records(data: bytes | memoryview, *, check_crc: bool = True) -> Iterable[Any]:
+    """The records of one complete v2 batch as the C decoder gives them (`offset`,
+    `timestamp`, `key`, `value`, `headers`), for a caller that builds its own record type
+    (the SDK: one object per record, not two); none for a control batch. Errors as
+    `decode_batch`'s (iterating may still raise the decoder's own for a corrupt record)."""
+    cls = _batch_class()
+    if len(data) < _HEADER_BYTES or data[16] != 2:
+        raise BatchCorrupt(f"not a v2 record batch ({len(data)} bytes)")
+    if data[_ATTRIBUTES_AT + 1] & _CONTROL_FLAG:
+        return ()
+    try:
+        batch = cls(data)
+        if check_crc and not batch.validate_crc():
+            raise BatchCorrupt(f"record batch at offset {batch.base_offset} fails its CRC")
+    except BatchCorrupt:
+        raise
+    except Exception as exc:
+        raise BatchCorrupt(f"record batch does not decode: {exc!r}") from exc
+    return batch  # type: ignore[no-any-return]
 
 
 def split(data: bytes | memoryview) -> Iterator[memoryview]:

@@ -61,6 +61,7 @@ from typing import Any, NamedTuple, overload
 import grpc
 
 from crossdc_client.api import pb, pb_grpc
+from crossdc_client.batches import batch_records, decoder_available
 from crossdc_client.connect import Connection, Proxies, retry_backoff
 from crossdc_client.errors import ConsumeFailed, CrossdcError, ProxyError
 from crossdc_client.headers import DR_ID
@@ -122,6 +123,30 @@ def _record(r: Any) -> ConsumedRecord:
                           r.value if r.HasField("value") else None,
                           tuple([(h.key, h.value) for h in hs]) if hs else (),
                           r.timestamp_ms, r.delivery_attempt, r.ack_deadline_s)
+
+
+def _unbatched(entries: Iterable[Any]) -> list[ConsumedRecord]:
+    """The records of batches the proxy passed through (`RawRecords`): each batch decoded,
+    the records of its ranges kept."""
+    out: list[ConsumedRecord] = []
+    add = out.append
+    for e in entries:
+        ranges = [(r.first, r.last if r.HasField("last") else r.first) for r in e.ranges]
+        if not ranges:
+            continue
+        t, p, region = e.topic, e.partition, e.region
+        attempt, deadline = e.delivery_attempt, e.ack_deadline_s
+        lo, hi = ranges[0][0], ranges[-1][1]
+        whole = len(ranges) == 1
+        for r in batch_records(e.batch):
+            off = r.offset
+            if off < lo or off > hi or not (whole or any(a <= off <= b for a, b in ranges)):
+                continue
+            hs = r.headers
+            add(ConsumedRecord(t, p, off, region, r.key, r.value,
+                               tuple([(k, v if v is not None else b"") for k, v in hs])
+                               if hs else (), r.timestamp, attempt, deadline))
+    return out
 
 
 def offset_ranges(offsets: Iterable[int]) -> list[tuple[int, int]]:
@@ -195,7 +220,8 @@ class AsyncConsumer(Lifecycle):
 
     def __init__(self, target: str | Proxies, group: str, topics: Sequence[str] = (), *,
                  pattern: str = "", credit: int = DEFAULT_CREDIT,
-                 credit_bytes: int = DEFAULT_CREDIT_BYTES, ack_deadline_s: float = 0.0,
+                 credit_bytes: int = DEFAULT_CREDIT_BYTES, raw_batches: bool | None = None,
+                 ack_deadline_s: float = 0.0,
                  max_deliveries: int = 0, client_id: str = "", reconnect_attempts: int = 10,
                  retry_backoff_s: float = 0.1, open_timeout_s: float = 15.0,
                  max_message_bytes: int = 64 * 1024 * 1024,
@@ -208,6 +234,11 @@ class AsyncConsumer(Lifecycle):
             raise ValueError("credit must be > 0")
         if credit_bytes < 0:
             raise ValueError("credit_bytes must be >= 0 (0: records alone bound the stream)")
+        if raw_batches and not decoder_available():
+            batch_records(b"")  # raises DecoderMissing, naming the extra
+        self.raw_batches = decoder_available() if raw_batches is None else raw_batches
+        """Kafka's batches come undecoded and are decoded here (the `fast` extra's decoder:
+        by default whenever it is installed)."""
         if isinstance(topics, str):
             raise TypeError("topics is a list of topic names")
         if not isinstance(target, str):
@@ -386,7 +417,7 @@ class AsyncConsumer(Lifecycle):
                     group=self.group, topics=self.topics, pattern=self.pattern,
                     ack_deadline_s=self.ack_deadline_s, max_deliveries=self.max_deliveries,
                     credit=self.window, credit_bytes=self.window_bytes,
-                    client_id=self.client_id)))
+                    raw_batches=self.raw_batches, client_id=self.client_id)))
                 first = await call.read()
         except grpc.aio.AioRpcError as exc:
             await self._drop_call()
@@ -449,7 +480,8 @@ class AsyncConsumer(Lifecycle):
             if isinstance(item, _Ended):
                 await self._ended(item)
                 continue
-            records = tuple([_record(r) for r in item.records])
+            records = tuple([_record(r) for r in item.records] if not item.raw
+                            else _unbatched(item.raw))
             if item.credit_bytes and records:
                 self._charge(records, item.credit_bytes)
             now = time.monotonic()
