@@ -12,10 +12,10 @@ list), and a partition inside a handover's skip window.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from crossdc.clients.rawfetch import RawBatch
-from crossdc_client.batches import decode_batch
+if TYPE_CHECKING:  # the consume core stays free of Kafka clients (import-linter)
+    from crossdc.clients.rawfetch import RawBatch
 
 __all__ = ["RawRef", "Record", "offsets_of", "record_size"]
 
@@ -55,6 +55,7 @@ class RawRef:
     def records(self) -> dict[int, Record]:
         """Every record of the batch by offset (decoded on the first call, then kept)."""
         if self._records is None:
+            from crossdc_client.batches import decode_batch  # aiokafka's decoder: only here
             t, p = self.topic, self.partition
             self._records = {r.offset: Record(t, p, r.offset, r.timestamp_ms, r.key, r.value,
                                               r.headers)
