@@ -12,10 +12,7 @@ list), and a partition inside a handover's skip window.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:  # the consume core stays free of Kafka clients (import-linter)
-    from crossdc.clients.rawfetch import RawBatch
+from typing import Any, NamedTuple
 
 __all__ = ["RawRef", "Record", "offsets_of", "record_size"]
 
@@ -38,7 +35,9 @@ class RawRef:
 
     __slots__ = ("_bytes", "_records", "batch", "partition", "topic")
 
-    def __init__(self, topic: str, partition: int, batch: RawBatch) -> None:
+    def __init__(self, topic: str, partition: int, batch: Any) -> None:
+        # `batch`: a crossdc.clients.rawfetch.RawBatch (not imported: the consume core loads
+        # no Kafka client, an import-linter contract)
         self.topic = topic
         self.partition = partition
         self.batch = batch
