@@ -79,4 +79,4 @@ def record_size(ref: RawRef) -> int:
     """What each record of the batch counts for in memory bounds and byte credit: an equal
     share of the batch's bytes (at least 1)."""
     b = ref.batch
-    return max(1, len(b.data) // max(1, b.count))
+    return max(1, len(b.data) // max(1, int(b.count)))
