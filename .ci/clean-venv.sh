@@ -12,8 +12,8 @@
 #           CROSSDC_CLIENT_PYTHON set to this venv's python, which runs the application.
 #
 #   lean    `pip install crossdc` (with crossdc-client, its dependency), what a proxy host gets: no pyspark, matplotlib,
-#           testcontainers, grpcio-tools or dev tools. The CLI, `dr proxy serve --help` and
-#           the proxy's gRPC stubs load; every error path (bad options, hostile files, a
+#           testcontainers, grpcio-tools or dev tools. The CLI, `dr proxy serve --help`,
+#           the proxy's gRPC stubs and aiokafka's codecs (cramjam) load; every error path (bad options, hostile files, a
 #           command that needs an extra) ends in one line and the documented exit code,
 #           never a traceback, run from a folder outside the checkout (defect 10: a user's
 #           install has no `click` and no checkout around it).
@@ -126,6 +126,9 @@ check 0 0 -- python -m dr.reconcile --help
 check 0 0 -- dr topology validate topology.yaml
 check 0 0 -- dr policy validate policy.yaml -t topology.yaml
 check 0 0 -- python -c "import proxy.api, proxy.server; from proxy.build_protos import is_fresh; assert is_fresh()"
+# aiokafka's snappy, lz4 and zstd codecs come with the runtime set (cramjam), not an extra
+check 0 0 -- python -c "from aiokafka.codec import has_lz4, has_snappy, has_zstd
+assert has_lz4() and has_snappy() and has_zstd(), 'no cramjam: compressed topics unreadable'"
 # bad input: one line, exit 2 (the command line) or 65 (a file refused: dr/exits.py)
 check 2 1 -- dr status --bogus
 check 65 1 -- dr topology validate /nonexistent
