@@ -247,6 +247,18 @@ class ProxyMetrics:
         self.consume_decoded = Counter(
             "crossdc_proxy_consume_decoded", "Records of batches fetched raw that the proxy "
             "decoded to send (a stream that reads records)", ("group",), registry=r)
+        self.consume_fetch_cache = Counter(
+            "crossdc_proxy_consume_fetch_cache", "Partitions a member's raw fetch asked for, by "
+            "how they were answered: from the batches cached for the groups of this process "
+            "(hit), by another member's fetch in flight (joined), or by the brokers (miss)",
+            ("region", "result"), registry=r)
+        self.consume_fetched_bytes = Counter(
+            "crossdc_proxy_consume_fetched_bytes", "Record batch bytes the members' raw "
+            "fetches got from the brokers", ("region",), registry=r)
+        self.consume_fetch_cache_bytes = Gauge(
+            "crossdc_proxy_consume_fetch_cache_bytes", "Bytes of record batches cached for "
+            "the groups of this process that read the same partitions", ("region",),
+            registry=r)
         self.consume_acked = Counter("crossdc_proxy_consume_acked", "Records settled by an "
                                      "ack", ("group",), registry=r)
         self.consume_nacked = Counter("crossdc_proxy_consume_nacked", "Records nacked by a "

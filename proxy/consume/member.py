@@ -83,6 +83,7 @@ from proxy.consume.dispatch import (
 )
 from proxy.consume.handover import Handover, SettledIds, SkipSet
 from proxy.consume.raw import RawRef, Record, offsets_of, record_size
+from proxy.consume.shared import SharedFetch
 from proxy.errors import PrimaryUnavailable, ProxyError, UnknownTopic
 from proxy.metrics import ProxyMetrics
 from proxy.router import Incoming, Outcome
@@ -164,7 +165,8 @@ class GroupMember(Lifecycle):
                  route: Route, config: ConsumeConfig, metrics: ProxyMetrics, *,
                  client_id: str, default_deliveries: int = 5, keep_ids: int | None = None,
                  handovers: HandoverLookup | None = None, handover_epoch: int | None = None,
-                 on_failure: Callable[[str, BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[str, BaseException], None] | None = None,
+                 shared: SharedFetch | None = None) -> None:
         self.group = group
         self.scope = scope
         self.region = region
@@ -175,6 +177,8 @@ class GroupMember(Lifecycle):
         self.client_id = client_id
         self.kafka_group = kafka_group(group, scope)
         self._on_failure = on_failure
+        self._shared = shared
+        """The region's fetches shared with this process's other groups (the service's)."""
         self.dispatcher = Dispatcher(max_span=config.max_span,
                                      prefetch_records=config.prefetch_records,
                                      max_buffered_bytes=config.max_buffered_bytes,
@@ -251,6 +255,8 @@ class GroupMember(Lifecycle):
         if not self._begin_stop():
             return
         self._stopping.set()
+        if self._shared is not None:
+            self._shared.forget(self)
         for t in self._tasks:
             t.cancel()
         if self._tasks:
@@ -289,6 +295,8 @@ class GroupMember(Lifecycle):
         new = set(topics) - self.topics
         if new:
             self.topics |= new
+            if self._shared is not None:
+                self._shared.want(self, new)
             c = self._consumer
             if c is not None:
                 self.log.info("consume_member_subscribes", topics=sorted(self.topics))
@@ -559,7 +567,9 @@ class GroupMember(Lifecycle):
                 continue
             got = 0
             failed = 0
-            for tp, pf in (await fetcher.fetch(positions)).items():
+            answers = await (fetcher.fetch(positions) if self._shared is None
+                             else self._shared.fetch(fetcher, positions))
+            for tp, pf in answers.items():
                 key = (tp.topic, tp.partition)
                 if self._rebalancing or _position(consumer, key) != pf.fetch_offset:
                     continue  # moved meanwhile (a rebalance, a handover's seek): read again

@@ -48,7 +48,10 @@ class RawRef:
     def data(self) -> bytes:
         """The batch's bytes (copied out of the fetch response once)."""
         if self._bytes is None:
-            self._bytes = bytes(self.batch.data)
+            d = self.batch.data
+            own = d.obj if isinstance(d, memoryview) else None
+            # a batch with bytes of its own (the groups' cache) is not copied again
+            self._bytes = own if type(own) is bytes and len(own) == len(d) else bytes(d)
         return self._bytes
 
     def records(self) -> dict[int, Record]:

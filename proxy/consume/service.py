@@ -45,6 +45,7 @@ from proxy.consume.dispatch import Batch, Control, Credit, Delivery, Output
 from proxy.consume.follow import PrimaryFollower
 from proxy.consume.member import GroupMember, Route
 from proxy.consume.raw import RawRef
+from proxy.consume.shared import SharedFetch
 from proxy.consume.source import ReadSettings, read_region, stream_settings
 from proxy.errors import (
     InvalidConsume,
@@ -270,6 +271,7 @@ class ConsumeService(Lifecycle):
         self.policy = policy
         self.config = config
         self.metrics = metrics
+        self._shared: dict[str, SharedFetch] = {}  # per region: the members' shared fetches
         self.client_id = client_id
         self.members: dict[tuple[str, str], GroupMember] = {}
         self.streams: dict[str, ConsumeStream] = {}
@@ -544,7 +546,16 @@ class ConsumeService(Lifecycle):
                            on_failure=self._member_failed,
                            keep_ids=(self.config.sync_rewind if scope == "primary" else None),
                            handovers=self.follower.handovers if scope == "primary" else None,
-                           handover_epoch=handover_epoch)
+                           handover_epoch=handover_epoch, shared=self._shared_fetch(region))
+
+    def _shared_fetch(self, region: str) -> SharedFetch:
+        """The fetches this process's members of `region` share (one fetch, many groups)."""
+        shared = self._shared.get(region)
+        if shared is None:
+            shared = self._shared[region] = SharedFetch(
+                region, self.metrics, max_bytes=self.config.fetch_cache_bytes,
+                partition_bytes=self.config.partition_fetch_bytes)
+        return shared
 
     def _gauges(self) -> None:
         m = self.metrics

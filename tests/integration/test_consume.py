@@ -229,6 +229,49 @@ async def test_a_nack_of_some_records_of_a_batch_redelivers_only_those(
     assert _metric(east, "crossdc_proxy_consume_raw_batches_total", group) == 2
 
 
+def _sample(server: ProxyServer, name: str, **labels: str) -> float:
+    return server.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_two_groups_on_one_partition_fetch_it_once(two_regions: Any,
+                                                         east: ProxyServer) -> None:
+    """One fetch, many groups: two groups read the same partition through one proxy; the
+    brokers send its batches once (the second group's fetches join the first's in flight
+    or are answered from the cache), and each group gets every record."""
+    topic = await _topic(two_regions, "cons", 1)
+    g1, g2 = unique("g"), unique("g")
+    fetched = "crossdc_proxy_consume_fetched_bytes_total"
+    async with AsyncConsumer(_target(east), g1, [topic], credit=1000) as a, \
+            AsyncConsumer(_target(east), g2, [topic], credit=1000) as b:
+        for g in (g1, g2):
+            assert await east.consume.member(g, "primary").wait_joined(20)
+        before = _sample(east, fetched, region="east")
+        sent = await produce(_boot(two_regions), topic,
+                             [(b"k", b"x" * 200, ()) for _ in range(2000)], linger_ms=20)
+        got_a, got_b = await asyncio.gather(_take(a, 2000), _take(b, 2000))
+    assert [r.offset for r in got_a] == [r.offset for r in got_b] == [m.offset for m in sent]
+    log_bytes = await _log_bytes(two_regions, topic)
+    once = _sample(east, fetched, region="east") - before
+    assert once <= 1.2 * log_bytes, f"{once} bytes fetched for {log_bytes} of log: not shared"
+    shared = sum(_sample(east, "crossdc_proxy_consume_fetch_cache_total", region="east",
+                         result=r) for r in ("hit", "joined"))
+    assert shared >= 1
+
+
+async def _log_bytes(two_regions: Any, topic: str) -> int:
+    """The bytes of `topic`'s batches as one reader fetches them (a raw fetch of it all)."""
+    from crossdc.clients.rawfetch import RawFetcher
+    conn = KafkaConnection.of(two_regions.topology.region("east"))
+    total, offset = 0, 0
+    async with RawFetcher.of(conn) as f:
+        while True:
+            pf = (await f.fetch({TopicPartition(topic, 0): offset}))[TopicPartition(topic, 0)]
+            if not pf.batches:
+                return total
+            total += pf.bytes
+            offset = pf.next_offset
+
+
 async def test_the_committed_offset_never_passes_an_unacknowledged_record(
         two_regions: Any, east: ProxyServer) -> None:
     topic = await _topic(two_regions, "cons", 1)
