@@ -268,6 +268,10 @@ class ProxyMetrics:
                                           "or nacked that were settled already, never "
                                           "delivered, or read from another region: ignored",
                                           ("group",), registry=r)
+        self.consume_seeks = Counter("crossdc_proxy_consume_seeks", "Partitions a client "
+                                     "stream moved (Kafka's seek): applied, or refused (not "
+                                     "its partition, a rebalance or a move of the primary "
+                                     "under way)", ("group", "result"), registry=r)
         self.consume_dead_lettered = Counter("crossdc_proxy_consume_dead_lettered", "Records "
                                              "written to their dead-letter topic after "
                                              "max_deliveries deliveries", ("group",),

@@ -290,8 +290,9 @@ class _Servicer(pb_grpc.ProxyServicer):
         call's status); then credits, acks and nacks are applied as they arrive while
         batches and controls go out. A token is checked at the open and again with each
         credit (a revoked token gets no more records); a bad message ends the stream
-        INVALID_ARGUMENT; the client half-closing ends it OK. Its records in flight are
-        given back when it ends, however it ends."""
+        INVALID_ARGUMENT; the client half-closing ends it OK. Seeks and pauses (Kafka's)
+        apply to the partitions the stream holds (`ConsumeService.seek`, `pause`). Its
+        records in flight are given back when it ends, however it ends."""
         s = self.s
         try:
             entry = s.authenticate(context)
@@ -380,9 +381,13 @@ class _Servicer(pb_grpc.ProxyServicer):
                     s.consume.settle(stream.group, req.ack.partitions, None)
                 elif kind == "nack":
                     s.consume.settle(stream.group, req.nack.partitions, req.nack.delay_s)
+                elif kind == "seek":  # answered in order (SOUGHT); awaited: offsets looked up
+                    await s.consume.seek(stream, req.seek.partitions)
+                elif kind == "pause":
+                    s.consume.pause(stream, req.pause.partitions, req.pause.paused)
                 else:
                     stream.end(InvalidConsume(f"`{kind}` after the stream opened: credit, "
-                                              "ack or nack"))
+                                              "ack, nack, seek or pause"))
                     return
             stream.end(None)  # the client half-closed: nothing more to say
         except ProxyError as exc:  # a bad range, a revoked token

@@ -15,7 +15,10 @@ Per partition the member owns (its share of the Kafka group):
   and nack delays into records due again, and records out of deliveries into `DeadLetter`s
   (`dead_lettered()` once written);
 - `commits()`: the acknowledged prefix of each partition whose prefix moved;
-- `wants_fetch()`: whether the partition may fetch more (prefetch, span and memory bounds).
+- `wants_fetch()`: whether the partition may fetch more (prefetch, span and memory bounds);
+- `seek()`: the partition's stream moved it (Kafka's seek): what was fetched and not settled
+  is dropped and the tracker starts again at the new offset (so the next commit is it);
+  `pause()`: nothing of the partition is delivered to its stream until resumed.
 
 Streams (`attach`/`detach`) share the partitions through `assign.assign` (the second
 rebalance): a partition moving between live streams is REVOKED on the old one at once and
@@ -143,7 +146,7 @@ class StreamState:
 
 class _Part:
     __slots__ = ("acks", "deliverer", "fresh", "fresh_bytes", "held", "held_bytes", "holder",
-                 "last_commit", "last_ms", "next", "owner", "settings", "settled")
+                 "last_commit", "last_ms", "next", "owner", "paused", "settings", "settled")
 
     def __init__(self, keep_ids: int | None = None) -> None:
         # the ids of settled records from `committed - keep` on (the handover's skip list)
@@ -160,6 +163,7 @@ class _Part:
         self.settings: ReadSettings | None = None  # of the last stream it was delivered to
         self.last_commit: int | None = None
         self.last_ms: int | None = None    # the timestamp of the last record delivered
+        self.paused = False                # by its owner: nothing delivered (cleared on a move)
 
 
 class Dispatcher:
@@ -332,6 +336,7 @@ class Dispatcher:
                 p.holder = None
             if p.owner == stream_id:
                 p.owner = None
+                p.paused = False
             if p.deliverer == stream_id:
                 p.deliverer = None
         self._reassign()
@@ -343,6 +348,47 @@ class Dispatcher:
         if st is not None:
             st.topics = dict(topics)
             self._reassign()
+
+    def seek(self, tp: TopicPartition, offset: int, stream: str) -> bool:
+        """`stream`, which `tp` is assigned to, moved it to `offset` (Kafka's seek): the
+        records fetched and not settled are dropped (their bodies freed; those in flight are
+        forgotten: the client gives their credit back), the tracker starts at `offset`, so the
+        next commit is `offset`, and what is fetched next must start there (the caller moved
+        the consumer). False (nothing changed) when `tp` is not assigned to `stream`.
+
+        An ack after this names an offset of the new tracker: below `offset` or not delivered
+        again yet it is ignored; delivered again, it settles that delivery (the record was
+        processed before the seek: at-least-once holds)."""
+        p = self._parts.get(tp)
+        if p is None or p.owner != stream or offset < 0:
+            return False
+        self.buffered_bytes -= p.fresh_bytes + p.held_bytes
+        p.fresh.clear()
+        p.held.clear()
+        p.fresh_bytes = p.held_bytes = 0
+        p.acks = PartitionAcks(offset, max_deliveries=self._deliveries(tp, p),
+                               max_span=self.max_span)
+        p.next = offset
+        p.holder = None  # nothing in flight: a move under way finishes at the next pump
+        p.last_ms = None
+        if self.keep_ids is not None:
+            p.settled = SettledIds(self.keep_ids)
+        return True
+
+    def pause(self, tp: TopicPartition, stream: str, paused: bool = True) -> bool:
+        """`stream`, which `tp` is assigned to, pauses (or resumes) it: nothing of it is
+        delivered, first deliveries and redeliveries alike, until resumed (records in flight
+        keep their deadlines; fetching stops at the prefetch bound as for a stream without
+        credit). A move of `tp` to another stream clears it. False when not `stream`'s."""
+        p = self._parts.get(tp)
+        if p is None or p.owner != stream:
+            return False
+        p.paused = paused
+        return True
+
+    def paused(self, stream: str) -> frozenset[TopicPartition]:
+        """The partitions `stream` has paused."""
+        return frozenset(tp for tp, p in self._parts.items() if p.owner == stream and p.paused)
 
     # -- acks ----------------------------------------------------------------------------------
     def ack(self, tp: TopicPartition, first: int, end: int) -> int:
@@ -433,7 +479,7 @@ class Dispatcher:
         """Deliver up to `limit` records of `tp` to `st` (and up to `budget` bytes, the
         crossing record included); the records and bytes delivered."""
         acks = p.acks
-        if acks is None or limit <= 0:
+        if acks is None or limit <= 0 or p.paused:
             return 0, 0
         settings = st.topics.get(tp[0])
         if settings is None:
@@ -529,6 +575,7 @@ class Dispatcher:
             if p.owner is not None and p.owner in self.streams:
                 revoked.setdefault(p.owner, []).append(tp)
             p.owner = new
+            p.paused = False  # a pause is the stream's: the new one reads it
             if new is not None and not self._inflight(p):
                 p.deliverer = new
                 assigned.setdefault(new, []).append(tp)

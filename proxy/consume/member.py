@@ -363,6 +363,72 @@ class GroupMember(Lifecycle):
             self.metrics.consume_stale_acks.labels(self.group).inc(asked - done)
         return done, asked - done
 
+    async def seek(self, stream_id: str, wanted: dict[tuple[str, int], int],
+                   ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], str]]:
+        """`stream_id` moves partitions it holds (Kafka's seek): `wanted` maps each to an
+        offset, -2 (the beginning) or -1 (the end: the last stable offset). An offset outside
+        the log is placed as `auto_offset_reset` says (what a Kafka consumer does when its
+        fetch is refused). The consumer is moved (`seek`: a raw fetch answered for the old
+        position is dropped) and the dispatcher starts the partition there (`Dispatcher.seek`;
+        a handover's skip window of it is dropped). Returns (offsets applied, refusals)."""
+        d = self.dispatcher
+        refused: dict[tuple[str, int], str] = {}
+        mine: dict[tuple[str, int], int] = {}
+        for tp, off in wanted.items():
+            if d.owner_of(tp) != stream_id:
+                refused[tp] = "not assigned to this stream"
+            else:
+                mine[tp] = off
+        c = self._consumer
+        if mine and (c is None or self._rebalancing or self.frozen):
+            why = "the primary is moving" if self.frozen else "the group is rebalancing"
+            refused |= dict.fromkeys(mine, why)
+            mine = {}
+        if not mine:
+            return {}, refused
+        kps = [TopicPartition(*tp) for tp in mine]
+        try:
+            async with asyncio.timeout(self.config.open_timeout_s):
+                first = await c.beginning_offsets(kps)
+                last = await c.end_offsets(kps)
+        except (KafkaError, TimeoutError) as exc:
+            self.log.info("consume_seek_unresolved", error=repr(exc), partitions=len(kps))
+            return {}, refused | dict.fromkeys(mine, f"offsets not found: {exc!r}")
+        applied: dict[tuple[str, int], int] = {}
+        earliest = self.config.auto_offset_reset == "earliest"
+        for tp, off in mine.items():
+            k = TopicPartition(*tp)
+            lo, hi = int(first[k]), int(last[k])
+            at = lo if off == -2 else hi if off == -1 else off
+            if not lo <= at <= hi:
+                at = lo if earliest else hi
+            if self._consumer is not c or d.owner_of(tp) != stream_id:
+                refused[tp] = "not assigned to this stream"  # moved during the lookup
+                continue
+            try:
+                c.seek(k, at)
+            except IllegalStateError:
+                refused[tp] = "not assigned to this member (a rebalance)"
+                continue
+            d.seek(tp, at, stream_id)
+            self._skips.pop(tp, None)
+            applied[tp] = at
+        if applied:
+            self.log.info("consume_sought", stream=stream_id,
+                          partitions={f"{t}/{p}": o for (t, p), o in sorted(applied.items())[:20]})
+            self._fetch_wake.set()
+            self.pump()
+        return applied, refused
+
+    def pause_partitions(self, stream_id: str, tps: Iterable[tuple[str, int]],
+                         paused: bool) -> int:
+        """`stream_id` pauses (or resumes) partitions it holds; returns how many changed
+        (the consumer is not touched: no rebalance)."""
+        n = sum(self.dispatcher.pause(tp, stream_id, paused) for tp in tps)
+        if n and not paused:
+            self.pump()
+        return n
+
     # -- the move of the primary (the service's `Switch` drives these) -------------------------
     def hold(self, held: bool) -> None:
         """Stop (True) or restart delivering records; acks and nacks still apply."""

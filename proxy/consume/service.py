@@ -70,6 +70,8 @@ _GROUP = re.compile(r"^[A-Za-z0-9._\-]{1,200}$")
 _INTERNAL = ("__", "_crossdc.")
 MAX_TOPICS = 1_000
 """Topics one stream may read (exact or matched by its pattern)."""
+MAX_PARTITIONS = 10_000
+"""Partitions one `seek` or `pause` may name."""
 
 _RECORD_OVERHEAD = 48
 """Bytes of a record's message besides its key, value and headers (topic, numbers, tags):
@@ -240,6 +242,19 @@ class ConsumeStream:
                                  "crossdc.partitions": [f"{t}/{p}" for t, p in tps[:20]],
                                  "crossdc.redelivered": sum(d.attempt > 1
                                                             for d in out.records)})
+
+    def sought(self, applied: dict[tuple[str, int], int], refused: dict[tuple[str, int], str],
+               region: str) -> None:
+        """Queue the answer to a `seek` (after the records sent before it: what comes after
+        is read from the new positions)."""
+        if self.ended:
+            return
+        why = sorted(set(refused.values()))
+        self.out.put_nowait(pb.ConsumeResponse(control=pb.ConsumeControl(
+            kind=pb.ConsumeControl.SOUGHT, region=region, reason="; ".join(why)[:500],
+            offsets=[pb.PartitionOffset(topic=t, partition=p, offset=o)
+                     for (t, p), o in sorted(applied.items())],
+            partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in sorted(refused)])))
 
     def control(self, kind: Any, *, region: str, epoch: int) -> None:
         """Queue a control without partitions (PAUSED, RESUMED)."""
@@ -480,6 +495,49 @@ class ConsumeService(Lifecycle):
                 not_here.append(tp)
         return settled, ignored, not_here
 
+    async def seek(self, stream: ConsumeStream, partitions: Sequence[Any]) -> None:
+        """A stream's `seek` (PartitionOffset entries): each partition moved by the member
+        holding it for this stream; answered with one SOUGHT control (the offsets applied,
+        the partitions refused). A malformed seek ends the stream: InvalidConsume."""
+        wanted = _partition_offsets(stream, partitions)
+        applied: dict[tuple[str, int], int] = {}
+        refused: dict[tuple[str, int], str] = {}
+        region = ""
+        by_scope: dict[str, dict[tuple[str, int], int]] = {}
+        for tp, off in wanted.items():
+            by_scope.setdefault(stream.topics[tp[0]][0], {})[tp] = off
+        for scope, part in sorted(by_scope.items()):
+            m = self.members.get((stream.group, scope))
+            if m is None:
+                refused |= dict.fromkeys(part, "not assigned to this stream")
+                continue
+            done, no = await m.seek(stream.id, part)
+            applied |= done
+            refused |= no
+            if done:
+                region = m.region
+        self.metrics.consume_seeks.labels(stream.group, "applied").inc(len(applied))
+        if refused:
+            self.metrics.consume_seeks.labels(stream.group, "refused").inc(len(refused))
+        stream.sought(applied, refused, region)
+
+    def pause(self, stream: ConsumeStream, partitions: Sequence[Any], paused: bool) -> int:
+        """A stream's `pause` (or resume) of partitions it holds: the partitions changed
+        (others are ignored: not the stream's, or not of its topics)."""
+        if len(partitions) > MAX_PARTITIONS:
+            raise InvalidConsume(f"{len(partitions)} partitions in one pause; at most "
+                                 f"{MAX_PARTITIONS}")
+        n = 0
+        for scope in SCOPES:
+            m = self.members.get((stream.group, scope))
+            if m is None:
+                continue
+            tps = [(p.topic, p.partition) for p in partitions
+                   if stream.topics.get(p.topic, ("",))[0] == scope]
+            if tps:
+                n += m.pause_partitions(stream.id, tps, paused)
+        return n
+
     # -- checks --------------------------------------------------------------------------------
     async def _check(self, topic: str, policy: Policy, entry: TokenEntry | None,
                      ack_deadline_s: float, max_deliveries: int,
@@ -573,6 +631,25 @@ class ConsumeService(Lifecycle):
             m.consume_paused.labels(g).set(sum(x.paused for x in ms))
             m.consume_streams.labels(g).set(streams.get(g, 0))
         self._groups = set(groups) | set(streams)
+
+
+def _partition_offsets(stream: ConsumeStream, partitions: Sequence[Any],
+                       ) -> dict[tuple[str, int], int]:
+    """A seek's entries checked: topics of the stream, partitions >= 0, offsets >= 0 or -2
+    (beginning) or -1 (end); the last entry of a partition named twice wins."""
+    if len(partitions) > MAX_PARTITIONS:
+        raise InvalidConsume(f"{len(partitions)} partitions in one seek; at most "
+                             f"{MAX_PARTITIONS}")
+    out: dict[tuple[str, int], int] = {}
+    for p in partitions:
+        if p.topic not in stream.topics:
+            raise InvalidConsume(f"seek of {shown(p.topic)}: not a topic of this stream")
+        if p.partition < 0 or p.offset < -2:
+            raise InvalidConsume(f"seek of {shown(p.topic)} partition {p.partition} to "
+                                 f"{p.offset}: partitions are >= 0, offsets >= 0, or -2 "
+                                 "(the beginning) or -1 (the end)")
+        out[(p.topic, p.partition)] = p.offset
+    return out
 
 
 def _ranges(p: Any) -> list[Range]:

@@ -54,7 +54,8 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, overload
 
@@ -63,7 +64,13 @@ import grpc
 from crossdc_client.api import pb, pb_grpc
 from crossdc_client.batches import batch_records, decoder_available
 from crossdc_client.connect import Connection, Proxies, retry_backoff
-from crossdc_client.errors import ConsumeFailed, CrossdcError, ProxyError
+from crossdc_client.errors import (
+    ConsumeFailed,
+    CrossdcError,
+    NotAssigned,
+    ProxyError,
+    ProxyUnavailable,
+)
 from crossdc_client.headers import DR_ID
 from crossdc_client.lifecycle import Lifecycle
 
@@ -88,6 +95,11 @@ def reconnects(code: grpc.StatusCode, details: str) -> bool:
     return code in _RECONNECT or (code == grpc.StatusCode.INTERNAL
                                   and details.strip() == _CORE_INTERNAL)
 Key = tuple[str, int, str, int]  # topic, partition, region, offset
+TP = tuple[str, int]  # topic, partition (aiokafka's TopicPartition is one)
+BEGINNING = -2
+"""A seek's offset for the first record kept (Kafka's ListOffsets convention)."""
+END = -1
+"""A seek's offset for the end (the last stable offset: only new records are read)."""
 
 
 class ConsumedRecord(NamedTuple):
@@ -161,9 +173,13 @@ def offset_ranges(offsets: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def _partition_ranges(records: Iterable[ConsumedRecord]) -> list[Any]:
+    return _key_ranges((r.topic, r.partition, r.region, r.offset) for r in records)
+
+
+def _key_ranges(keys: Iterable[Key]) -> list[Any]:
     by: dict[tuple[str, int, str], list[int]] = {}
-    for r in records:
-        by.setdefault((r.topic, r.partition, r.region), []).append(r.offset)
+    for t, p, region, off in keys:
+        by.setdefault((t, p, region), []).append(off)
     return [pb.PartitionRanges(topic=t, partition=p, region=region, ranges=[
                 pb.OffsetRange(first=f, last=last) if last != f else pb.OffsetRange(first=f)
                 for f, last in offset_ranges(offs)])
@@ -285,6 +301,15 @@ class AsyncConsumer(Lifecycle):
         self._charges: dict[Key, int] = {}
         self.stream_id = ""
         self.assigned: set[tuple[str, int]] = set()
+        # the Kafka-like surface: seeks in flight and their answers, pauses, positions
+        self._msgs = 0  # messages read on the stream (orders batches and SOUGHT answers)
+        self._seeking: dict[TP, int] = {}  # partition -> seeks sent, not answered yet
+        self._sought_at: dict[TP, int] = {}  # partition -> the message its last seek was at
+        self._seek_waiters: deque[tuple[asyncio.Future[Any], tuple[TP, ...]]] = deque()
+        self._paused: set[TP] = set()
+        self._held_back: dict[TP, list[ConsumedRecord]] = {}  # delivered while paused here
+        self._ready: deque[tuple[ConsumedRecord, ...]] = deque()  # held back, resumed
+        self._positions: dict[TP, tuple[str, int]] = {}  # partition -> (region, next offset)
         self.opened: dict[str, Any] = {}
         self.reconnects = 0
         self.moves = 0
@@ -360,11 +385,11 @@ class AsyncConsumer(Lifecycle):
             log.info("consume_discovery_failed group=%s error=%r known=%s", self.group,
                      str(exc), self._known)
             if not self._known:
-                raise ConsumeFailed(grpc.StatusCode.UNAVAILABLE,
-                                    f"{self._proxies}: {exc}") from None
+                raise ProxyUnavailable(grpc.StatusCode.UNAVAILABLE,
+                                       f"{self._proxies}: {exc}") from None
         if not self._known:
-            raise ConsumeFailed(grpc.StatusCode.UNAVAILABLE,
-                                f"no healthy proxy: Consul lists none of {self._proxies}")
+            raise ProxyUnavailable(grpc.StatusCode.UNAVAILABLE,
+                                   f"no healthy proxy: Consul lists none of {self._proxies}")
         return min(self._known, key=lambda a: self._failed.get(a, -math.inf))
 
     async def _drop_call(self) -> None:
@@ -392,8 +417,8 @@ class AsyncConsumer(Lifecycle):
                     self._failed[self.target] = time.monotonic()
                 failures += 1
                 if failures > self.reconnect_attempts:
-                    raise ConsumeFailed(exc.code, f"{failures} attempts to open the stream "
-                                        f"failed; the last: {exc}") from exc
+                    raise ProxyUnavailable(exc.code, f"{failures} attempts to open the "
+                                           f"stream failed; the last: {exc}") from exc
                 pause = self._backoff.pause(failures)
                 log.info("consume_stream_retry group=%s attempt=%d target=%s error=%r "
                          "pause_s=%.3f first=%s", self.group, failures, self.target, str(exc),
@@ -409,6 +434,14 @@ class AsyncConsumer(Lifecycle):
         self._returned_bytes = 0
         self._charges.clear()
         self.assigned.clear()
+        self._fail_seeks("the stream was opened again: its partitions were given back")
+        self._msgs = 0
+        self._seeking.clear()
+        self._sought_at.clear()
+        self._paused.clear()
+        self._held_back.clear()
+        self._ready.clear()
+        self._positions.clear()
         call = self._stub.Consume(metadata=self._metadata)
         self._call = call
         try:
@@ -421,7 +454,7 @@ class AsyncConsumer(Lifecycle):
                 first = await call.read()
         except grpc.aio.AioRpcError as exc:
             await self._drop_call()
-            raise ConsumeFailed(exc.code(), exc.details() or "") from None
+            raise ConsumeFailed.for_code(exc.code(), exc.details() or "") from None
         except TimeoutError:
             await self._drop_call()
             raise ConsumeFailed(grpc.StatusCode.UNAVAILABLE,
@@ -444,13 +477,16 @@ class AsyncConsumer(Lifecycle):
             while True:
                 msg = await call.read()
                 if msg is grpc.aio.EOF:
+                    self._fail_seeks("the stream ended")
                     self._queue.put_nowait(_Ended(None))
                     return
+                self._msgs += 1
                 if msg.WhichOneof("kind") == "control":
                     self._control(msg.control)
                     continue
-                self._queue.put_nowait(msg.batch)
+                self._queue.put_nowait((self._msgs, msg.batch))
         except grpc.aio.AioRpcError as exc:
+            self._fail_seeks("the stream ended")
             self._queue.put_nowait(_Ended(exc))
 
     def _control(self, c: Any) -> None:
@@ -459,6 +495,47 @@ class AsyncConsumer(Lifecycle):
             self.assigned |= tps
         elif c.kind == pb.ConsumeControl.REVOKED:
             self.assigned -= tps
+            self._paused -= tps  # a pause is of this stream's assignment, as in Kafka
+            for tp in tps:
+                self._positions.pop(tp, None)
+                self._held_back.pop(tp, None)  # outstanding still: they expire here
+        elif c.kind == pb.ConsumeControl.SOUGHT:
+            self._sought(c, tps)
+
+    def _sought(self, c: Any, refused: set[TP]) -> None:
+        """The answer to the oldest seek in flight (the proxy answers in order): the records
+        of each partition it moved read before now are stale (dropped at `__anext__`, their
+        credit given back), those outstanding are forgotten by the proxy (their credit is
+        given back; a later ack of one settles that offset if it was delivered again)."""
+        applied = {(o.topic, o.partition): o.offset for o in c.offsets}
+        for tp in applied.keys() | refused:
+            n = self._seeking.get(tp, 0) - 1
+            if n > 0:
+                self._seeking[tp] = n
+            else:
+                self._seeking.pop(tp, None)
+        if applied:
+            for tp, off in applied.items():
+                self._sought_at[tp] = self._msgs
+                self._positions[tp] = (c.region, off)
+                self._held_back.pop(tp, None)
+            gone = [k for k in self._outstanding if (k[0], k[1]) in applied]
+            for k in gone:
+                del self._outstanding[k]
+            self._returned += len(gone)
+            if self._charges:
+                self._returned_bytes += self._uncharge_keys(gone)
+        while self._seek_waiters:
+            fut, _ = self._seek_waiters.popleft()
+            if not fut.done():  # (one whose caller timed out is done: cancelled)
+                fut.set_result((applied, refused, c.reason))
+                break
+
+    def _fail_seeks(self, why: str) -> None:
+        while self._seek_waiters:
+            fut, tps = self._seek_waiters.popleft()
+            if not fut.done():
+                fut.set_exception(NotAssigned(tps, why))
 
     # -- iterating ------------------------------------------------------------------------------
     def __aiter__(self) -> AsyncConsumer:
@@ -470,6 +547,10 @@ class AsyncConsumer(Lifecycle):
                 raise StopAsyncIteration
             if self._call is None:
                 raise ProxyError("AsyncConsumer is not started (use `async with`)")
+            if self._ready:  # held back while paused, resumed since
+                resumed = self._ready.popleft()
+                self._advance(resumed)
+                return ConsumedBatch(self, resumed)
             await self._expire_local()
             wait = (self._deadlines[0][0] - time.monotonic()) if self._deadlines else None
             try:
@@ -480,10 +561,15 @@ class AsyncConsumer(Lifecycle):
             if isinstance(item, _Ended):
                 await self._ended(item)
                 continue
+            seq, item = item
             records = tuple([_record(r) for r in item.records] if not item.raw
                             else _unbatched(item.raw))
             if item.credit_bytes and records:
                 self._charge(records, item.credit_bytes)
+            if self._sought_at or self._seeking:
+                records = await self._unsought(seq, records)
+                if not records:
+                    continue
             now = time.monotonic()
             outstanding = self._outstanding
             by_due: dict[float, list[Key]] = {}
@@ -498,7 +584,49 @@ class AsyncConsumer(Lifecycle):
                     keys.append(key)
             for due, keys in by_due.items():
                 heapq.heappush(self._deadlines, (due, next(self._seq), keys))
+            if self._paused:  # kept here until resumed; their deadlines run on
+                records = self._hold_back(records)
+                if not records:
+                    continue
+            self._advance(records)
             return ConsumedBatch(self, records)
+
+    async def _unsought(self, seq: int, records: tuple[ConsumedRecord, ...],
+                        ) -> tuple[ConsumedRecord, ...]:
+        """`records` (read as message `seq`) without those of partitions sought since they
+        were sent (a seek unanswered yet, or answered after them); their credit goes back."""
+        seeking, at = self._seeking, self._sought_at
+        kept: list[ConsumedRecord] = []
+        stale: list[Key] = []
+        for r in records:
+            tp = (r.topic, r.partition)
+            if tp in seeking or seq < at.get(tp, -1):
+                stale.append((r.topic, r.partition, r.region, r.offset))
+            else:
+                kept.append(r)
+        if stale:
+            await self._give_back(len(stale), self._uncharge_keys(stale) if self._charges
+                                  else 0)
+        return tuple(kept) if stale else records
+
+    def _hold_back(self, records: tuple[ConsumedRecord, ...]) -> tuple[ConsumedRecord, ...]:
+        kept: list[ConsumedRecord] = []
+        for r in records:
+            tp = (r.topic, r.partition)
+            if tp in self._paused:
+                self._held_back.setdefault(tp, []).append(r)
+            else:
+                kept.append(r)
+        return tuple(kept)
+
+    def _advance(self, records: Iterable[ConsumedRecord]) -> None:
+        """Positions past the records handed out (per partition: in the region read)."""
+        pos = self._positions
+        for r in records:
+            tp = (r.topic, r.partition)
+            had = pos.get(tp)
+            if had is None or had[0] != r.region or had[1] <= r.offset:
+                pos[tp] = (r.region, r.offset + 1)
 
     async def _ended(self, item: _Ended) -> None:
         exc = item.error
@@ -507,7 +635,7 @@ class AsyncConsumer(Lifecycle):
         if self.closed:
             return
         if not reconnects(code, details):
-            raise ConsumeFailed(code, details)
+            raise ConsumeFailed.for_code(code, details)
         self.reconnects += 1
         self._failed[self.target] = time.monotonic()
         log.info("consume_stream_reconnecting group=%s stream=%s target=%s why=%r",
@@ -549,6 +677,10 @@ class AsyncConsumer(Lifecycle):
         pop = self._charges.pop
         return sum(pop((r.topic, r.partition, r.region, r.offset), 0) for r in records)
 
+    def _uncharge_keys(self, keys: Iterable[Key]) -> int:
+        pop = self._charges.pop
+        return sum(pop(k, 0) for k in keys)
+
     async def _give_back(self, n: int, nbytes: int = 0) -> None:
         self._returned += n
         self._returned_bytes += nbytes
@@ -558,6 +690,127 @@ class AsyncConsumer(Lifecycle):
             nbytes, self._returned_bytes = self._returned_bytes, 0
             await self._write(pb.ConsumeRequest(credit=pb.ConsumeCredit(records=n,
                                                                         bytes=nbytes)))
+
+    # -- what an aiokafka user reaches for ------------------------------------------------------
+    def assignment(self) -> frozenset[TP]:
+        """The (topic, partition) pairs this consumer's stream holds now (ASSIGNED to it and
+        not REVOKED since): the group's partitions the proxy gives this consumer."""
+        return frozenset(self.assigned)
+
+    def position(self, tp: TP) -> int | None:
+        """The offset of the next record of `tp` this consumer will be handed: one past the
+        last first delivered, or where a seek put it; None before either, or when `tp` is
+        not (or no longer) held. The offset is in the region the records are read from
+        (`ConsumedRecord.region`): across a move of the primary it continues in the new
+        region's offsets, which differ from the old one's for the same records."""
+        tp = (tp[0], tp[1])
+        had = self._positions.get(tp)
+        return had[1] if had is not None and tp in self.assigned else None
+
+    def region_of(self, tp: TP) -> str | None:
+        """The region whose offsets `position(tp)` counts in."""
+        had = self._positions.get((tp[0], tp[1]))
+        return had[0] if had is not None else None
+
+    async def seek(self, tp: TP, offset: int) -> int:
+        """Read `tp` on from `offset` (of the region read): the group moves there as a
+        Kafka consumer's seek does (what was delivered and not acked of it is forgotten, the
+        next commit of it is `offset`, and records of it read before the seek are dropped
+        here). Returns when the proxy applied it: the offset applied (one outside the log is
+        placed as the proxy's `auto_offset_reset` says, as Kafka's reset would). Raises
+        `NotAssigned` for a partition this consumer does not hold, ValueError for a negative
+        offset."""
+        if offset < 0:
+            raise ValueError(f"offset {offset}: offsets are >= 0 (seek_to_beginning, "
+                             "seek_to_end for the ends)")
+        return (await self._seek({(tp[0], tp[1]): offset}))[(tp[0], tp[1])]
+
+    async def seek_to_beginning(self, *tps: TP) -> dict[TP, int]:
+        """Read `tps` (none named: every partition held) from their first record kept."""
+        return await self._seek(dict.fromkeys([(t, p) for t, p in tps] or self.assigned,
+                                              BEGINNING))
+
+    async def seek_to_end(self, *tps: TP) -> dict[TP, int]:
+        """Read only records written after now (the last stable offset) of `tps` (none
+        named: every partition held)."""
+        return await self._seek(dict.fromkeys([(t, p) for t, p in tps] or self.assigned, END))
+
+    async def _seek(self, wanted: dict[TP, int]) -> dict[TP, int]:
+        self._check_open()
+        if not wanted:
+            return {}
+        missing = [tp for tp in wanted if tp not in self.assigned]
+        if missing:
+            raise NotAssigned(missing, "not assigned to this consumer")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._seek_waiters.append((fut, tuple(wanted)))
+        for tp in wanted:
+            self._seeking[tp] = self._seeking.get(tp, 0) + 1
+        req = pb.ConsumeRequest(seek=pb.Seeks(partitions=[
+            pb.PartitionOffset(topic=t, partition=p, offset=o) for (t, p), o in wanted.items()]))
+        if not await self._write(req):
+            self._fail_seeks("the stream ended")
+            raise NotAssigned(list(wanted), "the stream ended: its partitions were given back")
+        async with asyncio.timeout(self.open_timeout_s):
+            applied, refused, why = await fut
+        if self._returned or self._returned_bytes:  # the credit of what the seek forgot
+            await self._give_back(0)
+        if refused:
+            raise NotAssigned(sorted(refused), why or "refused")
+        return dict(applied)
+
+    async def pause(self, *tps: TP) -> None:
+        """Hand out no records of `tps` until `resume`: the proxy stops delivering them to
+        this stream, and what it had sent already waits here (their ack deadlines run on,
+        as records buffered in a paused Kafka consumer). The group does not rebalance."""
+        await self._pause(tps, True)
+
+    async def resume(self, *tps: TP) -> None:
+        """Hand out records of `tps` again (those held back here first)."""
+        await self._pause(tps, False)
+        for tp in tps:
+            held = self._held_back.pop((tp[0], tp[1]), None)
+            live = [r for r in held or () if (r.topic, r.partition, r.region, r.offset)
+                    in self._outstanding]
+            if live:
+                self._ready.append(tuple(live))
+
+    def paused(self) -> frozenset[TP]:
+        """The partitions paused (and not revoked since)."""
+        return frozenset(self._paused)
+
+    async def _pause(self, tps: Sequence[TP], paused: bool) -> None:
+        self._check_open()
+        want = [(t, p) for t, p in tps]
+        missing = [tp for tp in want if tp not in self.assigned]
+        if missing:
+            raise NotAssigned(missing, "not assigned to this consumer")
+        if not want:
+            return
+        if paused:
+            self._paused.update(want)
+        else:
+            self._paused.difference_update(want)
+        # lost with the stream: a new stream starts unpaused (its assignment is new)
+        await self._write(pb.ConsumeRequest(pause=pb.Pauses(
+            partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in want],
+            paused=paused)))
+
+    async def commit(self, offsets: Mapping[TP, int] | None = None) -> None:
+        """Settle (ack) every record handed out and not settled yet: of each partition of
+        `offsets` those below its offset, or all of them (None). The proxy commits each
+        partition's settled prefix to the group within its `commit_interval_s` (1 s): the
+        group's offset then is what a Kafka consumer's commit after the same reads and seeks
+        holds. Unlike Kafka's, it cannot pass records never delivered (`seek` does that)."""
+        held = {(r.topic, r.partition, r.region, r.offset)
+                for rs in self._held_back.values() for r in rs}
+        if offsets is None:
+            keys = [k for k in self._outstanding if k not in held]
+        else:
+            upto = {(t, p): o for (t, p), o in offsets.items()}
+            keys = [k for k in self._outstanding
+                    if k[3] < upto.get((k[0], k[1]), -1) and k not in held]
+        await self._settle_keys(keys, None)
 
     # -- settling --------------------------------------------------------------------------------
     async def ack(self, records: Iterable[ConsumedRecord]) -> None:
@@ -570,21 +823,25 @@ class AsyncConsumer(Lifecycle):
         await self._settle(list(records), delay_s)
 
     async def _settle(self, records: list[ConsumedRecord], delay_s: float | None) -> None:
+        await self._settle_keys([(r.topic, r.partition, r.region, r.offset) for r in records],
+                                delay_s)
+
+    async def _settle_keys(self, keys: list[Key], delay_s: float | None) -> None:
         self._check_open()
-        if not records:
+        if not keys:
             return
-        parts = _partition_ranges(records)
+        parts = _key_ranges(keys)
         req = (pb.ConsumeRequest(ack=pb.Acks(partitions=parts)) if delay_s is None else
                pb.ConsumeRequest(nack=pb.Nacks(partitions=parts, delay_s=delay_s)))
         if not await self._write(req):
             await self._unary(parts, delay_s)
         n = 0
         pop = self._outstanding.pop
-        for r in records:
-            if pop((r.topic, r.partition, r.region, r.offset), None) is not None:
+        for k in keys:
+            if pop(k, None) is not None:
                 n += 1
         if n:
-            await self._give_back(n, self._uncharge(records) if self._charges else 0)
+            await self._give_back(n, self._uncharge_keys(keys) if self._charges else 0)
 
     async def _write(self, req: Any) -> bool:
         """Send on the stream; False when it is gone."""

@@ -7,7 +7,12 @@
     ├── StubsMissing             the install has no (or stale) gRPC stubs: names the fix
     └── ProxyError               the proxy refused or failed (`proxy.errors` holds the rest)
         ├── ProduceFailed        the proxy answered a record with an error; carries `code`
-        └── ConsumeFailed        a consumer's stream ended for good; carries `code`
+        ├── ConsumeFailed        a consumer's stream ended for good; carries `code`
+        │   ├── TopicNotFound    NOT_FOUND: a topic with no rule, missing, or nothing matched
+        │   ├── NotAuthorized    PERMISSION_DENIED, UNAUTHENTICATED: the token may not read it
+        │   ├── InvalidRequest   INVALID_ARGUMENT: what was asked is malformed
+        │   └── ProxyUnavailable UNAVAILABLE after `reconnect_attempts` (retriable)
+        └── NotAssigned          a seek or pause of a partition the consumer does not hold
 
 They live here, in the `crossdc-client` distribution, so that an application installing only
 the SDK gets the same classes the full `crossdc` install has (`crossdc.errors`,
@@ -25,7 +30,8 @@ if TYPE_CHECKING:
     import grpc
 
 __all__ = ["MAX_MESSAGE_CHARS", "ConfigError", "ConfigIssue", "ConsumeFailed", "CrossdcError",
-           "ProduceFailed", "ProxyError", "StubsMissing"]
+           "InvalidRequest", "NotAssigned", "NotAuthorized", "ProduceFailed", "ProxyError",
+           "ProxyUnavailable", "StubsMissing", "TopicNotFound"]
 
 
 class CrossdcError(Exception):
@@ -107,10 +113,54 @@ class ProduceFailed(ProxyError):
 
 class ConsumeFailed(ProxyError):
     """Client SDK: a consumer's stream ended with a status it cannot reconnect after
-    (`code`, a grpc.StatusCode), or reconnecting failed `reconnect_attempts` times."""
+    (`code`, a grpc.StatusCode), or reconnecting failed `reconnect_attempts` times. The SDK
+    raises the subclass of the code (`for_code`): catch `ConsumeFailed` for any of them."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         self.code = code
         self.details = message
         self.retriable = code.name in {"UNAVAILABLE"}  # type: ignore[misc]
         super().__init__(f"{code.name}: {message}")
+
+    @staticmethod
+    def for_code(code: grpc.StatusCode, message: str) -> ConsumeFailed:
+        """The `ConsumeFailed` of `code`: its subclass where one exists (aiokafka's
+        `for_code`), else `ConsumeFailed` itself."""
+        return _BY_CODE.get(code.name, ConsumeFailed)(code, message)
+
+
+class TopicNotFound(ConsumeFailed):
+    """NOT_FOUND: a topic has no policy rule, does not exist where it is read, its
+    dead-letter topic cannot be written, or the pattern matched nothing."""
+
+
+class NotAuthorized(ConsumeFailed):
+    """PERMISSION_DENIED or UNAUTHENTICATED: the token is missing, invalid, or may not read
+    a topic."""
+
+
+class InvalidRequest(ConsumeFailed):
+    """INVALID_ARGUMENT: the group, topics, pattern, settings, a range or a seek is
+    malformed (what was asked: retrying it cannot help)."""
+
+
+class ProxyUnavailable(ConsumeFailed):
+    """UNAVAILABLE: no proxy answered, or the stream could not be opened again, within
+    `reconnect_attempts` (retriable: later, or elsewhere)."""
+
+
+_BY_CODE: dict[str, type[ConsumeFailed]] = {
+    "NOT_FOUND": TopicNotFound, "PERMISSION_DENIED": NotAuthorized,
+    "UNAUTHENTICATED": NotAuthorized, "INVALID_ARGUMENT": InvalidRequest,
+    "UNAVAILABLE": ProxyUnavailable}
+
+
+class NotAssigned(ProxyError):
+    """Client SDK: a seek, pause or resume named partitions this consumer does not hold
+    (not ASSIGNED to its stream, or taken away before the proxy applied it), as aiokafka's
+    `IllegalStateError`; the stream goes on. `partitions`: (topic, partition) pairs."""
+
+    def __init__(self, partitions: Sequence[tuple[str, int]], why: str) -> None:
+        self.partitions = tuple(partitions)
+        names = ", ".join(f"{t}/{p}" for t, p in self.partitions[:20])
+        super().__init__(f"{names}: {why}")
