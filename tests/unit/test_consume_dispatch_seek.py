@@ -204,7 +204,8 @@ _OPS = st.lists(st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(_OPS)
-def test_any_history_of_seeks_and_pauses_keeps_order_bounds_and_the_commit(ops: list[tuple[str, int, int]]) -> None:
+def test_any_history_of_seeks_and_pauses_keeps_order_bounds_and_the_commit(
+        ops: list[tuple[str, int, int]]) -> None:
     """After a seek to X every first delivery of the partition starts at X and ascends; a
     paused partition gets nothing; the buffered bytes are the bodies held; the commit never
     passes an unsettled record, and after a seek it is X until records are acked."""
