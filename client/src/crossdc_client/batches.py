@@ -17,6 +17,7 @@ first decoded.
 
 from __future__ import annotations
 
+import importlib.util
 import struct
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
@@ -24,7 +25,7 @@ from typing import Any, NamedTuple
 from crossdc_client.errors import CrossdcError
 
 __all__ = ["EXTRA", "BatchCorrupt", "BatchRecord", "DecoderMissing", "batch_records",
-           "decode_batch", "decode_batches", "decoder_available", "split"]
+           "decode_batch", "decode_batches", "decoder_available", "decoder_installed", "split"]
 
 EXTRA = "crossdc-client[fast]"
 LOG_OVERHEAD = 12  # base offset int64, length int32
@@ -67,6 +68,12 @@ def _batch_class() -> Any:
                 f"'{EXTRA}' ({exc})") from exc
         _decoder = DefaultRecordBatch
     return _decoder
+
+
+def decoder_installed() -> bool:
+    """Whether the decoder's package is installed, without importing it (a consumer decides
+    at construction whether to ask for batches; aiokafka is loaded at the first batch)."""
+    return importlib.util.find_spec("aiokafka") is not None
 
 
 def decoder_available() -> bool:

@@ -62,7 +62,7 @@ from typing import Any, NamedTuple, overload
 import grpc
 
 from crossdc_client.api import pb, pb_grpc
-from crossdc_client.batches import batch_records, decoder_available
+from crossdc_client.batches import batch_records, decoder_available, decoder_installed
 from crossdc_client.connect import Connection, Proxies, retry_backoff
 from crossdc_client.errors import (
     ConsumeFailed,
@@ -252,7 +252,7 @@ class AsyncConsumer(Lifecycle):
             raise ValueError("credit_bytes must be >= 0 (0: records alone bound the stream)")
         if raw_batches and not decoder_available():
             batch_records(b"")  # raises DecoderMissing, naming the extra
-        self.raw_batches = decoder_available() if raw_batches is None else raw_batches
+        self.raw_batches = decoder_installed() if raw_batches is None else raw_batches
         """Kafka's batches come undecoded and are decoded here (the `fast` extra's decoder:
         by default whenever it is installed)."""
         if isinstance(topics, str):
