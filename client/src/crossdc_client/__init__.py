@@ -17,7 +17,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from crossdc_client.connect import Connection, Proxies
     from crossdc_client.consumer import AsyncConsumer, ConsumedBatch, ConsumedRecord
-    from crossdc_client.errors import ConsumeFailed, CrossdcError, ProduceFailed, ProxyError
+    from crossdc_client.errors import (
+        ConsumeFailed,
+        CrossdcError,
+        InvalidRequest,
+        NotAssigned,
+        NotAuthorized,
+        ProduceFailed,
+        ProxyError,
+        ProxyUnavailable,
+        TopicNotFound,
+    )
     from crossdc_client.lifecycle import Closed
     from crossdc_client.producer import AsyncProducer, Producer, ProduceResult, Written
 
@@ -30,11 +40,16 @@ __all__ = [
     "ConsumedBatch",
     "ConsumedRecord",
     "CrossdcError",
+    "InvalidRequest",
+    "NotAssigned",
+    "NotAuthorized",
     "ProduceFailed",
     "ProduceResult",
     "Producer",
     "Proxies",
     "ProxyError",
+    "ProxyUnavailable",
+    "TopicNotFound",
     "Written",
 ]
 
@@ -42,7 +57,9 @@ _LAZY = {"AsyncConsumer": "consumer", "ConsumedBatch": "consumer", "ConsumedReco
          "AsyncProducer": "producer", "Producer": "producer", "ProduceResult": "producer",
          "Written": "producer", "Connection": "connect", "Proxies": "connect",
          "Closed": "lifecycle", "ConsumeFailed": "errors", "CrossdcError": "errors",
-         "ProduceFailed": "errors", "ProxyError": "errors"}
+         "ProduceFailed": "errors", "ProxyError": "errors", "InvalidRequest": "errors",
+         "NotAssigned": "errors", "NotAuthorized": "errors", "ProxyUnavailable": "errors",
+         "TopicNotFound": "errors"}
 
 __version__ = "0.1.0"
 

@@ -37,9 +37,19 @@ runs), else the one whose failure is the oldest; the group's partitions follow i
 it left gives them back through Kafka, and the records it had delivered and not acked come
 again: at-least-once). After `reconnect_attempts` failures in a row (a region with no
 healthy proxy counts as one), or any other status (NOT_FOUND, PERMISSION_DENIED,
-INVALID_ARGUMENT, ...), iteration raises `ConsumeFailed` (`.code`). Records outstanding when
-a stream ends come back (they count as a delivery). `target` is the proxy in use (`""`
-before the first), `moves` how often it changed.
+INVALID_ARGUMENT, ...), iteration raises `ConsumeFailed` (`.code`; the code's subclass).
+Records outstanding when a stream ends come back (they count as a delivery). `target` is
+the proxy in use (`""` before the first), `moves` how often it changed.
+
+What an aiokafka consumer offers (`tp`: a `(topic, partition)` pair, aiokafka's
+`TopicPartition` too): `assignment()`, `position(tp)` (in the region read), `seek(tp, offset)`,
+`seek_to_beginning(*tps)`, `seek_to_end(*tps)` (the proxy moves the group's consumer; the next
+commit is the offset; records of the partition read before the seek are dropped here),
+`commit(offsets=None)` (acks what was handed out below each offset; the proxy commits the
+settled prefix within its `commit_interval_s`), `pause(*tps)`/`resume(*tps)`/`paused()` (the
+proxy stops sending, no rebalance; what it had sent waits here). Failures are typed under
+`ConsumeFailed` (`TopicNotFound`, `NotAuthorized`, `InvalidRequest`, `ProxyUnavailable`); a
+seek or pause of a partition not held raises `NotAssigned`.
 
 Security: as `AsyncProducer` (`token`, `tls`, `root_ca`, `client_cert`/`client_key`,
 `tls_server_name`; the same `crossdc_client.connect.Connection`).
