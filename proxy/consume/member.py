@@ -363,14 +363,14 @@ class GroupMember(Lifecycle):
             self.metrics.consume_stale_acks.labels(self.group).inc(asked - done)
         return done, asked - done
 
-    async def seek(self, stream_id: str, wanted: dict[tuple[str, int], int],
-                   ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], str]]:
-        """`stream_id` moves partitions it holds (Kafka's seek): `wanted` maps each to an
-        offset, -2 (the beginning) or -1 (the end: the last stable offset). An offset outside
-        the log is placed as `auto_offset_reset` says (what a Kafka consumer does when its
-        fetch is refused). The consumer is moved (`seek`: a raw fetch answered for the old
-        position is dropped) and the dispatcher starts the partition there (`Dispatcher.seek`;
-        a handover's skip window of it is dropped). Returns (offsets applied, refusals)."""
+    async def resolve_seek(self, stream_id: str, wanted: dict[tuple[str, int], int],
+                           ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], str]]:
+        """Where `stream_id`'s seek of partitions it holds lands (Kafka's seek): `wanted`
+        maps each to an offset, -2 (the beginning) or -1 (the end: the last stable offset);
+        an offset outside the log is placed as `auto_offset_reset` says (what a Kafka
+        consumer does when its fetch is refused). Returns (offsets, refusals); `apply_seek`
+        then moves them, with no await between (so nothing of the old positions is sent
+        after the answer)."""
         d = self.dispatcher
         refused: dict[tuple[str, int], str] = {}
         mine: dict[tuple[str, int], int] = {}
@@ -394,19 +394,31 @@ class GroupMember(Lifecycle):
         except (KafkaError, TimeoutError) as exc:
             self.log.info("consume_seek_unresolved", error=repr(exc), partitions=len(kps))
             return {}, refused | dict.fromkeys(mine, f"offsets not found: {exc!r}")
-        applied: dict[tuple[str, int], int] = {}
         earliest = self.config.auto_offset_reset == "earliest"
+        out: dict[tuple[str, int], int] = {}
         for tp, off in mine.items():
             k = TopicPartition(*tp)
             lo, hi = int(first[k]), int(last[k])
             at = lo if off == -2 else hi if off == -1 else off
-            if not lo <= at <= hi:
-                at = lo if earliest else hi
-            if self._consumer is not c or d.owner_of(tp) != stream_id:
+            out[tp] = at if lo <= at <= hi else (lo if earliest else hi)
+        return out, refused
+
+    def apply_seek(self, stream_id: str, offsets: dict[tuple[str, int], int],
+                   ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], str]]:
+        """Move the consumer (`seek`: a raw fetch answered for the old position is dropped)
+        and the dispatcher (`Dispatcher.seek`; a handover's skip window of it is dropped)
+        to `offsets` (resolved); returns (applied, refusals). Sends nothing: the caller
+        queues the answer, then `pump`s."""
+        d = self.dispatcher
+        c = self._consumer
+        applied: dict[tuple[str, int], int] = {}
+        refused: dict[tuple[str, int], str] = {}
+        for tp, at in offsets.items():
+            if c is None or self._rebalancing or d.owner_of(tp) != stream_id:
                 refused[tp] = "not assigned to this stream"  # moved during the lookup
                 continue
             try:
-                c.seek(k, at)
+                c.seek(TopicPartition(*tp), at)
             except IllegalStateError:
                 refused[tp] = "not assigned to this member (a rebalance)"
                 continue
@@ -417,7 +429,6 @@ class GroupMember(Lifecycle):
             self.log.info("consume_sought", stream=stream_id,
                           partitions={f"{t}/{p}": o for (t, p), o in sorted(applied.items())[:20]})
             self._fetch_wake.set()
-            self.pump()
         return applied, refused
 
     def pause_partitions(self, stream_id: str, tps: Iterable[tuple[str, int]],

@@ -506,12 +506,21 @@ class ConsumeService(Lifecycle):
         by_scope: dict[str, dict[tuple[str, int], int]] = {}
         for tp, off in wanted.items():
             by_scope.setdefault(stream.topics[tp[0]][0], {})[tp] = off
+        resolved: list[tuple[GroupMember, dict[tuple[str, int], int]]] = []
         for scope, part in sorted(by_scope.items()):
             m = self.members.get((stream.group, scope))
             if m is None:
                 refused |= dict.fromkeys(part, "not assigned to this stream")
                 continue
-            done, no = await m.seek(stream.id, part)
+            at, no = await m.resolve_seek(stream.id, part)
+            refused |= no
+            resolved.append((m, at))
+        # no await from here to the answer: records sent after it are of the new positions
+        for m, at in resolved:
+            if self.members.get((stream.group, m.scope)) is m:
+                done, no = m.apply_seek(stream.id, at)
+            else:  # replaced meanwhile (the primary moved)
+                done, no = {}, dict.fromkeys(at, "the primary is moving")
             applied |= done
             refused |= no
             if done:
@@ -520,6 +529,8 @@ class ConsumeService(Lifecycle):
         if refused:
             self.metrics.consume_seeks.labels(stream.group, "refused").inc(len(refused))
         stream.sought(applied, refused, region)
+        for m, _ in resolved:
+            m.pump()
 
     def pause(self, stream: ConsumeStream, partitions: Sequence[Any], paused: bool) -> int:
         """A stream's `pause` (or resume) of partitions it holds: the partitions changed

@@ -535,11 +535,10 @@ class AsyncConsumer(Lifecycle):
             self._returned += len(gone)
             if self._charges:
                 self._returned_bytes += self._uncharge_keys(gone)
-        while self._seek_waiters:
+        if self._seek_waiters:  # one answer per seek, in order
             fut, _ = self._seek_waiters.popleft()
             if not fut.done():  # (one whose caller timed out is done: cancelled)
                 fut.set_result((applied, refused, c.reason))
-                break
 
     def _fail_seeks(self, why: str) -> None:
         while self._seek_waiters:
