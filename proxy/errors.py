@@ -24,11 +24,13 @@ to gRPC status codes (`grpc_code`).
         ├── PermissionDenied    the token may not write this topic           PERMISSION_DENIED
         ├── ProxyTaskFailed     a background loop of the server died (it stopped)
         ├── ProduceFailed       (client SDK) the proxy answered an error; carries `code`
-        └── ConsumeFailed       (client SDK) a consumer's stream ended for good; `code`
+        ├── ConsumeFailed       (client SDK) a consumer's stream ended for good; `code`
+        │   ├── TopicNotFound, NotAuthorized, InvalidRequest, ProxyUnavailable  (by code)
+        └── NotAssigned         (client SDK) a seek or pause of a partition not held
 
 (* retriable; (*) per cause)
 
-`ProxyError`, `ProduceFailed` and `ConsumeFailed` (what the SDK raises) are defined in the
+`ProxyError`, `ProduceFailed`, `ConsumeFailed` and its kinds (what the SDK raises) are defined in the
 client distribution (`crossdc_client.errors`) and re-exported here. This module does not
 import grpc (so `import proxy` stays light); `grpc_code()` does.
 """
@@ -39,7 +41,17 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from crossdc import errors
-from crossdc_client.errors import MAX_MESSAGE_CHARS, ConsumeFailed, ProduceFailed, ProxyError
+from crossdc_client.errors import (
+    MAX_MESSAGE_CHARS,
+    ConsumeFailed,
+    InvalidRequest,
+    NotAssigned,
+    NotAuthorized,
+    ProduceFailed,
+    ProxyError,
+    ProxyUnavailable,
+    TopicNotFound,
+)
 
 if TYPE_CHECKING:
     import grpc
@@ -53,8 +65,11 @@ __all__ = [
     "InvalidConsume",
     "InvalidHeader",
     "InvalidRecord",
+    "InvalidRequest",
     "MissingKey",
     "NoWritableRegion",
+    "NotAssigned",
+    "NotAuthorized",
     "NotServing",
     "Overloaded",
     "PartitionMismatch",
@@ -63,9 +78,11 @@ __all__ = [
     "ProduceFailed",
     "ProxyError",
     "ProxyTaskFailed",
+    "ProxyUnavailable",
     "RecordTooLarge",
     "RegionWriteFailed",
     "ReservedHeader",
+    "TopicNotFound",
     "Unauthenticated",
     "UnknownTopic",
     "code_name",
