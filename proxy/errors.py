@@ -30,9 +30,9 @@ to gRPC status codes (`grpc_code`).
 
 (* retriable; (*) per cause)
 
-`ProxyError`, `ProduceFailed`, `ConsumeFailed` and its kinds (what the SDK raises) are defined in the
-client distribution (`crossdc_client.errors`) and re-exported here. This module does not
-import grpc (so `import proxy` stays light); `grpc_code()` does.
+`ProxyError`, `ProduceFailed`, `ConsumeFailed` and its kinds (what the SDK raises) are
+defined in the client distribution (`crossdc_client.errors`) and re-exported here. This
+module does not import grpc (so `import proxy` stays light); `grpc_code()` does.
 """
 
 from __future__ import annotations
