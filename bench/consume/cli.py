@@ -46,12 +46,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
-from bench.consume.run import POLICY  # noqa: E402
 from bench.proxy.run import ProxyProc  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 PARTITIONS = 6
 SMALL, BIG = "bench-cli-small", "bench-cli-big"
+POLICY = """\
+strict: true
+rules:
+  - topic: "bench-*"
+    mode: ordered
+    consume:
+      ack_deadline_s: 60
+      dead_letter_topic: "dl.{topic}"
+  - topic: "dl.*"
+    mode: nearest
+"""
 ENTRY = "import sys; sys.argv[0] = 'dr'; from dr.cli import main; main()"
 """What the `dr` console script runs, importable from any checkout put first on the path."""
 
