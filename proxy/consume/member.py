@@ -574,6 +574,14 @@ class GroupMember(Lifecycle):
         cfg = self.config
         while True:
             self._apply_pauses(consumer)
+            if self.paused and self.paused == len(consumer.assignment()):
+                # every partition paused: a getmany would sit out its timeout after the
+                # acks that let one fetch again; wait for them instead
+                if self._fetched_decoded(await consumer.getmany(timeout_ms=0)):
+                    self.pump()
+                await wait_any(self._stopping, self._fetch_wake, timeout_s=0.2)
+                self._fetch_wake.clear()
+                continue
             data = await consumer.getmany(timeout_ms=200, max_records=cfg.prefetch_records)
             if self._fetched_decoded(data):
                 self.pump()

@@ -79,12 +79,16 @@ def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-async def east(two_regions: Any, policy_file: Path) -> AsyncIterator[ProxyServer]:
+async def east(two_regions: Any, policy_file: Path,
+               request: pytest.FixtureRequest) -> AsyncIterator[ProxyServer]:
+    """The proxy of east; `@pytest.mark.parametrize("east", ["decoded"], indirect=True)`
+    makes its members fetch with aiokafka's decoding consumer instead of raw."""
     cfg = ProxyConfig(region="east", consul_check_interval_s=1.0, primary_wait_s=5.0,
                       grace_s=2.0, register_consul=False,
                       kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0),
                       consume=ConsumeConfig(commit_interval_s=0.2, member_linger_s=0.5,
-                                            retry_s=0.3))
+                                            retry_s=0.3,
+                                            fetch=getattr(request, "param", "raw")))
     server = ProxyServer(two_regions.topology, cfg, policy_file)
     await server.start()
     try:
@@ -176,11 +180,13 @@ async def test_a_client_reads_what_a_direct_consumer_reads(two_regions: Any, eas
     await eventually(acked, 10, "every ack applied")
 
 
+@pytest.mark.parametrize("east", ["raw", "decoded"], indirect=True)
 @pytest.mark.parametrize("raw", [True, False], ids=["pass-through", "records"])
 async def test_only_committed_transactions_are_read(two_regions: Any, east: ProxyServer,
                                                     raw: bool) -> None:
     """read_committed: an aborted transaction between two committed ones is never delivered,
-    nor are the transaction markers (batches skipped undecoded under pass-through)."""
+    nor are the transaction markers (batches skipped undecoded under pass-through); with
+    either fetch of the members (raw, and aiokafka's decoding consumer)."""
     from aiokafka import AIOKafkaProducer
     topic = await _topic(two_regions, "cons", 1)
     producer = AIOKafkaProducer(bootstrap_servers=_boot(two_regions),
