@@ -31,7 +31,7 @@ topics of two members (primary and local) spends one credit on both.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -148,9 +148,10 @@ class _Part:
     __slots__ = ("acks", "deliverer", "fresh", "fresh_bytes", "held", "held_bytes", "holder",
                  "last_commit", "last_ms", "next", "owner", "paused", "settings", "settled")
 
-    def __init__(self, keep_ids: int | None = None) -> None:
+    def __init__(self, keep_ids: int | None = None,
+                 resolve: Callable[[int, Any], str] | None = None) -> None:
         # the ids of settled records from `committed - keep` on (the handover's skip list)
-        self.settled = SettledIds(keep_ids) if keep_ids is not None else None
+        self.settled = SettledIds(keep_ids, resolve) if keep_ids is not None else None
         self.acks: PartitionAcks | None = None
         self.fresh: deque[Fetched] = deque()
         self.held: dict[int, Fetched] = {}
@@ -179,6 +180,8 @@ class Dispatcher:
         self.max_span = max_span
         self.keep_ids = keep_ids
         self.region = region  # where the records are read (their ids without a dr-id)
+        self._resolve_id: Callable[[int, Any], str] = \
+            lambda off, body: body_id(body, off, region)
         self.delivering = True
         """False: no records are delivered (the primary is moving); controls still are."""
         self.prefetch_records = prefetch_records
@@ -257,7 +260,7 @@ class Dispatcher:
     def add_partitions(self, tps: Iterable[TopicPartition]) -> None:
         """Kafka gave this member `tps`: spread over the streams."""
         for tp in tps:
-            self._parts.setdefault(tp, _Part(self.keep_ids))
+            self._parts.setdefault(tp, _Part(self.keep_ids, self._resolve_id))
         self._reassign()
 
     def remove_partitions(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
@@ -372,7 +375,7 @@ class Dispatcher:
         p.holder = None  # nothing in flight: a move under way finishes at the next pump
         p.last_ms = None
         if self.keep_ids is not None:
-            p.settled = SettledIds(self.keep_ids)
+            p.settled = SettledIds(self.keep_ids, self._resolve_id)
         return True
 
     def pause(self, tp: TopicPartition, stream: str, paused: bool = True) -> bool:
@@ -548,8 +551,8 @@ class Dispatcher:
             if off in held and (all_settled or acks.state_of(off) == RecordState.SETTLED):
                 r = held.pop(off)
                 freed += r.size
-                if p.settled is not None:
-                    p.settled.add(off, body_id(r.body, off, self.region))
+                if p.settled is not None:  # its id made only if a handover reads it
+                    p.settled.add(off, r.body)
         p.held_bytes -= freed
         self.buffered_bytes -= freed
         if p.settled is not None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -55,19 +56,31 @@ MAX_SKIP = 10_000
 
 class SettledIds:
     """The ids of one partition's settled records from `committed - keep` on: add each when
-    its record settles, prune when the prefix moves."""
+    its record settles, prune when the prefix moves. An id may be added as the record itself
+    (`resolve(offset, record)` makes the id when one is read): most are pruned unread, and
+    for a batch passed through undecoded an id would cost a decode of the batch."""
 
-    __slots__ = ("_heap", "_ids", "keep")
+    __slots__ = ("_heap", "_ids", "_resolve", "keep")
 
-    def __init__(self, keep: int = 0) -> None:
+    def __init__(self, keep: int = 0,
+                 resolve: Callable[[int, Any], str] | None = None) -> None:
         self.keep = keep
-        self._ids: dict[int, str] = {}
+        self._ids: dict[int, Any] = {}
         self._heap: list[int] = []
+        self._resolve = resolve
 
-    def add(self, offset: int, rid: str) -> None:
+    def add(self, offset: int, rid: Any) -> None:
+        """`rid`: the id, or (with `resolve`) the record it is made from."""
         if offset not in self._ids:
             heapq.heappush(self._heap, offset)
         self._ids[offset] = rid
+
+    def _id(self, offset: int) -> str:
+        v = self._ids[offset]
+        if type(v) is not str:
+            assert self._resolve is not None, "a record added without a resolver"
+            v = self._ids[offset] = self._resolve(offset, v)
+        return str(v)
 
     def prune(self, committed: int) -> None:
         """Forget the ids below `committed - keep`."""
@@ -80,7 +93,7 @@ class SettledIds:
 
     def lowest(self, n: int, at_or_above: int = 0) -> list[str]:
         """Up to `n` ids from `at_or_above` on, lowest offsets first."""
-        return [self._ids[o] for o in heapq.nsmallest(
+        return [self._id(o) for o in heapq.nsmallest(
             n, (o for o in self._heap if o >= at_or_above))]
 
 
