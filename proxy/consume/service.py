@@ -98,8 +98,8 @@ class _Messages:
     for any other stream. A message holds records or raw entries, never both (per partition
     the client sees them in the order sent)."""
 
-    __slots__ = ("attempt", "charged", "deadline", "decoded", "entries", "entry", "kind", "last",
-                 "ref", "region", "resp", "size", "stream")
+    __slots__ = ("attempt", "charged", "deadline", "decoded", "entries", "entry", "first",
+                 "kind", "last", "ref", "region", "resp", "size", "stream")
 
     def __init__(self, stream: ConsumeStream, region: str) -> None:
         self.stream = stream
@@ -110,13 +110,22 @@ class _Messages:
         self.kind = ""    # "records" | "raw": what the message holds
         self.entry: Any = None  # the raw entry being filled, of `ref`
         self.ref: RawRef | None = None
-        self.last = -2    # the last offset put in `entry`
+        self.first = -2   # the range of `entry` being built: first ...
+        self.last = -2    # ... and last offset
         self.attempt = 0
         self.deadline = 0.0
         self.entries = 0  # raw entries made
         self.decoded = 0  # records decoded here
 
+    def _close(self) -> None:
+        """Write the raw entry's range being built (kept in Python while it grows: a proto
+        field set per record cost more than the rest of the record's way through here)."""
+        if self.entry is not None:
+            self.entry.ranges.add(first=self.first, last=self.last)
+            self.entry = None
+
     def _flush(self) -> None:
+        self._close()
         if self.size:
             self.resp.batch.credit_bytes = self.charged
             self.stream.out.put_nowait(self.resp)
@@ -162,22 +171,21 @@ class _Messages:
         e = self.entry
         if e is not None and self.ref is ref and self.attempt == d.attempt \
                 and self.deadline == d.ack_deadline_s:
-            if d.offset == self.last + 1:
-                e.ranges[-1].last = d.offset
-            else:
-                e.ranges.add(first=d.offset)
+            if d.offset != self.last + 1:  # a hole (settled, not due): a range ends
+                e.ranges.add(first=self.first, last=self.last)
+                self.first = d.offset
             self.last = d.offset
             self.charged += d.size
             return
+        self._close()
         data = ref.data
         self._room("raw", len(data) + _RECORD_OVERHEAD)
         e = self.resp.batch.raw.add(topic=ref.topic, partition=ref.partition,
                                     region=self.region, batch=data,
                                     delivery_attempt=d.attempt,
                                     ack_deadline_s=d.ack_deadline_s)
-        e.ranges.add(first=d.offset)
         self.entries += 1
-        self.entry, self.ref, self.last = e, ref, d.offset
+        self.entry, self.ref, self.first, self.last = e, ref, d.offset, d.offset
         self.attempt, self.deadline = d.attempt, d.ack_deadline_s
         self.size += len(data) + _RECORD_OVERHEAD
         self.charged += d.size
