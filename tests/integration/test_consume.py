@@ -17,6 +17,11 @@ from typing import Any
 import grpc
 import pytest
 from aiokafka import TopicPartition
+from consume_helpers import boot as _boot
+from consume_helpers import east_proxy
+from consume_helpers import next_batch as _next
+from consume_helpers import take as _take
+from consume_helpers import target as _target
 from kafka_helpers import create_topic, eventually, produce, read_all, unique
 from primary_helpers import agreed_primary
 
@@ -37,7 +42,7 @@ from proxy.api import pb, pb_grpc
 from proxy.client import AsyncProducer
 from proxy.config import ConsumeConfig, KafkaWriterSettings, ProxyConfig
 from proxy.consume.member import kafka_group
-from proxy.consumer_client import AsyncConsumer, ConsumedBatch, ConsumedRecord
+from proxy.consumer_client import AsyncConsumer, ConsumedRecord
 from proxy.errors import ConsumeFailed
 from proxy.server import ProxyServer
 
@@ -83,22 +88,8 @@ async def east(two_regions: Any, policy_file: Path,
                request: pytest.FixtureRequest) -> AsyncIterator[ProxyServer]:
     """The proxy of east; `@pytest.mark.parametrize("east", ["decoded"], indirect=True)`
     makes its members fetch with aiokafka's decoding consumer instead of raw."""
-    cfg = ProxyConfig(region="east", consul_check_interval_s=1.0, primary_wait_s=5.0,
-                      grace_s=2.0, register_consul=False,
-                      kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0),
-                      consume=ConsumeConfig(commit_interval_s=0.2, member_linger_s=0.5,
-                                            retry_s=0.3,
-                                            fetch=getattr(request, "param", "raw")))
-    server = ProxyServer(two_regions.topology, cfg, policy_file)
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.stop()
-
-
-def _boot(two_regions: Any, region: str = "east") -> str:
-    return str(two_regions.topology.region(region).kafka.bootstrap)
+    async with east_proxy(two_regions, policy_file, getattr(request, "param", "raw")) as s:
+        yield s
 
 
 async def _topic(two_regions: Any, prefix: str, partitions: int,
@@ -107,27 +98,6 @@ async def _topic(two_regions: Any, prefix: str, partitions: int,
     for r in regions:
         await create_topic(_boot(two_regions, r), name, partitions=partitions)
     return name
-
-
-def _target(server: ProxyServer) -> str:
-    return f"127.0.0.1:{server.port}"
-
-
-async def _next(c: AsyncConsumer, timeout_s: float = 20.0) -> ConsumedBatch:
-    async with asyncio.timeout(timeout_s):
-        return await anext(c)
-
-
-async def _take(c: AsyncConsumer, n: int, *, ack: bool = True,
-                timeout_s: float = 30.0) -> list[ConsumedRecord]:
-    out: list[ConsumedRecord] = []
-    deadline = time.monotonic() + timeout_s
-    while len(out) < n:
-        batch = await _next(c, max(0.1, deadline - time.monotonic()))
-        out.extend(batch)
-        if ack:
-            await batch.ack()
-    return out
 
 
 def _metric(server: ProxyServer, name: str, group: str) -> float:
@@ -250,7 +220,9 @@ async def test_two_groups_on_one_partition_fetch_it_once(two_regions: Any,
     async with AsyncConsumer(_target(east), g1, [topic], credit=1000) as a, \
             AsyncConsumer(_target(east), g2, [topic], credit=1000) as b:
         for g in (g1, g2):
-            assert await east.consume.member(g, "primary").wait_joined(20)
+            member = east.consume.member(g, "primary")
+            assert member is not None
+            assert await member.wait_joined(20)
         before = _sample(east, fetched, region="east")
         sent = await produce(_boot(two_regions), topic,
                              [(b"k", b"x" * 200, ()) for _ in range(2000)], linger_ms=20)

@@ -3,12 +3,11 @@ commit move the proxy's group as an aiokafka consumer's seek and commit move its
 with the admin client), seek_to_end skips what is there, a paused partition gets nothing
 while another flows (no Kafka rebalance) and resume restarts it, `assignment()` and
 `position()`, the typed errors, and what the proxy does with a malformed seek. East is the
-primary throughout. Fixtures and helpers copied small from test_consume.py."""
+primary throughout (the proxy and the reading helpers: tests/consume_helpers.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,16 +15,16 @@ from typing import Any
 import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from consume_helpers import boot as _boot
+from consume_helpers import east_proxy, group_offsets, take
+from consume_helpers import target as _target
 from kafka_helpers import create_topic, eventually, produce, unique
 from primary_helpers import agreed_primary
 
-from crossdc.clients.connection import KafkaConnection
-from crossdc.clients.kafka import KafkaAdmin
 from crossdc_client.errors import ConsumeFailed, InvalidRequest, NotAssigned, TopicNotFound
 from proxy.api import pb, pb_grpc
-from proxy.config import ConsumeConfig, KafkaWriterSettings, ProxyConfig
 from proxy.consume.member import kafka_group
-from proxy.consumer_client import AsyncConsumer, ConsumedBatch, ConsumedRecord
+from proxy.consumer_client import AsyncConsumer, ConsumedRecord
 from proxy.server import ProxyServer
 
 POLICY = """\
@@ -55,21 +54,8 @@ def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 async def east(two_regions: Any, policy_file: Path) -> AsyncIterator[ProxyServer]:
-    cfg = ProxyConfig(region="east", consul_check_interval_s=1.0, primary_wait_s=5.0,
-                      grace_s=2.0, register_consul=False,
-                      kafka=KafkaWriterSettings(probe_interval_s=0.3, attempt_timeout_s=2.0),
-                      consume=ConsumeConfig(commit_interval_s=0.2, member_linger_s=0.5,
-                                            retry_s=0.3))
-    server = ProxyServer(two_regions.topology, cfg, policy_file)
-    await server.start()
-    try:
+    async with east_proxy(two_regions, policy_file) as server:
         yield server
-    finally:
-        await server.stop()
-
-
-def _boot(two_regions: Any) -> str:
-    return str(two_regions.topology.region("east").kafka.bootstrap)
 
 
 async def _topic(two_regions: Any, partitions: int) -> str:
@@ -80,29 +66,14 @@ async def _topic(two_regions: Any, partitions: int) -> str:
     return name
 
 
-def _target(server: ProxyServer) -> str:
-    return f"127.0.0.1:{server.port}"
-
-
-async def _next(c: AsyncConsumer, timeout_s: float = 20.0) -> ConsumedBatch:
-    async with asyncio.timeout(timeout_s):
-        return await anext(c)
-
-
 async def _take(c: AsyncConsumer, n: int, *, timeout_s: float = 30.0,
                 ) -> list[ConsumedRecord]:
     """At least `n` records (whole batches), none acked."""
-    out: list[ConsumedRecord] = []
-    deadline = time.monotonic() + timeout_s
-    while len(out) < n:
-        out.extend(await _next(c, max(0.1, deadline - time.monotonic())))
-    return out
+    return await take(c, n, ack=False, timeout_s=timeout_s)
 
 
 async def _committed(two_regions: Any, group: str) -> dict[TopicPartition, int]:
-    conn = KafkaConnection.of(two_regions.topology.region("east"))
-    async with KafkaAdmin(conn) as admin:
-        return await admin.group_offsets(group)
+    return await group_offsets(two_regions, group)
 
 
 async def _commits_to(two_regions: Any, group: str, tp: TopicPartition, offset: int) -> None:
