@@ -91,20 +91,11 @@ def decode_batch(data: bytes | memoryview, first_offset: int = -1, *,
     the offset a reader asked for); none for a control batch (a transaction marker).
     `BatchCorrupt` for a CRC mismatch or a batch that does not parse; `DecoderMissing`
     without the extra."""
-    cls = _batch_class()
-    if len(data) < _HEADER_BYTES or data[16] != 2:
-        raise BatchCorrupt(f"not a v2 record batch ({len(data)} bytes)")
-    if data[_ATTRIBUTES_AT + 1] & _CONTROL_FLAG:
-        return []
+    records = batch_records(data, check_crc=check_crc)
     try:
-        batch = cls(data)
-        if check_crc and not batch.validate_crc():
-            raise BatchCorrupt(f"record batch at offset {batch.base_offset} fails its CRC")
         return [BatchRecord(r.offset, r.timestamp, r.key, r.value,
                             tuple(r.headers) if r.headers else ())
-                for r in batch if r.offset >= first_offset]
-    except BatchCorrupt:
-        raise
+                for r in records if r.offset >= first_offset]
     except Exception as exc:  # the C decoder's own errors (struct, codec, corrupt record)
         raise BatchCorrupt(f"record batch does not decode: {exc!r}") from exc
 
