@@ -104,9 +104,12 @@ async def end_offsets(bootstrap: str, topic: str, partitions: int = 1,
 
 
 async def read_all(bootstrap: str, topic: str, partitions: int,
-               isolation_level: str = "read_uncommitted") -> list:  # type: ignore[type-arg]
+               isolation_level: str = "read_uncommitted",
+               past: dict[int, int] | None = None) -> list:  # type: ignore[type-arg]
     """Everything in `topic` up to its end offsets now (transaction markers take offsets,
-    so reading stops at positions, not counts)."""
+    so reading stops at positions, not counts). `past` (partition -> offset) reads on until
+    each such offset is behind the position: a committed transaction's markers are written
+    after its commit returns, so read_committed's end offsets can still stand before it."""
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                          isolation_level=isolation_level)
     await c.start()
@@ -116,6 +119,9 @@ async def read_all(bootstrap: str, topic: str, partitions: int,
         c.assign(tps)
         await c.seek_to_beginning(*tps)
         ends = await c.end_offsets(tps)
+        for p, offset in (past or {}).items():
+            tp = TopicPartition(topic, p)
+            ends[tp] = max(ends[tp], offset + 1)
         deadline = time.monotonic() + 60
         while any([await c.position(tp) < ends[tp] for tp in tps]):
             assert time.monotonic() < deadline, f"could not read {topic} to its end"

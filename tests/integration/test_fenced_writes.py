@@ -200,7 +200,11 @@ async def test_concurrent_fenced_writes_share_transactions_and_keep_order(
     failed = {k: r for k, r in written.items() if not isinstance(r, RegionWrite)}
     assert not failed, list(failed.items())[:5]
     assert 1 <= commits <= 100, commits  # group commit: shared transactions
-    got = await read_all(boot, topic, 3, isolation_level="read_committed")
+    last: dict[int, int] = {}
+    for r in written.values():
+        assert isinstance(r, RegionWrite)
+        last[r.partition] = max(last.get(r.partition, -1), r.offset)
+    got = await read_all(boot, topic, 3, isolation_level="read_committed", past=last)
     by_offset = {(r.partition, r.offset): dict(r.headers)[DR_ID].decode() for r in got}
     assert len(by_offset) == len(written)
     for dr_id, r in written.items():
