@@ -149,6 +149,21 @@ class PartitionAcks:
         """The ranges in `state`, in offset order (settled ones: only above `committed`)."""
         return [(r.start, r.end) for r in self._runs if r.state == state]
 
+    def settled_through(self, first: int, end: int) -> bool:
+        """Whether every offset of `[first, end)` is settled (delivered ones: `end` at most
+        `self.end`)."""
+        if end <= self._committed:
+            return True
+        if end > self._end:
+            return False
+        runs = self._runs
+        i = self._index(max(first, self._committed))
+        while i < len(runs) and runs[i].start < end:
+            if runs[i].state != RecordState.SETTLED:
+                return False
+            i += 1
+        return True
+
     def state_of(self, offset: int) -> RecordState | None:
         """The state of one offset; SETTLED below `committed`, None from `end` on."""
         if offset < self._committed:
@@ -171,6 +186,15 @@ class PartitionAcks:
         `end`) were sent, due back by `now + deadline_s`. The other offsets of `[self.end,
         end)` hold no record (transaction markers, compacted away) and are settled at once.
         Raises ValueError past the span (`room`) or for offsets out of order."""
+        if isinstance(offsets, range) and offsets.step == 1:
+            groups: Iterable[Range] = [(offsets.start, offsets.stop)] if offsets else []
+        else:
+            groups = _consecutive(offsets)
+        self.delivered_ranges(groups, end, now=now, deadline_s=deadline_s)
+
+    def delivered_ranges(self, groups: Iterable[Range], end: int, *, now: float,
+                         deadline_s: float) -> None:
+        """`delivered()` of the records of `groups`, ranges `[first, end)` ascending."""
         if end < self._end or end - self._committed > self.max_span:
             raise ValueError(f"cannot deliver up to {end}: delivered up to {self._end}, "
                              f"committed {self._committed}, span {self.max_span}")
@@ -185,10 +209,6 @@ class PartitionAcks:
                 new.append(_Run(first, stop, state, 1 if state == RecordState.INFLIGHT else 0,
                                 until if state == RecordState.INFLIGHT else _NEVER))
 
-        if isinstance(offsets, range) and offsets.step == 1:
-            groups: Iterable[Range] = [(offsets.start, offsets.stop)] if offsets else []
-        else:
-            groups = _consecutive(offsets)
         for first, stop in groups:
             if first < at or stop > end:
                 raise ValueError(f"offsets must ascend within [{self._end}, {end}); "

@@ -30,6 +30,7 @@ topics of two members (primary and local) spends one credit on both.
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -53,18 +54,33 @@ MAX_CREDIT_BYTES = 1 << 40
 
 @dataclass(slots=True)
 class Fetched:
-    """One record fetched from Kafka: its offset, its size (bytes held), the body the
-    driver sends (opaque here, but a Kafka record where ids are kept: `body_id`) and its
-    timestamp."""
+    """Records fetched from Kafka: `n` of them at consecutive offsets from `offset` (one
+    record, or a batch passed through: the unit the dispatcher queues, holds and delivers,
+    cut where credit, span or an ack cuts it), each `size` bytes held, with one body the
+    driver sends (opaque here, but a Kafka record or a `RawRef` where ids are kept:
+    `body_id`) and one timestamp."""
 
     offset: int
     size: int
     body: Any
     ts_ms: int | None = None
+    n: int = 1
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.n
+
+    def cut(self, k: int) -> Fetched:
+        """The first `k` records (this keeps the rest)."""
+        head = Fetched(self.offset, self.size, self.body, self.ts_ms, k)
+        self.offset += k
+        self.n -= k
+        return head
 
 
 class Delivery(NamedTuple):
-    """One record sent to a stream (a tuple: one is made per record delivered)."""
+    """Records sent to a stream: `n` at consecutive offsets from `offset` with one body,
+    each `size` bytes (a tuple: one is made per record or batch delivered)."""
 
     tp: TopicPartition
     offset: int
@@ -72,6 +88,7 @@ class Delivery(NamedTuple):
     ack_deadline_s: float
     body: Any
     size: int
+    n: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +99,15 @@ class Batch:
     records: tuple[Delivery, ...]
     region: str = ""
     """Where the records were read (the member's region)."""
+
+    @property
+    def count(self) -> int:
+        """Records in the batch."""
+        return sum(d.n for d in self.records)
+
+    def first_deliveries(self) -> int:
+        """Records delivered for the first time."""
+        return sum(d.n for d in self.records if d.attempt == 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +171,9 @@ class StreamState:
 
 
 class _Part:
-    __slots__ = ("acks", "deliverer", "fresh", "fresh_bytes", "held", "held_bytes", "holder",
-                 "last_commit", "last_ms", "next", "owner", "paused", "settings", "settled")
+    __slots__ = ("acks", "deliverer", "fresh", "fresh_bytes", "fresh_n", "held", "held_bytes",
+                 "held_starts", "holder", "last_commit", "last_ms", "next", "owner", "paused",
+                 "settings", "settled")
 
     def __init__(self, keep_ids: int | None = None,
                  resolve: Callable[[int, Any], str] | None = None) -> None:
@@ -154,7 +181,10 @@ class _Part:
         self.settled = SettledIds(keep_ids, resolve) if keep_ids is not None else None
         self.acks: PartitionAcks | None = None
         self.fresh: deque[Fetched] = deque()
+        self.fresh_n = 0                   # records in `fresh`
+        # what was delivered and is not settled, by first offset (`held_starts` ascending)
         self.held: dict[int, Fetched] = {}
+        self.held_starts: list[int] = []
         self.fresh_bytes = 0
         self.held_bytes = 0
         self.next = -1                     # one past the last offset fetched
@@ -165,6 +195,21 @@ class _Part:
         self.last_commit: int | None = None
         self.last_ms: int | None = None    # the timestamp of the last record delivered
         self.paused = False                # by its owner: nothing delivered (cleared on a move)
+
+    def held_at(self, offset: int) -> Fetched | None:
+        """The held records that `offset` is one of."""
+        starts = self.held_starts
+        i = bisect.bisect_right(starts, offset) - 1
+        if i < 0:
+            return None
+        f = self.held[starts[i]]
+        return f if offset < f.end else None
+
+    def clear(self) -> None:
+        self.fresh.clear()
+        self.held.clear()
+        self.held_starts.clear()
+        self.fresh_n = self.fresh_bytes = self.held_bytes = 0
 
 
 class Dispatcher:
@@ -232,8 +277,8 @@ class Dispatcher:
         if p is None or p.acks is None:
             return None
         acks = p.acks
-        times = [r.ts_ms for off, r in p.held.items()
-                 if r.ts_ms is not None and acks.state_of(off) != RecordState.SETTLED]
+        times = [r.ts_ms for r in p.held.values()
+                 if r.ts_ms is not None and not acks.settled_through(r.offset, r.end)]
         times += [r.ts_ms for r in p.fresh if r.ts_ms is not None]
         return min(times) if times else p.last_ms
 
@@ -252,9 +297,9 @@ class Dispatcher:
         p = self._parts.get(tp)
         if p is None or self.buffered_bytes >= self.max_buffered_bytes:
             return False
-        if len(p.fresh) >= self.prefetch_records:
+        if p.fresh_n >= self.prefetch_records:
             return False
-        return p.acks is None or p.acks.room > len(p.fresh)
+        return p.acks is None or p.acks.room > p.fresh_n
 
     # -- the Kafka side ---------------------------------------------------------------------
     def add_partitions(self, tps: Iterable[TopicPartition]) -> None:
@@ -291,16 +336,20 @@ class Dispatcher:
             return 0
         n = 0
         for r in records:
-            if r.offset < p.next:
+            if r.end <= p.next or r.n <= 0:
                 continue
+            if r.offset < p.next:
+                r.cut(p.next - r.offset)
             if p.acks is None:
                 p.acks = PartitionAcks(r.offset, max_deliveries=self._deliveries(tp, p),
                                        max_span=self.max_span)
             p.fresh.append(r)
-            p.fresh_bytes += r.size
-            self.buffered_bytes += r.size
-            p.next = r.offset + 1
-            n += 1
+            p.fresh_n += r.n
+            size = r.size * r.n
+            p.fresh_bytes += size
+            self.buffered_bytes += size
+            p.next = r.end
+            n += r.n
         return n
 
     def commits(self) -> dict[TopicPartition, int]:
@@ -366,9 +415,7 @@ class Dispatcher:
         if p is None or p.owner != stream or offset < 0:
             return False
         self.buffered_bytes -= p.fresh_bytes + p.held_bytes
-        p.fresh.clear()
-        p.held.clear()
-        p.fresh_bytes = p.held_bytes = 0
+        p.clear()
         p.acks = PartitionAcks(offset, max_deliveries=self._deliveries(tp, p),
                                max_span=self.max_span)
         p.next = offset
@@ -426,7 +473,7 @@ class Dispatcher:
                      else f"dlq.{tp[0]}")
             for first, end, deliveries in ex.dead:
                 for off in range(first, end):
-                    rec = p.held.get(off)
+                    rec = p.held_at(off)
                     if rec is not None:
                         dead.append(DeadLetter(tp, off, deliveries, topic, rec.body))
         return due, dead
@@ -474,7 +521,7 @@ class Dispatcher:
                         credit.bytes -= size
                         progress = True
             for chunk in _chunks(records, self.max_batch_records):
-                out.append(Batch(st.id, tuple(chunk), self.region))
+                out.append(Batch(st.id, chunk, self.region))
         return out
 
     def _take(self, tp: TopicPartition, p: _Part, st: StreamState, limit: int,
@@ -493,41 +540,55 @@ class Dispatcher:
         deadline = settings.ack_deadline_s
         got = 0
         spent = 0
-        held = p.held
+        held_at = p.held_at
         for first, end, attempt in acks.take_pending(
                 limit, now=now, deadline_s=deadline, max_bytes=budget,
-                size_of=None if budget is None else (lambda off: held[off].size)):
-            for off in range(first, end):
-                r = held[off]
-                out.append(Delivery(tp, off, attempt, deadline, r.body, r.size))
-                spent += r.size
+                size_of=None if budget is None else
+                (lambda off: held_at(off).size)):  # type: ignore[union-attr]
+            off = first
+            while off < end:  # one delivery per held piece the range crosses
+                r = held_at(off)
+                assert r is not None, f"{tp} {off} due again without its body"
+                k = min(end, r.end) - off
+                out.append(Delivery(tp, off, attempt, deadline, r.body, r.size, k))
+                spent += r.size * k
+                off += k
             got += end - first
         if got >= limit or not p.fresh or (budget is not None and spent >= budget):
             return got, spent
-        chunk: list[Fetched] = []
         ceiling = acks.committed + acks.max_span  # the end a delivery may reach
         fresh = p.fresh
-        if budget is None:
-            while fresh and got + len(chunk) < limit and fresh[0].offset < ceiling:
-                chunk.append(fresh.popleft())
-            size = sum(r.size for r in chunk)
-        else:
-            size = 0
-            while fresh and got + len(chunk) < limit and fresh[0].offset < ceiling \
-                    and spent + size < budget:
-                r = fresh.popleft()
-                chunk.append(r)
-                size += r.size
-        if not chunk:
+        taken = size = 0
+        ranges: list[tuple[int, int]] = []
+        last: Fetched | None = None
+        while fresh and got + taken < limit and fresh[0].offset < ceiling \
+                and (budget is None or spent + size < budget):
+            r = fresh[0]
+            k = min(r.n, limit - got - taken, ceiling - r.offset)
+            if budget is not None and r.size > 0:
+                k = min(k, -(-(budget - spent - size) // r.size))  # the crossing one goes
+            if k < r.n:
+                r = r.cut(k)
+            else:
+                fresh.popleft()
+            taken += k
+            size += k * r.size
+            if ranges and ranges[-1][1] == r.offset:
+                ranges[-1] = (ranges[-1][0], r.end)
+            else:
+                ranges.append((r.offset, r.end))
+            p.held[r.offset] = r
+            p.held_starts.append(r.offset)
+            out.append(Delivery(tp, r.offset, 1, deadline, r.body, r.size, k))
+            last = r
+        if last is None:
             return got, spent
-        p.last_ms = chunk[-1].ts_ms
-        acks.delivered([r.offset for r in chunk], chunk[-1].offset + 1, now=now,
-                       deadline_s=deadline)
-        p.held.update((r.offset, r) for r in chunk)
+        p.last_ms = last.ts_ms
+        acks.delivered_ranges(ranges, last.end, now=now, deadline_s=deadline)
+        p.fresh_n -= taken
         p.fresh_bytes -= size
         p.held_bytes += size
-        out.extend([Delivery(tp, r.offset, 1, deadline, r.body, r.size) for r in chunk])
-        return got + len(chunk), spent + size
+        return got + taken, spent + size
 
     # -- internals ------------------------------------------------------------------------------
     def _deliveries(self, tp: TopicPartition, p: _Part) -> int:
@@ -536,23 +597,36 @@ class Dispatcher:
         return settings.max_deliveries if settings is not None else self.default_deliveries
 
     def _drop_bodies(self, p: _Part, first: int, end: int) -> None:
-        """Forget the bodies of settled records of `[first, end)`."""
+        """Forget the bodies of what is held of `[first, end)` once all of it settled (the
+        ids of a sync topic's settled records kept as they settle)."""
         acks = p.acks
         assert acks is not None
-        held = p.held
-        if end - first <= len(held):
-            offsets: Iterable[int] = range(first, end)
-        else:
-            offsets = [o for o in held if first <= o < end]
+        held, starts = p.held, p.held_starts
         # below the prefix every record is settled: no state to look up (the usual ack)
-        all_settled = acks.committed >= end
+        committed = acks.committed
+        i = max(0, bisect.bisect_right(starts, first) - 1)
         freed = 0
-        for off in offsets:
-            if off in held and (all_settled or acks.state_of(off) == RecordState.SETTLED):
-                r = held.pop(off)
-                freed += r.size
-                if p.settled is not None:  # its id made only if a handover reads it
-                    p.settled.add(off, r.body)
+        gone = 0
+        j = i
+        while j < len(starts) and starts[j] < end:
+            r = held[starts[j]]
+            j += 1
+            if r.end <= first:
+                continue
+            if p.settled is not None:  # its id made only if a handover reads it
+                for off in range(max(first, r.offset), min(end, r.end)):
+                    if off < committed or acks.state_of(off) == RecordState.SETTLED:
+                        p.settled.add(off, r.body)
+            if r.end <= committed or acks.settled_through(r.offset, r.end):
+                del held[r.offset]
+                starts[j - 1] = -1
+                gone += 1
+                freed += r.size * r.n
+        if gone:
+            if starts[i] == -1 and gone == j - i:
+                del starts[i:j]  # the usual: one stretch in order
+            else:
+                starts[:] = [o for o in starts if o != -1]
         p.held_bytes -= freed
         self.buffered_bytes -= freed
         if p.settled is not None:
@@ -612,6 +686,19 @@ def body_id(body: Any, offset: int, region: str) -> str:
     return record_id(None, region, body.topic, body.partition, offset)
 
 
-def _chunks(items: list[Delivery], size: int) -> Iterator[list[Delivery]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
+def _chunks(items: list[Delivery], size: int) -> Iterator[tuple[Delivery, ...]]:
+    """`items` cut into tuples of at most `size` records (a delivery of more is cut)."""
+    chunk: list[Delivery] = []
+    n = 0
+    for d in items:
+        while n + d.n > size:
+            k = size - n
+            if k:
+                chunk.append(d._replace(n=k))
+                d = d._replace(offset=d.offset + k, n=d.n - k)
+            yield tuple(chunk)
+            chunk, n = [], 0
+        chunk.append(d)
+        n += d.n
+    if chunk:
+        yield tuple(chunk)

@@ -330,11 +330,11 @@ class GroupMember(Lifecycle):
             if sink is None:
                 continue
             if isinstance(out, Batch):
-                first = sum(1 for d in out.records if d.attempt == 1)
+                first, n = out.first_deliveries(), out.count
                 if first:
                     self._m_delivered.inc(first)
-                if first < len(out.records):
-                    self._m_redelivered.inc(len(out.records) - first)
+                if first < n:
+                    self._m_redelivered.inc(n - first)
             sink.push(out)
 
     def settle(self, tp: tuple[str, int], region: str, ranges: Iterable[Range],
@@ -672,8 +672,9 @@ class GroupMember(Lifecycle):
                 await sleep_unless(self._stopping, min(1.0, cfg.retry_s))
 
     def _fetched_raw(self, key: tuple[str, int], batches: Sequence[Any]) -> int:
-        """Give the dispatcher the records of `batches` (one `Fetched` per record, the
-        batch its body); inside a handover's skip window, decoded and filtered."""
+        """Give the dispatcher the records of `batches` (one `Fetched` per batch, the batch
+        its body; per record where compaction left holes); inside a handover's skip window,
+        decoded and filtered."""
         topic, partition = key
         out: list[Fetched] = []
         for b in batches:
@@ -687,7 +688,11 @@ class GroupMember(Lifecycle):
                 continue
             size = record_size(ref)
             ts = b.first_timestamp  # a lower bound: a handover by time starts no later
-            out += [Fetched(o, size, ref, ts) for o in offsets_of(ref)]
+            offsets = offsets_of(ref)
+            if type(offsets) is range:  # the usual: the batch whole, one piece
+                out.append(Fetched(offsets.start, size, ref, ts, len(offsets)))
+            else:
+                out += [Fetched(o, size, ref, ts) for o in offsets]
         return self.dispatcher.fetched(key, out) if out else 0
 
     async def _raw_fetch_failed(self, consumer: Any, tp: TopicPartition,

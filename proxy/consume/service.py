@@ -146,20 +146,11 @@ class _Messages:
                 if raw:
                     self._raw(d, m)
                     continue
-                m = m.record(d.offset)  # decoded here, for a stream that reads records
-                self.decoded += 1
-            n = d.size + _RECORD_OVERHEAD
-            self._room("records", n)
-            r = self.resp.batch.records.add(
-                topic=m.topic, partition=m.partition, offset=d.offset, region=region,
-                key=m.key, value=m.value, timestamp_ms=m.timestamp,
-                delivery_attempt=d.attempt, ack_deadline_s=d.ack_deadline_s)
-            if m.headers:
-                h = r.headers.add
-                for k, v in m.headers:
-                    h(key=k, value=v or b"")
-            self.size += n
-            self.charged += d.size
+                for off in range(d.offset, d.offset + d.n):  # decoded here: records asked
+                    self._record(d._replace(offset=off, n=1), m.record(off), region)
+                self.decoded += d.n
+                continue
+            self._record(d, m, region)
         self._flush()
         st = self.stream
         if self.entries and st.m_raw is not None:
@@ -167,15 +158,31 @@ class _Messages:
         if self.decoded and st.m_decoded is not None:
             st.m_decoded.inc(self.decoded)
 
+    def _record(self, d: Delivery, m: Any, region: str) -> None:
+        """One record (`d.n` is 1) as a protobuf record."""
+        n = d.size + _RECORD_OVERHEAD
+        self._room("records", n)
+        r = self.resp.batch.records.add(
+            topic=m.topic, partition=m.partition, offset=d.offset, region=region,
+            key=m.key, value=m.value, timestamp_ms=m.timestamp,
+            delivery_attempt=d.attempt, ack_deadline_s=d.ack_deadline_s)
+        if m.headers:
+            h = r.headers.add
+            for k, v in m.headers:
+                h(key=k, value=v or b"")
+        self.size += n
+        self.charged += d.size
+
     def _raw(self, d: Delivery, ref: RawRef) -> None:
         e = self.entry
+        last = d.offset + d.n - 1
         if e is not None and self.ref is ref and self.attempt == d.attempt \
                 and self.deadline == d.ack_deadline_s:
             if d.offset != self.last + 1:  # a hole (settled, not due): a range ends
                 e.ranges.add(first=self.first, last=self.last)
                 self.first = d.offset
-            self.last = d.offset
-            self.charged += d.size
+            self.last = last
+            self.charged += d.size * d.n
             return
         self._close()
         data = ref.data
@@ -185,10 +192,10 @@ class _Messages:
                                     delivery_attempt=d.attempt,
                                     ack_deadline_s=d.ack_deadline_s)
         self.entries += 1
-        self.entry, self.ref, self.first, self.last = e, ref, d.offset, d.offset
+        self.entry, self.ref, self.first, self.last = e, ref, d.offset, last
         self.attempt, self.deadline = d.attempt, d.ack_deadline_s
         self.size += len(data) + _RECORD_OVERHEAD
-        self.charged += d.size
+        self.charged += d.size * d.n
 
 
 class ConsumeStream:
@@ -229,7 +236,7 @@ class ConsumeStream:
         assert isinstance(out, Batch)
         sp = self._deliver_span(out) if tracing.ENABLED else None
         _Messages(self, out.region).add(out.records)
-        self.records_sent += len(out.records)
+        self.records_sent += out.count
         if sp is not None:
             sp.end()
 
@@ -242,14 +249,13 @@ class ConsumeStream:
                                  "messaging.system": "kafka",
                                  "messaging.operation.type": "receive",
                                  "messaging.consumer.group.name": self.group,
-                                 "messaging.batch.message_count": len(out.records),
+                                 "messaging.batch.message_count": out.count,
                                  "messaging.destination.name":
                                      tps[0][0] if len({t for t, _ in tps}) == 1 else None,
                                  "crossdc.stream": self.id,
                                  "crossdc.region_read": out.region,
                                  "crossdc.partitions": [f"{t}/{p}" for t, p in tps[:20]],
-                                 "crossdc.redelivered": sum(d.attempt > 1
-                                                            for d in out.records)})
+                                 "crossdc.redelivered": out.count - out.first_deliveries()})
 
     def sought(self, applied: dict[tuple[str, int], int], refused: dict[tuple[str, int], str],
                region: str) -> None:
