@@ -267,8 +267,18 @@ class Dispatcher:
     def positions(self) -> dict[TopicPartition, tuple[int, int, SettledIds | None]]:
         """Per partition with records fetched: (acknowledged prefix, one past the last
         delivered, the ids of the settled records)."""
-        return {tp: (p.acks.committed, p.acks.end, p.settled)
+        return {tp: (p.acks.committed, p.acks.end, self._settled_ids(p))
                 for tp, p in self._parts.items() if p.acks is not None}
+
+    @staticmethod
+    def _settled_ids(p: _Part) -> SettledIds | None:
+        """The partition's settled ids, with those of pieces still held in part."""
+        acks = p.acks
+        if p.settled is None or acks is None or not p.held:
+            return p.settled
+        extra = [(off, r.body) for r in p.held.values() for off in range(r.offset, r.end)
+                 if acks.state_of(off) == RecordState.SETTLED]
+        return p.settled.plus(extra) if extra else p.settled
 
     def resume_ms(self, tp: TopicPartition) -> int | None:
         """The timestamp where reading `tp` again loses nothing: the oldest record fetched
@@ -597,8 +607,9 @@ class Dispatcher:
         return settings.max_deliveries if settings is not None else self.default_deliveries
 
     def _drop_bodies(self, p: _Part, first: int, end: int) -> None:
-        """Forget the bodies of what is held of `[first, end)` once all of it settled (the
-        ids of a sync topic's settled records kept as they settle)."""
+        """Forget the bodies of what is held of `[first, end)` once all of it settled
+        (where ids are kept, the piece's records' ids kept then: `positions()` adds those of
+        pieces still held in part)."""
         acks = p.acks
         assert acks is not None
         held, starts = p.held, p.held_starts
@@ -613,11 +624,12 @@ class Dispatcher:
             j += 1
             if r.end <= first:
                 continue
-            if p.settled is not None:  # its id made only if a handover reads it
-                for off in range(max(first, r.offset), min(end, r.end)):
-                    if off < committed or acks.state_of(off) == RecordState.SETTLED:
-                        p.settled.add(off, r.body)
             if r.end <= committed or acks.settled_through(r.offset, r.end):
+                if p.settled is not None:  # the ids made only if a handover reads them
+                    if r.n == 1:
+                        p.settled.add(r.offset, r.body)
+                    else:
+                        p.settled.add_range(r.offset, r.end, r.body)
                 del held[r.offset]
                 starts[j - 1] = -1
                 gone += 1

@@ -40,6 +40,7 @@ so its record stays well under Kafka's message size (about 40 bytes an id).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable
 from typing import Any
@@ -57,16 +58,18 @@ MAX_SKIP = 10_000
 class SettledIds:
     """The ids of one partition's settled records from `committed - keep` on: add each when
     its record settles, prune when the prefix moves. An id may be added as the record itself
-    (`resolve(offset, record)` makes the id when one is read): most are pruned unread, and
-    for a batch passed through undecoded an id would cost a decode of the batch."""
+    (`resolve(offset, record)` makes the id when one is read), or a run of records as the
+    batch that holds them (`add_range`): most are pruned unread, and for a batch passed
+    through undecoded an id would cost a decode of the batch."""
 
-    __slots__ = ("_heap", "_ids", "_resolve", "keep")
+    __slots__ = ("_heap", "_ids", "_ranges", "_resolve", "keep")
 
     def __init__(self, keep: int = 0,
                  resolve: Callable[[int, Any], str] | None = None) -> None:
         self.keep = keep
         self._ids: dict[int, Any] = {}
         self._heap: list[int] = []
+        self._ranges: list[tuple[int, int, Any]] = []  # (first, end, record), by first
         self._resolve = resolve
 
     def add(self, offset: int, rid: Any) -> None:
@@ -75,11 +78,21 @@ class SettledIds:
             heapq.heappush(self._heap, offset)
         self._ids[offset] = rid
 
-    def _id(self, offset: int) -> str:
-        v = self._ids[offset]
+    def add_range(self, first: int, end: int, record: Any) -> None:
+        """The records at `[first, end)`, settled, all made into ids from `record` (with
+        `resolve`: a batch). Each offset is added once (by `add` or one range)."""
+        if end <= first:
+            return
+        r = self._ranges
+        if not r or r[-1][0] < first:
+            r.append((first, end, record))  # the usual: in offset order
+        else:
+            bisect.insort(r, (first, end, record), key=lambda x: x[0])
+
+    def _id(self, offset: int, v: Any) -> str:
         if type(v) is not str:
             assert self._resolve is not None, "a record added without a resolver"
-            v = self._ids[offset] = self._resolve(offset, v)
+            v = self._resolve(offset, v)
         return str(v)
 
     def prune(self, committed: int) -> None:
@@ -87,14 +100,47 @@ class SettledIds:
         floor = committed - self.keep
         while self._heap and self._heap[0] < floor:
             del self._ids[heapq.heappop(self._heap)]
+        r = self._ranges
+        if r and r[0][0] < floor:
+            cut = 0
+            while cut < len(r) and r[cut][1] <= floor:
+                cut += 1
+            if cut:
+                del r[:cut]
+            if r and r[0][0] < floor:
+                _, end, rec = r[0]
+                r[0] = (floor, end, rec)
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._ids) + sum(e - f for f, e, _ in self._ranges)
+
+    def plus(self, items: list[tuple[int, Any]]) -> SettledIds:
+        """A copy with the records `items` (offset, record) added too."""
+        out = SettledIds(self.keep, self._resolve)
+        out._ids = dict(self._ids)
+        out._heap = list(self._heap)
+        out._ranges = list(self._ranges)
+        for off, rec in items:
+            out.add(off, rec)
+        return out
 
     def lowest(self, n: int, at_or_above: int = 0) -> list[str]:
         """Up to `n` ids from `at_or_above` on, lowest offsets first."""
-        return [self._id(o) for o in heapq.nsmallest(
-            n, (o for o in self._heap if o >= at_or_above))]
+        return [self._id(o, v) for o, v in self.lowest_records(n, at_or_above)]
+
+    def lowest_records(self, n: int, at_or_above: int = 0) -> list[tuple[int, Any]]:
+        """`lowest()` as (offset, id or record it is made from)."""
+        singles = heapq.nsmallest(n, ((o, v) for o, v in self._ids.items() if o >= at_or_above),
+                                  key=lambda x: x[0])
+        ranged: list[tuple[int, Any]] = []
+        for first, end, rec in self._ranges:
+            if len(ranged) >= n:
+                break
+            for o in range(max(first, at_or_above), end):
+                if len(ranged) >= n:
+                    break
+                ranged.append((o, rec))
+        return heapq.nsmallest(n, singles + ranged, key=lambda x: x[0])
 
 
 class Handover(BaseModel):

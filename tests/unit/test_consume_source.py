@@ -306,6 +306,23 @@ def test_settled_ids_keep_what_is_above_the_prefix_and_the_rewind() -> None:
     assert ids.lowest(2, at_or_above=5) == ["r5", "r7"]
 
 
+def test_settled_ids_of_a_batch_are_one_range_pruned_and_read_like_single_ones() -> None:
+    """A batch's records settled together are one range (their ids made from the batch
+    when read); pruning cuts into it; single ids and ranges read back in offset order."""
+    ids = SettledIds(keep=2, resolve=lambda off, batch: f"{batch[0]}:{off}")
+    ids.add_range(10, 15, ("b1",))
+    ids.add(15, "r15")
+    ids.add_range(3, 8, ("b0",))  # settled late: out of order
+    assert ids.lowest(4) == ["b0:3", "b0:4", "b0:5", "b0:6"]
+    ids.prune(14)  # keeps offsets >= 12
+    assert len(ids) == 4
+    assert ids.lowest(10) == ["b1:12", "b1:13", "b1:14", "r15"]
+    assert ids.lowest(2, at_or_above=14) == ["b1:14", "r15"]
+    plus = ids.plus([(16, "r16")])
+    assert plus.lowest(10)[-1] == "r16"
+    assert len(ids) == 4  # a copy: the original unchanged
+
+
 def _ordered_copy() -> tuple[OffsetMap, dict[int, str]]:
     """East offsets 100..119 mirrored to west 500..519 (west held records before)."""
     m = OffsetMap.from_pairs({("t", 0): [(100 + i, 500 + i) for i in range(20)]})
