@@ -42,7 +42,7 @@ from proxy.api import pb, pb_grpc
 from proxy.client import AsyncProducer
 from proxy.config import ConsumeConfig, KafkaWriterSettings, ProxyConfig
 from proxy.consume.member import kafka_group
-from proxy.consumer_client import AsyncConsumer, ConsumedRecord
+from proxy.consumer_client import AsyncConsumer, ConsumedBatch, ConsumedRecord
 from proxy.errors import ConsumeFailed
 from proxy.server import ProxyServer
 
@@ -485,6 +485,44 @@ async def test_credit_bounds_what_is_outstanding(two_regions: Any, east: ProxySe
         await c.ack(got)
         more = await _take(c, 5)
         assert [r.offset for r in more] == [5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize(("credit", "credit_bytes"), [(5, 0), (1000, 5 * 1001)],
+                         ids=["records", "bytes"])
+async def test_each_record_gives_its_credit_back_once_however_it_is_settled(
+        two_regions: Any, east: ProxyServer, credit: int, credit_bytes: int) -> None:
+    """Credit of 5 records (or 5 x 1,001 bytes) of 1,001 bytes: a batch acked whole (twice),
+    a batch acked a record at a time and then whole, and a batch nacked, each give back
+    exactly what they spent: five more records come each time, never a sixth."""
+    topic = await _topic(two_regions, "clong", 1)
+    await produce(_boot(two_regions), topic, [(b"k", b"v" * 1000, ()) for i in range(40)])
+    group = unique("g")
+
+    async def five() -> list[ConsumedBatch]:
+        out: list[ConsumedBatch] = []
+        while sum(len(b) for b in out) < 5:
+            out.append(await _next(c, 20))
+        with pytest.raises(TimeoutError):  # no credit left (the deadline is 60 s)
+            await _next(c, 1.0)
+        assert sum(len(b) for b in out) == 5
+        return out
+
+    async with AsyncConsumer(_target(east), group, [topic], credit=credit,
+                             credit_bytes=credit_bytes) as c:
+        for b in await five():
+            await b.ack()
+            await b.ack()  # again: frees nothing
+        batches = await five()
+        assert [r.offset for b in batches for r in b] == [5, 6, 7, 8, 9]
+        for b in batches:
+            await c.ack(b[:1])
+            await b.ack()
+        batches = await five()
+        assert [r.offset for b in batches for r in b] == [10, 11, 12, 13, 14]
+        for b in batches:
+            await b.nack()
+        again = [(r.offset, r.delivery_attempt) for b in await five() for r in b]
+        assert all((a == 2) == (o < 15) for o, a in again), again  # nacked ones come again
 
 
 async def test_a_stream_that_ends_gives_its_records_to_the_group_at_once(

@@ -138,3 +138,21 @@ def test_byte_credit_defaults_and_bounds() -> None:
     assert (c.window, c.window_bytes) == (DEFAULT_CREDIT, DEFAULT_CREDIT_BYTES)
     with pytest.raises(ValueError, match="credit_bytes"):
         AsyncConsumer("127.0.0.1:1", "g", ["t"], credit_bytes=-1)
+
+
+def test_a_lot_gives_each_records_credit_back_once() -> None:
+    """The records of one message settle whole or one by one: the byte credit they spent
+    comes back in shares that add up to it, and no record frees anything twice."""
+    from crossdc_client.consumer import ConsumedRecord, _Lot
+
+    recs = tuple(ConsumedRecord("t", 0, o, "east", None, b"v", (), 0, 1, 10.0)
+                 for o in range(7))
+    lot = _Lot(1, recs, 100.0, 1003, None)
+    assert sum(lot.share(i) for i in range(7)) == 1003
+    assert lot.rest() == (7, 1003)
+    n, b = lot.settle([("t", 0, "east", 0), ("t", 0, "east", 3), ("t", 0, "west", 4)])
+    assert (n, b) == (2, lot.share(0) + lot.share(3))  # west's offset 4 is another record
+    assert lot.settle([("t", 0, "east", 3)]) == (0, 0)
+    assert lot.rest() == (5, 1003 - b)
+    assert [r.offset for r in lot.open_records()] == [1, 2, 4, 5, 6]
+    assert lot.partitions() == {("t", 0)}

@@ -147,9 +147,14 @@ def _record(r: Any) -> ConsumedRecord:
                           r.timestamp_ms, r.delivery_attempt, r.ack_deadline_s)
 
 
-def _unbatched(entries: Iterable[Any]) -> list[ConsumedRecord]:
+PartRanges = list[tuple[tuple[str, int, str], list[tuple[int, int]]]]
+"""Per (topic, partition, region): inclusive offset ranges (an ack's `PartitionRanges`)."""
+
+
+def _unbatched(entries: Iterable[Any], ranged: PartRanges | None = None
+               ) -> list[ConsumedRecord]:
     """The records of batches the proxy passed through (`RawRecords`): each batch decoded,
-    the records of its ranges kept."""
+    the records of its ranges kept (and the ranges added to `ranged`)."""
     out: list[ConsumedRecord] = []
     add = out.append
     for e in entries:
@@ -157,6 +162,8 @@ def _unbatched(entries: Iterable[Any]) -> list[ConsumedRecord]:
         if not ranges:
             continue
         t, p, region = e.topic, e.partition, e.region
+        if ranged is not None:
+            ranged.append(((t, p, region), ranges))
         attempt, deadline = e.delivery_attempt, e.ack_deadline_s
         lo, hi = ranges[0][0], ranges[-1][1]
         whole = len(ranges) == 1
@@ -186,6 +193,82 @@ def _partition_ranges(records: Iterable[ConsumedRecord]) -> list[Any]:
     return _key_ranges((r.topic, r.partition, r.region, r.offset) for r in records)
 
 
+def _pb_ranges(ranged: PartRanges) -> list[Any]:
+    return [pb.PartitionRanges(topic=t, partition=p, region=region, ranges=[
+                pb.OffsetRange(first=f, last=last) if last != f else pb.OffsetRange(first=f)
+                for f, last in rs])
+            for (t, p, region), rs in ranged]
+
+
+def _key(r: ConsumedRecord) -> Key:
+    return (r.topic, r.partition, r.region, r.offset)
+
+
+class _Lot:
+    """Records handed out together (one message, one ack deadline): their local deadline,
+    the byte credit they spent, and which of them are settled. Credit comes back once per
+    record of a lot (a record delivered again is in two lots: it spent credit twice). The
+    usual life, a batch acked whole, costs the lot nothing per record."""
+
+    __slots__ = ("charge", "due", "id", "index", "left", "ranges", "records", "settled",
+                 "tps")
+
+    def __init__(self, id: int, records: tuple[ConsumedRecord, ...], due: float,
+                 charge: int, ranges: PartRanges | None) -> None:
+        self.id = id
+        self.records = records
+        self.due = due
+        self.charge = charge  # the byte credit its records spent (shares: `share`)
+        self.left = len(records)  # records not settled
+        self.ranges = ranges  # all its records as ack ranges (None: made from `records`)
+        self.settled: set[int] | None = None  # positions settled one by one
+        self.index: dict[Key, int] | None = None
+        self.tps: frozenset[tuple[str, int]] | None = None
+
+    def share(self, i: int) -> int:
+        """The byte credit of record `i` (equal shares, the rest on the first)."""
+        share, rest = divmod(self.charge, len(self.records))
+        return share + rest if i == 0 else share
+
+    def partitions(self) -> frozenset[tuple[str, int]]:
+        if self.tps is None:
+            self.tps = frozenset((r.topic, r.partition) for r in self.records)
+        return self.tps
+
+    def settle(self, keys: Iterable[Key]) -> tuple[int, int]:
+        """Those of `keys` in the lot and not settled yet are now: (records, bytes)."""
+        if self.index is None:
+            self.index = {_key(r): i for i, r in enumerate(self.records)}
+        idx = self.index
+        if self.settled is None:
+            self.settled = set()
+        done = self.settled
+        n = b = 0
+        for k in keys:
+            i = idx.get(k)
+            if i is not None and i not in done:
+                done.add(i)
+                n += 1
+                b += self.share(i)
+        self.left -= n
+        return n, b
+
+    def open_records(self) -> list[ConsumedRecord]:
+        """Its records not settled."""
+        done = self.settled
+        if not done:
+            return list(self.records)
+        return [r for i, r in enumerate(self.records) if i not in done]
+
+    def rest(self) -> tuple[int, int]:
+        """What its records not settled spent: (records, bytes)."""
+        done = self.settled
+        if not done:
+            return self.left, self.charge
+        return self.left, sum(self.share(i) for i in range(len(self.records))
+                              if i not in done)
+
+
 def _key_ranges(keys: Iterable[Key]) -> list[Any]:
     by: dict[tuple[str, int, str], list[int]] = {}
     for t, p, region, off in keys:
@@ -200,9 +283,11 @@ class ConsumedBatch(Sequence[ConsumedRecord]):
     """Records delivered together (of one or more partitions; each partition's in offset
     order). `ack()` / `nack()` settle all of them."""
 
-    def __init__(self, consumer: AsyncConsumer, records: tuple[ConsumedRecord, ...]) -> None:
+    def __init__(self, consumer: AsyncConsumer, records: tuple[ConsumedRecord, ...],
+                 lot: _Lot | None = None) -> None:
         self._consumer = consumer
         self.records = records
+        self._lot = lot  # when the batch is one lot, whole
 
     @overload
     def __getitem__(self, i: int) -> ConsumedRecord: ...
@@ -220,10 +305,10 @@ class ConsumedBatch(Sequence[ConsumedRecord]):
         return iter(self.records)
 
     async def ack(self) -> None:
-        await self._consumer.ack(self.records)
+        await self._consumer._settle_batch(self, None)
 
     async def nack(self, delay_s: float = 0.0) -> None:
-        await self._consumer.nack(self.records, delay_s=delay_s)
+        await self._consumer._settle_batch(self, delay_s)
 
 
 class _Ended:
@@ -300,15 +385,13 @@ class AsyncConsumer(Lifecycle):
         self._reader: asyncio.Task[None] | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._write_lock = asyncio.Lock()
-        self._outstanding: dict[Key, float] = {}  # record -> local deadline (monotonic)
-        # local deadlines, one entry per batch and deadline: (due, seq, the records' keys)
-        self._deadlines: list[tuple[float, int, list[Key]]] = []
+        # what was handed out and is not settled nor past its local deadline, by lot id
+        # (the proxy counts bytes; a message says how many its records spent)
+        self._lots: dict[int, _Lot] = {}
+        self._deadlines: list[tuple[float, int]] = []  # (due, lot id), a heap
         self._seq = itertools.count()
         self._returned = 0  # credit to grant again
         self._returned_bytes = 0
-        # with byte credit: what each outstanding record's message spent, its share given
-        # back with it (the proxy counts bytes; a message says how many its records spent)
-        self._charges: dict[Key, int] = {}
         self.stream_id = ""
         self.assigned: set[tuple[str, int]] = set()
         # the Kafka-like surface: seeks in flight and their answers, pauses, positions
@@ -438,11 +521,10 @@ class AsyncConsumer(Lifecycle):
     async def _open(self) -> None:
         await self._drop_call()
         self._queue = asyncio.Queue()
-        self._outstanding.clear()
+        self._lots.clear()
         self._deadlines.clear()
         self._returned = 0
         self._returned_bytes = 0
-        self._charges.clear()
         self.assigned.clear()
         self._fail_seeks("the stream was opened again: its partitions were given back")
         self._msgs = 0
@@ -529,12 +611,15 @@ class AsyncConsumer(Lifecycle):
                 self._sought_at[tp] = self._msgs
                 self._positions[tp] = (c.region, off)
                 self._held_back.pop(tp, None)
-            gone = [k for k in self._outstanding if (k[0], k[1]) in applied]
-            for k in gone:
-                del self._outstanding[k]
-            self._returned += len(gone)
-            if self._charges:
-                self._returned_bytes += self._uncharge_keys(gone)
+            for lot in list(self._lots.values()):
+                if lot.partitions().isdisjoint(applied):
+                    continue
+                n, nbytes = lot.settle([_key(r) for r in lot.open_records()
+                                        if (r.topic, r.partition) in applied])
+                self._returned += n
+                self._returned_bytes += nbytes
+                if not lot.left:
+                    del self._lots[lot.id]
         if self._seek_waiters:  # one answer per seek, in order
             fut, _ = self._seek_waiters.popleft()
             if not fut.done():  # (one whose caller timed out is done: cancelled)
@@ -571,39 +656,64 @@ class AsyncConsumer(Lifecycle):
                 await self._ended(item)
                 continue
             seq, item = item
+            ranged: PartRanges | None = [] if item.raw else None
             records = tuple([_record(r) for r in item.records] if not item.raw
-                            else _unbatched(item.raw))
-            if item.credit_bytes and records:
-                self._charge(records, item.credit_bytes)
+                            else _unbatched(item.raw, ranged))
+            if not records:
+                continue
+            # bytes come back only to a stream granted some: the proxy counts them from its
+            # first byte grant on (credit_bytes=0: records alone bound it)
+            charge = item.credit_bytes if self.window_bytes else 0
             if self._sought_at or self._seeking:
-                records = await self._unsought(seq, records)
-                if not records:
+                kept = await self._unsought(seq, records, charge)
+                if not kept:
                     continue
-            now = time.monotonic()
-            outstanding = self._outstanding
-            by_due: dict[float, list[Key]] = {}
-            for r in records:
-                due = now + r.ack_deadline_s
-                key = (r.topic, r.partition, r.region, r.offset)
-                outstanding[key] = due
-                keys = by_due.get(due)
-                if keys is None:
-                    by_due[due] = [key]
-                else:
-                    keys.append(key)
-            for due, keys in by_due.items():
-                heapq.heappush(self._deadlines, (due, next(self._seq), keys))
+                if len(kept) < len(records):
+                    charge -= charge * (len(records) - len(kept)) // len(records)
+                    records, ranged = kept, None
+            lots = self._hand_out(records, charge, ranged)
             if self._paused:  # kept here until resumed; their deadlines run on
-                records = self._hold_back(records)
-                if not records:
+                kept = self._hold_back(records)
+                if not kept:
                     continue
-            self._advance(records)
-            return ConsumedBatch(self, records)
+                if len(kept) < len(records):
+                    records, lots = kept, []
+            if len(lots) == 1 and lots[0].ranges is not None:
+                self._advance_ranges(lots[0].ranges)
+            else:
+                self._advance(records)
+            return ConsumedBatch(self, records, lots[0] if len(lots) == 1 else None)
 
-    async def _unsought(self, seq: int, records: tuple[ConsumedRecord, ...],
+    def _hand_out(self, records: tuple[ConsumedRecord, ...], charge: int,
+                  ranged: PartRanges | None) -> list[_Lot]:
+        """Make the lots of a message's records (one per ack deadline: usually one) and
+        start their local deadlines."""
+        now = time.monotonic()
+        first = records[0].ack_deadline_s
+        if ranged is not None or all(r.ack_deadline_s == first for r in records):
+            groups = [(first, records)]
+        else:
+            by: dict[float, list[ConsumedRecord]] = {}
+            for r in records:
+                by.setdefault(r.ack_deadline_s, []).append(r)
+            groups = [(d, tuple(rs)) for d, rs in by.items()]
+            ranged = None
+        lots = []
+        left = charge
+        for n, (deadline, rs) in enumerate(groups):
+            part = left if n == len(groups) - 1 else charge * len(rs) // len(records)
+            left -= part
+            lot = _Lot(next(self._seq), rs, now + deadline, part, ranged)
+            self._lots[lot.id] = lot
+            heapq.heappush(self._deadlines, (lot.due, lot.id))
+            lots.append(lot)
+        return lots
+
+    async def _unsought(self, seq: int, records: tuple[ConsumedRecord, ...], charge: int,
                         ) -> tuple[ConsumedRecord, ...]:
-        """`records` (read as message `seq`) without those of partitions sought since they
-        were sent (a seek unanswered yet, or answered after them); their credit goes back."""
+        """`records` (read as message `seq`, which spent `charge` bytes) without those of
+        partitions sought since they were sent (a seek unanswered yet, or answered after
+        them); their credit goes back."""
         seeking, at = self._seeking, self._sought_at
         kept: list[ConsumedRecord] = []
         stale: list[Key] = []
@@ -614,8 +724,7 @@ class AsyncConsumer(Lifecycle):
             else:
                 kept.append(r)
         if stale:
-            await self._give_back(len(stale), self._uncharge_keys(stale) if self._charges
-                                  else 0)
+            await self._give_back(len(stale), charge * len(stale) // len(records))
         return tuple(kept) if stale else records
 
     def _hold_back(self, records: tuple[ConsumedRecord, ...]) -> tuple[ConsumedRecord, ...]:
@@ -627,6 +736,16 @@ class AsyncConsumer(Lifecycle):
             else:
                 kept.append(r)
         return tuple(kept)
+
+    def _advance_ranges(self, ranged: PartRanges) -> None:
+        """`_advance` from a message's ack ranges (a partition's highest range is last)."""
+        pos = self._positions
+        for (t, p, region), rs in ranged:
+            tp = (t, p)
+            end = rs[-1][1] + 1
+            had = pos.get(tp)
+            if had is None or had[0] != region or had[1] < end:
+                pos[tp] = (region, end)
 
     def _advance(self, records: Iterable[ConsumedRecord]) -> None:
         """Positions past the records handed out (per partition: in the region read). A
@@ -659,42 +778,25 @@ class AsyncConsumer(Lifecycle):
         now = time.monotonic()
         n = 0
         nbytes = 0
-        charges = self._charges
+        lots = self._lots
         while self._deadlines and self._deadlines[0][0] <= now:
-            due, _, keys = heapq.heappop(self._deadlines)
-            for key in keys:
-                if self._outstanding.get(key) == due:
-                    del self._outstanding[key]
-                    n += 1
-                    if charges:
-                        nbytes += charges.pop(key, 0)
+            _, lid = heapq.heappop(self._deadlines)
+            lot = lots.pop(lid, None)
+            if lot is not None:
+                rn, rb = lot.rest()
+                n += rn
+                nbytes += rb
         if n:
             await self._give_back(n, nbytes)
 
-    def _charge(self, records: Sequence[ConsumedRecord], spent: int) -> None:
-        """Spread the byte credit a message spent over its records (equal shares, the rest on
-        the first): each share comes back with its record."""
-        share, rest = divmod(spent, len(records))
-        charges = self._charges
-        for r in records:
-            key = (r.topic, r.partition, r.region, r.offset)
-            # a record delivered again before its first delivery settled here: both shares
-            charges[key] = charges.get(key, 0) + share + rest
-            rest = 0
-
-    def _uncharge(self, records: Iterable[ConsumedRecord]) -> int:
-        """The byte credit `records` spent (forgotten here: given back once)."""
-        pop = self._charges.pop
-        return sum(pop((r.topic, r.partition, r.region, r.offset), 0) for r in records)
-
-    def _uncharge_keys(self, keys: Iterable[Key]) -> int:
-        pop = self._charges.pop
-        return sum(pop(k, 0) for k in keys)
+    def _open_keys(self) -> dict[Key, ConsumedRecord]:
+        """The records handed out and not settled (nor past their local deadline)."""
+        return {_key(r): r for lot in self._lots.values() for r in lot.open_records()}
 
     async def _give_back(self, n: int, nbytes: int = 0) -> None:
         self._returned += n
         self._returned_bytes += nbytes
-        if self._returned >= max(1, self.window // 4) or not self._outstanding or \
+        if self._returned >= max(1, self.window // 4) or not self._lots or \
                 (self.window_bytes and self._returned_bytes >= self.window_bytes // 4):
             n, self._returned = self._returned, 0
             nbytes, self._returned_bytes = self._returned_bytes, 0
@@ -780,8 +882,8 @@ class AsyncConsumer(Lifecycle):
         await self._pause(tps, False)
         for tp in tps:
             held = self._held_back.pop((tp[0], tp[1]), None)
-            live = [r for r in held or () if (r.topic, r.partition, r.region, r.offset)
-                    in self._outstanding]
+            open_ = self._open_keys() if held else {}
+            live = [r for r in held or () if _key(r) in open_]
             if live:
                 self._ready.append(tuple(live))
 
@@ -815,10 +917,10 @@ class AsyncConsumer(Lifecycle):
         held = {(r.topic, r.partition, r.region, r.offset)
                 for rs in self._held_back.values() for r in rs}
         if offsets is None:
-            keys = [k for k in self._outstanding if k not in held]
+            keys = [k for k in self._open_keys() if k not in held]
         else:
             upto = {(t, p): o for (t, p), o in offsets.items()}
-            keys = [k for k in self._outstanding
+            keys = [k for k in self._open_keys()
                     if k[3] < upto.get((k[0], k[1]), -1) and k not in held]
         await self._settle_keys(keys, None)
 
@@ -832,6 +934,28 @@ class AsyncConsumer(Lifecycle):
         when they had their last delivery)."""
         await self._settle(list(records), delay_s)
 
+    async def _settle_batch(self, batch: ConsumedBatch, delay_s: float | None) -> None:
+        """A batch settled whole: when it is one lot that nothing settled in part, its ack
+        is the message's ranges and its credit the lot's, nothing per record."""
+        lot = batch._lot
+        if lot is None or lot.settled is not None:
+            await self._settle(list(batch.records), delay_s)
+            return
+        self._check_open()
+        parts = _pb_ranges(lot.ranges) if lot.ranges is not None else \
+            _partition_ranges(lot.records)
+        await self._send_settle(parts, delay_s)
+        if self._lots.pop(lot.id, None) is not None:
+            lot.settled = set(range(len(lot.records)))  # an ack of it again frees nothing
+            n, lot.left = lot.left, 0
+            await self._give_back(n, lot.charge)
+
+    async def _send_settle(self, parts: list[Any], delay_s: float | None) -> None:
+        req = (pb.ConsumeRequest(ack=pb.Acks(partitions=parts)) if delay_s is None else
+               pb.ConsumeRequest(nack=pb.Nacks(partitions=parts, delay_s=delay_s)))
+        if not await self._write(req):
+            await self._unary(parts, delay_s)
+
     async def _settle(self, records: list[ConsumedRecord], delay_s: float | None) -> None:
         await self._settle_keys([(r.topic, r.partition, r.region, r.offset) for r in records],
                                 delay_s)
@@ -840,18 +964,19 @@ class AsyncConsumer(Lifecycle):
         self._check_open()
         if not keys:
             return
-        parts = _key_ranges(keys)
-        req = (pb.ConsumeRequest(ack=pb.Acks(partitions=parts)) if delay_s is None else
-               pb.ConsumeRequest(nack=pb.Nacks(partitions=parts, delay_s=delay_s)))
-        if not await self._write(req):
-            await self._unary(parts, delay_s)
-        n = 0
-        pop = self._outstanding.pop
-        for k in keys:
-            if pop(k, None) is not None:
-                n += 1
+        await self._send_settle(_key_ranges(keys), delay_s)
+        tps = {(k[0], k[1]) for k in keys}
+        n = nbytes = 0
+        for lot in list(self._lots.values()):
+            if lot.partitions().isdisjoint(tps):
+                continue
+            rn, rb = lot.settle(keys)
+            n += rn
+            nbytes += rb
+            if not lot.left:
+                del self._lots[lot.id]
         if n:
-            await self._give_back(n, self._uncharge_keys(keys) if self._charges else 0)
+            await self._give_back(n, nbytes)
 
     async def _write(self, req: Any) -> bool:
         """Send on the stream; False when it is gone."""
