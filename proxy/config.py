@@ -148,13 +148,13 @@ class ConsumeConfig(_Model):
                           "first unsettled record to the last delivered one; the partition "
                           "is delivered no further (and its fetch paused) at this span, so "
                           "one record never acked holds at most this many behind it.")
-    prefetch_records: int = Field(1_000, gt=0, description="Records of one partition "
+    prefetch_records: int = Field(4_000, gt=0, description="Records of one partition "
                                   "fetched ahead of the credit the streams gave; the "
                                   "partition's fetch pauses above it.")
     max_buffered_bytes: int = Field(64 * 1024 * 1024, gt=0, description="Record bytes a "
                                     "process holds for delivery and redelivery (fetched, "
                                     "not settled); every fetch pauses above it.")
-    max_batch_records: int = Field(500, gt=0, description="Records in one batch message "
+    max_batch_records: int = Field(2_000, gt=0, description="Records in one batch message "
                                    "of a stream.")
     max_batch_bytes: int = Field(1024 * 1024, gt=0, description="Record bytes in one batch "
                                  "message (at least one record, whatever its size).")

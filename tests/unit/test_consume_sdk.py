@@ -133,7 +133,9 @@ async def test_a_stream_ended_by_grpcios_own_internal_error_is_opened_again() ->
 def test_byte_credit_defaults_and_bounds() -> None:
     from crossdc_client.consumer import DEFAULT_CREDIT, DEFAULT_CREDIT_BYTES
     from dr.cli import consume as cli
-    assert cli.DEFAULT_CREDIT_BYTES == DEFAULT_CREDIT_BYTES  # the CLI's copy, without grpc
+    # the CLI's copies, without grpc
+    assert (cli.DEFAULT_CREDIT, cli.DEFAULT_CREDIT_BYTES) == (DEFAULT_CREDIT,
+                                                              DEFAULT_CREDIT_BYTES)
     c = AsyncConsumer("127.0.0.1:1", "g", ["t"])
     assert (c.window, c.window_bytes) == (DEFAULT_CREDIT, DEFAULT_CREDIT_BYTES)
     with pytest.raises(ValueError, match="credit_bytes"):
