@@ -156,8 +156,12 @@ class ConsumeConfig(_Model):
                                     "not settled); every fetch pauses above it.")
     max_batch_records: int = Field(2_000, gt=0, description="Records in one batch message "
                                    "of a stream.")
-    max_batch_bytes: int = Field(1024 * 1024, gt=0, description="Record bytes in one batch "
-                                 "message (at least one record, whatever its size).")
+    max_batch_bytes: int = Field(3 * 1024 * 1024, gt=0, description="Record bytes in one "
+                                 "batch message (at least one record, whatever its size). "
+                                 "Under gRPC's default 4 MiB a message for clients that keep "
+                                 "it; fewer, larger messages cost the proxy and the client "
+                                 "less per record (1 MiB: 2.95 µs a 1 KiB record in the "
+                                 "proxy, 3 MiB: 1.85).")
     commit_interval_s: float = Field(1.0, gt=0, description="How often each member commits "
                                      "the acknowledged prefix of its partitions.")
     member_linger_s: float = Field(5.0, ge=0, description="A member whose last stream left "
