@@ -394,10 +394,6 @@ class AsyncConsumer(Lifecycle):
         self._seq = itertools.count()
         self._returned = 0  # credit to grant again
         self._returned_bytes = 0
-        # acks not written yet, each with the credit it frees: (ranges, records, bytes); one
-        # task writes all that came in meanwhile as one message (`_flush_acks`)
-        self._acks_pending: list[tuple[list[Any], int, int]] = []
-        self._ack_task: asyncio.Task[None] | None = None
         self.stream_id = ""
         self.assigned: set[tuple[str, int]] = set()
         # the Kafka-like surface: seeks in flight and their answers, pauses, positions
@@ -440,19 +436,12 @@ class AsyncConsumer(Lifecycle):
         if call is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
-                    await self._drain_acks()
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(1.0):
                     async with self._write_lock:
                         await call.done_writing()
             reader = self._reader
             if reader is not None:  # the proxy answers the half-close by ending the call
                 with contextlib.suppress(Exception):
                     await asyncio.wait({reader}, timeout=2.0)
-        task, self._ack_task = self._ack_task, None
-        if task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait({task})
         await self._drop_call()
         await self._close_channel()
         if self._proxies is not None:
@@ -871,7 +860,6 @@ class AsyncConsumer(Lifecycle):
         self._seek_waiters.append((fut, tuple(wanted)))
         for tp in wanted:
             self._seeking[tp] = self._seeking.get(tp, 0) + 1
-        await self._drain_acks()  # acked before the seek: settled before it
         req = pb.ConsumeRequest(seek=pb.Seeks(partitions=[
             pb.PartitionOffset(topic=t, partition=p, offset=o) for (t, p), o in wanted.items()]))
         if not await self._write(req):
@@ -918,7 +906,6 @@ class AsyncConsumer(Lifecycle):
         else:
             self._paused.difference_update(want)
         # lost with the stream: a new stream starts unpaused (its assignment is new)
-        await self._drain_acks()
         await self._write(pb.ConsumeRequest(pause=pb.Pauses(
             partitions=[pb.TopicPartition(topic=t, partition=p) for t, p in want],
             paused=paused)))
@@ -938,7 +925,6 @@ class AsyncConsumer(Lifecycle):
             keys = [k for k in self._open_keys()
                     if k[3] < upto.get((k[0], k[1]), -1) and k not in held]
         await self._settle_keys(keys, None)
-        await self._drain_acks()  # returns once the proxy has them
 
     # -- settling --------------------------------------------------------------------------------
     async def ack(self, records: Iterable[ConsumedRecord]) -> None:
@@ -960,50 +946,17 @@ class AsyncConsumer(Lifecycle):
         self._check_open()
         parts = _pb_ranges(lot.ranges) if lot.ranges is not None else \
             _partition_ranges(lot.records)
-        n = nbytes = 0
+        await self._send_settle(parts, delay_s)
         if self._lots.pop(lot.id, None) is not None:
             lot.settled = set(range(len(lot.records)))  # an ack of it again frees nothing
-            n, lot.left, nbytes = lot.left, 0, lot.charge
-        await self._send_settle(parts, delay_s, n, nbytes)
+            n, lot.left = lot.left, 0
+            await self._give_back(n, lot.charge)
 
-    async def _send_settle(self, parts: list[Any], delay_s: float | None, n: int,
-                           nbytes: int) -> None:
-        """Send an ack or nack, then give back the credit it frees. An ack is queued for
-        the ack task (`_flush_acks`: a consumer that acks faster than one stream write
-        takes has its acks written together, one message for many batches); a nack, and
-        anything when the stream is gone, is written before this returns."""
-        if delay_s is None and self._call is not None:
-            self._acks_pending.append((parts, n, nbytes))
-            if self._ack_task is None or self._ack_task.done():
-                self._ack_task = asyncio.create_task(self._flush_acks(),
-                                                     name="proxy-consumer:acks")
-            return
-        await self._drain_acks()  # the stream's order: acks taken before go first
+    async def _send_settle(self, parts: list[Any], delay_s: float | None) -> None:
         req = (pb.ConsumeRequest(ack=pb.Acks(partitions=parts)) if delay_s is None else
                pb.ConsumeRequest(nack=pb.Nacks(partitions=parts, delay_s=delay_s)))
         if not await self._write(req):
             await self._unary(parts, delay_s)
-        if n or nbytes:
-            await self._give_back(n, nbytes)
-
-    async def _flush_acks(self) -> None:
-        """Write every ack queued, as one message each round, then give their credit back
-        (on the same stream, after them); unary `Ack` when the stream is gone."""
-        while self._acks_pending:
-            queued, self._acks_pending = self._acks_pending, []
-            parts = [p for ps, _, _ in queued for p in ps]
-            if not await self._write(pb.ConsumeRequest(ack=pb.Acks(partitions=parts))):
-                await self._unary(parts, None)
-            n = sum(q[1] for q in queued)
-            nbytes = sum(q[2] for q in queued)
-            if n or nbytes:
-                await self._give_back(n, nbytes)
-
-    async def _drain_acks(self) -> None:
-        """Wait until the acks queued are written (before a write that must follow them)."""
-        task = self._ack_task
-        if task is not None and not task.done() and task is not asyncio.current_task():
-            await asyncio.shield(task)
 
     async def _settle(self, records: list[ConsumedRecord], delay_s: float | None) -> None:
         await self._settle_keys([(r.topic, r.partition, r.region, r.offset) for r in records],
@@ -1013,6 +966,7 @@ class AsyncConsumer(Lifecycle):
         self._check_open()
         if not keys:
             return
+        await self._send_settle(_key_ranges(keys), delay_s)
         tps = {(k[0], k[1]) for k in keys}
         n = nbytes = 0
         for lot in list(self._lots.values()):
@@ -1023,7 +977,8 @@ class AsyncConsumer(Lifecycle):
             nbytes += rb
             if not lot.left:
                 del self._lots[lot.id]
-        await self._send_settle(_key_ranges(keys), delay_s, n, nbytes)
+        if n:
+            await self._give_back(n, nbytes)
 
     async def _write(self, req: Any) -> bool:
         """Send on the stream; False when it is gone."""
