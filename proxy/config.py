@@ -177,7 +177,7 @@ class ConsumeConfig(_Model):
     partition_fetch_bytes: int = Field(1024 * 1024, gt=0, le=64 * 1024 * 1024,
                                        description="Bytes one raw fetch asks of a partition "
                                        "(Kafka still answers a larger first batch whole).")
-    fetch_cache_bytes: int = Field(32 * 1024 * 1024, ge=0, le=1 << 34, description="Recent "
+    fetch_cache_bytes: int = Field(64 * 1024 * 1024, ge=0, le=1 << 34, description="Recent "
                                    "record batches kept per region for the groups of this "
                                    "process that read the same partitions (one fetch, many "
                                    "groups; 0: none kept, fetches in flight still shared).")

@@ -22,7 +22,7 @@ of a topic in fresh groups, from the earliest offset, every value's length taken
 - **proxy-raw**: `AsyncConsumer(raw_batches=True)`, the pass-through: Kafka's record batches
   forwarded undecoded, decoded by the SDK (aiokafka's C decoder);
 
-both proxy forms with the SDK's default credit (10,000 records, 16 MiB), each batch
+both proxy forms with the SDK's default credit (100,000 records, 16 MiB), each batch
 acknowledged as it arrives. `x4`: four consumers (streams) of one group in this process;
 `3 groups`: three groups reading the topic at once, one consumer each.
 
@@ -359,6 +359,18 @@ async def proxy_stream(target: str, topic: str, group: str, g: int, raw: bool, t
             stats["reconnects"] = stats.get("reconnects", 0) + c.reconnects
 
 
+def _sdk_credit() -> str:
+    """The SDK's default credit, as the results say it."""
+    from crossdc_client.consumer import DEFAULT_CREDIT, DEFAULT_CREDIT_BYTES
+    return f"{DEFAULT_CREDIT:,} records / {DEFAULT_CREDIT_BYTES // (1024 * 1024)} MiB"
+
+
+def res_credit(result: dict[str, Any]) -> str:
+    """The credit of a run on file (older runs: the words they stored)."""
+    c = str(result.get("credit", ""))
+    return c.replace("SDK defaults (", "").rstrip(")").replace(", ", " / ") or _sdk_credit()
+
+
 async def linger(ctx: dict[str, Any]) -> None:
     """Wait until the members of the last read through the proxy have left: a member stays
     `member_linger_s` after its last stream, and while it does its topic counts as read by
@@ -674,7 +686,7 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
              for k, p in res["profiles"].items()}
     result = {
         "records": a.records, "sizes": a.sizes, "partitions": PARTITIONS, "rounds": a.rounds,
-        "contenders": a.contenders, "credit": "SDK defaults (10,000 records, 16 MiB)",
+        "contenders": a.contenders, "credit": _sdk_credit(),
         "targets": {"pass_through_vs_aiokafka": TARGET_VS_DIRECT,
                     "proxy_cpu_us_per_record": PROXY_BUDGET_US,
                     "client_cpu_vs_aiokafka": CLIENT_VS_DIRECT,
@@ -698,7 +710,7 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
     lines = [
         "# Consume benchmark", "",
         "Reading a whole topic through the proxy's `Consume` (the SDK's `AsyncConsumer`, each "
-        "batch acknowledged, default credit 10,000 records / 16 MiB) in both forms — "
+        f"batch acknowledged, default credit {res_credit(result)}) in both forms — "
         "**proxy-records** (the proxy decodes, protobuf records) and **proxy-raw** (the "
         "pass-through: Kafka's batches forwarded, decoded by the SDK) — against direct "
         "aiokafka and confluent-kafka (librdkafka) consumers; one run on one pair of local "

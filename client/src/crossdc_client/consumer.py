@@ -169,7 +169,17 @@ def _unbatched(entries: Iterable[Any], ranged: PartRanges | None = None
         attempt, deadline = e.delivery_attempt, e.ack_deadline_s
         lo, hi = ranges[0][0], ranges[-1][1]
         whole = len(ranges) == 1
-        for r in batch_records(e.batch):
+        batch = batch_records(e.batch)
+        if whole and batch and lo <= batch.base_offset and \
+                batch.base_offset + batch.last_offset_delta <= hi:
+            # the usual: every record of the batch delivered (no offset to check)
+            for r in batch:
+                hs = r.headers
+                add(ConsumedRecord(t, p, r.offset, region, r.key, r.value,
+                                   tuple([(k, v if v is not None else b"") for k, v in hs])
+                                   if hs else (), r.timestamp, attempt, deadline))
+            continue
+        for r in batch:
             off = r.offset
             if off < lo or off > hi or not (whole or any(a <= off <= b for a, b in ranges)):
                 continue
