@@ -10,11 +10,32 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
+import pytest
+
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin
 from proxy.config import ConsumeConfig, KafkaWriterSettings, ProxyConfig
 from proxy.consumer_client import AsyncConsumer, ConsumedBatch, ConsumedRecord
 from proxy.server import ProxyServer
+
+
+def module_fixtures(policy: str) -> tuple[Any, Any]:
+    """A consume test module's two fixtures: the primary agreed in every datacenter before
+    each test (autouse) and `policy` written once per module (`policy_file`):
+        _primary_everywhere, policy_file = module_fixtures(POLICY)"""
+    from primary_helpers import agreed_primary
+
+    @pytest.fixture(autouse=True)
+    async def _primary_everywhere(two_regions: Any) -> None:
+        await agreed_primary(two_regions.topology)
+
+    @pytest.fixture(scope="module")
+    def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+        p = tmp_path_factory.mktemp("policy") / "policy.yaml"
+        p.write_text(policy)
+        return p
+
+    return _primary_everywhere, policy_file
 
 
 @contextlib.asynccontextmanager

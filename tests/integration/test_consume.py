@@ -18,12 +18,11 @@ import grpc
 import pytest
 from aiokafka import TopicPartition
 from consume_helpers import boot as _boot
-from consume_helpers import east_proxy
+from consume_helpers import east_proxy, module_fixtures
 from consume_helpers import next_batch as _next
 from consume_helpers import take as _take
 from consume_helpers import target as _target
 from kafka_helpers import create_topic, eventually, produce, read_all, unique
-from primary_helpers import agreed_primary
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.kafka import KafkaAdmin
@@ -71,16 +70,7 @@ rules:
 """
 
 
-@pytest.fixture(autouse=True)
-async def _primary_everywhere(two_regions: Any) -> None:
-    await agreed_primary(two_regions.topology)
-
-
-@pytest.fixture(scope="module")
-def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    p = tmp_path_factory.mktemp("policy") / "policy.yaml"
-    p.write_text(POLICY)
-    return p
+_primary_everywhere, policy_file = module_fixtures(POLICY)
 
 
 @pytest.fixture

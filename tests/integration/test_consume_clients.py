@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
+from consume_helpers import module_fixtures
 from kafka_helpers import create_topic, eventually, produce, read_all, unique
-from primary_helpers import agreed_primary
 
 from crossdc.clients.connection import KafkaConnection
 from crossdc.clients.consul import ConsulClient
@@ -43,16 +43,7 @@ rules:
 """
 
 
-@pytest.fixture(autouse=True)
-async def _primary_everywhere(two_regions: Any) -> None:
-    await agreed_primary(two_regions.topology)
-
-
-@pytest.fixture(scope="module")
-def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    p = tmp_path_factory.mktemp("policy") / "policy.yaml"
-    p.write_text(POLICY)
-    return p
+_primary_everywhere, policy_file = module_fixtures(POLICY)
 
 
 def _boot(two_regions: Any, region: str = "east") -> str:

@@ -16,10 +16,9 @@ import grpc
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from consume_helpers import boot as _boot
-from consume_helpers import east_proxy, group_offsets, take
+from consume_helpers import east_proxy, group_offsets, module_fixtures, take
 from consume_helpers import target as _target
 from kafka_helpers import create_topic, eventually, produce, unique
-from primary_helpers import agreed_primary
 
 from crossdc_client.errors import ConsumeFailed, InvalidRequest, NotAssigned, TopicNotFound
 from proxy.api import pb, pb_grpc
@@ -40,16 +39,7 @@ rules:
 """
 
 
-@pytest.fixture(autouse=True)
-async def _primary_everywhere(two_regions: Any) -> None:
-    await agreed_primary(two_regions.topology)
-
-
-@pytest.fixture(scope="module")
-def policy_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    p = tmp_path_factory.mktemp("policy") / "policy.yaml"
-    p.write_text(POLICY)
-    return p
+_primary_everywhere, policy_file = module_fixtures(POLICY)
 
 
 @pytest.fixture
