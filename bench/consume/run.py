@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import re
@@ -187,6 +188,31 @@ def proxy_counters(metrics_port: int | None) -> dict[str, float]:
     return out
 
 
+class GcClock:
+    """The cyclic collector's work in this process (gc.callbacks): seconds and full
+    collections, so a row shows how much of the client's CPU was the collector's."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._t = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._t
+        if info.get("generation") == 2:
+            self.full += 1
+
+    def now(self) -> tuple[float, int]:
+        return self.seconds, self.full
+
+
+GC = GcClock()
+
+
 class Span:
     """One read: CPU of the proxy, this process, the broker and the machine between the first
     record and the last; the bytes the broker wrote from before the join to the last
@@ -203,6 +229,7 @@ class Span:
 
     def _cpu(self) -> dict[str, float]:
         cpu = {name: tree_cpu_s(pid) for name, pid in self.pids.items()}
+        cpu["gc"], cpu["gc_full"] = GC.now()
         cpu["client"] = time.process_time()
         cpu["machine"] = machine_busy_s()
         return cpu
@@ -228,11 +255,15 @@ class Span:
         span = max(1e-9, self.t1 - self.t0)
         used = {k: self.c1[k] - self.c0[k] for k in self.c0}
         per = {k: round(v / max(1, records) * 1e6, 2) for k, v in used.items()}
+        gc_s = used.pop("gc")
+        gc_full = int(used.pop("gc_full"))
         ours = used["client"] + used.get("proxy", 0.0)
         io = {k: self.io1[k] - self.io0[k] for k in self.io0}
         return {"mode": mode, "records": records, "seconds": round(span, 3),
                 "rps": round(records / span), "startup_s": round(self.t0 - self.t_begin, 2),
                 "client_cpu_us_per_record": per["client"],
+                "client_gc_us_per_record": per["gc"], "client_gc_full": gc_full,
+                "client_gc_share": round(gc_s / max(1e-9, used["client"]), 3),
                 "proxy_cpu_us_per_record": per.get("proxy", 0.0),
                 "client_plus_proxy_cpu_us_per_record": round(ours / max(1, records) * 1e6, 2),
                 "broker_cpu_us_per_record": per.get("broker", 0.0),

@@ -132,13 +132,14 @@ async def test_primary_outage_fails_over_and_back_without_losing_a_sync_record(
         assert f.error is None, f
         assert f.distinct > 0, f
         assert f.reconnects == 0, f"{f.region}'s stream stayed open"
-    # a reader's pause is the writers' RTO plus its own move: the proxy's commit to the
-    # region that is down runs to its bound, then the group joins in the new primary
-    # (measured 2.5 s over the RTO on a loaded box; the failback comes a minute later)
+    # a reader's pause is the writers' RTO plus its own move (issue 38: at most 1 s more):
+    # the proxy's commit to the region that is down runs in the background, the group joins
+    # in the new primary (measured 2026-12-06: RTO 8.22 s, ordered pauses 8.33 s in east and
+    # 8.27 s in west; the failback comes a minute later)
     ordered = [f for f in report.readers if f.mode == "ordered"]
     for f in ordered:
         assert f.longest_pause_s is not None
-        assert f.longest_pause_s <= report.rto_s + 4.0, f
+        assert f.longest_pause_s <= report.rto_s + 1.0, f
     names = [s.name for s in report.steps]
     assert "promote" in names
     assert "failback:promote" in names

@@ -6,6 +6,7 @@ broker stores; the real broker's answers: tests/integration/test_rawfetch.py."""
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
@@ -153,3 +154,76 @@ def test_a_batch_that_fails_its_crc_is_refused() -> None:
     assert len(decode_batch(bytes(raw), check_crc=False)) == 3
     with pytest.raises(BatchCorrupt, match="not a v2"):
         decode_batch(b"\x00" * 20)
+
+
+def _entry(data: bytes, first: int, last: int, *, partition: int = 0) -> Any:
+    from crossdc_client.api import pb
+    return pb.RawRecords(topic="t", partition=partition, region="east", batch=data,
+                         ranges=[pb.OffsetRange(first=first, last=last)],
+                         delivery_attempt=2, ack_deadline_s=30.0)
+
+
+def test_whole_batches_are_made_record_by_record_as_iterated_and_equal_the_eager_ones() -> None:
+    """A message of whole uncompressed batches (the usual) becomes a `_Passed`: its records
+    are made as they are iterated and not kept (none reaches the collector's old
+    generations), yet they are the records `_unbatched` makes, in order, however often and
+    however they are read; a partial or compressed batch, or a control batch, is made at
+    once."""
+    import gc
+
+    from crossdc_client.consumer import (
+        ConsumedRecord,
+        PartRanges,
+        _Lot,
+        _Passed,
+        _passed,
+        _unbatched,
+    )
+    entries = [_entry(batch(0, 5, headers=[("h", b"1"), ("n", None)]), 0, 4),
+               _entry(batch(10, 3), 10, 12, partition=1), _entry(batch(5, 2), 5, 6)]
+    eager_ranges: PartRanges = []
+    eager = _unbatched(entries, eager_ranges)
+    ranges: PartRanges = []
+    lazy = _passed(entries, ranges)
+    assert isinstance(lazy, _Passed)
+    assert ranges == eager_ranges
+    assert len(lazy) == len(eager) == 10
+    assert list(lazy) == eager
+    assert list(lazy) == eager  # made again, the same
+    assert lazy._made is None, "iterating keeps nothing"
+    assert eager[0].headers == (("h", b"1"), ("n", b""))
+    assert lazy.partitions() == frozenset({("t", 0), ("t", 1)})
+    # iterated, each record is dropped before the next is made: none is left for the
+    # collector's young generation to promote
+    gc.collect()
+    before = sum(isinstance(o, ConsumedRecord) for o in gc.get_objects())
+    n = sum(1 for _ in lazy)
+    assert n == 10
+    assert sum(isinstance(o, ConsumedRecord) for o in gc.get_objects()) == before
+    # indexing makes (and keeps) them all; a lot settles them one by one as before
+    assert lazy[7] == eager[7]
+    assert list(lazy[2:4]) == eager[2:4]
+    lot = _Lot(1, lazy, 0.0, 100, ranges)
+    assert lot.partitions() == frozenset({("t", 0), ("t", 1)})
+    assert lot.settle([r.key_ for r in eager[:3]]) == (3, sum(lot.share(i) for i in range(3)))
+    assert lot.open_records() == eager[3:]
+    # a batch cut by credit or size (one range inside it) is made lazily too
+    part = [_entry(batch(0, 5), 1, 3), _entry(batch(5, 4), 7, 20)]
+    cut = _passed(part, [])
+    assert cut is not None
+    assert len(cut) == 5
+    assert list(cut) == _unbatched(part)
+    assert [r.offset for r in cut] == [1, 2, 3, 7, 8]
+    # made at once: a compacted batch (its count is not its offsets'), a compressed one,
+    # a control batch, a delivery of two ranges (a redelivery with a hole)
+    b = DefaultRecordBatchBuilder(2, 0, 0, -1, -1, -1, 10**7)
+    for delta in (0, 2, 4):
+        b.append(delta, 1, b"k", b"v", [])
+    assert _passed([_entry(bytes(b.build()), 0, 4)], []) is None
+    assert _passed([_entry(batch(0, 5, codec="gzip"), 0, 4)], []) is None
+    from crossdc_client.api import pb
+    holed = pb.RawRecords(topic="t", partition=0, region="east", batch=batch(0, 5), ranges=[
+        pb.OffsetRange(first=0, last=1), pb.OffsetRange(first=3)], ack_deadline_s=30.0)
+    assert _passed([holed], []) is None
+    assert [r.offset for r in _unbatched([holed])] == [0, 1, 3]
+    assert _passed([_entry(control(9, 7, abort=False), 9, 9)], []) is None

@@ -65,6 +65,7 @@ import heapq
 import itertools
 import logging
 import math
+import struct
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -193,6 +194,123 @@ def _unbatched(entries: Iterable[Any], ranged: PartRanges | None = None
     return out
 
 
+_COUNT = struct.Struct(">i")
+_COUNT_AT = 57  # a v2 batch header's record count
+_CODEC_AT, _CODEC_BITS = 22, 0x07  # the low byte of its attributes: the codec
+
+
+class _Raw(NamedTuple):
+    """One passed-through batch whose records from `lo` to `hi` are delivered (one range):
+    what its records need."""
+
+    topic: str
+    partition: int
+    region: str
+    attempt: int
+    deadline: float
+    data: bytes
+    lo: int
+    hi: int
+    whole: bool  # every record of the batch (no offset to check)
+
+
+class _Passed(Sequence[ConsumedRecord]):
+    """The records of a message of whole batches, made as they are iterated and not kept
+    (`_passed`). Made all at once, a message's thousands of records outlived the young
+    collections of the cyclic collector and were promoted: full collections were 40% of
+    the client's CPU for 200 B records (bench/consume/notes.md, 2026-12-06); made one by one
+    and dropped after each, none is promoted. Indexing (or a partial ack) makes and keeps
+    them all."""
+
+    __slots__ = ("_made", "n", "raws")
+
+    def __init__(self, raws: list[_Raw], n: int) -> None:
+        self.raws = raws
+        self.n = n
+        self._made: tuple[ConsumedRecord, ...] | None = None
+
+    def _make(self) -> Iterator[ConsumedRecord]:
+        new, CR = tuple.__new__, ConsumedRecord
+        for t, p, region, attempt, deadline, data, lo, hi, whole in self.raws:
+            # checked when the message came (`_passed`): the C batch is one pass, so made again
+            for r in batch_records(data, check_crc=False):
+                if not whole:
+                    off = r.offset
+                    if off < lo:
+                        continue
+                    if off > hi:
+                        break
+                hs = r.headers
+                yield new(CR, (t, p, r.offset, region, r.key, r.value,
+                               tuple([(k, v if v is not None else b"") for k, v in hs])
+                               if hs else (), r.timestamp, attempt, deadline))
+
+    def made(self) -> tuple[ConsumedRecord, ...]:
+        if self._made is None:
+            self._made = tuple(self._make())
+        return self._made
+
+    @overload
+    def __getitem__(self, i: int) -> ConsumedRecord: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[ConsumedRecord]: ...
+
+    def __getitem__(self, i: int | slice) -> ConsumedRecord | Sequence[ConsumedRecord]:
+        return self.made()[i]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[ConsumedRecord]:
+        return iter(self._made) if self._made is not None else self._make()
+
+    def partitions(self) -> frozenset[tuple[str, int]]:
+        return frozenset((r.topic, r.partition) for r in self.raws)
+
+
+def _passed(entries: Iterable[Any], ranged: PartRanges) -> _Passed | None:
+    """The records of a message as a `_Passed` when each of its batches is delivered as one
+    range (the usual: whole, or cut by credit or size) and is uncompressed, with offsets
+    that leave no gap (so its count is known without decoding it: not compacted), its
+    ranges added to `ranged`; else None (`_unbatched` makes them)."""
+    raws: list[_Raw] = []
+    out: PartRanges = []
+    n = 0
+    for e in entries:
+        rs = e.ranges
+        if len(rs) != 1:
+            if not rs:
+                continue
+            return None
+        r0 = rs[0]
+        lo = r0.first
+        hi = r0.last if r0.HasField("last") else lo
+        data = e.batch
+        if data[_CODEC_AT] & _CODEC_BITS:
+            # compressed: made at once, so a codec's error (cramjam missing) is __anext__'s
+            return None
+        batch: Any = batch_records(data)  # checks it (CRC); () for a control batch
+        if not batch:
+            return None
+        base = batch.base_offset
+        last = base + batch.last_offset_delta
+        if _COUNT.unpack_from(data, _COUNT_AT)[0] != last - base + 1:
+            return None  # compacted: offsets with gaps
+        count = min(hi, last) - max(lo, base) + 1
+        if count <= 0:
+            return None
+        t, p, region = e.topic, e.partition, e.region
+        out.append(((t, p, region), [(lo, hi)]))
+        raws.append(_Raw(t, p, region, e.delivery_attempt, e.ack_deadline_s, data, lo, hi,
+                         lo <= base and last <= hi))
+        n += count
+    if not n:
+        return None
+    ranged += out
+    return _Passed(raws, n)
+
+
 def offset_ranges(offsets: Iterable[int]) -> list[tuple[int, int]]:
     """Offsets as inclusive `(first, last)` ranges, sorted and joined."""
     out: list[tuple[int, int]] = []
@@ -228,7 +346,7 @@ class _Lot:
     __slots__ = ("charge", "due", "id", "index", "left", "ranges", "records", "settled",
                  "tps")
 
-    def __init__(self, id: int, records: tuple[ConsumedRecord, ...], due: float,
+    def __init__(self, id: int, records: Sequence[ConsumedRecord], due: float,
                  charge: int, ranges: PartRanges | None) -> None:
         self.id = id
         self.records = records
@@ -247,7 +365,9 @@ class _Lot:
 
     def partitions(self) -> frozenset[tuple[str, int]]:
         if self.tps is None:
-            self.tps = frozenset((r.topic, r.partition) for r in self.records)
+            rs = self.records
+            self.tps = rs.partitions() if isinstance(rs, _Passed) else \
+                frozenset((r.topic, r.partition) for r in rs)
         return self.tps
 
     def settle(self, keys: Iterable[Key]) -> tuple[int, int]:
@@ -298,7 +418,7 @@ class ConsumedBatch(Sequence[ConsumedRecord]):
     """Records delivered together (of one or more partitions; each partition's in offset
     order). `ack()` / `nack()` settle all of them."""
 
-    def __init__(self, consumer: AsyncConsumer, records: tuple[ConsumedRecord, ...],
+    def __init__(self, consumer: AsyncConsumer, records: Sequence[ConsumedRecord],
                  lot: _Lot | None = None) -> None:
         self._consumer = consumer
         self.records = records
@@ -672,8 +792,15 @@ class AsyncConsumer(Lifecycle):
                 continue
             seq, item = item
             ranged: PartRanges | None = [] if item.raw else None
-            records = tuple([_record(r) for r in item.records] if not item.raw
-                            else _unbatched(item.raw, ranged))
+            records: Sequence[ConsumedRecord]
+            if ranged is None:
+                records = tuple([_record(r) for r in item.records])
+            else:
+                # made as they are iterated (`_Passed`) unless this stream filters them here
+                passed = None if self._sought_at or self._seeking or self._paused else \
+                    _passed(item.raw, ranged)
+                records = passed if passed is not None else \
+                    tuple(_unbatched(item.raw, ranged))
             if not records:
                 continue
             # bytes come back only to a stream granted some: the proxy counts them from its
@@ -699,12 +826,13 @@ class AsyncConsumer(Lifecycle):
                 self._advance(records)
             return ConsumedBatch(self, records, lots[0] if len(lots) == 1 else None)
 
-    def _hand_out(self, records: tuple[ConsumedRecord, ...], charge: int,
+    def _hand_out(self, records: Sequence[ConsumedRecord], charge: int,
                   ranged: PartRanges | None) -> list[_Lot]:
         """Make the lots of a message's records (one per ack deadline: usually one) and
         start their local deadlines."""
         now = time.monotonic()
-        first = records[0].ack_deadline_s
+        first = records.raws[0].deadline if isinstance(records, _Passed) else \
+            records[0].ack_deadline_s
         if ranged is not None or all(r.ack_deadline_s == first for r in records):
             groups = [(first, records)]
         else:
@@ -724,8 +852,8 @@ class AsyncConsumer(Lifecycle):
             lots.append(lot)
         return lots
 
-    async def _unsought(self, seq: int, records: tuple[ConsumedRecord, ...], charge: int,
-                        ) -> tuple[ConsumedRecord, ...]:
+    async def _unsought(self, seq: int, records: Sequence[ConsumedRecord], charge: int,
+                        ) -> Sequence[ConsumedRecord]:
         """`records` (read as message `seq`, which spent `charge` bytes) without those of
         partitions sought since they were sent (a seek unanswered yet, or answered after
         them); their credit goes back."""
@@ -742,7 +870,7 @@ class AsyncConsumer(Lifecycle):
             await self._give_back(len(stale), charge * len(stale) // len(records))
         return tuple(kept) if stale else records
 
-    def _hold_back(self, records: tuple[ConsumedRecord, ...]) -> tuple[ConsumedRecord, ...]:
+    def _hold_back(self, records: Sequence[ConsumedRecord]) -> Sequence[ConsumedRecord]:
         kept: list[ConsumedRecord] = []
         for r in records:
             tp = (r.topic, r.partition)
