@@ -658,6 +658,9 @@ def summarize(rows: list[dict[str, Any]], topic_bytes: dict[str, int]) -> dict[s
                 "proxy_cpu_us_per_record_min": min(r["proxy_cpu_us_per_record"] for r in rs),
                 "client_cpu_us_per_record": med("client_cpu_us_per_record"),
                 "client_cpu_us_per_record_min": min(r["client_cpu_us_per_record"] for r in rs),
+                "client_gc_us_per_record": (med("client_gc_us_per_record")
+                                            if all("client_gc_us_per_record" in r for r in rs)
+                                            else "-"),
                 "broker_cpu_us_per_record": med("broker_cpu_us_per_record"),
                 "broker_wrote_bytes": round(med("broker_wrote_bytes")),
                 "broker_wrote_per_group_vs_log": round(
@@ -810,11 +813,12 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
         "(`crossdc_proxy_consume_fetched_bytes_total`); `cache hits`: partitions answered "
         "from the proxy's shared fetch cache (median); `vs direct`: records/s against "
         "aiokafka with the same streams and groups (best / "
-        "median).", "",
-        "| size | contender | records/s | vs direct | proxy µs/rec | client µs/rec | broker "
-        "µs/rec | broker wrote / log | proxy fetched / log | cache hits | proxy decoded per "
-        "record | startup s | dup |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "median); `of it GC`: the client's time in the cyclic garbage collector (gc.callbacks), "
+        "part of its µs per record.", "",
+        "| size | contender | records/s | vs direct | proxy µs/rec | client µs/rec | of it GC "
+        "| broker µs/rec | broker wrote / log | proxy fetched / log | cache hits | proxy "
+        "decoded per record | startup s | dup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in a.sizes:
         s = summary[str(size)]
         for mode in CONTENDERS:
@@ -827,8 +831,8 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
                 + (f"{m['vs_direct_best']}x / {m['vs_direct_median']}x"
                    if "vs_direct_best" in m else "1.00x")
                 + f" | {m['proxy_cpu_us_per_record'] if mode.startswith('proxy') else '-'} | "
-                f"{m['client_cpu_us_per_record']} | {m['broker_cpu_us_per_record']} | "
-                f"{m['broker_wrote_per_group_vs_log']} | "
+                f"{m['client_cpu_us_per_record']} | {m.get('client_gc_us_per_record', '-')} | "
+                f"{m['broker_cpu_us_per_record']} | {m['broker_wrote_per_group_vs_log']} | "
                 f"{m.get('proxy_fetched_per_group_vs_log', '-')} | "
                 f"{m.get('proxy_fetch_cache_hits', '-')} | "
                 f"{m.get('proxy_decoded_per_record', '-')} | {m['startup_s']} | "
@@ -841,18 +845,23 @@ def write_results(res: dict[str, Any], a: argparse.Namespace) -> None:
         "commit writes) from before the join to the last record; `proxy fetched MB`: the "
         "proxy's `crossdc_proxy_consume_fetched_bytes_total` over the read, `hit/joined/miss` "
         "its shared fetch's partitions answered from the cache, by another group's fetch in "
-        "flight, by its own; `others`: what the rest of the machine used meanwhile (cores).",
+        "flight, by its own; `others`: what the rest of the machine used meanwhile (cores); "
+        "`GC µs (full)`: the client's time in the cyclic collector per record, and its full "
+        "collections.",
         "",
         "| round | size | contender | records/s | MB/s | startup s | proxy µs/rec | client "
-        "µs/rec | broker µs/rec | proxy cores | client cores | others cores | broker MB | "
-        "proxy fetched MB | hit/joined/miss | load 1m | dup |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "µs/rec | GC µs (full) | broker µs/rec | proxy cores | client cores | others cores | "
+        "broker MB | proxy fetched MB | hit/joined/miss | load 1m | dup |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         px = r["mode"].startswith("proxy")
         lines.append(
             f"| {r['round']} | {r['size']} | {r['mode']} | {r['rps']:,} | {r['mb_per_s']} | "
             f"{r['startup_s']} | {r['proxy_cpu_us_per_record'] if px else '-'} | "
-            f"{r['client_cpu_us_per_record']} | {r['broker_cpu_us_per_record']} | "
+            f"{r['client_cpu_us_per_record']} | "
+            + (f"{r['client_gc_us_per_record']} ({r['client_gc_full']})"
+               if "client_gc_us_per_record" in r else "-")
+            + f" | {r['broker_cpu_us_per_record']} | "
             f"{r['proxy_cpu_util'] if px else '-'} | {r['client_cpu_util']} | "
             f"{r['others_cores']} | {r['broker_wrote_bytes'] / 1e6:.1f} | "
             + (f"{r['proxy_fetched_bytes'] / 1e6:.1f} | {r['proxy_fetch_cache_hit']}/"
