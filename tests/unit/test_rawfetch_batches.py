@@ -225,5 +225,8 @@ def test_whole_batches_are_made_record_by_record_as_iterated_and_equal_the_eager
     holed = pb.RawRecords(topic="t", partition=0, region="east", batch=batch(0, 5), ranges=[
         pb.OffsetRange(first=0, last=1), pb.OffsetRange(first=3)], ack_deadline_s=30.0)
     assert _passed([holed], []) is None
+    assert _passed([_entry(batch(0, 5)[:20], 0, 4)], []) is None  # cut short: refused eagerly
+    with pytest.raises(BatchCorrupt):
+        _unbatched([_entry(batch(0, 5)[:20], 0, 4)])
     assert [r.offset for r in _unbatched([holed])] == [0, 1, 3]
     assert _passed([_entry(control(9, 7, abort=False), 9, 9)], []) is None

@@ -287,7 +287,8 @@ def _passed(entries: Iterable[Any], ranged: PartRanges) -> _Passed | None:
         lo = r0.first
         hi = r0.last if r0.HasField("last") else lo
         data = e.batch
-        if data[_CODEC_AT] & _CODEC_BITS:
+        if len(data) <= _CODEC_AT or data[_CODEC_AT] & _CODEC_BITS:
+            # (a batch cut short: `_unbatched` refuses it, BatchCorrupt)
             # compressed: made at once, so a codec's error (cramjam missing) is __anext__'s
             return None
         batch: Any = batch_records(data)  # checks it (CRC); () for a control batch
