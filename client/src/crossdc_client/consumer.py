@@ -215,9 +215,9 @@ class _Raw(NamedTuple):
 
 
 class _Passed(Sequence[ConsumedRecord]):
-    """The records of a message of whole batches, made as they are iterated and not kept
-    (`_passed`). Made all at once, a message's thousands of records outlived the young
-    collections of the cyclic collector and were promoted: full collections were 40% of
+    """The records of a message of single-range batches, made as they are iterated and not
+    kept (`_passed`). Made all at once, a message's thousands of records outlived the young
+    collections of the cyclic collector and were promoted: full collections were 34-39% of
     the client's CPU for 200 B records (bench/consume/notes.md, 2026-12-06); made one by one
     and dropped after each, none is promoted. Indexing (or a partial ack) makes and keeps
     them all."""
@@ -288,8 +288,8 @@ def _passed(entries: Iterable[Any], ranged: PartRanges) -> _Passed | None:
         hi = r0.last if r0.HasField("last") else lo
         data = e.batch
         if len(data) <= _CODEC_AT or data[_CODEC_AT] & _CODEC_BITS:
-            # (a batch cut short: `_unbatched` refuses it, BatchCorrupt)
-            # compressed: made at once, so a codec's error (cramjam missing) is __anext__'s
+            # cut short (`_unbatched` raises BatchCorrupt) or compressed (made at once, so a
+            # codec's error, cramjam missing, is raised by __anext__)
             return None
         batch: Any = batch_records(data)  # checks it (CRC); () for a control batch
         if not batch:
